@@ -1,0 +1,537 @@
+"""Slow, literal NumPy reference for the tl_geometry metrics (tests only).
+
+This module re-implements ``/work/shared/SPEC.md`` sections 1-5 with plain Python loops in
+float64, so that the vectorised torch implementation in ``tl_geometry`` can be checked against
+something that is obviously correct. It deliberately imports neither torch nor tl_geometry: only
+numpy and the standard library. Clarity beats speed everywhere; nothing here is vectorised
+beyond single-vector norms and dot products.
+
+Conventions (shared with the tests):
+
+* ``alpha``: 1-D ``[key]``, one attention row. ``values``: 2-D ``[key, d]``, the value vectors
+  ``v_i`` of the KV head that the query head reads (or ``v_i W_O[h]`` in output space).
+  ``y_i = alpha_i * v_i`` (SPEC section 1).
+* ``valid``: bool ``[key]``; True means key ``i`` exists for this query (causal ``i <= t`` and
+  not padding). Only valid keys take part in anything: selection, distances and counts.
+* ``N`` is defined only for ``1 <= N < (number of valid keys)`` (SPEC section 2); otherwise every
+  metric is NaN.
+* Every input is cast to float64 first (``np.asarray(x, dtype=np.float64)``, which copies when the
+  dtype differs); inputs are never modified. Pass NumPy arrays (convert bf16 torch tensors with
+  ``.float().numpy()`` in the test before calling).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+EPS = 1e-12  # the eta of the cosine distance / cosine similarity (SPEC section 3)
+
+METRICS = ("precision", "recall", "f_score", "margin", "inversions")
+GROUPS = ("top", "sink_removed", "sink_in", "sink_out")
+SINK_KEYS = ("mass", "norm_ratio", "cosine", "mean_cosine", "share")
+VOTES = ("current", "sink", "other")
+LABELS = ("Retriever", "Mixer", "Reset")  # same order as VOTES; also the tie-break order
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _f64(x) -> np.ndarray:
+    """Return ``x`` as a float64 array (a copy when the dtype differs; never modified)."""
+    return np.asarray(x, dtype=np.float64)
+
+
+def _bool(x) -> np.ndarray:
+    """Return ``x`` as a 1-D bool array."""
+    return np.asarray(x, dtype=bool)
+
+
+def _norm(x: np.ndarray) -> float:
+    """Euclidean norm of one vector, written out: sqrt(sum_k x_k^2)."""
+    total = 0.0
+    for component in x:
+        total += float(component) * float(component)
+    return math.sqrt(total)
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """Inner product of two vectors, written out: sum_k a_k b_k."""
+    total = 0.0
+    for a_k, b_k in zip(a, b):
+        total += float(a_k) * float(b_k)
+    return total
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    """cos(a, b) = <a, b> / (||a|| ||b|| + 1e-12) (SPEC sections 3 and 4)."""
+    return _dot(a, b) / (_norm(a) * _norm(b) + EPS)
+
+
+def _valid_indices(valid: np.ndarray) -> list[int]:
+    """The indices i with valid[i] True, in increasing order."""
+    return [i for i in range(len(valid)) if bool(valid[i])]
+
+
+def _nanmean(xs) -> float:
+    """Mean of the non-NaN entries of ``xs``; NaN when there are none (no warnings)."""
+    kept = [float(x) for x in xs if not math.isnan(float(x))]
+    if not kept:
+        return math.nan
+    return sum(kept) / len(kept)
+
+
+def _plain_mean(xs) -> float:
+    """Plain mean of ``xs`` (NaN propagates); NaN when ``xs`` is empty."""
+    xs = [float(x) for x in xs]
+    if not xs:
+        return math.nan
+    return sum(xs) / len(xs)
+
+
+def _nan_metrics() -> dict:
+    return {m: math.nan for m in METRICS}
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC section 2: top-N selection
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_top_n(alpha, valid, n, scores=None) -> np.ndarray:
+    """Top-N selection among the valid keys (SPEC section 2).
+
+    The ``n`` valid keys with the largest ``alpha`` (or ``scores`` when given: the "rank by
+    contribution" variant, ``scores_i = alpha_i ||v_i||``), ties broken toward the LOWER index,
+    implemented literally by sorting the valid indices by the key ``(-score_i, i)``.
+
+    Returns a bool mask ``[key]``; all False when ``n`` is outside ``1 <= n < #valid``.
+    """
+    alpha = _f64(alpha)
+    valid = _bool(valid)
+    ranking = alpha if scores is None else _f64(scores)
+    selected = np.zeros(len(alpha), dtype=bool)
+
+    candidates = _valid_indices(valid)
+    n = int(n)
+    if not (1 <= n < len(candidates)):
+        return selected
+
+    order = sorted(candidates, key=lambda i: (-float(ranking[i]), i))
+    for i in order[:n]:
+        selected[i] = True
+    return selected
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC section 3: geometric precision / recall / F / margin / inversions
+# ---------------------------------------------------------------------------------------------
+
+
+def _distance(y_i: np.ndarray, s: np.ndarray, distance: str) -> float:
+    """d(y_i, s): Euclidean ``||y_i - s||`` or cosine ``1 - <y_i,s>/(||y_i|| ||s|| + 1e-12)``.
+
+    Computed directly from the difference vector / the definition (SPEC section 3), never via
+    expanded inner-product identities.
+    """
+    if distance == "euclidean":
+        return _norm(y_i - s)
+    if distance == "cosine":
+        return 1.0 - _dot(y_i, s) / (_norm(y_i) * _norm(s) + EPS)
+    raise ValueError(f"unknown distance {distance!r}")
+
+
+def ref_distances(alpha, values, selected, valid, distance="euclidean") -> dict[int, float]:
+    """D_i = d(y_i, s_N) for every valid key i, with s_N = sum_{i in S} alpha_i v_i.
+
+    Returns ``{i: D_i}`` over the valid keys (SPEC section 3). The aggregate is NOT renormalised.
+    """
+    alpha = _f64(alpha)
+    values = _f64(values)
+    selected = _bool(selected)
+    valid = _bool(valid)
+
+    y = {}
+    for i in _valid_indices(valid):
+        y[i] = alpha[i] * values[i]
+
+    s = np.zeros(values.shape[1], dtype=np.float64)
+    for i in _valid_indices(valid):
+        if selected[i]:
+            s = s + y[i]
+
+    return {i: _distance(y[i], s, distance) for i in _valid_indices(valid)}
+
+
+def ref_separability(alpha, values, selected, valid, distance="euclidean") -> dict:
+    """Extremal geometric precision, recall, F-score, margin, inversions (SPEC section 3).
+
+    ``selected`` is the selection S (bool ``[key]``, a subset of ``valid``), N = |S|::
+
+        rho_max = max_{i in S} D_i                 rho_min = min_{j valid, not in S} D_j
+        P = N / (N + #{j not in S : D_j <= rho_max})     (a tie counts as contamination)
+        R = #{i in S : D_i < rho_min} / N                 (a tie is not recalled)
+        F = 2PR / (P + R), and F = 0 when R = 0
+        margin = rho_min - rho_max
+        inversions = sum_{i in S} sum_{j not in S} 1{D_j <= D_i}
+
+    Every value is NaN when N is outside ``1 <= N < #valid``.
+    """
+    selected = _bool(selected)
+    valid = _bool(valid)
+    for i in range(len(selected)):
+        if selected[i] and not valid[i]:
+            raise ValueError(f"key {i} is selected but not valid")
+
+    n_valid = len(_valid_indices(valid))
+    n = sum(1 for i in range(len(selected)) if selected[i])
+    if not (1 <= n < n_valid):
+        return _nan_metrics()
+
+    dist = ref_distances(alpha, values, selected, valid, distance)
+    inside = [i for i in _valid_indices(valid) if selected[i]]
+    outside = [j for j in _valid_indices(valid) if not selected[j]]
+
+    rho_max = max(dist[i] for i in inside)
+    rho_min = min(dist[j] for j in outside)
+
+    contaminants = 0
+    for j in outside:
+        if dist[j] <= rho_max:
+            contaminants += 1
+    precision = n / (n + contaminants)
+
+    recalled = 0
+    for i in inside:
+        if dist[i] < rho_min:
+            recalled += 1
+    recall = recalled / n
+
+    if recall == 0:
+        f_score = 0.0
+    else:
+        f_score = 2.0 * precision * recall / (precision + recall)
+
+    inversions = 0
+    for i in inside:
+        for j in outside:
+            if dist[j] <= dist[i]:
+                inversions += 1
+
+    return {
+        "precision": float(precision),
+        "recall": float(recall),
+        "f_score": float(f_score),
+        "margin": float(rho_min - rho_max),
+        "inversions": float(inversions),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC section 4: sink diagnostics for one query
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_sink(alpha, values, valid, sink) -> dict:
+    """Sink diagnostics for one query (SPEC section 4).
+
+    ``sink`` is the index of the sink key (first valid position of the sequence); the "others"
+    are the valid keys j != sink::
+
+        mass        = alpha_sink
+        norm_ratio  = ||v_sink|| / mean_j ||v_j||
+        cosine      = mean_j cos(v_sink, v_j)                (signed, never clipped)
+        mean_cosine = cos(v_sink, mean_j v_j)
+        share       = alpha_sink ||v_sink|| / sum_{valid j (sink included)} alpha_j ||v_j||
+                      (NaN when that sum is 0)
+
+    with cos(a, b) = <a, b> / (||a|| ||b|| + 1e-12). All NaN when there is no other valid key.
+    """
+    alpha = _f64(alpha)
+    values = _f64(values)
+    valid = _bool(valid)
+    sink = int(sink)
+
+    others = [j for j in _valid_indices(valid) if j != sink]
+    if not others:
+        return {k: math.nan for k in SINK_KEYS}
+
+    v_sink = values[sink]
+    norm_sink = _norm(v_sink)
+
+    mean_other_norm = sum(_norm(values[j]) for j in others) / len(others)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        norm_ratio = float(np.float64(norm_sink) / np.float64(mean_other_norm))
+
+    cosine = sum(_cos(v_sink, values[j]) for j in others) / len(others)
+
+    mean_other = np.zeros(values.shape[1], dtype=np.float64)
+    for j in others:
+        mean_other = mean_other + values[j]
+    mean_other = mean_other / len(others)
+    mean_cosine = _cos(v_sink, mean_other)
+
+    total = 0.0
+    for j in _valid_indices(valid):
+        total += float(alpha[j]) * _norm(values[j])
+    share = math.nan if total == 0 else float(alpha[sink]) * norm_sink / total
+
+    return {
+        "mass": float(alpha[sink]),
+        "norm_ratio": norm_ratio,
+        "cosine": float(cosine),
+        "mean_cosine": float(mean_cosine),
+        "share": float(share),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC section 5: source-winner vote for one query
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_vote(alpha, values, valid, t, sink) -> str:
+    """Source-winner vote of one query (SPEC section 5).
+
+    j* = argmax over valid j of alpha_j ||v_j||, ties to the LOWER index (scan in increasing
+    index, replace only on a strictly larger contribution). Returns "current" if j* == t
+    (checked first), "sink" if j* == sink, else "other".
+    """
+    alpha = _f64(alpha)
+    values = _f64(values)
+    valid = _bool(valid)
+
+    winner = None
+    best = -math.inf
+    for j in _valid_indices(valid):
+        contribution = float(alpha[j]) * _norm(values[j])
+        if winner is None or contribution > best:
+            winner, best = j, contribution
+    if winner is None:
+        raise ValueError("no valid key to vote for")
+
+    if winner == int(t):
+        return "current"
+    if winner == int(sink):
+        return "sink"
+    return "other"
+
+
+def ref_label(counts) -> str:
+    """Plurality label from vote counts (current, sink, other); ties Retriever > Mixer > Reset.
+
+    Scanning in the order Retriever, Mixer, Reset and replacing only on a strictly larger count
+    implements the tie rule. (With no votes at all every count is 0 and this returns
+    "Retriever"; the fractions are NaN in that case.)
+    """
+    best_label, best_count = LABELS[0], counts[0]
+    for label, count in zip(LABELS[1:], counts[1:]):
+        if count > best_count:
+            best_label, best_count = label, count
+    return best_label
+
+
+# ---------------------------------------------------------------------------------------------
+# the full per-layer pipeline, by loops
+# ---------------------------------------------------------------------------------------------
+
+
+def _head_values(v: np.ndarray, b: int, h: int, n_heads: int, W_O) -> np.ndarray:
+    """Values ``[pos, d]`` read by query head ``h`` in sequence ``b`` (SPEC section 1).
+
+    Query head h reads kv head ``h // (n_heads // n_kv)``. With ``W_O`` (``[head, d_head,
+    d_model]``) each row is mapped to output space, ``v_i @ W_O[h]``.
+    """
+    n_kv = v.shape[2]
+    if n_heads % n_kv != 0:
+        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv={n_kv}")
+    kv = h // (n_heads // n_kv)
+    rows = []
+    for i in range(v.shape[1]):
+        row = v[b, i, kv, :]
+        if W_O is not None:
+            row = row @ W_O[h]
+        rows.append(row)
+    return np.array(rows, dtype=np.float64)
+
+
+def _sequence_layout(mask_row: np.ndarray):
+    """(sink, valid query positions) of one sequence; sink is None when nothing is valid."""
+    positions = [t for t in range(len(mask_row)) if mask_row[t] == 1]
+    if not positions:
+        return None, []
+    return positions[0], positions
+
+
+def _key_mask(mask_row: np.ndarray, t: int) -> np.ndarray:
+    """Valid keys of query t: {i : mask[i] == 1 and i <= t}."""
+    valid = np.zeros(len(mask_row), dtype=bool)
+    for i in range(len(mask_row)):
+        if mask_row[i] == 1 and i <= t:
+            valid[i] = True
+    return valid
+
+
+def _ranking_scores(alpha: np.ndarray, values: np.ndarray, rank_by: str):
+    """None (rank by alpha) or the contributions alpha_i ||v_i|| (rank by contribution)."""
+    if rank_by == "attention":
+        return None
+    if rank_by == "contribution":
+        return np.array([float(alpha[i]) * _norm(values[i]) for i in range(len(alpha))])
+    raise ValueError(f"unknown rank_by {rank_by!r}")
+
+
+def ref_analyze(
+    pattern,
+    v,
+    n_values,
+    queries="last",
+    attention_mask=None,
+    distance="euclidean",
+    W_O=None,
+    rank_by="attention",
+) -> dict:
+    """The whole per-layer analysis for ONE layer, by loops (SPEC sections 1-5).
+
+    ``pattern``: ``[batch, head, query, key]``; ``v``: ``[batch, pos, kv_head, d_head]``;
+    ``attention_mask``: ``[batch, pos]`` of 0/1 or None (all ones); ``W_O``: optional
+    ``[head, d_head, d_model]`` (output space; then the values for head h are
+    ``v[b, :, kv(h), :] @ W_O[h]`` everywhere: selection, metrics, sink diagnostics, votes).
+
+    Per sequence b: sink = first position with mask 1; query t is valid iff mask[b, t] == 1;
+    its valid keys are {i : mask[b, i] == 1, i <= t}. Chosen queries: "last" = the largest
+    valid t, "all" = every valid t.
+
+    Groups, per head and N:
+
+    * "top": top-N among the valid keys; "sink_removed": the sink deleted from the key set
+      (neither selectable nor scored), top-N re-selected among the rest. Aggregation: per
+      sequence nan-mean over its chosen queries, then nan-mean over sequences.
+    * "sink_in" / "sink_out": the "top" instances with N in range, split by whether the sink is
+      in S_N; plain mean over all instances pooled over sequences and queries (NaN if empty);
+      plus the instance counts.
+
+    Sink diagnostics: ``ref_sink`` for each chosen query with at least one valid key != sink,
+    per-sequence nan-mean then nan-mean over sequences. Taxonomy: ``ref_vote`` over EVERY valid
+    query t > sink (independent of ``queries``), counts pooled over sequences.
+    """
+    pattern = _f64(pattern)
+    v = _f64(v)
+    W_O = None if W_O is None else _f64(W_O)
+    n_values = [int(n) for n in n_values]
+    if queries not in ("last", "all"):
+        raise ValueError(f"unknown queries {queries!r}")
+    if distance not in ("euclidean", "cosine"):
+        raise ValueError(f"unknown distance {distance!r}")
+    if rank_by not in ("attention", "contribution"):
+        raise ValueError(f"unknown rank_by {rank_by!r}")
+
+    n_batch, n_heads, _, n_pos = pattern.shape
+    if attention_mask is None:
+        mask = np.ones((n_batch, n_pos), dtype=np.int64)
+    else:
+        mask = np.asarray(attention_mask).astype(np.int64)
+
+    n_n = len(n_values)
+    out: dict = {}
+    for g in GROUPS:
+        for m in METRICS:
+            out[f"{g}_{m}"] = np.full((n_heads, n_n), np.nan)
+    out["sink_in_count"] = np.zeros((n_heads, n_n), dtype=np.int64)
+    out["sink_out_count"] = np.zeros((n_heads, n_n), dtype=np.int64)
+    for k in SINK_KEYS:
+        out[f"sink_{k}"] = np.full(n_heads, np.nan)
+    out["vote_counts"] = np.zeros((n_heads, 3), dtype=np.int64)
+    out["vote_fractions"] = np.full((n_heads, 3), np.nan)
+    out["labels"] = []
+
+    for h in range(n_heads):
+        # per (N, group, metric): list over sequences of that sequence's nan-mean
+        per_seq = {(ni, g, m): [] for ni in range(n_n) for g in ("top", "sink_removed")
+                   for m in METRICS}
+        # per (N, group, metric): pooled list of instance values (sink_in / sink_out)
+        pooled = {(ni, g, m): [] for ni in range(n_n) for g in ("sink_in", "sink_out")
+                  for m in METRICS}
+        sink_per_seq = {k: [] for k in SINK_KEYS}
+        votes = {name: 0 for name in VOTES}
+
+        for b in range(n_batch):
+            sink, valid_queries = _sequence_layout(mask[b])
+            if sink is None:
+                continue
+            values = _head_values(v, b, h, n_heads, W_O)
+            chosen = valid_queries if queries == "all" else [max(valid_queries)]
+
+            # --- separability groups ---
+            for ni, n in enumerate(n_values):
+                this_seq = {(g, m): [] for g in ("top", "sink_removed") for m in METRICS}
+                for t in chosen:
+                    alpha = pattern[b, h, t, :]
+                    valid = _key_mask(mask[b], t)
+                    scores = _ranking_scores(alpha, values, rank_by)
+
+                    # "top"
+                    sel = ref_top_n(alpha, valid, n, scores=scores)
+                    res = ref_separability(alpha, values, sel, valid, distance)
+                    for m in METRICS:
+                        this_seq[("top", m)].append(res[m])
+                    n_valid = int(valid.sum())
+                    if 1 <= n < n_valid:
+                        group = "sink_in" if sel[sink] else "sink_out"
+                        for m in METRICS:
+                            pooled[(ni, group, m)].append(res[m])
+
+                    # "sink_removed"
+                    valid_wo = valid.copy()
+                    valid_wo[sink] = False
+                    sel_wo = ref_top_n(alpha, valid_wo, n, scores=scores)
+                    res_wo = ref_separability(alpha, values, sel_wo, valid_wo, distance)
+                    for m in METRICS:
+                        this_seq[("sink_removed", m)].append(res_wo[m])
+
+                for g in ("top", "sink_removed"):
+                    for m in METRICS:
+                        per_seq[(ni, g, m)].append(_nanmean(this_seq[(g, m)]))
+
+            # --- sink diagnostics over the chosen queries ---
+            this_seq_sink = {k: [] for k in SINK_KEYS}
+            for t in chosen:
+                valid = _key_mask(mask[b], t)
+                if not any(valid[j] for j in range(n_pos) if j != sink):
+                    continue
+                res = ref_sink(pattern[b, h, t, :], values, valid, sink)
+                for k in SINK_KEYS:
+                    this_seq_sink[k].append(res[k])
+            for k in SINK_KEYS:
+                sink_per_seq[k].append(_nanmean(this_seq_sink[k]))
+
+            # --- taxonomy over every valid query after the sink ---
+            for t in valid_queries:
+                if t <= sink:
+                    continue
+                valid = _key_mask(mask[b], t)
+                votes[ref_vote(pattern[b, h, t, :], values, valid, t, sink)] += 1
+
+        for ni in range(n_n):
+            for g in ("top", "sink_removed"):
+                for m in METRICS:
+                    out[f"{g}_{m}"][h, ni] = _nanmean(per_seq[(ni, g, m)])
+            for g in ("sink_in", "sink_out"):
+                for m in METRICS:
+                    out[f"{g}_{m}"][h, ni] = _plain_mean(pooled[(ni, g, m)])
+                out[f"{g}_count"][h, ni] = len(pooled[(ni, g, "f_score")])
+
+        for k in SINK_KEYS:
+            out[f"sink_{k}"][h] = _nanmean(sink_per_seq[k])
+
+        counts = [votes[name] for name in VOTES]
+        total = sum(counts)
+        out["vote_counts"][h, :] = counts
+        if total > 0:
+            out["vote_fractions"][h, :] = [c / total for c in counts]
+        out["labels"].append(ref_label(counts))
+
+    return out

@@ -1,0 +1,52 @@
+"""Text inputs: the built-in sample corpus and text → token windows that start with BOS."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def sample_text() -> str:
+    """The built-in English corpus (written for this project; 61 paragraphs on varied topics)."""
+    return files("tl_geometry").joinpath("data/sample_text.txt").read_text(encoding="utf-8")
+
+
+def read_text(path: str | Path) -> str:
+    """A plain-text file's contents, with a clear error when it is missing or empty."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Text file {path} does not exist.")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise ValueError(f"Text file {path} is empty.")
+    return text
+
+
+def text_windows(
+    model_or_tokenizer: Any, text: str | None = None, *, n_seqs: int = 8, seq_len: int = 128
+) -> Tensor:
+    """``[n_seqs, seq_len]`` token windows: BOS followed by consecutive tokens of ``text``.
+
+    The text (default: :func:`sample_text`) is tokenized once without special tokens and cut into
+    non-overlapping windows of ``seq_len - 1`` tokens, each prefixed with BOS (SPEC §8).
+    """
+    tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
+    if n_seqs < 1 or seq_len < 2:
+        raise ValueError(f"Need n_seqs ≥ 1 and seq_len ≥ 2, got {n_seqs} and {seq_len}.")
+    text = sample_text() if text is None else text
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    body = seq_len - 1
+    if len(ids) < n_seqs * body:
+        raise ValueError(
+            f"The text has {len(ids)} tokens; {n_seqs} windows of {seq_len} need "
+            f"{n_seqs * body}. Use fewer or shorter windows, or a longer text."
+        )
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        raise ValueError("The tokenizer has no BOS token; the sink protocol needs one.")
+    windows = torch.tensor(ids[: n_seqs * body], dtype=torch.long).reshape(n_seqs, body)
+    return torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), windows], dim=1)

@@ -1,0 +1,42 @@
+"""Pure tensor functions of tl_geometry: tensors in, tensors out, no TransformerLens.
+
+The pipeline's mathematics (``../SPEC``): KV-head mapping and contributions (§1), top-N and
+random selections (§2–3), separability (§3), sink diagnostics (§4) and the source-winner
+taxonomy (§5). Every function is vectorised over heads, queries and selections.
+"""
+
+from .heads import (
+    causal_key_mask,
+    contribution_norms,
+    kv_head_index,
+    last_positions,
+    sink_positions,
+    value_dots,
+)
+from .selection import random_ranks, top_n_mask, top_n_ranks
+from .separability import Separability, distances, separability
+from .sink import SinkDiagnostics, sink_diagnostics
+from .taxonomy import CLASSES, VOTES, labels_from_votes, source_votes, source_winners, vote_fractions
+
+__all__ = [
+    "CLASSES",
+    "VOTES",
+    "Separability",
+    "SinkDiagnostics",
+    "causal_key_mask",
+    "contribution_norms",
+    "distances",
+    "kv_head_index",
+    "labels_from_votes",
+    "last_positions",
+    "random_ranks",
+    "separability",
+    "sink_diagnostics",
+    "sink_positions",
+    "source_votes",
+    "source_winners",
+    "top_n_mask",
+    "top_n_ranks",
+    "value_dots",
+    "vote_fractions",
+]

@@ -1,0 +1,18 @@
+"""Shared tensor aliases and small private helpers of the functional layer."""
+
+from __future__ import annotations
+
+import torch
+
+#: Every metric is computed in this dtype, whatever the cache dtype (SPEC §1: "float32 or
+#: better"). float64 keeps exact ties (duplicated vectors) exact and makes the factored
+#: distance ‖y_i − s‖² = α_i²‖v_i‖² − 2α_i⟨v_i, s⟩ + ‖s‖² accurate where it cancels.
+COMPUTE_DTYPE = torch.float64
+
+#: η of the cosine distance and of every cosine in SPEC §3–4.
+COSINE_EPS = 1e-12
+
+
+def _as_compute(x: torch.Tensor) -> torch.Tensor:
+    """Return ``x`` in :data:`COMPUTE_DTYPE` (a new tensor when a cast is needed, never in place)."""
+    return x.to(COMPUTE_DTYPE)

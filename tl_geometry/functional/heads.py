@@ -1,0 +1,123 @@
+"""Per-head tensors: KV-head mapping, contraction with value vectors, contribution norms, masks.
+
+SPEC §1. Query head ``h`` reads KV head ``h // (n_heads // n_kv)``. Nothing here builds a
+``[batch, head, query, key, d_head]`` tensor: weighted sums of value vectors are formed by a
+matrix product whose batch dimensions are exactly the value tensor's own, with every dimension
+that the values broadcast over (query heads of one group, queries, selections) folded into the
+rows of the product.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+
+def kv_head_index(n_heads: int, n_kv_heads: int) -> Int[Tensor, " head"]:
+    """KV head read by each query head: ``h // (n_heads // n_kv_heads)`` (SPEC §1).
+
+    >>> kv_head_index(9, 3).tolist()
+    [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    """
+    if n_heads <= 0 or n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_heads={n_heads} must be a positive multiple of n_kv_heads={n_kv_heads} "
+            "(grouped-query attention shares each KV head among n_heads // n_kv_heads query heads)."
+        )
+    return torch.arange(n_heads) // (n_heads // n_kv_heads)
+
+
+class ValueDots(NamedTuple):
+    """``s = Σ_k w_k v_k`` seen through inner products (see :func:`value_dots`)."""
+
+    aggregate_sq_norm: Float[Tensor, "*batch"]
+    """``‖s‖²``."""
+    dots: Float[Tensor, "*batch key"]
+    """``⟨v_i, s⟩`` for every key ``i``."""
+
+
+def value_dots(
+    weights: Float[Tensor, "*wbatch key"], values: Float[Tensor, "*vbatch key d"]
+) -> ValueDots:
+    """``‖s‖²`` and ``⟨v_i, s⟩`` for ``s = Σ_k w_k v_k``, without expanding ``values``.
+
+    ``weights`` and ``values`` broadcast in their leading dimensions; the result has the
+    broadcast shape. Dimensions where ``values`` has size 1 (queries, selections, query heads of
+    one KV group) are folded into the rows of two matrix products, so the cost and memory are
+    those of ``weights`` plus ``values``, never their product.
+
+    >>> v = torch.eye(3, dtype=torch.float64)             # three orthonormal keys
+    >>> w = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    >>> value_dots(w, v).dots.tolist(), value_dots(w, v).aggregate_sq_norm.tolist()
+    ([[1.0, 1.0, 0.0]], [2.0])
+    """
+    n_key, d = values.shape[-2:]
+    if weights.shape[-1] != n_key:
+        raise ValueError(f"weights have {weights.shape[-1]} keys but values have {n_key}.")
+    wb, vb = tuple(weights.shape[:-1]), tuple(values.shape[:-2])
+    shape = torch.broadcast_shapes(wb, vb)
+    nd = len(shape)
+    vb = (1,) * (nd - len(vb)) + vb
+    values = values.reshape(vb + (n_key, d))
+    # Dimensions the values are shared over become rows of the product.
+    free = [i for i in range(nd) if vb[i] == 1 and shape[i] != 1]
+    kept = [i for i in range(nd) if i not in free]
+    kept_shape = [shape[i] for i in kept]
+    free_shape = [shape[i] for i in free]
+    rows = weights.expand(shape + (n_key,)).permute(*kept, *free, nd)
+    rows = rows.reshape(*kept_shape, -1, n_key)
+    vk = values.permute(*kept, *free, nd, nd + 1).reshape(*[vb[i] for i in kept], n_key, d)
+    vk = vk.expand(*kept_shape, n_key, d)
+    agg = rows @ vk  # [*kept, F, d]
+    sq = (agg * agg).sum(-1)  # [*kept, F]
+    dots = agg @ vk.transpose(-1, -2)  # [*kept, F, key]
+    # Undo the fold: [*kept, *free] back to the broadcast order.
+    inverse = [0] * nd
+    for pos, dim in enumerate(kept + free):
+        inverse[dim] = pos
+    sq = sq.reshape(tuple(kept_shape + free_shape)).permute(tuple(inverse))
+    dots = dots.reshape(tuple(kept_shape + free_shape) + (n_key,)).permute(tuple(inverse) + (nd,))
+    return ValueDots(sq, dots)
+
+
+def value_norms(values: Float[Tensor, "*vbatch key d"]) -> Float[Tensor, "*vbatch key"]:
+    """``‖v_i‖`` for every key."""
+    return torch.linalg.vector_norm(values, dim=-1)
+
+
+def contribution_norms(
+    alpha: Float[Tensor, "*abatch key"], values: Float[Tensor, "*vbatch key d"]
+) -> Float[Tensor, "*batch key"]:
+    """Contribution norms ``‖y_i‖ = α_i ‖v_i‖`` (SPEC §1), broadcasting ``values`` over queries.
+
+    >>> contribution_norms(torch.tensor([0.5, 0.5]), torch.tensor([[3.0, 4.0], [0.0, 1.0]])).tolist()
+    [2.5, 0.5]
+    """
+    return alpha * value_norms(values)
+
+
+def causal_key_mask(
+    n_pos: int, attention_mask: Bool[Tensor, "batch pos"] | None = None
+) -> Bool[Tensor, "*batch query key"]:
+    """Valid keys of every query: ``i ≤ t`` and, with a mask, not padding (SPEC §1).
+
+    Returns ``[query, key]`` without a mask and ``[batch, query, key]`` with one.
+    """
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
+    if attention_mask is None:
+        return causal
+    return causal & attention_mask[:, None, :]
+
+
+def sink_positions(attention_mask: Bool[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
+    """The sink of each sequence: its first valid position (position 0 unless left-padded)."""
+    return attention_mask.to(torch.int8).argmax(-1)
+
+
+def last_positions(attention_mask: Bool[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
+    """The last valid position of each sequence (the paper's query)."""
+    n_pos = attention_mask.shape[-1]
+    return n_pos - 1 - attention_mask.flip(-1).to(torch.int8).argmax(-1)

@@ -1,0 +1,72 @@
+"""Selections of keys: top-N by attention (ties → lower index) and nested random subsets.
+
+SPEC §2–3. A selection is encoded by *ranks*: ``rank[i] < N`` means key ``i`` is in the size-N
+set. One rank tensor therefore encodes the nested sets for every ``N`` at once, which is how
+both the top-N sets (prefixes of the attention order) and the random baseline (prefixes of a
+random permutation) are defined. Invalid keys always rank after every valid key.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+
+def _inverse_permutation(order: Int[Tensor, "*batch key"]) -> Int[Tensor, "*batch key"]:
+    ranks = torch.empty_like(order)
+    positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    return ranks.scatter_(-1, order, positions)
+
+
+def top_n_ranks(
+    scores: Float[Tensor, "*sbatch key"], key_mask: Bool[Tensor, "*mbatch key"] | None = None
+) -> Int[Tensor, "*batch key"]:
+    """Rank of every key by decreasing score; ties go to the lower index; invalid keys last.
+
+    ``scores`` is the attention row ``α`` (SPEC §2) or, for the variant ranking, the
+    contribution norms ``α_i‖v_i‖``. ``top_n_ranks(α) < N`` is the top-N set ``S_N``.
+
+    >>> top_n_ranks(torch.tensor([0.2, 0.4, 0.2, 0.2])).tolist()
+    [1, 0, 2, 3]
+    """
+    if key_mask is not None:
+        scores = torch.where(key_mask, scores, -torch.inf)
+    # A stable descending sort keeps equal scores in index order: the lower index wins a tie.
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    return _inverse_permutation(order)
+
+
+def top_n_mask(
+    scores: Float[Tensor, "*sbatch key"],
+    n: int,
+    key_mask: Bool[Tensor, "*mbatch key"] | None = None,
+) -> Bool[Tensor, "*batch key"]:
+    """The top-``n`` keys of every row (SPEC §2): largest scores, ties → lower index, valid only.
+
+    A row with fewer than ``n`` valid keys selects all of them; metrics treat such an ``n`` as
+    out of range (NaN), never as a smaller ``n``.
+
+    >>> top_n_mask(torch.tensor([0.1, 0.3, 0.3, 0.3]), 2).tolist()
+    [False, True, True, False]
+    """
+    selected = top_n_ranks(scores, key_mask) < n
+    return selected if key_mask is None else selected & key_mask
+
+
+def random_ranks(
+    key_mask: Bool[Tensor, "*batch key"], samples: int, generator: torch.Generator
+) -> Int[Tensor, "*batch sample key"]:
+    """Ranks under ``samples`` independent uniformly random permutations of each row's valid keys.
+
+    ``random_ranks(...) < N`` is a uniformly random N-subset of the valid keys; within one
+    permutation the subsets for increasing ``N`` are nested prefixes (SPEC §3, random baseline).
+    The same generator state gives the same ranks.
+    """
+    if samples < 1:
+        raise ValueError(f"random_samples must be at least 1, got {samples}.")
+    shape = (*key_mask.shape[:-1], samples, key_mask.shape[-1])
+    keys = torch.rand(shape, generator=generator, device=key_mask.device)
+    # Invalid keys get a key above every uniform draw, so they sort after all valid ones.
+    keys = torch.where(key_mask.unsqueeze(-2), keys, 2.0)
+    return _inverse_permutation(keys.argsort(dim=-1))

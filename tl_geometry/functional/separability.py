@@ -1,0 +1,157 @@
+"""Geometric precision, recall, F-score, margin and inversion count of a key selection (SPEC §3).
+
+For one query with valid keys ``T_t``, contributions ``y_i = α_i v_i`` and a selection
+``S ⊂ T_t`` of size ``N``, with ``s = Σ_{i∈S} y_i`` and ``D_i = d(y_i, s)``::
+
+    ρ_max = max_{i∈S} D_i          ρ_min = min_{j∈T_t∖S} D_j
+    P = N / (N + |{j∉S : D_j ≤ ρ_max}|)      (closed outer ball: a tie is contamination)
+    R = |{i∈S : D_i < ρ_min}| / N            (strict inner ball: a tie is not recalled)
+    F = 2PR / (P + R)   (0 when R = 0)       γ = ρ_min − ρ_max
+    GInv = Σ_{i∈S} Σ_{j∉S} 1{D_j ≤ D_i}
+
+The distances are computed from ``α``, ``‖v‖`` and ``⟨v_i, s⟩`` only (SPEC §1), so the
+``[..., key, d]`` contributions are never formed per query.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from ._types import COMPUTE_DTYPE, COSINE_EPS, _as_compute
+from .heads import value_dots
+from .selection import top_n_mask
+
+Distance = Literal["euclidean", "cosine"]
+METRIC_NAMES = ("precision", "recall", "f_score", "margin", "inversions")
+
+
+class Separability(NamedTuple):
+    """The five separability figures of SPEC §3, each of the rows' shape; NaN where undefined."""
+
+    precision: Float[Tensor, "*batch"]
+    recall: Float[Tensor, "*batch"]
+    f_score: Float[Tensor, "*batch"]
+    margin: Float[Tensor, "*batch"]
+    inversions: Float[Tensor, "*batch"]
+
+
+def distances(
+    alpha: Float[Tensor, "*abatch key"],
+    values: Float[Tensor, "*vbatch key d"],
+    selected: Bool[Tensor, "*sbatch key"],
+    distance: Distance = "euclidean",
+) -> Float[Tensor, "*batch key"]:
+    """``D_i = d(α_i v_i, s)`` for every key, with ``s = Σ_{k∈S} α_k v_k`` (SPEC §3).
+
+    Euclidean: ``D_i² = α_i²‖v_i‖² − 2α_i⟨v_i, s⟩ + ‖s‖²``. Cosine:
+    ``D_i = 1 − α_i⟨v_i, s⟩ / (α_i‖v_i‖ ‖s‖ + η)``. In :data:`COMPUTE_DTYPE`.
+    """
+    alpha, values = _as_compute(alpha), _as_compute(values)
+    sq_norm_s, dots = value_dots(alpha * selected, values)
+    sq_norm_v = (values * values).sum(-1)
+    if distance == "euclidean":
+        sq = (alpha * alpha) * sq_norm_v - 2 * alpha * dots + sq_norm_s.unsqueeze(-1)
+        return sq.clamp_min(0).sqrt()
+    if distance == "cosine":
+        norm_y = alpha * sq_norm_v.sqrt()
+        norm_s = sq_norm_s.sqrt().unsqueeze(-1)
+        return 1 - alpha * dots / (norm_y * norm_s + COSINE_EPS)
+    raise ValueError(f"distance must be 'euclidean' or 'cosine', got {distance!r}.")
+
+
+def scores_from_distances(
+    dist: Float[Tensor, "*dbatch key"],
+    selected: Bool[Tensor, "*sbatch key"],
+    key_mask: Bool[Tensor, "*mbatch key"],
+    n: Tensor,
+) -> Separability:
+    """P, R, F, γ, GInv from the distances of one selection per row (SPEC §3).
+
+    ``n`` is the selection size of each row; rows with ``n`` outside ``1 ≤ n < |T_t|`` are NaN.
+    """
+    dist, selected, key_mask = torch.broadcast_tensors(dist, selected, key_mask)
+    unselected = key_mask & ~selected
+    rho_max = torch.where(selected, dist, -torch.inf).amax(-1)
+    rho_min = torch.where(unselected, dist, torch.inf).amin(-1)
+    contaminating = (unselected & (dist <= rho_max.unsqueeze(-1))).sum(-1)
+    recalled = (selected & (dist < rho_min.unsqueeze(-1))).sum(-1)
+    n = n.to(COMPUTE_DTYPE)
+    precision = n / (n + contaminating)
+    recall = recalled / n
+    f_score = torch.where(recall > 0, 2 * precision * recall / (precision + recall), 0.0)
+    margin = rho_min - rho_max
+    # GInv = Σ_{i∈S} |{j∉S : D_j ≤ D_i}|: count by binary search in the sorted unselected D.
+    sorted_unselected = torch.where(unselected, dist, torch.inf).sort(-1).values
+    probes = torch.where(selected, dist, -torch.inf).contiguous()
+    below = torch.searchsorted(sorted_unselected, probes, right=True)
+    inversions = (below * selected).sum(-1).to(COMPUTE_DTYPE)
+    defined = (n >= 1) & (n < key_mask.sum(-1))
+    nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=dist.device)
+    return Separability(
+        *(torch.where(defined, x, nan) for x in (precision, recall, f_score, margin, inversions))
+    )
+
+
+def separability(
+    alpha: Float[Tensor, "*abatch key"],
+    values: Float[Tensor, "*vbatch key d"],
+    n: int,
+    *,
+    key_mask: Bool[Tensor, "*mbatch key"] | None = None,
+    selected: Bool[Tensor, "*sbatch key"] | None = None,
+    distance: Distance = "euclidean",
+) -> Separability:
+    """Geometric separability of the top-``n`` keys (or of ``selected``) of each row (SPEC §3).
+
+    Args:
+        alpha: attention rows ``[..., key]``.
+        values: raw value vectors ``[..., key, d]`` (``y = α·v`` is formed inside). Leading
+            dimensions broadcast against ``alpha``'s, so one ``[key, d]`` block can serve many
+            queries without being copied.
+        n: selection size ``N``.
+        key_mask: True for keys that exist for the row (causal and not padding); default all.
+        selected: score this selection instead of the top-``n`` set; it must hold ``n`` valid
+            keys in every row where ``n`` is in range.
+        distance: ``"euclidean"`` (default) or ``"cosine"``.
+
+    Returns:
+        :class:`Separability` with ``precision, recall, f_score, margin, inversions``, each of
+        shape ``[...]`` in float64; NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
+
+    Example:
+        >>> alpha = torch.tensor([0.1, 0.6, 0.3])
+        >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+        >>> separability(alpha, values, 2).precision.item()
+        1.0
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}.")
+    if alpha.ndim < 1 or values.ndim < 2 or values.shape[-2] != alpha.shape[-1]:
+        raise ValueError(
+            f"alpha must be [..., key] and values [..., key, d] with the same number of keys; "
+            f"got alpha {tuple(alpha.shape)} and values {tuple(values.shape)}."
+        )
+    if not (alpha.is_floating_point() and values.is_floating_point()):
+        raise TypeError("alpha and values must be floating-point tensors.")
+    if key_mask is None:
+        key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
+    elif key_mask.dtype != torch.bool:
+        raise TypeError(f"key_mask must be a bool tensor (True = valid key), got {key_mask.dtype}.")
+    if selected is None:
+        selected = top_n_mask(alpha, n, key_mask)
+    else:
+        if selected.dtype != torch.bool:
+            raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
+        if (selected & ~key_mask).any():
+            raise ValueError("selected contains keys that key_mask marks invalid.")
+        n_valid = key_mask.sum(-1)
+        in_range = (n >= 1) & (n < n_valid)
+        if (in_range & (selected.sum(-1) != n)).any():
+            raise ValueError(f"selected must hold exactly n={n} keys in every row where n is in range.")
+    dist = distances(alpha, values, selected, distance)
+    n_rows = torch.full(dist.shape[:-1], float(n), dtype=COMPUTE_DTYPE, device=dist.device)
+    return scores_from_distances(dist, selected, key_mask, n_rows)
