@@ -436,7 +436,7 @@ def _loading_info(model: Any) -> dict[str, Any]:
     """How the weights were processed: folded value biases and centring change ``v`` and ``W_O``."""
     info: dict[str, Any] = dict(getattr(model, "tl_geometry_loading", {}) or {})
     cfg = getattr(model, "cfg", None)
-    for key in ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+    for key in ("fold_ln", "layer_norm_folding", "center_writing_weights", "center_unembed", "fold_value_biases",
                 "default_prepend_bos", "dtype", "device"):
         value = getattr(cfg, key, None)
         if value is not None:

@@ -123,9 +123,14 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str = "cpu", dtype: torch.d
         >>> _, cache = model.run_with_cache(model.to_tokens("Hello"),
         ...                                 names_filter=tl_geometry.CACHE_NAMES_FILTER)
     """
+    hf_model, tokenizer = load_hf_model(name, dtype=dtype)
+    return _bridge_from_hf(name, hf_model, tokenizer, device=device, dtype=dtype)
+
+
+def _bridge_from_hf(name: str, hf_model: Any, tokenizer: Any, *, device: str, dtype: torch.dtype):
+    """Wrap a loaded HF model (modified in place) in a ``TransformerBridge``."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    hf_model, tokenizer = load_hf_model(name, dtype=dtype)
     bridge = TransformerBridge.boot_transformers(
         name, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype
     )

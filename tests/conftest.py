@@ -1,0 +1,58 @@
+"""Session-scoped real models: each is loaded once per test session, on small inputs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/reference.py and tests/cases.py
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+N_SEQS, SEQ_LEN = 3, 40
+
+
+@dataclass
+class RealModel:
+    name: str
+    model: Any  # TransformerBridge
+    tokens: torch.Tensor
+    hf_logits: torch.Tensor  # logits of the plain HF model, computed before it was wrapped
+    cache: Any  # ActivationCache with hook_pattern, hook_v and hook_z
+
+
+def _real_model(name: str) -> RealModel:
+    import tl_geometry
+    from tl_geometry.models import _bridge_from_hf, load_hf_model
+
+    hf_model, tokenizer = load_hf_model(name)
+    tokens = tl_geometry.text_windows(tokenizer, n_seqs=N_SEQS, seq_len=SEQ_LEN)
+    with torch.no_grad():
+        hf_logits = hf_model(tokens).logits
+    model = _bridge_from_hf(name, hf_model, tokenizer, device="cpu", dtype=torch.float32)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(
+            tokens, names_filter=lambda n: tl_geometry.CACHE_NAMES_FILTER(n) or n.endswith("attn.hook_z")
+        )
+    return RealModel(name, model, tokens, hf_logits, cache)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> RealModel:
+    return _real_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> RealModel:
+    return _real_model("gemma3-270m")
+
+
+@pytest.fixture(params=["smollm2", "gemma3"])
+def real(request) -> RealModel:
+    return request.getfixturevalue(request.param)

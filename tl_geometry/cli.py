@@ -1,0 +1,82 @@
+"""The ``tl-geometry`` command.
+
+``tl-geometry analyze`` loads an offline model (default SmolLM2-135M), runs it on the built-in
+sample text (or ``--text FILE``) with only ``hook_pattern`` and ``hook_v`` cached, and prints the
+per-head summary: taxonomy, sink figures and F_N of the top-N sets against random subsets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+
+def _n_values(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--n-values takes comma-separated ints, got {text!r}") from err
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .models import DEFAULT_MODEL, MODELS
+
+    parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    analyze = sub.add_parser("analyze", help="per-head geometric analysis of a model on a text")
+    analyze.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
+    analyze.add_argument("--text", metavar="FILE", help="plain-text file (default: built-in sample)")
+    analyze.add_argument("--n-seqs", type=int, default=8, help="windows of text (default 8)")
+    analyze.add_argument("--seq-len", type=int, default=128, help="tokens per window, BOS included")
+    analyze.add_argument("--queries", choices=("last", "all"), default="last")
+    analyze.add_argument("--n-values", type=_n_values, default=(1, 2, 4, 8, 16, 32, 64))
+    analyze.add_argument("--random-samples", type=int, default=16)
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--distance", choices=("euclidean", "cosine"), default="euclidean")
+    analyze.add_argument("--show-n", type=_n_values, default=(2, 4, 8), help="N shown in the table")
+    analyze.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
+    analyze.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+
+    import tl_geometry
+    from tl_geometry.data import read_text
+
+    text = read_text(args.text) if args.text else None
+    start = time.perf_counter()
+    print(f"Loading {args.model} (offline, from its PyPI package)...", file=sys.stderr)
+    model = tl_geometry.load_model(args.model)
+    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    n_values = tuple(n for n in args.n_values if n < args.seq_len)  # larger N cannot be evaluated
+    loaded = time.perf_counter()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+    forward = time.perf_counter()
+    result = tl_geometry.analyze_heads(
+        cache, n_values=n_values, queries=args.queries, random_samples=args.random_samples,
+        seed=args.seed, distance=args.distance, model=model, progress=sys.stderr.isatty(),
+    )
+    result.metadata["text"] = args.text or "built-in sample"
+    done = time.perf_counter()
+    print(result.summary(n_values=args.show_n))
+    print(
+        f"\nload {loaded - start:.1f} s, forward (pattern + v cached) {forward - loaded:.2f} s, "
+        f"analysis {done - forward:.2f} s",
+        file=sys.stderr,
+    )
+    if args.save:
+        print(f"saved {result.save(args.save)}", file=sys.stderr)
+    if args.csv:
+        result.to_pandas().to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
