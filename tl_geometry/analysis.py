@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -87,7 +88,7 @@ class _Accumulator:
         )
 
 
-def _check_options(n_values, queries, random_samples, distance, space, rank_by) -> Tensor:
+def _check_options(n_values, queries, random_samples, seed, distance, space, rank_by) -> Tensor:
     if queries not in ("last", "all"):
         raise ValueError(f"queries must be 'last' (paper protocol) or 'all', got {queries!r}.")
     if distance not in ("euclidean", "cosine"):
@@ -98,9 +99,19 @@ def _check_options(n_values, queries, random_samples, distance, space, rank_by) 
         raise ValueError(f"rank_by must be 'attention' or 'contribution', got {rank_by!r}.")
     if isinstance(random_samples, bool) or not isinstance(random_samples, int) or random_samples < 1:
         raise ValueError(f"random_samples must be a positive int, got {random_samples!r}.")
-    values = list(n_values) if not isinstance(n_values, int) else [n_values]
-    if not values or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in values):
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}.")
+    if isinstance(n_values, (Tensor, np.ndarray)):
+        n_values = n_values.tolist()
+    try:
+        values = [n_values] if isinstance(n_values, int) else list(n_values)
+    except TypeError:
+        raise ValueError(f"n_values must be a sequence of positive ints, got {n_values!r}.") from None
+    if not values or any(
+        isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 for n in values
+    ):
         raise ValueError(f"n_values must be positive ints (selection sizes N ≥ 1), got {n_values!r}.")
+    values = [int(n) for n in values]
     if len(set(values)) != len(values):
         raise ValueError(f"n_values has duplicates: {values}.")
     return torch.tensor(sorted(values))
@@ -114,9 +125,14 @@ def _output_weights(model: Any, W_O: Tensor | None, layers: Sequence[int]) -> Te
             "space='output' needs the output projections: pass model=... (with .W_O) or "
             "W_O=model.W_O, a [layer, head, d_head, d_model] tensor."
         )
+    if not isinstance(W_O, Tensor):
+        raise ValueError(f"W_O must be a torch tensor [layer, head, d_head, d_model], got {type(W_O).__name__}.")
     if W_O.ndim != 4 or max(layers) >= W_O.shape[0]:
         raise ValueError(f"W_O must be [layer, head, d_head, d_model] covering layer {max(layers)}.")
-    return W_O.detach()
+    W_O = W_O.detach()
+    if not torch.isfinite(W_O[list(layers)]).all():
+        raise ValueError("W_O has NaN or inf entries in the analysed layers.")
+    return W_O
 
 
 def _layer_values(v: Tensor, n_heads: int, W_O: Tensor | None) -> Tensor:
@@ -301,7 +317,7 @@ def analyze_heads(
         >>> result = tl_geometry.analyze_heads(cache, n_values=(1, 2, 4, 8))  # doctest: +SKIP
         >>> print(result.summary())  # doctest: +SKIP
     """
-    n_tensor = _check_options(n_values, queries, random_samples, distance, space, rank_by)
+    n_tensor = _check_options(n_values, queries, random_samples, seed, distance, space, rank_by)
     layer_ids = _cache.resolve_layers(cache, layers)
     W = _output_weights(model, W_O, layer_ids) if space == "output" else None
 

@@ -64,7 +64,11 @@ def resolve_layers(cache: Any, layers: Sequence[int] | None) -> list[int]:
             )
         layers = available
     else:
-        layers = [int(layer) for layer in layers]
+        if isinstance(layers, (int, str)) or not isinstance(layers, Sequence | range):
+            raise CacheError(f"layers must be a list of layer indices, got {layers!r}.")
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
+            raise CacheError(f"layers must hold non-negative int layer indices, got {list(layers)!r}.")
+        layers = list(layers)
         if not layers:
             raise CacheError("layers is empty: pass None for every cached layer or a list of indices.")
         if len(set(layers)) != len(layers):
@@ -105,9 +109,9 @@ def read_layer(cache: Any, layer: int) -> tuple[Tensor, Tensor]:
             f"{pname} has shape {tuple(pattern.shape)}; expected [batch, head, query_pos, key_pos]."
         )
     if v.ndim != 4:
+        hint = " (heads merged?) Cache the per-head hook_v." if v.ndim == 3 else ""
         raise CacheError(
-            f"{vname} has shape {tuple(v.shape)}; expected [batch, pos, kv_head, d_head]. "
-            "A 3-D hook_v (heads merged) is not supported: cache the per-head hook_v."
+            f"{vname} has shape {tuple(v.shape)}; expected [batch, pos, kv_head, d_head].{hint}"
         )
     batch, n_heads, n_query, n_key = pattern.shape
     if batch == 0 or n_key == 0:
@@ -137,7 +141,12 @@ def check_attention_mask(mask: Tensor | None, batch: int, n_pos: int) -> Tensor:
     if mask is None:
         return torch.ones(batch, n_pos, dtype=torch.bool)
     if not isinstance(mask, Tensor):
-        mask = torch.as_tensor(mask)
+        try:
+            mask = torch.as_tensor(mask)
+        except (TypeError, ValueError, RuntimeError):
+            raise CacheError(
+                f"attention_mask must be a [batch, pos] tensor of 0/1, got {type(mask).__name__}."
+            ) from None
     if mask.shape != (batch, n_pos):
         raise CacheError(
             f"attention_mask has shape {tuple(mask.shape)}; expected [batch, pos] = "
@@ -186,6 +195,13 @@ def clean_pattern(pattern: Tensor, mask: Tensor, name: str) -> Tensor:
         raise CacheError(f"{name} puts attention mass {float(leaked):.3g} on {where}. {fix}")
     if (clean < -1e-6).any():
         raise CacheError(f"{name} has negative entries: it must hold attention probabilities.")
+    # Rows may sum to less than 1 (learned sink logits, sliding windows) but never to more.
+    row_sum = clean.sum(-1).amax()
+    if row_sum > 1.01:
+        raise CacheError(
+            f"{name} has a query row whose attention sums to {float(row_sum):.3g} > 1: it must hold "
+            "probabilities normalised over keys, [batch, head, query_pos, key_pos]."
+        )
     return torch.where(valid, clean, 0.0)
 
 

@@ -200,7 +200,8 @@ class HeadAnalysis:
         order = flat.argsort(descending=largest)[:k]
         table = self.heads_table()
         chosen = table.iloc[order.tolist()].copy()
-        chosen.insert(2, by, values.flatten()[order].numpy())
+        if by not in chosen.columns:
+            chosen.insert(3, by, values.flatten()[order].numpy())
         return chosen.reset_index(drop=True)
 
     def summary(self, n_values: tuple[int, ...] = (2, 4, 8)) -> str:

@@ -1,0 +1,127 @@
+"""Benchmark analyze_heads against the forward pass that produced its cache, and the loop reference.
+
+SmolLM2-135M on 8 sequences × 128 tokens of real text (WikiText-2 test from ../shared/data when
+present, else the built-in sample). Times, in one process: ``run_with_cache`` keeping only
+``hook_pattern`` and ``hook_v``; ``analyze_heads`` with ``queries="last"`` and ``"all"``; and the
+NumPy per-query loop reference (tests/reference.py) on one layer, scaled to the whole model.
+Peak resident memory of each phase is read from /proc (VmHWM, reset before each phase).
+
+    python benchmarks/bench_analyze.py [--n-seqs 8] [--seq-len 128] [--repeats 3] [--skip-all]
+
+Targets (reported, not enforced): last-query analysis ≤ 10 % of the forward pass, all-query
+analysis ≤ 1×, vectorised ≥ 100× the loop reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2-test.txt"
+
+
+def _reset_peak() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_mib() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _timed(fn, repeats: int) -> tuple[float, list[float], float | None, object]:
+    times, out = [], None
+    _reset_peak()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times, _peak_mib(), out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n-seqs", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-all", action="store_true", help="skip the all-query analysis")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_analyze.json"))
+    args = parser.parse_args()
+
+    import tl_geometry
+    from reference import ref_analyze
+
+    model = tl_geometry.load_model("smollm2-135m")
+    text = WIKITEXT.read_text(encoding="utf-8") if WIKITEXT.exists() else None
+    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
+
+    def forward():
+        with torch.no_grad():
+            return model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)[1]
+
+    forward()  # warm-up
+    fwd, fwd_times, fwd_peak, cache = _timed(forward, args.repeats)
+    cache_mib = sum(t.numel() * t.element_size() for t in cache.values()) / 2**20
+    last, last_times, last_peak, _ = _timed(
+        lambda: tl_geometry.analyze_heads(cache, n_values=n_values, queries="last"), args.repeats
+    )
+    report = {
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine()},
+        "input": {"model": "smollm2-135m", "text": "wikitext-2-test" if text else "built-in sample",
+                  "n_seqs": args.n_seqs, "seq_len": args.seq_len, "n_values": list(n_values),
+                  "random_samples": 16, "cache_mib": round(cache_mib, 1)},
+        "forward_s": fwd, "forward_runs_s": fwd_times, "forward_peak_rss_mib": fwd_peak,
+        "analyze_last_s": last, "analyze_last_runs_s": last_times, "analyze_last_peak_rss_mib": last_peak,
+        "last_over_forward": last / fwd,
+    }
+    if not args.skip_all:
+        every, every_times, every_peak, _ = _timed(
+            lambda: tl_geometry.analyze_heads(cache, n_values=n_values, queries="all"), 1
+        )
+        report.update({"analyze_all_s": every, "analyze_all_peak_rss_mib": every_peak,
+                       "all_over_forward": every / fwd})
+
+    # Loop reference: one layer, last queries, top-N / sink-removed / sink / votes; the
+    # vectorised code does the same work plus a random baseline (random_samples=1 here).
+    layer = {k: cache[k] for k in ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_v")}
+    pattern = layer["blocks.0.attn.hook_pattern"].double().numpy()
+    v = layer["blocks.0.attn.hook_v"].double().numpy()
+    loop, _, _, _ = _timed(lambda: ref_analyze(pattern, v, n_values, queries="last"), 1)
+    vec, _, _, _ = _timed(
+        lambda: tl_geometry.analyze_heads(layer, n_values=n_values, queries="last", random_samples=1),
+        args.repeats,
+    )
+    n_layers = model.cfg.n_layers
+    report.update({
+        "reference_loop_one_layer_s": loop, "vectorised_one_layer_s": vec,
+        "reference_loop_scaled_to_model_s": loop * n_layers,
+        "vectorised_speedup_over_loop": loop / vec,
+    })
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
