@@ -25,9 +25,10 @@ and which must survive any permutation or scaling exactly (the ``exact_ties=True
 Generated inputs: α rows are softmaxes of random logits (sometimes rounded, which creates exact
 attention ties), values are random (sometimes with duplicated rows, copied with or without the
 attention of the source key, sometimes with a small "sink" at key 0 pointing against the mean
-of the others); layouts are one row ``[key]``, rows ``[rows, key]`` with their own values, or
-``[rows, q, key]`` against values broadcast as ``[rows, 1, key, d]``; optional random key masks;
-key counts 2..12 and ``d`` 1..6; float64 or float32 inputs. Structural choices are drawn by
+of the others); layouts are one row ``[key]``, rows ``[rows, key]`` with their own values,
+``[rows, q, key]`` against values broadcast as ``[rows, 1, key, d]``, one ``[key, d]`` block shared
+by all rows, and values broadcast over a leading dimension (:data:`LAYOUTS`); optional random key
+masks; key counts 2..12 and ``d`` 1..6; float64 or float32 inputs. Structural choices are drawn by
 Hypothesis (so they shrink); the bulk numbers come from a drawn seed.
 """
 
@@ -123,6 +124,18 @@ class Case:
         )
 
 
+#: Leading dimensions of alpha and of values for given row / query counts ``b, q``.
+LAYOUTS = {
+    "row": lambda b, q: ((), ()),  # one query: [key] and [key, d]
+    "rows": lambda b, q: ((b,), (b,)),  # rows with their own values
+    "broadcast": lambda b, q: ((b, q), (b, 1)),  # [rows, q, key] vs [rows, 1, key, d]
+    "shared": lambda b, q: ((b, q), ()),  # one [key, d] block for every row
+    # values shared over a *leading* dimension, kept dims after it: [q, rows, 2, key] vs
+    # [1, rows, 2, key, d] (exercises value_dots' fold and unfold of the batch dimensions)
+    "leading": lambda b, q: ((q, b, 2), (1, b, 2)),
+}
+
+
 @st.composite
 def cases(
     draw,
@@ -135,10 +148,10 @@ def cases(
 ) -> Case:
     k = draw(st.integers(2, 12), label="keys")
     d = draw(st.integers(1, 6), label="d")
-    layout = draw(st.sampled_from(["row", "rows", "broadcast"]), label="layout")
+    layout = draw(st.sampled_from(list(LAYOUTS)), label="layout")
     b = draw(st.integers(1, 3), label="rows")
     q = draw(st.integers(1, 3), label="queries")
-    lead, vlead = {"row": ((), ()), "rows": ((b,), (b,)), "broadcast": ((b, q), (b, 1))}[layout]
+    lead, vlead = LAYOUTS[layout](b, q)
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     g = torch.Generator().manual_seed(seed)
 
@@ -390,8 +403,8 @@ def test_singleton_with_an_identical_twin_is_a_tie(case, data):
 
     Both distances to the aggregate are equal (zero for Euclidean), so by SPEC §3 the twin is
     contamination (closed ball) and the selected key is not recalled (strict ball): ``R = 0``,
-    ``F = 0``, ``γ ≤ 0`` (``= 0`` for Euclidean, up to the rounding residue of the selected key's own
-    distance) — for any key order. Exact arithmetic gives an exact tie here
+    ``F = 0``, ``γ ≤ 0`` (``= 0`` for Euclidean, up to the rounding residue of the selected
+    key's own distance) — for any key order. Exact arithmetic gives an exact tie here
     (``_types.COMPUTE_DTYPE``: "float64 keeps exact ties (duplicated vectors) exact").
     """
     src, dst = case.exact_pairs[data.draw(st.integers(0, len(case.exact_pairs) - 1), label="pair")]
@@ -480,8 +493,8 @@ def test_permutation_invariance_top_n_without_boundary_ties(data):
     moved = case.permuted(perm)
     alpha = torch.where(case.mask(), case.alpha.double(), -math.inf)
     top = alpha.sort(-1, descending=True).values
-    n = case.n
-    unique = (top[..., n - 1] > top[..., n]) if n < case.n_keys else torch.zeros_like(case.defined())
+    n = case.n  # 1 ≤ n < key count here
+    unique = top[..., n - 1] > top[..., n]
     # The top-N sets themselves are the permuted ones wherever they are unique.
     want = case.selection()[..., torch.tensor(perm)]
     got = moved.selection()

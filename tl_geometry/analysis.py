@@ -26,7 +26,7 @@ from torch import Tensor
 
 from . import cache as _cache
 from .functional._types import COMPUTE_DTYPE
-from .functional.heads import last_positions, sink_positions, value_norms
+from .functional.heads import first_duplicate, last_positions, sink_positions, value_norms
 from .functional.selection import random_ranks, top_n_ranks
 from .functional.separability import METRIC_NAMES, distances, scores_from_distances
 from .functional.sink import SINK_FIELDS, sink_diagnostics
@@ -180,8 +180,9 @@ def _votes(pattern: Tensor, values: Tensor, mask: Tensor, sink: Tensor) -> Tenso
 
 
 def _chunk(
-    pattern: Tensor, values: Tensor, mask: Tensor, sink: Tensor, query_pos: Tensor, query_ok: Tensor,
-    n_values: Tensor, *, seeds: list[int], random_samples: int, distance: str, rank_by: str,
+    pattern: Tensor, values: Tensor, duplicates: Tensor, mask: Tensor, sink: Tensor,
+    query_pos: Tensor, query_ok: Tensor, n_values: Tensor, *, seeds: list[int],
+    random_samples: int, distance: str, rank_by: str,
 ) -> tuple[Tensor, ...]:
     """Metrics of one chunk of sequences × chosen queries, reduced over queries.
 
@@ -225,6 +226,7 @@ def _chunk(
         values[:, :, None, None, None, None],
         split(selected),
         distance,  # type: ignore[arg-type]
+        duplicates[:, :, None, None, None, None],
     )
     metrics = scores_from_distances(
         dist, split(selected), split(group_mask), n_values.to(COMPUTE_DTYPE)
@@ -389,6 +391,8 @@ def _analyze_layer(
     seq_count = torch.zeros_like(seq_sum)
     sink_sum = torch.zeros(batch, n_heads, len(SINK_FIELDS), dtype=COMPUTE_DTYPE)
     sink_count = torch.zeros_like(sink_sum)
+    # A key's first duplicate never comes after it, so truncating keys keeps this valid.
+    duplicates = first_duplicate(values)
     for bi, (query_pos, query_ok) in enumerate(blocks):
         # Keys after a block's last query exist for none of its queries: leave them out.
         n_keys = int(query_pos.max()) + 1
@@ -398,7 +402,8 @@ def _analyze_layer(
             hi = min(batch, lo + step)
             seeds = [_seed(seed, layer, sequence_offset + i, bi) for i in range(lo, hi)]
             out = _chunk(
-                pattern[lo:hi, :, :, :n_keys], values[lo:hi, :, :n_keys], mask[lo:hi, :n_keys],
+                pattern[lo:hi, :, :, :n_keys], values[lo:hi, :, :n_keys],
+                duplicates[lo:hi, :, :n_keys], mask[lo:hi, :n_keys],
                 sink[lo:hi], query_pos[lo:hi], query_ok[lo:hi], n_values, seeds=seeds,
                 random_samples=random_samples, distance=distance, rank_by=rank_by,
             )

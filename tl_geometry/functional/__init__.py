@@ -8,6 +8,7 @@ taxonomy (§5). Every function is vectorised over heads, queries and selections.
 from .heads import (
     causal_key_mask,
     contribution_norms,
+    first_duplicate,
     kv_head_index,
     last_positions,
     sink_positions,
@@ -26,6 +27,7 @@ __all__ = [
     "causal_key_mask",
     "contribution_norms",
     "distances",
+    "first_duplicate",
     "kv_head_index",
     "labels_from_votes",
     "last_positions",

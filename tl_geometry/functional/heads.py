@@ -83,6 +83,34 @@ def value_dots(
     return ValueDots(sq, dots)
 
 
+def first_duplicate(values: Float[Tensor, "*vbatch key d"]) -> Int[Tensor, "*vbatch key"]:
+    """For every key, the lowest index whose value vector is bit-identical to its own.
+
+    Matrix products may round identical rows differently (BLAS edge kernels), which would split
+    exact ties between identical contributions (SPEC §3: a tie is contamination, not recall).
+    Reading each key's inner products from its first duplicate keeps such ties exact. Found by a
+    lexicographic sort over the ``d`` coordinates, so it costs ``d`` sorts of ``[*vbatch, key]``.
+
+    >>> first_duplicate(torch.tensor([[1.0, 2.0], [0.0, 1.0], [1.0, 2.0]])).tolist()
+    [0, 1, 0]
+    """
+    n_key, d = values.shape[-2:]
+    order = torch.arange(n_key, device=values.device).expand(values.shape[:-1]).contiguous()
+    # Cheap screen: identical rows have identical coordinate sums; most caches have no duplicate.
+    sums = values.sum(-1).sort(-1).values
+    if not (sums[..., 1:] == sums[..., :-1]).any():
+        return order
+    for c in reversed(range(d)):  # stable sorts from the last coordinate: a lexicographic order
+        keys = values[..., c].gather(-1, order)
+        order = order.gather(-1, keys.sort(dim=-1, stable=True).indices)
+    rows = values.gather(-2, order.unsqueeze(-1).expand(values.shape))
+    new_group = torch.ones(order.shape, dtype=torch.long, device=values.device)
+    new_group[..., 1:] = (rows[..., 1:, :] != rows[..., :-1, :]).any(-1).long()
+    group = new_group.cumsum(-1) - 1
+    first = torch.full_like(order, n_key).scatter_reduce(-1, group, order, "amin")
+    return torch.empty_like(order).scatter_(-1, order, first.gather(-1, group))
+
+
 def value_norms(values: Float[Tensor, "*vbatch key d"]) -> Float[Tensor, "*vbatch key"]:
     """``‖v_i‖`` for every key."""
     return torch.linalg.vector_norm(values, dim=-1)

@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ._types import COMPUTE_DTYPE, COSINE_EPS, _as_compute
-from .heads import value_dots
+from .heads import first_duplicate, value_dots
 from .selection import top_n_mask
 
 Distance = Literal["euclidean", "cosine"]
@@ -44,15 +44,25 @@ def distances(
     values: Float[Tensor, "*vbatch key d"],
     selected: Bool[Tensor, "*sbatch key"],
     distance: Distance = "euclidean",
+    duplicates: Int[Tensor, "*vbatch key"] | None = None,
 ) -> Float[Tensor, "*batch key"]:
     """``D_i = d(α_i v_i, s)`` for every key, with ``s = Σ_{k∈S} α_k v_k`` (SPEC §3).
 
     Euclidean: ``D_i² = α_i²‖v_i‖² − 2α_i⟨v_i, s⟩ + ‖s‖²``. Cosine:
     ``D_i = 1 − α_i⟨v_i, s⟩ / (α_i‖v_i‖ ‖s‖ + η)``. In :data:`COMPUTE_DTYPE`.
+
+    Keys with bit-identical ``α`` and ``v`` get bit-identical ``D`` (exact ties), using
+    ``duplicates`` (:func:`first_duplicate` of ``values``; computed here when not given).
     """
     alpha, values = _as_compute(alpha), _as_compute(values)
+    if duplicates is None:
+        duplicates = first_duplicate(values)
     sq_norm_s, dots = value_dots(alpha * selected, values)
     sq_norm_v = (values * values).sum(-1)
+    if not torch.equal(duplicates, torch.arange(values.shape[-2]).expand_as(duplicates)):
+        sq_norm_v = sq_norm_v.gather(-1, duplicates)
+        index = duplicates.reshape((1,) * (dots.ndim - duplicates.ndim) + duplicates.shape)
+        dots = dots.gather(-1, index.expand(dots.shape))
     if distance == "euclidean":
         sq = (alpha * alpha) * sq_norm_v - 2 * alpha * dots + sq_norm_s.unsqueeze(-1)
         return sq.clamp_min(0).sqrt()
