@@ -26,6 +26,14 @@ from torch import Tensor
 
 from . import cache as _cache
 from .functional._types import COMPUTE_DTYPE
+from .functional.bounds import (
+    REGIME_FIELDS,
+    RegimeParams,
+    fit_regime,
+    inversion_bounds,
+    regime_bounds,
+    regime_diagnostics,
+)
 from .functional.heads import first_duplicate, last_positions, sink_positions, value_norms
 from .functional.selection import random_ranks, top_n_ranks
 from .functional.separability import METRIC_NAMES, distances, scores_from_distances
@@ -53,6 +61,10 @@ class _Accumulator:
     sink_sum: Tensor  # [layer, head, field]: Σ over sequences of per-sequence means
     sink_count: Tensor  # [layer, head, field]
     votes: Tensor  # [layer, head, 3]
+    bound_sum: Tensor  # [layer, head, 3 kinds, n, 3 (P, R, F)]: Σ over sequences of means
+    bound_count: Tensor  # same shape
+    regime_sum: Tensor  # [layer, head, field]: Σ over sequences of regime diagnostics
+    regime_count: Tensor  # same shape
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_n: int) -> _Accumulator:
@@ -62,6 +74,8 @@ class _Accumulator:
             z(n_layers, n_heads, 3, n_n, m), z(n_layers, n_heads, 3, n_n, m),
             z(n_layers, n_heads, 2, n_n, m), z(n_layers, n_heads, 2, n_n),
             z(n_layers, n_heads, f), z(n_layers, n_heads, f), z(n_layers, n_heads, 3),
+            z(n_layers, n_heads, 3, n_n, 3), z(n_layers, n_heads, 3, n_n, 3),
+            z(n_layers, n_heads, len(REGIME_FIELDS)), z(n_layers, n_heads, len(REGIME_FIELDS)),
         )
 
     def __add__(self, other: _Accumulator) -> _Accumulator:
@@ -69,9 +83,12 @@ class _Accumulator:
 
     def _tensors(self) -> tuple[Tensor, ...]:
         return (self.seq_sum, self.seq_count, self.inst_sum, self.inst_count,
-                self.sink_sum, self.sink_count, self.votes)
+                self.sink_sum, self.sink_count, self.votes, self.bound_sum, self.bound_count,
+                self.regime_sum, self.regime_count)
 
-    def result(self, layers: Sequence[int], n_values: Tensor, metadata: dict[str, Any]) -> HeadAnalysis:
+    def result(
+        self, layers: Sequence[int], n_values: Tensor, metadata: dict[str, Any], bounds: bool = False
+    ) -> HeadAnalysis:
         seq_mean = self.seq_sum / self.seq_count  # 0/0 → NaN where nothing was defined
         inst_mean = self.inst_sum / self.inst_count.unsqueeze(-1)
         # [layer, head, group, n, metric] → [group, metric, layer, head, n]
@@ -85,16 +102,22 @@ class _Accumulator:
             sink=(self.sink_sum / self.sink_count).permute(2, 0, 1).contiguous(),
             vote_counts=self.votes.clone(),
             metadata=metadata,
+            bounds=(self.bound_sum / self.bound_count).permute(2, 4, 0, 1, 3).contiguous()
+            if bounds else None,
+            regime=(self.regime_sum / self.regime_count).permute(2, 0, 1).contiguous()
+            if bounds else None,
         )
 
 
-def _check_options(n_values, queries, random_samples, seed, distance, space, rank_by) -> Tensor:
+def _check_options(n_values, queries, random_samples, seed, distance, space, rank_by, bounds) -> Tensor:
     if queries not in ("last", "all"):
         raise ValueError(f"queries must be 'last' (paper protocol) or 'all', got {queries!r}.")
     if distance not in ("euclidean", "cosine"):
         raise ValueError(f"distance must be 'euclidean' or 'cosine', got {distance!r}.")
     if space not in ("value", "output"):
         raise ValueError(f"space must be 'value' (α·v) or 'output' (α·v·W_O), got {space!r}.")
+    if bounds and distance != "euclidean":
+        raise ValueError("bounds=True needs distance='euclidean': the regime bounds are Euclidean (SPEC §6b).")
     if rank_by not in ("attention", "contribution"):
         raise ValueError(f"rank_by must be 'attention' or 'contribution', got {rank_by!r}.")
     if isinstance(random_samples, bool) or not isinstance(random_samples, int) or random_samples < 1:
@@ -182,7 +205,7 @@ def _votes(pattern: Tensor, values: Tensor, mask: Tensor, sink: Tensor) -> Tenso
 def _chunk(
     pattern: Tensor, values: Tensor, duplicates: Tensor, mask: Tensor, sink: Tensor,
     query_pos: Tensor, query_ok: Tensor, n_values: Tensor, *, seeds: list[int],
-    random_samples: int, distance: str, rank_by: str,
+    random_samples: int, distance: str, rank_by: str, regimes: tuple[RegimeParams, ...] = (),
 ) -> tuple[Tensor, ...]:
     """Metrics of one chunk of sequences × chosen queries, reduced over queries.
 
@@ -253,7 +276,25 @@ def _chunk(
     )
     diag = torch.stack(diag, dim=-1).flatten(1, 2)  # [b, h, q, field]
     diag = torch.where(query_ok[:, None, :, None], diag, torch.nan)
-    return (seq_sum, seq_count, inst_sum, inst_count, *_nansum_count(diag, dim=2))
+    out = (seq_sum, seq_count, inst_sum, inst_count, *_nansum_count(diag, dim=2))
+    if not regimes:
+        return out
+    # Bounds of the top-N sets (SPEC §6): inversion certificates, then the regime bounds.
+    kinds = [torch.stack(inversion_bounds(n_values, top_metrics[..., 4]), dim=-1)]  # [b,h,q,n,3]
+    top_split = split(top)
+    for params in regimes:
+        per_n = []
+        for n in n_values.tolist():
+            bound = regime_bounds(
+                _split_heads(alpha, n_kv), RegimeParams(*(x[:, :, None, None] for x in params)), n,
+                sink=sink[:, None, None, None], key_mask=key_mask[:, None, None],
+                selected=(top_split < n) & key_mask[:, None, None],
+            )
+            per_n.append(torch.stack(bound, dim=-1).flatten(1, 2))  # [b, h, q, 3]
+        kinds.append(torch.stack(per_n, dim=3))
+    bounds = torch.stack(kinds, dim=3)  # [b, h, q, kind, n, 3]
+    bounds = torch.where(query_ok[:, None, :, None, None, None], bounds, torch.nan)
+    return (*out, *_nansum_count(bounds, dim=2))
 
 
 def _nansum_count(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
@@ -275,6 +316,7 @@ def analyze_heads(
     rank_by: Literal["attention", "contribution"] = "attention",
     model: Any = None,
     W_O: Tensor | None = None,
+    bounds: bool = False,
     progress: bool = False,
 ) -> HeadAnalysis:
     """Geometric separability, sink diagnostics and taxonomy of every head in a cache.
@@ -309,6 +351,9 @@ def analyze_heads(
         model: optional model, read for ``W_O`` and for the run's metadata (name, weight
             processing: folded value biases change ``v``).
         W_O: ``[layer, head, d_head, d_model]`` output projections for ``space="output"``.
+        bounds: also compute, per (layer, head, N), the inversion certificates, the certified
+            regime bounds and the predicted envelope of the top-N sets, and the regime
+            diagnostics per head (SPEC §6; Euclidean regime).
         progress: show a progress bar over layers.
 
     Returns:
@@ -319,7 +364,7 @@ def analyze_heads(
         >>> result = tl_geometry.analyze_heads(cache, n_values=(1, 2, 4, 8))  # doctest: +SKIP
         >>> print(result.summary())  # doctest: +SKIP
     """
-    n_tensor = _check_options(n_values, queries, random_samples, seed, distance, space, rank_by)
+    n_tensor = _check_options(n_values, queries, random_samples, seed, distance, space, rank_by, bounds)
     layer_ids = _cache.resolve_layers(cache, layers)
     W = _output_weights(model, W_O, layer_ids) if space == "output" else None
 
@@ -353,7 +398,8 @@ def analyze_heads(
         values = _layer_values(v, n_heads, None if W is None else W[layer].cpu())
         assert acc is not None and mask is not None and sink is not None
         _analyze_layer(acc, li, layer, pattern, values, mask, sink, n_tensor, queries=queries,
-                       random_samples=random_samples, seed=seed, distance=distance, rank_by=rank_by)
+                       random_samples=random_samples, seed=seed, distance=distance, rank_by=rank_by,
+                       bounds=bounds)
 
     assert acc is not None and shape is not None
     too_big = [int(n) for n in n_tensor if n >= shape[2]]
@@ -367,13 +413,14 @@ def analyze_heads(
         )
     metadata = _metadata(model, cache, shape, n_tensor, queries, random_samples, seed, distance,
                          space, rank_by, attention_mask is not None)
-    return acc.result(layer_ids, n_tensor, metadata)
+    metadata["bounds"] = bounds
+    return acc.result(layer_ids, n_tensor, metadata, bounds=bounds)
 
 
 def _analyze_layer(
     acc: _Accumulator, li: int, layer: int, pattern: Tensor, values: Tensor, mask: Tensor,
     sink: Tensor, n_values: Tensor, *, queries: str, random_samples: int, seed: int,
-    distance: str, rank_by: str, sequence_offset: int = 0,
+    distance: str, rank_by: str, bounds: bool = False, sequence_offset: int = 0,
 ) -> None:
     """Add one layer of one batch to ``acc`` (row ``li``)."""
     batch, n_heads, n_pos, _ = pattern.shape
@@ -393,6 +440,18 @@ def _analyze_layer(
     sink_count = torch.zeros_like(sink_sum)
     # A key's first duplicate never comes after it, so truncating keys keeps this valid.
     duplicates = first_duplicate(values)
+    regimes: tuple[RegimeParams, ...] = ()
+    bound_sum = bound_count = None
+    if bounds:
+        # Per (sequence, KV head) over the sequence's real keys: extremes are certificates for
+        # every query of the sequence; quantiles give the predicted envelope (SPEC §6b).
+        fit = dict(sink=sink[:, None], key_mask=mask[:, None])
+        regimes = (fit_regime(values, mode="certificate", **fit), fit_regime(values, mode="predict", **fit))
+        group = n_heads // values.shape[1]
+        diag = torch.stack(regime_diagnostics(values, **fit), dim=-1)  # [b, kv, field]
+        _add_per_sequence(acc.regime_sum, acc.regime_count, li, diag.repeat_interleave(group, dim=1))
+        bound_sum = torch.zeros(batch, n_heads, 3, len(n_values), 3, dtype=COMPUTE_DTYPE)
+        bound_count = torch.zeros_like(bound_sum)
     for bi, (query_pos, query_ok) in enumerate(blocks):
         # Keys after a block's last query exist for none of its queries: leave them out.
         n_keys = int(query_pos.max()) + 1
@@ -406,6 +465,7 @@ def _analyze_layer(
                 duplicates[lo:hi, :, :n_keys], mask[lo:hi, :n_keys],
                 sink[lo:hi], query_pos[lo:hi], query_ok[lo:hi], n_values, seeds=seeds,
                 random_samples=random_samples, distance=distance, rank_by=rank_by,
+                regimes=tuple(RegimeParams(*(x[lo:hi] for x in r)) for r in regimes),
             )
             seq_sum[lo:hi] += out[0]
             seq_count[lo:hi] += out[1]
@@ -413,14 +473,20 @@ def _analyze_layer(
             acc.inst_count[li] += out[3]
             sink_sum[lo:hi] += out[4]
             sink_count[lo:hi] += out[5]
-    for total, count, acc_sum, acc_count in (
-        (seq_sum, seq_count, acc.seq_sum, acc.seq_count),
-        (sink_sum, sink_count, acc.sink_sum, acc.sink_count),
-    ):
-        per_sequence = total / count  # NaN for a sequence where nothing was defined
-        finite = torch.isfinite(per_sequence)
-        acc_sum[li] += torch.where(finite, per_sequence, 0).sum(0)
-        acc_count[li] += finite.sum(0)
+            if bound_sum is not None and bound_count is not None:
+                bound_sum[lo:hi] += out[6]
+                bound_count[lo:hi] += out[7]
+    _add_per_sequence(acc.seq_sum, acc.seq_count, li, seq_sum / seq_count)
+    _add_per_sequence(acc.sink_sum, acc.sink_count, li, sink_sum / sink_count)
+    if bound_sum is not None and bound_count is not None:
+        _add_per_sequence(acc.bound_sum, acc.bound_count, li, bound_sum / bound_count)
+
+
+def _add_per_sequence(total: Tensor, count: Tensor, li: int, per_sequence: Tensor) -> None:
+    """Add per-sequence means (NaN where nothing was defined) to layer ``li``'s sums and counts."""
+    finite = torch.isfinite(per_sequence)
+    total[li] += torch.where(finite, per_sequence, 0).sum(0)
+    count[li] += finite.sum(0)
 
 
 def _metadata(model, cache, shape, n_values, queries, random_samples, seed, distance, space,

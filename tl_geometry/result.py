@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .functional.bounds import REGIME_FIELDS
 from .functional.separability import METRIC_NAMES
 from .functional.sink import SINK_FIELDS
 from .functional.taxonomy import CLASSES, VOTES
@@ -26,6 +27,10 @@ from .functional.taxonomy import CLASSES, VOTES
 #: the top-N re-selected with the sink removed, and the top-N instances with the sink inside /
 #: outside the set.
 GROUPS = ("top", "random", "sink_removed", "sink_in", "sink_out")
+#: Lower bounds of the top-N sets (SPEC §6): inversion certificates, certified regime bounds
+#: (observed extremes) and the predicted envelope (typical values).
+BOUND_KINDS = ("inversion", "certified", "predicted")
+BOUND_METRICS = ("precision", "recall", "f_score")
 
 
 @dataclass
@@ -44,6 +49,10 @@ class HeadAnalysis:
     sink: Float[Tensor, "field layer head"]
     vote_counts: Float[Tensor, "layer head 3"]
     metadata: dict[str, Any] = field(default_factory=dict)
+    bounds: Float[Tensor, "kind bmetric layer head n"] | None = None
+    """With ``analyze_heads(bounds=True)``: mean lower bounds ``[BOUND_KINDS, (P, R, F), ...]``."""
+    regime: Float[Tensor, "rfield layer head"] | None = None
+    """With ``bounds=True``: regime diagnostics ``[REGIME_FIELDS, layer, head]`` (SPEC §6c)."""
 
     # --- stable fields -------------------------------------------------------------------
     @property
@@ -72,6 +81,13 @@ class HeadAnalysis:
             raise AttributeError(name)
         if name.startswith("sink_") and name[5:] in SINK_FIELDS:
             return self.sink[SINK_FIELDS.index(name[5:])]
+        for kind in BOUND_KINDS:  # inversion_f_score, certified_recall, predicted_precision, ...
+            if name.startswith(kind + "_") and name[len(kind) + 1 :] in BOUND_METRICS:
+                return self.bound(kind, name[len(kind) + 1 :])
+        if name.startswith("regime_") and name[7:] in REGIME_FIELDS:
+            if self.regime is None:
+                raise AttributeError(f"{name}: run analyze_heads(..., bounds=True) for regime diagnostics.")
+            return self.regime[REGIME_FIELDS.index(name[7:])]
         for group in sorted(GROUPS, key=len, reverse=True):
             prefix = "" if group == "top" else group + "_"
             if name.startswith(prefix) and name[len(prefix) :] in METRIC_NAMES:
@@ -80,9 +96,47 @@ class HeadAnalysis:
 
     def __dir__(self) -> list[str]:
         extra = [f"sink_{f}" for f in SINK_FIELDS] + [
+            f"{k}_{m}" for k in BOUND_KINDS for m in BOUND_METRICS
+        ] + [f"regime_{f}" for f in REGIME_FIELDS] + [
             ("" if g == "top" else g + "_") + m for g in GROUPS for m in METRIC_NAMES
         ]
         return sorted(set(super().__dir__()) | set(extra))
+
+    def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
+        """Mean lower bound ``[layer, head, n]`` of ``kind`` (BOUND_KINDS) on ``metric`` (P, R, F)."""
+        if self.bounds is None:
+            raise AttributeError("No bounds: run analyze_heads(..., bounds=True).")
+        if kind not in BOUND_KINDS or metric not in BOUND_METRICS:
+            raise KeyError(f"kind must be one of {BOUND_KINDS} and metric one of {BOUND_METRICS}.")
+        return self.bounds[BOUND_KINDS.index(kind), BOUND_METRICS.index(metric)]
+
+    @property
+    def certified_fraction(self) -> Float[Tensor, " n"]:
+        """Fraction of heads whose every analysed query is certified (P̲ = R̲ = 1) at each N."""
+        certified = (self.bound("certified", "precision") == 1) & (self.bound("certified", "recall") == 1)
+        return certified.double().mean(dim=(0, 1))
+
+    def best_n(self):
+        """Per head, the N ≥ 2 with the largest measured F_N and the largest predicted envelope
+        F̲_N (SPEC §6b: the theory predicts small N), as a ``DataFrame``."""
+        import pandas as pd
+
+        if self.bounds is None:
+            raise AttributeError("No bounds: run analyze_heads(..., bounds=True).")
+        keep = self.n_values >= 2
+        ns = self.n_values[keep]
+
+        def arg(x: Tensor) -> Tensor:
+            return ns[torch.nan_to_num(x[..., keep], nan=-1.0).argmax(-1)]
+
+        measured, predicted = arg(self.f_score), arg(self.bound("predicted", "f_score"))
+        layer_ids = torch.tensor(self.layers)[:, None].expand_as(measured)
+        heads = torch.arange(self.n_heads)[None, :].expand_as(measured)
+        return pd.DataFrame({
+            "layer": layer_ids.flatten().numpy(), "head": heads.flatten().numpy(),
+            "measured_best_n": measured.flatten().numpy(),
+            "predicted_best_n": predicted.flatten().numpy(),
+        })
 
     @property
     def sink_norm_ratio(self) -> Float[Tensor, "layer head"]:
@@ -185,6 +239,17 @@ class HeadAnalysis:
                 "count": self.group_counts[g, li, h, ni].numpy(),
             }
         )
+        if self.bounds is not None:  # rows "bound_<kind>" with the lower bounds on P, R, F
+            k, bm, li, h, ni = (x.flatten() for x in torch.meshgrid(
+                *(torch.arange(n) for n in (self.bounds.shape[0], 1, n_layers, n_heads, n_n)),
+                indexing="ij"))
+            rows = {
+                "layer": torch.tensor(self.layers)[li].numpy(), "head": h.numpy(),
+                "n": self.n_values[ni].numpy(), "group": [f"bound_{BOUND_KINDS[i]}" for i in k.tolist()],
+            }
+            for m, name in enumerate(BOUND_METRICS):
+                rows[name] = self.bounds[k, m, li, h, ni].numpy()
+            frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
         return frame.merge(heads, on=["layer", "head"], how="left")
 
     def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True):
@@ -228,6 +293,15 @@ class HeadAnalysis:
                 f"  mean F_{n}: top-N {_nanmean(fscore[n]):.3f}  random {_nanmean(rand[n]):.3f}  "
                 f"sink removed {_nanmean(self.sink_removed_f_score[..., self._n_index(n)]):.3f}"
             )
+        if self.bounds is not None:
+            frac = self.certified_fraction
+            lines.append(
+                "  heads certified (P̲ = R̲ = 1): "
+                + ", ".join(f"N={n}: {100 * float(frac[self._n_index(n)]):.1f}%" for n in shown)
+            )
+            best = self.best_n()
+            agree = (best.measured_best_n == best.predicted_best_n).mean()
+            lines.append(f"  predicted best N ≥ 2 matches the measured one for {100 * agree:.1f}% of heads")
         lines.append("")
         header = f"{'layer':>5} {'head':>4} {'class':<9} {'cur/sink/oth':>14} {'α_sink':>6} {'κ':>6} {'cos':>6}"
         header += "".join(f" {'F' + str(n) + ' top/rnd':>13}" for n in shown)
@@ -268,6 +342,8 @@ class HeadAnalysis:
             "group_counts": self.group_counts,
             "sink": self.sink,
             "vote_counts": self.vote_counts,
+            "bounds": self.bounds,
+            "regime": self.regime,
             "metadata": json.dumps(self.metadata),
         }
         torch.save(payload, path)
@@ -287,6 +363,8 @@ class HeadAnalysis:
             sink=payload["sink"],
             vote_counts=payload["vote_counts"],
             metadata=json.loads(payload["metadata"]),
+            bounds=payload.get("bounds"),
+            regime=payload.get("regime"),
         )
 
 

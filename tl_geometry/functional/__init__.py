@@ -5,6 +5,15 @@ random selections (§2–3), separability (§3), sink diagnostics (§4) and the 
 taxonomy (§5). Every function is vectorised over heads, queries and selections.
 """
 
+from .bounds import (
+    Bounds,
+    RegimeDiagnostics,
+    RegimeParams,
+    fit_regime,
+    inversion_bounds,
+    regime_bounds,
+    regime_diagnostics,
+)
 from .heads import (
     causal_key_mask,
     contribution_norms,
@@ -20,6 +29,13 @@ from .sink import SinkDiagnostics, sink_diagnostics
 from .taxonomy import CLASSES, VOTES, labels_from_votes, source_votes, source_winners, vote_fractions
 
 __all__ = [
+    "Bounds",
+    "RegimeDiagnostics",
+    "RegimeParams",
+    "fit_regime",
+    "inversion_bounds",
+    "regime_bounds",
+    "regime_diagnostics",
     "CLASSES",
     "VOTES",
     "Separability",

@@ -1,0 +1,177 @@
+"""SPEC §6: inversion certificates, the sink-aware constant-norm regime bound, diagnostics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tl_geometry
+import tl_geometry.functional as F
+from tl_geometry.functional.bounds import RegimeParams
+
+SLACK = 1e-12  # measured and bound are both float64; compare with a hair of tolerance
+
+
+def _params(**kw: float) -> RegimeParams:
+    return RegimeParams(*(torch.tensor(kw[f], dtype=torch.float64) for f in RegimeParams._fields))
+
+
+@st.composite
+def heads(draw):
+    """A head's attention rows and values: ties, a compressed anti-aligned sink, MQA sharing."""
+    n_key = draw(st.integers(2, 10))
+    d = draw(st.integers(1, 5))
+    rows = draw(st.integers(1, 3))  # query heads sharing one KV head (MQA)
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n_key, d, generator=g, dtype=torch.float64)
+    if draw(st.booleans()):  # near-constant norms: the regime the bound is made for
+        v = v / v.norm(dim=-1, keepdim=True) * (1 + 0.1 * torch.rand(n_key, 1, generator=g, dtype=torch.float64))
+    if draw(st.booleans()) and n_key > 2:  # compressed sink pointing against the rest
+        v[0] = -0.2 * v[1:].mean(0)
+    if draw(st.booleans()) and n_key > 3:  # duplicated key
+        v[3] = v[1]
+    logits = torch.randn(rows, n_key, generator=g, dtype=torch.float64) * draw(st.sampled_from([0.5, 2.0, 6.0]))
+    if draw(st.booleans()):
+        logits = logits.round()  # exact attention ties
+    return torch.softmax(logits, -1), v
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=heads(), data=st.data())
+def test_measured_never_below_any_certificate(case, data):
+    alpha, v = case
+    n = data.draw(st.integers(1, alpha.shape[-1] - 1))
+    measured = F.separability(alpha, v, n)
+    certificates = [
+        F.inversion_bounds(n, measured.inversions),
+        F.regime_bounds(alpha, F.fit_regime(v, torch.tensor(0), mode="certificate"), n, sink=0),
+    ]
+    for bound in certificates:
+        assert (measured.precision >= bound.precision - SLACK).all(), (measured, bound)
+        assert (measured.recall >= bound.recall - SLACK).all(), (measured, bound)
+        assert (measured.f_score >= bound.f_score - SLACK).all(), (measured, bound)
+
+
+def test_regime_bound_tight_on_a_line_with_a_tie():
+    """All values equal (c = σ = 1, δ = 0, κ = 1): every bound is the exact distance.
+
+    α = (3/8, 3/8, 1/8, 1/8), ν = 2 ⇒ a = (3/4, 3/4, 1/4, 1/4). N = 1 selects key 0; s = a_0.
+    D_0 = 0 and D_1 = |3/4 − 3/4| = 0 (a tie: contamination, not recall), D_2 = D_3 = 1/2.
+    Measured and bound alike: P = 1/(1+1) = 1/2, R = 0, F = 0.
+    """
+    alpha = torch.tensor([0.375, 0.375, 0.125, 0.125], dtype=torch.float64)
+    v = torch.tensor([[2.0, 0.0]] * 4, dtype=torch.float64)
+    params = _params(nu=2, delta=0, kappa_lo=1, kappa_hi=1, c_lo=1, c_hi=1, sigma_lo=1, sigma_hi=1)
+    bound = F.regime_bounds(alpha, params, 1, sink=0)
+    measured = F.separability(alpha, v, 1)
+    assert (float(bound.precision), float(bound.recall), float(bound.f_score)) == (0.5, 0.0, 0.0)
+    assert (float(measured.precision), float(measured.recall)) == (0.5, 0.0)
+    # Orthogonal values of equal norm: the bound is exact too, and here perfect (1, 1, 1).
+    eye = torch.eye(4, dtype=torch.float64)
+    ortho = _params(nu=1, delta=0, kappa_lo=1, kappa_hi=1, c_lo=0, c_hi=0, sigma_lo=0, sigma_hi=0)
+    for n in (1, 2, 3):
+        b, m = F.regime_bounds(alpha, ortho, n, sink=0), F.separability(alpha, eye, n)
+        assert float(b.f_score) == float(m.f_score) == 1.0
+
+
+def test_regime_bound_vacuous_with_antiparallel_values():
+    """c ∈ [−1, 1] lets the selected pair cancel: nothing can be certified.
+
+    Keys: sink u; w, w, −w; z, −z (u, w, z orthonormal), α = (.05, .3, .3, .15, .1, .1), N = 2
+    selects {1, 2}. LB‖s‖² = a₁² + a₂² − 2a₁a₂ = 0, so every unselected LB(D_j) ≤ a_j ≤
+    UB(D_i) = a₂ = 0.3: all four are counted as contamination ⇒ P̲ = 2/6, R̲ = 0, F̲ = 0.
+    Measured: D_1 = D_2 = 0.3 and every unselected D_j ≥ 0.6 ⇒ P = R = F = 1.
+    """
+    u, w, z = torch.eye(3, dtype=torch.float64)
+    v = torch.stack([u, w, w, -w, z, -z])
+    alpha = torch.tensor([0.05, 0.3, 0.3, 0.15, 0.1, 0.1], dtype=torch.float64)
+    params = F.fit_regime(v, torch.tensor(0))
+    assert params.c_lo < -0.999 and params.c_hi > 0.999
+    bound = F.regime_bounds(alpha, params, 2, sink=0)
+    assert math.isclose(float(bound.precision), 1 / 3) and float(bound.recall) == 0.0
+    measured = F.separability(alpha, v, 2)
+    assert float(measured.f_score) == 1.0
+
+
+def test_inversion_bounds_worked_example():
+    b = F.inversion_bounds(torch.tensor([2, 2, 4]), torch.tensor([0.0, 1.0, 2.0]))
+    assert b.precision.tolist() == [1.0, 2 / 3, 4 / 6]
+    assert b.recall.tolist() == [1.0, 0.5, 0.5]
+    assert torch.isnan(F.inversion_bounds(2, torch.tensor(float("nan"))).recall)
+
+
+def test_regime_fit_recovers_known_parameters():
+    """Values built with ν = 3, κ = 0.2 and cos(v_i, v_j) ≈ exp(−λ|i−j|), λ = −ln 0.8."""
+    g = torch.Generator().manual_seed(0)
+    n_key, d, rho, nu, kappa = 64, 4096, 0.8, 3.0, 0.2
+    u = torch.zeros(n_key, d, dtype=torch.float64)
+    u[0] = torch.randn(d, generator=g, dtype=torch.float64)
+    for t in range(1, n_key):  # AR(1) in high dimension: correlation ρ^lag
+        u[t] = rho * u[t - 1] + math.sqrt(1 - rho**2) * torch.randn(d, generator=g, dtype=torch.float64)
+    v = u / u.norm(dim=-1, keepdim=True) * nu
+    v[0] = -v[1:].mean(0) / v[1:].mean(0).norm() * kappa * nu
+    params = F.fit_regime(v, torch.tensor(0))
+    assert math.isclose(float(params.nu), nu, rel_tol=1e-6) and float(params.delta) < 1e-6
+    assert math.isclose(float(params.kappa_lo), kappa, rel_tol=1e-6)
+    assert float(params.sigma_hi) < 0  # the sink points against the rest
+    diag = F.regime_diagnostics(v, torch.tensor(0))
+    assert abs(float(diag.decay) - (-math.log(rho))) < 0.02
+    assert abs(float(diag.a) - 1) < 0.05 and abs(float(diag.b)) < 0.05
+    assert float(diag.norm_cv) < 1e-9 and math.isclose(float(diag.kappa), kappa, rel_tol=1e-6)
+    assert float(diag.fit_mae) < 0.05
+    predicted = F.fit_regime(v, torch.tensor(0), mode="predict")
+    assert params.c_lo <= predicted.c_lo <= predicted.c_hi <= params.c_hi
+
+
+def test_certificates_hold_on_real_smollm2(smollm2):
+    """Every head, every N, every query of three real layers; then the analysis means."""
+    n_heads, n_kv = 9, 3
+    kv = F.kv_head_index(n_heads, n_kv)
+    for layer in (0, 12, 29):
+        pattern = smollm2.cache[f"blocks.{layer}.attn.hook_pattern"].double()
+        v = smollm2.cache[f"blocks.{layer}.attn.hook_v"].double().permute(0, 2, 1, 3)[:, kv]
+        params = F.fit_regime(v, torch.tensor(0))  # [batch, head]
+        params = RegimeParams(*(x[:, :, None] for x in params))
+        mask = F.causal_key_mask(pattern.shape[-1])
+        for n in (1, 2, 4, 8, 16):
+            measured = F.separability(pattern, v[:, :, None], n, key_mask=mask)
+            regime = F.regime_bounds(pattern, params, n, sink=0, key_mask=mask)
+            inversion = F.inversion_bounds(n, measured.inversions)
+            for bound in (regime, inversion):
+                for m in ("precision", "recall", "f_score"):
+                    got, low = getattr(measured, m), getattr(bound, m)
+                    ok = torch.isnan(got) | (got >= low - SLACK)
+                    assert ok.all(), (layer, n, m)
+    result = tl_geometry.analyze_heads(smollm2.cache, n_values=(1, 2, 4, 8), bounds=True, queries="all",
+                                       random_samples=2)
+    for kind in ("inversion", "certified"):
+        for m in ("precision", "recall", "f_score"):
+            assert (result.metric(m) >= result.bound(kind, m) - 1e-9).all(), (kind, m)
+    assert result.certified_fraction.shape == (4,)
+    assert set(result.best_n().predicted_best_n) <= {2, 4, 8}
+    assert torch.isfinite(result.regime_decay).all()
+
+
+def test_bounds_option_validation_and_roundtrip(tmp_path):
+    from cases import make_case
+
+    case = make_case(3, sink=True)
+    with pytest.raises(ValueError, match="euclidean"):
+        tl_geometry.analyze_heads(case.cache(), bounds=True, distance="cosine")
+    result = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2, 3), bounds=True, random_samples=2)
+    frame = result.to_pandas()
+    assert {"bound_inversion", "bound_certified", "bound_predicted"} <= set(frame.group)
+    loaded = tl_geometry.HeadAnalysis.load(result.save(tmp_path / "r.pt"))
+    assert torch.equal(loaded.bounds.nan_to_num(), result.bounds.nan_to_num())
+    assert torch.equal(loaded.regime.nan_to_num(), result.regime.nan_to_num())
+    assert "certified" in result.summary()
+    plain = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2, 3), random_samples=2)
+    assert plain.bounds is None
+    torch.testing.assert_close(plain.scores, result.scores, equal_nan=True)
+    with pytest.raises(AttributeError, match="bounds=True"):
+        plain.certified_f_score

@@ -1,0 +1,388 @@
+"""Deterministic lower bounds on geometric precision and recall (SPEC §3, §6).
+
+Two families:
+
+* **Inversion certificates** (SPEC §3, §6a), exact for any selection:
+  ``P_N ≥ N / (N + GInv_N)`` and ``R_N ≥ max(0, 1 − GInv_N / N)``.
+* **Sink-aware constant-norm regime bounds** (SPEC §6b, ours following the paper's
+  assumptions; Euclidean distance). From an attention row and the regime parameters alone —
+  non-sink norm ``ν`` with relative spread ``δ``, sink norm ``[κ⁻ν, κ⁺ν]``, non-sink coherence
+  ``cos(v_k, v_l) ∈ [c⁻, c⁺]`` and sink coherence ``cos(v_sink, v_k) ∈ [σ⁻, σ⁺]`` — they bound
+  every selected distance from above and every unselected one from below::
+
+      UB(D_i)² = Σ_{k∈S∖i} (a_k⁺)² + Σ_{k≠l∈S∖i} max a_k a_l c_kl
+      LB‖s‖²   = Σ_{k∈S} (a_k⁻)² + Σ_{k≠l∈S} min a_k a_l c_kl
+      LB(D_j)  = max(LB‖s‖ − a_j⁺, sqrt(max(0, LB‖s‖² − 2 Σ_{k∈S} max a_j a_k c_jk + (a_j⁻)²)))
+      R̲ = |{i∈S : UB(D_i) < min_{j∉S} LB(D_j)}| / N
+      P̲ = N / (N + |{j∉S : LB(D_j) ≤ max_{i∈S} UB(D_i)}|)
+
+  with ``a_k = α_k‖v_k‖ ∈ [a_k⁻, a_k⁺]``. Since ``a ≥ 0``, the extremes of ``a_k a_l c`` over
+  the boxes are at corners: ``max = a⁺a⁺c⁺`` if ``c⁺ ≥ 0`` else ``a⁻a⁻c⁺``, and
+  ``min = a⁻a⁻c⁻`` if ``c⁻ ≥ 0`` else ``a⁺a⁺c⁻``; the pair sums then factor through
+  ``(Σ x)² − Σ x²``, so every bound costs O(key) per row.
+
+With parameters that are the observed extremes of the data (``fit_regime(mode="certificate")``)
+the bounds are certificates: the measured values can never fall below them. With robust
+quantiles (``mode="predict"``) they are predicted envelopes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ._types import COMPUTE_DTYPE, _as_compute
+
+
+class Bounds(NamedTuple):
+    """Lower bounds on precision, recall and F-score, each of the rows' shape."""
+
+    precision: Float[Tensor, "*batch"]
+    recall: Float[Tensor, "*batch"]
+    f_score: Float[Tensor, "*batch"]
+
+
+def _harmonic(p: Tensor, r: Tensor) -> Tensor:
+    return torch.where(r > 0, 2 * p * r / (p + r), torch.zeros_like(p))
+
+
+def inversion_bounds(n: Tensor | int, inversions: Float[Tensor, "*batch"]) -> Bounds:
+    """Inversion certificates ``P ≥ N/(N + GInv)``, ``R ≥ max(0, 1 − GInv/N)`` (SPEC §3).
+
+    NaN inversions (an undefined N) give NaN bounds.
+
+    >>> inversion_bounds(2, torch.tensor([0.0, 1.0, 4.0])).recall.tolist()
+    [1.0, 0.5, 0.0]
+    """
+    inversions = _as_compute(inversions)
+    n = torch.as_tensor(n, dtype=COMPUTE_DTYPE)
+    precision = n / (n + inversions)
+    recall = (1 - inversions / n).clamp_min(0)
+    recall = torch.where(torch.isnan(inversions), inversions, recall)
+    return Bounds(precision, recall, _harmonic(precision, recall))
+
+
+class RegimeParams(NamedTuple):
+    """Sink-aware constant-norm regime of one head (SPEC §6b), each field ``[*batch]``.
+
+    Non-sink norms lie in ``[ν(1−δ), ν(1+δ)]``, the sink norm in ``[κ⁻ν, κ⁺ν]``; non-sink pair
+    cosines in ``[c⁻, c⁺]``; sink-to-other cosines in ``[σ⁻, σ⁺]``.
+    """
+
+    nu: Float[Tensor, "*batch"]
+    delta: Float[Tensor, "*batch"]
+    kappa_lo: Float[Tensor, "*batch"]
+    kappa_hi: Float[Tensor, "*batch"]
+    c_lo: Float[Tensor, "*batch"]
+    c_hi: Float[Tensor, "*batch"]
+    sigma_lo: Float[Tensor, "*batch"]
+    sigma_hi: Float[Tensor, "*batch"]
+
+
+#: Relative widening of certificate intervals, for float64 round-off in the measured distances.
+SLACK = 1e-9
+
+#: Pairs of keys above which ``fit_regime`` samples cosines instead of using all of them.
+MAX_PAIRS = 1 << 17
+
+
+def _pair_cosines(
+    values: Tensor, key_mask: Tensor, sink: Tensor, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Cosines and validity of non-sink pairs ``[*batch, pairs]`` and of sink pairs ``[*batch, key]``.
+
+    All ``i < j`` pairs when there are at most :data:`MAX_PAIRS`; otherwise MAX_PAIRS pairs drawn
+    uniformly (with replacement, ``i ≠ j``) from ``generator`` — seeded, so reproducible. One
+    head's pairs are materialised as ``[pairs]``, never as a ``[key, key, d]`` tensor.
+    """
+    n_key = values.shape[-2]
+    # Exact cosines (no η): a certificate's interval must contain the true ones.
+    unit = values / torch.linalg.vector_norm(values, dim=-1, keepdim=True).clamp_min(1e-300)
+    keys = torch.arange(n_key, device=values.device)
+    not_sink = key_mask & (keys != sink.unsqueeze(-1))
+    if n_key * (n_key - 1) // 2 <= MAX_PAIRS:
+        i, j = torch.triu_indices(n_key, n_key, offset=1, device=values.device)
+    else:
+        g = generator if generator is not None else torch.Generator().manual_seed(0)
+        i = torch.randint(n_key, (MAX_PAIRS,), generator=g)
+        j = (i + torch.randint(1, n_key, (MAX_PAIRS,), generator=g)) % n_key
+    cos = (unit[..., i, :] * unit[..., j, :]).sum(-1)
+    pair_ok = not_sink[..., i] & not_sink[..., j]
+    sink_unit = unit.gather(-2, sink[..., None, None].expand(*sink.shape, 1, unit.shape[-1]))
+    sink_cos = (unit * sink_unit).sum(-1)
+    return cos, pair_ok, sink_cos, not_sink
+
+
+def _masked_quantile(x: Tensor, ok: Tensor, q: float) -> Tensor:
+    """Quantile ``q`` of ``x`` over entries where ``ok`` (NaN where none), along the last dim."""
+    x = torch.where(ok, x, torch.nan)
+    return torch.nanquantile(x, q, dim=-1)
+
+
+def fit_regime(
+    values: Float[Tensor, "*batch key d"],
+    sink: Int[Tensor, "*ibatch"],
+    key_mask: Bool[Tensor, "*mbatch key"] | None = None,
+    *,
+    mode: Literal["certificate", "predict"] = "certificate",
+    quantile: float = 0.05,
+    generator: torch.Generator | None = None,
+) -> RegimeParams:
+    """Regime parameters of SPEC §6b from a head's value vectors ``[*batch, key, d]``.
+
+    ``"certificate"`` takes the observed extremes over the valid keys (so the regime bounds must
+    hold for any query on them); ``"predict"`` takes the ``quantile`` and ``1 − quantile``
+    quantiles (typical values, for predicted envelopes). Long sequences sample pairs (see
+    :data:`MAX_PAIRS`): in ``"certificate"`` mode sampled extremes are then an estimate, not a
+    guarantee, and a warning says so.
+
+    >>> v = torch.tensor([[0.1, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> p = fit_regime(v, torch.tensor(0))
+    >>> [round(float(x), 3) for x in (p.nu, p.delta, p.kappa_lo, p.c_hi, p.sigma_hi)]
+    [1.0, 0.0, 0.1, 0.0, 1.0]
+    """
+    if mode not in ("certificate", "predict"):
+        raise ValueError(f"mode must be 'certificate' or 'predict', got {mode!r}.")
+    values = _as_compute(values)
+    if key_mask is None:
+        key_mask = torch.ones(values.shape[:-1], dtype=torch.bool, device=values.device)
+    key_mask = key_mask.expand(values.shape[:-1])
+    sink = sink.expand(values.shape[:-2])
+    n_key = values.shape[-2]
+    if mode == "certificate" and n_key * (n_key - 1) // 2 > MAX_PAIRS:
+        import warnings
+
+        warnings.warn(
+            f"{n_key} keys: pair cosines are sampled ({MAX_PAIRS} pairs), so the certificate's "
+            "coherence interval is estimated, not observed in full.",
+            stacklevel=2,
+        )
+    norms = torch.linalg.vector_norm(values, dim=-1)
+    cos, pair_ok, sink_cos, not_sink = _pair_cosines(values, key_mask, sink, generator)
+    sink_norm = norms.gather(-1, sink.unsqueeze(-1)).squeeze(-1)
+    if mode == "certificate":
+        lo_n = torch.where(not_sink, norms, torch.inf).amin(-1)
+        hi_n = torch.where(not_sink, norms, -torch.inf).amax(-1)
+        c_lo = torch.where(pair_ok, cos, torch.inf).amin(-1)
+        c_hi = torch.where(pair_ok, cos, -torch.inf).amax(-1)
+        s_lo = torch.where(not_sink, sink_cos, torch.inf).amin(-1)
+        s_hi = torch.where(not_sink, sink_cos, -torch.inf).amax(-1)
+    else:
+        lo_n = _masked_quantile(norms, not_sink, quantile)
+        hi_n = _masked_quantile(norms, not_sink, 1 - quantile)
+        c_lo = _masked_quantile(cos, pair_ok, quantile)
+        c_hi = _masked_quantile(cos, pair_ok, 1 - quantile)
+        s_lo = _masked_quantile(sink_cos, not_sink, quantile)
+        s_hi = _masked_quantile(sink_cos, not_sink, 1 - quantile)
+    if mode == "certificate":  # widen by float64 round-off so the bounds stay conservative
+        lo_n, hi_n = lo_n * (1 - SLACK), hi_n * (1 + SLACK)
+        c_lo, c_hi, s_lo, s_hi = c_lo - SLACK, c_hi + SLACK, s_lo - SLACK, s_hi + SLACK
+    nu = (lo_n + hi_n) / 2
+    delta = (hi_n - lo_n) / (hi_n + lo_n)
+    kappa = sink_norm / nu
+    kappa_lo, kappa_hi = kappa * (1 - SLACK), kappa * (1 + SLACK)
+    # Without a second non-sink key there is no pair: any cosine is possible.
+    c_lo, c_hi = torch.nan_to_num(c_lo, posinf=-1.0), torch.nan_to_num(c_hi, neginf=1.0)
+    c_lo, c_hi = torch.where(c_lo > c_hi, -1.0, c_lo), torch.where(c_lo > c_hi, 1.0, c_hi)
+    return RegimeParams(nu, delta, kappa_lo, kappa_hi, c_lo.clamp(-1, 1), c_hi.clamp(-1, 1),
+                        s_lo.clamp(-1, 1), s_hi.clamp(-1, 1))
+
+
+def _corner_max(x_hi: Tensor, x_lo: Tensor, c_hi: Tensor) -> tuple[Tensor, Tensor]:
+    """(scale, weights) such that ``max a_k a_l c = c⁺ · w_k w_l`` (corner rule, a ≥ 0)."""
+    use_hi = c_hi >= 0
+    return c_hi, torch.where(use_hi.unsqueeze(-1), x_hi, x_lo)
+
+
+def _corner_min(x_hi: Tensor, x_lo: Tensor, c_lo: Tensor) -> tuple[Tensor, Tensor]:
+    """(scale, weights) such that ``min a_k a_l c = c⁻ · w_k w_l``."""
+    use_lo = c_lo >= 0
+    return c_lo, torch.where(use_lo.unsqueeze(-1), x_lo, x_hi)
+
+
+def regime_bounds(
+    alpha: Float[Tensor, "*batch key"],
+    params: RegimeParams,
+    n: int,
+    *,
+    sink: Int[Tensor, "*ibatch"] | int = 0,
+    key_mask: Bool[Tensor, "*mbatch key"] | None = None,
+    selected: Bool[Tensor, "*sbatch key"] | None = None,
+) -> Bounds:
+    """Lower bounds P̲, R̲, F̲ of the top-``n`` set from ``α`` and the regime alone (SPEC §6b).
+
+    ``params`` fields broadcast against the rows' leading dimensions (one regime per head).
+    Euclidean distance only. NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
+    """
+    from .selection import top_n_mask
+
+    alpha = _as_compute(alpha)
+    n_key = alpha.shape[-1]
+    if key_mask is None:
+        key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
+    if selected is None:
+        selected = top_n_mask(alpha, n, key_mask)
+    sink = torch.as_tensor(sink, device=alpha.device)
+    p = RegimeParams(*(_as_compute(x).unsqueeze(-1) for x in params))
+    is_sink = torch.arange(n_key, device=alpha.device) == sink.unsqueeze(-1)
+    is_sink = is_sink & key_mask
+    # Norm intervals and a = α‖v‖ intervals per key.
+    norm_lo = torch.where(is_sink, p.kappa_lo * p.nu, p.nu * (1 - p.delta))
+    norm_hi = torch.where(is_sink, p.kappa_hi * p.nu, p.nu * (1 + p.delta))
+    a_lo, a_hi = alpha * norm_lo, alpha * norm_hi
+    sel = selected & key_mask
+    sel_ns = sel & ~is_sink  # selected non-sink keys
+    sink_sel = (sel & is_sink).any(-1, keepdim=True)
+    zero = torch.zeros((), dtype=COMPUTE_DTYPE, device=alpha.device)
+    c_hi, c_lo = p.c_hi.squeeze(-1), p.c_lo.squeeze(-1)
+    s_hi, s_lo = p.sigma_hi.squeeze(-1), p.sigma_lo.squeeze(-1)
+
+    def pair_sum(weights: Tensor, scale: Tensor, members: Tensor, drop: Tensor | None) -> Tensor:
+        """Σ_{k≠l ∈ members∖drop} scale·w_k w_l, per row (``drop`` leaves one key out per key)."""
+        w = torch.where(members, weights, zero)
+        total, squares = w.sum(-1, keepdim=True), (w * w).sum(-1, keepdim=True)
+        if drop is not None:  # leave-one-out over the last axis
+            total, squares = total - torch.where(drop, w, zero), squares - torch.where(drop, w * w, zero)
+        return scale.unsqueeze(-1) * (total * total - squares)
+
+    def sink_term(weights_ns: Tensor, sink_weight: Tensor, scale: Tensor, members: Tensor) -> Tensor:
+        """2·scale·w_sink·Σ_{k∈members, non-sink} w_k (only when the sink is selected)."""
+        w = torch.where(members, weights_ns, zero).sum(-1, keepdim=True)
+        return 2 * scale.unsqueeze(-1) * sink_weight * w
+
+    # Sink's a-interval as a per-row scalar.
+    sink_a_hi = torch.where(is_sink, a_hi, zero).sum(-1, keepdim=True)
+    sink_a_lo = torch.where(is_sink, a_lo, zero).sum(-1, keepdim=True)
+
+    # UB(D_i)² for selected i: Σ_{S∖i}(a⁺)² + max pair terms over S∖i.
+    sq_hi = torch.where(sel, a_hi * a_hi, zero)
+    self_term = sq_hi.sum(-1, keepdim=True) - sq_hi
+    scale, w = _corner_max(a_hi, a_lo, c_hi)
+    ns_pairs = pair_sum(w, scale, sel_ns, sel_ns)  # i non-sink: drop i; i sink: drop nothing
+    scale_s, w_s = _corner_max(a_hi, a_lo, s_hi)
+    sink_w = torch.where((s_hi >= 0).unsqueeze(-1), sink_a_hi, sink_a_lo)
+    ws_ns = torch.where(sel_ns, w_s, zero)
+    sum_ws = ws_ns.sum(-1, keepdim=True) - torch.where(sel_ns, ws_ns, zero)  # S∖i non-sink
+    sink_pairs = torch.where(sink_sel & ~is_sink, 2 * scale_s.unsqueeze(-1) * sink_w * sum_ws, zero)
+    ub_sq = self_term + ns_pairs + sink_pairs
+    ub = ub_sq.clamp_min(0).sqrt()
+
+    # LB‖s‖²: Σ_S (a⁻)² + min pair terms over S.
+    scale_m, w_m = _corner_min(a_hi, a_lo, c_lo)
+    scale_ms, w_ms = _corner_min(a_hi, a_lo, s_lo)
+    sink_w_min = torch.where((s_lo >= 0).unsqueeze(-1), sink_a_lo, sink_a_hi)
+    lb_s_sq = (
+        torch.where(sel, a_lo * a_lo, zero).sum(-1, keepdim=True)
+        + pair_sum(w_m, scale_m, sel_ns, None)
+        + torch.where(sink_sel, sink_term(w_ms, sink_w_min, scale_ms, sel_ns), zero)
+    ).clamp_min(0)
+    lb_s = lb_s_sq.sqrt()
+
+    # max ⟨y_j, s⟩ ≤ Σ_{k∈S} max a_j a_k c_jk, for every unselected j.
+    # j non-sink: non-sink partners with c⁺, the sink partner with σ⁺; j sink: all with σ⁺.
+    cross_ns = torch.where(
+        (c_hi >= 0).unsqueeze(-1),
+        a_hi * torch.where(sel_ns, a_hi, zero).sum(-1, keepdim=True),
+        a_lo * torch.where(sel_ns, a_lo, zero).sum(-1, keepdim=True),
+    ) * c_hi.unsqueeze(-1)
+    cross_sink_partner = torch.where(
+        (s_hi >= 0).unsqueeze(-1), a_hi * sink_a_hi, a_lo * sink_a_lo
+    ) * s_hi.unsqueeze(-1)
+    cross_j = torch.where(is_sink, torch.where(
+        (s_hi >= 0).unsqueeze(-1),
+        a_hi * torch.where(sel_ns, a_hi, zero).sum(-1, keepdim=True),
+        a_lo * torch.where(sel_ns, a_lo, zero).sum(-1, keepdim=True),
+    ) * s_hi.unsqueeze(-1), cross_ns + torch.where(sink_sel, cross_sink_partner, zero))
+    lb_d = torch.maximum(
+        lb_s - a_hi,
+        (lb_s_sq - 2 * cross_j + a_lo * a_lo).clamp_min(0).sqrt(),
+    ).clamp_min(0)
+
+    unsel = key_mask & ~sel
+    max_ub = torch.where(sel, ub, -torch.inf).amax(-1, keepdim=True)
+    min_lb = torch.where(unsel, lb_d, torch.inf).amin(-1, keepdim=True)
+    n_t = torch.as_tensor(float(n), dtype=COMPUTE_DTYPE, device=alpha.device)
+    recall = (sel & (ub < min_lb)).sum(-1) / n_t
+    contaminating = (unsel & (lb_d <= max_ub)).sum(-1)
+    precision = n_t / (n_t + contaminating)
+    defined = (n_t >= 1) & (n_t < key_mask.sum(-1))
+    nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=alpha.device)
+    out = (precision, recall, _harmonic(precision, recall))
+    return Bounds(*(torch.where(defined, x, nan) for x in out))
+
+
+class RegimeDiagnostics(NamedTuple):
+    """How well a head's values fit the regime (SPEC §6c), each field ``[*batch]``."""
+
+    norm_cv: Float[Tensor, "*batch"]
+    """Coefficient of variation of the non-sink value norms."""
+    kappa: Float[Tensor, "*batch"]
+    """‖v_sink‖ / mean non-sink norm."""
+    a: Float[Tensor, "*batch"]
+    decay: Float[Tensor, "*batch"]
+    """λ of ``cos(v_i, v_j) ≈ a·exp(−λ|i−j|) + b`` over non-sink pairs."""
+    b: Float[Tensor, "*batch"]
+    fit_mae: Float[Tensor, "*batch"]
+    """Mean absolute error of that fit over the pairs."""
+
+
+REGIME_FIELDS = RegimeDiagnostics._fields
+
+#: λ grid of the coherence fit (per-token decay rates from 1e-3 to 10).
+DECAY_GRID = torch.logspace(-3, 1, 81, dtype=COMPUTE_DTYPE)
+
+
+def regime_diagnostics(
+    values: Float[Tensor, "*batch key d"],
+    sink: Int[Tensor, "*ibatch"],
+    key_mask: Bool[Tensor, "*mbatch key"] | None = None,
+    *,
+    generator: torch.Generator | None = None,
+) -> RegimeDiagnostics:
+    """Norm spread, κ and the fit ``cos(v_i, v_j) ≈ a·exp(−λ|i−j|) + b`` of SPEC §6c.
+
+    The fit is least squares over the non-sink pairs (negative cosines kept): for each λ of
+    :data:`DECAY_GRID`, ``a`` and ``b`` are the closed-form linear fit; the λ with the smallest
+    squared error wins. Pairs are sampled beyond :data:`MAX_PAIRS`, as in :func:`fit_regime`.
+    """
+    values = _as_compute(values)
+    if key_mask is None:
+        key_mask = torch.ones(values.shape[:-1], dtype=torch.bool, device=values.device)
+    key_mask = key_mask.expand(values.shape[:-1])
+    sink = sink.expand(values.shape[:-2])
+    n_key = values.shape[-2]
+    norms = torch.linalg.vector_norm(values, dim=-1)
+    cos, pair_ok, _, not_sink = _pair_cosines(values, key_mask, sink, generator)
+    count = not_sink.sum(-1)
+    mean = torch.where(not_sink, norms, 0).sum(-1) / count
+    var = torch.where(not_sink, (norms - mean.unsqueeze(-1)) ** 2, 0).sum(-1) / count
+    kappa = norms.gather(-1, sink.unsqueeze(-1)).squeeze(-1) / mean
+    # Lags of the pairs, in the order _pair_cosines produced them.
+    if n_key * (n_key - 1) // 2 <= MAX_PAIRS:
+        i, j = torch.triu_indices(n_key, n_key, offset=1, device=values.device)
+    else:
+        g = generator if generator is not None else torch.Generator().manual_seed(0)
+        i = torch.randint(n_key, (MAX_PAIRS,), generator=g)
+        j = (i + torch.randint(1, n_key, (MAX_PAIRS,), generator=g)) % n_key
+    lag = (i - j).abs().to(COMPUTE_DTYPE)
+    w = pair_ok.to(COMPUTE_DTYPE)  # [*batch, pairs]
+    x = torch.exp(-DECAY_GRID[:, None] * lag)  # [grid, pairs]
+    y = torch.where(pair_ok, cos, 0)
+    sw = w.sum(-1, keepdim=True)  # [*batch, 1]
+    sx, sy = w @ x.T, (w * y).sum(-1, keepdim=True)  # [*batch, grid], [*batch, 1]
+    sxx, sxy = w @ (x * x).T, (w * y) @ x.T
+    det = sw * sxx - sx * sx
+    a = torch.where(det.abs() > 1e-12, (sw * sxy - sx * sy) / det, 0.0)
+    b = (sy - a * sx) / sw
+    syy = (w * y * y).sum(-1, keepdim=True)
+    # Σ w (y − a x − b)² expanded, per λ.
+    sse = syy + a * a * sxx + b * b * sw - 2 * a * sxy - 2 * b * sy + 2 * a * b * sx
+    best = sse.argmin(-1, keepdim=True)
+    a, b = a.gather(-1, best).squeeze(-1), b.gather(-1, best).squeeze(-1)
+    decay = DECAY_GRID[best.squeeze(-1)]
+    fit = a.unsqueeze(-1) * torch.exp(-decay.unsqueeze(-1) * lag) + b.unsqueeze(-1)
+    mae = (w * (y - fit).abs()).sum(-1) / sw.squeeze(-1)
+    return RegimeDiagnostics(var.sqrt() / mean, kappa, a, decay, b, mae)
