@@ -29,6 +29,11 @@ def heads(draw):
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(n_key, d, generator=g, dtype=torch.float64)
+    if draw(st.booleans()):  # few directions, with signs: the bounds are nearly tight there
+        base = torch.randn(draw(st.integers(1, 2)), d, generator=g, dtype=torch.float64)
+        pick = torch.randint(base.shape[0], (n_key,), generator=g)
+        sign = torch.randint(0, 2, (n_key, 1), generator=g).double() * 2 - 1
+        v = base[pick] * sign * (1 + 0.01 * torch.rand(n_key, 1, generator=g, dtype=torch.float64))
     if draw(st.booleans()):  # near-constant norms: the regime the bound is made for
         v = v / v.norm(dim=-1, keepdim=True) * (1 + 0.1 * torch.rand(n_key, 1, generator=g, dtype=torch.float64))
     if draw(st.booleans()) and n_key > 2:  # compressed sink pointing against the rest
@@ -41,7 +46,7 @@ def heads(draw):
     return torch.softmax(logits, -1), v
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(case=heads(), data=st.data())
 def test_measured_never_below_any_certificate(case, data):
     alpha, v = case
