@@ -29,10 +29,11 @@ from .functional._types import COMPUTE_DTYPE
 from .functional.bounds import (
     REGIME_FIELDS,
     RegimeParams,
-    fit_regime,
+    diagnostics_from_pairs,
     inversion_bounds,
+    pair_stats,
+    params_from_pairs,
     regime_bounds,
-    regime_diagnostics,
 )
 from .functional.heads import first_duplicate, last_positions, sink_positions, value_norms
 from .functional.selection import random_ranks, top_n_ranks
@@ -445,10 +446,10 @@ def _analyze_layer(
     if bounds:
         # Per (sequence, KV head) over the sequence's real keys: extremes are certificates for
         # every query of the sequence; quantiles give the predicted envelope (SPEC §6b).
-        fit = dict(sink=sink[:, None], key_mask=mask[:, None])
-        regimes = (fit_regime(values, mode="certificate", **fit), fit_regime(values, mode="predict", **fit))
+        pairs = pair_stats(values, sink[:, None], mask[:, None])
+        regimes = (params_from_pairs(pairs, "certificate"), params_from_pairs(pairs, "predict"))
         group = n_heads // values.shape[1]
-        diag = torch.stack(regime_diagnostics(values, **fit), dim=-1)  # [b, kv, field]
+        diag = torch.stack(diagnostics_from_pairs(pairs), dim=-1)  # [b, kv, field]
         _add_per_sequence(acc.regime_sum, acc.regime_count, li, diag.repeat_interleave(group, dim=1))
         bound_sum = torch.zeros(batch, n_heads, 3, len(n_values), 3, dtype=COMPUTE_DTYPE)
         bound_count = torch.zeros_like(bound_sum)

@@ -89,31 +89,70 @@ SLACK = 1e-9
 MAX_PAIRS = 1 << 17
 
 
-def _pair_cosines(
-    values: Tensor, key_mask: Tensor, sink: Tensor, generator: torch.Generator | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Cosines and validity of non-sink pairs ``[*batch, pairs]`` and of sink pairs ``[*batch, key]``.
+#: Elements of ``[key, key]`` Gram blocks (or sampled ``[pair, d]`` products) held at once;
+#: heads are processed in groups under this budget, one at a time when a single block exceeds it.
+PAIR_CHUNK = 1 << 22
+
+
+class PairStats(NamedTuple):
+    """Cosines of a head's key pairs and what the regime needs besides (see :func:`pair_stats`)."""
+
+    cos: Float[Tensor, "*batch pair"]
+    pair_ok: Bool[Tensor, "*batch pair"]
+    lag: Float[Tensor, " pair"]
+    sink_cos: Float[Tensor, "*batch key"]
+    not_sink: Bool[Tensor, "*batch key"]
+    norms: Float[Tensor, "*batch key"]
+    sink_norm: Float[Tensor, "*batch"]
+
+
+def pair_stats(
+    values: Float[Tensor, "*batch key d"],
+    sink: Int[Tensor, "*ibatch"],
+    key_mask: Bool[Tensor, "*mbatch key"] | None = None,
+    generator: torch.Generator | None = None,
+) -> PairStats:
+    """Cosines of the non-sink key pairs and of the sink to every key, per head.
 
     All ``i < j`` pairs when there are at most :data:`MAX_PAIRS`; otherwise MAX_PAIRS pairs drawn
-    uniformly (with replacement, ``i ≠ j``) from ``generator`` — seeded, so reproducible. One
-    head's pairs are materialised as ``[pairs]``, never as a ``[key, key, d]`` tensor.
+    uniformly (``i ≠ j``, with replacement) from ``generator`` (default: seed 0), so the sample is
+    reproducible. Cosines are exact (no η): a certificate's interval must contain the true ones.
+    Memory is bounded by :data:`PAIR_CHUNK` (Gram blocks of a group of heads at a time).
     """
-    n_key = values.shape[-2]
-    # Exact cosines (no η): a certificate's interval must contain the true ones.
-    unit = values / torch.linalg.vector_norm(values, dim=-1, keepdim=True).clamp_min(1e-300)
+    values = _as_compute(values)
+    if key_mask is None:
+        key_mask = torch.ones(values.shape[:-1], dtype=torch.bool, device=values.device)
+    key_mask = key_mask.expand(values.shape[:-1])
+    sink = sink.expand(values.shape[:-2])
+    n_key, d = values.shape[-2:]
+    norms = torch.linalg.vector_norm(values, dim=-1)
+    unit = values / norms.unsqueeze(-1).clamp_min(1e-300)
     keys = torch.arange(n_key, device=values.device)
     not_sink = key_mask & (keys != sink.unsqueeze(-1))
-    if n_key * (n_key - 1) // 2 <= MAX_PAIRS:
-        i, j = torch.triu_indices(n_key, n_key, offset=1, device=values.device)
-    else:
+    sampled = n_key * (n_key - 1) // 2 > MAX_PAIRS
+    if sampled:
         g = generator if generator is not None else torch.Generator().manual_seed(0)
         i = torch.randint(n_key, (MAX_PAIRS,), generator=g)
         j = (i + torch.randint(1, n_key, (MAX_PAIRS,), generator=g)) % n_key
-    cos = (unit[..., i, :] * unit[..., j, :]).sum(-1)
+    else:
+        i, j = torch.triu_indices(n_key, n_key, offset=1, device=values.device)
+    flat = unit.reshape(-1, n_key, d)
+    per_head = i.numel() * d if sampled else n_key * n_key
+    step = max(1, PAIR_CHUNK // per_head)
+    parts = []
+    for lo in range(0, flat.shape[0], step):
+        block = flat[lo : lo + step]
+        if sampled:
+            parts.append((block[:, i] * block[:, j]).sum(-1))
+        else:
+            parts.append((block @ block.transpose(-1, -2))[:, i, j])
+    cos = torch.cat(parts).reshape(*values.shape[:-2], i.numel()).clamp(-1, 1)
+    sink_unit = unit.gather(-2, sink[..., None, None].expand(*sink.shape, 1, d))
+    sink_cos = (unit * sink_unit).sum(-1).clamp(-1, 1)
+    sink_norm = norms.gather(-1, sink.unsqueeze(-1)).squeeze(-1)
     pair_ok = not_sink[..., i] & not_sink[..., j]
-    sink_unit = unit.gather(-2, sink[..., None, None].expand(*sink.shape, 1, unit.shape[-1]))
-    sink_cos = (unit * sink_unit).sum(-1)
-    return cos, pair_ok, sink_cos, not_sink
+    lag = (i - j).abs().to(COMPUTE_DTYPE)
+    return PairStats(cos, pair_ok, lag, sink_cos, not_sink, norms, sink_norm)
 
 
 def _masked_quantile(x: Tensor, ok: Tensor, q: float) -> Tensor:
@@ -146,23 +185,24 @@ def fit_regime(
     """
     if mode not in ("certificate", "predict"):
         raise ValueError(f"mode must be 'certificate' or 'predict', got {mode!r}.")
-    values = _as_compute(values)
-    if key_mask is None:
-        key_mask = torch.ones(values.shape[:-1], dtype=torch.bool, device=values.device)
-    key_mask = key_mask.expand(values.shape[:-1])
-    sink = sink.expand(values.shape[:-2])
-    n_key = values.shape[-2]
-    if mode == "certificate" and n_key * (n_key - 1) // 2 > MAX_PAIRS:
+    return params_from_pairs(pair_stats(values, sink, key_mask, generator), mode, quantile)
+
+
+def params_from_pairs(
+    stats: PairStats, mode: Literal["certificate", "predict"] = "certificate", quantile: float = 0.05
+) -> RegimeParams:
+    """:func:`fit_regime` from precomputed :class:`PairStats` (share them across modes)."""
+    if mode == "certificate" and stats.lag.numel() >= MAX_PAIRS:
         import warnings
 
         warnings.warn(
-            f"{n_key} keys: pair cosines are sampled ({MAX_PAIRS} pairs), so the certificate's "
-            "coherence interval is estimated, not observed in full.",
-            stacklevel=2,
+            f"Pair cosines are sampled ({MAX_PAIRS} pairs), so the certificate's coherence "
+            "interval is estimated, not observed in full.",
+            stacklevel=3,
         )
-    norms = torch.linalg.vector_norm(values, dim=-1)
-    cos, pair_ok, sink_cos, not_sink = _pair_cosines(values, key_mask, sink, generator)
-    sink_norm = norms.gather(-1, sink.unsqueeze(-1)).squeeze(-1)
+    norms, not_sink, cos, pair_ok, sink_cos = (
+        stats.norms, stats.not_sink, stats.cos, stats.pair_ok, stats.sink_cos
+    )
     if mode == "certificate":
         lo_n = torch.where(not_sink, norms, torch.inf).amin(-1)
         hi_n = torch.where(not_sink, norms, -torch.inf).amax(-1)
@@ -170,6 +210,9 @@ def fit_regime(
         c_hi = torch.where(pair_ok, cos, -torch.inf).amax(-1)
         s_lo = torch.where(not_sink, sink_cos, torch.inf).amin(-1)
         s_hi = torch.where(not_sink, sink_cos, -torch.inf).amax(-1)
+        # Widen by float64 round-off so the bounds stay conservative.
+        lo_n, hi_n = lo_n * (1 - SLACK), hi_n * (1 + SLACK)
+        c_lo, c_hi, s_lo, s_hi = c_lo - SLACK, c_hi + SLACK, s_lo - SLACK, s_hi + SLACK
     else:
         lo_n = _masked_quantile(norms, not_sink, quantile)
         hi_n = _masked_quantile(norms, not_sink, 1 - quantile)
@@ -177,13 +220,10 @@ def fit_regime(
         c_hi = _masked_quantile(cos, pair_ok, 1 - quantile)
         s_lo = _masked_quantile(sink_cos, not_sink, quantile)
         s_hi = _masked_quantile(sink_cos, not_sink, 1 - quantile)
-    if mode == "certificate":  # widen by float64 round-off so the bounds stay conservative
-        lo_n, hi_n = lo_n * (1 - SLACK), hi_n * (1 + SLACK)
-        c_lo, c_hi, s_lo, s_hi = c_lo - SLACK, c_hi + SLACK, s_lo - SLACK, s_hi + SLACK
     nu = (lo_n + hi_n) / 2
     delta = (hi_n - lo_n) / (hi_n + lo_n)
-    kappa = sink_norm / nu
-    kappa_lo, kappa_hi = kappa * (1 - SLACK), kappa * (1 + SLACK)
+    kappa = stats.sink_norm / nu
+    kappa_lo, kappa_hi = (kappa * (1 - SLACK), kappa * (1 + SLACK)) if mode == "certificate" else (kappa, kappa)
     # Without a second non-sink key there is no pair: any cosine is possible.
     c_lo, c_hi = torch.nan_to_num(c_lo, posinf=-1.0), torch.nan_to_num(c_hi, neginf=1.0)
     c_lo, c_hi = torch.where(c_lo > c_hi, -1.0, c_lo), torch.where(c_lo > c_hi, 1.0, c_hi)
@@ -348,26 +388,16 @@ def regime_diagnostics(
     :data:`DECAY_GRID`, ``a`` and ``b`` are the closed-form linear fit; the λ with the smallest
     squared error wins. Pairs are sampled beyond :data:`MAX_PAIRS`, as in :func:`fit_regime`.
     """
-    values = _as_compute(values)
-    if key_mask is None:
-        key_mask = torch.ones(values.shape[:-1], dtype=torch.bool, device=values.device)
-    key_mask = key_mask.expand(values.shape[:-1])
-    sink = sink.expand(values.shape[:-2])
-    n_key = values.shape[-2]
-    norms = torch.linalg.vector_norm(values, dim=-1)
-    cos, pair_ok, _, not_sink = _pair_cosines(values, key_mask, sink, generator)
+    return diagnostics_from_pairs(pair_stats(values, sink, key_mask, generator))
+
+
+def diagnostics_from_pairs(stats: PairStats) -> RegimeDiagnostics:
+    """:func:`regime_diagnostics` from precomputed :class:`PairStats`."""
+    norms, not_sink, cos, pair_ok, lag = stats.norms, stats.not_sink, stats.cos, stats.pair_ok, stats.lag
     count = not_sink.sum(-1)
     mean = torch.where(not_sink, norms, 0).sum(-1) / count
     var = torch.where(not_sink, (norms - mean.unsqueeze(-1)) ** 2, 0).sum(-1) / count
-    kappa = norms.gather(-1, sink.unsqueeze(-1)).squeeze(-1) / mean
-    # Lags of the pairs, in the order _pair_cosines produced them.
-    if n_key * (n_key - 1) // 2 <= MAX_PAIRS:
-        i, j = torch.triu_indices(n_key, n_key, offset=1, device=values.device)
-    else:
-        g = generator if generator is not None else torch.Generator().manual_seed(0)
-        i = torch.randint(n_key, (MAX_PAIRS,), generator=g)
-        j = (i + torch.randint(1, n_key, (MAX_PAIRS,), generator=g)) % n_key
-    lag = (i - j).abs().to(COMPUTE_DTYPE)
+    kappa = stats.sink_norm / mean
     w = pair_ok.to(COMPUTE_DTYPE)  # [*batch, pairs]
     x = torch.exp(-DECAY_GRID[:, None] * lag)  # [grid, pairs]
     y = torch.where(pair_ok, cos, 0)
