@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--random-samples", type=int, default=16)
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--distance", choices=("euclidean", "cosine"), default="euclidean")
+    analyze.add_argument("--bounds", action="store_true",
+                         help="add inversion certificates, regime bounds and envelopes (SPEC §6)")
     analyze.add_argument("--show-n", type=_n_values, default=(2, 4, 8), help="N shown in the table")
     analyze.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
     analyze.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
@@ -60,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     forward = time.perf_counter()
     result = tl_geometry.analyze_heads(
         cache, n_values=n_values, queries=args.queries, random_samples=args.random_samples,
-        seed=args.seed, distance=args.distance, model=model, progress=sys.stderr.isatty(),
+        seed=args.seed, distance=args.distance, model=model, bounds=args.bounds,
+        progress=sys.stderr.isatty(),
     )
     result.metadata["text"] = args.text or "built-in sample"
     done = time.perf_counter()
