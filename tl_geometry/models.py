@@ -97,7 +97,9 @@ def load_hf_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float
     spec = _spec(name)
     path = gguf_path(name)
     verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # GGUF loading is chatty about tokenizer conversion
+    hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, attn_implementation="eager", dtype=dtype
@@ -105,6 +107,8 @@ def load_hf_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     if spec.architecture is not None:
         model.config.architectures = [spec.architecture]
     return model.eval(), tokenizer
