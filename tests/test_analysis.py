@@ -139,3 +139,29 @@ def test_all_queries_nan_where_n_exceeds_the_query():
     last = tl_geometry.analyze_heads(case.cache(), n_values=(7,), queries="last", random_samples=2)
     # Only the last query (t = 7, eight keys) can hold N = 7: both modes agree.
     torch.testing.assert_close(result.f_score, last.f_score)
+
+
+def test_random_baseline_independent_of_padding_width():
+    """A right-padded sequence gets the same random subsets as when analysed at its own width."""
+    case = make_case(60, batch=2, n_pos=20, padding="right")
+    length = int(case.attention_mask[0].sum())
+    for queries in ("last", "all"):
+        kwargs = dict(n_values=(2, 3), queries=queries, random_samples=3)
+        padded = tl_geometry.analyze_heads({k: v[:1] for k, v in case.cache().items()},
+                                           attention_mask=case.attention_mask[:1], **kwargs)
+        trimmed = {k: v[:1, :, :length, :length] if "pattern" in k else v[:1, :length]
+                   for k, v in case.cache().items()}
+        alone = tl_geometry.analyze_heads(trimmed, **kwargs)
+        torch.testing.assert_close(padded.random_f_score, alone.random_f_score, equal_nan=True)
+        torch.testing.assert_close(padded.f_score, alone.f_score, equal_nan=True)
+
+
+def test_nan_values_at_padding_do_not_leak():
+    case = make_case(61, batch=2, padding="left")
+    clean = tl_geometry.analyze_heads(case.cache(), attention_mask=case.attention_mask, n_values=(2, 3))
+    v = case.v.clone()
+    v[~case.attention_mask.bool()] = torch.nan
+    dirty = {"blocks.0.attn.hook_pattern": case.pattern, "blocks.0.attn.hook_v": v}
+    result = tl_geometry.analyze_heads(dirty, attention_mask=case.attention_mask, n_values=(2, 3))
+    torch.testing.assert_close(result.scores, clean.scores, equal_nan=True)
+    torch.testing.assert_close(result.sink, clean.sink, equal_nan=True)

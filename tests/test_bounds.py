@@ -180,3 +180,18 @@ def test_bounds_option_validation_and_roundtrip(tmp_path):
     torch.testing.assert_close(plain.scores, result.scores, equal_nan=True)
     with pytest.raises(AttributeError, match="bounds=True"):
         plain.certified_f_score
+
+
+def test_degenerate_regime_certifies_nothing_wrong():
+    """All non-sink values zero (ν = 0): the 'certificate' must still not exceed the measure."""
+    v = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    alpha = torch.tensor([0.1, 0.5, 0.3, 0.1], dtype=torch.float64)
+    measured = F.separability(alpha, v, 2)
+    bound = F.regime_bounds(alpha, F.fit_regime(v, 0), 2, sink=0)
+    assert float(measured.precision) >= float(bound.precision)
+    assert float(measured.recall) >= float(bound.recall)
+
+
+def test_undefined_n_gives_nan_bounds_not_zero():
+    b = F.inversion_bounds(2, torch.tensor([float("nan"), 1.0]))
+    assert torch.isnan(b.f_score[0]) and float(b.f_score[1]) == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))

@@ -15,7 +15,6 @@ votes are pooled counts over every query after the sink.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,19 +35,19 @@ from .functional.bounds import (
     regime_bounds,
 )
 from .functional.heads import first_duplicate, last_positions, sink_positions, value_norms
-from .functional.selection import random_ranks, top_n_ranks
+from .functional.selection import _inverse_permutation, top_n_ranks
 from .functional.separability import METRIC_NAMES, distances, scores_from_distances
 from .functional.sink import SINK_FIELDS, sink_diagnostics
 from .functional.taxonomy import source_votes
-from .result import GROUPS, HeadAnalysis
+from .result import HeadAnalysis
 
 DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
 #: Queries per block of the ``"all"`` mode. Random draws are seeded per (layer, sequence,
 #: block), so results do not depend on how many sequences are processed together.
 QUERY_BLOCK = 16
-#: Upper bound on the elements of one chunk's [sequence, head, query, selection, N, key] tensors.
+#: Target size of one chunk's [sequence, head, query, selection, N, key] tensors. Chunks split
+#: over sequences, so one sequence × one query block (the smallest chunk) may exceed it.
 CHUNK_ELEMENTS = 1 << 22
-_SEQUENCE_GROUPS = ("top", "random", "sink_removed")
 
 
 @dataclass
@@ -230,11 +229,8 @@ def _chunk(
     top = top_n_ranks(scores, key_mask[:, None])
     no_sink_mask = key_mask & ~is_sink
     top_no_sink = top_n_ranks(scores, no_sink_mask[:, None])
-    rand = torch.cat([
-        random_ranks(
-            key_mask[i, None].expand(n_heads, n_q, n_pos), random_samples,
-            torch.Generator().manual_seed(seeds[i]),
-        )[None]
+    rand = torch.stack([
+        _sequence_random_ranks(key_mask[i], mask[i], n_heads, random_samples, seeds[i])
         for i in range(batch)
     ])  # [b, h, q, R, k]
     ranks = torch.cat([top[:, :, :, None], top_no_sink[:, :, :, None], rand], dim=3)
@@ -296,6 +292,27 @@ def _chunk(
     bounds = torch.stack(kinds, dim=3)  # [b, h, q, kind, n, 3]
     bounds = torch.where(query_ok[:, None, :, None, None, None], bounds, torch.nan)
     return (*out, *_nansum_count(bounds, dim=2))
+
+
+def _sequence_random_ranks(
+    key_mask: Tensor, real: Tensor, n_heads: int, samples: int, seed: int
+) -> Tensor:
+    """Random ranks ``[head, q, R, key]`` of one sequence, drawn over its real keys only.
+
+    The draws are indexed by real-key order, not by position, so a sequence gets the same
+    permutations whether it is analysed alone or in a padded batch of any width.
+    """
+    n_q, n_key = key_mask.shape
+    real_keys = real[:n_key].nonzero().flatten()
+    g = torch.Generator().manual_seed(seed)
+    # A fixed draw shape (a full query block) keeps each query's draws independent of how many
+    # queries the block holds in this batch.
+    block = max(n_q, QUERY_BLOCK) if n_q > 1 else 1
+    draws = torch.rand(block, n_heads, samples, int(real.sum()), generator=g, dtype=torch.float64)
+    keys = torch.full((n_heads, n_q, samples, n_key), 2.0, dtype=torch.float64)
+    keys[..., real_keys] = draws[:n_q, ..., : real_keys.numel()].transpose(0, 1)
+    keys = torch.where(key_mask[None, :, None, :], keys, 2.0)  # invalid keys sort last
+    return _inverse_permutation(keys.argsort(dim=-1))
 
 
 def _nansum_count(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
@@ -396,6 +413,8 @@ def analyze_heads(
             _cache.warn_padding_suspected(pattern, name)
         v = v.detach().cpu()
         _cache.check_values(v, mask, _cache.VALUE_HOOK.format(layer=layer))
+        # Padding's values take part in no metric, but a NaN there would poison the products.
+        v = torch.where(mask[:, :, None, None], v, 0.0)
         values = _layer_values(v, n_heads, None if W is None else W[layer].cpu())
         assert acc is not None and mask is not None and sink is not None
         _analyze_layer(acc, li, layer, pattern, values, mask, sink, n_tensor, queries=queries,

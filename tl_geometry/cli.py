@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _n_values(text: str) -> tuple[int, ...]:
@@ -44,7 +45,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    # Check what can be checked before spending half a minute loading the model.
+    if args.n_seqs < 1 or args.seq_len < 2:
+        parser.error("--n-seqs must be ≥ 1 and --seq-len ≥ 2")
+    if args.random_samples < 1:
+        parser.error("--random-samples must be ≥ 1")
+    if not [n for n in args.n_values if 1 <= n < args.seq_len]:
+        parser.error(f"--n-values needs at least one N with 1 ≤ N < --seq-len ({args.seq_len})")
+    if args.text and not Path(args.text).is_file():
+        parser.error(f"--text {args.text}: no such file")
     import torch
 
     import tl_geometry

@@ -21,7 +21,7 @@ from torch import Tensor
 from .functional.bounds import REGIME_FIELDS
 from .functional.separability import METRIC_NAMES
 from .functional.sink import SINK_FIELDS
-from .functional.taxonomy import CLASSES, VOTES
+from .functional.taxonomy import CLASSES, VOTES, labels_from_votes, vote_fractions
 
 #: Selection groups scored per (layer, head, N) (SPEC §3): the top-N set, the random baseline,
 #: the top-N re-selected with the sink removed, and the top-N instances with the sink inside /
@@ -58,13 +58,12 @@ class HeadAnalysis:
     @property
     def labels(self) -> list[list[str]]:
         """Class of every head by plurality vote: ``labels[layer][head]`` (SPEC §5)."""
-        index = self.vote_counts.argmax(-1)  # ties → Retriever > Mixer > Reset
-        return [[CLASSES[i] for i in row] for row in index.tolist()]
+        return [[CLASSES[i] for i in row] for row in labels_from_votes(self.vote_counts).tolist()]
 
     @property
     def vote_fractions(self) -> Float[Tensor, "layer head 3"]:
         """Fractions of source-winner votes (current, sink, other); NaN for a head with none."""
-        return self.vote_counts / self.vote_counts.sum(-1, keepdim=True)
+        return vote_fractions(self.vote_counts)
 
     def _metric(self, group: str, metric: str) -> Tensor:
         return self.scores[GROUPS.index(group), METRIC_NAMES.index(metric)]
@@ -113,6 +112,8 @@ class HeadAnalysis:
     @property
     def certified_fraction(self) -> Float[Tensor, " n"]:
         """Fraction of heads whose every analysed query is certified (P̲ = R̲ = 1) at each N."""
+        if self.bounds is None:  # not AttributeError: a property's would be masked by __getattr__
+            raise ValueError("No bounds: run analyze_heads(..., bounds=True).")
         certified = (self.bound("certified", "precision") == 1) & (self.bound("certified", "recall") == 1)
         return certified.double().mean(dim=(0, 1))
 
@@ -122,7 +123,7 @@ class HeadAnalysis:
         import pandas as pd
 
         if self.bounds is None:
-            raise AttributeError("No bounds: run analyze_heads(..., bounds=True).")
+            raise ValueError("No bounds: run analyze_heads(..., bounds=True).")
         keep = self.n_values >= 2
         ns = self.n_values[keep]
 
@@ -259,6 +260,10 @@ class HeadAnalysis:
         ``sink_removed_f_score``, ...) or ``[layer, head]`` one (``sink_norm_ratio``, ...).
         """
         values = getattr(self, by)
+        if not isinstance(values, Tensor) or values.shape[:2] != (self.n_layers, self.n_heads) or (
+            values.ndim == 3 and (by.startswith("vote") or values.shape[2] != len(self.n_values))
+        ):
+            raise ValueError(f"top(by={by!r}): need a [layer, head] or [layer, head, n] field.")
         if values.ndim == 3:
             values = values[..., self._n_index(n)]
         flat = torch.nan_to_num(values.flatten(), nan=-torch.inf if largest else torch.inf)

@@ -46,7 +46,8 @@ class Bounds(NamedTuple):
 
 
 def _harmonic(p: Tensor, r: Tensor) -> Tensor:
-    return torch.where(r > 0, 2 * p * r / (p + r), torch.zeros_like(p))
+    f = torch.where(r > 0, 2 * p * r / (p + r), torch.zeros_like(p))
+    return torch.where(torch.isnan(p) | torch.isnan(r), torch.nan, f)
 
 
 def inversion_bounds(n: Tensor | int, inversions: Float[Tensor, "*batch"]) -> Bounds:
@@ -108,7 +109,7 @@ class PairStats(NamedTuple):
 
 def pair_stats(
     values: Float[Tensor, "*batch key d"],
-    sink: Int[Tensor, "*ibatch"],
+    sink: Int[Tensor, "*ibatch"] | int,
     key_mask: Bool[Tensor, "*mbatch key"] | None = None,
     generator: torch.Generator | None = None,
 ) -> PairStats:
@@ -123,7 +124,7 @@ def pair_stats(
     if key_mask is None:
         key_mask = torch.ones(values.shape[:-1], dtype=torch.bool, device=values.device)
     key_mask = key_mask.expand(values.shape[:-1])
-    sink = sink.expand(values.shape[:-2])
+    sink = torch.as_tensor(sink, device=values.device).expand(values.shape[:-2])
     n_key, d = values.shape[-2:]
     norms = torch.linalg.vector_norm(values, dim=-1)
     unit = values / norms.unsqueeze(-1).clamp_min(1e-300)
@@ -163,7 +164,7 @@ def _masked_quantile(x: Tensor, ok: Tensor, q: float) -> Tensor:
 
 def fit_regime(
     values: Float[Tensor, "*batch key d"],
-    sink: Int[Tensor, "*ibatch"],
+    sink: Int[Tensor, "*ibatch"] | int,
     key_mask: Bool[Tensor, "*mbatch key"] | None = None,
     *,
     mode: Literal["certificate", "predict"] = "certificate",
@@ -221,7 +222,9 @@ def params_from_pairs(
         s_lo = _masked_quantile(sink_cos, not_sink, quantile)
         s_hi = _masked_quantile(sink_cos, not_sink, 1 - quantile)
     nu = (lo_n + hi_n) / 2
-    delta = (hi_n - lo_n) / (hi_n + lo_n)
+    delta = torch.where(hi_n + lo_n > 0, (hi_n - lo_n) / (hi_n + lo_n), 0.0)
+    # With every non-sink norm zero (ν = 0) κ is infinite; regime_bounds then reads the sink's
+    # norm interval as [κ⁻ν, κ⁺ν] = NaN, which its comparisons treat conservatively.
     kappa = stats.sink_norm / nu
     kappa_lo, kappa_hi = (kappa * (1 - SLACK), kappa * (1 + SLACK)) if mode == "certificate" else (kappa, kappa)
     # Without a second non-sink key there is no pair: any cosine is possible.
@@ -259,12 +262,20 @@ def regime_bounds(
     """
     from .selection import top_n_mask
 
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}.")
     alpha = _as_compute(alpha)
     n_key = alpha.shape[-1]
     if key_mask is None:
         key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
+    elif key_mask.dtype != torch.bool:
+        raise TypeError(f"key_mask must be a bool tensor (True = valid key), got {key_mask.dtype}.")
     if selected is None:
         selected = top_n_mask(alpha, n, key_mask)
+    elif selected.dtype != torch.bool:
+        raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
+    elif ((n >= 1) & (n < key_mask.sum(-1)) & ((selected & key_mask).sum(-1) != n)).any():
+        raise ValueError(f"selected must hold exactly n={n} valid keys in every row where n is in range.")
     sink = torch.as_tensor(sink, device=alpha.device)
     p = RegimeParams(*(_as_compute(x).unsqueeze(-1) for x in params))
     is_sink = torch.arange(n_key, device=alpha.device) == sink.unsqueeze(-1)
@@ -345,8 +356,9 @@ def regime_bounds(
     max_ub = torch.where(sel, ub, -torch.inf).amax(-1, keepdim=True)
     min_lb = torch.where(unsel, lb_d, torch.inf).amin(-1, keepdim=True)
     n_t = torch.as_tensor(float(n), dtype=COMPUTE_DTYPE, device=alpha.device)
+    # NaN (a degenerate regime) certifies nothing: it is never "below" and always "within".
     recall = (sel & (ub < min_lb)).sum(-1) / n_t
-    contaminating = (unsel & (lb_d <= max_ub)).sum(-1)
+    contaminating = (unsel & ~(lb_d > max_ub)).sum(-1)
     precision = n_t / (n_t + contaminating)
     defined = (n_t >= 1) & (n_t < key_mask.sum(-1))
     nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=alpha.device)
@@ -377,7 +389,7 @@ DECAY_GRID = torch.logspace(-3, 1, 81, dtype=COMPUTE_DTYPE)
 
 def regime_diagnostics(
     values: Float[Tensor, "*batch key d"],
-    sink: Int[Tensor, "*ibatch"],
+    sink: Int[Tensor, "*ibatch"] | int,
     key_mask: Bool[Tensor, "*mbatch key"] | None = None,
     *,
     generator: torch.Generator | None = None,
@@ -399,7 +411,8 @@ def diagnostics_from_pairs(stats: PairStats) -> RegimeDiagnostics:
     var = torch.where(not_sink, (norms - mean.unsqueeze(-1)) ** 2, 0).sum(-1) / count
     kappa = stats.sink_norm / mean
     w = pair_ok.to(COMPUTE_DTYPE)  # [*batch, pairs]
-    x = torch.exp(-DECAY_GRID[:, None] * lag)  # [grid, pairs]
+    grid = DECAY_GRID.to(lag.device)
+    x = torch.exp(-grid[:, None] * lag)  # [grid, pairs]
     y = torch.where(pair_ok, cos, 0)
     sw = w.sum(-1, keepdim=True)  # [*batch, 1]
     sx, sy = w @ x.T, (w * y).sum(-1, keepdim=True)  # [*batch, grid], [*batch, 1]
@@ -412,7 +425,7 @@ def diagnostics_from_pairs(stats: PairStats) -> RegimeDiagnostics:
     sse = syy + a * a * sxx + b * b * sw - 2 * a * sxy - 2 * b * sy + 2 * a * b * sx
     best = sse.argmin(-1, keepdim=True)
     a, b = a.gather(-1, best).squeeze(-1), b.gather(-1, best).squeeze(-1)
-    decay = DECAY_GRID[best.squeeze(-1)]
+    decay = grid[best.squeeze(-1)]
     fit = a.unsqueeze(-1) * torch.exp(-decay.unsqueeze(-1) * lag) + b.unsqueeze(-1)
     mae = (w * (y - fit).abs()).sum(-1) / sw.squeeze(-1)
     return RegimeDiagnostics(var.sqrt() / mean, kappa, a, decay, b, mae)

@@ -142,7 +142,8 @@ def causal_key_mask(
 
     Returns ``[query, key]`` without a mask and ``[batch, query, key]`` with one.
     """
-    causal = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
+    device = None if attention_mask is None else attention_mask.device
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).tril()
     if attention_mask is None:
         return causal
     return causal & attention_mask[:, None, :]

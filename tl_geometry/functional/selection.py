@@ -66,7 +66,8 @@ def random_ranks(
     if samples < 1:
         raise ValueError(f"random_samples must be at least 1, got {samples}.")
     shape = (*key_mask.shape[:-1], samples, key_mask.shape[-1])
-    keys = torch.rand(shape, generator=generator, device=key_mask.device)
+    # float64 draws: float32 ties are common on long rows, and argsort is not stable.
+    keys = torch.rand(shape, generator=generator, device=key_mask.device, dtype=torch.float64)
     # Invalid keys get a key above every uniform draw, so they sort after all valid ones.
     keys = torch.where(key_mask.unsqueeze(-2), keys, 2.0)
     return _inverse_permutation(keys.argsort(dim=-1))

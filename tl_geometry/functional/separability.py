@@ -59,7 +59,8 @@ def distances(
         duplicates = first_duplicate(values)
     sq_norm_s, dots = value_dots(alpha * selected, values)
     sq_norm_v = (values * values).sum(-1)
-    if not torch.equal(duplicates, torch.arange(values.shape[-2]).expand_as(duplicates)):
+    identity = torch.arange(values.shape[-2], device=duplicates.device).expand_as(duplicates)
+    if not torch.equal(duplicates, identity):
         sq_norm_v = sq_norm_v.gather(-1, duplicates)
         index = duplicates.reshape((1,) * (dots.ndim - duplicates.ndim) + duplicates.shape)
         dots = dots.gather(-1, index.expand(dots.shape))
@@ -87,7 +88,8 @@ def scores_from_distances(
     unselected = key_mask & ~selected
     rho_max = torch.where(selected, dist, -torch.inf).amax(-1)
     rho_min = torch.where(unselected, dist, torch.inf).amin(-1)
-    contaminating = (unselected & (dist <= rho_max.unsqueeze(-1))).sum(-1)
+    # Written as "not farther than ρ_max" so that a NaN distance counts against precision.
+    contaminating = (unselected & ~(dist > rho_max.unsqueeze(-1))).sum(-1)
     recalled = (selected & (dist < rho_min.unsqueeze(-1))).sum(-1)
     n = n.to(COMPUTE_DTYPE)
     precision = n / (n + contaminating)

@@ -40,7 +40,7 @@ def sink_diagnostics(
     alpha: Float[Tensor, "*abatch key"],
     values: Float[Tensor, "*vbatch key d"],
     key_mask: Bool[Tensor, "*mbatch key"],
-    sink: Int[Tensor, "*ibatch"],
+    sink: Int[Tensor, "*ibatch"] | int,
 ) -> SinkDiagnostics:
     """Sink mass, norm ratio κ, signed cosines and contribution share per row (SPEC §4).
 
@@ -54,6 +54,7 @@ def sink_diagnostics(
     """
     alpha, values = _as_compute(alpha), _as_compute(values)
     n_key = alpha.shape[-1]
+    sink = torch.as_tensor(sink, device=alpha.device)
     is_sink = torch.arange(n_key, device=alpha.device) == sink.unsqueeze(-1)
     others = key_mask & ~is_sink
     n_others = others.sum(-1)
