@@ -20,12 +20,14 @@ from .cache import CACHE_NAMES_FILTER, CacheError
 from .data import sample_text, text_windows
 from .models import load_model
 from .result import HeadAnalysis
+from .streaming import analyze_model
 
 __all__ = [
     "CACHE_NAMES_FILTER",
     "CacheError",
     "HeadAnalysis",
     "analyze_heads",
+    "analyze_model",
     "functional",
     "load_model",
     "sample_text",

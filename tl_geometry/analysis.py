@@ -386,6 +386,7 @@ def analyze_heads(
     layer_ids = _cache.resolve_layers(cache, layers)
     W = _output_weights(model, W_O, layer_ids) if space == "output" else None
 
+    opts = _Options(n_tensor, queries, random_samples, seed, distance, rank_by, bounds)
     acc: _Accumulator | None = None
     shape: tuple[int, ...] | None = None
     mask = sink = None
@@ -407,34 +408,61 @@ def analyze_heads(
                 f"Layer {layer}'s pattern is {tuple(pattern.shape)} but an earlier layer's was "
                 f"[{shape[0]}, {shape[1]}, {shape[2]}, {shape[2]}]: the layers of one cache must agree."
             )
-        name = _cache.PATTERN_HOOK.format(layer=layer)
-        pattern = _cache.clean_pattern(pattern.detach().cpu(), mask, name)
-        if attention_mask is None:
-            _cache.warn_padding_suspected(pattern, name)
-        v = v.detach().cpu()
-        _cache.check_values(v, mask, _cache.VALUE_HOOK.format(layer=layer))
-        # Padding's values take part in no metric, but a NaN there would poison the products.
-        v = torch.where(mask[:, :, None, None], v, 0.0)
-        values = _layer_values(v, n_heads, None if W is None else W[layer].cpu())
         assert acc is not None and mask is not None and sink is not None
-        _analyze_layer(acc, li, layer, pattern, values, mask, sink, n_tensor, queries=queries,
-                       random_samples=random_samples, seed=seed, distance=distance, rank_by=rank_by,
-                       bounds=bounds)
+        _add_layer(acc, li, layer, pattern, v, mask, sink, opts, None if W is None else W[layer],
+                   mask_given=attention_mask is not None)
 
     assert acc is not None and shape is not None
-    too_big = [int(n) for n in n_tensor if n >= shape[2]]
+    metadata = _metadata(model, cache, shape, opts, space, attention_mask is not None)
+    return _finish(acc, layer_ids, opts, shape[2], metadata)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The analysis options that every layer needs (validated by ``_check_options``)."""
+
+    n_values: Tensor
+    queries: str
+    random_samples: int
+    seed: int
+    distance: str
+    rank_by: str
+    bounds: bool
+
+
+def _add_layer(
+    acc: _Accumulator, li: int, layer: int, pattern: Tensor, v: Tensor, mask: Tensor,
+    sink: Tensor, opts: _Options, W_layer: Tensor | None, *, mask_given: bool,
+    sequence_offset: int = 0,
+) -> None:
+    """Validate one layer's pattern and values (new tensors) and add its statistics to ``acc``."""
+    name = _cache.PATTERN_HOOK.format(layer=layer)
+    pattern = _cache.clean_pattern(pattern.detach().cpu(), mask, name)
+    if not mask_given:
+        _cache.warn_padding_suspected(pattern, name)
+    v = v.detach().cpu()
+    _cache.check_values(v, mask, _cache.VALUE_HOOK.format(layer=layer))
+    # Padding's values take part in no metric, but a NaN there would poison the products.
+    v = torch.where(mask[:, :, None, None], v, 0.0)
+    values = _layer_values(v, pattern.shape[1], None if W_layer is None else W_layer.cpu())
+    _analyze_layer(acc, li, layer, pattern, values, mask, sink, opts.n_values, queries=opts.queries,
+                   random_samples=opts.random_samples, seed=opts.seed, distance=opts.distance,
+                   rank_by=opts.rank_by, bounds=opts.bounds, sequence_offset=sequence_offset)
+
+
+def _finish(
+    acc: _Accumulator, layer_ids: Sequence[int], opts: _Options, n_pos: int, metadata: dict[str, Any]
+) -> HeadAnalysis:
+    too_big = [int(n) for n in opts.n_values if n >= n_pos]
     if too_big:
         import warnings
 
         warnings.warn(
-            f"N = {too_big} cannot be evaluated on {shape[2]}-position sequences (N must be below "
+            f"N = {too_big} cannot be evaluated on {n_pos}-position sequences (N must be below "
             "the number of keys); their metrics are NaN.",
-            stacklevel=2,
+            stacklevel=3,
         )
-    metadata = _metadata(model, cache, shape, n_tensor, queries, random_samples, seed, distance,
-                         space, rank_by, attention_mask is not None)
-    metadata["bounds"] = bounds
-    return acc.result(layer_ids, n_tensor, metadata, bounds=bounds)
+    return acc.result(layer_ids, opts.n_values, metadata, bounds=opts.bounds)
 
 
 def _analyze_layer(
@@ -509,8 +537,8 @@ def _add_per_sequence(total: Tensor, count: Tensor, li: int, per_sequence: Tenso
     count[li] += finite.sum(0)
 
 
-def _metadata(model, cache, shape, n_values, queries, random_samples, seed, distance, space,
-              rank_by, masked) -> dict[str, Any]:
+def _metadata(model: Any, source: Any, shape: tuple[int, ...], opts: _Options, space: str,
+              masked: bool) -> dict[str, Any]:
     import tl_geometry
 
     meta: dict[str, Any] = {
@@ -518,15 +546,16 @@ def _metadata(model, cache, shape, n_values, queries, random_samples, seed, dist
         "n_sequences": shape[0],
         "n_heads": shape[1],
         "n_positions": shape[2],
-        "n_values": n_values.tolist(),
-        "queries": queries,
-        "random_samples": random_samples,
-        "seed": seed,
-        "distance": distance,
+        "n_values": opts.n_values.tolist(),
+        "queries": opts.queries,
+        "random_samples": opts.random_samples,
+        "seed": opts.seed,
+        "distance": opts.distance,
         "space": space,
-        "rank_by": rank_by,
+        "rank_by": opts.rank_by,
+        "bounds": opts.bounds,
         "attention_mask": masked,
-        "cache_type": type(cache).__name__,
+        "cache_type": type(source).__name__,
         "model_name": None,
         "model_class": None,
         "loading": {},

@@ -8,6 +8,7 @@ per-head summary: taxonomy, sink figures and F_N of the top-N sets against rando
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -39,9 +40,25 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--bounds", action="store_true",
                          help="add inversion certificates, regime bounds and envelopes (SPEC §6)")
     analyze.add_argument("--show-n", type=_n_values, default=(2, 4, 8), help="N shown in the table")
+    analyze.add_argument("--stream", action="store_true",
+                         help="analyse inside the forward pass (no cache; memory of one layer)")
+    analyze.add_argument("--batch-size", type=int, default=8, help="sequences per forward with --stream")
     analyze.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
     analyze.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
     return parser
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world size); under torchrun, initialise torch.distributed (gloo on CPU, nccl on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,28 +79,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tl_geometry.data import read_text
 
     text = read_text(args.text) if args.text else None
+    rank, world = _distributed()
+    log = sys.stderr if rank == 0 else open(os.devnull, "w")  # noqa: SIM115
     start = time.perf_counter()
-    print(f"Loading {args.model} (offline, from its PyPI package)...", file=sys.stderr)
+    print(f"Loading {args.model} (offline, from its PyPI package)...", file=log)
     model = tl_geometry.load_model(args.model)
     tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     n_values = tuple(n for n in args.n_values if n < args.seq_len)  # larger N cannot be evaluated
+    options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
+                   seed=args.seed, distance=args.distance, bounds=args.bounds)
     loaded = time.perf_counter()
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
-    forward = time.perf_counter()
-    result = tl_geometry.analyze_heads(
-        cache, n_values=n_values, queries=args.queries, random_samples=args.random_samples,
-        seed=args.seed, distance=args.distance, model=model, bounds=args.bounds,
-        progress=sys.stderr.isatty(),
-    )
+    if args.stream or world > 1:
+        # Under torchrun every rank analyses its share of the windows; the sums are all-reduced.
+        result = tl_geometry.analyze_model(
+            model, tokens, batch_size=args.batch_size, shard=(rank, world) if world > 1 else None,
+            progress=sys.stderr.isatty() and rank == 0, **options,
+        )
+        timing = f"streaming analysis on {world} process(es) {time.perf_counter() - loaded:.2f} s"
+    else:
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+        forward = time.perf_counter()
+        result = tl_geometry.analyze_heads(cache, model=model, progress=sys.stderr.isatty(), **options)
+        timing = (f"forward (pattern + v cached) {forward - loaded:.2f} s, "
+                  f"analysis {time.perf_counter() - forward:.2f} s")
     result.metadata["text"] = args.text or "built-in sample"
-    done = time.perf_counter()
+    if rank != 0:
+        return 0
     print(result.summary(n_values=args.show_n))
-    print(
-        f"\nload {loaded - start:.1f} s, forward (pattern + v cached) {forward - loaded:.2f} s, "
-        f"analysis {done - forward:.2f} s",
-        file=sys.stderr,
-    )
+    print(f"\nload {loaded - start:.1f} s, {timing}", file=log)
     if args.save:
         print(f"saved {result.save(args.save)}", file=sys.stderr)
     if args.csv:

@@ -1,0 +1,84 @@
+"""analyze_model (inside the forward pass) equals analyze_heads on the full cache; torchrun too."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tl_geometry
+
+pytestmark = pytest.mark.real_model
+FIELDS = ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime")
+
+
+def _assert_same(a, b, tol=1e-6):
+    for name in FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+            continue
+        torch.testing.assert_close(x, y, rtol=tol, atol=tol, equal_nan=True, msg=name)
+    assert a.layers == b.layers and torch.equal(a.n_values, b.n_values)
+
+
+@pytest.mark.parametrize("queries", ["last", "all"])
+def test_streaming_equals_cache_analysis(smollm2, queries):
+    options = dict(n_values=(1, 2, 4, 8), queries=queries, random_samples=3, bounds=queries == "last")
+    cached = tl_geometry.analyze_heads(smollm2.cache, **options)
+    streamed = tl_geometry.analyze_model(smollm2.model, smollm2.tokens, batch_size=2, **options)
+    _assert_same(cached, streamed)
+    assert streamed.metadata["cache_type"] == "streaming"
+
+
+def test_streaming_texts_with_padding_equal_masked_cache(smollm2):
+    model = smollm2.model
+    texts = ["The river rose slowly through the night.", "Bread needs flour, water, salt and time to rise well."]
+    streamed = tl_geometry.analyze_model(model, texts, batch_size=1, n_values=(1, 2, 4), random_samples=2,
+                                         layers=[0, 7, 29])
+    enc = model.tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+    bos = torch.full((2, 1), model.tokenizer.bos_token_id)
+    tokens = torch.cat([bos, enc["input_ids"]], 1)
+    mask = torch.cat([torch.ones(2, 1, dtype=torch.long), enc["attention_mask"]], 1)
+    assert (mask == 0).any()  # the shorter text is padded
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+    cached = tl_geometry.analyze_heads(cache, attention_mask=mask, n_values=(1, 2, 4), random_samples=2,
+                                       layers=[0, 7, 29])
+    _assert_same(cached, streamed)
+
+
+def test_streaming_rejects_bad_arguments(smollm2):
+    with pytest.raises(ValueError, match="batch_size"):
+        tl_geometry.analyze_model(smollm2.model, smollm2.tokens, batch_size=0)
+    with pytest.raises(ValueError, match="token"):
+        tl_geometry.analyze_model(smollm2.model, smollm2.tokens.float())
+    with pytest.raises(ValueError, match="layers"):
+        tl_geometry.analyze_model(smollm2.model, smollm2.tokens, layers=[99])
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not os.path.exists(
+    os.path.join(os.path.dirname(sys.executable), "torchrun")), reason="torchrun not installed")
+def test_torchrun_two_gloo_processes_equal_one(smollm2, tmp_path):
+    """`torchrun --nproc-per-node 2 -m tl_geometry analyze` shards windows and all-reduces."""
+    out = tmp_path / "dist.pt"
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [torchrun, "--nproc-per-node", "2", "--master-port", "29517", "-m", "tl_geometry", "analyze",
+         "--n-seqs", "4", "--seq-len", "24", "--n-values", "1,2,4", "--random-samples", "3",
+         "--save", str(out)],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    distributed = tl_geometry.HeadAnalysis.load(out)
+    assert distributed.metadata["world_size"] == 2
+    tokens = tl_geometry.text_windows(smollm2.model, n_seqs=4, seq_len=24)
+    with torch.no_grad():
+        _, cache = smollm2.model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+    single = tl_geometry.analyze_heads(cache, n_values=(1, 2, 4), random_samples=3)
+    _assert_same(single, distributed)

@@ -1,0 +1,182 @@
+"""``analyze_model``: the analysis computed inside the forward pass, one layer at a time.
+
+Hooks on ``hook_v`` and ``hook_pattern`` reduce each layer of each batch to the mergeable
+sums and counts of :class:`tl_geometry.analysis._Accumulator` and keep nothing else, so
+memory does not grow with depth and no cache is built. Batches add up, and so do processes:
+under ``torch.distributed`` every rank analyses its shard of the sequences (with their global
+indices, so the random baseline is the same) and the accumulators are all-reduced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from . import analysis as _analysis
+from . import cache as _cache
+from .functional.heads import sink_positions
+from .result import HeadAnalysis
+
+
+def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Token ids ``[batch, pos]`` and mask from a tensor, a text, or a list of texts."""
+    if isinstance(inputs, Tensor):
+        if inputs.ndim != 2 or inputs.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
+            raise ValueError(f"inputs must be [batch, pos] token ids, got {tuple(inputs.shape)} {inputs.dtype}.")
+        return inputs, attention_mask
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs):
+        if attention_mask is not None:
+            raise ValueError("attention_mask is only for token inputs; texts are padded here.")
+        tokenizer = model.tokenizer
+        enc = tokenizer(list(inputs), add_special_tokens=False, padding=True, return_tensors="pt")
+        pad_side = getattr(tokenizer, "padding_side", "right")
+        if pad_side != "right":
+            raise ValueError("Texts are padded on the right; set tokenizer.padding_side = 'right'.")
+        bos = torch.full((len(inputs), 1), tokenizer.bos_token_id, dtype=torch.long)
+        ones = torch.ones(len(inputs), 1, dtype=enc["attention_mask"].dtype)
+        return torch.cat([bos, enc["input_ids"]], 1), torch.cat([ones, enc["attention_mask"]], 1)
+    raise ValueError("inputs must be a [batch, pos] token tensor, a text, or a list of texts.")
+
+
+class _LayerHooks:
+    """Forward hooks that turn each layer's (pattern, v) into accumulator updates."""
+
+    def __init__(self, acc, layer_ids, opts, W, mask_given: bool) -> None:
+        self.acc, self.opts, self.W, self.mask_given = acc, opts, W, mask_given
+        self.row = {layer: i for i, layer in enumerate(layer_ids)}
+        self.pending: dict[int, dict[str, Tensor]] = {}
+        self.mask = self.sink = None
+        self.offset = 0
+
+    def batch(self, mask: Tensor, offset: int) -> None:
+        self.mask, self.sink, self.offset = mask, sink_positions(mask), offset
+
+    def hooks(self) -> list[tuple[str, Any]]:
+        out = []
+        for layer in self.row:
+            out.append((_cache.VALUE_HOOK.format(layer=layer), self._store("v", layer)))
+            out.append((_cache.PATTERN_HOOK.format(layer=layer), self._store("pattern", layer)))
+        return out
+
+    def _store(self, kind: str, layer: int):
+        def hook(tensor: Tensor, hook: Any = None) -> None:
+            seen = self.pending.setdefault(layer, {})
+            # detach + clone: the model's own activation is never kept or modified.
+            seen[kind] = tensor.detach().to("cpu", copy=True)
+            if len(seen) == 2:  # both hooks of this layer have fired, in whichever order
+                del self.pending[layer]
+                self._layer(layer, seen["pattern"], seen["v"])
+
+        return hook
+
+    def _layer(self, layer: int, pattern: Tensor, v: Tensor) -> None:
+        pattern, v = _cache.read_layer(
+            {_cache.PATTERN_HOOK.format(layer=layer): pattern, _cache.VALUE_HOOK.format(layer=layer): v},
+            layer,
+        )
+        assert self.mask is not None and self.sink is not None
+        if pattern.shape[0] != self.mask.shape[0] or pattern.shape[-1] != self.mask.shape[1]:
+            raise ValueError(f"Layer {layer}: pattern {tuple(pattern.shape)} does not match the batch.")
+        _analysis._add_layer(
+            self.acc, self.row[layer], layer, pattern, v, self.mask, self.sink, self.opts,
+            None if self.W is None else self.W[layer], mask_given=self.mask_given,
+            sequence_offset=self.offset,
+        )
+
+
+def analyze_model(
+    model: Any,
+    inputs: Tensor | str | Sequence[str],
+    *,
+    batch_size: int = 8,
+    attention_mask: Tensor | None = None,
+    n_values: Sequence[int] = _analysis.DEFAULT_N_VALUES,
+    queries: Literal["last", "all"] = "last",
+    random_samples: int = 16,
+    seed: int = 0,
+    layers: Sequence[int] | None = None,
+    distance: Literal["euclidean", "cosine"] = "euclidean",
+    space: Literal["value", "output"] = "value",
+    rank_by: Literal["attention", "contribution"] = "attention",
+    bounds: bool = False,
+    shard: tuple[int, int] | None = None,
+    progress: bool = False,
+) -> HeadAnalysis:
+    """:func:`analyze_heads` computed inside the forward pass, batch by batch, without a cache.
+
+    Runs ``model`` (a TransformerBridge, HookedTransformer, or any model with the same hook
+    names and a ``hooks(fwd_hooks=...)`` context) on ``inputs`` in batches of ``batch_size``.
+    Each layer's ``hook_pattern`` and ``hook_v`` are reduced to per-head sums and counts at
+    once and then dropped, so peak memory is one layer of one batch. The result equals
+    ``analyze_heads`` on the full cache of the same inputs (same seeds: sequence ``i`` of
+    ``inputs`` is sequence ``i`` everywhere).
+
+    Args:
+        inputs: token ids ``[n, pos]`` (with ``attention_mask`` if padded), a text, or a list
+            of texts (tokenized here, BOS prepended, right-padded).
+        shard: ``(rank, world_size)``: analyse only this rank's contiguous share of the
+            sequences and all-reduce the sums across ranks (``torch.distributed`` must be
+            initialised). Every rank returns the merged result.
+        Other arguments: as :func:`tl_geometry.analyze_heads`.
+
+    Example:
+        >>> result = tl_geometry.analyze_model(model, tokens, batch_size=4)  # doctest: +SKIP
+    """
+    n_tensor = _analysis._check_options(n_values, queries, random_samples, seed, distance, space,
+                                        rank_by, bounds)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    tokens, mask = _as_tokens(model, inputs, attention_mask)
+    n_seqs, n_pos = tokens.shape
+    if n_seqs == 0:
+        raise ValueError("inputs hold no sequence.")
+    full_mask = _cache.check_attention_mask(mask, n_seqs, n_pos)
+    cfg = getattr(model, "cfg", None)
+    n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
+    if n_layers is None or n_heads is None:
+        raise ValueError("model.cfg must give n_layers and n_heads (a TransformerLens model).")
+    layer_ids = list(range(n_layers)) if layers is None else [int(x) for x in layers]
+    if not layer_ids or any(x < 0 or x >= n_layers for x in layer_ids):
+        raise ValueError(f"layers must be indices below {n_layers}, got {layers!r}.")
+    W = _analysis._output_weights(model, None, layer_ids) if space == "output" else None
+    opts = _analysis._Options(n_tensor, queries, random_samples, seed, distance, rank_by, bounds)
+    acc = _analysis._Accumulator.zeros(len(layer_ids), n_heads, len(n_tensor))
+    hooks = _LayerHooks(acc, layer_ids, opts, W, mask_given=mask is not None)
+
+    lo, hi = 0, n_seqs
+    if shard is not None:
+        rank, world = shard
+        lo, hi = rank * n_seqs // world, (rank + 1) * n_seqs // world
+    starts = range(lo, hi, batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="analyze_model", unit="batch")
+    device = getattr(cfg, "device", None) or "cpu"
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks.hooks()):
+        for start in starts:
+            stop = min(start + batch_size, hi)
+            hooks.batch(full_mask[start:stop], start)
+            batch_tokens = tokens[start:stop].to(device)
+            kwargs = {} if mask is None else {"attention_mask": full_mask[start:stop].long().to(device)}
+            model(batch_tokens, **kwargs)
+            if hooks.pending:
+                missing = sorted(hooks.pending)
+                raise _cache.CacheError(
+                    f"Layers {missing} fired only one of hook_pattern / hook_v: the model must "
+                    "expose both per-head hooks (attention patterns need eager attention)."
+                )
+    if shard is not None:
+        import torch.distributed as dist
+
+        for tensor in acc._tensors():
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    metadata = _analysis._metadata(model, model, (n_seqs, n_heads, n_pos), opts, space, mask is not None)
+    metadata.update(cache_type="streaming", batch_size=batch_size,
+                    world_size=1 if shard is None else shard[1])
+    return _analysis._finish(acc, layer_ids, opts, n_pos, metadata)
