@@ -95,10 +95,11 @@ def test_results_do_not_depend_on_chunking(monkeypatch):
     case = make_case(30, batch=5, padding="right", sink=True)
     kwargs = dict(n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=3, queries="all")
     whole = tl_geometry.analyze_heads(case.cache(), **kwargs)
-    monkeypatch.setattr(analysis, "CHUNK_ELEMENTS", 1)  # one sequence per chunk
-    chunked = tl_geometry.analyze_heads(case.cache(), **kwargs)
-    torch.testing.assert_close(whole.scores, chunked.scores, equal_nan=True)
-    torch.testing.assert_close(whole.sink, chunked.sink, equal_nan=True)
+    for budget in (5000, 1):  # one sequence per chunk; then one query of one sequence
+        monkeypatch.setattr(analysis, "CHUNK_ELEMENTS", budget)
+        chunked = tl_geometry.analyze_heads(case.cache(), **kwargs)
+        torch.testing.assert_close(whole.scores, chunked.scores, equal_nan=True)
+        torch.testing.assert_close(whole.sink, chunked.sink, equal_nan=True)
 
 
 def test_seed_reproducible_and_random_differs_between_seeds():

@@ -46,7 +46,8 @@ DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
 #: block), so results do not depend on how many sequences are processed together.
 QUERY_BLOCK = 16
 #: Target size of one chunk's [sequence, head, query, selection, N, key] tensors. Chunks split
-#: over sequences, so one sequence × one query block (the smallest chunk) may exceed it.
+#: over sequences and, for long contexts, over the queries of a block; the smallest chunk (one
+#: query of one sequence, every head) holds head × (2 + random_samples) × n × key elements.
 CHUNK_ELEMENTS = 1 << 22
 
 
@@ -206,6 +207,7 @@ def _chunk(
     pattern: Tensor, values: Tensor, duplicates: Tensor, mask: Tensor, sink: Tensor,
     query_pos: Tensor, query_ok: Tensor, n_values: Tensor, *, seeds: list[int],
     random_samples: int, distance: str, rank_by: str, regimes: tuple[RegimeParams, ...] = (),
+    draw_rows: tuple[int, int] = (0, 1),
 ) -> tuple[Tensor, ...]:
     """Metrics of one chunk of sequences × chosen queries, reduced over queries.
 
@@ -230,7 +232,7 @@ def _chunk(
     no_sink_mask = key_mask & ~is_sink
     top_no_sink = top_n_ranks(scores, no_sink_mask[:, None])
     rand = torch.stack([
-        _sequence_random_ranks(key_mask[i], mask[i], n_heads, random_samples, seeds[i])
+        _sequence_random_ranks(key_mask[i], mask[i], n_heads, random_samples, seeds[i], *draw_rows)
         for i in range(batch)
     ])  # [b, h, q, R, k]
     ranks = torch.cat([top[:, :, :, None], top_no_sink[:, :, :, None], rand], dim=3)
@@ -295,22 +297,25 @@ def _chunk(
 
 
 def _sequence_random_ranks(
-    key_mask: Tensor, real: Tensor, n_heads: int, samples: int, seed: int
+    key_mask: Tensor, real: Tensor, n_heads: int, samples: int, seed: int, first: int = 0,
+    block_queries: int = 1,
 ) -> Tensor:
     """Random ranks ``[head, q, R, key]`` of one sequence, drawn over its real keys only.
 
     The draws are indexed by real-key order, not by position, so a sequence gets the same
-    permutations whether it is analysed alone or in a padded batch of any width.
+    permutations whether it is analysed alone or in a padded batch of any width. ``first`` is
+    the first query's row in its block of ``block_queries`` queries.
     """
     n_q, n_key = key_mask.shape
     real_keys = real[:n_key].nonzero().flatten()
     g = torch.Generator().manual_seed(seed)
     # A fixed draw shape (a full query block) keeps each query's draws independent of how many
-    # queries the block holds in this batch.
-    block = max(n_q, QUERY_BLOCK) if n_q > 1 else 1
+    # queries the block holds in this batch, and of how the block is sliced into chunks.
+    block = QUERY_BLOCK if block_queries > 1 else 1
     draws = torch.rand(block, n_heads, samples, int(real.sum()), generator=g, dtype=torch.float64)
     keys = torch.full((n_heads, n_q, samples, n_key), 2.0, dtype=torch.float64)
-    keys[..., real_keys] = draws[:n_q, ..., : real_keys.numel()].transpose(0, 1)
+    rows = draws[first : first + n_q, ..., : real_keys.numel()]
+    keys[..., real_keys] = rows.transpose(0, 1)
     keys = torch.where(key_mask[None, :, None, :], keys, 2.0)  # invalid keys sort last
     return _inverse_permutation(keys.argsort(dim=-1))
 
@@ -503,17 +508,23 @@ def _analyze_layer(
     for bi, (query_pos, query_ok) in enumerate(blocks):
         # Keys after a block's last query exist for none of its queries: leave them out.
         n_keys = int(query_pos.max()) + 1
-        per_seq = n_heads * query_pos.shape[1] * n_sel * len(n_values) * n_keys
-        step = max(1, CHUNK_ELEMENTS // per_seq)
-        for lo in range(0, batch, step):
-            hi = min(batch, lo + step)
+        n_q = query_pos.shape[1]
+        per_query = n_heads * n_sel * len(n_values) * n_keys
+        # Chunks: several sequences of whole blocks, or, for long contexts, one sequence and a
+        # slice of a block's queries, so one chunk holds about CHUNK_ELEMENTS (SPEC §1 memory).
+        q_step = min(n_q, max(1, CHUNK_ELEMENTS // per_query))
+        step = max(1, CHUNK_ELEMENTS // (per_query * n_q)) if q_step == n_q else 1
+        pieces = [(lo, min(batch, lo + step), qa, min(n_q, qa + q_step))
+                  for lo in range(0, batch, step) for qa in range(0, n_q, q_step)]
+        for lo, hi, qa, qb in pieces:
             seeds = [_seed(seed, layer, sequence_offset + i, bi) for i in range(lo, hi)]
             out = _chunk(
                 pattern[lo:hi, :, :, :n_keys], values[lo:hi, :, :n_keys],
                 duplicates[lo:hi, :, :n_keys], mask[lo:hi, :n_keys],
-                sink[lo:hi], query_pos[lo:hi], query_ok[lo:hi], n_values, seeds=seeds,
+                sink[lo:hi], query_pos[lo:hi, qa:qb], query_ok[lo:hi, qa:qb], n_values, seeds=seeds,
                 random_samples=random_samples, distance=distance, rank_by=rank_by,
                 regimes=tuple(RegimeParams(*(x[lo:hi] for x in r)) for r in regimes),
+                draw_rows=(qa, n_q),
             )
             seq_sum[lo:hi] += out[0]
             seq_count[lo:hi] += out[1]
