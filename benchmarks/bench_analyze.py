@@ -15,7 +15,6 @@ analysis ≤ 1×, vectorised ≥ 100× the loop reference.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -24,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import RESULTS, ROOT, real_text, write_report
+
 sys.path.insert(0, str(ROOT / "tests"))
-WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2-test.txt"
 
 
 def _reset_peak() -> None:
@@ -62,14 +61,14 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-all", action="store_true", help="skip the all-query analysis")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_analyze.json"))
+    parser.add_argument("--out", default=str(RESULTS / "bench_analyze.json"))
     args = parser.parse_args()
 
     import tl_geometry
     from reference import ref_analyze
 
     model = tl_geometry.load_model("smollm2-135m")
-    text = WIKITEXT.read_text(encoding="utf-8") if WIKITEXT.exists() else None
+    text, text_name = real_text()
     tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
 
@@ -86,7 +85,7 @@ def main() -> None:
     report = {
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine()},
-        "input": {"model": "smollm2-135m", "text": "wikitext-2-test" if text else "built-in sample",
+        "input": {"model": "smollm2-135m", "text": text_name,
                   "n_seqs": args.n_seqs, "seq_len": args.seq_len, "n_values": list(n_values),
                   "random_samples": 16, "cache_mib": round(cache_mib, 1)},
         "forward_s": fwd, "forward_runs_s": fwd_times, "forward_peak_rss_mib": fwd_peak,
@@ -116,11 +115,7 @@ def main() -> None:
         "reference_loop_scaled_to_model_s": loop * n_layers,
         "vectorised_speedup_over_loop": loop / vec,
     })
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -9,15 +9,11 @@ last-query protocol. Writes benchmarks/results/bench_bounds.json.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2-test.txt"
+from _common import RESULTS, real_text, write_report
 
 
 def main() -> None:
@@ -25,19 +21,20 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--n-seqs", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_bounds.json"))
+    parser.add_argument("--out", default=str(RESULTS / "bench_bounds.json"))
     args = parser.parse_args()
 
     import tl_geometry
+    from tl_geometry.functional.bounds import REGIME_FIELDS
 
     model = tl_geometry.load_model(args.model)
-    text = WIKITEXT.read_text(encoding="utf-8") if WIKITEXT.exists() else None
+    text, text_name = real_text()
     tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
     n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
     start = time.perf_counter()
-    plain = tl_geometry.analyze_heads(cache, n_values=n_values)
+    tl_geometry.analyze_heads(cache, n_values=n_values)
     plain_s = time.perf_counter() - start
     start = time.perf_counter()
     result = tl_geometry.analyze_heads(cache, n_values=n_values, bounds=True, model=model)
@@ -49,7 +46,7 @@ def main() -> None:
         return {str(n): round(float(x[..., i].nanmean()), 4) for i, n in enumerate(ns)}
 
     report = {
-        "input": {"model": args.model, "text": "wikitext-2-test" if text else "built-in sample",
+        "input": {"model": args.model, "text": text_name,
                   "n_seqs": args.n_seqs, "seq_len": args.seq_len, "queries": "last"},
         "analyze_s": plain_s,
         "analyze_with_bounds_s": bounds_s,
@@ -61,14 +58,9 @@ def main() -> None:
         "mean_inversion_f_bound": per_n(result.bound("inversion", "f_score")),
         "mean_certified_f_bound": per_n(result.bound("certified", "f_score")),
         "mean_predicted_f_envelope": per_n(result.bound("predicted", "f_score")),
-        "regime_median": {f: float(getattr(result, f"regime_{f}").nanmedian())
-                          for f in ("norm_cv", "kappa", "a", "decay", "b", "fit_mae")},
+        "regime_median": {f: float(getattr(result, f"regime_{f}").nanmedian()) for f in REGIME_FIELDS},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2-test.txt"
+from _common import RESULTS, real_text, write_report
 
 
 def _rss(field: str) -> float:
@@ -58,12 +57,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", default="128,256,512,1024")
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_streaming.json"))
+    parser.add_argument("--out", default=str(RESULTS / "bench_streaming.json"))
     args = parser.parse_args()
     import tl_geometry
 
     model = tl_geometry.load_model("smollm2-135m")
-    text = WIKITEXT.read_text(encoding="utf-8") if WIKITEXT.exists() else None
+    text, text_name = real_text()
     lengths = [int(x) for x in args.lengths.split(",")]
     n_values = (1, 2, 4, 8, 16, 32, 64)
     rows = []
@@ -112,7 +111,7 @@ def main() -> None:
         print(json.dumps(entry), file=sys.stderr)
         depth.append(entry)
     report = {
-        "input": {"model": "smollm2-135m", "text": "wikitext-2-test" if text else "built-in sample",
+        "input": {"model": "smollm2-135m", "text": text_name,
                   "windows_per_length": args.batch, "queries": "last", "random_samples": 16,
                   "threads": torch.get_num_threads()},
         "by_length": rows,
@@ -122,10 +121,7 @@ def main() -> None:
             for k in ("forward", "cache_then_analyze", "streaming")
         },
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":
