@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import RESULTS, ROOT, real_text, write_report
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -64,8 +63,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "bench_analyze.json"))
     args = parser.parse_args()
 
-    import tl_geometry
     from reference import ref_analyze
+
+    import tl_geometry
 
     model = tl_geometry.load_model("smollm2-135m")
     text, text_name = real_text()
@@ -93,7 +93,7 @@ def main() -> None:
         "last_over_forward": last / fwd,
     }
     if not args.skip_all:
-        every, every_times, every_peak, _ = _timed(
+        every, _, every_peak, _ = _timed(
             lambda: tl_geometry.analyze_heads(cache, n_values=n_values, queries="all"), 1
         )
         report.update({"analyze_all_s": every, "analyze_all_peak_rss_mib": every_peak,

@@ -12,8 +12,12 @@ import argparse
 import time
 
 import torch
-
 from _common import RESULTS, real_text, write_report
+
+
+def _counts(best_n) -> dict[str, int]:
+    """How many heads have each best N, as a JSON-ready dict."""
+    return {str(k): int(v) for k, v in best_n.value_counts().sort_index().items()}
 
 
 def main() -> None:
@@ -52,8 +56,8 @@ def main() -> None:
         "analyze_with_bounds_s": bounds_s,
         "certified_fraction": {str(n): float(f) for n, f in zip(ns, result.certified_fraction)},
         "best_n_match_fraction": float((best.measured_best_n == best.predicted_best_n).mean()),
-        "measured_best_n_counts": {str(k): int(v) for k, v in best.measured_best_n.value_counts().sort_index().items()},
-        "predicted_best_n_counts": {str(k): int(v) for k, v in best.predicted_best_n.value_counts().sort_index().items()},
+        "measured_best_n_counts": _counts(best.measured_best_n),
+        "predicted_best_n_counts": _counts(best.predicted_best_n),
         "mean_f_score": per_n(result.f_score),
         "mean_inversion_f_bound": per_n(result.bound("inversion", "f_score")),
         "mean_certified_f_bound": per_n(result.bound("certified", "f_score")),

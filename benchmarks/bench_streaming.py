@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import RESULTS, real_text, write_report
 
 

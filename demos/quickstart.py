@@ -29,7 +29,8 @@ def main() -> None:
     print("\nHeads where the top-2 set beats random subsets the most:")
     print(result.top(5, by="f_gain", n=2)[["layer", "head", "label", "f_gain", "sink_mass"]])
     print("\nHeads with the smallest sink value norm (κ):")
-    print(result.top(5, by="sink_norm_ratio", largest=False)[["layer", "head", "label", "sink_norm_ratio", "sink_cosine"]])
+    columns = ["layer", "head", "label", "sink_norm_ratio", "sink_cosine"]
+    print(result.top(5, by="sink_norm_ratio", largest=False)[columns])
     frame = result.to_pandas()
     by_group = frame[frame.n == 2].groupby("group")["f_score"].mean()
     print("\nMean F_2 by selection group:\n", by_group)

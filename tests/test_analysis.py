@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from cases import make_case
+from reference import ref_analyze
 
 import tl_geometry
 from tl_geometry import analysis
-from reference import ref_analyze
-
-from cases import make_case
 
 METRICS = ("precision", "recall", "f_score", "margin", "inversions")
 N_VALUES = (1, 2, 3, 5, 8)

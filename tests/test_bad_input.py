@@ -61,7 +61,7 @@ def expect_error(
     its message. Every failure is an ``AssertionError``."""
     try:
         call()
-    except Exception as exc:  # noqa: BLE001 — classified below
+    except Exception as exc:
         err = exc
     else:
         raise AssertionError(f"no error raised (expected {kind} matching {match})")
@@ -120,7 +120,7 @@ def test_names_filter_dropped_hook_v_of_one_layer(case):
     ],
 )
 def test_cache_without_any_pattern(case, keys):
-    cache = {k: case.v for k in keys}
+    cache = dict.fromkeys(keys, case.v)
     expect_error(
         lambda: analyze(cache),
         r"holds no 'blocks\.\{l\}\.attn\.hook_pattern'",
@@ -859,7 +859,7 @@ def _activation_cache(cache_dict):
     assert "cache_dict" in inspect.signature(ActivationCache.__init__).parameters
     try:
         return ActivationCache(cache_dict, model=None)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pytest.skip(f"this TransformerLens' ActivationCache needs a real model: {exc!r}")
 
 

@@ -179,7 +179,7 @@ def test_bounds_option_validation_and_roundtrip(tmp_path):
     assert plain.bounds is None
     torch.testing.assert_close(plain.scores, result.scores, equal_nan=True)
     with pytest.raises(AttributeError, match="bounds=True"):
-        plain.certified_f_score
+        _ = plain.certified_f_score
 
 
 def test_degenerate_regime_certifies_nothing_wrong():

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from cases import make_case
 from jaxtyping import TypeCheckError
-
-import tl_geometry.functional as F
 from reference import ref_separability, ref_sink, ref_top_n, ref_vote
 
-from cases import make_case
+import tl_geometry.functional as F
 
 TOL = 1e-5
 METRICS = ("precision", "recall", "f_score", "margin", "inversions")
@@ -54,7 +53,7 @@ def _assert_close(got: float, want: float, what: str) -> None:
 def test_separability_matches_reference_every_query(seed, options, distance):
     case = make_case(seed, **options)
     pattern, v = case.pattern, case.v
-    batch, n_heads, n_pos, _ = pattern.shape
+    _, n_heads, n_pos, _ = pattern.shape
     n_kv = v.shape[2]
     group = n_heads // n_kv
     # Values [b, head, 1 (query), key, d] by index, broadcast over queries: the vectorised call.

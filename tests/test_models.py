@@ -8,9 +8,9 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+from reference import ref_analyze
 
 import tl_geometry
-from reference import ref_analyze
 from tl_geometry.functional import kv_head_index
 
 pytestmark = pytest.mark.real_model
@@ -29,7 +29,7 @@ def test_cache_shapes_and_names_filter(real):
     batch, n_pos = real.tokens.shape
     assert real.cache["blocks.0.attn.hook_pattern"].shape == (batch, n_heads, n_pos, n_pos)
     assert real.cache["blocks.0.attn.hook_v"].shape == (batch, n_pos, n_kv, d_head)
-    kept = [k for k in real.cache.keys() if tl_geometry.CACHE_NAMES_FILTER(k)]
+    kept = [k for k in real.cache if tl_geometry.CACHE_NAMES_FILTER(k)]
     assert len(kept) == 2 * n_layers
 
 

@@ -678,7 +678,7 @@ def test_random_subsets_exact_size_valid_and_nested(lead, k, samples, p_valid, s
     assert torch.equal(ranks.sort(-1).values, torch.arange(k).expand_as(ranks))
     assert (torch.where(valid, ranks, -1).amax(-1) == n_valid - 1).all()
     previous = torch.zeros_like(valid)
-    for n in range(0, k + 1):
+    for n in range(k + 1):
         subset = ranks < n
         size = subset.sum(-1)
         in_range = n <= n_valid

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reference import (  # noqa: E402
+from reference import (
     ref_analyze,
     ref_distances,
     ref_separability,

@@ -14,22 +14,70 @@ The mathematics is in ``docs/math.md``; the pure tensor functions in
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any
+
 from . import functional
+from .ablation import (
+    HeadAblation,
+    HeadSensitivity,
+    Ordering,
+    SparsificationCurve,
+    ablate_heads,
+    critical_heads,
+    head_orderings,
+    head_sensitivity,
+    sparsification_curve,
+)
 from .analysis import analyze_heads
 from .cache import CACHE_NAMES_FILTER, CacheError
 from .data import sample_text, text_windows
-from .models import load_model
 from .result import HeadAnalysis
 from .streaming import analyze_model
+
+# Exports whose modules are imported on first use, so that `import tl_geometry` stays light:
+# the model loaders pull in transformers, the views and report matplotlib.
+_LAZY = {"load_model": "models", "views": "views", "write_report": "report"}
+
+if TYPE_CHECKING:
+    from . import views
+    from .models import load_model
+    from .report import write_report
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tl_geometry' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(f".{_LAZY[name]}", __name__)
+    value = module if _LAZY[name] == name else getattr(module, name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "CACHE_NAMES_FILTER",
     "CacheError",
+    "HeadAblation",
     "HeadAnalysis",
+    "HeadSensitivity",
+    "Ordering",
+    "SparsificationCurve",
+    "ablate_heads",
     "analyze_heads",
     "analyze_model",
+    "critical_heads",
     "functional",
+    "head_orderings",
+    "head_sensitivity",
     "load_model",
     "sample_text",
+    "sparsification_curve",
     "text_windows",
+    "views",
+    "write_report",
 ]

@@ -250,10 +250,10 @@ def _chunk(
         distance,  # type: ignore[arg-type]
         duplicates[:, :, None, None, None, None],
     )
-    metrics = scores_from_distances(
+    fields = scores_from_distances(
         dist, split(selected), split(group_mask), n_values.to(COMPUTE_DTYPE)
     )
-    metrics = torch.stack(metrics, dim=-1).flatten(1, 2)  # [b, h, q, sel, n, metric]
+    metrics = torch.stack(fields, dim=-1).flatten(1, 2)  # [b, h, q, sel, n, metric]
     per_query = torch.stack(
         [metrics[:, :, :, 0], metrics[:, :, :, 2:].mean(3), metrics[:, :, :, 1]], dim=3
     )  # [b, h, q, 3, n, metric]
@@ -269,11 +269,11 @@ def _chunk(
     inst_sum = torch.where(groups[..., None], top_metrics[:, :, None], 0).sum(dim=(0, 3))
     inst_count = groups.sum(dim=(0, 3)).to(COMPUTE_DTYPE)
 
-    diag = sink_diagnostics(
+    sink_fields = sink_diagnostics(
         _split_heads(alpha, n_kv), values[:, :, None, None], key_mask[:, None, None],
         sink[:, None, None, None],
     )
-    diag = torch.stack(diag, dim=-1).flatten(1, 2)  # [b, h, q, field]
+    diag = torch.stack(sink_fields, dim=-1).flatten(1, 2)  # [b, h, q, field]
     diag = torch.where(query_ok[:, None, :, None], diag, torch.nan)
     out = (seq_sum, seq_count, inst_sum, inst_count, *_nansum_count(diag, dim=2))
     if not regimes:
@@ -382,7 +382,7 @@ def analyze_heads(
     Returns:
         :class:`HeadAnalysis`.
 
-    Example:
+    Examples:
         >>> _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
         >>> result = tl_geometry.analyze_heads(cache, n_values=(1, 2, 4, 8))  # doctest: +SKIP
         >>> print(result.summary())  # doctest: +SKIP

@@ -43,7 +43,7 @@ def _keys(cache: Any) -> list[str]:
             f"Expected a TransformerLens ActivationCache or a dict of tensors, got "
             f"{type(cache).__name__}. {_FIX}"
         )
-    return [str(k) for k in cache.keys()]
+    return [str(k) for k in cache.keys()]  # noqa: SIM118 (duck-typed: only keys() is required)
 
 
 def cached_layers(cache: Mapping[str, Tensor] | Any) -> list[int]:

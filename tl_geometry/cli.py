@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--batch-size", type=int, default=8, help="sequences per forward with --stream")
     analyze.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
     analyze.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
+    from . import report
+
+    report.add_parser(sub)
+    from . import ablation_cli
+
+    ablation_cli.add_parsers(sub)
     return parser
 
 
@@ -64,6 +70,14 @@ def _distributed() -> tuple[int, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "report":
+        from . import report
+
+        return report.run(args, parser)
+    if args.command in ("ablate", "prune"):
+        from . import ablation_cli
+
+        return ablation_cli.run(args)
     # Check what can be checked before spending half a minute loading the model.
     if args.n_seqs < 1 or args.seq_len < 2:
         parser.error("--n-seqs must be ≥ 1 and --seq-len ≥ 2")

@@ -122,7 +122,7 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str = "cpu", dtype: torch.d
     head). Weights are de-quantised from Q4 GGUF into ``dtype``; the bridge keeps the raw HF
     weights (no folding), so ``hook_v`` is the model's own ``v``.
 
-    Example:
+    Examples:
         >>> model = tl_geometry.load_model()  # doctest: +SKIP
         >>> _, cache = model.run_with_cache(model.to_tokens("Hello"),
         ...                                 names_filter=tl_geometry.CACHE_NAMES_FILTER)

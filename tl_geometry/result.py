@@ -225,7 +225,7 @@ class HeadAnalysis:
         import pandas as pd
 
         heads = self.heads_table()
-        n_groups, n_metrics, n_layers, n_heads, n_n = self.scores.shape
+        n_groups, _, n_layers, n_heads, n_n = self.scores.shape
         grid = torch.cartesian_prod(
             torch.arange(n_groups), torch.arange(n_layers), torch.arange(n_heads), torch.arange(n_n)
         )
@@ -241,7 +241,7 @@ class HeadAnalysis:
             }
         )
         if self.bounds is not None:  # rows "bound_<kind>" with the lower bounds on P, R, F
-            k, bm, li, h, ni = (x.flatten() for x in torch.meshgrid(
+            k, _, li, h, ni = (x.flatten() for x in torch.meshgrid(
                 *(torch.arange(n) for n in (self.bounds.shape[0], 1, n_layers, n_heads, n_n)),
                 indexing="ij"))
             rows = {

@@ -50,7 +50,8 @@ class _LayerHooks:
         self.acc, self.opts, self.W, self.mask_given = acc, opts, W, mask_given
         self.row = {layer: i for i, layer in enumerate(layer_ids)}
         self.pending: dict[int, dict[str, Tensor]] = {}
-        self.mask = self.sink = None
+        self.mask: Tensor | None = None
+        self.sink: Tensor | None = None
         self.offset = 0
 
     def batch(self, mask: Tensor, offset: int) -> None:
@@ -122,9 +123,10 @@ def analyze_model(
         shard: ``(rank, world_size)``: analyse only this rank's contiguous share of the
             sequences and all-reduce the sums across ranks (``torch.distributed`` must be
             initialised). Every rank returns the merged result.
-        Other arguments: as :func:`tl_geometry.analyze_heads`.
 
-    Example:
+    The other arguments are those of :func:`tl_geometry.analyze_heads`.
+
+    Examples:
         >>> result = tl_geometry.analyze_model(model, tokens, batch_size=4)  # doctest: +SKIP
     """
     n_tensor = _analysis._check_options(n_values, queries, random_samples, seed, distance, space,

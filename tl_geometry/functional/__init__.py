@@ -26,28 +26,35 @@ from .heads import (
 from .selection import random_ranks, top_n_mask, top_n_ranks
 from .separability import Separability, distances, separability
 from .sink import SinkDiagnostics, sink_diagnostics
-from .taxonomy import CLASSES, VOTES, labels_from_votes, source_votes, source_winners, vote_fractions
+from .taxonomy import (
+    CLASSES,
+    VOTES,
+    labels_from_votes,
+    source_votes,
+    source_winners,
+    vote_fractions,
+)
 
 __all__ = [
+    "CLASSES",
+    "VOTES",
     "Bounds",
     "RegimeDiagnostics",
     "RegimeParams",
-    "fit_regime",
-    "inversion_bounds",
-    "regime_bounds",
-    "regime_diagnostics",
-    "CLASSES",
-    "VOTES",
     "Separability",
     "SinkDiagnostics",
     "causal_key_mask",
     "contribution_norms",
     "distances",
     "first_duplicate",
+    "fit_regime",
+    "inversion_bounds",
     "kv_head_index",
     "labels_from_votes",
     "last_positions",
     "random_ranks",
+    "regime_bounds",
+    "regime_diagnostics",
     "separability",
     "sink_diagnostics",
     "sink_positions",

@@ -69,13 +69,13 @@ def value_dots(
     shape = _broadcast_shapes(wb, vb)
     nd = len(shape)
     vb = (1,) * (nd - len(vb)) + vb
-    values = values.reshape(vb + (n_key, d))
+    values = values.reshape(*vb, n_key, d)
     # Dimensions the values are shared over become rows of the product.
     free = [i for i in range(nd) if vb[i] == 1 and shape[i] != 1]
     kept = [i for i in range(nd) if i not in free]
     kept_shape = [shape[i] for i in kept]
     free_shape = [shape[i] for i in free]
-    rows = weights.expand(shape + (n_key,)).permute(*kept, *free, nd)
+    rows = weights.expand(*shape, n_key).permute(*kept, *free, nd)
     rows = rows.reshape(*kept_shape, -1, n_key)
     vk = values.permute(*kept, *free, nd, nd + 1).reshape(*[vb[i] for i in kept], n_key, d)
     vk = vk.expand(*kept_shape, n_key, d)
@@ -86,8 +86,8 @@ def value_dots(
     inverse = [0] * nd
     for pos, dim in enumerate(kept + free):
         inverse[dim] = pos
-    sq = sq.reshape(tuple(kept_shape + free_shape)).permute(tuple(inverse))
-    dots = dots.reshape(tuple(kept_shape + free_shape) + (n_key,)).permute(tuple(inverse) + (nd,))
+    sq = sq.reshape((*kept_shape, *free_shape)).permute(tuple(inverse))  # tuples: shapes may be ()
+    dots = dots.reshape((*kept_shape, *free_shape, n_key)).permute((*inverse, nd))
     return ValueDots(sq, dots)
 
 

@@ -134,7 +134,7 @@ def separability(
         :class:`Separability` with ``precision, recall, f_score, margin, inversions``, each of
         shape ``[...]`` in float64; NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
 
-    Example:
+    Examples:
         >>> alpha = torch.tensor([0.1, 0.6, 0.3])
         >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
         >>> separability(alpha, values, 2).precision.item()

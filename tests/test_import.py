@@ -1,0 +1,44 @@
+"""`import tl_geometry` stays light: no transformers, TransformerLens, matplotlib or pandas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tl_geometry
+
+HEAVY = ("transformers", "transformer_lens", "matplotlib", "pandas", "circuitsvis", "gguf")
+
+
+def _modules_after(code: str) -> set[str]:
+    """Top-level heavy modules loaded by ``code`` in a fresh interpreter."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_import_does_not_load_heavy_dependencies():
+    assert _modules_after("import tl_geometry") == set()
+
+
+def test_lazy_exports_resolve_on_first_use():
+    assert "matplotlib" in _modules_after("import tl_geometry; tl_geometry.views")
+    assert "transformers" not in _modules_after("from tl_geometry import load_model")
+    for name in ("load_model", "views", "write_report"):
+        assert name in tl_geometry.__all__ and name in dir(tl_geometry)
+        assert getattr(tl_geometry, name) is not None
+    assert tl_geometry.load_model is tl_geometry.models.load_model
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        tl_geometry.no_such_thing  # noqa: B018
+    assert not hasattr(tl_geometry, "no_such_thing")
+
+
+def test_every_public_name_resolves():
+    for name in tl_geometry.__all__:
+        assert getattr(tl_geometry, name) is not None, name

@@ -1,0 +1,190 @@
+"""Structured sparsification: keep a fraction of heads, remove the rest by an order (SPEC §7)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from . import hooks as _hooks
+from .orderings import Ordering
+
+DEFAULT_RETENTION = (1.0, 0.9, 0.75, 0.5, 0.25)
+COLUMNS = ("ordering", "seed", "retention", "n_removed", "loss", "perplexity")
+
+
+def heads_kept(retention: float, n_total: int) -> int:
+    """``round(r · n_total)`` with halves rounded up: ``⌊r · n_total + 1/2⌋`` heads are kept."""
+    return math.floor(retention * n_total + 0.5)
+
+
+@dataclass
+class SparsificationCurve:
+    """Loss and perplexity after removing the first heads of each order, per retention.
+
+    ``rows`` holds one dict per (ordering, seed, retention) with the keys of :data:`COLUMNS`;
+    ``base_loss`` is the unablated loss of the same tokens.
+    """
+
+    rows: list[dict[str, Any]]
+    base_loss: float
+    mode: str = "zero"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_pandas(self):
+        """``ordering, seed, retention, n_removed, loss, perplexity``; seed is empty (<NA>)
+        for deterministic orders."""
+        import pandas as pd
+
+        table = pd.DataFrame(self.rows, columns=list(COLUMNS))
+        table["seed"] = table["seed"].astype("Int64")
+        return table
+
+    def summary(self):
+        """Loss per ordering (rows) and retention (columns); random orders as mean ± std."""
+        table = self.to_pandas()
+        grouped = table.groupby(["ordering", "retention"], sort=False)["loss"]
+        stats = grouped.agg(["mean", "std", "count"]).reset_index()
+        stats["cell"] = [
+            f"{m:.3f}" if c == 1 else f"{m:.3f} ± {0.0 if math.isnan(s) else s:.3f}"
+            for m, s, c in zip(stats["mean"], stats["std"], stats["count"])
+        ]
+        return stats.pivot(index="ordering", columns="retention", values="cell").loc[
+            list(dict.fromkeys(table["ordering"])), sorted(set(table["retention"]), reverse=True)
+        ]
+
+    def plot(self, ax: Any = None):
+        """Loss against retention, one line per ordering; random as mean with a ±std band."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 4.5))
+        table = self.to_pandas()
+        for name, group in table.groupby("ordering", sort=False):
+            stats = group.groupby("retention")["loss"].agg(["mean", "std"]).sort_index()
+            label = name if group["seed"].isna().all() else f"{name} (mean ± std, {group['seed'].nunique()} seeds)"
+            line, = ax.plot(stats.index, stats["mean"], marker="o", label=label)
+            if not group["seed"].isna().all():
+                std = stats["std"].fillna(0.0)
+                ax.fill_between(stats.index, stats["mean"] - std, stats["mean"] + std,
+                                color=line.get_color(), alpha=0.2)
+        ax.axhline(self.base_loss, color="gray", ls=":", label="unablated")
+        ax.set(xlabel="retention (fraction of heads kept)", ylabel="next-token loss (nats)",
+               title=f"structured sparsification ({self.mode} ablation)")
+        ax.invert_xaxis()
+        ax.legend(fontsize=8)
+        return fig
+
+
+def _as_orderings(orders: Any) -> list[Ordering]:
+    if isinstance(orders, Ordering):
+        return [orders]
+    if isinstance(orders, Mapping):
+        return [Ordering(str(name), tuple(map(tuple, heads))) for name, heads in orders.items()]
+    if isinstance(orders, Sequence) and orders and all(isinstance(o, Ordering) for o in orders):
+        return list(orders)
+    if isinstance(orders, (Sequence, Tensor)):  # one bare order of (layer, head) pairs
+        return [Ordering("custom", tuple(map(tuple, orders.tolist() if isinstance(orders, Tensor) else orders)))]
+    raise ValueError("order must be an Ordering, a list of them, a dict {name: [(layer, head), ...]}, "
+                     "or one list of (layer, head) pairs.")
+
+
+def _order_index(order: Ordering, n_layers: int, n_heads: int) -> Int[Tensor, " k"]:
+    """Flat head indices of a full removal order, checked to be a permutation of all heads."""
+    pairs = torch.tensor(order.heads, dtype=torch.long).reshape(-1, 2)
+    if len(pairs) != n_layers * n_heads:
+        raise ValueError(f"Ordering {order.name!r} lists {len(pairs)} heads; a removal order must "
+                         f"list all {n_layers} × {n_heads} = {n_layers * n_heads} heads once.")
+    # head_mask names the first out-of-range or repeated pair.
+    _hooks.head_mask([tuple(p) for p in pairs.tolist()], n_layers, n_heads)
+    return pairs[:, 0] * n_heads + pairs[:, 1]
+
+
+def sparsification_curve(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    order: Any,
+    retention: Sequence[float] = DEFAULT_RETENTION,
+    *,
+    mode: _hooks.Mode = "zero",
+    attention_mask: Tensor | None = None,
+    reference_tokens: Tensor | None = None,
+    reference_attention_mask: Tensor | None = None,
+    batch_size: int | None = None,
+    progress: bool = True,
+) -> SparsificationCurve:
+    """Loss and perplexity on ``tokens`` when only ``round(r·L·H)`` heads are kept (SPEC §7).
+
+    For each order and retention ``r``, the first ``n_removed = L·H − ⌊r·L·H + ½⌋`` heads of the
+    order are ablated together and the mean next-token cross-entropy ``loss`` and
+    ``perplexity = exp(loss)`` are measured. ``r = 1`` removes nothing and is the model's own
+    unablated loss, exactly. The ablated settings are stacked ``batch_size`` at a time along the
+    batch axis (default: by memory budget), so all curves take few forwards. ``tokens`` should be
+    held out from the text the orders were computed on.
+
+    Args:
+        order: an :class:`Ordering` or list of them (:func:`head_orderings`), a dict
+            ``{name: [(layer, head), ...]}``, or one full list of pairs.
+        mode: ``"zero"`` or ``"mean"`` (means over ``reference_tokens``, default ``tokens``).
+
+    Examples:
+        >>> curve = tl_geometry.sparsification_curve(model, held_out, orders)  # doctest: +SKIP
+        >>> curve.summary()                                                     # doctest: +SKIP
+    """
+    _hooks.check_mode(mode)
+    tokens = _hooks.check_tokens(tokens)
+    n_layers, n_heads = _hooks.model_shape(model)
+    _hooks.check_hooks(model, range(n_layers))
+    retention = tuple(float(r) for r in retention)
+    if not retention or any(not 0.0 <= r <= 1.0 for r in retention):
+        raise ValueError(f"retention must be fractions in [0, 1], got {retention}.")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    orders = _as_orderings(order)
+    n_total = n_layers * n_heads
+    start = time.perf_counter()
+    # One removal mask per (order, retention) that removes something.
+    rows: list[dict[str, Any]] = []
+    masks: list[Tensor] = []
+    for ordering in orders:
+        flat = _order_index(ordering, n_layers, n_heads)
+        for r in retention:
+            n_removed = n_total - heads_kept(r, n_total)
+            rows.append({"ordering": ordering.name, "seed": ordering.seed, "retention": r,
+                         "n_removed": n_removed})
+            if n_removed:
+                mask = torch.zeros(n_total, dtype=torch.bool)
+                mask[flat[:n_removed]] = True
+                masks.append(mask.reshape(n_layers, n_heads))
+    base = _hooks.model_loss(model, tokens, attention_mask)
+    losses = iter(())
+    if masks:
+        fill = None
+        if mode == "mean":
+            ref = tokens if reference_tokens is None else reference_tokens
+            ref_mask = attention_mask if reference_tokens is None else reference_attention_mask
+            fill = _hooks.mean_z(model, ref, range(n_layers), ref_mask)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(masks), desc="sparsification", unit="setting")
+        try:
+            losses = iter(_hooks.replica_losses(
+                model, tokens, torch.stack(masks), fill=fill, attention_mask=attention_mask,
+                per_forward=batch_size, progress=bar).tolist())
+        finally:
+            if bar is not None:
+                bar.close()
+    for row in rows:
+        row["loss"] = next(losses) if row["n_removed"] else base
+        row["perplexity"] = math.exp(row["loss"])
+    metadata = {"tokens": list(tokens.shape), "n_heads_total": n_total, "forwards_of_settings": len(masks),
+                "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
+    return SparsificationCurve(rows, base, mode, metadata)

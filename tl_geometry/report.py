@@ -1,0 +1,245 @@
+"""The offline HTML report of an analysis, and the ``tl-geometry report`` command.
+
+:func:`write_report` turns a :class:`~tl_geometry.HeadAnalysis` (plus, optionally, the cache it
+came from) into a folder::
+
+    tl_geometry_report/
+      index.html          self-contained: circuitsvis's JavaScript once, figures inlined
+      analysis.pt         the HeadAnalysis (HeadAnalysis.load)
+      heads.csv           one row per head: class, vote fractions, sink figures
+      metrics.csv         long form: layer, head, N, group, P/R/F, margin, inversions, ...
+      class_counts.csv    heads of each class per layer
+      figures/*.png|svg   F_N against N by class and by layer, sink per layer, class counts
+
+When the folder already holds ``sensitivity.csv`` or ``sparsification.csv`` (written by
+``tl-geometry prune --out DIR``), the report adds an Ablation section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .functional.taxonomy import CLASSES
+from .result import HeadAnalysis
+from .views import _page
+from .views.attention import attention_view, contribution_view
+from .views.plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
+from .views.sink import sink_view
+from .views.taxonomy import CLASS_COLORS, taxonomy_view
+from .views.tokens import token_view
+
+__all__ = ["add_parser", "example_heads", "run", "write_report"]
+
+DEFAULT_OUT = "tl_geometry_report"
+
+
+def example_heads(result: HeadAnalysis, n: int = 2) -> list[tuple[str, int, int]]:
+    """Per class present, the head where the top-``n`` set beats random subsets the most
+    (largest ``f_gain`` at ``N = n``): ``[(class, layer, head), ...]``."""
+    gain = torch.nan_to_num(result.f_gain[..., result._n_index(n)], nan=-torch.inf)
+    labels = result.labels
+    chosen = []
+    for c in CLASSES:
+        mask = torch.tensor([[label == c for label in row] for row in labels])
+        if mask.any():
+            flat = int(torch.where(mask, gain, -torch.inf).flatten().argmax())
+            li, h = divmod(flat, result.n_heads)
+            chosen.append((c, result.layers[li], h))
+    return chosen
+
+
+def _figure(path: Path, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (f'<figure class="tlg-figure"><img alt="{html.escape(caption)}" '
+            f'src="data:image/png;base64,{data}"><figcaption class="tlg-caption">'
+            f"{html.escape(caption)}</figcaption></figure>")
+
+
+def _table(frame: Any, digits: int = 3) -> str:
+    return frame.to_html(index=False, classes="tlg-table", border=0, float_format=lambda x: f"{x:.{digits}f}")
+
+
+def _header(result: HeadAnalysis, files: list[str]) -> str:
+    meta = result.metadata
+    counts = result.class_counts().sum()
+    n_all = int(counts.sum())
+    i2 = result.n_values.tolist().index(2) if 2 in result.n_values.tolist() else None
+    facts = {
+        "model": meta.get("model_name", "?"),
+        "text": meta.get("text", "?"),
+        "sequences × positions": f"{meta.get('n_sequences', '?')} × {meta.get('n_positions', '?')}",
+        "queries": meta.get("queries", "?"),
+        "N": ", ".join(map(str, result.n_values.tolist())),
+        "distance / space": f"{meta.get('distance', '?')} / {meta.get('space', '?')}",
+        "random subsets per query": meta.get("random_samples", "?"),
+        "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_all}",
+        "classes": ", ".join(f"{c} {int(counts[c])} ({100 * counts[c] / n_all:.1f}%)" for c in CLASSES),
+    }
+    if i2 is not None:
+        facts["mean F_2: top-N / random / sink removed"] = " / ".join(
+            f"{float(x[..., i2].nanmean()):.3f}"
+            for x in (result.f_score, result.random_f_score, result.sink_removed_f_score)
+        )
+    rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
+                   f"{html.escape(str(v))}</td></tr>" for k, v in facts.items())
+    links = " · ".join(f'<a href="{html.escape(f)}">{html.escape(f)}</a>' for f in files)
+    return (
+        "<h1>tl_geometry report</h1>"
+        '<p class="tlg-caption">Geometric separability of the top-N attended tokens\' contributions '
+        "α_i·v_i, attention-sink diagnostics and the Retriever / Mixer / Reset taxonomy, per layer and "
+        "head. Euclidean F_1 = 1 trivially; the headline is N ≥ 2.</p>"
+        f'<table class="tlg-table">{rows}</table><p class="tlg-caption">Files: {links}</p>'
+    )
+
+
+def _ablation(out: Path, figures: Path) -> list[str]:
+    import pandas as pd
+
+    parts = []
+    sens_path, sparse_path = out / "sensitivity.csv", out / "sparsification.csv"
+    if sens_path.is_file():
+        sens = pd.read_csv(sens_path)
+        top = sens.sort_values("loss_increase", ascending=False).head(12)
+        critical = sens[sens["critical"].astype(bool)] if "critical" in sens else sens.iloc[:0]
+        names = ", ".join(f"L{r.layer}H{r.head}" for r in critical.itertuples()) or "none"
+        parts.append("<h3>Single-head ablation: largest loss increase</h3>" + _table(top, 4)
+                     + f'<p class="tlg-caption">Critical heads: {html.escape(names)}.</p>')
+    if sparse_path.is_file():
+        sparse = pd.read_csv(sparse_path)
+        paths = save_figure(ablation_plot(sparse), figures / "ablation")
+        parts.append(_figure(paths[0], "Loss against the fraction of heads kept, per ordering "
+                                       "(random: mean and min–max over seeds)."))
+    return (["<h2>Ablation</h2>", *parts]) if parts else []
+
+
+def write_report(
+    result: HeadAnalysis,
+    out_dir: str | Path = DEFAULT_OUT,
+    *,
+    cache: Any = None,
+    tokens: Any = None,
+    model: Any = None,
+    n: int = 4,
+    max_tokens: int = 64,
+) -> Path:
+    """Write the report folder for ``result`` and return the path of its ``index.html``.
+
+    With ``cache`` (the one ``result`` was computed from; ``hook_pattern`` and ``hook_v``), the
+    report adds token-level views (:func:`~tl_geometry.views.attention_view`,
+    ``contribution_view``, ``token_view``) of one example head per class, at the last query of
+    sequence 0, highlighting its top-``n`` keys; ``tokens`` and ``model`` turn ids into text.
+    Existing ``sensitivity.csv`` / ``sparsification.csv`` in ``out_dir`` add an Ablation
+    section. The page needs no network: everything is inlined.
+
+    >>> write_report(result, "tl_geometry_report", cache=cache, tokens=tokens, model=model)  # doctest: +SKIP
+    PosixPath('tl_geometry_report/index.html')
+    """
+    if not isinstance(result, HeadAnalysis):
+        raise TypeError(f"write_report needs a HeadAnalysis (from analyze_heads), got {type(result).__name__}.")
+    out = Path(out_dir)
+    figures = out / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    result.save(out / "analysis.pt")
+    result.heads_table().to_csv(out / "heads.csv", index=False)
+    result.to_pandas().to_csv(out / "metrics.csv", index=False)
+    result.class_counts().to_csv(out / "class_counts.csv")
+    plots = [
+        ("f_by_class", f_curves_plot(result, by="class"),
+         "F_N against N, mean over the heads of each class: top-N, random subsets, sink removed, "
+         "sink in / outside the set" + (", and the bounds" if result.bounds is not None else "") + "."),
+        ("f_by_layer", f_curves_plot(result, by="layer"), "F_N against N, mean over each layer's heads."),
+        ("sink", sink_plot(result), "Sink value-norm ratio κ, signed cosine and attention mass per layer."),
+        ("class_counts", class_counts_plot(result), "Heads of each class per layer."),
+    ]
+    # 90 dpi keeps the inlined PNGs small (the page stays a few MB); the SVGs are the print copies.
+    figure_html = [_figure(save_figure(fig, figures / name, dpi=90)[0], caption) for name, fig, caption in plots]
+
+    parts: list[_page.View | str] = [taxonomy_view(result), sink_view(result), "<h2>Figures</h2>", *figure_html]
+    top = result.top(12, by="f_gain", n=2 if 2 in result.n_values.tolist() else int(result.n_values[0]))
+    parts += ["<h2>Heads where top-N beats random the most (N = 2)</h2>", _table(top)]
+    if cache is not None:
+        parts.append("<h2>Example heads</h2>")
+        for cls, layer, head in example_heads(result) if 2 in result.n_values.tolist() else []:
+            color = CLASS_COLORS[cls]
+            parts.append(f'<h3 style="color:{color}">{cls}: layer {layer}, head {head}</h3>')
+            kw = dict(tokens=tokens, model=model, max_tokens=max_tokens)
+            parts += [attention_view(cache, layer, head, n=n, **kw), contribution_view(cache, layer, head, **kw),
+                      token_view(cache, layer, head, n=n, **kw)]
+    parts += _ablation(out, figures)
+    files = ["analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv"] + [
+        p.name for p in (out / "sensitivity.csv", out / "sparsification.csv") if p.is_file()
+    ]
+    page = _page.page_html(parts, title=f"tl_geometry report — {result.metadata.get('model_name', '')}",
+                           header=_header(result, files))
+    index = out / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index
+
+
+# --- the command ---------------------------------------------------------------------------------
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``report`` to the ``tl-geometry`` subcommands."""
+    from .models import DEFAULT_MODEL, MODELS
+
+    report = sub.add_parser("report", help="write the offline HTML report (tables, figures, views)")
+    report.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
+    report.add_argument("--text", metavar="FILE", help="plain-text file (default: built-in sample)")
+    report.add_argument("--n-seqs", type=int, default=8, help="windows of text (default 8)")
+    report.add_argument("--seq-len", type=int, default=128, help="tokens per window, BOS included")
+    report.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    report.add_argument("--no-bounds", action="store_true", help="skip the bounds (SPEC §6)")
+    return report
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+    """``tl-geometry report``: load, cache, analyse, write the report, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    import tl_geometry
+    from tl_geometry.data import read_text
+
+    # Check what can be checked before spending half a minute loading the model.
+    problem = ("--n-seqs must be ≥ 1 and --seq-len ≥ 3" if args.n_seqs < 1 or args.seq_len < 3
+               else f"--text {args.text}: no such file" if args.text and not Path(args.text).is_file()
+               else None)
+    if problem and parser is not None:
+        parser.error(problem)  # exits with the usage line
+    if problem:
+        raise ValueError(problem)
+    start = time.perf_counter()
+    stages = ["load model", "tokenize", "forward", "analyze", "write report"]
+    bar = tqdm(stages, desc="tl-geometry report", unit="stage", file=sys.stderr,
+               bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}]")
+    bar.set_postfix_str(stages[0])
+    model = tl_geometry.load_model(args.model)
+    bar.update()
+    bar.set_postfix_str(stages[1])
+    text = read_text(args.text) if args.text else None
+    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    bar.update()
+    bar.set_postfix_str(stages[2])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+    bar.update()
+    bar.set_postfix_str(stages[3])
+    n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
+    result = tl_geometry.analyze_heads(cache, model=model, n_values=n_values, bounds=not args.no_bounds)
+    result.metadata["text"] = args.text or "built-in sample"
+    bar.update()
+    bar.set_postfix_str(stages[4])
+    index = write_report(result, args.out, cache=cache, tokens=tokens, model=model)
+    bar.update()
+    bar.set_postfix_str("done")
+    bar.close()
+    size = sum(p.stat().st_size for p in index.parent.rglob("*") if p.is_file())
+    print(f"wrote {index} ({index.stat().st_size / 1e6:.1f} MB; folder {size / 1e6:.1f} MB) "
+          f"in {time.perf_counter() - start:.0f} s — open it in a browser, no network needed.")
+    return 0

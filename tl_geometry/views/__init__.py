@@ -1,0 +1,43 @@
+"""Views of an analysis: offline HTML widgets (Jupyter and saved files) and matplotlib plots.
+
+Token-level views read a cache (``hook_pattern`` and ``hook_v``; never modified)::
+
+    from tl_geometry import views
+    views.attention_view(cache, layer=5, heads=[0, 3], tokens=tokens, model=model, n=4)
+    views.contribution_view(cache, 5, [0, 3], tokens=tokens, model=model)
+    views.token_view(cache, 5, 3, tokens=tokens, model=model)
+
+Head-level views read a :class:`~tl_geometry.HeadAnalysis`::
+
+    views.taxonomy_view(result); views.sink_view(result)
+    views.save_figure(views.f_curves_plot(result, by="class"), "f_by_class")   # PNG + SVG
+
+Every view displays in a notebook and ``.save(path)`` writes a self-contained page; several
+views share one page (and one copy of circuitsvis's JavaScript) with :func:`page_html`.
+No view ever refers to a network address.
+"""
+
+from ._page import View, Widget, circuitsvis_bundle, page_html
+from .attention import attention_view, contribution_view
+from .plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
+from .sink import sink_view
+from .taxonomy import CLASS_COLORS, taxonomy_view
+from .tokens import token_view
+
+__all__ = [
+    "CLASS_COLORS",
+    "View",
+    "Widget",
+    "ablation_plot",
+    "attention_view",
+    "circuitsvis_bundle",
+    "class_counts_plot",
+    "contribution_view",
+    "f_curves_plot",
+    "page_html",
+    "save_figure",
+    "sink_plot",
+    "sink_view",
+    "taxonomy_view",
+    "token_view",
+]

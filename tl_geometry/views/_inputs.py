@@ -1,0 +1,100 @@
+"""What the token-level views read: token strings, one layer's heads from a cache, cropping.
+
+Everything is read through :func:`tl_geometry.cache.read_layer` (validation, clear errors,
+float upcast into new tensors); nothing here writes to the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ..cache import CacheError, read_layer, resolve_layers
+from ..functional.heads import kv_head_index, value_norms
+
+
+@dataclass(frozen=True)
+class HeadRows:
+    """One layer, one sequence, the chosen heads: attention and value norms of their KV heads."""
+
+    layer: int
+    heads: list[int]
+    pattern: Float[Tensor, "head query key"]
+    norms: Float[Tensor, "head key"]  # ‖v_j‖ of the KV head each query head reads
+
+    def contributions(self, query: int) -> Float[Tensor, "head key"]:
+        """``α_j ‖v_j‖`` of ``query`` for every head (SPEC §1: ‖y_j‖ = α_j ‖v_j‖)."""
+        return self.pattern[:, query, :] * self.norms
+
+
+def head_rows(cache: Any, layer: int, heads: int | Sequence[int] | None, batch: int) -> HeadRows:
+    """Read ``layer``'s pattern and value norms for ``heads`` (None: all) of sequence ``batch``."""
+    (layer,) = resolve_layers(cache, [layer])  # "the cache is missing ..." with the fix
+    pattern, v = read_layer(cache, layer)
+    n_batch, n_heads = pattern.shape[:2]
+    if not -n_batch <= batch < n_batch:
+        raise CacheError(f"batch={batch} is out of range: the cache holds {n_batch} sequence(s).")
+    chosen = list(range(n_heads)) if heads is None else [heads] if isinstance(heads, int) else list(heads)
+    bad = [h for h in chosen if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < n_heads]
+    if bad or not chosen:
+        raise CacheError(f"heads must be indices in 0..{n_heads - 1} of layer {layer}, got {chosen!r}.")
+    index = torch.tensor(chosen)
+    kv = kv_head_index(n_heads, v.shape[2])[index]  # GQA: an index, never an expanded copy
+    norms = value_norms(v[batch].float())[:, kv].T  # [pos, kv] → [head, key]
+    return HeadRows(layer, chosen, pattern[batch, index].float(), norms)
+
+
+def check_query(query: int, n_pos: int) -> int:
+    """``query`` as a non-negative position (negative counts from the end)."""
+    if isinstance(query, bool) or not isinstance(query, int) or not -n_pos <= query < n_pos:
+        raise ValueError(f"query must be a position in 0..{n_pos - 1} (or negative from the end), got {query!r}.")
+    return query % n_pos
+
+
+def str_tokens(tokens: Any, model: Any, batch: int, n_pos: int) -> list[str]:
+    """Display strings of one sequence's tokens.
+
+    ``tokens`` is a list of strings (used as given), or token ids (``[pos]`` or ``[batch, pos]``)
+    decoded one by one with ``model``'s tokenizer (or ``model`` itself when it is a tokenizer).
+    With neither, positions are labelled ``0, 1, 2, ...``.
+    """
+    if tokens is None:
+        return [str(i) for i in range(n_pos)]
+    if isinstance(tokens, Sequence) and tokens and all(isinstance(t, str) for t in tokens):
+        out = list(tokens)
+    else:
+        ids = torch.as_tensor(tokens)
+        ids = ids[batch] if ids.ndim == 2 else ids
+        tokenizer = getattr(model, "tokenizer", None) or model
+        if tokenizer is None or not hasattr(tokenizer, "decode"):
+            raise ValueError("Token ids need model= (or a tokenizer) to be shown as text; or pass str tokens.")
+        out = [tokenizer.decode([i]) for i in ids.tolist()]
+    if len(out) != n_pos:
+        raise ValueError(f"Got {len(out)} tokens for a cache of {n_pos} positions.")
+    return out
+
+
+def window(query: int, max_tokens: int, sink: int = 0) -> tuple[list[int], int]:
+    """Positions shown for ``query``: all of ``0..query`` when they fit in ``max_tokens``; else
+    the sink and the last ``max_tokens - 1`` positions up to the query. Also returns how many
+    positions were cropped (between the sink and the window)."""
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be at least 2 (the sink and the query), got {max_tokens}.")
+    if query + 1 <= max_tokens:
+        return list(range(query + 1)), 0
+    start = query - max_tokens + 2
+    return [sink, *range(start, query + 1)], start - sink - 1
+
+
+def crop_note(cropped: int, kept: list[int], n_pos: int) -> list[str]:
+    if not cropped:
+        return []
+    return [
+        f"Long sequence: showing the sink (position {kept[0]}) and positions {kept[1]}–{kept[-1]} "
+        f"of {n_pos}; {cropped} positions in between are cropped (marked ⋯). Raise max_tokens to see more."
+    ]

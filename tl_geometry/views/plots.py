@@ -1,0 +1,197 @@
+"""Static plots (matplotlib ``Figure`` objects, never ``pyplot``): F_N against N, sink figures
+and class counts per layer, and the ablation curves; :func:`save_figure` writes PNG and SVG.
+
+Figures are built with ``matplotlib.figure.Figure`` directly, so library code touches no global
+pyplot state and needs no display; a notebook shows a returned figure as an image.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from ..functional.taxonomy import CLASSES
+from ..result import BOUND_KINDS, GROUPS, HeadAnalysis
+from .taxonomy import CLASS_COLORS
+
+__all__ = ["ablation_plot", "class_counts_plot", "f_curves_plot", "save_figure", "sink_plot"]
+
+_GROUP_STYLE = {
+    "top": dict(color="#1d2330", lw=2.2, label="top-N"),
+    "random": dict(color="#888888", lw=1.6, ls="--", label="random"),
+    "sink_removed": dict(color="#2a9d8f", lw=1.6, label="sink removed"),
+    "sink_in": dict(color="#7b4fa3", lw=1.3, ls=":", label="sink in S_N"),
+    "sink_out": dict(color="#e07a1f", lw=1.3, ls=":", label="sink outside S_N"),
+}
+_BOUND_STYLE = {
+    "inversion": dict(color="#1d2330", lw=1.0, ls="-.", label="inversion certificate"),
+    "certified": dict(color="#c0392b", lw=1.0, ls="-.", label="certified bound"),
+    "predicted": dict(color="#c0392b", lw=1.4, ls=(0, (1, 1)), label="predicted envelope"),
+}
+
+
+def _curves(result: HeadAnalysis, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Mean over the heads in ``mask`` [layer, head] of every group's (and bound's) F_N."""
+    out = {}
+    with _quiet():
+        for g in GROUPS:
+            out[g] = np.nanmean(result.metric("f_score", g).numpy()[mask], axis=0)
+        if result.bounds is not None:
+            for k in BOUND_KINDS:
+                out["bound_" + k] = np.nanmean(result.bound(k, "f_score").numpy()[mask], axis=0)
+    return out
+
+
+@contextmanager
+def _quiet():
+    """Means of all-NaN slices (a class with no heads, an N no query can hold) are NaN: fine."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str) -> None:
+    for g in GROUPS:
+        ax.plot(ns, curves[g], marker="o", ms=3, **_GROUP_STYLE[g])
+    for k in BOUND_KINDS:
+        if "bound_" + k in curves:
+            ax.plot(ns, curves["bound_" + k], **_BOUND_STYLE[k])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_ylim(-0.02, 1.02)
+    if ns[0] == 1:  # Euclidean F_1 = 1 for any selection: shade the trivial N
+        ax.axvspan(1 / 1.3, 1.4, color="#eee", zorder=0)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+
+
+def f_curves_plot(result: HeadAnalysis, *, by: str = "class") -> Figure:
+    """F_N against N for the top-N sets, the random baseline, the sink-removed selection and the
+    sink-in / sink-out instances (SPEC §3), plus the bounds' curves when analysed with
+    ``bounds=True`` (SPEC §6), averaged over the heads of each class (``by="class"``) or of each
+    layer (``by="layer"``, one small panel per layer). N = 1 is shaded: trivially F_1 = 1.
+
+    >>> fig = f_curves_plot(result, by="class"); save_figure(fig, "f_by_class")  # doctest: +SKIP
+    """
+    if by not in ("class", "layer"):
+        raise ValueError(f'by must be "class" or "layer", got {by!r}.')
+    ns = result.n_values.numpy()
+    labels = np.array(result.labels)
+    if by == "class":
+        panels = [(f"{c} ({int((labels == c).sum())} heads)", labels == c) for c in CLASSES]
+        panels.append((f"all heads ({labels.size})", np.ones_like(labels, dtype=bool)))
+        cols, size = 4, (15.0, 3.8)
+    else:
+        panels = []
+        for li, layer in enumerate(result.layers):
+            mask = np.zeros(labels.shape, dtype=bool)
+            mask[li] = True
+            panels.append((f"layer {layer}", mask))
+        cols = min(6, len(panels))
+        size = (2.3 * cols, 1.9 * -(-len(panels) // cols) + 0.8)
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).flatten()
+    for ax, (title, mask) in zip(axes, panels):
+        if mask.any():
+            _draw(ax, ns, _curves(result, mask), title)
+        else:
+            ax.set_title(title + " — none", fontsize=10)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[::cols]:
+        ax.set_ylabel("F_N")
+    drawn = max(axes, key=lambda ax: len(ax.get_lines()))  # a class may have no heads
+    handles, names = drawn.get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=max(1, min(len(names), 8)), fontsize=8.5)
+    fig.suptitle(f"F_N against N, mean over heads by {by} — {result.metadata.get('model_name', '')}")
+    return fig
+
+
+def sink_plot(result: HeadAnalysis) -> Figure:
+    """Sink value-norm ratio κ and signed cosine c_sink per layer (SPEC §4): every head as a
+    dot, the layer mean as a line; κ on a log scale with κ = 1 marked, cosine with 0 marked."""
+    layers = np.array(result.layers)
+    fig = Figure(figsize=(12, 3.6), layout="constrained")
+    axes = fig.subplots(1, 3)
+    series = [
+        (result.sink_norm_ratio.numpy(), "κ = ‖v_sink‖ / mean ‖v_j‖", 1.0, True),
+        (result.sink_cosine.numpy(), "signed cosine c_sink", 0.0, False),
+        (result.sink_mass.numpy(), "sink attention mass α_sink", None, False),
+    ]
+    labels = np.array(result.labels)
+    for ax, (values, title, ref, log) in zip(axes, series):
+        for c in CLASSES:
+            li, h = np.nonzero(labels == c)
+            ax.scatter(layers[li], values[li, h], s=9, alpha=0.6, color=CLASS_COLORS[c], label=c)
+        with _quiet():
+            ax.plot(layers, np.nanmean(values, axis=1), color="#1d2330", lw=1.8, label="layer mean")
+        if ref is not None:
+            ax.axhline(ref, color="#999", lw=0.8, ls="--")
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return fig
+
+
+def class_counts_plot(result: HeadAnalysis) -> Figure:
+    """Stacked bars: number of Retriever / Mixer / Reset heads in each layer (SPEC §5)."""
+    counts = result.class_counts()
+    fig = Figure(figsize=(max(6.0, 0.28 * len(counts) + 2), 3.4), layout="constrained")
+    ax = fig.subplots()
+    bottom = np.zeros(len(counts))
+    for c in CLASSES:
+        ax.bar(counts.index, counts[c], bottom=bottom, color=CLASS_COLORS[c], label=c, width=0.8)
+        bottom += counts[c].to_numpy()
+    ax.set_xlabel("layer")
+    ax.set_ylabel("heads")
+    ax.set_title("Head classes per layer")
+    ax.legend(fontsize=8, ncol=3)
+    return fig
+
+
+def ablation_plot(sparsification: Any) -> Figure:
+    """Next-token loss against head retention, one line per ordering; orderings with several
+    seeds (random) show the mean with a min–max band. ``sparsification`` is a DataFrame with
+    columns ordering, seed, retention, loss (the ``sparsification.csv`` of ``tl-geometry prune``)."""
+    need = {"ordering", "retention", "loss"}
+    if missing := need - set(sparsification.columns):
+        raise ValueError(f"sparsification table lacks columns {sorted(missing)}; expected {sorted(need)}.")
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for ordering, part in sparsification.groupby("ordering", sort=True):
+        stats = part.groupby("retention")["loss"].agg(["mean", "min", "max", "count"]).sort_index()
+        x = stats.index.to_numpy()
+        line = ax.plot(x, stats["mean"], marker="o", ms=3.5, label=str(ordering))[0]
+        if (stats["count"] > 1).any():
+            ax.fill_between(x, stats["min"], stats["max"], color=line.get_color(), alpha=0.2)
+    ax.invert_xaxis()
+    ax.set_xlabel("fraction of heads kept")
+    ax.set_ylabel("next-token loss")
+    ax.set_title("Structured sparsification")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def save_figure(
+    fig: Figure, stem: str | Path, formats: Sequence[str] = ("png", "svg"), *, dpi: int = 110
+) -> list[Path]:
+    """Write ``fig`` as ``stem.png`` and ``stem.svg`` (or ``formats``); return the paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = stem.with_suffix("." + fmt)
+        fig.savefig(path, format=fmt, dpi=dpi)
+        paths.append(path)
+    return paths
