@@ -283,6 +283,17 @@ def test_sensitivity_bad_input(tiny, tokens):
         tl_geometry.head_sensitivity(tiny, tokens, "max", progress=False)
     with pytest.raises(ValueError, match="heads is empty"):
         tl_geometry.head_sensitivity(tiny, tokens, heads=[], progress=False)
+    with pytest.raises(ValueError, match='only used with mode="mean"'):  # not silently ignored
+        tl_geometry.head_sensitivity(tiny, tokens, reference_tokens=tokens, progress=False)
+    with pytest.raises(ValueError, match="without reference_tokens"):
+        tl_geometry.sparsification_curve(tiny, tokens, random_order(3, 4, 0), mode="mean",
+                                         reference_attention_mask=torch.ones_like(tokens), progress=False)
+    lonely = torch.zeros_like(tokens)
+    lonely[:, 0] = 1  # one real token per sequence: no next-token prediction to score
+    with pytest.raises(ValueError, match="no next-token prediction"):
+        tl_geometry.head_sensitivity(tiny, tokens, attention_mask=lonely, progress=False)
+    with pytest.raises(ValueError, match="attention_mask has shape"):  # before any forward
+        tl_geometry.head_sensitivity(tiny, tokens, attention_mask=lonely[:, 1:], progress=False)
 
 
 # --- orderings and sparsification ---------------------------------------------------------------

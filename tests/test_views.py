@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -158,6 +159,23 @@ def test_script_breaking_tokens_are_escaped(cache):
     assert "&lt;/script&gt;&lt;b&gt;" in html  # our own HTML escapes it
 
 
+def test_html_comment_tokens_cannot_swallow_the_closing_script_tag(cache):
+    # "<!--<script>" inside a script puts the HTML parser in the double-escaped state, where the
+    # widget's own </script> would no longer end it: no raw "<" may reach the widget's JSON.
+    tokens = ["<!--<script>"] + [f"t{i}" for i in range(11)]
+    page = views.page_html([views.token_view(cache, 0, 0, tokens=tokens)])
+    rest = page.replace(views.circuitsvis_bundle(), "")
+    assert "<!--" not in rest and "\\u003c!--\\u003cscript>" in rest
+    props = re.search(r"CircuitsVis\.ColoredTokens, (.*)\);</script>", rest).group(1)
+    assert json.loads(props)["tokens"][0] == "⟦sink⟧<!--<script>"
+
+
+def test_nan_kappa_is_grey_not_a_compressed_sink():
+    from tl_geometry.views.sink import _log_ratio
+
+    assert _log_ratio(float("nan"), 1.0) == "#ddd" and _log_ratio(0.25, 1.0) != "#ddd"
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
@@ -189,6 +207,8 @@ def test_plots_are_figures_and_save_as_png_and_svg(result, tmp_path):
     for fig, name in [(by_class, "f"), (views.sink_plot(result), "s"), (views.class_counts_plot(result), "c")]:
         png, svg = views.save_figure(fig, tmp_path / name)
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and svg.read_text().lstrip().startswith("<?xml")
+    dotted = views.save_figure(by_class, tmp_path / "l5.h3", formats=("png",))
+    assert [p.name for p in dotted] == ["l5.h3.png"]  # a dot in the stem is not a suffix
     bars = views.class_counts_plot(result).axes[0].patches
     assert sum(p.get_height() for p in bars) == N_LAYERS * N_HEADS
 

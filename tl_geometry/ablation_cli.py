@@ -132,7 +132,9 @@ def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
     analysis = tl_geometry.analyze_model(model, scoring, n_values=(2,))
     seeds = range(args.seed, args.seed + args.n_random)
     orders = tl_geometry.head_orderings(model, scoring, analysis=analysis, sensitivity=sens, seeds=seeds)
+    # Mean ablation replaces a head by its mean z over the scoring windows, not the held-out ones.
     curve = tl_geometry.sparsification_curve(model, held_out, orders, args.retention, mode=args.mode,
+                                             reference_tokens=scoring if args.mode == "mean" else None,
                                              batch_size=args.batch_heads)
     done = time.perf_counter()
 

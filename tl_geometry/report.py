@@ -163,16 +163,19 @@ def write_report(
     figure_html = [_figure(save_figure(fig, figures / name, dpi=90)[0], caption) for name, fig, caption in plots]
 
     parts: list[_page.View | str] = [taxonomy_view(result), sink_view(result), "<h2>Figures</h2>", *figure_html]
-    top = result.top(12, by="f_gain", n=2 if 2 in result.n_values.tolist() else int(result.n_values[0]))
-    parts += ["<h2>Heads where top-N beats random the most (N = 2)</h2>", _table(top)]
+    top_n = 2 if 2 in result.n_values.tolist() else int(result.n_values[0])
+    top = result.top(12, by="f_gain", n=top_n)
+    parts += [f"<h2>Heads where top-N beats random the most (N = {top_n})</h2>", _table(top)]
     if cache is not None:
         parts.append("<h2>Example heads</h2>")
         for cls, layer, head in example_heads(result) if 2 in result.n_values.tolist() else []:
             color = CLASS_COLORS[cls]
             parts.append(f'<h3 style="color:{color}">{cls}: layer {layer}, head {head}</h3>')
             kw = dict(tokens=tokens, model=model, max_tokens=max_tokens)
-            parts += [attention_view(cache, layer, head, n=n, **kw), contribution_view(cache, layer, head, **kw),
-                      token_view(cache, layer, head, n=n, **kw)]
+            # The last query has n_pos keys: a short window (e.g. --seq-len 3) shows them all.
+            n_view = min(n, int(cache[f"blocks.{layer}.attn.hook_pattern"].shape[-1]))
+            parts += [attention_view(cache, layer, head, n=n_view, **kw),
+                      contribution_view(cache, layer, head, **kw), token_view(cache, layer, head, n=n_view, **kw)]
     parts += _ablation(out, figures)
     files = ["analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv"] + [
         p.name for p in (out / "sensitivity.csv", out / "sparsification.csv") if p.is_file()

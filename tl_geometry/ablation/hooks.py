@@ -79,6 +79,15 @@ def check_tokens(tokens: Any, name: str = "tokens") -> Tensor:
     return tokens
 
 
+def check_reference(mode: str, reference_tokens: Any, reference_attention_mask: Any) -> None:
+    """``reference_*`` only make sense with ``mode="mean"``, and the mask only with its tokens."""
+    if mode != "mean" and (reference_tokens is not None or reference_attention_mask is not None):
+        raise ValueError('reference_tokens / reference_attention_mask are only used with mode="mean".')
+    if reference_tokens is None and reference_attention_mask is not None:
+        raise ValueError("reference_attention_mask was given without reference_tokens; pass both "
+                         "(without them the means come from tokens and attention_mask).")
+
+
 def head_mask(heads: Any, n_layers: int, n_heads: int) -> Bool[Tensor, "layer head"]:
     """``[layer, head]`` bool mask from ``(layer, head)`` pairs or from a bool mask itself.
 
@@ -137,13 +146,14 @@ def mean_z(
     valid = check_attention_mask(attention_mask, *tokens.shape)
     _, n_heads = model_shape(model)
     device = model_device(model)
-    weights = valid.to(device=device, dtype=torch.float32)
+    keep = valid.to(device)[:, :, None, None]
     sums: dict[int, Tensor] = {}
 
     def capture(layer: int) -> Callable[..., None]:
         def hook(z: Tensor, hook: Any = None) -> None:
             _check_z(z, n_heads, Z_HOOK.format(layer=layer))
-            sums[layer] = torch.einsum("bp,bphd->hd", weights, z.float())
+            # where, not a 0/1 weight: z at padded positions may be NaN (fully masked rows).
+            sums[layer] = torch.where(keep, z.float(), 0.0).sum(dim=(0, 1))
 
         return hook
 
@@ -268,14 +278,20 @@ def replicas_per_forward(model: Any, batch: int, n_pos: int, budget: int = MEMOR
 def valid_targets(tokens: Tensor, attention_mask: Tensor | None) -> Bool[Tensor, "batch pos_1"]:
     """Next-token predictions that count: both the position and its target are real tokens."""
     valid = check_attention_mask(attention_mask, *tokens.shape)
-    return valid[:, :-1] & valid[:, 1:]
+    targets = valid[:, :-1] & valid[:, 1:]
+    if not targets.any():
+        raise ValueError("attention_mask leaves no next-token prediction (no two adjacent real "
+                         "tokens): the loss is undefined. Pass sequences with ≥ 2 real tokens.")
+    return targets
 
 
 @torch.no_grad()
 def model_loss(model: Any, tokens: Tensor, attention_mask: Tensor | None = None) -> float:
     """The model's own mean next-token cross-entropy (``return_type="loss"``), unablated."""
     device = model_device(model)
-    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.to(device)}
+    valid_targets(tokens, attention_mask)  # a clear error before the forward, not TL's assert
+    kwargs = {} if attention_mask is None else {
+        "attention_mask": check_attention_mask(attention_mask, *tokens.shape).long().to(device)}
     return float(model(tokens.to(device), return_type="loss", **kwargs))
 
 
@@ -304,6 +320,8 @@ def replica_losses(
     device = model_device(model)
     targets = valid_targets(tokens, attention_mask).to(device)
     n_targets = targets.sum().double()
+    mask = None if attention_mask is None else (
+        check_attention_mask(attention_mask, batch, n_pos).long().to(device))
     out = torch.empty(n_rep, dtype=torch.float64)
     for start in range(0, n_rep, per_forward):
         chunk = remove[start:start + per_forward]
@@ -312,13 +330,12 @@ def replica_losses(
         fwd = [(Z_HOOK.format(layer=layer),
                 replica_hook(layer, chunk[:, layer], None if fill is None else fill[layer], n_heads))
                for layer in layers]
-        kwargs = {}
-        if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask.repeat(k, 1).long().to(device)
+        kwargs = {} if mask is None else {"attention_mask": mask.repeat(k, 1)}
         with model.hooks(fwd_hooks=fwd):
             per_token = model(tokens.repeat(k, 1).to(device), return_type="loss",
                               loss_per_token=True, **kwargs)
-        per_token = per_token.double().reshape(k, batch, n_pos - 1) * targets
+        # where, not a product: a padded position's loss may be NaN, and NaN · 0 is NaN.
+        per_token = torch.where(targets, per_token.double().reshape(k, batch, n_pos - 1), 0.0)
         out[start:start + k] = (per_token.sum(dim=(1, 2)) / n_targets).cpu()
         if progress is not None:
             progress.update(k)

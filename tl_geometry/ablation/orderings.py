@@ -113,13 +113,15 @@ def attention_entropy(
     if not queries.any():
         raise ValueError("No query has a key besides itself: the windows need ≥ 2 real tokens.")
     device = _hooks.model_device(model)
-    weights = queries.to(device=device, dtype=torch.float64)
+    keep = queries.to(device)[:, None, :]
+    n_queries = int(queries.sum())
     out = torch.zeros(n_layers, n_heads, dtype=torch.float64)
 
     def capture(layer: int):
         def hook(pattern: Tensor, hook: Any = None) -> None:
             entropy = -torch.special.xlogy(pattern.double(), pattern.double()).sum(-1)  # [b, head, q]
-            out[layer] = (torch.einsum("bhq,bq->h", entropy, weights) / weights.sum()).cpu()
+            # where, not a 0/1 weight: a padded query's row may be NaN (fully masked), NaN · 0 = NaN.
+            out[layer] = (torch.where(keep, entropy, 0.0).sum(dim=(0, 2)) / n_queries).cpu()
 
         return hook
 

@@ -107,6 +107,7 @@ def head_sensitivity(
     """
     _hooks.check_mode(mode)
     tokens = _hooks.check_tokens(tokens)
+    _hooks.check_reference(mode, reference_tokens, reference_attention_mask)
     n_layers, n_heads = _hooks.model_shape(model)
     _hooks.check_hooks(model, range(n_layers))
     if batch_heads is not None and (isinstance(batch_heads, bool) or not isinstance(batch_heads, int)

@@ -138,6 +138,7 @@ def sparsification_curve(
     """
     _hooks.check_mode(mode)
     tokens = _hooks.check_tokens(tokens)
+    _hooks.check_reference(mode, reference_tokens, reference_attention_mask)
     n_layers, n_heads = _hooks.model_shape(model)
     _hooks.check_hooks(model, range(n_layers))
     retention = tuple(float(r) for r in retention)

@@ -85,8 +85,13 @@ def circuitsvis_bundle() -> str:
 
 
 def _json(value: Any) -> str:
-    """JSON for a ``<script>``: NaN/inf become null, ``</`` cannot close the tag."""
-    return json.dumps(_finite(value), ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    """JSON for a ``<script>``: NaN/inf become null, and every ``<`` is written ``\\u003c``.
+
+    Escaping only ``</`` is not enough: a token such as ``<!--<script>`` switches the HTML parser
+    into the "double-escaped" script state, where the real ``</script>`` no longer ends the tag.
+    ``<`` occurs in JSON only inside strings, where ``\\u003c`` is the same character.
+    """
+    return json.dumps(_finite(value), ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def _finite(value: Any) -> Any:

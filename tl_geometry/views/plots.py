@@ -191,7 +191,7 @@ def save_figure(
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
-        path = stem.with_suffix("." + fmt)
+        path = stem.with_name(f"{stem.name}.{fmt}")  # not with_suffix: "l5.h3" keeps its ".h3"
         fig.savefig(path, format=fmt, dpi=dpi)
         paths.append(path)
     return paths

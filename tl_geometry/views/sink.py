@@ -38,6 +38,9 @@ def _ink(background: str) -> str:
 
 def _log_ratio(x: float, _: float) -> str:
     # κ < 1 (a compressed sink, the paper's finding) purple, κ > 1 orange; saturates at 8× either way.
+    # NaN κ (a head with no evaluable query) is grey, not "maximally compressed".
+    if not math.isfinite(x):
+        return "#ddd"
     return _diverging(math.log2(x) if x > 0 else -3.0, 3.0)
 
 
@@ -80,12 +83,12 @@ def sink_view(result: HeadAnalysis) -> View:
         (result.sink_share, "sink share of Σ α‖v‖", _sequential, 1.0),
     ]
     inner = "".join(_heatmap(result, v, name, color, scale) for v, name, color, scale in maps)
-    kappa = result.sink_norm_ratio
-    cos = result.sink_cosine
+    kappa = result.sink_norm_ratio[result.sink_norm_ratio.isfinite()]  # percentages of scored heads
+    cos = result.sink_cosine[result.sink_cosine.isfinite()]
     summary = (
         f'<div class="tlg-caption">Over all heads: median κ {float(kappa.nanmedian()):.3f} '
-        f"({100 * float((kappa < 1).double().mean()):.0f}% of heads have a smaller sink value norm), "
+        f"({100 * float((kappa < 1).double().nanmean()):.0f}% of heads have a smaller sink value norm), "
         f"mean signed cosine {float(cos.nanmean()):+.3f} "
-        f"({100 * float((cos < 0).double().mean()):.0f}% negative).</div>"
+        f"({100 * float((cos < 0).double().nanmean()):.0f}% negative).</div>"
     )
     return View("Attention-sink diagnostics per layer", [summary, html_widget("SinkHeatmaps", inner)])
