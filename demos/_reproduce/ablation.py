@@ -78,6 +78,12 @@ def _loss(curve: pd.DataFrame, ordering: str, retention: float) -> float:
     return float(rows.loss.mean()) if len(rows) else math.nan
 
 
+def _range(curve: pd.DataFrame, ordering: str, retention: float) -> tuple[float, float]:
+    """Smallest and largest loss over the seeds of ``ordering`` at ``retention``."""
+    rows = curve[(curve.ordering == ordering) & ((curve.retention - retention).abs() < 1e-9)]
+    return (float(rows.loss.min()), float(rows.loss.max())) if len(rows) else (math.nan, math.nan)
+
+
 def claim6(study, figures: Path):
     """Taxonomy order vs random and single-metric orders; critical single heads."""
     from .claims import HELD, NOT_HELD, PARTLY, Claim
@@ -98,6 +104,9 @@ def claim6(study, figures: Path):
             label = name + (f" (mean of {curve[curve.ordering == name].seed.nunique()})"
                             if name == "random" else "")
             loss_rows.append([model, label] + [fmt(_loss(curve, name, r)) for r in retentions])
+            if name == "random":
+                loss_rows.append([model, "random (min – max)"] + [
+                    "{} – {}".format(*(fmt(x) for x in _range(curve, name, r))) for r in retentions])
         moderate = all(_loss(curve, "taxonomy", r) < _loss(curve, "random", r) for r in MODERATE)
         not_uniform = any(_loss(curve, b, r) <= _loss(curve, "taxonomy", r)
                           for b in BASELINES for r in AGGRESSIVE)
@@ -107,6 +116,12 @@ def claim6(study, figures: Path):
             notes.append(f"{model}: at retention {r:g} the taxonomy order's loss is "
                          f"{fmt(_loss(curve, 'taxonomy', r))} vs {fmt(_loss(curve, 'random', r))} "
                          "for random orders (mean).")
+        for r in MODERATE:
+            low, high = _range(curve, "random", r)
+            if low <= _loss(curve, "taxonomy", r) <= high:
+                notes.append(f"{model}: at retention {r:g} the taxonomy order's loss "
+                             f"{fmt(_loss(curve, 'taxonomy', r))} lies within the random orders' "
+                             f"range {fmt(low)} – {fmt(high)}.")
         if not not_uniform:
             notes.append(f"{model}: the taxonomy order beats weight magnitude and entropy at "
                          "retention 0.5 and 0.25 — better than the paper found.")
@@ -150,7 +165,9 @@ def claim6(study, figures: Path):
     because = (f"taxonomy order below the random orders' mean loss at retention 0.9 and 0.75 for "
                f"{sum(checks['moderate'])}/{n} models; a single-metric order at least as good at "
                f"retention 0.5 or 0.25 for {sum(checks['not_uniform'])}/{n}; critical single heads "
-               f"found for {sum(checks['critical'])}/{n}.")
+               f"found for {sum(checks['critical'])}/{n} (largest single-head loss increase: "
+               + ", ".join(f"{m} {fmt(float(t['sensitivity'].loss_increase.max()), 2)} nats"
+                           for m, t in study.ablation.items()) + ").")
     retentions = sorted(set(next(iter(study.ablation.values()))["curve"].retention), reverse=True)
     return Claim(
         6, "Head removal guided by the taxonomy", statement,
@@ -166,7 +183,8 @@ def claim6(study, figures: Path):
         result, because,
         blocks=[
             "Loss (nats) on held-out windows after removing heads in each order:",
-            table(["model", "ordering"] + [f"r={r:g}" for r in retentions], loss_rows),
+            table(["model", "ordering"] + [f"r={r:g}" for r in retentions], loss_rows,
+                  "ll" + "r" * len(retentions)),
             "Single-head sensitivity (ablation windows):",
             table(["model", "base loss", "worst head", "its Δloss", "median Δloss",
                    "critical heads", "largest"], crit_rows),
