@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 
 import tl_geometry
-from tl_geometry import report
+from tl_geometry import report_cli
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -90,7 +90,7 @@ def report_dir(smollm2, tmp_path_factory) -> Path:
     mp = pytest.MonkeyPatch()
     mp.setattr(tl_geometry, "load_model", lambda name: smollm2.model)
     try:
-        assert report.run(args) == 0
+        assert report_cli.run(args) == 0
     finally:
         mp.undo()
     return out

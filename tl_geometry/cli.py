@@ -45,9 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--batch-size", type=int, default=8, help="sequences per forward with --stream")
     analyze.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
     analyze.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
-    from . import report
+    from . import report_cli
 
-    report.add_parser(sub)
+    report_cli.add_parser(sub)
     from . import ablation_cli
 
     ablation_cli.add_parsers(sub)
@@ -71,9 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "report":
-        from . import report
+        from . import report_cli
 
-        return report.run(args, parser)
+        return report_cli.run(args, parser)
     if args.command in ("ablate", "prune"):
         from . import ablation_cli
 
