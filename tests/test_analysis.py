@@ -9,7 +9,6 @@ from cases import make_case
 from reference import ref_analyze
 
 import tl_geometry
-from tl_geometry import analysis
 
 METRICS = ("precision", "recall", "f_score", "margin", "inversions")
 N_VALUES = (1, 2, 3, 5, 8)
@@ -90,15 +89,23 @@ def test_random_baseline_matches_exact_expectation():
         assert abs(got - np.mean(exact)) < 5 * spread + 1e-9, (n, got, np.mean(exact))
 
 
-def test_results_do_not_depend_on_chunking(monkeypatch):
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_results_do_not_depend_on_chunking(monkeypatch, backend):
+    from tl_geometry.engine import layer, torch_path
+
     case = make_case(30, batch=5, padding="right", sink=True)
-    kwargs = dict(n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=3, queries="all")
+    kwargs = dict(n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=3,
+                  queries="all", backend=backend)
     whole = tl_geometry.analyze_heads(case.cache(), **kwargs)
-    for budget in (5000, 1):  # one sequence per chunk; then one query of one sequence
-        monkeypatch.setattr(analysis, "CHUNK_ELEMENTS", budget)
+    # One sequence per chunk, then one value group of one sequence, one query per torch block.
+    monkeypatch.setattr(layer, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(torch_path, "BLOCK_ELEMENTS", 1)
+    for fraction in (1e-3, 1e-9):
+        monkeypatch.setattr(layer, "CHUNK_FRACTION", fraction)
         chunked = tl_geometry.analyze_heads(case.cache(), **kwargs)
-        torch.testing.assert_close(whole.scores, chunked.scores, equal_nan=True)
-        torch.testing.assert_close(whole.sink, chunked.sink, equal_nan=True)
+        torch.testing.assert_close(whole.scores, chunked.scores, equal_nan=True, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(whole.sink, chunked.sink, equal_nan=True, rtol=1e-12, atol=1e-12)
+        assert torch.equal(whole.vote_counts, chunked.vote_counts)
 
 
 def test_seed_reproducible_and_random_differs_between_seeds():

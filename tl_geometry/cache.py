@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -64,15 +65,7 @@ def resolve_layers(cache: Any, layers: Sequence[int] | None) -> list[int]:
             )
         layers = available
     else:
-        if isinstance(layers, (int, str)) or not isinstance(layers, Sequence | range):
-            raise CacheError(f"layers must be a list of layer indices, got {layers!r}.")
-        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layers):
-            raise CacheError(f"layers must hold non-negative int layer indices, got {list(layers)!r}.")
-        layers = list(layers)
-        if not layers:
-            raise CacheError("layers is empty: pass None for every cached layer or a list of indices.")
-        if len(set(layers)) != len(layers):
-            raise CacheError(f"layers has duplicates: {layers}.")
+        layers = check_layer_indices(layers)
     missing = [
         hook.format(layer=layer)
         for layer in layers
@@ -85,18 +78,48 @@ def resolve_layers(cache: Any, layers: Sequence[int] | None) -> list[int]:
     return layers
 
 
+def check_layer_indices(layers: Any, n_layers: int | None = None) -> list[int]:
+    """Validate a list of layer indices (Python or NumPy ints; no bools, floats, strings, repeats)."""
+    if isinstance(layers, (int, str, bytes)) or not isinstance(layers, (Sequence, range, np.ndarray)):
+        raise CacheError(f"layers must be a list of layer indices, got {layers!r}.")
+    values = list(layers)
+    if any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0
+           for x in values):
+        raise CacheError(f"layers must hold non-negative int layer indices, got {values!r}.")
+    values = [int(x) for x in values]
+    if not values:
+        raise CacheError("layers is empty: pass None for every layer or a list of indices.")
+    if len(set(values)) != len(values):
+        raise CacheError(f"layers has duplicates: {values}; give each layer once.")
+    if n_layers is not None and max(values) >= n_layers:
+        raise CacheError(f"layers must be indices below {n_layers} (the model's layers), got {values}.")
+    return values
+
+
+#: Floating dtypes the analysis reads; half precision is upcast (SPEC §1: float32 or better).
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_dtype(x: Tensor, name: str) -> None:
+    if x.is_meta:
+        raise CacheError(f"{name} is on the meta device and holds no values: cache a real forward pass.")
+    if x.dtype not in _DTYPES:
+        raise CacheError(f"{name} has dtype {x.dtype}; expected a floating-point tensor (float16, "
+                         "bfloat16, float32 or float64; cast it with .float()).")
+
+
 def _upcast(x: Tensor, name: str) -> Tensor:
-    if not x.is_floating_point():
-        raise CacheError(f"{name} has dtype {x.dtype}; expected a floating-point tensor.")
+    _check_dtype(x, name)
     # Half-precision caches are analysed in float32 or better (SPEC §1).
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def read_layer(cache: Any, layer: int) -> tuple[Tensor, Tensor]:
+def read_layer(cache: Any, layer: int, *, upcast: bool = True) -> tuple[Tensor, Tensor]:
     """``pattern [batch, head, query, key]`` and ``v [batch, pos, kv_head, d_head]`` of a layer.
 
-    A cache made with ``remove_batch_dim=True`` (3-D tensors) gets a batch of one. Shapes are
-    checked against each other; half precision is upcast to float32 (new tensors).
+    A cache made with ``remove_batch_dim=True`` (3-D tensors) gets a batch of one. Shapes and
+    dtypes are checked; with ``upcast``, half precision is upcast to float32 (new tensors; the
+    engine instead upcasts chunk by chunk).
     """
     pname, vname = PATTERN_HOOK.format(layer=layer), VALUE_HOOK.format(layer=layer)
     pattern, v = cache[pname], cache[vname]
@@ -114,7 +137,7 @@ def read_layer(cache: Any, layer: int) -> tuple[Tensor, Tensor]:
             f"{vname} has shape {tuple(v.shape)}; expected [batch, pos, kv_head, d_head].{hint}"
         )
     batch, n_heads, n_query, n_key = pattern.shape
-    if batch == 0 or n_key == 0:
+    if batch == 0 or n_key == 0 or n_heads == 0:
         raise CacheError(f"{pname} is empty (shape {tuple(pattern.shape)}): nothing to analyse.")
     if n_query != n_key:
         raise CacheError(
@@ -133,13 +156,21 @@ def read_layer(cache: Any, layer: int) -> tuple[Tensor, Tensor]:
             f"{pname} has {n_heads} query heads and {vname} has {n_kv} KV heads: the query heads "
             "must be a multiple of the KV heads (grouped-query attention)."
         )
+    if v.shape[3] == 0:
+        raise CacheError(f"{vname} has d_head = 0 (shape {tuple(v.shape)}): there is no value to analyse.")
+    if pattern.device != v.device:
+        raise CacheError(f"{pname} is on {pattern.device} and {vname} on {v.device}: move both to one device.")
+    if not upcast:
+        _check_dtype(pattern, pname)
+        _check_dtype(v, vname)
+        return pattern, v
     return _upcast(pattern, pname), _upcast(v, vname)
 
 
-def check_attention_mask(mask: Tensor | None, batch: int, n_pos: int) -> Tensor:
-    """Validate ``attention_mask`` (``[batch, pos]``, 1 = real token) and return it as bool."""
+def check_attention_mask(mask: Any, batch: int, n_pos: int, device: Any = "cpu") -> Tensor:
+    """Validate ``attention_mask`` (``[batch, pos]``, 1 = real token); a bool tensor on ``device``."""
     if mask is None:
-        return torch.ones(batch, n_pos, dtype=torch.bool)
+        return torch.ones(batch, n_pos, dtype=torch.bool, device=device)
     if not isinstance(mask, Tensor):
         try:
             mask = torch.as_tensor(mask)
@@ -159,65 +190,38 @@ def check_attention_mask(mask: Tensor | None, batch: int, n_pos: int) -> Tensor:
     empty = (~mask.any(-1)).nonzero().flatten().tolist()
     if empty:
         raise CacheError(f"attention_mask marks every position of sequence(s) {empty} as padding.")
-    return mask.cpu()
+    return mask.to(device)
 
 
-def clean_pattern(pattern: Tensor, mask: Tensor, name: str) -> Tensor:
-    """Check the pattern on the positions that matter and zero the rest (a new tensor).
+def warn_pad_tokens(tokens: Any, model: Any, shape: tuple[int, int, int]) -> None:
+    """Warn when ``tokens`` hold runs of the tokenizer's pad token at a sequence's ends.
 
-    Valid entries are causal keys of real tokens, seen from real queries. NaN or inf there is an
-    error; probability mass on future keys or on keys the mask calls padding means the axes or
-    the mask do not match the cache. NaN at padded queries (common for fully masked rows) is
-    dropped.
+    Without ``attention_mask`` every position counts as real; a padded batch then gives wrong
+    numbers silently (pads become keys, queries and even the sink).
     """
-    n_pos = pattern.shape[-1]
-    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=pattern.device).tril()
-    mask = mask.to(pattern.device)
-    rows = mask[:, None, :, None]
-    valid = rows & causal & mask[:, None, None, :]
-    bad = ~torch.isfinite(pattern) & valid
-    if bad.any():
-        b, h, q, k = bad.nonzero()[0].tolist()
-        raise CacheError(
-            f"{name} has {int(bad.sum())} NaN/inf entries at real positions (first at batch {b}, "
-            f"head {h}, query {q}, key {k}). With a padded batch pass attention_mask; otherwise "
-            "the forward pass itself overflowed (try float32 instead of float16)."
-        )
-    clean = torch.where(rows, pattern, 0.0)
-    leaked = torch.where(rows & ~valid, clean.abs(), 0.0).amax()
-    if leaked > 1e-4:
-        where = "future keys" if torch.where(rows & ~causal, clean.abs(), 0).amax() > 1e-4 else "padding"
-        fix = (
-            "Its axes must be [batch, head, query_pos, key_pos] with a causal mask."
-            if where == "future keys"
-            else "Pass the attention_mask the model was run with (left and right padding both work)."
-        )
-        raise CacheError(f"{name} puts attention mass {float(leaked):.3g} on {where}. {fix}")
-    if (clean < -1e-6).any():
-        raise CacheError(f"{name} has negative entries: it must hold attention probabilities.")
-    # Rows may sum to less than 1 (learned sink logits, sliding windows) but never to more.
-    row_sum = clean.sum(-1).amax()
-    if row_sum > 1.01:
-        raise CacheError(
-            f"{name} has a query row whose attention sums to {float(row_sum):.3g} > 1: it must hold "
-            "probabilities normalised over keys, [batch, head, query_pos, key_pos]."
-        )
-    return torch.where(valid, clean, 0.0)
-
-
-def check_values(v: Tensor, mask: Tensor, name: str) -> None:
-    """NaN or inf in a real position's value vector is an error."""
-    bad = ~torch.isfinite(v) & mask.to(v.device)[:, :, None, None]
-    if bad.any():
-        raise CacheError(f"{name} has {int(bad.sum())} NaN/inf entries at real positions.")
-
-
-def warn_padding_suspected(pattern: Tensor, name: str) -> None:
-    """Without a mask, query rows that hold no attention at all mean padding (or a broken run)."""
-    dead = pattern.sum(-1).abs() < 1e-6
-    if dead.any():
+    if tokens is None:
+        return
+    if not isinstance(tokens, Tensor) or tokens.shape != shape[::2] or tokens.is_floating_point():
+        raise CacheError(f"tokens must be the [batch, pos] = [{shape[0]}, {shape[2]}] token ids the "
+                         f"cache was made from, got {getattr(tokens, 'shape', type(tokens).__name__)}.")
+    tokenizer = getattr(model, "tokenizer", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        return
+    is_pad = tokens.cpu() == pad
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos == pad:  # a BOS that doubles as the pad token is the sink, not padding
+        is_pad[:, 0] = False
+    trailing = is_pad.flip(-1).to(torch.int8).cummin(-1).values.flip(-1).bool()
+    leading = is_pad.to(torch.int8).cummin(-1).values.bool()
+    padded = trailing | leading
+    if padded.any():
+        rows = padded.any(-1).nonzero().flatten().tolist()
         warnings.warn(
-            f"{name} has {int(dead.sum())} query rows with no attention mass. If the batch is "
-            "padded, pass attention_mask so those positions are left out.",
+            f"tokens hold {int(padded.sum())} pad tokens (id {pad}) at the ends of sequence(s) "
+            f"{rows[:8]}{' …' if len(rows) > 8 else ''} but no attention_mask was given: pads are "
+            "then analysed as real tokens. Build mask = (tokens != pad_id) (keeping BOS), run the "
+            "forward pass with attention_mask=mask and pass the same mask here; or use "
+            "tl_geometry.analyze_model(model, texts), which pads and masks for you.",
             stacklevel=3,
         )

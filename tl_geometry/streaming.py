@@ -1,8 +1,9 @@
 """``analyze_model``: the analysis computed inside the forward pass, one layer at a time.
 
-Hooks on ``hook_v`` and ``hook_pattern`` reduce each layer of each batch to the mergeable
-sums and counts of :class:`tl_geometry.analysis._Accumulator` and keep nothing else, so
-memory does not grow with depth and no cache is built. Batches add up, and so do processes:
+Hooks on ``hook_v`` and ``hook_pattern`` hand each layer of each batch to the engine
+(:func:`tl_geometry.engine.analyze_layer`), whose statistics add into one
+:class:`tl_geometry.engine.Accumulator`; nothing else is kept, so memory does not grow with
+depth and no cache is built. Batches add up, and so do processes:
 under ``torch.distributed`` every rank analyses its shard of the sequences (with their global
 indices, so the random baseline is the same) and the accumulators are all-reduced.
 """
@@ -15,8 +16,18 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from . import analysis as _analysis
 from . import cache as _cache
+from ._progress import progress_bar
+from .engine import (
+    DEFAULT_N_VALUES,
+    Accumulator,
+    AnalysisOptions,
+    analyze_layer,
+    check_options,
+    output_weights,
+    run_metadata,
+)
+from .engine.options import DEFAULT_RANDOM_SAMPLES
 from .functional.heads import sink_positions
 from .result import HeadAnalysis
 
@@ -44,9 +55,10 @@ def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[
 
 
 class _LayerHooks:
-    """Forward hooks that turn each layer's (pattern, v) into accumulator updates."""
+    """Forward hooks that hand each layer's (pattern, v) to the engine as soon as both fired."""
 
-    def __init__(self, acc, layer_ids, opts, W, mask_given: bool) -> None:
+    def __init__(self, acc: Accumulator, layer_ids: list[int], opts: AnalysisOptions,
+                 W: Tensor | None, mask_given: bool) -> None:
         self.acc, self.opts, self.W, self.mask_given = acc, opts, W, mask_given
         self.row = {layer: i for i, layer in enumerate(layer_ids)}
         self.pending: dict[int, dict[str, Tensor]] = {}
@@ -64,11 +76,11 @@ class _LayerHooks:
             out.append((_cache.PATTERN_HOOK.format(layer=layer), self._store("pattern", layer)))
         return out
 
-    def _store(self, kind: str, layer: int):
+    def _store(self, kind: str, layer: int) -> Any:
         def hook(tensor: Tensor, hook: Any = None) -> None:
             seen = self.pending.setdefault(layer, {})
-            # detach + clone: the model's own activation is never kept or modified.
-            seen[kind] = tensor.detach().to("cpu", copy=True)
+            # Only read, never written: the engine makes new tensors, so no copy is needed.
+            seen[kind] = tensor.detach()
             if len(seen) == 2:  # both hooks of this layer have fired, in whichever order
                 del self.pending[layer]
                 self._layer(layer, seen["pattern"], seen["v"])
@@ -76,18 +88,35 @@ class _LayerHooks:
         return hook
 
     def _layer(self, layer: int, pattern: Tensor, v: Tensor) -> None:
-        pattern, v = _cache.read_layer(
-            {_cache.PATTERN_HOOK.format(layer=layer): pattern, _cache.VALUE_HOOK.format(layer=layer): v},
-            layer,
-        )
+        names = (_cache.PATTERN_HOOK.format(layer=layer), _cache.VALUE_HOOK.format(layer=layer))
+        pattern, v = _cache.read_layer(dict(zip(names, (pattern, v))), layer, upcast=False)
         assert self.mask is not None and self.sink is not None
         if pattern.shape[0] != self.mask.shape[0] or pattern.shape[-1] != self.mask.shape[1]:
             raise ValueError(f"Layer {layer}: pattern {tuple(pattern.shape)} does not match the batch.")
-        _analysis._add_layer(
-            self.acc, self.row[layer], layer, pattern, v, self.mask, self.sink, self.opts,
-            None if self.W is None else self.W[layer], mask_given=self.mask_given,
-            sequence_offset=self.offset,
-        )
+        mask, sink = self.mask.to(pattern.device), self.sink.to(pattern.device)
+        W = None if self.W is None else self.W[layer].to(pattern.device)
+        stats = analyze_layer(pattern, v, mask, sink, self.opts, layer=layer, W_O=W,
+                              sequence_offset=self.offset, mask_given=self.mask_given)
+        self.acc.add(self.row[layer], stats)
+
+
+def _check_shard(shard: Any) -> tuple[int, int] | None:
+    """``(rank, world_size)`` with an initialised process group, checked before any forward."""
+    if shard is None:
+        return None
+    if (not isinstance(shard, tuple) or len(shard) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in shard)
+            or not 0 <= shard[0] < shard[1]):
+        raise ValueError(f"shard must be (rank, world_size) with 0 ≤ rank < world_size, got {shard!r}.")
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("shard=(rank, world_size) needs an initialised torch.distributed process "
+                         "group: launch with torchrun and call dist.init_process_group() first.")
+    if dist.get_world_size() != shard[1]:
+        raise ValueError(f"shard says world_size {shard[1]} but the process group has "
+                         f"{dist.get_world_size()} processes.")
+    return shard
 
 
 def analyze_model(
@@ -96,9 +125,9 @@ def analyze_model(
     *,
     batch_size: int = 8,
     attention_mask: Tensor | None = None,
-    n_values: Sequence[int] = _analysis.DEFAULT_N_VALUES,
+    n_values: Sequence[int] = DEFAULT_N_VALUES,
     queries: Literal["last", "all"] = "last",
-    random_samples: int = 16,
+    random_samples: int = DEFAULT_RANDOM_SAMPLES,
     seed: int = 0,
     layers: Sequence[int] | None = None,
     distance: Literal["euclidean", "cosine"] = "euclidean",
@@ -106,7 +135,8 @@ def analyze_model(
     rank_by: Literal["attention", "contribution"] = "attention",
     bounds: bool = False,
     shard: tuple[int, int] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
+    backend: Literal["auto", "numba", "torch"] = "auto",
 ) -> HeadAnalysis:
     """:func:`analyze_heads` computed inside the forward pass, batch by batch, without a cache.
 
@@ -119,7 +149,8 @@ def analyze_model(
 
     Args:
         inputs: token ids ``[n, pos]`` (with ``attention_mask`` if padded), a text, or a list
-            of texts (tokenized here, BOS prepended, right-padded).
+            of texts (tokenized here, BOS prepended, right-padded, and masked in the forward
+            pass and the analysis alike: the safe way to analyse texts of different lengths).
         shard: ``(rank, world_size)``: analyse only this rank's contiguous share of the
             sequences and all-reduce the sums across ranks (``torch.distributed`` must be
             initialised). Every rank returns the merged result.
@@ -129,39 +160,36 @@ def analyze_model(
     Examples:
         >>> result = tl_geometry.analyze_model(model, tokens, batch_size=4)  # doctest: +SKIP
     """
-    n_tensor = _analysis._check_options(n_values, queries, random_samples, seed, distance, space,
-                                        rank_by, bounds)
+    opts = check_options(n_values=n_values, queries=queries, random_samples=random_samples,
+                         seed=seed, distance=distance, space=space, rank_by=rank_by,
+                         bounds=bounds, backend=backend)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     tokens, mask = _as_tokens(model, inputs, attention_mask)
     n_seqs, n_pos = tokens.shape
-    if n_seqs == 0:
-        raise ValueError("inputs hold no sequence.")
-    full_mask = _cache.check_attention_mask(mask, n_seqs, n_pos)
+    if n_seqs == 0 or n_pos == 0:
+        raise ValueError(f"inputs hold no token (shape {tuple(tokens.shape)}).")
     cfg = getattr(model, "cfg", None)
     n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
     if n_layers is None or n_heads is None:
         raise ValueError("model.cfg must give n_layers and n_heads (a TransformerLens model).")
-    layer_ids = list(range(n_layers)) if layers is None else [int(x) for x in layers]
-    if not layer_ids or any(x < 0 or x >= n_layers for x in layer_ids):
-        raise ValueError(f"layers must be indices below {n_layers}, got {layers!r}.")
-    W = _analysis._output_weights(model, None, layer_ids) if space == "output" else None
-    opts = _analysis._Options(n_tensor, queries, random_samples, seed, distance, rank_by, bounds)
-    acc = _analysis._Accumulator.zeros(len(layer_ids), n_heads, len(n_tensor))
+    _check_vocabulary(tokens, getattr(cfg, "d_vocab", None))
+    full_mask = _cache.check_attention_mask(mask, n_seqs, n_pos)
+    if mask is None:
+        _cache.warn_pad_tokens(tokens, model, (n_seqs, n_heads, n_pos))
+    layer_ids = list(range(n_layers)) if layers is None else _cache.check_layer_indices(layers, n_layers)
+    shard = _check_shard(shard)
+    W = output_weights(model, None, layer_ids) if space == "output" else None
+    device = getattr(cfg, "device", None) or "cpu"
+    acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device)
     hooks = _LayerHooks(acc, layer_ids, opts, W, mask_given=mask is not None)
 
     lo, hi = 0, n_seqs
     if shard is not None:
         rank, world = shard
         lo, hi = rank * n_seqs // world, (rank + 1) * n_seqs // world
-    starts = range(lo, hi, batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc="analyze_model", unit="batch")
-    device = getattr(cfg, "device", None) or "cpu"
     with torch.no_grad(), model.hooks(fwd_hooks=hooks.hooks()):
-        for start in starts:
+        for start in progress_bar(range(lo, hi, batch_size), progress, "analyze_model", "batch"):
             stop = min(start + batch_size, hi)
             hooks.batch(full_mask[start:stop], start)
             batch_tokens = tokens[start:stop].to(device)
@@ -176,9 +204,17 @@ def analyze_model(
     if shard is not None:
         import torch.distributed as dist
 
-        for tensor in acc._tensors():
+        for tensor in acc.tensors():
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    metadata = _analysis._metadata(model, model, (n_seqs, n_heads, n_pos), opts, space, mask is not None)
+    metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), opts, mask is not None)
     metadata.update(cache_type="streaming", batch_size=batch_size,
                     world_size=1 if shard is None else shard[1])
-    return _analysis._finish(acc, layer_ids, opts, n_pos, metadata)
+    return acc.finish(layer_ids, opts, n_pos, metadata)
+
+
+def _check_vocabulary(tokens: Tensor, d_vocab: Any) -> None:
+    """Token ids must index the embedding: a clear error, not an IndexError mid-forward."""
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or (isinstance(d_vocab, int) and high >= d_vocab):
+        raise ValueError(f"inputs hold token ids from {low} to {high}, outside the model's vocabulary "
+                         f"[0, {d_vocab}): were they made by another tokenizer?")

@@ -1,0 +1,128 @@
+"""Mergeable sums and counts of one analysis, and the finish step that makes a HeadAnalysis.
+
+Averaging protocol (SPEC §8; the grouping is ours): for the top-N, random and sink-removed
+groups, a metric is averaged over the chosen queries of each sequence first, then over
+sequences; the random baseline is first averaged over its permutations. The sink-in / sink-out
+groups pool every (sequence, query) instance of the top-N set by whether the sink is inside it.
+Sink diagnostics are averaged per sequence, then over sequences. Taxonomy votes are pooled
+counts over every query after the sink. Batches, streams and processes combine by addition
+(:meth:`Accumulator.merge`), so every front-end shares this code.
+
+Determinism: each per-query figure depends only on its own sequence, so it is the same bit for
+bit whatever the batch, the chunking or the front-end, up to BLAS rounding when padding changes
+a sequence's length. Means over sequences are float64 sums whose order follows the batches, so
+they agree across batch sizes to about ``n_sequences × 2⁻⁵²`` relative.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from einops import rearrange
+from jaxtyping import Float
+from torch import Tensor
+
+from ..functional._types import COMPUTE_DTYPE
+from ..functional.bounds import REGIME_FIELDS
+from ..functional.separability import METRIC_NAMES
+from ..functional.sink import SINK_FIELDS
+from ..result import BOUND_KINDS, BOUND_METRICS, HeadAnalysis
+from .layer import LayerStats
+from .options import AnalysisOptions
+
+#: Groups averaged per sequence (the rest are pooled instances: sink in, sink out).
+SEQUENCE_GROUPS = ("top", "random", "sink_removed")
+
+
+@dataclass
+class Accumulator:
+    """Sums and counts ``[layer, head, ...]`` of one analysis; ``merge`` adds two."""
+
+    seq_sum: Float[Tensor, "layer head group n metric"]
+    seq_count: Float[Tensor, "layer head group n metric"]
+    inst_sum: Float[Tensor, "layer head inout n metric"]
+    inst_count: Float[Tensor, "layer head inout n"]
+    sink_sum: Float[Tensor, "layer head field"]
+    sink_count: Float[Tensor, "layer head field"]
+    votes: Float[Tensor, "layer head vote"]
+    bound_sum: Float[Tensor, "layer head kind n bmetric"]
+    bound_count: Float[Tensor, "layer head kind n bmetric"]
+    regime_sum: Float[Tensor, "layer head rfield"]
+    regime_count: Float[Tensor, "layer head rfield"]
+
+    @classmethod
+    def zeros(cls, n_layers: int, n_heads: int, n_n: int, device: Any = "cpu") -> Accumulator:
+        shapes = {
+            "seq_sum": (len(SEQUENCE_GROUPS), n_n, len(METRIC_NAMES)),
+            "seq_count": (len(SEQUENCE_GROUPS), n_n, len(METRIC_NAMES)),
+            "inst_sum": (2, n_n, len(METRIC_NAMES)),
+            "inst_count": (2, n_n),
+            "sink_sum": (len(SINK_FIELDS),),
+            "sink_count": (len(SINK_FIELDS),),
+            "votes": (3,),
+            "bound_sum": (len(BOUND_KINDS), n_n, len(BOUND_METRICS)),
+            "bound_count": (len(BOUND_KINDS), n_n, len(BOUND_METRICS)),
+            "regime_sum": (len(REGIME_FIELDS),),
+            "regime_count": (len(REGIME_FIELDS),),
+        }
+        return cls(**{name: torch.zeros(n_layers, n_heads, *shape, dtype=COMPUTE_DTYPE, device=device)
+                      for name, shape in shapes.items()})
+
+    def tensors(self) -> Iterator[Tensor]:
+        """Every sum and count, in field order (for all-reduce across processes)."""
+        return (getattr(self, f.name) for f in fields(self))
+
+    def merge(self, other: Accumulator) -> Accumulator:
+        return Accumulator(*(a + b for a, b in zip(self.tensors(), other.tensors())))
+
+    def add(self, li: int, stats: LayerStats) -> None:
+        """Add one layer of one batch (row ``li``)."""
+        _add_means(self.seq_sum[li], self.seq_count[li], stats.seq_mean.to(self.seq_sum.device))
+        self.inst_sum[li] += stats.inst_sum.to(self.inst_sum.device)
+        self.inst_count[li] += stats.inst_count.to(self.inst_count.device)
+        _add_means(self.sink_sum[li], self.sink_count[li], stats.sink_mean.to(self.sink_sum.device))
+        self.votes[li] += stats.votes.to(self.votes.device)
+        if stats.bound_mean is not None:
+            _add_means(self.bound_sum[li], self.bound_count[li], stats.bound_mean.to(self.bound_sum.device))
+        if stats.regime is not None:
+            _add_means(self.regime_sum[li], self.regime_count[li], stats.regime.to(self.regime_sum.device))
+
+    def finish(
+        self, layers: Sequence[int], opts: AnalysisOptions, n_pos: int, metadata: dict[str, Any]
+    ) -> HeadAnalysis:
+        """Means from sums (0/0 → NaN where nothing was defined) as a :class:`HeadAnalysis`."""
+        too_big = [int(n) for n in opts.n_values if n >= n_pos]
+        if too_big:
+            warnings.warn(
+                f"N = {too_big} cannot be evaluated on {n_pos}-position sequences (N must be "
+                "below the number of keys); their metrics are NaN.",
+                stacklevel=3,
+            )
+        seq_mean = self.seq_sum / self.seq_count
+        inst_mean = self.inst_sum / self.inst_count[..., None]
+        scores = torch.cat([seq_mean, inst_mean], dim=2)  # groups: SEQUENCE_GROUPS + (in, out)
+        counts = torch.cat([self.seq_count[..., 0], self.inst_count], dim=2)
+        return HeadAnalysis(
+            layers=tuple(layers),
+            n_values=opts.n_values.clone(),
+            scores=rearrange(scores, "l h g n m -> g m l h n").cpu().contiguous(),
+            group_counts=rearrange(counts, "l h g n -> g l h n").cpu().contiguous(),
+            sink=rearrange(self.sink_sum / self.sink_count, "l h f -> f l h").cpu().contiguous(),
+            vote_counts=self.votes.cpu().clone(),
+            metadata=metadata,
+            bounds=rearrange(self.bound_sum / self.bound_count, "l h k n b -> k b l h n").cpu().contiguous()
+            if opts.bounds else None,
+            regime=rearrange(self.regime_sum / self.regime_count, "l h f -> f l h").cpu().contiguous()
+            if opts.bounds else None,
+        )
+
+
+def _add_means(total: Tensor, count: Tensor, per_sequence: Tensor) -> None:
+    """Add per-sequence means ``[batch, ...]`` (NaN where undefined) to sums and counts."""
+    finite = torch.isfinite(per_sequence)
+    total += torch.where(finite, per_sequence, 0).sum(0)
+    count += finite.sum(0)

@@ -1,0 +1,81 @@
+"""Bounds of the top-N sets of one layer (SPEC §6): inversion certificates and regime bounds.
+
+Not on the hot path (``bounds=True`` only): plain torch, one sequence and one block of queries
+at a time, so the float64 attention rows held at once stay small whatever the context length.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from ..functional._types import COMPUTE_DTYPE
+from ..functional.bounds import (
+    RegimeParams,
+    diagnostics_from_pairs,
+    inversion_bounds,
+    pair_stats,
+    params_from_pairs,
+    regime_bounds,
+)
+
+if TYPE_CHECKING:
+    from .layer import _Layer
+    from .options import AnalysisOptions
+
+#: Float64 attention rows ``[head, query, key]`` held at once.
+BLOCK_ELEMENTS = 1 << 22
+
+
+def layer_bounds(
+    data: _Layer, opts: AnalysisOptions, inversions: Tensor, layer: int
+) -> tuple[Tensor, Tensor]:
+    """Per-sequence means ``[b, head, kind, n, (P, R, F)]`` and regime diagnostics ``[b, head, field]``.
+
+    ``inversions [b, head, q, n]`` are the measured GInv of the top-N sets, for the certificates.
+    """
+    from .layer import group_values
+    from .torch_path import _ranks
+
+    batch, n_heads, n_pos, _ = data.pattern.shape
+    values = group_values(data, 0, batch, n_pos)  # [b, g, k, d]
+    # Extremes over each sequence's real keys are certificates for every query of it; quantiles
+    # give the predicted envelope (SPEC §6b).
+    pairs = pair_stats(values, data.sink[:, None], data.real[:, None])
+    regimes = (params_from_pairs(pairs, "certificate"), params_from_pairs(pairs, "predict"))
+    regime = torch.stack(diagnostics_from_pairs(pairs), dim=-1).repeat_interleave(data.group_size, dim=1)
+    n_values = opts.n_values.to(values.device)
+    kinds = [torch.stack(inversion_bounds(n_values, inversions), dim=-1)]  # [b, h, q, n, 3]
+    out = torch.full((batch, n_heads, inversions.shape[2], 2, len(n_values), 3), torch.nan,
+                     dtype=COMPUTE_DTYPE, device=values.device)
+    keys = torch.arange(n_pos, device=values.device)
+    norms = torch.linalg.vector_norm(values, dim=-1).repeat_interleave(data.group_size, dim=1)
+    step = max(1, BLOCK_ELEMENTS // (n_heads * n_pos))
+    for b in range(batch):
+        for q0 in range(0, data.queries.shape[1], step):
+            t = data.queries[b, q0 : q0 + step]
+            ok = data.real[b].gather(0, t)
+            key_mask = (keys <= t[:, None]) & data.real[b] & ok[:, None]  # [q, k]
+            alpha = data.pattern[b, :, t].to(COMPUTE_DTYPE)  # [h, q, k]
+            alpha = torch.where(key_mask, alpha, 0.0)
+            score = alpha * norms[b][:, None] if opts.rank_by == "contribution" else alpha
+            top = _ranks(score, key_mask)
+            split = rearrange(alpha, "(g r) q k -> g r q k", r=data.group_size)
+            for kind, params in enumerate(regimes):
+                p = RegimeParams(*(x[b][:, None, None] for x in params))
+                for i, n in enumerate(n_values.tolist()):
+                    selected = rearrange(top < n, "(g r) q k -> g r q k", r=data.group_size)
+                    bound = regime_bounds(split, p, n, sink=data.sink[b], key_mask=key_mask,
+                                          selected=selected & key_mask)
+                    out[b, :, q0 : q0 + step, kind, i] = rearrange(
+                        torch.stack(bound, dim=-1), "g r q f -> (g r) q f")
+    kinds.append(out)
+    bounds = torch.cat([kinds[0][:, :, :, None], out], dim=3)  # [b, h, q, kind, n, 3]
+    ok_rows = data.real.gather(1, data.queries.clamp_min(0)) & (data.queries >= 0)
+    bounds = torch.where(ok_rows[:, None, :, None, None, None], bounds, torch.nan)
+    finite = torch.isfinite(bounds)
+    mean = torch.where(finite, bounds, 0).sum(2) / finite.sum(2)
+    return mean, regime

@@ -1,0 +1,129 @@
+"""Validation of one layer's pattern and values, fused with the taxonomy votes (SPEC §5).
+
+One read of every real query row gives the statistics of :data:`.kernels.N_STATS`; every
+statistic is NaN-proof (a NaN anywhere a key does not exist counts as a leak, never as "not
+greater than the tolerance"), and each failure raises a :class:`~tl_geometry.cache.CacheError`
+that names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ..cache import PATTERN_HOOK, VALUE_HOOK, CacheError
+from . import torch_path
+from .kernels import (
+    LEAK_TOL,
+    N_STATS,
+    ST_DEAD,
+    ST_DEAD_Q,
+    ST_FUTURE,
+    ST_MIN,
+    ST_NONFINITE,
+    ST_NONFINITE_K,
+    ST_NONFINITE_Q,
+    ST_PADDING,
+    ST_ROW_SUM,
+)
+
+#: Largest row sum accepted: rows may hold less than 1 (learned sink logits, sliding windows),
+#: never more, up to half-precision round-off.
+MAX_ROW_SUM = 1.01
+NEGATIVE_TOL = 1e-6
+
+
+def check_values(v: Float[Tensor, "batch pos kv d"], real: Bool[Tensor, "batch pos"], layer: int) -> None:
+    """NaN or inf in a real position's value vector is an error (padding's values are unused)."""
+    bad = ~torch.isfinite(v) & real[:, :, None, None]
+    if bad.any():
+        raise CacheError(
+            f"{VALUE_HOOK.format(layer=layer)} has {int(bad.sum())} NaN/inf entries at real "
+            "positions: the forward pass overflowed (run it in float32 or bfloat16, not float16)."
+        )
+
+
+def check_and_vote(
+    rows: Float[Tensor, "batch head query key"],
+    real: Bool[Tensor, "batch pos"],
+    sink: Int[Tensor, " batch"],
+    norms: Float[Tensor, "batch group key"],
+    group_size: int,
+    *,
+    numba: bool,
+) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
+    """Validation statistics and source-winner vote counts of every (sequence, head)."""
+    batch, n_heads = rows.shape[:2]
+    if not numba:
+        return torch_path.check_and_vote(rows, real, sink, norms, group_size)
+    from .kernels import check_and_vote as kernel
+
+    stats = np.zeros((batch, n_heads, N_STATS))
+    votes = np.zeros((batch, n_heads, 3), dtype=np.int64)
+    arrays = (x.detach().contiguous().numpy() for x in (rows, real, sink, norms))
+    kernel(*arrays, group_size, stats, votes)  # type: ignore[call-arg]
+    return torch.from_numpy(stats), torch.from_numpy(votes)
+
+
+def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool) -> None:
+    """Raise the first problem the statistics show (warn for rows without mass, no mask)."""
+    name = PATTERN_HOOK.format(layer=layer)
+    s = stats.to("cpu", torch.float64)
+    count = int(s[..., ST_NONFINITE].sum())
+    if count:
+        b, h = (int(x) for x in (s[..., ST_NONFINITE] > 0).nonzero()[0])
+        q, k = int(s[b, h, ST_NONFINITE_Q]), int(s[b, h, ST_NONFINITE_K])
+        fix = ("Check that attention_mask is the one the model was run with; if it is, the "
+               "forward pass overflowed (run it in float32)." if mask_given else
+               "With a padded batch pass attention_mask; otherwise the forward pass overflowed "
+               "(run it in float32 instead of float16).")
+        raise CacheError(f"{name} has {count} NaN/inf entries at real positions (first at batch "
+                         f"{b0 + b}, head {h}, query {q}, key {k}). {fix}")
+    future = float(s[..., ST_FUTURE].max())
+    if future > LEAK_TOL:
+        raise CacheError(
+            f"{name} puts attention {_amount(future)} on future keys (key > query): its axes must "
+            "be [batch, head, query_pos, key_pos] of a causal model."
+        )
+    padding = float(s[..., ST_PADDING].max())
+    if padding > LEAK_TOL:
+        raise CacheError(
+            f"{name} puts attention {_amount(padding)} on padding (keys that attention_mask calls "
+            "padding): the forward pass did not mask them. Pass the same attention_mask to the model "
+            "(run_with_cache(tokens, attention_mask=mask)), or fix the mask given here."
+        )
+    low = float(s[..., ST_MIN].min())
+    if low < -NEGATIVE_TOL:
+        raise CacheError(f"{name} has negative entries (down to {low:.3g}): it must hold attention "
+                         "probabilities (hook_pattern, not hook_attn_scores).")
+    row_sum = float(s[..., ST_ROW_SUM].max())
+    if row_sum > MAX_ROW_SUM:
+        raise CacheError(
+            f"{name} has a query row whose attention sums to {row_sum:.3g} > 1: it must hold "
+            "probabilities normalised over keys, [batch, head, query_pos, key_pos]."
+        )
+    dead = int(s[..., ST_DEAD].sum())
+    if dead:
+        b, h = (int(x) for x in (s[..., ST_DEAD] > 0).nonzero()[0])
+        q = int(s[b, h, ST_DEAD_Q])
+        if mask_given:
+            raise CacheError(
+                f"{name} has {dead} query rows that attention_mask calls real but that hold no "
+                f"attention (first at batch {b0 + b}, head {h}, query {q}): the mask does not "
+                "match the forward pass (shifted, or one position too long?). Pass the mask the "
+                "model was run with."
+            )
+        warnings.warn(
+            f"{name} has {dead} query rows with no attention mass (first at batch {b0 + b}, "
+            f"query {q}). If the batch is padded, pass attention_mask (and the same mask to the "
+            "forward pass) so those positions are left out.",
+            stacklevel=5,
+        )
+
+
+def _amount(x: float) -> str:
+    return "mass NaN/inf" if not np.isfinite(x) else f"mass {x:.3g}"

@@ -1,0 +1,306 @@
+"""Compiled hot loops of the engine (numba, CPU): one pass per row, nothing materialised.
+
+Two kernels, each parallel over rows and each with a pure-torch twin in :mod:`.torch_path`
+(for CUDA and other devices, and as a second implementation the tests compare):
+
+* :func:`check_and_vote` reads every query row of a layer's pattern once: validation
+  statistics (non-finite entries where keys exist, mass on future or padding keys, negative
+  entries, row sums, rows without mass) and the source-winner vote (SPEC §5).
+* :func:`score_rows` scores every chosen query of every head: the top-N set, the top-N with the
+  sink removed and ``R`` random subsets, for every N (SPEC §2–3). Inner products come from the
+  Gram matrix ``G = V Vᵀ`` of the row's value group, accumulated as nested prefix sums along
+  each selection order: ``⟨v_k, s_N⟩ = Σ_{r<N} α_{π(r)} G[π(r), k]``, so every N of one order
+  costs one pass over ``max N`` rows of ``G``. Euclidean comparisons use
+  ``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders keys exactly as ``D`` does
+  without the cancellation of ``‖s‖²``; ``‖s‖²`` enters only the margin. Inversions are
+  counted among the contaminating keys only (``E_j ≤ max_S E``), by one small sort.
+
+Compiled on first use and cached on disk (``cache=True``), so only the first call of a fresh
+install pays the compilation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .rng import _C1, _C2, GOLDEN, SAMPLE_STRIDE
+
+# Indices of the validation statistics written by check_and_vote, per (sequence, head).
+N_STATS = 9
+(ST_NONFINITE, ST_NONFINITE_Q, ST_NONFINITE_K, ST_FUTURE, ST_PADDING, ST_MIN, ST_ROW_SUM,
+ ST_DEAD, ST_DEAD_Q) = range(N_STATS)
+LEAK_TOL = 1e-4
+COSINE_EPS = 1e-12
+
+_U_C1 = np.uint64(_C1)
+_U_C2 = np.uint64(_C2)
+_U_GOLDEN = np.uint64(GOLDEN)
+_U_STRIDE = np.uint64(SAMPLE_STRIDE)
+_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+
+
+@njit(cache=True, inline="always")
+def _mix(z):  # pragma: no cover - compiled
+    z = (z ^ (z >> _S30)) * _U_C1
+    z = (z ^ (z >> _S27)) * _U_C2
+    return z ^ (z >> _S31)
+
+
+@njit(parallel=True, cache=True)
+def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pragma: no cover
+    """Validation statistics ``stats[b, h, :]`` and votes ``votes[b, h, 3]`` of a layer.
+
+    ``pattern [b, h, q, k]`` (float32/64), ``real [b, pos]``, ``sink [b]``, ``norms [b, g, k]``
+    (‖v‖ of value group ``g = h // group_size``). Only rows of real queries are read.
+    """
+    n_b, n_h, n_q, n_k = pattern.shape
+    for bh in prange(n_b * n_h):
+        b = bh // n_h
+        h = bh % n_h
+        g = h // group_size
+        s = stats[b, h]
+        s[ST_NONFINITE_Q] = -1.0
+        s[ST_DEAD_Q] = -1.0
+        s[ST_MIN] = 0.0
+        for t in range(n_q):
+            if not real[b, t]:
+                continue
+            row_sum = 0.0
+            best = -1.0
+            winner = -1
+            for k in range(n_k):
+                x = np.float64(pattern[b, h, t, k])
+                if k <= t and real[b, k]:
+                    if not np.isfinite(x):
+                        if s[ST_NONFINITE] == 0:
+                            s[ST_NONFINITE_Q] = t
+                            s[ST_NONFINITE_K] = k
+                        s[ST_NONFINITE] += 1
+                        continue
+                    row_sum += x
+                    s[ST_MIN] = min(s[ST_MIN], x)
+                    c = x * norms[b, g, k]
+                    if c > best:
+                        best = c
+                        winner = k
+                else:
+                    a = abs(x)
+                    if not a <= LEAK_TOL:  # NaN and inf count as leaks too
+                        if not np.isfinite(a):
+                            a = np.inf
+                        if k > t:
+                            s[ST_FUTURE] = max(s[ST_FUTURE], a)
+                        else:
+                            s[ST_PADDING] = max(s[ST_PADDING], a)
+            s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
+            if abs(row_sum) < 1e-6:
+                if s[ST_DEAD] == 0:
+                    s[ST_DEAD_Q] = t
+                s[ST_DEAD] += 1
+            if t > sink[b] and winner >= 0:
+                votes[b, h, 0 if winner == t else (1 if winner == sink[b] else 2)] += 1
+
+
+@njit(cache=True)
+def _score(order, n, keys, excluded, alpha, dots, gdiag, chosen, cosine, buf, out):
+    """Write P, R, F, γ, GInv of the first ``n`` keys of ``order`` into ``out[0:5]``."""
+    sq_s = 0.0
+    for r in range(n):
+        i = order[r]
+        sq_s += alpha[i] * dots[i]
+    norm_s = np.sqrt(max(sq_s, 0.0))
+    # Comparison key of every key: E (Euclidean) or D (cosine); stored in buf's second half.
+    m = keys.shape[0]
+    e_max = -np.inf
+    for r in range(n):
+        i = order[r]
+        if cosine:
+            e = 1.0 - alpha[i] * dots[i] / (alpha[i] * np.sqrt(gdiag[i]) * norm_s + COSINE_EPS)
+        else:
+            e = alpha[i] * (alpha[i] * gdiag[i] - 2.0 * dots[i])
+        buf[m + r] = e
+        e_max = max(e_max, e)
+    e_min = np.inf
+    contaminating = 0
+    for j in range(m):
+        k = keys[j]
+        if chosen[k] or k == excluded:
+            continue
+        if cosine:
+            e = 1.0 - alpha[k] * dots[k] / (alpha[k] * np.sqrt(gdiag[k]) * norm_s + COSINE_EPS)
+        else:
+            e = alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k])
+        e_min = min(e_min, e)
+        if e <= e_max:
+            buf[contaminating] = e
+            contaminating += 1
+    recalled = 0
+    inversions = 0
+    if contaminating > 0:
+        inside = np.sort(buf[:contaminating])
+    for r in range(n):
+        e = buf[m + r]
+        if e < e_min:
+            recalled += 1
+        if contaminating > 0:
+            inversions += np.searchsorted(inside, e, side="right")
+    precision = n / (n + contaminating)
+    recall = recalled / n
+    out[0] = precision
+    out[1] = recall
+    out[2] = 2 * precision * recall / (precision + recall) if recalled > 0 else 0.0
+    if cosine:
+        out[3] = e_min - e_max
+    else:
+        d_min = np.sqrt(max(e_min + sq_s, 0.0))
+        d_max = np.sqrt(max(e_max + sq_s, 0.0))
+        # (E_min − E_max)/(D_min + D_max) = D_min − D_max without subtracting near-equal roots.
+        out[3] = (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
+    out[4] = inversions
+
+
+@njit(cache=True)
+def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, n_values, cosine,
+               dots, chosen, buf, out, accumulate):  # pragma: no cover - compiled
+    """Accumulate ``⟨v_k, s_N⟩`` along ``order`` and score every N of ``n_values`` ≤ ``n_max``."""
+    lo = keys[0]
+    hi = keys[keys.shape[0] - 1] + 1
+    for j in range(keys.shape[0]):
+        dots[keys[j]] = 0.0
+        chosen[keys[j]] = False
+    ni = 0
+    n_n = n_values.shape[0]
+    for r in range(n_max):
+        i = order[r]
+        a = alpha[i]
+        chosen[i] = True
+        row = gram[i]
+        if contiguous:
+            for k in range(lo, hi):
+                dots[k] += a * row[k]
+        else:
+            for j in range(keys.shape[0]):
+                k = keys[j]
+                dots[k] += a * row[k]
+        while ni < n_n and n_values[ni] == r + 1:
+            if accumulate:
+                tmp = np.empty(5)
+                _score(order, r + 1, keys, excluded, alpha, dots, gdiag, chosen, cosine, buf, tmp)
+                for f in range(5):
+                    out[ni, f] += tmp[f]
+            else:
+                _score(order, r + 1, keys, excluded, alpha, dots, gdiag, chosen, cosine, buf,
+                       out[ni])
+            ni += 1
+
+
+@njit(parallel=True, cache=True)
+def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, sequence_keys,
+               gram, n_values, samples, by_contribution, cosine,
+               metrics, inside, sink_mass):  # pragma: no cover - compiled
+    """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
+
+    ``pattern [b, H, q, k]``, ``queries [b, Q]`` (−1: none), ``real``, ``sink``, ``real_index``
+    and ``sequence_keys`` are the chunk's sequences; ``gram [b, g, k, k]`` holds value groups
+    ``g0 + g``. Writes ``metrics[b, h, Q, 3, n, 5]``
+    (groups top, random mean, sink removed; metrics P, R, F, γ, GInv; NaN where N does not fit),
+    ``inside[b, h, Q, n]`` (sink in the top-N set) and, of ``sink_mass[b, h, Q, 5]`` (the
+    fields of SPEC §4), field 0 (α_sink) and field 4 (the sink's share of Σ α_j‖v_j‖).
+    """
+    n_cb, n_cg = gram.shape[0], gram.shape[1]
+    n_ch = n_cg * group_size
+    n_query = queries.shape[1]
+    n_n = n_values.shape[0]
+    for row in prange(n_cb * n_ch * n_query):
+        cb = row // (n_ch * n_query)
+        ch = (row // n_query) % n_ch
+        qi = row % n_query
+        b = cb
+        h = h0 + ch
+        cg = (h // group_size) - g0
+        t = queries[b, qi]
+        out = metrics[b, h, qi]
+        if t < 0 or not real[b, t]:
+            out[:] = np.nan
+            sink_mass[b, h, qi, :] = np.nan
+            continue
+        lo = sink[b]
+        m = 0
+        for k in range(lo, t + 1):
+            if real[b, k]:
+                m += 1
+        keys = np.empty(m, dtype=np.int64)
+        m = 0
+        for k in range(lo, t + 1):
+            if real[b, k]:
+                keys[m] = k
+                m += 1
+        contiguous = m == t + 1 - lo
+        gram_bg = gram[cb, cg]
+        alpha = np.zeros(t + 1)
+        gdiag = np.zeros(t + 1)
+        score = np.empty(m)
+        total = 0.0
+        for j in range(m):
+            k = keys[j]
+            alpha[k] = pattern[b, h, t, k]
+            gdiag[k] = gram_bg[k, k]
+            contribution = alpha[k] * np.sqrt(gdiag[k])
+            total += contribution
+            score[j] = -(contribution if by_contribution else alpha[k])
+        s = sink[b]
+        if m > 1:  # SPEC §4 needs a key besides the sink
+            sink_mass[b, h, qi, 0] = alpha[s]
+            sink_mass[b, h, qi, 4] = alpha[s] * np.sqrt(gdiag[s]) / total
+        # Stable sort of −score: descending, ties → lower index (SPEC §2).
+        top = keys[np.argsort(score, kind="mergesort")]
+        sink_rank = 0
+        while top[sink_rank] != s:
+            sink_rank += 1
+        for ni in range(n_n):
+            inside[b, h, qi, ni] = sink_rank < n_values[ni]
+        dots = np.zeros(t + 1)
+        chosen = np.zeros(t + 1, dtype=np.bool_)
+        buf = np.empty(2 * m)
+        out[:] = np.nan
+        n_top = 0  # largest N of the grid that fits: 1 ≤ N < |keys|
+        n_drop = 0  # … with the sink removed: N < |keys| − 1
+        for ni in range(n_n):
+            if n_values[ni] < m:
+                n_top = n_values[ni]
+            if n_values[ni] < m - 1:
+                n_drop = n_values[ni]
+        for ni in range(n_n):
+            if n_values[ni] < m:
+                out[0, ni, :] = 0.0
+                if samples > 0:
+                    out[1, ni, :] = 0.0
+        _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, n_values, cosine,
+                   dots, chosen, buf, out[0], False)
+        if n_drop > 0:
+            dropped = np.empty(m - 1, dtype=np.int64)
+            c = 0
+            for j in range(m):
+                if top[j] != s:
+                    dropped[c] = top[j]
+                    c += 1
+            _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, n_values,
+                       cosine, dots, chosen, buf, out[2], False)
+        if samples > 0 and n_top > 0:
+            row_key = _mix(_mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t]))
+                           + np.uint64(h))
+            perm = np.empty(m, dtype=np.int64)
+            for sample in range(samples):
+                perm[:] = keys
+                base = np.uint64(sample) * _U_STRIDE
+                for r in range(n_top):
+                    u = _mix(row_key + _U_GOLDEN * (base + np.uint64(r + 1)))
+                    j = r + np.int64(((u >> _S32) * np.uint64(m - r)) >> _S32)
+                    perm[r], perm[j] = perm[j], perm[r]
+                _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, n_values,
+                           cosine, dots, chosen, buf, out[1], True)
+            for ni in range(n_n):
+                if n_values[ni] < m:
+                    for f in range(5):
+                        out[1, ni, f] /= samples

@@ -1,0 +1,261 @@
+"""Per-layer work: one layer's pattern and values → per-sequence statistics (:class:`LayerStats`).
+
+The layer is processed in chunks of sequences (and, for long contexts, of value groups) so that
+no more than a fraction of the pattern's size is held at once (:func:`_chunk_plan`). Per chunk:
+
+1. value vectors of each *value group* — the KV heads in value space (query head ``h`` reads
+   group ``h // (n_heads // n_kv)``), the query heads in output space (``v·W_O[h]``);
+2. :func:`check_and_vote`: validation and the source-winner votes in one read of the rows;
+3. the Gram matrices ``G = V Vᵀ`` of the chunk's groups, rows and columns of bit-identical
+   value vectors made identical (exact ties stay exact, SPEC §3);
+4. :func:`score_rows`: every selection of every chosen query (SPEC §2–3);
+5. the sink geometry (κ, cosines, SPEC §4) from prefix sums of the values.
+
+Everything stays on the cache's device: numba kernels for CPU tensors, their torch twins
+(:mod:`.torch_path`) elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from einops import einsum, rearrange, reduce
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ..functional._types import COMPUTE_DTYPE
+from ..functional.heads import first_duplicate, last_positions
+from . import checks, torch_path
+from .bounds import layer_bounds
+from .options import AnalysisOptions
+from .rng import sequence_keys
+
+#: Bytes of chunk tensors (Gram blocks, values, upcast pattern rows) per byte of pattern.
+CHUNK_FRACTION = 0.25
+#: … but never less than this, so small layers are one chunk.
+MIN_CHUNK_BYTES = 1 << 24
+
+
+class LayerStats(NamedTuple):
+    """One layer of one batch, reduced over queries; every field adds across batches."""
+
+    seq_mean: Float[Tensor, "batch head group n metric"]
+    """Per-sequence means over the chosen queries (NaN where none was defined)."""
+    inst_sum: Float[Tensor, "head inout n metric"]
+    """Σ of top-N metrics over instances with the sink inside / outside the set."""
+    inst_count: Float[Tensor, "head inout n"]
+    sink_mean: Float[Tensor, "batch head field"]
+    votes: Float[Tensor, "head 3"]
+    bound_mean: Float[Tensor, "batch head kind n bmetric"] | None
+    regime: Float[Tensor, "batch head rfield"] | None
+
+
+class _Layer(NamedTuple):
+    """What every chunk of one layer shares."""
+
+    pattern: Float[Tensor, "batch head query key"]
+    v: Float[Tensor, "batch pos kv d"]
+    real: Bool[Tensor, "batch pos"]
+    sink: Int[Tensor, " batch"]
+    queries: Int[Tensor, "batch q"]
+    W_O: Tensor | None
+    group_size: int
+    n_groups: int
+
+
+def _use_numba(device: torch.device, backend: str) -> bool:
+    if backend == "torch":
+        return False
+    if device.type != "cpu":
+        if backend == "numba":
+            raise ValueError(f"backend='numba' runs on CPU tensors; this cache is on {device}. "
+                             "Use backend='auto' (torch on this device) or move the cache.")
+        return False
+    try:
+        import numba  # noqa: F401
+    except ImportError:  # pragma: no cover - numba is a dependency
+        if backend == "numba":
+            raise
+        return False
+    return True
+
+
+def group_values(layer: _Layer, b0: int, b1: int, n_keys: int) -> Float[Tensor, "b g k d"]:
+    """Value vectors of every value group for sequences ``b0:b1`` and keys ``:n_keys`` (float64)."""
+    v = layer.v[b0:b1, :n_keys].to(COMPUTE_DTYPE)
+    v = torch.where(layer.real[b0:b1, :n_keys, None, None], v, 0.0)  # padding's values are unused
+    if layer.W_O is None:
+        return rearrange(v, "b k g d -> b g k d")
+    n_kv = v.shape[2]
+    W = rearrange(layer.W_O.to(COMPUTE_DTYPE), "(g r) d m -> g r d m", g=n_kv)
+    out = einsum(v, W, "b k g d, g r d m -> b g r k m")
+    return rearrange(out, "b g r k m -> b (g r) k m")
+
+
+def _gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
+    """``G = V Vᵀ`` with duplicate rows made bit-identical (BLAS may round them apart)."""
+    gram = einsum(values, values, "b g k d, b g j d -> b g k j")
+    dup = first_duplicate(values)
+    if not torch.equal(dup, torch.arange(dup.shape[-1], device=dup.device).expand_as(dup)):
+        gram = gram.gather(-2, dup[..., :, None].expand(gram.shape))
+        gram = gram.gather(-1, dup[..., None, :].expand(gram.shape))
+    return gram
+
+
+def sink_geometry(
+    values: Float[Tensor, "b g k d"], real: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
+    queries: Int[Tensor, "b q"],
+) -> Float[Tensor, "b g q 3"]:
+    """κ, mean cosine to the sink and cosine to the mean, at each query (SPEC §4).
+
+    Over ``J_t`` = real keys ``≤ t`` except the sink, by prefix sums along the keys, so every
+    query of a sequence costs ``O(d)``. NaN where ``J_t`` is empty.
+    """
+    eps = 1e-12
+    n_key = values.shape[2]
+    keys = torch.arange(n_key, device=values.device)
+    others = (real & (keys != sink[:, None])).to(COMPUTE_DTYPE)[:, None, :]  # [b, 1, k]
+    norms = torch.linalg.vector_norm(values, dim=-1)  # [b, g, k]
+    index = sink[:, None, None, None].expand(-1, values.shape[1], 1, values.shape[-1])
+    v_sink = values.gather(2, index)  # [b, g, 1, d]
+    sink_norm = norms.gather(-1, sink[:, None, None].expand(-1, values.shape[1], 1))
+    sink_dots = einsum(values, v_sink, "b g k d, b g one d -> b g k")
+    count = others.cumsum(-1)
+    mean_norm = (norms * others).cumsum(-1) / count
+    cosine = (sink_dots / (sink_norm * norms + eps) * others).cumsum(-1) / count
+    total = (values * others[..., None]).cumsum(2)  # Σ_{j∈J_t} v_j, [b, g, k, d]
+    mean_norm_vec = torch.linalg.vector_norm(total, dim=-1) / count
+    mean_dot = (sink_dots * others).cumsum(-1) / count
+    mean_cosine = mean_dot / (sink_norm * mean_norm_vec + eps)
+    fields = torch.stack([sink_norm / mean_norm, cosine, mean_cosine], dim=-1)  # [b, g, k, 3]
+    fields = torch.where((count > 0)[..., None], fields, torch.nan)
+    at = queries.clamp_min(0)[:, None, :, None].expand(-1, fields.shape[1], -1, 3)
+    return fields.gather(2, at)
+
+
+def _chunk_plan(layer: _Layer, d_values: int) -> list[tuple[int, int, int, int]]:
+    """``(b0, b1, g0, g1)`` chunks whose Gram blocks, values and rows fit the budget."""
+    pattern = layer.pattern
+    batch, n_pos = pattern.shape[0], pattern.shape[-1]
+    budget = max(MIN_CHUNK_BYTES, int(CHUNK_FRACTION * pattern.numel() * pattern.element_size()))
+    gram_bytes = n_pos * n_pos * 8
+    per_seq = layer.n_groups * (gram_bytes + n_pos * d_values * 8)
+    if pattern.dtype not in (torch.float32, torch.float64):
+        per_seq += pattern[0].numel() * 4  # the float32 copy of the rows
+    if per_seq <= budget:
+        step = max(1, budget // per_seq)
+        return [(b, min(batch, b + step), 0, layer.n_groups) for b in range(0, batch, step)]
+    g_step = max(1, budget // gram_bytes)
+    return [(b, b + 1, g, min(layer.n_groups, g + g_step))
+            for b in range(batch) for g in range(0, layer.n_groups, g_step)]
+
+
+def analyze_layer(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch pos kv d"],
+    real: Bool[Tensor, "batch pos"],
+    sink: Int[Tensor, " batch"],
+    opts: AnalysisOptions,
+    *,
+    layer: int,
+    W_O: Tensor | None = None,
+    sequence_offset: int = 0,
+    mask_given: bool,
+) -> LayerStats:
+    """Validate one layer of one batch and reduce it to :class:`LayerStats` (SPEC §2–6).
+
+    ``pattern`` and ``v`` are read, never written; ``W_O`` (``[head, d_head, d_model]``)
+    selects output space. Sequence ``i`` of the batch is global sequence ``sequence_offset + i``
+    (the random baseline's stream).
+    """
+    device = pattern.device
+    real, sink = real.to(device), sink.to(device)
+    checks.check_values(v, real, layer)
+    batch, n_heads, n_pos, _ = pattern.shape
+    n_kv = v.shape[2]
+    n_groups = n_heads if W_O is not None else n_kv
+    if W_O is not None and W_O.shape[:2] != (n_heads, v.shape[-1]):
+        raise ValueError(f"W_O of layer {layer} is {tuple(W_O.shape)}; expected [{n_heads}, "
+                         f"{v.shape[-1]}, d_model] ([head, d_head, d_model]) to match the cache.")
+    if opts.queries == "last":
+        queries = last_positions(real)[:, None]
+    else:
+        queries = torch.arange(n_pos, device=device).repeat(batch, 1)
+    data = _Layer(pattern, v, real, sink, queries, W_O, n_heads // n_groups, n_groups)
+    numba = _use_numba(device, opts.backend)
+    n_values = opts.n_values.to(device)
+    n_q, n_n = queries.shape[1], len(n_values)
+    metrics = torch.full((batch, n_heads, n_q, 3, n_n, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device)
+    inside = torch.zeros(batch, n_heads, n_q, n_n, dtype=torch.bool, device=device)
+    sink_fields = torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device)
+    votes = torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device)
+    seq_ids = range(sequence_offset, sequence_offset + batch)
+    keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(device)
+    real_index = real.long().cumsum(-1) - 1
+    d_values = v.shape[-1] if W_O is None else W_O.shape[-1]
+    for b0, b1, g0, g1 in _chunk_plan(data, d_values):
+        if g0 == 0:  # the first chunk of these sequences: validate and vote, one read of the rows
+            rows = pattern[b0:b1]
+            if numba and rows.dtype not in (torch.float32, torch.float64):
+                rows = rows.float()
+            values = group_values(data, b0, b1, n_pos)
+            stats, votes[b0:b1] = checks.check_and_vote(
+                rows, real[b0:b1], sink[b0:b1], torch.linalg.vector_norm(values, dim=-1),
+                data.group_size, numba=numba,
+            )
+            checks.raise_for_stats(stats, layer, b0, mask_given=mask_given)
+        n_keys = int(queries[b0:b1].max()) + 1  # keys after the last chosen query are unused
+        chunk = values[:, g0:g1, :n_keys]
+        h0, h1 = g0 * data.group_size, g1 * data.group_size
+        args = (rows, h0, data.group_size, g0, queries[b0:b1], real[b0:b1], sink[b0:b1],
+                real_index[b0:b1], keys[b0:b1], _gram(chunk), n_values, opts.random_samples,
+                opts.rank_by == "contribution", opts.distance == "cosine")
+        outputs = (metrics[b0:b1], inside[b0:b1], sink_fields[b0:b1])
+        if numba:
+            from .kernels import score_rows
+
+            score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))
+        else:
+            torch_path.score_rows(*args, *outputs)
+        geometry = sink_geometry(chunk, real[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])
+        ok = ((queries[b0:b1] >= 0) & real[b0:b1].gather(1, queries[b0:b1].clamp_min(0)))[:, None, :, None]
+        geometry = torch.where(ok, geometry.repeat_interleave(data.group_size, dim=1), torch.nan)
+        sink_fields[b0:b1, h0:h1, :, 1:4] = geometry
+    return _reduce(data, opts, metrics, inside, sink_fields, votes, layer)
+
+
+def _numpy(x: Any) -> Any:
+    """NumPy view of a CPU tensor, contiguous so that each kernel compiles for one layout."""
+    return x.detach().contiguous().numpy() if isinstance(x, Tensor) else x
+
+
+def _nanmean(x: Tensor, dim: int) -> Tensor:
+    """Mean over ``dim`` of the finite entries; NaN where there are none."""
+    finite = torch.isfinite(x)
+    return torch.where(finite, x, 0).sum(dim) / finite.sum(dim)
+
+
+def _reduce(
+    data: _Layer, opts: AnalysisOptions, metrics: Tensor, inside: Tensor, sink_fields: Tensor,
+    votes: Tensor, layer: int,
+) -> LayerStats:
+    """Per-query rows → per-sequence means, sink-in/out instance sums, vote counts."""
+    top = metrics[:, :, :, 0]  # [b, h, q, n, metric]
+    defined = torch.isfinite(top[..., 0])
+    groups = torch.stack([inside & defined, ~inside & defined], dim=2)  # [b, h, 2, q, n]
+    inst_sum = reduce(torch.where(groups[..., None], top[:, :, None], 0.0),
+                      "b h io q n m -> h io n m", "sum")
+    inst_count = reduce(groups.to(COMPUTE_DTYPE), "b h io q n -> h io n", "sum")
+    bound_mean = regime = None
+    if opts.bounds:
+        bound_mean, regime = layer_bounds(data, opts, top[..., 4], layer)
+    return LayerStats(
+        seq_mean=_nanmean(metrics, dim=2),
+        inst_sum=inst_sum,
+        inst_count=inst_count,
+        sink_mean=_nanmean(sink_fields, dim=2),
+        votes=reduce(votes.to(COMPUTE_DTYPE), "b h vote -> h vote", "sum"),
+        bound_mean=bound_mean,
+        regime=regime,
+    )

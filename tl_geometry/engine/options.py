@@ -1,0 +1,111 @@
+"""The analysis options, their defaults and their validation: one source for every front-end."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+import torch
+from torch import Tensor
+
+Queries = Literal["last", "all"]
+Distance = Literal["euclidean", "cosine"]
+Space = Literal["value", "output"]
+RankBy = Literal["attention", "contribution"]
+Backend = Literal["auto", "numba", "torch"]
+
+DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_RANDOM_SAMPLES = 16
+#: Largest selection size accepted: sizes beyond any real context are a typo, not a request.
+MAX_N = 1 << 31
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """Validated options that every layer of one analysis shares."""
+
+    n_values: Tensor
+    queries: Queries = "last"
+    random_samples: int = DEFAULT_RANDOM_SAMPLES
+    seed: int = 0
+    distance: Distance = "euclidean"
+    space: Space = "value"
+    rank_by: RankBy = "attention"
+    bounds: bool = False
+    backend: Backend = "auto"
+
+
+def _choice(name: str, value: object, literal: object, notes: dict[str, str] | None = None) -> None:
+    """``value`` must be one of the ``Literal``'s choices: "x must be 'a' (note) or 'b', got …"."""
+    choices = get_args(literal)
+    if not isinstance(value, str) or value not in choices:
+        named = [repr(c) + (f" ({notes[c]})" if notes and c in notes else "") for c in choices]
+        listed = ", ".join(named[:-1]) + " or " + named[-1]
+        raise ValueError(f"{name} must be {listed}, got {value!r}.")
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}.")
+    return bool(value)
+
+
+def n_value_tensor(n_values: object) -> Tensor:
+    """Sorted selection sizes as an int64 tensor; a clear ``ValueError`` for anything else."""
+    if isinstance(n_values, (Tensor, np.ndarray)):
+        n_values = n_values.tolist()
+    if isinstance(n_values, (int, np.integer)) and not isinstance(n_values, (bool, np.bool_)):
+        values = [n_values]
+    elif isinstance(n_values, (str, bytes)) or not isinstance(n_values, (Sequence, range, tuple, list)):
+        raise ValueError(f"n_values must be a sequence of positive ints, got {n_values!r}.")
+    else:
+        values = list(n_values)
+    if not values or any(
+        isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_N
+        for n in values
+    ):
+        raise ValueError(
+            f"n_values must be positive ints (selection sizes 1 ≤ N ≤ 2**31), got {n_values!r}."
+        )
+    values = [int(n) for n in values]
+    if len(set(values)) != len(values):
+        raise ValueError(f"n_values has duplicates: {values}; give each N once.")
+    return torch.tensor(sorted(values), dtype=torch.int64)
+
+
+def check_options(
+    *,
+    n_values: object = DEFAULT_N_VALUES,
+    queries: object = "last",
+    random_samples: object = DEFAULT_RANDOM_SAMPLES,
+    seed: object = 0,
+    distance: object = "euclidean",
+    space: object = "value",
+    rank_by: object = "attention",
+    bounds: object = False,
+    backend: object = "auto",
+) -> AnalysisOptions:
+    """Validate every option at once, before any tensor is read; ``ValueError`` names the fix."""
+    _choice("queries", queries, Queries, {"last": "paper protocol"})
+    _choice("distance", distance, Distance)
+    _choice("space", space, Space, {"value": "α·v", "output": "α·v·W_O"})
+    _choice("rank_by", rank_by, RankBy)
+    _choice("backend", backend, Backend)
+    bounds = _flag("bounds", bounds)
+    if bounds and distance != "euclidean":
+        raise ValueError("bounds=True needs distance='euclidean': the bounds are Euclidean "
+                         "(docs/math.md, bounds).")
+    if (isinstance(random_samples, (bool, np.bool_)) or not isinstance(random_samples, (int, np.integer))
+            or random_samples < 0):
+        raise ValueError(f"random_samples must be a non-negative int (0 turns the random baseline "
+                         f"off), got {random_samples!r}.")
+    samples = int(random_samples)
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an int, got {seed!r}.")
+    return AnalysisOptions(
+        n_values=n_value_tensor(n_values), queries=queries, random_samples=samples,  # type: ignore[arg-type]
+        seed=int(seed), distance=distance, space=space, rank_by=rank_by,  # type: ignore[arg-type]
+        bounds=bounds, backend=backend,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,65 @@
+"""Counter-based random draws for the random baseline (SPEC §3), identical on every backend.
+
+Every draw is a pure function of ``(seed, layer, sequence, query, head, sample, step)``
+through the SplitMix64 finaliser, so a key's draws do not depend on batch width, chunking,
+streaming, thread count or device. Sequences are numbered globally and queries by their index
+among the sequence's real tokens, so padding does not move the draws either. The compiled
+kernels (:mod:`.kernels`) and the torch twin (:mod:`.torch_path`) use the same arithmetic:
+64-bit wrap-around, which numpy ``uint64`` and torch ``int64`` share bit for bit.
+
+The size-``N`` random subsets are the first ``N`` keys of a partial Fisher–Yates shuffle of
+the query's valid keys (in position order); the swap index of step ``r`` over ``m`` keys is
+``r + ⌊(u >> 32)·(m − r) / 2³²⌋``, whose bias is below ``m / 2³²`` (ours).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from torch import Tensor
+
+_M64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+_C1 = 0xBF58476D1CE4E5B9
+_C2 = 0x94D049BB133111EB
+#: ``step`` counts draws within one sample; samples are spaced this far apart.
+SAMPLE_STRIDE = 1 << 32
+
+
+def mix(z: int) -> int:
+    """SplitMix64 finaliser of a Python int, modulo 2⁶⁴."""
+    z &= _M64
+    z = ((z ^ (z >> 30)) * _C1) & _M64
+    z = ((z ^ (z >> 27)) * _C2) & _M64
+    return z ^ (z >> 31)
+
+
+def sequence_keys(seed: int, layer: int, sequences: Iterable[int]) -> np.ndarray:
+    """``mix(mix(mix(seed) + layer) + sequence)`` for each global sequence index (``uint64``)."""
+    base = mix(mix(seed) + layer)
+    return np.array([mix(base + int(s)) for s in sequences], dtype=np.uint64)
+
+
+def _signed(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shr(z: Tensor, s: int) -> Tensor:
+    # Logical shift of int64 bits: torch's >> is arithmetic.
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def torch_mix(z: Tensor) -> Tensor:
+    """:func:`mix` on int64 tensors holding uint64 bits (wrap-around arithmetic)."""
+    z = (z ^ _shr(z, 30)) * _signed(_C1)
+    z = (z ^ _shr(z, 27)) * _signed(_C2)
+    return z ^ _shr(z, 31)
+
+
+def torch_swap_index(
+    row_key: Tensor, sample: Tensor, step: int, n_keys: Tensor
+) -> Tensor:
+    """Fisher–Yates swap index of ``step`` for each row: in ``[step, n_keys)``."""
+    u = torch_mix(row_key + _signed(GOLDEN) * (sample * SAMPLE_STRIDE + step + 1))
+    return step + ((_shr(u, 32) * (n_keys - step)) >> 32)

@@ -1,0 +1,209 @@
+"""Pure-torch twins of the compiled kernels, for CUDA and every device numba does not serve.
+
+Same inputs, outputs and random stream as :mod:`.kernels` (the tests compare the two against
+the NumPy reference), vectorised over sequences, heads, queries, selections and N instead of
+looping over rows; only the Fisher–Yates steps (at most ``max N``) are a Python loop. Work is
+split over queries so that one block holds about :data:`BLOCK_ELEMENTS` selection weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
+from ..functional.selection import _inverse_permutation
+from .rng import torch_mix, torch_swap_index
+
+BLOCK_ELEMENTS = 1 << 22
+_LEAK_TOL = 1e-4
+
+
+def check_and_vote(
+    rows: Float[Tensor, "batch head query key"], real: Bool[Tensor, "batch pos"],
+    sink: Int[Tensor, " batch"], norms: Float[Tensor, "batch group key"], group_size: int,
+) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
+    """:func:`.kernels.check_and_vote` in torch, one sequence at a time."""
+    from .kernels import N_STATS
+
+    batch, n_heads, n_pos, _ = rows.shape
+    device = rows.device
+    keys = torch.arange(n_pos, device=device)
+    causal = keys[None, :] <= keys[:, None]  # [q, k]
+    stats = torch.zeros(batch, n_heads, N_STATS, dtype=COMPUTE_DTYPE, device=device)
+    votes = torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device)
+    for b in range(batch):
+        x = rows[b].to(COMPUTE_DTYPE)  # [h, q, k]
+        row_real = real[b][None, :, None]
+        valid = causal & real[b][None, :] & row_real
+        finite = torch.isfinite(x)
+        bad = valid & ~finite
+        stats[b, :, 0] = bad.sum((-1, -2)).to(COMPUTE_DTYPE)
+        stats[b, :, 1:3] = -1.0
+        first = _first_index(bad)
+        stats[b, :, 1], stats[b, :, 2] = first[0], first[1]
+        leak = (~valid & row_real) & ~(x.abs() <= _LEAK_TOL)
+        amount = torch.where(torch.isfinite(x), x.abs(), torch.inf)
+        stats[b, :, 3] = torch.where(leak & ~causal, amount, 0).amax((-1, -2))
+        stats[b, :, 4] = torch.where(leak & causal, amount, 0).amax((-1, -2))
+        good = valid & finite
+        stats[b, :, 5] = torch.where(good, x, 0).amin((-1, -2)).clamp_max(0)
+        row_sum = torch.where(good, x, 0).sum(-1)  # [h, q]
+        stats[b, :, 6] = torch.where(real[b], row_sum, 0).amax(-1)
+        dead = real[b] & (row_sum.abs() < 1e-6)
+        stats[b, :, 7] = dead.sum(-1).to(COMPUTE_DTYPE)
+        stats[b, :, 8] = torch.where(dead.any(-1), dead.to(torch.int8).argmax(-1).to(COMPUTE_DTYPE), -1.0)
+        head_norms = norms[b].repeat_interleave(group_size, dim=0)[:, None, :]  # [h, 1, k]
+        winner = torch.where(good, x * head_norms, -1.0).argmax(-1)  # first maximum: lower index
+        counted = real[b] & (keys > sink[b])
+        kind = torch.where(winner == keys, 0, torch.where(winner == sink[b], 1, 2))
+        votes[b] = torch.nn.functional.one_hot(kind, 3).mul(counted[None, :, None]).sum(1)
+    return stats, votes
+
+
+def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
+    """(query, key) of each head's first True in row-major order, −1 where none."""
+    flat = bad.flatten(1)
+    pos = flat.to(torch.int8).argmax(-1)
+    n_key = bad.shape[-1]
+    none = ~flat.any(-1)
+    q = torch.where(none, -1, pos // n_key).to(COMPUTE_DTYPE)
+    k = torch.where(none, -1, pos % n_key).to(COMPUTE_DTYPE)
+    return q, k
+
+
+def score_rows(
+    rows: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, real: Tensor,
+    sink: Tensor, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
+    samples: int, by_contribution: bool, cosine: bool, metrics: Tensor, inside: Tensor,
+    sink_fields: Tensor,
+) -> None:
+    """:func:`.kernels.score_rows` in torch: same arguments, same outputs (written in place)."""
+    n_cg, n_key = gram.shape[1], gram.shape[-1]
+    n_ch = n_cg * group_size
+    n_sel = 2 + samples
+    per_query = rows.shape[0] * n_ch * n_sel * len(n_values) * n_key
+    step = max(1, BLOCK_ELEMENTS // max(per_query, 1))
+    for q0 in range(0, queries.shape[1], step):
+        q1 = min(queries.shape[1], q0 + step)
+        _score_block(rows, h0, group_size, queries[:, q0:q1], real, sink, real_index,
+                     sequence_keys, gram, n_values, samples, by_contribution, cosine,
+                     metrics[:, h0 : h0 + n_ch, q0:q1], inside[:, h0 : h0 + n_ch, q0:q1],
+                     sink_fields[:, h0 : h0 + n_ch, q0:q1])
+
+
+def _score_block(rows, h0, group_size, queries, real, sink, real_index, sequence_keys, gram,
+                 n_values, samples, by_contribution, cosine, metrics, inside, sink_fields) -> None:
+    device = gram.device
+    n_b, n_cg, n_key = gram.shape[0], gram.shape[1], gram.shape[-1]
+    n_ch = n_cg * group_size
+    t = queries.clamp_min(0)  # [b, q]
+    ok = (queries >= 0) & real.gather(1, t)
+    keys = torch.arange(n_key, device=device)
+    valid = (keys <= t[..., None]) & real[:, None, :n_key] & ok[..., None]  # [b, q, k]
+    index = t[:, None, :, None].expand(n_b, n_ch, -1, rows.shape[-1])
+    alpha = rows[:, h0 : h0 + n_ch].gather(2, index)[..., :n_key].to(COMPUTE_DTYPE)
+    alpha = torch.where(valid[:, None], alpha, 0.0)  # [b, h, q, k]
+    gdiag = gram.diagonal(dim1=-2, dim2=-1).repeat_interleave(group_size, dim=1)[:, :, None]
+    norms = gdiag.clamp_min(0).sqrt()  # [b, h, 1, k]
+    is_sink = keys == sink[:, None, None]  # [b, 1, k]
+
+    total = (alpha * norms).sum(-1)
+    mass = (alpha * is_sink[:, None]).sum(-1)
+    sink_norm = (norms * is_sink[:, None]).sum(-1)
+    has_other = (ok & (valid.sum(-1) > 1))[:, None]  # SPEC §4 needs a key besides the sink
+    sink_fields[..., 0] = torch.where(has_other, mass, torch.nan)
+    sink_fields[..., 4] = torch.where(has_other, mass * sink_norm / total, torch.nan)
+
+    score = alpha * norms if by_contribution else alpha
+    top = _ranks(score, valid[:, None])
+    sink_rank = (top * is_sink[:, None]).sum(-1)  # [b, h, q]
+    inside.copy_(sink_rank[..., None] < n_values)
+    keep = valid & ~is_sink
+    dropped = _ranks(score, keep[:, None])
+    m = valid.sum(-1)  # [b, q]
+    ranks = [top[:, :, :, None], dropped[:, :, :, None]]
+    keysets = [valid, keep]
+    if samples > 0:
+        row_key = torch_mix(torch_mix(sequence_keys[:, None] + real_index.gather(1, t))[:, None]
+                            + torch.arange(h0, h0 + n_ch, device=device)[:, None])  # [b, h, q]
+        ranks.append(_random_ranks(valid, m, row_key, samples, n_values))
+        keysets.append(valid)
+    out = []
+    for rank, keyset in zip(ranks, keysets):
+        scores = _score(alpha, gram, gdiag, rank, keyset[:, None, :, None, None], n_values,
+                        group_size, cosine)  # [b, h, q, sel, n, 5]
+        out.append(scores.mean(3))
+    nan = torch.full_like(out[0], torch.nan)
+    grouped = torch.stack([out[0], out[2] if samples > 0 else nan, out[1]], dim=3)
+    metrics.copy_(torch.where(ok[:, None, :, None, None, None], grouped, torch.nan))
+
+
+def _ranks(score: Tensor, valid: Tensor) -> Tensor:
+    """Rank by decreasing score, ties → lower index, invalid keys last (SPEC §2)."""
+    order = torch.sort(torch.where(valid, score, -torch.inf), dim=-1, descending=True, stable=True)
+    return _inverse_permutation(order.indices)
+
+
+def _random_ranks(valid: Tensor, m: Tensor, row_key: Tensor, samples: int, n_values: Tensor) -> Tensor:
+    """Ranks of the partial Fisher–Yates shuffles of :mod:`.rng` (``[b, h, q, sample, k]``)."""
+    n_b, n_h, n_q = row_key.shape
+    n_key = valid.shape[-1]
+    keys = torch.arange(n_key, device=valid.device)
+    listed = torch.sort(torch.where(valid, keys, n_key), dim=-1).values  # valid keys first, in order
+    perm = listed[:, None, :, None, :].expand(n_b, n_h, n_q, samples, n_key).clone()
+    fits = n_values[None, None, :] < m[..., None]  # [b, q, n]
+    n_top = torch.where(fits, n_values, 0).amax(-1)[:, None, :, None]  # [b, 1, q, 1]
+    sample = torch.arange(samples, device=valid.device)
+    mm = m[:, None, :, None]
+    for r in range(int(n_top.max()) if n_top.numel() else 0):
+        j = torch_swap_index(row_key[..., None], sample, r, mm).clamp_max(n_key - 1)
+        live = r < n_top
+        a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
+        perm[..., r] = torch.where(live, b, a)
+        perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
+    position = torch.arange(n_key, device=valid.device).expand_as(perm)
+    rank = torch.full((*perm.shape[:-1], n_key + 1), n_key, dtype=torch.int64, device=valid.device)
+    rank.scatter_(-1, perm, torch.where(position < n_top[..., None], position, n_key))
+    return rank[..., :n_key]
+
+
+def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine) -> Tensor:
+    """P, R, F, γ, GInv of every (selection, N) — ``[b, h, q, sel, n, 5]``, NaN where N does not fit."""
+    n = n_values[:, None]
+    selected = rank[..., None, :] < n  # [b, h, q, sel, n, k]
+    weights = alpha[:, :, :, None, None, :] * selected
+    grouped = rearrange(weights, "b (g r) q s n k -> b g (r q s n) k", r=group_size)
+    dots = rearrange(grouped @ gram, "b g (r q s n) k -> b (g r) q s n k", r=group_size,
+                     q=alpha.shape[2], s=rank.shape[3])
+    sq_s = (weights * dots).sum(-1, keepdim=True)
+    a = alpha[:, :, :, None, None, :]
+    g = gdiag[:, :, :, None, None, :]
+    if cosine:
+        e = 1 - a * dots / (a * g.clamp_min(0).sqrt() * sq_s.clamp_min(0).sqrt() + COSINE_EPS)
+    else:
+        e = a * (a * g - 2 * dots)
+    unselected = keyset & ~selected
+    e_max = torch.where(selected, e, -torch.inf).amax(-1)
+    e_min = torch.where(unselected, e, torch.inf).amin(-1)
+    contaminating = (unselected & (e <= e_max[..., None])).sum(-1)
+    recalled = (selected & (e < e_min[..., None])).sum(-1)
+    sorted_out = torch.where(unselected, e, torch.inf).sort(-1).values
+    below = torch.searchsorted(sorted_out, torch.where(selected, e, -torch.inf).contiguous(), right=True)
+    inversions = (below * selected).sum(-1).to(COMPUTE_DTYPE)
+    nf = n.to(COMPUTE_DTYPE).squeeze(-1)
+    precision = nf / (nf + contaminating)
+    recall = recalled / nf
+    f_score = torch.where(recalled > 0, 2 * precision * recall / (precision + recall), 0.0)
+    if cosine:
+        margin = e_min - e_max
+    else:
+        s2 = sq_s.squeeze(-1)
+        d_min = (e_min + s2).clamp_min(0).sqrt()
+        d_max = (e_max + s2).clamp_min(0).sqrt()
+        margin = torch.where(d_min + d_max > 0, (e_min - e_max) / (d_min + d_max), 0.0)
+    out = torch.stack([precision, recall, f_score, margin, inversions], dim=-1)
+    defined = n.squeeze(-1) < keyset.sum(-1)  # [b, 1, q, 1, n]: 1 ≤ N < |keys|
+    return torch.where(defined[..., None], out, torch.nan)
