@@ -103,95 +103,101 @@ def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pra
 
 
 @njit(cache=True)
-def _score(order, n, keys, excluded, alpha, dots, gdiag, chosen, cosine, buf, out):
+def _comparison_keys(lo, hi, alpha, dots, gdiag, norms, norm_s, cosine, e):
+    """``e[k]`` for ``lo ≤ k < hi``: E (Euclidean) or D (cosine), in one vectorisable pass."""
+    a, d, g, v, out = alpha[lo:hi], dots[lo:hi], gdiag[lo:hi], norms[lo:hi], e[lo:hi]
+    if cosine:
+        for k in range(out.shape[0]):
+            out[k] = 1.0 - a[k] * d[k] / (a[k] * v[k] * norm_s + COSINE_EPS)
+    else:
+        for k in range(out.shape[0]):
+            out[k] = a[k] * (a[k] * g[k] - 2.0 * d[k])
+
+
+@njit(cache=True)
+def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, chosen, cosine, e, buf, out):
     """Write P, R, F, γ, GInv of the first ``n`` keys of ``order`` into ``out[0:5]``."""
     sq_s = 0.0
     for r in range(n):
         i = order[r]
         sq_s += alpha[i] * dots[i]
-    norm_s = np.sqrt(max(sq_s, 0.0))
-    # Comparison key of every key: E (Euclidean) or D (cosine); stored in buf's second half.
     m = keys.shape[0]
+    _comparison_keys(keys[0], keys[m - 1] + 1, alpha, dots, gdiag, norms,
+                     np.sqrt(max(sq_s, 0.0)), cosine, e)
     e_max = -np.inf
     for r in range(n):
-        i = order[r]
-        if cosine:
-            e = 1.0 - alpha[i] * dots[i] / (alpha[i] * np.sqrt(gdiag[i]) * norm_s + COSINE_EPS)
-        else:
-            e = alpha[i] * (alpha[i] * gdiag[i] - 2.0 * dots[i])
-        buf[m + r] = e
-        e_max = max(e_max, e)
+        e_max = max(e_max, e[order[r]])
+    # Branch-free: which keys count depends on the data, and mispredictions dominate here.
     e_min = np.inf
     contaminating = 0
     for j in range(m):
         k = keys[j]
-        if chosen[k] or k == excluded:
-            continue
-        if cosine:
-            e = 1.0 - alpha[k] * dots[k] / (alpha[k] * np.sqrt(gdiag[k]) * norm_s + COSINE_EPS)
-        else:
-            e = alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k])
-        e_min = min(e_min, e)
-        if e <= e_max:
-            buf[contaminating] = e
-            contaminating += 1
+        x = e[k]
+        out_of_set = (not chosen[k]) & (k != excluded)
+        e_min = min(e_min, x if out_of_set else np.inf)
+        buf[contaminating] = x
+        contaminating += out_of_set & (x <= e_max)
     recalled = 0
+    for r in range(n):
+        recalled += e[order[r]] < e_min
+    # GInv = Σ_{i∈S} |{j contaminating : E_j ≤ E_i}|: only contaminating keys can be inversions.
     inversions = 0
     if contaminating > 0:
-        inside = np.sort(buf[:contaminating])
-    for r in range(n):
-        e = buf[m + r]
-        if e < e_min:
-            recalled += 1
-        if contaminating > 0:
-            inversions += np.searchsorted(inside, e, side="right")
+        contam = buf[:contaminating]
+        if n * contaminating <= 1 << 14:  # small: a vectorisable double loop beats sorting
+            for r in range(n):
+                x = e[order[r]]
+                for j in range(contam.shape[0]):
+                    inversions += contam[j] <= x
+        else:
+            inside = np.sort(contam)
+            for r in range(n):
+                inversions += np.searchsorted(inside, e[order[r]], side="right")
     precision = n / (n + contaminating)
     recall = recalled / n
-    out[0] = precision
-    out[1] = recall
-    out[2] = 2 * precision * recall / (precision + recall) if recalled > 0 else 0.0
+    out[0] += precision
+    out[1] += recall
+    out[2] += 2 * precision * recall / (precision + recall) if recalled > 0 else 0.0
     if cosine:
-        out[3] = e_min - e_max
+        out[3] += e_min - e_max
     else:
         d_min = np.sqrt(max(e_min + sq_s, 0.0))
         d_max = np.sqrt(max(e_max + sq_s, 0.0))
         # (E_min − E_max)/(D_min + D_max) = D_min − D_max without subtracting near-equal roots.
-        out[3] = (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
-    out[4] = inversions
+        out[3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
+    out[4] += inversions
 
 
 @njit(cache=True)
-def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, n_values, cosine,
-               dots, chosen, buf, out, accumulate):  # pragma: no cover - compiled
-    """Accumulate ``⟨v_k, s_N⟩`` along ``order`` and score every N of ``n_values`` ≤ ``n_max``."""
+def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, norms, n_values,
+               cosine, dots, chosen, e, buf, out):  # pragma: no cover - compiled
+    """Accumulate ``⟨v_k, s_N⟩`` along ``order`` and add the scores of every N ≤ ``n_max``.
+
+    ``out[i]`` must hold zeros (or a running sum over random samples) for every such N.
+    """
+    m = keys.shape[0]
     lo = keys[0]
-    hi = keys[keys.shape[0] - 1] + 1
-    for j in range(keys.shape[0]):
-        dots[keys[j]] = 0.0
-        chosen[keys[j]] = False
+    hi = keys[m - 1] + 1
+    dots[lo:hi] = 0.0
+    chosen[lo:hi] = False
+    span = dots[lo:hi]
     ni = 0
     n_n = n_values.shape[0]
     for r in range(n_max):
         i = order[r]
         a = alpha[i]
         chosen[i] = True
-        row = gram[i]
-        if contiguous:
-            for k in range(lo, hi):
-                dots[k] += a * row[k]
+        if contiguous:  # slices and range(len): the loop vectorises
+            row = gram[i, lo:hi]
+            for k in range(span.shape[0]):
+                span[k] += a * row[k]
         else:
-            for j in range(keys.shape[0]):
+            for j in range(m):
                 k = keys[j]
-                dots[k] += a * row[k]
+                dots[k] += a * gram[i, k]
         while ni < n_n and n_values[ni] == r + 1:
-            if accumulate:
-                tmp = np.empty(5)
-                _score(order, r + 1, keys, excluded, alpha, dots, gdiag, chosen, cosine, buf, tmp)
-                for f in range(5):
-                    out[ni, f] += tmp[f]
-            else:
-                _score(order, r + 1, keys, excluded, alpha, dots, gdiag, chosen, cosine, buf,
-                       out[ni])
+            _score(order, r + 1, keys, excluded, alpha, dots, gdiag, norms, chosen, cosine, e,
+                   buf, out[ni])
             ni += 1
 
 
@@ -240,19 +246,21 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
         gram_bg = gram[cb, cg]
         alpha = np.zeros(t + 1)
         gdiag = np.zeros(t + 1)
+        norms = np.zeros(t + 1)
         score = np.empty(m)
         total = 0.0
         for j in range(m):
             k = keys[j]
             alpha[k] = pattern[b, h, t, k]
             gdiag[k] = gram_bg[k, k]
-            contribution = alpha[k] * np.sqrt(gdiag[k])
+            norms[k] = np.sqrt(max(gdiag[k], 0.0))
+            contribution = alpha[k] * norms[k]
             total += contribution
             score[j] = -(contribution if by_contribution else alpha[k])
         s = sink[b]
         if m > 1:  # SPEC §4 needs a key besides the sink
             sink_mass[b, h, qi, 0] = alpha[s]
-            sink_mass[b, h, qi, 4] = alpha[s] * np.sqrt(gdiag[s]) / total
+            sink_mass[b, h, qi, 4] = alpha[s] * norms[s] / total
         # Stable sort of −score: descending, ties → lower index (SPEC §2).
         top = keys[np.argsort(score, kind="mergesort")]
         sink_rank = 0
@@ -262,7 +270,8 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
             inside[b, h, qi, ni] = sink_rank < n_values[ni]
         dots = np.zeros(t + 1)
         chosen = np.zeros(t + 1, dtype=np.bool_)
-        buf = np.empty(2 * m)
+        e = np.zeros(t + 1)
+        buf = np.empty(m)
         out[:] = np.nan
         n_top = 0  # largest N of the grid that fits: 1 ≤ N < |keys|
         n_drop = 0  # … with the sink removed: N < |keys| − 1
@@ -276,8 +285,10 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
                 out[0, ni, :] = 0.0
                 if samples > 0:
                     out[1, ni, :] = 0.0
-        _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, n_values, cosine,
-                   dots, chosen, buf, out[0], False)
+            if n_values[ni] < m - 1:
+                out[2, ni, :] = 0.0
+        _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
+                   cosine, dots, chosen, e, buf, out[0])
         if n_drop > 0:
             dropped = np.empty(m - 1, dtype=np.int64)
             c = 0
@@ -285,8 +296,8 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
                 if top[j] != s:
                     dropped[c] = top[j]
                     c += 1
-            _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, n_values,
-                       cosine, dots, chosen, buf, out[2], False)
+            _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
+                       n_values, cosine, dots, chosen, e, buf, out[2])
         if samples > 0 and n_top > 0:
             row_key = _mix(_mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t]))
                            + np.uint64(h))
@@ -298,8 +309,8 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
                     u = _mix(row_key + _U_GOLDEN * (base + np.uint64(r + 1)))
                     j = r + np.int64(((u >> _S32) * np.uint64(m - r)) >> _S32)
                     perm[r], perm[j] = perm[j], perm[r]
-                _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, n_values,
-                           cosine, dots, chosen, buf, out[1], True)
+                _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
+                           n_values, cosine, dots, chosen, e, buf, out[1])
             for ni in range(n_n):
                 if n_values[ni] < m:
                     for f in range(5):
