@@ -194,7 +194,7 @@ def load(path: str | Path) -> dict[str, Any]:
         else:
             fields[key] = _align(key, value, saved_names, fail)
     try:
-        check_fields(fields)
+        fields["layers"], fields["n_values"] = check_fields(fields)
     except ValueError as exc:
         raise fail(f"inconsistent contents: {exc}") from None
     for key in COUNT_FIELDS:

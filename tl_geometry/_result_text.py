@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,13 +42,13 @@ def _nanmean(x: Tensor) -> float:
     return float(x.nanmean()) if torch.isfinite(x).any() else float("nan")
 
 
-def _shown(result: HeadAnalysis, wanted: tuple[int, ...]) -> list[int]:
+def _shown(result: HeadAnalysis, wanted: Sequence[int]) -> list[int]:
     analysed = result.n_values.tolist()
     shown = [n for n in wanted if n in analysed]
     return shown or [n for n in analysed if n >= 2][:3] or analysed[:3]
 
 
-def summary(result: HeadAnalysis, n_values: tuple[int, ...], top: int | None) -> str:
+def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> str:
     """See :meth:`HeadAnalysis.summary`."""
     meta = result.metadata
     shown = _shown(result, n_values)
@@ -55,9 +56,9 @@ def summary(result: HeadAnalysis, n_values: tuple[int, ...], top: int | None) ->
         if "n_sequences" in meta and "n_positions" in meta else []
     parts += [f"{k}={meta[k]}" for k in ("queries", "distance", "space") if meta.get(k) is not None]
     lines = [
-        f"tl_geometry head analysis — {_model(meta)}; layers {_layers(result.layers)}, "
-        f"{result.n_heads} heads each ({result.n_layers * result.n_heads} heads)",
-        ", ".join(parts) or "run settings not recorded",
+        f"tl_geometry head analysis — {_model(meta)}",
+        f"layers {_layers(result.layers)} × {result.n_heads} heads "
+        f"({result.n_layers * result.n_heads} heads); " + (", ".join(parts) or "run settings not recorded"),
     ]
     if meta.get("distance", "euclidean") == "euclidean":
         lines.append("N=1 is trivial for the Euclidean distance (F_1 = 1); the headline is N ≥ 2.")

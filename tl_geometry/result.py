@@ -10,9 +10,10 @@ groups, metrics, sink fields, ... live in one place (:mod:`tl_geometry._result_s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, SupportsIndex, overload
 
 import torch
 from jaxtyping import Float, Int
@@ -51,6 +52,9 @@ __all__ = [
     "ResultFileError",
     "UnknownNameError",
 ]
+
+#: A coordinate selection: one value (its axis is dropped), a sequence (kept) or None (all).
+Coord = SupportsIndex | Sequence[SupportsIndex] | None
 
 
 def _name(prefix: str, name: str) -> str:
@@ -238,8 +242,7 @@ class HeadAnalysis:
             out.update({f"regime_{f}": (self.regime_diagnostic(f), False) for f in REGIME_FIELDS})
         return out
 
-    def sel(self, layer: int | list[int] | None = None, head: int | list[int] | None = None,
-            n: int | list[int] | None = None) -> HeadSelection:
+    def sel(self, layer: Coord = None, head: Coord = None, n: Coord = None) -> HeadSelection:
         """Select by **model layer index**, head and **N value** (not by position), like xarray.
 
         A scalar drops its axis, a list keeps it (in the order given), ``None`` keeps every value.
@@ -368,7 +371,7 @@ class HeadAnalysis:
         return chosen.reset_index(drop=True)
 
     # --- text -----------------------------------------------------------------------------------
-    def summary(self, n_values: tuple[int, ...] = (2, 4, 8), *, top: int | None = 20) -> str:
+    def summary(self, n_values: Sequence[int] = (2, 4, 8), *, top: int | None = 20) -> str:
         """Readable summary: run, classes, mean F_N against random, then the ``top`` heads by
         F-gain at the first shown N (``top=None``: every head, in layer order), with a legend.
         See docs/reading.md for how to read it."""
