@@ -232,3 +232,26 @@ def test_repr_is_one_short_line():
     counts = r.class_counts().sum()
     assert all(f"{c}={int(counts[c])}" in text for c in CLASSES) and "bounds=False" in text
     assert "layers=2 (3, 5)" in repr(fake())
+
+
+@pytest.mark.filterwarnings("ignore:N = .* cannot be evaluated")
+def test_readme_in_python_examples_run(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## In Python", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    lines = [line.split("  #")[0].strip() for line in code.splitlines()
+             if line.startswith(("result", "head", "df =", "print(result", "bounded"))]
+    assert any("result.label(5, 3)" in line for line in lines)
+    assert not any("labels[" in line or "[:, :, 1]" in line for line in lines)  # positional
+    cases = [make_case(seed, n_pos=20, n_heads=4) for seed in range(6)]
+    cache = {k: v for layer, c in enumerate(cases) for k, v in c.cache(layer).items()}
+    namespace = {"tl_geometry": tl_geometry, "cache": cache, "model": None,
+                 "result": tl_geometry.analyze_heads(cache, random_samples=2)}
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        exec(line, namespace)  # the README's own lines, checked to run
+    assert namespace["head"]["label"] == namespace["result"].label(5, 3)
+    assert (tmp_path / "run.pt").is_file()
