@@ -85,6 +85,11 @@ class HeadAnalysis:
     at layer ``layers[l]``, head ``h``, ``N = n_values[i]`` (axis labels: ``_result_schema.AXES``).
     The constructor checks every shape against those names and raises ``ValueError`` on a
     mismatch.
+
+    Attribute shortcuts, each the accessor of the same name: ``<metric>`` for the top-N group
+    (``f_score``), ``<group>_<metric>`` (``random_f_score``, ``sink_in_recall``; see
+    :meth:`metric`), ``sink_<field>`` (:meth:`sink_diagnostic`), ``<kind>_<metric>``
+    (``certified_f_score``; :meth:`bound`) and ``regime_<field>`` (:meth:`regime_diagnostic`).
     """
 
     layers: tuple[int, ...]
