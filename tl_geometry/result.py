@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from . import _result_io, _result_select, _result_text
+from . import _result_io, _result_select, _result_tables, _result_text
 from ._result_io import ResultFileError
 from ._result_schema import (
     BOUND_KINDS,
@@ -284,23 +284,7 @@ class HeadAnalysis:
     def best_n(self):
         """Per head, the N ≥ 2 with the largest measured F_N and the largest predicted envelope
         F̲_N (SPEC §6b: the theory predicts small N), as a ``DataFrame``."""
-        import pandas as pd
-
-        predicted_f = self.bound("predicted", "f_score")
-        keep = self.n_values >= 2
-        ns = self.n_values[keep]
-
-        def arg(x: Tensor) -> Tensor:
-            return ns[torch.nan_to_num(x[..., keep], nan=-1.0).argmax(-1)]
-
-        measured, predicted = arg(self.f_score), arg(predicted_f)
-        layer_ids = torch.tensor(self.layers)[:, None].expand_as(measured)
-        heads = torch.arange(self.n_heads)[None, :].expand_as(measured)
-        return pd.DataFrame({
-            "layer": layer_ids.flatten().numpy(), "head": heads.flatten().numpy(),
-            "measured_best_n": measured.flatten().numpy(),
-            "predicted_best_n": predicted.flatten().numpy(),
-        })
+        return _result_tables.best_n(self)
 
     # --- tables -----------------------------------------------------------------------------------
     def class_counts(self):
@@ -313,45 +297,13 @@ class HeadAnalysis:
     def heads_table(self):
         """One row per (layer, head): label, vote fractions (``vote_current``, ...) and sink
         diagnostics (``sink_mass``, ...)."""
-        import pandas as pd
-
-        per_head = {k: v for k, (v, has_n) in self.quantities().items()
-                    if not has_n and not k.startswith("regime_")}
-        frame = pd.DataFrame({
-            "layer": torch.tensor(self.layers).repeat_interleave(self.n_heads).numpy(),
-            "head": torch.arange(self.n_heads).repeat(self.n_layers).numpy(),
-            "label": [x for row in self.labels for x in row],
-        })
-        votes = [k for k in per_head if k.startswith("vote_")]  # votes first, as before
-        for key in votes + [k for k in per_head if k not in votes]:
-            frame[key] = per_head[key].flatten().double().numpy()
-        return frame
+        return _result_tables.heads_table(self)
 
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
         number of instances behind the mean (``count``), and the head's label, votes and sink
         figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F."""
-        import pandas as pd
-
-        n_layers, n_heads, n_n = self.n_layers, self.n_heads, len(self.n_values)
-        li, h, ni = (x.flatten() for x in torch.meshgrid(
-            torch.arange(n_layers), torch.arange(n_heads), torch.arange(n_n), indexing="ij"))
-        coords = {"layer": torch.tensor(self.layers)[li].numpy(), "head": h.numpy(),
-                  "n": self.n_values[ni].numpy()}
-        frames = [
-            pd.DataFrame({**coords, "group": group,
-                          **{m: self.metric(m, group).flatten().numpy() for m in METRIC_NAMES},
-                          "count": self.count(group).flatten().numpy()})
-            for group in GROUPS
-        ]
-        if self.bounds is not None:
-            frames += [
-                pd.DataFrame({**coords, "group": f"bound_{kind}",
-                              **{m: self.bound(kind, m).flatten().numpy() for m in BOUND_METRICS}})
-                for kind in BOUND_KINDS
-            ]
-        frame = pd.concat(frames, ignore_index=True)
-        return frame.merge(self.heads_table(), on=["layer", "head"], how="left")
+        return _result_tables.to_pandas(self)
 
     def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True):
         """The ``k`` heads with the largest (or smallest) ``by`` at ``N = n``, as a ``DataFrame``
