@@ -45,6 +45,9 @@ def test_round_trip_is_exact_by_name_and_the_file_is_labelled(tmp_path):
     assert payload["names"]["metric"][:3] == ["precision", "recall", "f_score"]
     assert payload["names"]["group"][:2] == ["top", "random"]
     assert sorted(p.name for p in path.parent.iterdir()) == ["run.pt"]  # no temporary file left
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")  # the atomic write keeps the usual permissions (not mkstemp's 0600)
+    assert path.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
     r.save(path)  # overwriting is fine
     _same(HeadAnalysis.load(path), r)
 
@@ -63,6 +66,7 @@ def _bad_files(tmp_path: Path) -> dict[str, Path]:
     torch.save(torch.zeros(3), out.setdefault("plain tensor", tmp_path / "tensor.pt"))
     torch.save({"scores": torch.zeros(2)}, out.setdefault("dict without format", tmp_path / "dict.pt"))
     torch.save([1, 2], out.setdefault("list", tmp_path / "list.pt"))
+    torch.save({"format": "other/1"}, out.setdefault("foreign format", tmp_path / "foreign.pt"))
     return out
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import uuid
 import warnings
 from enum import Enum
 from pathlib import Path, PurePath
@@ -132,13 +132,14 @@ def save(fields: dict[str, Any], path: str | Path) -> Path:
         value = fields[key]
         payload[key] = None if value is None else value.detach().cpu()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # open(..., "xb") rather than mkstemp: the file gets the usual umask permissions, not 0600
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             torch.save(payload, f)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -159,9 +160,10 @@ def load(path: str | Path) -> dict[str, Any]:
         detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise fail(f"not a readable tl_geometry result file ({type(exc).__name__}: {detail}). "
                    "Write it with HeadAnalysis.save.") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("format"), str) or not \
-            payload["format"].startswith(_FORMAT_PREFIX):
-        what = f"a {type(payload).__name__}" if not isinstance(payload, dict) else "a dict without 'format'"
+    fmt = payload.get("format") if isinstance(payload, dict) else None
+    if not isinstance(fmt, str) or not fmt.startswith(_FORMAT_PREFIX):
+        what = (f"a {type(payload).__name__}" if not isinstance(payload, dict)
+                else f"a dict of format {fmt!r}" if fmt is not None else "a dict without 'format'")
         raise fail(f"holds {what}, not a saved tl_geometry HeadAnalysis.")
     version = payload["format"][len(_FORMAT_PREFIX):]
     if version == "1":
@@ -169,7 +171,7 @@ def load(path: str | Path) -> dict[str, Any]:
                       "names. Save it again to upgrade.", UserWarning, stacklevel=3)
         saved_names: dict[str, Any] = dict(_FORMAT1_NAMES)
     elif version == "2":
-        saved_names = payload.get("names")  # type: ignore[assignment]
+        saved_names = payload.get("names")
         if payload.get("axes") != {k: list(v) for k, v in AXES.items()}:
             raise fail(f"its axis labels {payload.get('axes')!r} differ from this version's {AXES!r}.")
     else:
