@@ -46,6 +46,7 @@ def test_sel_scalars_drop_their_axis_lists_keep_it_in_the_given_order():
     assert r.sel(layer=5)["label"] == r.labels[1]
     assert r.sel(head=2)["label"] == [row[2] for row in r.labels]
     assert r.sel(layer=torch.tensor(7), head=0, n=2).dims == ()
+    assert r.sel(layer=5, head=[0, 3]).coords == {"layer": 5, "head": [0, 3], "n": [2, 4, 8]}
 
 
 def test_sel_covers_every_per_head_quantity_and_only_existing_bounds():

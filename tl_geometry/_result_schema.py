@@ -110,6 +110,8 @@ def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
             raise ValueError(f"{key} has shape {_describe(value)}; expected [{expected}].")
         if not (value.is_floating_point() or key in COUNT_FIELDS):
             raise ValueError(f"{key} must be a floating-point tensor, got {value.dtype}.")
+    if not isinstance(fields.get("metadata", {}), dict):
+        raise ValueError(f"metadata must be a dict, got a {type(fields['metadata']).__name__}.")
     if (fields["bounds"] is None) != (fields["regime"] is None):
         raise ValueError("bounds and regime come together (analyze_heads(bounds=True)): got only one.")
     return layers, n_values

@@ -74,8 +74,9 @@ class HeadSelection(Mapping[str, Any]):
     ``random_f_score``, ``sink_norm_ratio``, ``vote_sink``, ``label``, ``count``, ...) to the
     selected values.
 
-    ``coords`` holds what was selected on each axis (``{"layer": 5, "head": [0, 3], "n": None}``
-    where ``None`` means every value); ``dims`` the axes kept, in order (``("head", "n")``).
+    ``coords`` holds what was selected on each axis (``{"layer": 5, "head": [0, 3], "n": [1, 2,
+    4]}``, every analysed value where none was asked); ``dims`` the axes kept, in order
+    (``("head", "n")``).
     Quantities without an N axis (sink figures, votes, labels) ignore ``n``.
 
     >>> s = result.sel(layer=5, head=3, n=2)     # doctest: +SKIP
@@ -104,9 +105,9 @@ class HeadSelection(Mapping[str, Any]):
         return {k: v.tolist() if isinstance(v, Tensor) else v for k, v in self._data.items()}
 
     def __repr__(self) -> str:
-        where = ", ".join(f"{k}={v}" for k, v in self.coords.items() if v is not None)
+        where = ", ".join(f"{k}={v}" for k, v in self.coords.items())
         if "layer" in self.dims or "head" in self.dims:
-            return (f"HeadSelection({where or 'all'}; dims={self.dims}; {len(self)} quantities: "
+            return (f"HeadSelection({where}; dims={self.dims}; {len(self)} quantities: "
                     f"{', '.join(self._data)})")
         lines = [f"HeadSelection({where})"]
         for key, value in self.to_dict().items():

@@ -101,7 +101,8 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
         row = (f"{result.layers[li]:>5} {h:>4} {labels[li][h]:<9} {votes:>14} "
                f"{float(result.sink_mass[li, h]):>6.3f} {float(result.sink_norm_ratio[li, h]):>6.3f} "
                f"{float(result.sink_cosine[li, h]):>6.3f}")
-        lines.append(row + "".join(f" {float(f[n][li, h]):>6.3f}/{float(r[n][li, h]):<6.3f}" for n in shown))
+        row += "".join(f" {float(f[n][li, h]):>6.3f}/{float(r[n][li, h]):<6.3f}" for n in shown)
+        lines.append(row.rstrip())
     lines += ["", *textwrap.wrap(LEGEND, 100)]
     return "\n".join(lines)
 

@@ -268,7 +268,11 @@ class HeadAnalysis:
         }
         data["label"] = _result_select.take_labels(self.labels, index[0], index[1])
         dims = tuple(a for a, i in zip(_result_select.COORDS, index) if not isinstance(i, int))
-        return HeadSelection(data, {"layer": layer, "head": head, "n": n}, dims)
+        every = {"layer": list(self.layers), "head": list(range(self.n_heads)),
+                 "n": self.n_values.tolist()}
+        asked = {"layer": layer, "head": head, "n": n}
+        coords = {a: every[a] if v is None else v for a, v in asked.items()}
+        return HeadSelection(data, coords, dims)
 
     def _n_index(self, n: int) -> int:
         """Position of the N value ``n`` in ``n_values`` (an error lists the analysed ones)."""
