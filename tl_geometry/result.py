@@ -1,36 +1,80 @@
 """``HeadAnalysis``: the per-(layer, head, N) result of :func:`tl_geometry.analyze_heads`.
 
-Fields that outside code may rely on: ``n_values``; ``labels`` ([layer][head] of "Retriever" |
-"Mixer" | "Reset"); ``vote_fractions`` [layer, head, 3] (current, sink, other); ``sink_mass``,
-``sink_norm_ratio``, ``sink_cosine`` [layer, head]; ``precision``, ``recall``, ``f_score``,
-``margin``, ``inversions`` [layer, head, n] of the top-N sets; ``random_f_score`` [layer, head, n].
-Layer ``i`` of every array is model layer ``layers[i]``.
+Read it by name, not by position: ``result.sel(layer=5, head=3, n=2)`` (model layer index, head,
+N value), ``result.label(5, 3)``, ``result.metric("f_score", group="random")``,
+``result.bound("certified", "f_score")``. The attribute shortcuts (``f_score``,
+``sink_removed_f_score``, ``sink_norm_ratio``, ``certified_f_score``, ...) are ``[layer, head(,
+n)]`` tensors whose axis ``i`` is model layer ``layers[i]`` and N ``n_values[i]``. The names of
+groups, metrics, sink fields, ... live in one place (:mod:`tl_geometry._result_schema`).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex, overload
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from . import _result_io, _result_select, _result_tables, _result_text
+from ._result_io import ResultFileError
+from ._result_schema import (
+    BOUND_KINDS,
+    BOUND_METRICS,
+    GROUPS,
+    NO_BOUNDS,
+    NoBoundsError,
+    UnknownNameError,
+    check_fields,
+    check_name,
+)
+from ._result_select import HeadSelection
 from .functional.bounds import REGIME_FIELDS
 from .functional.separability import METRIC_NAMES
 from .functional.sink import SINK_FIELDS
 from .functional.taxonomy import CLASSES, VOTES, labels_from_votes, vote_fractions
 
-#: Selection groups scored per (layer, head, N) (SPEC §3): the top-N set, the random baseline,
-#: the top-N re-selected with the sink removed, and the top-N instances with the sink inside /
-#: outside the set.
-GROUPS = ("top", "random", "sink_removed", "sink_in", "sink_out")
-#: Lower bounds of the top-N sets (SPEC §6): inversion certificates, certified regime bounds
-#: (observed extremes) and the predicted envelope (typical values).
-BOUND_KINDS = ("inversion", "certified", "predicted")
-BOUND_METRICS = ("precision", "recall", "f_score")
+__all__ = [
+    "BOUND_KINDS",
+    "BOUND_METRICS",
+    "CLASSES",
+    "GROUPS",
+    "METRIC_NAMES",
+    "REGIME_FIELDS",
+    "SINK_FIELDS",
+    "VOTES",
+    "HeadAnalysis",
+    "HeadSelection",
+    "NoBoundsError",
+    "ResultFileError",
+    "UnknownNameError",
+]
+
+#: A coordinate selection: one value (its axis is dropped), a sequence (kept) or None (all).
+Coord = SupportsIndex | Sequence[SupportsIndex] | None
+
+
+def _name(prefix: str, name: str) -> str:
+    """Attribute / column name of a slice: ``f_score``, ``random_f_score``, ``sink_mass``, ..."""
+    return name if prefix == "top" else f"{prefix}_{name}"
+
+
+class _Slice:
+    """An attribute that reads one named slice through an accessor, e.g. ``sink_removed_f_score
+    = _Slice("metric", "f_score", "sink_removed")`` is ``result.metric("f_score", "sink_removed")``."""
+
+    def __init__(self, accessor: str, *key: str) -> None:
+        self.accessor, self.key = accessor, key
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Slice: ...
+    @overload
+    def __get__(self, obj: HeadAnalysis, owner: type | None = None) -> Tensor: ...
+    def __get__(self, obj: HeadAnalysis | None, owner: type | None = None) -> Tensor | _Slice:
+        return self if obj is None else getattr(obj, self.accessor)(*self.key)
 
 
 @dataclass
@@ -38,14 +82,21 @@ class HeadAnalysis:
     """Geometric separability, sink diagnostics and taxonomy of every analysed head.
 
     ``scores[g, m, l, h, i]`` is the mean of metric ``METRIC_NAMES[m]`` for group ``GROUPS[g]``
-    at layer ``layers[l]``, head ``h``, ``N = n_values[i]``; the named attributes
-    (``precision``, ``random_f_score``, ``sink_in_f_score``, ...) are views of it.
+    at layer ``layers[l]``, head ``h``, ``N = n_values[i]`` (axis labels: ``_result_schema.AXES``).
+    The constructor checks every shape against those names and raises ``ValueError`` on a
+    mismatch.
+
+    Attribute shortcuts, each the accessor of the same name: ``<metric>`` for the top-N group
+    (``f_score``), ``<group>_<metric>`` (``random_f_score``, ``sink_in_recall``; see
+    :meth:`metric`), ``sink_<field>`` (:meth:`sink_diagnostic`), ``<kind>_<metric>``
+    (``certified_f_score``; :meth:`bound`) and ``regime_<field>`` (:meth:`regime_diagnostic`).
     """
 
     layers: tuple[int, ...]
     n_values: Int[Tensor, " n"]
     scores: Float[Tensor, "group metric layer head n"]
     group_counts: Float[Tensor, "group layer head n"]
+    """Number of instances behind each mean of ``scores``."""
     sink: Float[Tensor, "field layer head"]
     vote_counts: Float[Tensor, "layer head 3"]
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -54,134 +105,121 @@ class HeadAnalysis:
     regime: Float[Tensor, "rfield layer head"] | None = None
     """With ``bounds=True``: regime diagnostics ``[REGIME_FIELDS, layer, head]`` (SPEC §6c)."""
 
-    # --- stable fields -------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        self.layers, self.n_values = check_fields(vars(self))
+
+    # --- accessors: one per named axis ------------------------------------------------------------
+    def metric(self, name: str, group: str = "top") -> Float[Tensor, "layer head n"]:
+        """Mean of metric ``name`` (``precision``, ``recall``, ``f_score``, ``margin``,
+        ``inversions``) over the instances of ``group`` (``top``, ``random``, ``sink_removed``,
+        ``sink_in``, ``sink_out``; SPEC §3), ``[layer, head, n]``; NaN where none was defined."""
+        return self.scores[check_name("group", group, GROUPS), check_name("metric", name, METRIC_NAMES)]
+
+    def count(self, group: str = "top") -> Float[Tensor, "layer head n"]:
+        """Number of (sequence or instance) values behind ``metric(·, group)``, ``[layer, head, n]``."""
+        return self.group_counts[check_name("group", group, GROUPS)]
+
+    def sink_diagnostic(self, name: str) -> Float[Tensor, "layer head"]:
+        """Sink figure ``name`` (``mass``, ``norm_ratio``, ``cosine``, ``mean_cosine``, ``share``;
+        SPEC §4) per head, ``[layer, head]``."""
+        return self.sink[check_name("sink field", name, SINK_FIELDS)]
+
+    def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
+        """Mean lower bound ``[layer, head, n]`` of ``kind`` (``inversion``, ``certified``,
+        ``predicted``; SPEC §6) on ``metric`` (``precision``, ``recall``, ``f_score``)."""
+        k, m = check_name("bound kind", kind, BOUND_KINDS), check_name("bound metric", metric, BOUND_METRICS)
+        if self.bounds is None:
+            raise NoBoundsError(NO_BOUNDS)
+        return self.bounds[k, m]
+
+    def regime_diagnostic(self, name: str) -> Float[Tensor, "layer head"]:
+        """Regime diagnostic ``name`` (SPEC §6c: ``norm_cv``, ``kappa``, ``a``, ``decay``, ``b``,
+        ``fit_mae``) per head, ``[layer, head]``; needs ``bounds=True``."""
+        i = check_name("regime field", name, REGIME_FIELDS)
+        if self.regime is None:
+            raise NoBoundsError(NO_BOUNDS)
+        return self.regime[i]
+
+    # --- shortcuts (the same slices as attributes) ---------------------------------------------------
+    precision = _Slice("metric", "precision")
+    """Top-N geometric precision P_N, ``[layer, head, n]``."""
+    recall = _Slice("metric", "recall")
+    f_score = _Slice("metric", "f_score")
+    """Top-N F_N, ``[layer, head, n]`` (``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)."""
+    margin = _Slice("metric", "margin")
+    inversions = _Slice("metric", "inversions")
+    random_precision = _Slice("metric", "precision", "random")
+    random_recall = _Slice("metric", "recall", "random")
+    random_f_score = _Slice("metric", "f_score", "random")
+    """Random N-subset baseline of F_N, ``[layer, head, n]``."""
+    random_margin = _Slice("metric", "margin", "random")
+    random_inversions = _Slice("metric", "inversions", "random")
+    sink_removed_precision = _Slice("metric", "precision", "sink_removed")
+    sink_removed_recall = _Slice("metric", "recall", "sink_removed")
+    sink_removed_f_score = _Slice("metric", "f_score", "sink_removed")
+    """F_N of the top-N set re-selected without the sink."""
+    sink_removed_margin = _Slice("metric", "margin", "sink_removed")
+    sink_removed_inversions = _Slice("metric", "inversions", "sink_removed")
+    sink_in_precision = _Slice("metric", "precision", "sink_in")
+    sink_in_recall = _Slice("metric", "recall", "sink_in")
+    sink_in_f_score = _Slice("metric", "f_score", "sink_in")
+    sink_in_margin = _Slice("metric", "margin", "sink_in")
+    sink_in_inversions = _Slice("metric", "inversions", "sink_in")
+    sink_out_precision = _Slice("metric", "precision", "sink_out")
+    sink_out_recall = _Slice("metric", "recall", "sink_out")
+    sink_out_f_score = _Slice("metric", "f_score", "sink_out")
+    sink_out_margin = _Slice("metric", "margin", "sink_out")
+    sink_out_inversions = _Slice("metric", "inversions", "sink_out")
+    sink_mass = _Slice("sink_diagnostic", "mass")
+    """Mean attention on the sink, ``[layer, head]``."""
+    sink_norm_ratio = _Slice("sink_diagnostic", "norm_ratio")
+    """κ = ‖v_sink‖ / mean_{j≠sink} ‖v_j‖ (SPEC §4), ``[layer, head]``."""
+    sink_cosine = _Slice("sink_diagnostic", "cosine")
+    """Mean signed cos(v_sink, v_j) over the other keys, ``[layer, head]``."""
+    sink_mean_cosine = _Slice("sink_diagnostic", "mean_cosine")
+    sink_share = _Slice("sink_diagnostic", "share")
+    inversion_precision = _Slice("bound", "inversion", "precision")
+    inversion_recall = _Slice("bound", "inversion", "recall")
+    inversion_f_score = _Slice("bound", "inversion", "f_score")
+    certified_precision = _Slice("bound", "certified", "precision")
+    certified_recall = _Slice("bound", "certified", "recall")
+    certified_f_score = _Slice("bound", "certified", "f_score")
+    """Certified lower bound on F_N (``bounds=True``), ``[layer, head, n]``."""
+    predicted_precision = _Slice("bound", "predicted", "precision")
+    predicted_recall = _Slice("bound", "predicted", "recall")
+    predicted_f_score = _Slice("bound", "predicted", "f_score")
+    """Predicted envelope of F_N (``bounds=True``), ``[layer, head, n]``."""
+    regime_norm_cv = _Slice("regime_diagnostic", "norm_cv")
+    regime_kappa = _Slice("regime_diagnostic", "kappa")
+    regime_a = _Slice("regime_diagnostic", "a")
+    regime_decay = _Slice("regime_diagnostic", "decay")
+    regime_b = _Slice("regime_diagnostic", "b")
+    regime_fit_mae = _Slice("regime_diagnostic", "fit_mae")
+
     @property
-    def labels(self) -> list[list[str]]:
-        """Class of every head by plurality vote: ``labels[layer][head]`` (SPEC §5)."""
-        return [[CLASSES[i] for i in row] for row in labels_from_votes(self.vote_counts).tolist()]
+    def f_gain(self) -> Float[Tensor, "layer head n"]:
+        """Top-N minus random F_N (SPEC §3), ``[layer, head, n]``."""
+        return self.f_score - self.random_f_score
 
     @property
     def vote_fractions(self) -> Float[Tensor, "layer head 3"]:
         """Fractions of source-winner votes (current, sink, other); NaN for a head with none."""
         return vote_fractions(self.vote_counts)
 
-    def _metric(self, group: str, metric: str) -> Tensor:
-        return self.scores[GROUPS.index(group), METRIC_NAMES.index(metric)]
-
-    def metric(self, name: str, group: str = "top") -> Float[Tensor, "layer head n"]:
-        """``[layer, head, n]`` mean of ``name`` (one of METRIC_NAMES) for ``group`` (GROUPS)."""
-        if group not in GROUPS or name not in METRIC_NAMES:
-            raise KeyError(f"group must be one of {GROUPS} and name one of {METRIC_NAMES}.")
-        return self._metric(group, name)
-
-    def __getattr__(self, name: str) -> Tensor:
-        # precision, random_f_score, sink_removed_margin, sink_in_recall, ... and sink_<field>.
-        if name.startswith("_") or name in {f.name for f in fields(HeadAnalysis)}:
-            raise AttributeError(name)
-        if name.startswith("sink_") and name[5:] in SINK_FIELDS:
-            return self.sink[SINK_FIELDS.index(name[5:])]
-        for kind in BOUND_KINDS:  # inversion_f_score, certified_recall, predicted_precision, ...
-            if name.startswith(kind + "_") and name[len(kind) + 1 :] in BOUND_METRICS:
-                return self.bound(kind, name[len(kind) + 1 :])
-        if name.startswith("regime_") and name[7:] in REGIME_FIELDS:
-            if self.regime is None:
-                raise AttributeError(f"{name}: run analyze_heads(..., bounds=True) for regime diagnostics.")
-            return self.regime[REGIME_FIELDS.index(name[7:])]
-        for group in sorted(GROUPS, key=len, reverse=True):
-            prefix = "" if group == "top" else group + "_"
-            if name.startswith(prefix) and name[len(prefix) :] in METRIC_NAMES:
-                return self._metric(group, name[len(prefix) :])
-        raise AttributeError(f"HeadAnalysis has no attribute {name!r}")
-
-    def __dir__(self) -> list[str]:
-        extra = [f"sink_{f}" for f in SINK_FIELDS] + [
-            f"{k}_{m}" for k in BOUND_KINDS for m in BOUND_METRICS
-        ] + [f"regime_{f}" for f in REGIME_FIELDS] + [
-            ("" if g == "top" else g + "_") + m for g in GROUPS for m in METRIC_NAMES
-        ]
-        return sorted(set(super().__dir__()) | set(extra))
-
-    def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
-        """Mean lower bound ``[layer, head, n]`` of ``kind`` (BOUND_KINDS) on ``metric`` (P, R, F)."""
-        if self.bounds is None:
-            raise AttributeError("No bounds: run analyze_heads(..., bounds=True).")
-        if kind not in BOUND_KINDS or metric not in BOUND_METRICS:
-            raise KeyError(f"kind must be one of {BOUND_KINDS} and metric one of {BOUND_METRICS}.")
-        return self.bounds[BOUND_KINDS.index(kind), BOUND_METRICS.index(metric)]
-
     @property
-    def certified_fraction(self) -> Float[Tensor, " n"]:
-        """Fraction of heads whose every analysed query is certified (P̲ = R̲ = 1) at each N."""
-        if self.bounds is None:  # not AttributeError: a property's would be masked by __getattr__
-            raise ValueError("No bounds: run analyze_heads(..., bounds=True).")
-        certified = (self.bound("certified", "precision") == 1) & (self.bound("certified", "recall") == 1)
-        return certified.double().mean(dim=(0, 1))
+    def labels(self) -> list[list[str]]:
+        """Class of every head by plurality vote: ``labels[li][h]`` for layer ``layers[li]``
+        (SPEC §5); by model layer index: :meth:`label`."""
+        return [[CLASSES[i] for i in row] for row in labels_from_votes(self.vote_counts).tolist()]
 
-    def best_n(self):
-        """Per head, the N ≥ 2 with the largest measured F_N and the largest predicted envelope
-        F̲_N (SPEC §6b: the theory predicts small N), as a ``DataFrame``."""
-        import pandas as pd
-
-        if self.bounds is None:
-            raise ValueError("No bounds: run analyze_heads(..., bounds=True).")
-        keep = self.n_values >= 2
-        ns = self.n_values[keep]
-
-        def arg(x: Tensor) -> Tensor:
-            return ns[torch.nan_to_num(x[..., keep], nan=-1.0).argmax(-1)]
-
-        measured, predicted = arg(self.f_score), arg(self.bound("predicted", "f_score"))
-        layer_ids = torch.tensor(self.layers)[:, None].expand_as(measured)
-        heads = torch.arange(self.n_heads)[None, :].expand_as(measured)
-        return pd.DataFrame({
-            "layer": layer_ids.flatten().numpy(), "head": heads.flatten().numpy(),
-            "measured_best_n": measured.flatten().numpy(),
-            "predicted_best_n": predicted.flatten().numpy(),
-        })
-
-    @property
-    def sink_norm_ratio(self) -> Float[Tensor, "layer head"]:
-        """κ = ‖v_sink‖ / mean_{j≠sink} ‖v_j‖ (SPEC §4)."""
-        return self.sink[SINK_FIELDS.index("norm_ratio")]
-
-    @property
-    def sink_mass(self) -> Float[Tensor, "layer head"]:
-        """Mean attention on the sink."""
-        return self.sink[SINK_FIELDS.index("mass")]
-
-    @property
-    def sink_cosine(self) -> Float[Tensor, "layer head"]:
-        """Mean signed cos(v_sink, v_j) over the other keys."""
-        return self.sink[SINK_FIELDS.index("cosine")]
-
-    @property
-    def precision(self) -> Float[Tensor, "layer head n"]:
-        return self._metric("top", "precision")
-
-    @property
-    def recall(self) -> Float[Tensor, "layer head n"]:
-        return self._metric("top", "recall")
-
-    @property
-    def f_score(self) -> Float[Tensor, "layer head n"]:
-        return self._metric("top", "f_score")
-
-    @property
-    def margin(self) -> Float[Tensor, "layer head n"]:
-        return self._metric("top", "margin")
-
-    @property
-    def inversions(self) -> Float[Tensor, "layer head n"]:
-        return self._metric("top", "inversions")
-
-    @property
-    def random_f_score(self) -> Float[Tensor, "layer head n"]:
-        return self._metric("random", "f_score")
-
-    @property
-    def f_gain(self) -> Float[Tensor, "layer head n"]:
-        """Top-N minus random F_N (SPEC §3)."""
-        return self.f_score - self.random_f_score
+    def label(self, layer: int, head: int) -> str:
+        """Class of head ``head`` of model layer ``layer``: ``"Retriever" | "Mixer" | "Reset"``."""
+        li = _result_select.positions("layer", layer, list(self.layers))
+        h = _result_select.positions("head", head, list(range(self.n_heads)))
+        if not (isinstance(li, int) and isinstance(h, int)):
+            raise UnknownNameError(f"label({layer!r}, {head!r}): give one layer and one head; "
+                                   "for several use sel(layer=..., head=...)['label'].")
+        return self.labels[li][h]
 
     @property
     def n_layers(self) -> int:
@@ -191,13 +229,68 @@ class HeadAnalysis:
     def n_heads(self) -> int:
         return self.scores.shape[3]
 
-    # --- tables ----------------------------------------------------------------------------
-    def _n_index(self, n: int) -> int:
-        values = self.n_values.tolist()
-        if n not in values:
-            raise KeyError(f"N={n} was not analysed; n_values are {values}.")
-        return values.index(n)
+    # --- selection by coordinates ------------------------------------------------------------------
+    def quantities(self) -> dict[str, tuple[Tensor, bool]]:
+        """Every per-head quantity by name, as ``(values, has_n_axis)``: the metrics of every group,
+        ``f_gain``, the instance counts (``count``, ``random_count``, ...), sink figures, vote
+        fractions (``vote_current``, ...) and, with bounds, the bounds and regime diagnostics."""
+        out: dict[str, tuple[Tensor, bool]] = {}
+        for g in GROUPS:
+            out.update({_name(g, m): (self.metric(m, g), True) for m in METRIC_NAMES})
+        out["f_gain"] = (self.f_gain, True)
+        out.update({_name(g, "count"): (self.count(g), True) for g in GROUPS})
+        out.update({f"sink_{f}": (self.sink_diagnostic(f), False) for f in SINK_FIELDS})
+        fractions = self.vote_fractions
+        out.update({f"vote_{v}": (fractions[..., i], False) for i, v in enumerate(VOTES)})
+        if self.bounds is not None:
+            out.update({f"{k}_{m}": (self.bound(k, m), True) for k in BOUND_KINDS for m in BOUND_METRICS})
+            out.update({f"regime_{f}": (self.regime_diagnostic(f), False) for f in REGIME_FIELDS})
+        return out
 
+    def sel(self, layer: Coord = None, head: Coord = None, n: Coord = None) -> HeadSelection:
+        """Select by **model layer index**, head and **N value** (not by position), like xarray.
+
+        A scalar drops its axis, a list keeps it (in the order given), ``None`` keeps every value.
+        Unknown values raise a ``ValueError`` (also a ``KeyError``) listing the valid ones.
+
+        >>> s = result.sel(layer=5, head=3, n=2)          # doctest: +SKIP
+        >>> float(s["f_score"]), float(s["random_f_score"]), s["label"]   # doctest: +SKIP
+        >>> result.sel(n=2)["f_score"]                     # [layer, head] F_2   # doctest: +SKIP
+        """
+        index = (
+            _result_select.positions("layer", layer, list(self.layers)),
+            _result_select.positions("head", head, list(range(self.n_heads))),
+            _result_select.positions("n", n, self.n_values.tolist()),
+        )
+        data: dict[str, Any] = {
+            key: _result_select.take(values, index if has_n else index[:2])
+            for key, (values, has_n) in self.quantities().items()
+        }
+        data["label"] = _result_select.take_labels(self.labels, index[0], index[1])
+        dims = tuple(a for a, i in zip(_result_select.COORDS, index) if not isinstance(i, int))
+        every = {"layer": list(self.layers), "head": list(range(self.n_heads)),
+                 "n": self.n_values.tolist()}
+        asked = {"layer": layer, "head": head, "n": n}
+        coords = {a: every[a] if v is None else v for a, v in asked.items()}
+        return HeadSelection(data, coords, dims)
+
+    def _n_index(self, n: int) -> int:
+        """Position of the N value ``n`` in ``n_values`` (an error lists the analysed ones)."""
+        return _result_select.positions("n", n, self.n_values.tolist())  # type: ignore[return-value]
+
+    # --- bounds summaries ---------------------------------------------------------------------------
+    @property
+    def certified_fraction(self) -> Float[Tensor, " n"]:
+        """Fraction of heads whose every analysed query is certified (P̲ = R̲ = 1) at each N."""
+        certified = (self.bound("certified", "precision") == 1) & (self.bound("certified", "recall") == 1)
+        return certified.double().mean(dim=(0, 1))
+
+    def best_n(self):
+        """Per head, the N ≥ 2 with the largest measured F_N and the largest predicted envelope
+        F̲_N (SPEC §6b: the theory predicts small N), as a ``DataFrame``."""
+        return _result_tables.best_n(self)
+
+    # --- tables -----------------------------------------------------------------------------------
     def class_counts(self):
         """``pandas.DataFrame`` of the number of heads of each class per layer."""
         import pandas as pd
@@ -206,172 +299,63 @@ class HeadAnalysis:
         return pd.DataFrame(rows, index=pd.Index(self.layers, name="layer"))
 
     def heads_table(self):
-        """One row per (layer, head): label, vote fractions and sink diagnostics."""
-        import pandas as pd
-
-        fractions = self.vote_fractions
-        rows = []
-        for li, layer in enumerate(self.layers):
-            for h in range(self.n_heads):
-                row: dict[str, Any] = {"layer": layer, "head": h, "label": self.labels[li][h]}
-                row.update({f"vote_{v}": float(fractions[li, h, i]) for i, v in enumerate(VOTES)})
-                row.update({f"sink_{f}": float(self.sink[i, li, h]) for i, f in enumerate(SINK_FIELDS)})
-                rows.append(row)
-        return pd.DataFrame(rows)
+        """One row per (layer, head): label, vote fractions (``vote_current``, ...) and sink
+        diagnostics (``sink_mass``, ...)."""
+        return _result_tables.heads_table(self)
 
     def to_pandas(self):
-        """Long-form ``DataFrame``: one row per (layer, head, N, group) with the five metrics,
-        the number of instances behind the mean, and the head's label, votes and sink figures."""
-        import pandas as pd
-
-        heads = self.heads_table()
-        n_groups, _, n_layers, n_heads, n_n = self.scores.shape
-        grid = torch.cartesian_prod(
-            torch.arange(n_groups), torch.arange(n_layers), torch.arange(n_heads), torch.arange(n_n)
-        )
-        g, li, h, ni = grid.unbind(-1)
-        frame = pd.DataFrame(
-            {
-                "layer": torch.tensor(self.layers)[li].numpy(),
-                "head": h.numpy(),
-                "n": self.n_values[ni].numpy(),
-                "group": [GROUPS[i] for i in g.tolist()],
-                **{m: self.scores[g, k, li, h, ni].numpy() for k, m in enumerate(METRIC_NAMES)},
-                "count": self.group_counts[g, li, h, ni].numpy(),
-            }
-        )
-        if self.bounds is not None:  # rows "bound_<kind>" with the lower bounds on P, R, F
-            k, _, li, h, ni = (x.flatten() for x in torch.meshgrid(
-                *(torch.arange(n) for n in (self.bounds.shape[0], 1, n_layers, n_heads, n_n)),
-                indexing="ij"))
-            rows = {
-                "layer": torch.tensor(self.layers)[li].numpy(), "head": h.numpy(),
-                "n": self.n_values[ni].numpy(), "group": [f"bound_{BOUND_KINDS[i]}" for i in k.tolist()],
-            }
-            for m, name in enumerate(BOUND_METRICS):
-                rows[name] = self.bounds[k, m, li, h, ni].numpy()
-            frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
-        return frame.merge(heads, on=["layer", "head"], how="left")
+        """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
+        number of instances behind the mean (``count``), and the head's label, votes and sink
+        figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F."""
+        return _result_tables.to_pandas(self)
 
     def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True):
-        """The ``k`` heads with the largest (or smallest) ``by`` at ``N = n``.
+        """The ``k`` heads with the largest (or smallest) ``by`` at ``N = n``, as a ``DataFrame``
+        (the :meth:`heads_table` columns plus ``by``).
 
-        ``by`` is any ``[layer, head, n]`` attribute (``f_score``, ``f_gain``,
-        ``sink_removed_f_score``, ...) or ``[layer, head]`` one (``sink_norm_ratio``, ...).
+        ``by`` is a key of :meth:`quantities`: ``f_gain``, ``f_score``, ``sink_removed_f_score``,
+        ``sink_norm_ratio``, ``vote_sink``, ...; a wrong one raises an error listing them all.
         """
-        values = getattr(self, by)
-        if not isinstance(values, Tensor) or values.shape[:2] != (self.n_layers, self.n_heads) or (
-            values.ndim == 3 and (by.startswith("vote") or values.shape[2] != len(self.n_values))
-        ):
-            raise ValueError(f"top(by={by!r}): need a [layer, head] or [layer, head, n] field.")
-        if values.ndim == 3:
+        quantities = self.quantities()
+        if by not in quantities:
+            if self.bounds is None and by.split("_")[0] in (*BOUND_KINDS, "regime"):
+                raise NoBoundsError(f"top(by={by!r}): {NO_BOUNDS}")
+            raise UnknownNameError(f"top(by={by!r}): unknown key; valid: {', '.join(quantities)}.")
+        values, has_n = quantities[by]
+        if has_n:
             values = values[..., self._n_index(n)]
         flat = torch.nan_to_num(values.flatten(), nan=-torch.inf if largest else torch.inf)
-        order = flat.argsort(descending=largest)[:k]
-        table = self.heads_table()
-        chosen = table.iloc[order.tolist()].copy()
+        order = flat.argsort(descending=largest, stable=True)[:k]
+        chosen = self.heads_table().iloc[order.tolist()].copy()
         if by not in chosen.columns:
             chosen.insert(3, by, values.flatten()[order].numpy())
         return chosen.reset_index(drop=True)
 
-    def summary(self, n_values: tuple[int, ...] = (2, 4, 8)) -> str:
-        """Readable per-layer and per-head summary: classes, sink figures, F_N vs random."""
-        shown = [n for n in n_values if n in self.n_values.tolist()]
-        meta = self.metadata
-        lines = [
-            f"tl_geometry head analysis — model {meta.get('model_name', '?')}, "
-            f"{meta.get('n_sequences', '?')} sequences × {meta.get('n_positions', '?')} positions, "
-            f"queries={meta.get('queries')}, distance={meta.get('distance')}, space={meta.get('space')}",
-            "N=1 is trivial for the Euclidean distance (F_1 = 1); the headline is N ≥ 2.",
-            "",
-        ]
-        counts = self.class_counts()
-        total = counts.sum()
-        n_all = int(total.sum())
-        lines.append(
-            "Classes: " + ", ".join(f"{c} {int(total[c])} ({100 * total[c] / n_all:.1f}%)" for c in CLASSES)
-        )
-        fscore = {n: self.f_score[..., self._n_index(n)] for n in shown}
-        rand = {n: self.random_f_score[..., self._n_index(n)] for n in shown}
-        for n in shown:
-            lines.append(
-                f"  mean F_{n}: top-N {_nanmean(fscore[n]):.3f}  random {_nanmean(rand[n]):.3f}  "
-                f"sink removed {_nanmean(self.sink_removed_f_score[..., self._n_index(n)]):.3f}"
-            )
-        if self.bounds is not None:
-            frac = self.certified_fraction
-            lines.append(
-                "  heads certified (P̲ = R̲ = 1): "
-                + ", ".join(f"N={n}: {100 * float(frac[self._n_index(n)]):.1f}%" for n in shown)
-            )
-            best = self.best_n()
-            agree = (best.measured_best_n == best.predicted_best_n).mean()
-            lines.append(f"  predicted best N ≥ 2 matches the measured one for {100 * agree:.1f}% of heads")
-        lines.append("")
-        header = f"{'layer':>5} {'head':>4} {'class':<9} {'cur/sink/oth':>14} {'α_sink':>6} {'κ':>6} {'cos':>6}"
-        header += "".join(f" {'F' + str(n) + ' top/rnd':>13}" for n in shown)
-        lines.append(header)
-        fractions = self.vote_fractions
-        for li, layer in enumerate(self.layers):
-            for h in range(self.n_heads):
-                fr = "/".join(f"{float(x):.2f}" for x in fractions[li, h])
-                row = (
-                    f"{layer:>5} {h:>4} {self.labels[li][h]:<9} {fr:>14} "
-                    f"{float(self.sink_mass[li, h]):>6.3f} {float(self.sink_norm_ratio[li, h]):>6.3f} "
-                    f"{float(self.sink_cosine[li, h]):>6.3f}"
-                )
-                row += "".join(
-                    f" {float(fscore[n][li, h]):>6.3f}/{float(rand[n][li, h]):<6.3f}" for n in shown
-                )
-                lines.append(row)
-        return "\n".join(lines)
+    # --- text -----------------------------------------------------------------------------------
+    def summary(self, n_values: Sequence[int] = (2, 4, 8), *, top: int | None = 20) -> str:
+        """Readable summary: run, classes, mean F_N against random, then the ``top`` heads by
+        F-gain at the first shown N (``top=None``: every head, in layer order), with a legend.
+        See docs/reading.md for how to read it."""
+        return _result_text.summary(self, n_values, top)
 
     def __repr__(self) -> str:
-        total = self.class_counts().sum()
-        classes = ", ".join(f"{c}={int(total[c])}" for c in CLASSES)
-        return (
-            f"HeadAnalysis(layers={len(self.layers)}, heads={self.n_heads}, "
-            f"n_values={self.n_values.tolist()}, {classes})"
-        )
+        return _result_text.short_repr(self)
 
-    # --- persistence -------------------------------------------------------------------------
+    # --- persistence ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write the analysis to ``path`` (a ``torch.save`` file of tensors and JSON metadata)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "format": "tl_geometry.HeadAnalysis/1",
-            "layers": list(self.layers),
-            "n_values": self.n_values,
-            "scores": self.scores,
-            "group_counts": self.group_counts,
-            "sink": self.sink,
-            "vote_counts": self.vote_counts,
-            "bounds": self.bounds,
-            "regime": self.regime,
-            "metadata": json.dumps(self.metadata),
-        }
-        torch.save(payload, path)
-        return path
+        """Write the analysis to ``path``: a versioned file holding the tensors, their axis labels
+        and the names of every group, metric and field, with the metadata as JSON (see
+        :func:`tl_geometry._result_io.encode_metadata` for what metadata can hold). Written
+        atomically: an interrupted save never leaves a partial file."""
+        return _result_io.save(vars(self), path)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadAnalysis:
-        """Read an analysis written by :meth:`save` (bit-exact round trip)."""
-        payload = torch.load(Path(path), weights_only=True)
-        if payload.get("format") != "tl_geometry.HeadAnalysis/1":
-            raise ValueError(f"{path} is not a saved tl_geometry HeadAnalysis.")
-        return cls(
-            layers=tuple(payload["layers"]),
-            n_values=payload["n_values"],
-            scores=payload["scores"],
-            group_counts=payload["group_counts"],
-            sink=payload["sink"],
-            vote_counts=payload["vote_counts"],
-            metadata=json.loads(payload["metadata"]),
-            bounds=payload.get("bounds"),
-            regime=payload.get("regime"),
-        )
+        """Read an analysis written by :meth:`save` (bit-exact round trip, by name).
 
+        Raises :class:`ResultFileError` (a ``ValueError``) naming the file and the problem for a
+        truncated, empty, foreign or inconsistent file; ``FileNotFoundError`` if there is none.
+        Files of format 1 (tl_geometry 0.1) load with a ``UserWarning``.
+        """
+        return cls(**_result_io.load(path))
 
-def _nanmean(x: Tensor) -> float:
-    return float(x.nanmean()) if torch.isfinite(x).any() else float("nan")

@@ -1,0 +1,47 @@
+"""Hand-built ``HeadAnalysis`` objects whose every value encodes its position, so a test can tell
+a selection by coordinate from one by position."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tl_geometry import _result_schema as schema
+from tl_geometry.result import HeadAnalysis
+
+#: The attribute names the old ``__getattr__`` resolved (format 1's names): they must stay.
+LEGACY_NAMES = (
+    [("" if g == "top" else g + "_") + m for g in ("top", "random", "sink_removed", "sink_in", "sink_out")
+     for m in ("precision", "recall", "f_score", "margin", "inversions")]
+    + [f"sink_{f}" for f in ("mass", "norm_ratio", "cosine", "mean_cosine", "share")]
+    + [f"{k}_{m}" for k in ("inversion", "certified", "predicted") for m in ("precision", "recall", "f_score")]
+    + [f"regime_{f}" for f in ("norm_cv", "kappa", "a", "decay", "b", "fit_mae")]
+)
+
+
+def fake(layers=(3, 5), n_heads: int = 4, n_values=(2, 4, 8), *, bounds: bool = False,
+         metadata: dict[str, Any] | None = None) -> HeadAnalysis:
+    """``scores[g, m, l, h, i] = g·10⁴ + m·10³ + l·100 + h·10 + i`` (and alike for the other
+    fields); head ``h`` of layer position ``l`` gets label ``CLASSES[(l + h) % 3]``."""
+    names = schema.names()
+    sizes = {"layer": len(layers), "head": n_heads, "n": len(n_values)}
+    sizes.update({axis: len(labels) for axis, labels in names.items()})
+
+    def coded(key: str) -> torch.Tensor:
+        shape = [sizes[a] for a in schema.AXES[key]]
+        grids = torch.meshgrid(*(torch.arange(s, dtype=torch.float64) for s in shape), indexing="ij")
+        weights = [10.0 ** (len(shape) - 1 - d) for d in range(len(shape))]
+        return sum(w * g for w, g in zip(weights, grids)) + 0.5  # type: ignore[return-value]
+
+    votes = torch.zeros(len(layers), n_heads, 3, dtype=torch.float64)
+    for li in range(len(layers)):
+        for h in range(n_heads):
+            votes[li, h] = 1.0
+            votes[li, h, (li + h) % 3] = 5.0 + h  # distinct fractions per head
+    return HeadAnalysis(
+        layers=tuple(layers), n_values=torch.tensor(n_values), scores=coded("scores"),
+        group_counts=coded("group_counts").floor(), sink=coded("sink"), vote_counts=votes,
+        metadata=dict(metadata or {}),
+        bounds=coded("bounds") / 1e5 if bounds else None, regime=coded("regime") if bounds else None,
+    )

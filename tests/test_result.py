@@ -1,0 +1,258 @@
+"""HeadAnalysis: selection by coordinate (``sel`` / ``label``), explicit accessors, ``top`` and
+the text forms (issue 15, items 3, 4, 6)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cases import make_case
+from result_fakes import LEGACY_NAMES, fake
+
+import tl_geometry
+from tl_geometry import _result_schema, _result_select
+from tl_geometry.functional.taxonomy import CLASSES
+from tl_geometry.result import GROUPS, HeadAnalysis, NoBoundsError
+
+
+# --- sel / label ------------------------------------------------------------------------------
+def test_sel_reads_by_layer_index_head_and_n_value_not_position():
+    r = fake(layers=(3, 5), n_values=(2, 4, 8), bounds=True)
+    quantities = r.quantities()
+    assert "certified_f_score" in quantities and "regime_decay" in quantities
+    for li, layer in enumerate(r.layers):
+        for h in range(r.n_heads):
+            for ni, n in enumerate(r.n_values.tolist()):
+                s = r.sel(layer=layer, head=h, n=n)
+                for key, (values, has_n) in quantities.items():
+                    want = values[li, h, ni] if has_n else values[li, h]
+                    assert s[key].ndim == 0 and torch.equal(s[key], want), (key, layer, h, n)
+                assert s["label"] == r.labels[li][h] == r.label(layer, h)
+    # the coded values make the position visible: layer 5 is position 1, N=4 is position 1
+    assert float(r.sel(layer=5, head=3, n=4)["f_score"]) == 2 * 1e3 + 1 * 100 + 3 * 10 + 1 + 0.5
+
+
+def test_sel_scalars_drop_their_axis_lists_keep_it_in_the_given_order():
+    r = fake(layers=(3, 5, 7), n_heads=4, n_values=(2, 4, 8))
+    f = r.f_score
+    assert torch.equal(r.sel(n=4)["f_score"], f[:, :, 1])
+    assert r.sel(n=4).dims == ("layer", "head")
+    assert torch.equal(r.sel(layer=[7, 3], n=[8, 2])["f_score"], f[[2, 0]][:, :, [2, 0]])
+    assert r.sel(layer=[7, 3], n=[8, 2]).dims == ("layer", "head", "n")
+    assert torch.equal(r.sel(layer=5, head=[0, 3])["random_f_score"], r.random_f_score[1, [0, 3]])
+    assert torch.equal(r.sel(head=(2,), n=8)["sink_in_recall"], r.sink_in_recall[:, [2], 2])
+    # quantities without an N axis ignore n; labels follow the same rules
+    assert torch.equal(r.sel(n=2)["sink_norm_ratio"], r.sink_norm_ratio)
+    assert r.sel(layer=[5], head=1)["label"] == [r.labels[1][1]]
+    assert r.sel(layer=5)["label"] == r.labels[1]
+    assert r.sel(head=2)["label"] == [row[2] for row in r.labels]
+    assert r.sel(layer=torch.tensor(7), head=0, n=2).dims == ()
+    assert r.sel(layer=5, head=[0, 3]).coords == {"layer": 5, "head": [0, 3], "n": [2, 4, 8]}
+
+
+def test_sel_covers_every_per_head_quantity_and_only_existing_bounds():
+    plain, bounded = fake(), fake(bounds=True)
+    keys = set(plain.sel(layer=3, head=0, n=2))
+    assert {"f_score", "random_f_score", "sink_removed_f_score", "sink_in_count", "f_gain",
+            "sink_cosine", "vote_sink", "label"} <= keys
+    assert not any(k.startswith(("certified", "regime")) for k in keys)
+    more = set(bounded.sel(layer=3, head=0, n=2)) - keys
+    assert more == {f"{k}_{m}" for k in ("inversion", "certified", "predicted")
+                    for m in ("precision", "recall", "f_score")} | {
+        "regime_norm_cv", "regime_kappa", "regime_a", "regime_decay", "regime_b", "regime_fit_mae"}
+    s = plain.sel(layer=3, head=0, n=2)
+    assert s.to_dict()["label"] == s["label"] and isinstance(s.to_dict()["f_score"], float)
+    assert "layer=3" in repr(s) and "f_score" in repr(s)
+    with pytest.raises(KeyError, match="f_score"):
+        s["fscore"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"layer": 4}, r"layer=4 was not analysed; valid layer values: \[3, 5\]"),
+    ({"layer": [3, 4]}, r"valid layer values: \[3, 5\]"),
+    ({"head": 4}, r"valid head values: \[0, 1, 2, 3\]"),
+    ({"n": 3}, r"N=3 was not analysed; valid n values: \[2, 4, 8\]"),
+    ({"layer": True}, "not analysed"),
+])
+def test_sel_rejects_unknown_coordinates_listing_the_valid_ones(kwargs, message):
+    r = fake()
+    with pytest.raises(ValueError, match=message):
+        r.sel(**kwargs)
+    with pytest.raises(KeyError):  # also a KeyError, like a missing label in xarray / pandas
+        r.sel(**kwargs)
+
+
+def test_coordinates_must_be_ints():
+    # (sel's annotations reject a float under the test suite's type checker; without it, this
+    # is the message a user gets)
+    with pytest.raises(ValueError, match=r"n=2\.0: give an int or a list of ints"):
+        _result_select.positions("n", 2.0, [2, 4])
+    assert _result_select.positions("n", (4, 2), [2, 4]) == [1, 0]
+
+
+def test_label_by_model_layer_index_where_positional_indexing_fails():
+    # the README's old example: layers=[3, 5] made result.labels[5][3] an IndexError
+    c1, c2 = make_case(1, sink=True), make_case(2)
+    result = tl_geometry.analyze_heads({**c1.cache(3), **c2.cache(5)}, layers=[3, 5],
+                                       n_values=(2, 4), random_samples=2)
+    with pytest.raises(IndexError):
+        result.labels[5][3]
+    assert result.label(5, 3) == result.labels[1][3] in CLASSES
+    # with n_values=(2, 4), position 1 is F_4, not F_2: sel reads the N value
+    assert torch.equal(result.sel(n=2)["f_score"], result.f_score[:, :, 0])
+    assert torch.equal(result.sel(n=4)["f_score"], result.f_score[:, :, 1])
+    with pytest.raises(ValueError, match=r"valid layer values: \[3, 5\]"):
+        result.label(0, 3)
+
+
+# --- explicit fields and accessors ----------------------------------------------------------------
+def test_attributes_are_explicit_class_attributes_not_getattr_magic():
+    assert "__getattr__" not in vars(HeadAnalysis) and "__dir__" not in vars(HeadAnalysis)
+    r = fake(bounds=True)
+    for name in LEGACY_NAMES:
+        assert hasattr(HeadAnalysis, name), name  # declared on the class, so IDEs and mypy see it
+        group, metric = next(((g, name[len(g) + 1:]) for g in sorted(GROUPS, key=len, reverse=True)
+                              if name.startswith(g + "_") and name[len(g) + 1:] in
+                              _result_schema.METRIC_NAMES), ("top", name))
+        if name.startswith(("inversion_", "certified_", "predicted_")):
+            kind, _, m = name.partition("_")
+            assert torch.equal(getattr(r, name), r.bound(kind, m)), name
+        elif name.startswith("regime_"):
+            assert torch.equal(getattr(r, name), r.regime_diagnostic(name[7:])), name
+        elif name.startswith("sink_") and metric not in _result_schema.METRIC_NAMES:
+            assert torch.equal(getattr(r, name), r.sink_diagnostic(name[5:])), name
+        else:
+            assert torch.equal(getattr(r, name), r.metric(metric, group=group)), name
+    with pytest.raises(AttributeError):
+        r.f_scor  # noqa: B018 - a typo is a plain AttributeError, not a lookup through names
+    assert torch.equal(r.count("sink_in"), r.group_counts[GROUPS.index("sink_in")])
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda r: r.metric("f1"), "unknown metric 'f1'; valid: 'precision', 'recall', 'f_score'"),
+    (lambda r: r.metric("f_score", group="shuffled"), "valid: 'top', 'random', 'sink_removed'"),
+    (lambda r: r.count("all"), "unknown group 'all'"),
+    (lambda r: r.sink_diagnostic("kappa"), "valid: 'mass', 'norm_ratio'"),
+    (lambda r: r.bound("upper"), "valid: 'inversion', 'certified', 'predicted'"),
+])
+def test_accessors_name_the_valid_choices(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(fake(bounds=True))
+
+
+def test_missing_bounds_raise_one_error_that_is_both_attribute_and_value_error():
+    r = fake()
+    for call in (lambda: r.certified_f_score, lambda: r.bound("certified"), lambda: r.certified_fraction,
+                 lambda: r.regime_decay, lambda: r.best_n(), lambda: r.top(by="predicted_f_score")):
+        with pytest.raises(NoBoundsError, match=r"bounds=True"):
+            call()
+    assert issubclass(NoBoundsError, AttributeError) and issubclass(NoBoundsError, ValueError)
+    assert not hasattr(r, "certified_f_score")
+
+
+def test_top_ranks_by_any_quantity_and_lists_the_valid_keys_on_a_wrong_one():
+    r = fake(layers=(3, 5), n_values=(2, 4))
+    best = r.top(3, by="sink_mass")
+    assert list(zip(best["layer"], best["head"])) == [(5, 3), (5, 2), (5, 1)]  # coded: larger l, h first
+    low = r.top(2, by="f_score", n=4, largest=False)
+    assert list(zip(low["layer"], low["head"])) == [(3, 0), (3, 1)]
+    assert low.f_score.tolist() == [r.f_score[0, 0, 1].item(), r.f_score[0, 1, 1].item()]
+    assert r.top(1, by="vote_sink").vote_sink.item() == r.vote_fractions[..., 1].max().item()
+    with pytest.raises(ValueError, match=r"top\(by='fscore'\): unknown key; valid: .*f_gain.*sink_norm_ratio"):
+        r.top(by="fscore")
+    with pytest.raises(ValueError, match=r"N=8 was not analysed; valid n values: \[2, 4\]"):
+        r.top(by="f_gain", n=8)
+
+
+def test_a_new_group_or_metric_is_one_tuple_entry(monkeypatch, tmp_path):
+    import tl_geometry.result as result_module
+
+    old = fake(n_values=(2, 4))
+    path = old.save(tmp_path / "old.pt")
+    groups = (*GROUPS, "shuffled")
+    metrics = (*_result_schema.METRIC_NAMES, "f_score_cc")
+    for module in (result_module, _result_schema):
+        monkeypatch.setattr(module, "GROUPS", groups)
+        monkeypatch.setattr(module, "METRIC_NAMES", metrics)
+    new = fake(n_values=(2, 4))
+    assert new.scores.shape[:2] == (6, 6)
+    assert torch.equal(new.metric("f_score_cc", group="shuffled"), new.scores[5, 5])
+    assert "shuffled_f_score_cc" in new.sel(layer=3, head=0, n=2)
+    assert set(new.to_pandas().group) >= {"shuffled"} and "f_score_cc" in new.to_pandas()
+    assert torch.equal(HeadAnalysis.load(new.save(tmp_path / "new.pt")).scores, new.scores)
+    with pytest.warns(UserWarning, match="filled"):  # a file from before: the new names are NaN
+        loaded = HeadAnalysis.load(path)
+    assert loaded.metric("f_score", group="shuffled").isnan().all()
+    assert loaded.metric("f_score_cc").isnan().all() and (loaded.count("shuffled") == 0).all()
+    assert torch.equal(loaded.metric("recall", group="sink_in"), old.metric("recall", group="sink_in"))
+
+
+def test_constructor_checks_shapes_against_the_names():
+    r = fake()
+    fields = dict(vars(r))
+    fields["scores"] = r.scores[:4]  # one group short, and group_counts agrees: a shape mismatch
+    fields["group_counts"] = r.group_counts[:4]
+    with pytest.raises(ValueError, match=r"scores has shape \[4, 5, 2, 4, 3\]; expected \[group=5"):
+        HeadAnalysis(**fields)
+    with pytest.raises(ValueError, match="distinct"):
+        HeadAnalysis(**{**vars(r), "layers": (3, 3)})
+
+
+# --- text --------------------------------------------------------------------------------------------
+def _head_rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line[:5].strip().isdigit()]
+
+
+def test_summary_top_k_legend_and_unknown_model():
+    r = fake(layers=(3, 5), n_heads=4, n_values=(2, 4))
+    text = r.summary(top=3)
+    rows = _head_rows(text)
+    assert len(rows) == 3 and "Top 3 of 8 heads by F_2 gain" in text
+    gain = r.f_gain[..., 0]
+    ranked = [tuple(map(int, row.split()[:2])) for row in rows]
+    values = [float(gain[r.layers.index(layer), h]) for layer, h in ranked]
+    assert values == sorted(values, reverse=True)
+    assert len(_head_rows(r.summary(top=None))) == 8
+    assert "Legend: cur/sink/oth" in text and "κ = ‖v_sink‖" in text and "cos = mean signed" in text
+    assert "docs/reading.md" in text
+    assert "model None" not in text and "model unknown (pass model=" in text
+    assert "run settings not recorded" in text  # a hand-built result has no run metadata
+    assert all(len(line) <= 100 for line in text.splitlines() if line.startswith("Legend") or
+               not line[:5].strip().isdigit())
+    named = fake(metadata={"model_name": "SmolLM2-135M", "n_sequences": 8, "n_positions": 128,
+                           "queries": "last", "distance": "euclidean", "space": "value"})
+    text = named.summary(top=2)
+    assert "model SmolLM2-135M" in text and "8 sequences × 128 positions, queries=last" in text
+
+
+def test_repr_is_one_short_line():
+    r = fake(layers=tuple(range(30)), n_heads=9, n_values=(1, 2, 4, 8),
+             metadata={"model_name": "SmolLM2-135M"})
+    text = repr(r)
+    assert "\n" not in text and len(text) < 160
+    assert text.startswith("HeadAnalysis(model='SmolLM2-135M', layers=30 (0..29), heads=9")
+    counts = r.class_counts().sum()
+    assert all(f"{c}={int(counts[c])}" in text for c in CLASSES) and "bounds=False" in text
+    assert "layers=2 (3, 5)" in repr(fake())
+
+
+@pytest.mark.filterwarnings("ignore:N = .* cannot be evaluated")
+def test_readme_in_python_examples_run(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## In Python", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    lines = [line.split("  #")[0].strip() for line in code.splitlines()
+             if line.startswith(("result", "head", "df =", "print(result", "bounded"))]
+    assert any("result.label(5, 3)" in line for line in lines)
+    assert not any("labels[" in line or "[:, :, 1]" in line for line in lines)  # positional
+    cases = [make_case(seed, n_pos=20, n_heads=4) for seed in range(6)]
+    cache = {k: v for layer, c in enumerate(cases) for k, v in c.cache(layer).items()}
+    namespace = {"tl_geometry": tl_geometry, "cache": cache, "model": None,
+                 "result": tl_geometry.analyze_heads(cache, random_samples=2)}
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        exec(line, namespace)  # the README's own lines, checked to run
+    assert namespace["head"]["label"] == namespace["result"].label(5, 3)
+    assert (tmp_path / "run.pt").is_file()

@@ -1,0 +1,239 @@
+"""Versioned, checked result files for :class:`~tl_geometry.result.HeadAnalysis`.
+
+A file is a ``torch.save`` dict of plain tensors and strings, read back with
+``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
+
+* ``format``: ``"tl_geometry.HeadAnalysis/2"``;
+* ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
+  named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
+* the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged).
+
+On load everything is checked; any problem raises :class:`ResultFileError` naming the file.
+Files of format 1 (tl_geometry 0.1, no axis labels) load with a warning, read with the names that
+format used; saving them again upgrades them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+import warnings
+from enum import Enum
+from pathlib import Path, PurePath
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._result_schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
+
+FORMAT = "tl_geometry.HeadAnalysis/2"
+_FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
+#: The labels format 1 used (it did not save them): what its axes meant.
+_FORMAT1_NAMES = {
+    "group": ("top", "random", "sink_removed", "sink_in", "sink_out"),
+    "metric": ("precision", "recall", "f_score", "margin", "inversions"),
+    "sink_field": ("mass", "norm_ratio", "cosine", "mean_cosine", "share"),
+    "vote": ("current", "sink", "other"),
+    "bound_kind": ("inversion", "certified", "predicted"),
+    "bound_metric": ("precision", "recall", "f_score"),
+    "regime_field": ("norm_cv", "kappa", "a", "decay", "b", "fit_mae"),
+    "class": ("Retriever", "Mixer", "Reset"),
+}
+#: Tensors in metadata up to this many elements are stored as (nested) lists.
+MAX_METADATA_TENSOR = 10_000
+_TUPLE, _ITEMS = "__tuple__", "__items__"
+
+
+class ResultFileError(ValueError):
+    """A file that is not a readable, consistent tl_geometry result; the message names the file
+    and the problem."""
+
+
+# --- metadata ---------------------------------------------------------------------------------
+def encode_metadata(value: Any, where: str = "metadata") -> Any:
+    """``value`` as JSON-ready data that :func:`decode_metadata` turns back into it.
+
+    Kept exactly: ``None``, bools, ints, floats (NaN and ±inf too), strings, lists, tuples, dicts
+    with str / int / float / bool / None / tuple keys. Converted (and read back in this form):
+    ``pathlib`` paths → ``str``; sets → sorted lists; ``torch.dtype`` / ``torch.device`` →
+    ``str`` (``"torch.float32"``); enums → their value; tensors and NumPy arrays of at most
+    10 000 elements → numbers / nested lists. Anything else is refused with a ``ValueError``
+    naming the key (``metadata['loading']['x']``).
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, list):
+        return [encode_metadata(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return {_TUPLE: [encode_metadata(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and set(value) not in ({_TUPLE}, {_ITEMS}):
+            return {k: encode_metadata(v, f"{where}[{k!r}]") for k, v in value.items()}
+        items = []
+        for k, v in value.items():
+            if not (k is None or isinstance(k, (bool, int, float, str, tuple))):
+                raise ValueError(f"{where}: key {k!r} ({type(k).__name__}) cannot be saved; "
+                                 "use str, int, float, bool or tuple keys.")
+            items.append([encode_metadata(k, f"{where} key"), encode_metadata(v, f"{where}[{k!r}]")])
+        return {_ITEMS: items}
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        return [encode_metadata(v, where) for v in sorted(value, key=repr)]
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, Enum):
+        return encode_metadata(value.value, where)
+    if isinstance(value, Tensor) or type(value).__module__ == "numpy":
+        size = value.numel() if isinstance(value, Tensor) else getattr(value, "size", 1)
+        if size > MAX_METADATA_TENSOR:
+            raise ValueError(f"{where}: an array of {size} elements is too large for metadata "
+                             f"(at most {MAX_METADATA_TENSOR}); save it in a separate file.")
+        plain = value.detach().cpu().tolist() if isinstance(value, Tensor) else value.tolist()
+        return encode_metadata(plain, where)
+    raise ValueError(f"{where}: a {type(value).__name__} cannot be saved in a result file; "
+                     "store it as str, int, float, bool, None, list, tuple or dict.")
+
+
+def decode_metadata(value: Any) -> Any:
+    """Inverse of :func:`encode_metadata` (tuples and non-string keys come back as they were)."""
+    if isinstance(value, list):
+        return [decode_metadata(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_TUPLE}:
+            return tuple(decode_metadata(v) for v in value[_TUPLE])
+        if set(value) == {_ITEMS}:
+            return {_hashable(decode_metadata(k)): decode_metadata(v) for k, v in value[_ITEMS]}
+        return {k: decode_metadata(v) for k, v in value.items()}
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
+
+
+# --- save ---------------------------------------------------------------------------------------
+def save(fields: dict[str, Any], path: str | Path) -> Path:
+    """Write ``fields`` (the HeadAnalysis dataclass fields) to ``path``, atomically: the file is
+    written next to its destination and renamed, so an interrupted save leaves no partial file."""
+    path = Path(path)
+    metadata = json.dumps(encode_metadata(fields["metadata"]), allow_nan=True)
+    payload: dict[str, Any] = {
+        "format": FORMAT,
+        "axes": {k: list(v) for k, v in AXES.items()},
+        "names": {k: list(v) for k, v in names().items()},
+        "layers": list(fields["layers"]),
+        "metadata": metadata,
+    }
+    for key in AXES:
+        value = fields[key]
+        payload[key] = None if value is None else value.detach().cpu()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # open(..., "xb") rather than mkstemp: the file gets the usual umask permissions, not 0600
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            torch.save(payload, f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --- load ---------------------------------------------------------------------------------------
+def load(path: str | Path) -> dict[str, Any]:
+    """Read and check a result file; returns the HeadAnalysis constructor's keyword arguments."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such result file.")
+
+    def fail(problem: str) -> ResultFileError:
+        return ResultFileError(f"{path}: {problem}")
+
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, empty, text, foreign pickle: torch/pickle raise anything
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise fail(f"not a readable tl_geometry result file ({type(exc).__name__}: {detail}). "
+                   "Write it with HeadAnalysis.save.") from None
+    fmt = payload.get("format") if isinstance(payload, dict) else None
+    if not isinstance(fmt, str) or not fmt.startswith(_FORMAT_PREFIX):
+        what = (f"a {type(payload).__name__}" if not isinstance(payload, dict)
+                else f"a dict of format {fmt!r}" if fmt is not None else "a dict without 'format'")
+        raise fail(f"holds {what}, not a saved tl_geometry HeadAnalysis.")
+    version = payload["format"][len(_FORMAT_PREFIX):]
+    if version == "1":
+        warnings.warn(f"{path}: format 1 (tl_geometry 0.1, no axis labels); read with that format's "
+                      "names. Save it again to upgrade.", UserWarning, stacklevel=3)
+        saved_names: dict[str, Any] = dict(_FORMAT1_NAMES)
+    elif version == "2":
+        saved_names = payload.get("names")
+        if payload.get("axes") != {k: list(v) for k, v in AXES.items()}:
+            raise fail(f"its axis labels {payload.get('axes')!r} differ from this version's {AXES!r}.")
+    else:
+        raise fail(f"format {payload['format']!r} is newer than this tl_geometry reads "
+                   f"({FORMAT}); upgrade tl_geometry.")
+    missing = [k for k in ("layers", "metadata", *AXES) if k not in payload]
+    if missing or not isinstance(saved_names, dict):
+        raise fail(f"incomplete: missing {missing or ['names']}.")
+    try:
+        metadata = decode_metadata(json.loads(payload["metadata"]))
+    except (TypeError, ValueError) as exc:
+        raise fail(f"its metadata is not valid JSON ({exc}).") from None
+    if not isinstance(metadata, dict):
+        raise fail(f"its metadata is a {type(metadata).__name__}, not a dict.")
+    fields: dict[str, Any] = {"layers": payload["layers"], "metadata": metadata}
+    for key in AXES:
+        value = payload[key]
+        if value is None and key in OPTIONAL:
+            fields[key] = None
+        elif not isinstance(value, Tensor):
+            raise fail(f"{key} is a {type(value).__name__}, not a tensor.")
+        else:
+            fields[key] = _align(key, value, saved_names, fail)
+    try:
+        fields["layers"], fields["n_values"] = check_fields(fields)
+    except ValueError as exc:
+        raise fail(f"inconsistent contents: {exc}") from None
+    for key in COUNT_FIELDS:
+        if not (fields[key] >= 0).all():  # NaN fails too
+            raise fail(f"{key} must hold counts ≥ 0.")
+    return fields
+
+
+def _align(key: str, value: Tensor, saved: dict[str, Any], fail: Any) -> Tensor:
+    """``value`` with its named axes re-ordered to this version's labels, by name: a label the
+    file lacks is filled (NaN, or 0 for counts) with a warning; one it has extra is dropped."""
+    if value.ndim != len(AXES[key]):
+        raise fail(f"{key} has shape {list(value.shape)}; expected axes {list(AXES[key])}.")
+    for dim, axis in enumerate(AXES[key]):
+        current = names().get(axis)
+        if current is None:  # a coordinate axis (layer, head, n)
+            continue
+        labels = saved.get(axis)
+        if not isinstance(labels, (list, tuple)) or len(labels) != value.shape[dim]:
+            raise fail(f"{key} has {value.shape[dim]} entries on its {axis} axis but the file "
+                       f"names them {labels!r}.")
+        labels = list(labels)
+        if labels == list(current):
+            continue
+        lacking = [x for x in current if x not in labels]
+        extra = [x for x in labels if x not in current]
+        if lacking or extra:
+            warnings.warn(f"{key}: the file's {axis} labels differ from this version's; "
+                          f"filled {lacking or 'none'}, dropped {extra or 'none'}.",
+                          UserWarning, stacklevel=4)
+        fill = 0.0 if key in COUNT_FIELDS else math.nan
+        shape = list(value.shape)
+        shape[dim] = len(current)
+        dtype = value.dtype if value.is_floating_point() or fill == 0 else torch.float64
+        out = torch.full(shape, fill, dtype=dtype)
+        for i, name in enumerate(current):
+            if name in labels:
+                out.select(dim, i).copy_(value.select(dim, labels.index(name)))
+        value = out
+    return value

@@ -1,0 +1,123 @@
+"""The names and axes of :class:`~tl_geometry.result.HeadAnalysis`, in one place.
+
+Every tensor field has named axes (:data:`AXES`); every named axis has its labels in one tuple
+(:data:`names`). Adding a selection group (e.g. a ``"shuffled"`` null) or a metric (e.g.
+``"precision_cc"``) means extending one tuple: the accessors, ``sel``, ``to_pandas``, the file
+format (which saves these labels) and the shape checks follow.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .functional.bounds import REGIME_FIELDS
+from .functional.separability import METRIC_NAMES
+from .functional.sink import SINK_FIELDS
+from .functional.taxonomy import CLASSES, VOTES
+
+#: Selection groups scored per (layer, head, N) (SPEC §3): the top-N set, the random baseline,
+#: the top-N re-selected with the sink removed, and the top-N instances with the sink inside /
+#: outside the set.
+GROUPS: tuple[str, ...] = ("top", "random", "sink_removed", "sink_in", "sink_out")
+#: Kinds of lower bound on the top-N sets (SPEC §6): inversion certificates, certified regime
+#: bounds (observed extremes) and the predicted envelope (typical values).
+BOUND_KINDS: tuple[str, ...] = ("inversion", "certified", "predicted")
+BOUND_METRICS: tuple[str, ...] = ("precision", "recall", "f_score")
+
+#: Axis labels of every tensor field, in storage order; ``layer``, ``head`` and ``n`` are
+#: coordinates (model layer index, head index, N value), the others are named by :func:`names`.
+AXES: dict[str, tuple[str, ...]] = {
+    "n_values": ("n",),
+    "scores": ("group", "metric", "layer", "head", "n"),
+    "group_counts": ("group", "layer", "head", "n"),
+    "sink": ("sink_field", "layer", "head"),
+    "vote_counts": ("layer", "head", "vote"),
+    "bounds": ("bound_kind", "bound_metric", "layer", "head", "n"),
+    "regime": ("regime_field", "layer", "head"),
+}
+#: Fields that may be ``None`` (only present with ``analyze_heads(bounds=True)``).
+OPTIONAL = ("bounds", "regime")
+#: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
+COUNT_FIELDS = ("group_counts", "vote_counts")
+
+
+def names() -> dict[str, tuple[str, ...]]:
+    """Labels of every named (non-coordinate) axis, e.g. ``names()["metric"]``."""
+    return {
+        "group": GROUPS, "metric": tuple(METRIC_NAMES), "sink_field": tuple(SINK_FIELDS),
+        "vote": tuple(VOTES), "bound_kind": BOUND_KINDS, "bound_metric": BOUND_METRICS,
+        "regime_field": tuple(REGIME_FIELDS), "class": tuple(CLASSES),
+    }
+
+
+class UnknownNameError(KeyError, ValueError):
+    """An unknown name or coordinate (group, metric, layer, N, ...); the message lists the valid
+    ones. A ``KeyError`` (as before) and a ``ValueError`` (the project's bad-input error)."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted, like a dict key
+        return str(self.args[0]) if self.args else ""
+
+
+class NoBoundsError(AttributeError, ValueError):
+    """A bound or regime figure was asked of a result computed without ``bounds=True``."""
+
+
+NO_BOUNDS = "this analysis has no bounds: run analyze_heads(..., bounds=True)."
+
+
+def check_name(kind: str, value: str, valid: tuple[str, ...]) -> int:
+    """Index of ``value`` in ``valid``, or a :class:`UnknownNameError` listing the valid ones."""
+    if value not in valid:
+        raise UnknownNameError(f"unknown {kind} {value!r}; valid: {', '.join(map(repr, valid))}.")
+    return valid.index(value)
+
+
+def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
+    """Check and normalise the constructor's fields; returns ``(layers, n_values)``.
+
+    Raises ``ValueError`` naming the field and the expected shape, e.g. ``scores has shape
+    [5, 5, 2, 4, 3]; expected [group=5, metric=5, layer=2, head=4, n=4]``.
+    """
+    try:
+        layers = tuple(operator.index(x) for x in fields["layers"])
+    except TypeError:
+        raise ValueError(f"layers must be model layer indices (ints), got {fields['layers']!r}.") from None
+    if len(set(layers)) != len(layers) or any(x < 0 for x in layers):
+        raise ValueError(f"layers must be distinct non-negative ints, got {list(layers)}.")
+    n_values = fields["n_values"]
+    if not isinstance(n_values, Tensor):
+        n_values = torch.as_tensor(n_values)
+    ns = n_values.tolist() if n_values.ndim == 1 else None
+    if n_values.is_floating_point() or ns is None or len(set(ns)) != len(ns) or min(ns, default=1) < 1:
+        raise ValueError(f"n_values must be a 1-D tensor of distinct ints ≥ 1, got {n_values!r}.")
+    tensors = [k for k in AXES if k != "n_values" and k in fields]
+    scores = fields.get("scores")
+    if not isinstance(scores, Tensor) or scores.ndim != 5:
+        raise ValueError(f"scores must be a [group, metric, layer, head, n] tensor, got {_describe(scores)}.")
+    size = {"layer": len(layers), "head": scores.shape[3], "n": len(ns)}
+    size.update({axis: len(labels) for axis, labels in names().items()})
+    for key in tensors:
+        value = fields[key]
+        if value is None and key in OPTIONAL:
+            continue
+        want = [size[a] for a in AXES[key]]
+        if not isinstance(value, Tensor) or list(value.shape) != want:
+            expected = ", ".join(f"{a}={n}" for a, n in zip(AXES[key], want))
+            raise ValueError(f"{key} has shape {_describe(value)}; expected [{expected}].")
+        if not (value.is_floating_point() or key in COUNT_FIELDS):
+            raise ValueError(f"{key} must be a floating-point tensor, got {value.dtype}.")
+    if not isinstance(fields.get("metadata", {}), dict):
+        raise ValueError(f"metadata must be a dict, got a {type(fields['metadata']).__name__}.")
+    if (fields["bounds"] is None) != (fields["regime"] is None):
+        raise ValueError("bounds and regime come together (analyze_heads(bounds=True)): got only one.")
+    return layers, n_values
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return str(list(value.shape))
+    return f"a {type(value).__name__}"
