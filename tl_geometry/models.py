@@ -156,10 +156,19 @@ def load_hf_model(
     ``name`` is a built-in model (read from its GGUF package) or a local path: a folder written
     by ``save_pretrained`` (model and tokenizer) or a ``.gguf`` file.
     """
+    return _load_hf(_resolved(name), dtype)
+
+
+def _resolved(name: str | os.PathLike[str]) -> _Source:
+    """:func:`model_source`, with a built-in's GGUF file located (Gemma's parts assembled)."""
     source = model_source(name)
-    if source.builtin is not None:
-        path = gguf_path(source.builtin)
-        source = _Source(source.name, path.parent, path.name, source.builtin)
+    if source.builtin is None:
+        return source
+    path = gguf_path(source.builtin)
+    return _Source(source.name, path.parent, path.name, source.builtin)
+
+
+def _load_hf(source: _Source, dtype: torch.dtype) -> tuple[Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -192,7 +201,6 @@ def load_hf_model(
         model.config.architectures = [spec.architecture]
     elif not model.config.architectures:  # GGUF configs do not say; the bridge picks its adapter by it
         model.config.architectures = [type(model).__name__]
-    model.tl_geometry_source = source
     return model.eval(), tokenizer
 
 
@@ -223,8 +231,8 @@ def load_model(
         >>> _, cache = model.run_with_cache(model.to_tokens("Hello"),
         ...                                 names_filter=tl_geometry.CACHE_NAMES_FILTER)
     """
-    hf_model, tokenizer = load_hf_model(name, dtype=dtype)
-    source: _Source = hf_model.tl_geometry_source
+    source = _resolved(name)
+    hf_model, tokenizer = _load_hf(source, dtype)
     return _bridge_from_hf(source.name, hf_model, tokenizer, device=device, dtype=dtype, source=source)
 
 
