@@ -215,3 +215,34 @@ def test_local_model_errors_name_the_fix(tmp_path, layout, message):
         model_source(str(path))
     with pytest.raises(ValueError, match=r"Unknown model 'gpt2'.*nothing is downloaded"):
         tl_geometry.load_model("gpt2")
+
+
+def test_plain_dict_cache_from_hf_hooks_matches_the_bridge_cache(hf_dir, smollm2):
+    """docs/own_model.md's recipe for other frameworks: hook_pattern from output_attentions and
+    hook_v from v_proj's output give the bridge's tensors, and analyze_heads reads the dict."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager",
+                                              local_files_only=True).eval()
+    n_kv = hf.config.num_key_value_heads
+    cache = {}
+
+    def keep_v(layer):
+        def hook(module, inputs, output):  # [batch, pos, n_kv * d_head] → [batch, pos, n_kv, d_head]
+            cache[f"blocks.{layer}.attn.hook_v"] = output.unflatten(-1, (n_kv, -1))
+        return hook
+
+    handles = [block.self_attn.v_proj.register_forward_hook(keep_v(layer))
+               for layer, block in enumerate(hf.model.layers)]
+    try:
+        with torch.no_grad():
+            out = hf(smollm2.tokens, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for layer, pattern in enumerate(out.attentions):  # [batch, head, query, key]
+        cache[f"blocks.{layer}.attn.hook_pattern"] = pattern
+    for name in ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_v", "blocks.29.attn.hook_v"):
+        torch.testing.assert_close(cache[name], smollm2.cache[name], rtol=1e-4, atol=1e-5)
+    result = tl_geometry.analyze_heads(cache, n_values=(2, 4), layers=[0, 29], random_samples=2)
+    assert result.f_score.shape == (2, 9, 2) and torch.isfinite(result.sink_norm_ratio).all()
