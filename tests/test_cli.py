@@ -121,7 +121,7 @@ def test_unreadable_text_and_read_only_folder(files, tmp_path, no_model_load, ca
 
 def test_a_real_process_exits_2_with_one_line_and_never_imports_transformers(files):
     """In a fresh interpreter: no traceback, one line per case, and transformers (which every
-    model load needs) is never imported, so no model was loaded."""
+    model load needs) is never imported, so no model was loaded; nor is matplotlib."""
     cases = [_argv(BAD[c][0], files) for c in ("empty-text", "binary-text", "n-values-twice",
                                                "save-under-a-file", "report-out-existing-file",
                                                "unknown-model")]
@@ -133,12 +133,12 @@ def test_a_real_process_exits_2_with_one_line_and_never_imports_transformers(fil
         "        main(argv)\n"
         "    except SystemExit as e:\n"
         "        print(e.code)\n"
-        "print('transformers' in sys.modules, 'transformer_lens' in sys.modules)\n"
+        "print(*(m in sys.modules for m in ('transformers', 'transformer_lens', 'matplotlib')))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                           timeout=300, check=True)
-    assert proc.stdout.split() == ["2"] * len(cases) + ["False", "False"]
+    assert proc.stdout.split() == ["2"] * len(cases) + ["False"] * 3
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == len(cases) and all(" error: " in line for line in lines)
     assert "Traceback" not in proc.stderr
@@ -268,3 +268,20 @@ def test_no_progress_option_wins_over_a_terminal(monkeypatch):
     assert _cli_args.show_progress(parser.parse_args(["analyze", "--no-progress"])) is False
     monkeypatch.setattr(_progress, "auto_progress", lambda: False)
     assert _cli_args.show_progress(parser.parse_args(["report"])) is False
+
+
+def test_no_progress_silences_library_bars_only_during_the_command(monkeypatch):
+    seen = []
+    monkeypatch.setattr(_progress, "auto_progress", lambda: True)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+
+    def run(args):
+        seen.append(os.environ.get("TQDM_DISABLE"))
+        return 0
+
+    from tl_geometry import analyze_cli
+
+    monkeypatch.setattr(analyze_cli, "run", run)
+    assert cli.main(["analyze", "--no-progress"]) == 0
+    assert cli.main(["analyze"]) == 0
+    assert seen == ["1", None] and "TQDM_DISABLE" not in os.environ

@@ -9,11 +9,13 @@ that as one line and exits with status 2.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from types import ModuleType
 
-from ._cli_args import Parser, UsageError
+from ._cli_args import Parser, UsageError, show_progress
 
 #: Subcommand → the ``tl_geometry`` module that defines its ``add_parser`` and ``run``.
 #: Adding a subcommand is one line here. The modules must import only light things at the top
@@ -56,11 +58,28 @@ def build_parser() -> Parser:
     return parser
 
 
+@contextmanager
+def _bars(show: bool) -> Iterator[None]:
+    """Without a progress bar, also silence the bars of libraries we call (transformers draws one
+    while it de-quantises a GGUF file, whatever its own settings say); restored on exit."""
+    previous = os.environ.get("TQDM_DISABLE")
+    if not show:
+        os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tl-geometry``; returns 0, or raises ``SystemExit(2)`` after one line for bad input."""
     args = build_parser().parse_args(argv)  # a syntax error: one line and SystemExit(2)
     try:
-        return int(_module(args.command).run(args))
+        with _bars(show_progress(args)):
+            return int(_module(args.command).run(args))
     except UsageError as err:
         problem = str(err)
     except ValueError as err:
