@@ -149,17 +149,7 @@ def test_a_real_process_exits_2_with_one_line_and_never_imports_transformers(fil
 
 def test_ablate_heads_out_of_range_is_one_line_after_the_load(monkeypatch, capsys):
     """Head indices need the model's shape: checked after the load, reported the same way."""
-    from test_ablation import TinyLM
-
-    class CharTokenizer:  # TinyLM's vocabulary is 40 ids; 0 is BOS
-        bos_token_id = 0
-
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [1 + ord(c) % 39 for c in text]}
-
-    tiny = TinyLM()
-    tiny.tokenizer = CharTokenizer()
-    monkeypatch.setattr(tl_geometry, "load_model", lambda name: tiny)
+    monkeypatch.setattr(tl_geometry, "load_model", lambda name: _tiny_with_tokenizer())
     with pytest.raises(SystemExit) as info:
         cli.main(["ablate", "--heads", "9.0", "--n-seqs", "1", "--seq-len", "8"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -285,3 +275,34 @@ def test_no_progress_silences_library_bars_only_during_the_command(monkeypatch):
     assert cli.main(["analyze", "--no-progress"]) == 0
     assert cli.main(["analyze"]) == 0
     assert seen == ["1", None] and "TQDM_DISABLE" not in os.environ
+
+
+def _tiny_with_tokenizer():
+    from test_ablation import TinyLM
+
+    class CharTokenizer:  # TinyLM's vocabulary is 40 ids; 0 is BOS
+        bos_token_id = 0
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [1 + ord(c) % 39 for c in text]}
+
+        def decode(self, ids):
+            return "".join(chr(65 + i % 26) for i in ids)
+
+    tiny = TinyLM().eval()
+    tiny.tokenizer = CharTokenizer()
+    return tiny
+
+
+def test_prune_then_report_into_one_folder(monkeypatch, tmp_path, capsys):
+    """The commands' wiring end to end on a tiny model: prune writes its tables, report reuses the
+    folder and adds the Ablation section."""
+    monkeypatch.setattr(tl_geometry, "load_model", lambda name: _tiny_with_tokenizer())
+    out = tmp_path / "run"
+    size = ["--n-seqs", "2", "--seq-len", "10", "--no-progress"]
+    assert cli.main(["prune", *size, "--out", str(out), "--n-random", "1"]) == 0
+    assert cli.main(["report", *size, "--out", str(out)]) == 0
+    for name in ("sensitivity.csv", "sparsification.csv", "sensitivity.png", "index.html", "analysis.pt"):
+        assert (out / name).stat().st_size > 0, name
+    assert "<h2>Ablation</h2>" in (out / "index.html").read_text()
+    assert "held-out loss by ordering" in capsys.readouterr().out
