@@ -306,3 +306,18 @@ def test_prune_then_report_into_one_folder(monkeypatch, tmp_path, capsys):
         assert (out / name).stat().st_size > 0, name
     assert "<h2>Ablation</h2>" in (out / "index.html").read_text()
     assert "held-out loss by ordering" in capsys.readouterr().out
+
+
+def test_a_model_folder_transformers_cannot_read_is_one_line(tmp_path, capsys):
+    """Config, weights and tokenizer files present but unusable: found at the load, one line."""
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["analyze", "--model", str(folder), "--no-progress"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and "Traceback" not in "\n".join(lines)
+    assert lines[-1].startswith("tl-geometry analyze: error: transformers could not load a causal "
+                                f"language model from {folder}")

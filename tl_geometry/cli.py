@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
-from ._cli_args import Parser, UsageError, show_progress
+from ._cli_args import Parser, show_progress
 
 #: Subcommand → the ``tl_geometry`` module that defines its ``add_parser`` and ``run``.
 #: Adding a subcommand is one line here. The modules must import only light things at the top
@@ -80,13 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _bars(show_progress(args)):
             return int(_module(args.command).run(args))
-    except UsageError as err:
-        problem = str(err)
-    except ValueError as err:
-        # After the load: the library's errors (a text that tokenizes too short, a head out of
-        # range, an architecture TransformerLens cannot wrap) already name the problem and the fix.
-        problem = str(err)
-    except ImportError as err:  # ModelNotInstalledError: the message gives the pip line
+    except (ValueError, ImportError) as err:
+        # UsageError (a ValueError) before the load; after it, the library's own errors (a text
+        # that tokenizes too short, a head out of range, an architecture TransformerLens cannot
+        # wrap, a missing weights package with its pip line) already name the problem and the fix.
         problem = str(err)
     except KeyboardInterrupt:
         print(f"tl-geometry {args.command}: interrupted", file=sys.stderr)
