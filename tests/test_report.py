@@ -82,9 +82,9 @@ def test_write_report_rejects_a_non_analysis(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["report", "--n-seqs", "0"], "--n-seqs must be"),
-    (["report", "--text", "/no/such/file.txt"], "no such file"),
-    (["report", "--model", "gpt9"], "invalid choice"),
+    (["report", "--n-seqs", "0"], "--n-seqs: must be ≥ 1"),
+    (["report", "--text", "/no/such/file.txt"], "does not exist"),
+    (["report", "--model", "gpt9"], "Unknown model 'gpt9'"),
 ])
 def test_report_command_checks_arguments_before_loading(argv, message, capsys):
     with pytest.raises(SystemExit) as info:

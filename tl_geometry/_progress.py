@@ -1,4 +1,4 @@
-"""When to show progress bars by default: in a terminal or a Jupyter kernel, not in logs or CI."""
+"""When to show a progress bar by default, and the bar the long-running functions use."""
 
 from __future__ import annotations
 
@@ -7,24 +7,38 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+__all__ = ["auto_progress", "progress_bar"]
+
 T = TypeVar("T")
 
 
+def _in_jupyter_kernel() -> bool:
+    # Only look at an IPython that is already imported: importing it here would cost a second and
+    # could not make a plain script a notebook.
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    shell = get_ipython() if callable(get_ipython) else None
+    # A kernel's shell (ZMQInteractiveShell) has a ``kernel``; the terminal IPython shell has none.
+    return getattr(shell, "kernel", None) is not None
+
+
 def auto_progress() -> bool:
-    """True when stderr is a terminal or the code runs in a Jupyter (IPython kernel) session."""
+    """Whether a long call should show a progress bar when the caller did not say.
+
+    True when standard error is a terminal or when running inside a Jupyter kernel (notebooks,
+    VS Code, JupyterLab), where a bar is visible; False for pipes, log files and CI, where a bar
+    would only add noise.
+
+    >>> auto_progress()  # doctest: +SKIP
+    True
+    """
+    stderr = sys.stderr
     try:
-        if sys.stderr is not None and sys.stderr.isatty():
+        if stderr is not None and stderr.isatty():
             return True
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError):  # a replaced or closed stream
         pass
-    shell = sys.modules.get("IPython")
-    if shell is None:
-        return False
-    try:
-        ip = shell.get_ipython()
-    except Exception:
-        return False
-    return ip is not None and "IPKernelApp" in getattr(ip, "config", {})
+    return _in_jupyter_kernel()
 
 
 def progress_bar(items: Iterable[T], progress: bool | None, desc: str, unit: str) -> Iterable[T]:

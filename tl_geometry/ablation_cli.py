@@ -1,4 +1,4 @@
-"""``tl-geometry ablate`` and ``tl-geometry prune`` (SPEC §7), wired into :mod:`tl_geometry.cli`.
+"""``tl-geometry ablate`` and ``tl-geometry prune`` (docs/ablation.md), wired into :mod:`tl_geometry.cli`.
 
 ``ablate`` prints the loss of a model on real text with and without some heads.
 ``prune`` runs the single-head sensitivity sweep, the geometric analysis and every removal order
@@ -15,7 +15,37 @@ import time
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("ablate", "prune")
+from ._cli_args import (
+    add_model_options,
+    add_progress_option,
+    check_model,
+    check_output_dir,
+    check_windows,
+    positive_int,
+    read_input_text,
+    show_progress,
+)
+
+ABLATE = """\
+Print the loss of a model on real text with and without some heads. A head's output z (hook_z,
+one slice per query head, so one query head at a time even under grouped-query attention) is
+replaced by zeros or by its mean over the windows. Definitions: docs/math.md, section 7.
+
+examples:
+  tl-geometry ablate --heads 3.4,5.0                 # layer 3 head 4 and layer 5 head 0
+  tl-geometry ablate --heads 0.3 --mode mean --text corpus.txt
+"""
+
+PRUNE = """\
+Score every head by the loss increase when it alone is ablated, rank the heads by several removal
+orders (taxonomy, weight norm, entropy, random, oracle), and measure the loss on held-out windows
+as heads are removed in each order. Writes DIR/sensitivity.csv, DIR/sparsification.csv and two
+plots; tl-geometry report --out DIR then adds an Ablation section. See docs/ablation.md.
+
+examples:
+  tl-geometry prune --out prune-results
+  tl-geometry prune --model gemma3-270m --text corpus.txt --retention 1,0.75,0.5 --n-random 5
+"""
 
 
 def _heads(text: str) -> list[tuple[int, int]]:
@@ -26,7 +56,12 @@ def _heads(text: str) -> list[tuple[int, int]]:
         pairs = []
     if not pairs or any(len(p) != 2 for p in pairs):
         raise argparse.ArgumentTypeError(
-            f"--heads takes LAYER.HEAD pairs separated by commas, e.g. 3.4,5.0; got {text!r}")
+            f"takes LAYER.HEAD pairs separated by commas, e.g. 3.4,5.0; got {text!r}")
+    if any(x < 0 for p in pairs for x in p):
+        raise argparse.ArgumentTypeError(f"layer and head indices start at 0; got {text!r}")
+    twice = sorted({p for p in pairs if pairs.count(p) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"lists {'.'.join(map(str, twice[0]))} twice; give each head once")
     return pairs  # type: ignore[return-value]
 
 
@@ -36,61 +71,62 @@ def _fractions(text: str) -> tuple[float, ...]:
     except ValueError:
         values = ()
     if not values or any(not 0 <= v <= 1 for v in values):
-        raise argparse.ArgumentTypeError(f"--retention takes fractions in [0, 1] separated by commas; got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes fractions in [0, 1] separated by commas, "
+                                         f"e.g. 1,0.75,0.5; got {text!r}")
     return values
 
 
 def _common(parser: argparse.ArgumentParser, n_seqs: int, seq_len: int) -> None:
-    from .models import DEFAULT_MODEL, MODELS
-
-    parser.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
-    parser.add_argument("--text", metavar="FILE", help="plain-text file (default: built-in sample)")
-    parser.add_argument("--n-seqs", type=int, default=n_seqs, help=f"windows of text (default {n_seqs})")
-    parser.add_argument("--seq-len", type=int, default=seq_len, help="tokens per window, BOS included")
+    add_model_options(parser, n_seqs=n_seqs, seq_len=seq_len)
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero",
                         help="replace a head's z by zeros or by its mean over the windows")
 
 
-def add_parsers(sub: Any) -> None:
-    """Add the ``ablate`` and ``prune`` subcommands to ``tl-geometry``'s subparsers."""
-    ablate = sub.add_parser("ablate", help="loss with and without some heads (ablation on hook_z)")
-    ablate.add_argument("--heads", type=_heads, required=True, metavar="L.H,...",
-                        help="heads to ablate, e.g. 3.4,5.0 (layer 3 head 4 and layer 5 head 0)")
-    _common(ablate, n_seqs=4, seq_len=128)
-
-    prune = sub.add_parser("prune", help="head sensitivity, removal orders and sparsification curves")
+def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
+    """Add ``ablate`` or ``prune`` (``name``) to ``tl-geometry``'s subparsers."""
+    if name == "ablate":
+        ablate = sub.add_parser(name, help="loss with and without some heads (ablation on hook_z)",
+                                description=ABLATE)
+        ablate.add_argument("--heads", type=_heads, required=True, metavar="L.H,...",
+                            help="heads to ablate, e.g. 3.4,5.0 (layer 3 head 4 and layer 5 head 0)")
+        _common(ablate, n_seqs=4, seq_len=128)
+        return ablate
+    prune = sub.add_parser(name, help="head sensitivity, removal orders and sparsification curves",
+                           description=PRUNE)
     _common(prune, n_seqs=2, seq_len=64)
-    prune.add_argument("--retention", type=_fractions, default=(1.0, 0.9, 0.75, 0.5, 0.25))
+    prune.add_argument("--retention", type=_fractions, default="1,0.9,0.75,0.5,0.25",
+                       metavar="F,F,...", help="fractions of heads kept at which the loss is measured")
     prune.add_argument("--seed", type=int, default=0, help="first seed of the random orders")
-    prune.add_argument("--n-random", type=int, default=3, help="random orders (seeds seed, seed+1, ...)")
-    prune.add_argument("--batch-heads", type=int, default=None,
+    prune.add_argument("--n-random", type=positive_int, default=3, metavar="K",
+                       help="random orders (seeds seed, seed+1, ...)")
+    prune.add_argument("--batch-heads", type=positive_int, default=None, metavar="B",
                        help="heads scored per forward (default: by a 2 GiB memory budget)")
     prune.add_argument("--out", metavar="DIR", default="prune-results",
-                       help="output folder for the CSV files and plots (default prune-results)")
+                       help="output folder for the CSV files and plots (created if needed)")
+    add_progress_option(prune)
+    return prune
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``ablate`` or ``prune``; returns the exit status."""
-    if args.n_seqs < 1 or args.seq_len < 3:
-        print("error: --n-seqs must be ≥ 1 and --seq-len ≥ 3", file=sys.stderr)
-        return 2
-    if args.text and not Path(args.text).is_file():
-        print(f"error: --text {args.text}: no such file", file=sys.stderr)
-        return 2
-    if args.command == "prune" and (args.n_random < 1 or (args.batch_heads is not None and args.batch_heads < 1)):
-        print("error: --n-random and --batch-heads must be ≥ 1", file=sys.stderr)
-        return 2
-    import tl_geometry
-    from tl_geometry.data import read_text
+    """Run ``ablate`` or ``prune``; returns the exit status (bad arguments raise ``UsageError``).
 
-    text = read_text(args.text) if args.text else None
-    print(f"Loading {args.model} (offline, from its PyPI package)...", file=sys.stderr)
+    Head indices are checked against the model after it loads (its shape is not known before);
+    the ``ValueError`` then names the valid range.
+    """
+    check_model(args.model)
+    check_windows(args, min_seq_len=3)
+    if args.command == "prune":
+        check_output_dir(args.out, "--out")
+        # Twice the windows: the first half scores the heads, the second half is held out.
+        text = read_input_text(argparse.Namespace(text=args.text, n_seqs=2 * args.n_seqs,
+                                                  seq_len=args.seq_len))
+    else:
+        text = read_input_text(args)
+    import tl_geometry
+
+    print(f"Loading {args.model} (offline)...", file=sys.stderr)
     model = tl_geometry.load_model(args.model)
-    try:
-        return _ablate(model, text, args) if args.command == "ablate" else _prune(model, text, args)
-    except ValueError as err:  # bad heads, too short a text, ...: the message names the fix
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return _ablate(model, text, args) if args.command == "ablate" else _prune(model, text, args)
 
 
 def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
@@ -126,16 +162,19 @@ def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
     # Twice the windows: the first half scores the heads, the second half is held out.
     windows = tl_geometry.text_windows(model, text, n_seqs=2 * args.n_seqs, seq_len=args.seq_len)
     scoring, held_out = windows[: args.n_seqs], windows[args.n_seqs:]
+    progress = show_progress(args)
     start = time.perf_counter()
-    sens = tl_geometry.head_sensitivity(model, scoring, args.mode, batch_heads=args.batch_heads)
+    sens = tl_geometry.head_sensitivity(model, scoring, args.mode, batch_heads=args.batch_heads,
+                                        progress=progress)
     swept = time.perf_counter()
-    analysis = tl_geometry.analyze_model(model, scoring, n_values=(2,))
+    analysis = tl_geometry.analyze_model(model, scoring, n_values=(2,), progress=progress)
     seeds = range(args.seed, args.seed + args.n_random)
-    orders = tl_geometry.head_orderings(model, scoring, analysis=analysis, sensitivity=sens, seeds=seeds)
+    orders = tl_geometry.head_orderings(model, scoring, analysis=analysis, sensitivity=sens, seeds=seeds,
+                                        progress=progress)
     # Mean ablation replaces a head by its mean z over the scoring windows, not the held-out ones.
     curve = tl_geometry.sparsification_curve(model, held_out, orders, args.retention, mode=args.mode,
                                              reference_tokens=scoring if args.mode == "mean" else None,
-                                             batch_size=args.batch_heads)
+                                             batch_size=args.batch_heads, progress=progress)
     done = time.perf_counter()
 
     sens.to_pandas().to_csv(out / "sensitivity.csv", index=False)

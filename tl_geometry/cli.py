@@ -1,133 +1,95 @@
-"""The ``tl-geometry`` command.
+"""The ``tl-geometry`` command: one subcommand per module, registered in :data:`COMMANDS`.
 
-``tl-geometry analyze`` loads an offline model (default SmolLM2-135M), runs it on the built-in
-sample text (or ``--text FILE``) with only ``hook_pattern`` and ``hook_v`` cached, and prints the
-per-head summary: taxonomy, sink figures and F_N of the top-N sets against random subsets.
+Each subcommand module defines ``add_parser(subparsers, name) -> ArgumentParser`` and
+``run(args) -> int``. ``run`` checks every argument and output path before it loads a model and
+raises :class:`~tl_geometry._cli_args.UsageError` for one that cannot work; :func:`main` prints
+that as one line and exits with status 2.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import os
 import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+
+from ._cli_args import Parser, show_progress
+
+#: Subcommand → the ``tl_geometry`` module that defines its ``add_parser`` and ``run``.
+#: Adding a subcommand is one line here. The modules must import only light things at the top
+#: (no transformers, no matplotlib): building the parser imports all of them.
+COMMANDS: dict[str, str] = {
+    "analyze": "analyze_cli",
+    "report": "report_cli",
+    "ablate": "ablation_cli",
+    "prune": "ablation_cli",
+}
+
+DESCRIPTION = """\
+Geometric analysis of token selection in attention heads, on top of TransformerLens: which keys
+does each head really select (precision / recall / F of the top-N attended contributions against
+random subsets), its attention sink, its Retriever / Mixer / Reset class, and what removing heads
+does to the loss. Models load offline: the built-in smollm2-135m and gemma3-270m, or your own
+Hugging Face folder or GGUF file (--model PATH). The mathematics: docs/math.md.
+
+examples:
+  tl-geometry analyze                                # summary table, SmolLM2-135M, built-in text
+  tl-geometry report --out tl_geometry_report        # offline HTML report with figures
+  tl-geometry analyze --model ./my-model --text corpus.txt
+  tl-geometry ablate --heads 3.4,5.0
+  tl-geometry prune --out prune-results
+
+Run "tl-geometry COMMAND --help" for a command's options and examples.
+"""
 
 
-def _n_values(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"--n-values takes comma-separated ints, got {text!r}") from err
+def _module(command: str) -> ModuleType:
+    return importlib.import_module(f".{COMMANDS[command]}", __package__)
 
 
-def _parser() -> argparse.ArgumentParser:
-    from .models import DEFAULT_MODEL, MODELS
-
-    parser = argparse.ArgumentParser(prog="tl-geometry", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    analyze = sub.add_parser("analyze", help="per-head geometric analysis of a model on a text")
-    analyze.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
-    analyze.add_argument("--text", metavar="FILE", help="plain-text file (default: built-in sample)")
-    analyze.add_argument("--n-seqs", type=int, default=8, help="windows of text (default 8)")
-    analyze.add_argument("--seq-len", type=int, default=128, help="tokens per window, BOS included")
-    analyze.add_argument("--queries", choices=("last", "all"), default="last")
-    analyze.add_argument("--n-values", type=_n_values, default=(1, 2, 4, 8, 16, 32, 64))
-    analyze.add_argument("--random-samples", type=int, default=16)
-    analyze.add_argument("--seed", type=int, default=0)
-    analyze.add_argument("--distance", choices=("euclidean", "cosine"), default="euclidean")
-    analyze.add_argument("--bounds", action="store_true",
-                         help="add inversion certificates, regime bounds and envelopes (SPEC §6)")
-    analyze.add_argument("--show-n", type=_n_values, default=(2, 4, 8), help="N shown in the table")
-    analyze.add_argument("--stream", action="store_true",
-                         help="analyse inside the forward pass (no cache; memory of one layer)")
-    analyze.add_argument("--batch-size", type=int, default=8, help="sequences per forward with --stream")
-    analyze.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
-    analyze.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
-    from . import report_cli
-
-    report_cli.add_parser(sub)
-    from . import ablation_cli
-
-    ablation_cli.add_parsers(sub)
+def build_parser() -> Parser:
+    """The ``tl-geometry`` parser with every subcommand of :data:`COMMANDS`."""
+    parser = Parser(prog="tl-geometry", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        _module(command).add_parser(sub, command)
     return parser
 
 
-def _distributed() -> tuple[int, int]:
-    """(rank, world size); under torchrun, initialise torch.distributed (gloo on CPU, nccl on GPU)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), dist.get_world_size()
+@contextmanager
+def _bars(show: bool) -> Iterator[None]:
+    """Without a progress bar, also silence the bars of libraries we call (transformers draws one
+    while it de-quantises a GGUF file, whatever its own settings say); restored on exit."""
+    previous = os.environ.get("TQDM_DISABLE")
+    if not show:
+        os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = previous
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command == "report":
-        from . import report_cli
-
-        return report_cli.run(args, parser)
-    if args.command in ("ablate", "prune"):
-        from . import ablation_cli
-
-        return ablation_cli.run(args)
-    # Check what can be checked before spending half a minute loading the model.
-    if args.n_seqs < 1 or args.seq_len < 2:
-        parser.error("--n-seqs must be ≥ 1 and --seq-len ≥ 2")
-    if args.random_samples < 1:
-        parser.error("--random-samples must be ≥ 1")
-    if not [n for n in args.n_values if 1 <= n < args.seq_len]:
-        parser.error(f"--n-values needs at least one N with 1 ≤ N < --seq-len ({args.seq_len})")
-    if args.text and not Path(args.text).is_file():
-        parser.error(f"--text {args.text}: no such file")
-    import torch
-
-    import tl_geometry
-    from tl_geometry.data import read_text
-
-    text = read_text(args.text) if args.text else None
-    rank, world = _distributed()
-    log = sys.stderr if rank == 0 else open(os.devnull, "w")  # noqa: SIM115
-    start = time.perf_counter()
-    print(f"Loading {args.model} (offline, from its PyPI package)...", file=log)
-    model = tl_geometry.load_model(args.model)
-    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
-    n_values = tuple(n for n in args.n_values if n < args.seq_len)  # larger N cannot be evaluated
-    options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
-                   seed=args.seed, distance=args.distance, bounds=args.bounds)
-    loaded = time.perf_counter()
-    if args.stream or world > 1:
-        # Under torchrun every rank analyses its share of the windows; the sums are all-reduced.
-        result = tl_geometry.analyze_model(
-            model, tokens, batch_size=args.batch_size, shard=(rank, world) if world > 1 else None,
-            progress=sys.stderr.isatty() and rank == 0, **options,
-        )
-        timing = f"streaming analysis on {world} process(es) {time.perf_counter() - loaded:.2f} s"
-    else:
-        with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
-        forward = time.perf_counter()
-        result = tl_geometry.analyze_heads(cache, model=model, progress=sys.stderr.isatty(), **options)
-        timing = (f"forward (pattern + v cached) {forward - loaded:.2f} s, "
-                  f"analysis {time.perf_counter() - forward:.2f} s")
-    result.metadata["text"] = args.text or "built-in sample"
-    if rank != 0:
-        return 0
-    print(result.summary(n_values=args.show_n))
-    print(f"\nload {loaded - start:.1f} s, {timing}", file=log)
-    if args.save:
-        print(f"saved {result.save(args.save)}", file=sys.stderr)
-    if args.csv:
-        result.to_pandas().to_csv(args.csv, index=False)
-        print(f"wrote {args.csv}", file=sys.stderr)
-    return 0
+    """Run ``tl-geometry``; returns 0, or raises ``SystemExit(2)`` after one line for bad input."""
+    args = build_parser().parse_args(argv)  # a syntax error: one line and SystemExit(2)
+    try:
+        with _bars(show_progress(args)):
+            return int(_module(args.command).run(args))
+    except (ValueError, ImportError) as err:
+        # UsageError (a ValueError) before the load; after it, the library's own errors (a text
+        # that tokenizes too short, a head out of range, an architecture TransformerLens cannot
+        # wrap, a missing weights package with its pip line) already name the problem and the fix.
+        problem = str(err)
+    except KeyboardInterrupt:
+        print(f"tl-geometry {args.command}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    print(f"tl-geometry {args.command}: error: {' '.join(problem.split())}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

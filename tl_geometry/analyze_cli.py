@@ -1,0 +1,148 @@
+"""``tl-geometry analyze``: load a model, run it on text, print the per-head summary.
+
+Only ``hook_pattern`` and ``hook_v`` are cached (or, with ``--stream`` and under ``torchrun``,
+nothing is: the analysis runs inside the forward pass). The summary gives, per head, the
+taxonomy, the sink figures and F_N of the top-N sets against random subsets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ._cli_args import (
+    UsageError,
+    add_model_options,
+    add_progress_option,
+    check_model,
+    check_output_file,
+    check_windows,
+    int_list,
+    positive_int,
+    read_input_text,
+    show_progress,
+)
+
+DESCRIPTION = """\
+Per-head geometric analysis of a model on real text: for each layer and head, the precision,
+recall and F-score of the top-N attended keys' contributions α_i·v_i against the rest, next to
+random subsets of the same size; the attention-sink figures; the Retriever / Mixer / Reset class.
+Definitions: docs/math.md.
+
+examples:
+  tl-geometry analyze
+  tl-geometry analyze --model gemma3-270m --text corpus.txt --n-seqs 16 --seq-len 256
+  tl-geometry analyze --model ./my-hf-folder --n-values 2,4,8 --show-n 2,4 --csv heads.csv
+  tl-geometry analyze --bounds --save run.pt        # then HeadAnalysis.load("run.pt")
+  torchrun --nproc-per-node 2 -m tl_geometry analyze --n-seqs 64 --save run.pt
+"""
+
+
+def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
+    """Add ``analyze`` to the ``tl-geometry`` subcommands."""
+    parser = sub.add_parser(name, help="per-head geometric analysis of a model on a text",
+                            description=DESCRIPTION)
+    add_model_options(parser, n_seqs=8, seq_len=128)
+    parser.add_argument("--queries", choices=("last", "all"), default="last",
+                        help="analyse each window's last query, or every query (slower, ~50×)")
+    parser.add_argument("--n-values", type=int_list, default="1,2,4,8,16,32,64", metavar="N,N,...",
+                        help="selection sizes N, distinct and ≥ 1, separated by commas; an N ≥ "
+                             "--seq-len is dropped")
+    parser.add_argument("--random-samples", type=positive_int, default=16, metavar="R",
+                        help="random subsets per query and head for the baseline (more: slower, "
+                             "less noisy)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
+    parser.add_argument("--distance", choices=("euclidean", "cosine"), default="euclidean",
+                        help="distance between contributions and their aggregate")
+    parser.add_argument("--bounds", action="store_true",
+                        help="add inversion certificates, regime bounds and envelopes "
+                             "(docs/math.md, section 6)")
+    parser.add_argument("--show-n", type=int_list, default="2,4,8", metavar="N,N,...",
+                        help="which N the printed table shows (those also in --n-values)")
+    parser.add_argument("--stream", action="store_true",
+                        help="analyse inside the forward pass: no cache, memory of one layer")
+    parser.add_argument("--batch-size", type=positive_int, default=8, metavar="B",
+                        help="sequences per forward with --stream or torchrun")
+    parser.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
+    parser.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
+    add_progress_option(parser)
+    return parser
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world size); under torchrun, initialise torch.distributed (gloo on CPU, nccl on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """Every check that needs no model; returns the ``--text`` contents (``None``: built-in)."""
+    check_model(args.model)
+    check_windows(args, min_seq_len=2)
+    if not [n for n in args.n_values if n < args.seq_len]:
+        raise UsageError(f"--n-values {','.join(map(str, args.n_values))}: every N is ≥ --seq-len "
+                         f"{args.seq_len}, and a window's last query has only {args.seq_len} keys; "
+                         "give an N < --seq-len or longer windows.")
+    check_output_file(args.save, "--save")
+    check_output_file(args.csv, "--csv")
+    return read_input_text(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``tl-geometry analyze``; returns the exit status (bad arguments raise ``UsageError``)."""
+    text = check(args)
+    import torch
+
+    import tl_geometry
+
+    rank, world = _distributed()
+    log = sys.stderr if rank == 0 else open(os.devnull, "w")  # noqa: SIM115
+    progress = show_progress(args) and rank == 0
+    n_values = tuple(n for n in args.n_values if n < args.seq_len)  # larger N cannot be evaluated
+    if len(n_values) < len(args.n_values):
+        dropped = ",".join(str(n) for n in args.n_values if n >= args.seq_len)
+        print(f"note: N = {dropped} dropped (not below --seq-len {args.seq_len})", file=log)
+    start = time.perf_counter()
+    print(f"Loading {args.model} (offline)...", file=log)
+    model = tl_geometry.load_model(args.model)
+    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
+                   seed=args.seed, distance=args.distance, bounds=args.bounds)
+    loaded = time.perf_counter()
+    if args.stream or world > 1:
+        # Under torchrun every rank analyses its share of the windows; the sums are all-reduced.
+        result = tl_geometry.analyze_model(
+            model, tokens, batch_size=args.batch_size, shard=(rank, world) if world > 1 else None,
+            progress=progress, **options,
+        )
+        timing = f"streaming analysis on {world} process(es) {time.perf_counter() - loaded:.2f} s"
+    else:
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+        forward = time.perf_counter()
+        result = tl_geometry.analyze_heads(cache, model=model, progress=progress, **options)
+        timing = (f"forward (pattern + v cached) {forward - loaded:.2f} s, "
+                  f"analysis {time.perf_counter() - forward:.2f} s")
+    result.metadata["text"] = args.text or "built-in sample"
+    if rank != 0:
+        return 0
+    print(result.summary(n_values=args.show_n))
+    print(f"\nload {loaded - start:.1f} s, {timing}", file=log)
+    if args.save:
+        print(f"saved {result.save(Path(args.save).expanduser())}", file=sys.stderr)
+    if args.csv:
+        Path(args.csv).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        result.to_pandas().to_csv(Path(args.csv).expanduser(), index=False)
+        print(f"wrote {args.csv}", file=sys.stderr)
+    return 0
