@@ -35,7 +35,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from _reproduce import ablation, corpora, document
 from _reproduce.claims import CLAIMS
-from _reproduce.study import FULL, MODELS, QUICK, Study, StudyConfig, run_study
+from _reproduce.protocol import FULL, MODELS, QUICK, StudyConfig
+from _reproduce.study import Study, run_study
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = "results"  # figures directory, next to the page

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "demos"))
 import reproduce  # noqa: E402
 from _reproduce import corpora, document, stats  # noqa: E402
 from _reproduce.claims import HELD, NOT_HELD, PARTLY, verdict  # noqa: E402
-from _reproduce.study import FULL, QUICK  # noqa: E402
+from _reproduce.protocol import FULL, QUICK  # noqa: E402
 
 VERDICTS = (HELD, PARTLY, NOT_HELD)
 
@@ -105,3 +105,32 @@ def test_quick_mode_writes_a_complete_page(smollm2, gemma3, tmp_path):
     assert respected and all(a == b for a, b in respected)
     assert (committed.read_bytes() if committed.exists() else None) == before  # tests never write docs/
     assert any(line.startswith("wrote") for line in lines)
+
+
+def test_reproduce_modules_import_each_other_without_a_cycle():
+    """Every import in demos/reproduce.py and demos/_reproduce, also those inside functions:
+    the graph of the package's own modules has no cycle."""
+    import ast
+
+    demos = Path(__file__).resolve().parent.parent / "demos"
+    files = {"reproduce": demos / "reproduce.py"}
+    files |= {f"_reproduce.{p.stem}": p for p in (demos / "_reproduce").glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = "_reproduce" if node.level else (node.module or "")
+                module = f"{base}.{node.module}" if node.level and node.module else base
+                targets |= {module} | {f"{module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        graph[name] = targets & set(files)
+    assert graph["_reproduce.study"] >= {"_reproduce.ablation", "_reproduce.protocol"}  # it sees them
+
+    def cycle_from(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node):], node]
+        return next((c for nxt in sorted(graph[node]) if (c := cycle_from(nxt, [*path, node]))), None)
+
+    assert [c for name in graph if (c := cycle_from(name, []))] == []

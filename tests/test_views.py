@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 import torch
@@ -79,7 +80,8 @@ def test_contribution_pattern_is_alpha_times_value_norm_of_the_kv_head(cache):
     view = views.contribution_view(cache, 1, heads, batch=1)
     props = _widgets(view)[0].props
     mats = torch.tensor(props["attention"], dtype=torch.float64)
-    assert props["attentionHeadNames"] == ["L1H1 α", "L1H1 α‖v‖", "L1H2 α", "L1H2 α‖v‖"]
+    assert props["attentionHeadNames"] == ["head 1 attention α", "head 1 contribution α‖v‖",
+                                           "head 2 attention α", "head 2 contribution α‖v‖"]
     pattern = cache["blocks.1.attn.hook_pattern"][1].double()
     values = cache["blocks.1.attn.hook_v"][1].double()
     kv = kv_head_index(N_HEADS, N_KV)
@@ -111,9 +113,12 @@ def test_long_sequences_are_cropped_with_a_visible_note():
     view = views.attention_view(cache, 0, [0, 1], tokens=tokens, n=3, max_tokens=32)
     props = _widgets(view)[0].props
     assert len(props["tokens"]) == 33 and len(props["attention"][0]) == 33  # sink, gap, 31 positions
-    assert props["tokens"][0] == "w0 @0" and props["tokens"][1] == "⋯118⋯" and props["tokens"][-1] == "w149 @149"
-    assert any("cropped" in note for note in view.notes)
-    assert "tlg-note" in view.fragment() and "118 positions in between are cropped" in view.fragment()
+    assert props["tokens"][:3] == ["w0", "cropped", "w119"] and props["tokens"][-1] == "w149"
+    # circuitsvis writes each row's number after its token: the note maps rows to positions.
+    (note,) = view.notes
+    offset = int(re.search(r"row k from 2 on is position k \+ (\d+)", note).group(1))
+    assert props["tokens"][32] == f"w{32 + offset}"
+    assert "tlg-note" in view.fragment() and "the 118 positions in between are cropped" in view.fragment()
     short = views.attention_view(synthetic_cache(n_pos=10, batch=1), 0, 0, n=2)
     assert not short.notes and len(_widgets(short)[0].props["tokens"]) == 10
 
@@ -136,7 +141,7 @@ def test_taxonomy_and_sink_views_cover_every_head(result):
     assert len(cells) == N_LAYERS * N_HEADS
     for (color, title), label in zip(cells, [x for row in result.labels for x in row]):
         assert color == views.CLASS_COLORS[label] and f": {label}" in title and "votes current" in title
-    assert "κ" in cells[0][1] and "F_2: top-N" in cells[0][1]
+    assert "κ" in cells[0][1] and "F score of 2 keys: top" in cells[0][1]
     sink = views.sink_view(result).fragment()
     assert sink.count("<td><div") == 4 * N_LAYERS * N_HEADS
 
@@ -203,7 +208,8 @@ def test_plots_are_figures_and_save_as_png_and_svg(result, tmp_path):
     assert isinstance(by_class, Figure) and isinstance(by_layer, Figure)
     assert len([ax for ax in by_layer.axes if ax.get_visible()]) == N_LAYERS
     labels = {line.get_label() for line in by_class.axes[3].get_lines()}
-    assert {"top-N", "random", "sink removed", "sink in S_N", "sink outside S_N", "predicted envelope"} <= labels
+    assert {"top N keys", "N random keys", "top N, sink removed", "top N with the sink",
+            "top N without the sink", "predicted envelope"} <= labels
     for fig, name in [(by_class, "f"), (views.sink_plot(result), "s"), (views.class_counts_plot(result), "c")]:
         png, svg = views.save_figure(fig, tmp_path / name)
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and svg.read_text().lstrip().startswith("<?xml")
@@ -226,3 +232,83 @@ def test_ablation_plot_reads_the_sparsification_table():
     assert len(fig.axes[0].collections) == 1  # the random band only
     with pytest.raises(ValueError, match="lacks columns"):
         views.ablation_plot(frame.drop(columns="loss"))
+
+
+def test_plots_display_as_png_and_views_repr_briefly(cache, result):
+    fig = views.f_curves_plot(result, by="class")
+    assert isinstance(fig, views.PlotFigure) and fig._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+    view = views.attention_view(cache, 0, [0, 3], n=2)
+    # A notebook stores text/plain beside the HTML: the widget data must not be in it twice.
+    assert repr(view) == ("View('Attention of layer 0, heads 0 and 3: the top 2 keys of query 11', "
+                          "blocks=['AttentionHeads', 'html', 'html'])")
+    assert views.contribution_view(cache, 1, 2).title == "Contribution-weighted attention of layer 1, head 2"
+
+
+class _Events:
+    def __init__(self):
+        self.callbacks = []
+
+    def register(self, event, callback):
+        assert event == "pre_run_cell"
+        self.callbacks.append(callback)
+
+    def run_cell(self, cell_id, source):
+        for callback in self.callbacks:
+            callback(type("Info", (), {"cell_id": cell_id, "raw_cell": source})())
+
+
+class _Shell:
+    """What the views read of an IPython kernel shell: the request's cell id, the history."""
+
+    def __init__(self):
+        self.events, self.cell_id, self.sources = _Events(), None, [""]
+        self.kernel = type("Kernel", (), {"get_parent": lambda _: {"metadata": {"cellId": self.cell_id}}})()
+        self.history_manager = type("History", (), {"input_hist_raw": self.sources})()
+
+    def run(self, cell_id, source, view):
+        self.events.run_cell(cell_id, source)
+        self.cell_id = cell_id
+        self.sources.append(source)
+        return view._repr_html_()
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    import types
+
+    from tl_geometry.views import _notebook
+
+    shell = _Shell()
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    monkeypatch.setattr(_notebook, "_TRACKER", _notebook._Tracker())
+    return shell
+
+
+@pytest.mark.parametrize("cell_ids", [True, False], ids=["cell ids", "sources only"])
+def test_a_kernel_gets_the_bundle_once_and_again_when_its_cell_reruns(cache, result, kernel, cell_ids):
+    view = views.token_view(cache, 0, 0)
+    ids = iter(["a", "b", "c", "d", "e"]) if cell_ids else iter([None] * 5)
+    bundles = lambda html: html.count("window.CircuitsVis=window.CircuitsVis||")  # noqa: E731
+
+    first = kernel.run(next(ids), "views.token_view(cache, 0, 0)", view)
+    assert bundles(first) == 1 and "tlgPending" in first
+    second = kernel.run(next(ids), "views.token_view(cache, 0, 1)", view)
+    assert bundles(second) == 0 and len(second) < len(first) - 1_000_000
+    assert "CircuitsVis.render(" in second and "trust the notebook" in second  # waits for the bundle
+    assert "CircuitsVis" not in kernel.run(next(ids), "views.taxonomy_view(result)", views.taxonomy_view(result))
+    # The first cell runs again: its output, the bundle with it, is replaced, so it carries it anew.
+    again = kernel.run("a" if cell_ids else None, "views.token_view(cache, 0, 0)", view)
+    assert bundles(again) == 1
+    assert bundles(kernel.run(next(ids), "views.token_view(cache, 1, 1)", view)) == 0
+    views.reset_notebook_bundle()  # after clearing that output by hand
+    assert bundles(kernel.run(next(ids), "views.token_view(cache, 1, 2)", view)) == 1
+
+
+def test_outside_a_kernel_and_in_colab_every_output_carries_the_bundle(cache, kernel, monkeypatch):
+    view = views.token_view(cache, 0, 0)
+    monkeypatch.setitem(sys.modules, "google.colab", object())  # Colab: one frame per output
+    assert all(kernel.run(None, f"cell {i}", view).count("var CircuitsVis=") == 1 for i in range(2))
+    monkeypatch.delitem(sys.modules, "google.colab")
+    monkeypatch.delitem(sys.modules, "IPython")
+    html = view._repr_html_()
+    assert html.count("var CircuitsVis=") == 1 and "tlgPending" not in html and "trust" not in html

@@ -20,8 +20,8 @@ from tl_geometry import ablation as api
 
 from . import plots
 from .corpora import Corpus
-from .document import fmt, table
-from .study import StudyConfig, windows
+from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
+from .protocol import StudyConfig, windows
 
 MODERATE = (0.9, 0.75)  # retentions where the taxonomy should be "a useful coarse signal"
 AGGRESSIVE = (0.5, 0.25)  # where it should not beat every single-metric baseline
@@ -86,8 +86,6 @@ def _range(curve: pd.DataFrame, ordering: str, retention: float) -> tuple[float,
 
 def claim6(study, figures: Path):
     """Taxonomy order vs random and single-metric orders; critical single heads."""
-    from .claims import HELD, NOT_HELD, PARTLY, Claim
-
     statement = ("The taxonomy is a useful coarse signal for head removal at moderate retention, "
                  "not uniformly better than single-metric baselines under aggressive pruning; "
                  "single heads can be critical.")

@@ -11,7 +11,6 @@ make a claim hold. Claim 6 (ablation) is in :mod:`.ablation`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,27 +18,11 @@ import torch
 from tl_geometry.result import GROUPS
 
 from . import plots
-from .document import fmt, pct, table
+from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, pct, table
 from .stats import fraction, mean, median, pearson, per_n, spearman
 from .study import Study
 
-HELD, PARTLY, NOT_HELD = "held", "partly held", "not held"
 SMALL_N = (2, 4, 8)  # the N at which claims 3 and 4 are read
-
-
-@dataclass
-class Claim:
-    """One claim's section of the page."""
-
-    number: int
-    title: str
-    paper: str
-    rule: str
-    verdict: str
-    because: str
-    blocks: list[str] = field(default_factory=list)  # Markdown tables and paragraphs
-    figures: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
-    disagreements: list[str] = field(default_factory=list)  # plain sentences, with numbers
 
 
 def verdict(per_run: dict[str, list[bool]], core: str) -> str:

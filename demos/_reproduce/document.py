@@ -1,9 +1,29 @@
-"""Markdown building blocks: a tiny table formatter (no tabulate) and number formatting."""
+"""The Markdown page: one :class:`Claim` section per claim with its verdict, a tiny table
+formatter (no tabulate) and number formatting."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: The three verdicts a claim's rule can give.
+HELD, PARTLY, NOT_HELD = "held", "partly held", "not held"
+
+
+@dataclass
+class Claim:
+    """One claim's section of the page."""
+
+    number: int
+    title: str
+    paper: str
+    rule: str
+    verdict: str
+    because: str
+    blocks: list[str] = field(default_factory=list)  # Markdown tables and paragraphs
+    figures: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
+    disagreements: list[str] = field(default_factory=list)  # plain sentences, with numbers
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -45,14 +65,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], align: str | 
     return "\n".join(lines)
 
 
-def page(header: Sequence[str], claims: Sequence, figure_dir: str) -> str:
+def page(header: Sequence[str], claims: Sequence[Claim], figure_dir: str) -> str:
     """The results page: ``header`` paragraphs, a verdict table, the disagreements, then one
     section per claim with its rule, tables and figures (``figure_dir`` relative to the page)."""
     out = list(header)
     out += ["## Verdicts", "", table(
         ["claim", "verdict", "numbers"],
         [[f"{c.number}. {c.title}", f"**{c.verdict}**", c.because] for c in claims], "llr"), ""]
-    disagree = [c for c in claims if c.verdict != "held"]
+    disagree = [c for c in claims if c.verdict != HELD]
     out += ["## Where our models disagree with the paper", ""]
     for c in disagree:
         out.append(f"- **Claim {c.number} ({c.verdict}).** " + (" ".join(c.disagreements) or c.because))

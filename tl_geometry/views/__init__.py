@@ -13,19 +13,30 @@ Head-level views read a :class:`~tl_geometry.HeadAnalysis`::
     views.save_figure(views.f_curves_plot(result, by="class"), "f_by_class")   # PNG + SVG
 
 Every view displays in a notebook and ``.save(path)`` writes a self-contained page; several
-views share one page (and one copy of circuitsvis's JavaScript) with :func:`page_html`.
+views share one page (and one copy of circuitsvis's JavaScript) with :func:`page_html`. In a
+notebook only the first widget output carries that JavaScript (:func:`reset_notebook_bundle`).
+Plots are :class:`PlotFigure` objects, matplotlib figures that a notebook shows as images.
 No view ever refers to a network address.
 """
 
+from ._notebook import reset_notebook_bundle
 from ._page import View, Widget, circuitsvis_bundle, page_html
 from .attention import attention_view, contribution_view
-from .plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
+from .plots import (
+    PlotFigure,
+    ablation_plot,
+    class_counts_plot,
+    f_curves_plot,
+    save_figure,
+    sink_plot,
+)
 from .sink import sink_view
 from .taxonomy import CLASS_COLORS, taxonomy_view
 from .tokens import token_view
 
 __all__ = [
     "CLASS_COLORS",
+    "PlotFigure",
     "View",
     "Widget",
     "ablation_plot",
@@ -35,6 +46,7 @@ __all__ = [
     "contribution_view",
     "f_curves_plot",
     "page_html",
+    "reset_notebook_bundle",
     "save_figure",
     "sink_plot",
     "sink_view",

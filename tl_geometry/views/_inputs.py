@@ -91,10 +91,21 @@ def window(query: int, max_tokens: int, sink: int = 0) -> tuple[list[int], int]:
     return [sink, *range(start, query + 1)], start - sink - 1
 
 
-def crop_note(cropped: int, kept: list[int], n_pos: int) -> list[str]:
+def heads_phrase(heads: Sequence[int]) -> str:
+    """``head 8``, ``heads 0 and 3``, ``heads 0, 1 and 3``."""
+    if len(heads) == 1:
+        return f"head {heads[0]}"
+    return "heads " + ", ".join(map(str, heads[:-1])) + f" and {heads[-1]}"
+
+
+def crop_note(cropped: int, kept: list[int], n_pos: int, *, rows: bool = False) -> list[str]:
+    """The note of a cropped view; ``rows``: also how the pattern widget's row numbers (the
+    number circuitsvis writes after each token) map to positions."""
     if not cropped:
         return []
-    return [
-        f"Long sequence: showing the sink (position {kept[0]}) and positions {kept[1]}–{kept[-1]} "
-        f"of {n_pos}; {cropped} positions in between are cropped (marked ⋯). Raise max_tokens to see more."
-    ]
+    note = (f"Long sequence: showing the sink (position {kept[0]}) and positions {kept[1]}–{kept[-1]} "
+            f"of {n_pos}; the {cropped} positions in between are cropped. Raise max_tokens to see more.")
+    if rows:
+        note += (f" In the attention pattern, row 0 is the sink, row 1 stands for the cropped "
+                 f"positions, and row k from 2 on is position k + {kept[1] - 2}.")
+    return [note]

@@ -9,6 +9,9 @@ script calling ``CircuitsVis.render``. Nothing on a page refers to a network add
 
 Every widget root, ours or circuitsvis's, carries the class ``tlg-widget``: a rendered page has
 exactly one filled root per widget, which is what the browser test counts.
+
+In a notebook the script is not repeated in every output: the first widget output of a kernel
+carries it and later ones wait for it (:mod:`._notebook`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
+
+from . import _notebook
 
 __all__ = ["View", "Widget", "circuitsvis_bundle", "html_widget", "page_html"]
 
@@ -112,12 +117,17 @@ class Widget:
     component: str
     props: dict[str, Any]
 
-    def render(self) -> str:
+    def render(self, *, deferred: bool = False) -> str:
+        """The widget's root and its script. ``deferred`` (notebooks): the call waits for the
+        bundle, which another output may define later, and the root holds a plain-text note
+        until circuitsvis draws it."""
         wid = "tlg-" + uuid.uuid4().hex[:12]  # a valid CSS id: circuitsvis looks it up by #id
+        call = f'CircuitsVis.render("{wid}", CircuitsVis.{self.component}, {_json(self.props)});'
+        waiting = html.escape(_notebook.WAITING) if deferred else ""
+        script = _notebook.deferred_call(call) if deferred else call
         return (
-            f'<div class="{WIDGET_CLASS} tlg-cv" id="{wid}" data-component="{self.component}"></div>'
-            f'<script>CircuitsVis.render("{wid}", CircuitsVis.{self.component}, '
-            f"{_json(self.props)});</script>"
+            f'<div class="{WIDGET_CLASS} tlg-cv" id="{wid}" data-component="{self.component}">'
+            f"{waiting}</div><script>{script}</script>"
         )
 
 
@@ -130,8 +140,8 @@ def html_widget(kind: str, inner: str) -> str:
 class View:
     """One visualisation: a title, an optional note (cropping etc.) and HTML / widget blocks.
 
-    Displays in Jupyter (``_repr_html_``, offline: the bundle is inlined once per output when a
-    circuitsvis widget is present) and saves as a self-contained HTML file::
+    Displays in Jupyter (``_repr_html_``, offline: the first circuitsvis widget output of a
+    kernel inlines the bundle, later ones use it) and saves as a self-contained HTML file::
 
         view = tl_geometry.views.taxonomy_view(result)
         view                      # in a notebook
@@ -151,15 +161,27 @@ class View:
         """Widget roots this view renders (circuitsvis and ours)."""
         return sum(isinstance(b, Widget) or WIDGET_CLASS in b for b in self.blocks)
 
-    def fragment(self) -> str:
-        """This view's HTML without the bundle (for a page that loads it once)."""
+    def fragment(self, *, deferred: bool = False) -> str:
+        """This view's HTML without the bundle (for a page that loads it once); ``deferred``:
+        widget calls wait for the bundle (see :meth:`Widget.render`)."""
         notes = "".join(f'<div class="tlg-note">{html.escape(n)}</div>' for n in self.notes)
-        body = "".join(b.render() if isinstance(b, Widget) else b for b in self.blocks)
+        body = "".join(b.render(deferred=deferred) if isinstance(b, Widget) else b for b in self.blocks)
         return f'<section class="tlg-view"><h3>{html.escape(self.title)}</h3>{notes}{body}</section>'
 
+    def __repr__(self) -> str:
+        # Short: Jupyter stores text/plain beside the HTML, and the default dataclass repr
+        # would copy every widget's data into the notebook a second time.
+        kinds = [b.component if isinstance(b, Widget) else "html" for b in self.blocks]
+        return f"View({self.title!r}, blocks={kinds})"
+
     def _repr_html_(self) -> str:
-        bundle = f"<script>{circuitsvis_bundle()}</script>" if self.needs_bundle else ""
-        return f'<div class="tlg-page"><style>{_CSS}</style>{bundle}{self.fragment()}</div>'
+        deferred = self.needs_bundle and _notebook.in_notebook()
+        bundle = ""
+        if self.needs_bundle and _notebook.bundle_in_this_output():
+            script = circuitsvis_bundle()
+            bundle = f"<script>{_notebook.bundle_loader(script) if deferred else script}</script>"
+        body = self.fragment(deferred=deferred)
+        return f'<div class="tlg-page"><style>{_CSS}</style>{bundle}{body}</div>'
 
     def to_html(self) -> str:
         """A complete, self-contained HTML document of this view."""

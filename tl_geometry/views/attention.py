@@ -12,7 +12,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..functional.selection import top_n_ranks
-from ._inputs import check_query, crop_note, head_rows, str_tokens, window
+from ._inputs import check_query, crop_note, head_rows, heads_phrase, str_tokens, window
 from ._page import View, Widget, color_mix, html_widget
 
 __all__ = ["attention_view", "contribution_view"]
@@ -31,11 +31,10 @@ def _crop(mats: Float[Tensor, "m query key"], kept: list[int], cropped: int) -> 
 
 
 def _labels(labels: list[str], kept: list[int], cropped: int) -> list[str]:
-    if not cropped:
-        return [labels[i] for i in kept]
-    # circuitsvis numbers the axis 0, 1, 2, ...; after a crop those are not positions: add them.
-    shown = [f"{labels[i]} @{i}" for i in kept]
-    return [shown[0], f"{GAP}{cropped}{GAP}", *shown[1:]]
+    # circuitsvis labels each row "token (row)", spaces removed; without a crop the row is the
+    # position. After one, the crop note says how rows map to positions (see crop_note).
+    shown = [labels[i] for i in kept]
+    return [shown[0], "cropped", *shown[1:]] if cropped else shown
 
 
 def _patterns_widget(mats: Tensor, names: list[str], labels: list[str], kept: list[int], cropped: int) -> Widget:
@@ -77,7 +76,8 @@ def _token_strip(label: str, labels: list[str], weights: Tensor, ranks: Tensor, 
             f'title="position {pos}, weight {w:.4f}, rank {rank + 1}">{html.escape(labels[pos])}{sup}</span>'
         )
         if cropped and pos == kept[0]:
-            spans.append(f'<span class="tlg-tok gap" title="{cropped} positions cropped">{GAP}{cropped}{GAP}</span>')
+            spans.append(f'<span class="tlg-tok gap" title="{cropped} positions cropped">'
+                         f"{GAP} {cropped} cropped {GAP}</span>")
     return f'<div><span class="tlg-strip-label">{html.escape(label)}</span>{"".join(spans)}</div>'
 
 
@@ -86,8 +86,9 @@ def _outside(ranks: Tensor, n: int, kept: list[int], labels: list[str], weights:
     missing = [p for p in (ranks < n).nonzero().flatten().tolist() if p not in shown]
     if not missing:
         return ""
-    items = ", ".join(f"#{int(ranks[p]) + 1} pos {p} {labels[p]!r} ({float(weights[p]):.3f})" for p in missing)
-    return f'<div class="tlg-caption">Top-N keys outside the shown window: {html.escape(items)}</div>'
+    items = "; ".join(f"rank {int(ranks[p]) + 1}: position {p}, {labels[p]!r}, weight {float(weights[p]):.3f}"
+                      for p in missing)
+    return f'<div class="tlg-caption">Top keys outside the shown window: {html.escape(items)}</div>'
 
 
 def attention_view(
@@ -119,7 +120,7 @@ def attention_view(
     alpha = rows.pattern[:, q, :]  # [head, key]; keys after q are exact zeros (causal)
     key_mask = torch.arange(n_pos) <= q
     ranks = top_n_ranks(alpha, key_mask)
-    names = [f"L{layer}H{h}" for h in rows.heads]
+    names = [f"head {h}" for h in rows.heads]
     strips = "".join(
         _token_strip(name, labels, alpha[i], ranks[i], n, kept, cropped, q)
         + _outside(ranks[i], n, kept, labels, alpha[i])
@@ -127,13 +128,13 @@ def attention_view(
     )
     caption = (
         f'<div class="tlg-caption">Query position {q} ({html.escape(repr(labels[q]))}), sequence {batch}: '
-        f"keys shaded by attention α, the top-{n} keys outlined in red with their rank; the sink "
-        "is underlined in purple, the query underlined.</div>"
+        f"keys shaded by attention α, the {n} keys with the most attention outlined in red with "
+        "their rank; the sink is underlined in purple, the query underlined.</div>"
     )
     return View(
-        f"Attention of layer {layer}, heads {', '.join(map(str, rows.heads))} — top-{n} keys of query {q}",
+        f"Attention of layer {layer}, {heads_phrase(rows.heads)}: the top {n} keys of query {q}",
         [_patterns_widget(rows.pattern, names, labels, kept, cropped), caption, html_widget("TopKeys", strips)],
-        crop_note(cropped, kept, n_pos),
+        crop_note(cropped, kept, n_pos, rows=True),
     )
 
 
@@ -153,8 +154,8 @@ def contribution_view(
     For every query ``t`` and key ``j ≤ t``: ``c_tj = α_tj ‖v_j‖ / Σ_{k≤t} α_tk ‖v_k‖`` — the
     share of ``‖y_j‖ = α_j‖v_j‖`` (SPEC §1, ``v`` of the KV head the query head reads) in the
     query's total. A sink with much attention but a small value norm (κ < 1, SPEC §4) fades
-    from the left panel to the right one. The widget interleaves ``L{l}H{h} α`` and
-    ``L{l}H{h} α‖v‖`` for each head; the rows end at ``query`` and are cropped like
+    from the left panel to the right one. The widget interleaves ``head {h} attention α`` and
+    ``head {h} contribution α‖v‖`` for each head; the rows end at ``query`` and are cropped like
     :func:`attention_view`.
 
     >>> contribution_view(cache, 5, [0, 3], tokens=tokens, model=model)  # doctest: +SKIP
@@ -163,10 +164,10 @@ def contribution_view(
     contrib = rows.pattern * rows.norms[:, None, :]
     contrib = contrib / contrib.sum(-1, keepdim=True).clamp_min(torch.finfo(contrib.dtype).tiny)
     mats = torch.stack([rows.pattern, contrib], dim=1).flatten(0, 1)  # raw, weighted, raw, ...
-    names = [f"L{layer}H{h} {kind}" for h in rows.heads for kind in ("α", "α‖v‖")]
+    names = [f"head {h} {kind}" for h in rows.heads for kind in ("attention α", "contribution α‖v‖")]
     sink = kept[0]
     shares = "; ".join(
-        f"L{layer}H{h}: α_sink {float(rows.pattern[i, q, sink]):.3f} → contribution share "
+        f"head {h}: α_sink {float(rows.pattern[i, q, sink]):.3f} → contribution share "
         f"{float(contrib[i, q, sink]):.3f}"
         for i, h in enumerate(rows.heads)
     )
@@ -176,7 +177,7 @@ def contribution_view(
         f"{q}: {html.escape(shares)}.</div>"
     )
     return View(
-        f"Contribution-weighted attention of layer {layer}, heads {', '.join(map(str, rows.heads))}",
+        f"Contribution-weighted attention of layer {layer}, {heads_phrase(rows.heads)}",
         [_patterns_widget(mats, names, labels, kept, cropped), caption],
-        crop_note(cropped, kept, n_pos),
+        crop_note(cropped, kept, n_pos, rows=True),
     )

@@ -1,12 +1,16 @@
-"""Static plots (matplotlib ``Figure`` objects, never ``pyplot``): F_N against N, sink figures
-and class counts per layer, and the ablation curves; :func:`save_figure` writes PNG and SVG.
+"""Static plots (matplotlib figures, never ``pyplot``): F_N against N, sink figures and class
+counts per layer, and the ablation curves; :func:`save_figure` writes PNG and SVG.
 
-Figures are built with ``matplotlib.figure.Figure`` directly, so library code touches no global
-pyplot state and needs no display; a notebook shows a returned figure as an image.
+Figures are built without pyplot, so library code touches no global pyplot state and needs no
+display. Each is a :class:`PlotFigure`: a plain matplotlib ``Figure`` (``savefig``,
+:func:`save_figure`, the report) that Jupyter also shows as a PNG image when it is a cell's
+last value, with no ``%matplotlib`` magic and no ``plt.show()``. No pyplot figure manager knows
+it, so an active inline backend never shows it a second time.
 """
 
 from __future__ import annotations
 
+import io
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -20,14 +24,34 @@ from ..functional.taxonomy import CLASSES
 from ..result import BOUND_KINDS, GROUPS, HeadAnalysis
 from .taxonomy import CLASS_COLORS
 
-__all__ = ["ablation_plot", "class_counts_plot", "f_curves_plot", "save_figure", "sink_plot"]
+__all__ = ["PlotFigure", "ablation_plot", "class_counts_plot", "f_curves_plot", "save_figure", "sink_plot"]
+
+
+class PlotFigure(Figure):
+    """A matplotlib ``Figure`` that displays itself in Jupyter as a PNG image.
+
+    IPython shows an object as an image when it has ``_repr_png_``; a plain ``Figure`` gets
+    one only after pyplot's inline backend registers it, which library code (built without
+    pyplot) never triggers. Everything else is ``Figure``'s: ``savefig``, ``axes``, pickling.
+
+    >>> fig = PlotFigure(figsize=(2, 1)); fig.subplots().plot([0, 1])  # doctest: +ELLIPSIS
+    [<matplotlib.lines.Line2D object at ...>]
+    >>> fig._repr_png_()[:4]
+    b'\\x89PNG'
+    """
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", bbox_inches="tight")  # as the inline backend draws
+        return buffer.getvalue()
+
 
 _GROUP_STYLE = {
-    "top": dict(color="#1d2330", lw=2.2, label="top-N"),
-    "random": dict(color="#888888", lw=1.6, ls="--", label="random"),
-    "sink_removed": dict(color="#2a9d8f", lw=1.6, label="sink removed"),
-    "sink_in": dict(color="#7b4fa3", lw=1.3, ls=":", label="sink in S_N"),
-    "sink_out": dict(color="#e07a1f", lw=1.3, ls=":", label="sink outside S_N"),
+    "top": dict(color="#1d2330", lw=2.2, label="top N keys"),
+    "random": dict(color="#888888", lw=1.6, ls="--", label="N random keys"),
+    "sink_removed": dict(color="#2a9d8f", lw=1.6, label="top N, sink removed"),
+    "sink_in": dict(color="#7b4fa3", lw=1.3, ls=":", label="top N with the sink"),
+    "sink_out": dict(color="#e07a1f", lw=1.3, ls=":", label="top N without the sink"),
 }
 _BOUND_STYLE = {
     "inversion": dict(color="#1d2330", lw=1.0, ls="-.", label="inversion certificate"),
@@ -71,7 +95,11 @@ def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str) ->
     ax.grid(alpha=0.3)
 
 
-def f_curves_plot(result: HeadAnalysis, *, by: str = "class") -> Figure:
+def _heads(count: int) -> str:
+    return f"{count} head" + ("" if count == 1 else "s")
+
+
+def f_curves_plot(result: HeadAnalysis, *, by: str = "class") -> PlotFigure:
     """F_N against N for the top-N sets, the random baseline, the sink-removed selection and the
     sink-in / sink-out instances (SPEC §3), plus the bounds' curves when analysed with
     ``bounds=True`` (SPEC §6), averaged over the heads of each class (``by="class"``) or of each
@@ -84,8 +112,8 @@ def f_curves_plot(result: HeadAnalysis, *, by: str = "class") -> Figure:
     ns = result.n_values.numpy()
     labels = np.array(result.labels)
     if by == "class":
-        panels = [(f"{c} ({int((labels == c).sum())} heads)", labels == c) for c in CLASSES]
-        panels.append((f"all heads ({labels.size})", np.ones_like(labels, dtype=bool)))
+        panels = [(f"{c}: {_heads(int((labels == c).sum()))}", labels == c) for c in CLASSES]
+        panels.append((f"all {_heads(labels.size)}", np.ones_like(labels, dtype=bool)))
         cols, size = 4, (15.0, 3.8)
     else:
         panels = []
@@ -96,34 +124,37 @@ def f_curves_plot(result: HeadAnalysis, *, by: str = "class") -> Figure:
         cols = min(6, len(panels))
         size = (2.3 * cols, 1.9 * -(-len(panels) // cols) + 0.8)
     rows = -(-len(panels) // cols)
-    fig = Figure(figsize=size, layout="constrained")
+    fig = PlotFigure(figsize=size, layout="constrained")
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).flatten()
     for ax, (title, mask) in zip(axes, panels):
         if mask.any():
             _draw(ax, ns, _curves(result, mask), title)
         else:
-            ax.set_title(title + " — none", fontsize=10)
+            ax.set_title(title, fontsize=10)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     for ax in axes[::cols]:
-        ax.set_ylabel("F_N")
+        ax.set_ylabel("F score of N keys")
+    for ax in axes[-cols:]:
+        ax.set_xlabel("N (keys selected)")
     drawn = max(axes, key=lambda ax: len(ax.get_lines()))  # a class may have no heads
     handles, names = drawn.get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncol=max(1, min(len(names), 8)), fontsize=8.5)
-    fig.suptitle(f"F_N against N, mean over heads by {by} — {result.metadata.get('model_name', '')}")
+    model = result.metadata.get("model_name")
+    fig.suptitle(f"F score against N, mean over the heads of each {by}" + (f" ({model})" if model else ""))
     return fig
 
 
-def sink_plot(result: HeadAnalysis) -> Figure:
+def sink_plot(result: HeadAnalysis) -> PlotFigure:
     """Sink value-norm ratio κ and signed cosine c_sink per layer (SPEC §4): every head as a
     dot, the layer mean as a line; κ on a log scale with κ = 1 marked, cosine with 0 marked."""
     layers = np.array(result.layers)
-    fig = Figure(figsize=(12, 3.6), layout="constrained")
+    fig = PlotFigure(figsize=(12, 3.6), layout="constrained")
     axes = fig.subplots(1, 3)
     series = [
-        (result.sink_norm_ratio.numpy(), "κ = ‖v_sink‖ / mean ‖v_j‖", 1.0, True),
-        (result.sink_cosine.numpy(), "signed cosine c_sink", 0.0, False),
-        (result.sink_mass.numpy(), "sink attention mass α_sink", None, False),
+        (result.sink_norm_ratio.numpy(), "sink value norm ÷ mean value norm (κ)", 1.0, True),
+        (result.sink_cosine.numpy(), "cosine of the sink value with the others", 0.0, False),
+        (result.sink_mass.numpy(), "attention on the sink (α_sink)", None, False),
     ]
     labels = np.array(result.labels)
     for ax, (values, title, ref, log) in zip(axes, series):
@@ -143,30 +174,30 @@ def sink_plot(result: HeadAnalysis) -> Figure:
     return fig
 
 
-def class_counts_plot(result: HeadAnalysis) -> Figure:
+def class_counts_plot(result: HeadAnalysis) -> PlotFigure:
     """Stacked bars: number of Retriever / Mixer / Reset heads in each layer (SPEC §5)."""
     counts = result.class_counts()
-    fig = Figure(figsize=(max(6.0, 0.28 * len(counts) + 2), 3.4), layout="constrained")
+    fig = PlotFigure(figsize=(max(6.0, 0.28 * len(counts) + 2), 3.4), layout="constrained")
     ax = fig.subplots()
     bottom = np.zeros(len(counts))
     for c in CLASSES:
         ax.bar(counts.index, counts[c], bottom=bottom, color=CLASS_COLORS[c], label=c, width=0.8)
         bottom += counts[c].to_numpy()
     ax.set_xlabel("layer")
-    ax.set_ylabel("heads")
+    ax.set_ylabel("number of heads")
     ax.set_title("Head classes per layer")
     ax.legend(fontsize=8, ncol=3)
     return fig
 
 
-def ablation_plot(sparsification: Any) -> Figure:
+def ablation_plot(sparsification: Any) -> PlotFigure:
     """Next-token loss against head retention, one line per ordering; orderings with several
     seeds (random) show the mean with a min–max band. ``sparsification`` is a DataFrame with
     columns ordering, seed, retention, loss (the ``sparsification.csv`` of ``tl-geometry prune``)."""
     need = {"ordering", "retention", "loss"}
     if missing := need - set(sparsification.columns):
         raise ValueError(f"sparsification table lacks columns {sorted(missing)}; expected {sorted(need)}.")
-    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    fig = PlotFigure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
     for ordering, part in sparsification.groupby("ordering", sort=True):
         stats = part.groupby("retention")["loss"].agg(["mean", "min", "max", "count"]).sort_index()

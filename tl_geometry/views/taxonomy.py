@@ -31,7 +31,7 @@ def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None) -> str:
     ]
     if n is not None:
         i = result.n_values.tolist().index(n)
-        lines.append(f"F_{n}: top-N {_fmt(float(result.f_score[li, h, i]))}, "
+        lines.append(f"F score of {n} keys: top {_fmt(float(result.f_score[li, h, i]))}, "
                      f"random {_fmt(float(result.random_f_score[li, h, i]))}")
     return "\n".join(lines)
 
@@ -53,7 +53,7 @@ def taxonomy_view(result: HeadAnalysis, *, n: int = 2) -> View:
     fractions = result.vote_fractions
     labels = result.labels
     head_row = "".join(f"<th>{h}</th>" for h in range(result.n_heads))
-    rows = [f"<tr><th>layer</th>{head_row}<th>" + " / ".join(_SHORT[c] for c in CLASSES) + "</th></tr>"]
+    rows = [f"<tr><th>layer</th>{head_row}<th>" + " / ".join(CLASSES) + "</th></tr>"]
     for li, layer in enumerate(result.layers):
         cells = []
         for h in range(result.n_heads):

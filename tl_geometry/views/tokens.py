@@ -53,22 +53,22 @@ def token_view(
     shown = [SINK_MARK + labels[sink]] + [labels[p] for p in kept[1:]]
     values = [float(contrib[p]) for p in kept]
     if cropped:
-        shown.insert(1, f"⋯{cropped}⋯")
+        shown.insert(1, f"⋯ {cropped} cropped ⋯")
         values.insert(1, 0.0)
     total = float(contrib.sum())
-    listing = ", ".join(f"{p} {labels[p]!r} {float(contrib[p]):.3f}" for p in top_keys)
+    listing = "; ".join(f"position {p}, {labels[p]!r}, {float(contrib[p]):.3f}" for p in top_keys)
     caption = (
         f'<div class="tlg-caption">Query position {q} ({html.escape(repr(labels[q]))}), sequence {batch}. '
         f"Source winner: position {winner} ({html.escape(repr(labels[winner]))}) — vote <b>{vote}</b>. "
         f"Sink: α {float(rows.pattern[0, q, sink]):.3f}, ‖v‖ {float(rows.norms[0, sink]):.3f} "
         f"(mean of the others {float(rows.norms[0, 1:q + 1].mean()) if q else float('nan'):.3f}), "
         f"share of Σα‖v‖ {float(contrib[sink]) / total if total else float('nan'):.3f}. "
-        f"Top-{len(top_keys)} by contribution: {html.escape(listing)}.</div>"
+        f"The {len(top_keys)} largest contributions: {html.escape(listing)}.</div>"
     )
     widget = Widget("ColoredTokens", {"tokens": shown, "values": values, "minValue": 0.0,
                                       "maxValue": max(values) or 1.0})
     return View(
-        f"Contributions α‖v‖ of layer {layer} head {head} at query {q}",
+        f"Contributions α‖v‖ to layer {layer}, head {head} at query {q}",
         [widget, caption],
         crop_note(cropped, kept, n_pos),
     )

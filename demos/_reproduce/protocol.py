@@ -1,0 +1,67 @@
+"""What a study measures: the models, the sizes (:class:`StudyConfig`, full and quick) and the
+token windows it reads from a corpus.
+
+Both the analyses (:mod:`.study`) and the ablation study (:mod:`.ablation`) read these; the
+study runs the ablation study, so :mod:`.ablation` takes them from here, not from :mod:`.study`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import tl_geometry
+
+from .corpora import Corpus
+
+MODELS = ("smollm2-135m", "gemma3-270m")
+#: Characters of text tokenized per token needed (generous: English averages about 4.5).
+CHARS_PER_TOKEN = 12
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Sizes of one study. ``full`` is the documented protocol; ``quick`` is what CI runs."""
+
+    mode: str = "full"
+    n_windows: int = 64
+    # 512, not the issue's preferred 1024: on the 2-core CPU this project runs on, 64 × 1024 per
+    # corpus with bounds takes about 1.5 h (4 × 1024 SmolLM2 windows: 78 s); 512 halves it.
+    # `--seq-len 1024` runs the longer protocol unchanged.
+    seq_len: int = 512
+    random_samples: int = 16
+    seed: int = 0
+    # Claim 6 (ablation): windows to rank heads by sensitivity, and held-out windows to measure
+    # the loss after pruning (from the last quarter of WikiText, disjoint from the analysis).
+    ablation_windows: int = 4
+    ablation_seq_len: int = 256
+    random_orderings: int = 3
+
+    @property
+    def n_values(self) -> tuple[int, ...]:
+        """1, 2, 4, … below the window length (SPEC §8)."""
+        return tuple(2**k for k in range(self.seq_len.bit_length()) if 2**k < self.seq_len)
+
+    def describe(self) -> str:
+        return (f"{self.n_windows} windows × {self.seq_len} tokens per corpus, "
+                f"last query, N ∈ {{{', '.join(map(str, self.n_values))}}}, "
+                f"{self.random_samples} random permutations, seed {self.seed}")
+
+
+FULL = StudyConfig()
+QUICK = StudyConfig(mode="quick", n_windows=3, seq_len=48, ablation_windows=1,
+                    ablation_seq_len=16, random_orderings=2)
+
+
+def windows(model: Any, corpus: Corpus, n_windows: int, seq_len: int):
+    """``[n_windows, seq_len]``: BOS + consecutive tokens from the start of the corpus.
+
+    Only a prefix of the text is tokenized (a token spans at least one character, so
+    ``CHARS_PER_TOKEN`` × the tokens needed is ample and the windows are those of the whole
+    text); the whole text is the fallback.
+    """
+    prefix = corpus.text[: CHARS_PER_TOKEN * n_windows * seq_len]
+    try:
+        return tl_geometry.text_windows(model, prefix, n_seqs=n_windows, seq_len=seq_len)
+    except ValueError:
+        return tl_geometry.text_windows(model, corpus.text, n_seqs=n_windows, seq_len=seq_len)
