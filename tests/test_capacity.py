@@ -324,3 +324,56 @@ def test_real_capacity_padding_and_dense(smollm2):
     torch.testing.assert_close(cache[names[2]][mask.bool()], z[mask.bool()], rtol=1e-5, atol=1e-5)
     cap = retrieval_capacity(model, tokens, (1, 20), attention_mask=mask)
     assert cap.loss[1].item() == cap.dense_loss and cap.loss[0].item() > cap.dense_loss
+
+
+# --- command and report -----------------------------------------------------------------------------
+
+
+class _CharTokenizer:
+    """Enough of a tokenizer for text_windows: one id per character, BOS = 0."""
+
+    bos_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1 + ord(c) % 39 for c in text]}
+
+
+def test_cli_writes_csv_plots_and_report_section(tmp_path, monkeypatch, capsys):
+    from tl_geometry import cli
+
+    model = tiny_lm(2)
+    model.tokenizer = _CharTokenizer()
+    monkeypatch.setattr(tl_geometry, "load_model", lambda name: model, raising=False)
+    out = tmp_path / "cap"
+    status = cli.main(["capacity", "--n-seqs", "2", "--seq-len", "12", "--n-values", "1,2,16",
+                       "--head-n", "2", "--batch-size", "8", "--out", str(out)])
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "renormalize: dense loss" in printed and "delete: dense loss" in printed and "ρ" in printed
+    import pandas as pd
+
+    curve = pd.read_csv(out / "capacity.csv")
+    assert sorted(set(curve["mode"])) == ["delete", "renormalize"] and len(curve) == 6
+    assert (curve.loc[curve["n"] == 16, "relative_increase"] == 0).all()  # N ≥ T: exactly dense
+    heads = pd.read_csv(out / "capacity_heads.csv")
+    assert len(heads) == 2 * 12 and {"f_score", "shell_k0", "shell_kn", "loss_increase"} <= set(heads.columns)
+    assert (out / "capacity.png").is_file() and (out / "capacity_heads_delete.png").is_file()
+    page = (out / "capacity.html").read_text()
+    assert "Retrieval capacity" in page and "N* =" in page
+
+    tokens = tl_geometry.text_windows(model, "abcdefghij" * 4, n_seqs=2, seq_len=12)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+    result = tl_geometry.analyze_heads(cache, n_values=(1, 2), random_samples=1)
+    index = tl_geometry.write_report(result, out)
+    html = index.read_text()
+    assert "<h2>Retrieval capacity</h2>" in html and "capacity_heads.csv" in html
+
+
+def test_cli_rejects_bad_options(capsys):
+    from tl_geometry import cli
+
+    assert cli.main(["capacity", "--tolerance", "-1", "--head-n", "-2"]) == 2
+    assert "--tolerance must be ≥ 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["capacity", "--n-values", "0,2"])

@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     from . import ablation_cli
 
     ablation_cli.add_parsers(sub)
+    from . import capacity_cli
+
+    capacity_cli.add_parser(sub)
     return parser
 
 
@@ -74,6 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import report_cli
 
         return report_cli.run(args, parser)
+    if args.command == "capacity":
+        from . import capacity_cli
+
+        return capacity_cli.run(args)
     if args.command in ("ablate", "prune"):
         from . import ablation_cli
 
