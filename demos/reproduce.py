@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # demos/_reproduce, wh
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from _reproduce import ablation, corpora, document
+from _reproduce import ablation, capacity, corpora, document
 from _reproduce.claims import CLAIMS
 from _reproduce.study import FULL, MODELS, QUICK, Study, StudyConfig, run_study
 
@@ -83,6 +83,7 @@ def reproduce(
     figures.mkdir(parents=True, exist_ok=True)
     claims = [claim(study, figures) for claim in CLAIMS]
     claims.append(ablation.claim6(study, figures))
+    claims.append(capacity.claim7(study, figures))
     seconds = time.perf_counter() - start
     path = out_dir / "results.md"
     path.write_text(document.page(_header(study, seconds), claims, FIGURES), encoding="utf-8")

@@ -202,7 +202,7 @@ def test_bad_input(tokens, monkeypatch):
         retrieval_capacity(model, tokens.float(), (2,))
     with pytest.raises(ValueError, match="by must be"):
         capacity_sweep(model, tokens, (2,), by="neuron")
-    with pytest.raises(ValueError, match="model.cfg must give"):
+    with pytest.raises(ValueError, match=r"model\.cfg must give"):
         top_n_attention(torch.nn.Linear(2, 2), 2)
     hookless = torch.nn.Linear(2, 2)
     hookless.cfg = model.cfg  # type: ignore[assignment]
