@@ -377,3 +377,42 @@ def test_cli_rejects_bad_options(capsys):
     assert "--tolerance must be ≥ 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["capacity", "--n-values", "0,2"])
+
+
+# --- claim 7 of demos/reproduce.py ------------------------------------------------------------------
+
+
+def test_claim7_rule_on_tiny_model_tables(tmp_path):
+    """Claim 7's tables from the tiny model (its run / save / load), and the verdict rule on them."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
+    from _reproduce import capacity as claim_module
+    from _reproduce.claims import HELD, NOT_HELD, PARTLY
+    from _reproduce.corpora import Corpus
+    from _reproduce.study import QUICK
+
+    model = tiny_lm(2)
+    model.tokenizer = _CharTokenizer()
+    corpus = Corpus("chars", "the quick brown fox jumps over the lazy dog " * 20, "test")
+    tables = claim_module.run(model, corpus, QUICK, progress=False)
+    assert tables["seq_len"] == QUICK.ablation_seq_len and len(tables["heads"]) == 12
+    tables["options"] = "{}"
+    claim_module.save(tables, tmp_path / "tiny__capacity")
+    again = claim_module.load(tmp_path / "tiny__capacity")
+    assert again["rho"] == pytest.approx(tables["rho"], nan_ok=True) and len(again["curve"]) == len(tables["curve"])
+
+    def verdict(rho: float, within: bool) -> str:
+        curve = tables["curve"].copy()
+        curve["within_tolerance"] = within & (curve["n"] <= 2)
+        study = SimpleNamespace(capacity={"a": {**tables, "curve": curve, "rho": {**tables["rho"], "f_score": rho}}})
+        claim = claim_module.claim7(study, tmp_path)
+        assert claim.number == 7 and "N*" in "".join(claim.blocks)
+        return claim.verdict
+
+    assert verdict(-0.5, True) == HELD
+    assert verdict(-0.5, False) == PARTLY
+    assert verdict(0.3, False) == NOT_HELD
+    assert claim_module.claim7(SimpleNamespace(capacity={}), tmp_path).verdict == NOT_HELD
