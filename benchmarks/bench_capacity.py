@@ -8,7 +8,8 @@ F_N / shell certificates (last query, SPEC §3 / §6d) and that head's loss incr
 of each sweep against one forward of the same batch.
 
     python benchmarks/bench_capacity.py [--text FILE] [--n-seqs 4] [--seq-len 128]
-        [--head-n 4] [--head-modes renormalize] [--models smollm2-135m,gemma3-270m]
+        [--head-n 4] [--head-n-seqs 2] [--head-seq-len 64] [--head-modes renormalize]
+        [--models smollm2-135m,gemma3-270m]
 """
 
 from __future__ import annotations
@@ -60,19 +61,28 @@ def _model_report(name: str, text: str | None, args: argparse.Namespace) -> dict
             "seconds": seconds, "forwards": cap.metadata["forwards"], "over_forward": seconds / fwd,
         }
         print(f"{name} {mode}: N* = {cap.n_star}, {seconds:.1f} s", flush=True)
+    # The per-head sweep runs L·H copies of its batch: on a small CPU it gets shorter windows.
+    head_tokens = tl_geometry.text_windows(model, text, n_seqs=args.head_n_seqs, seq_len=args.head_seq_len)
+
+    def head_forward():
+        with torch.no_grad():
+            return model(head_tokens, return_type="loss")
+
+    head_fwd, _ = _median_time(head_forward, args.repeats)
+    report["head_tokens"], report["head_forward_s"] = list(head_tokens.shape), head_fwd
     for mode in args.head_modes:
         start = time.perf_counter()
-        sweep = tl_geometry.capacity_sweep(model, tokens, (args.head_n,), by="head", mode=mode)
+        sweep = tl_geometry.capacity_sweep(model, head_tokens, (args.head_n,), by="head", mode=mode)
         sweep_s = time.perf_counter() - start
         start = time.perf_counter()
-        corr = tl_geometry.capacity_correlation(model, tokens, args.head_n, mode=mode, sweep=sweep)
+        corr = tl_geometry.capacity_correlation(model, head_tokens, args.head_n, mode=mode, sweep=sweep)
         geometry_s = time.perf_counter() - start
         increase = corr.loss_increase
         flat = increase.flatten()
         top = flat.argsort(descending=True)[:5].tolist()
         report["heads"][mode] = {
             "n": args.head_n, "rho": corr.rho, "sweep_s": sweep_s, "sweep_forwards": sweep.metadata["forwards"],
-            "replicas": sweep.metadata["replicas"], "sweep_over_forward": sweep_s / fwd,
+            "replicas": sweep.metadata["replicas"], "sweep_over_forward": sweep_s / head_fwd,
             "geometry_s": geometry_s,
             "loss_increase": {"median": float(flat.median()), "max": float(flat.max()),
                               "min": float(flat.min())},
@@ -93,6 +103,8 @@ def main() -> None:
     parser.add_argument("--n-values", default="1,2,4,8,16,32,64")
     parser.add_argument("--tolerance", type=float, default=0.05)
     parser.add_argument("--head-n", type=int, default=4)
+    parser.add_argument("--head-n-seqs", type=int, default=2, help="windows of the per-head sweep")
+    parser.add_argument("--head-seq-len", type=int, default=64, help="their length")
     parser.add_argument("--head-modes", default="renormalize", help="modes of the per-head sweep")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(RESULTS / "bench_capacity.json"))
@@ -110,7 +122,8 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine()},
         "input": {"text": text_name, "n_seqs": args.n_seqs, "seq_len": args.seq_len,
-                  "n_values": list(args.n_values), "tolerance": args.tolerance, "head_n": args.head_n},
+                  "n_values": list(args.n_values), "tolerance": args.tolerance, "head_n": args.head_n,
+                  "head_n_seqs": args.head_n_seqs, "head_seq_len": args.head_seq_len},
         "models": models,
         "total_s": time.perf_counter() - start,
     }

@@ -1,8 +1,9 @@
-"""Reproduction study: test the paper's six claims on SmolLM2-135M and Gemma-3-270M.
+"""Reproduction study: test the paper's six claims (and our claim 7) on SmolLM2-135M and Gemma-3-270M.
 
 Runs the protocol of SPEC §8 (BOS + real-text windows, last query, N = 1, 2, 4, … below the
 window length, 16 random permutations, bounds) on both models and two corpora, WikiText-2 test
-and Python standard-library source, runs the head-ablation study on WikiText, and writes
+and Python standard-library source, runs the head-ablation study and the retrieval-capacity
+study (claim 7, top-N attention) on WikiText, and writes
 ``docs/results.md`` with its figures in ``docs/results/``: for each claim the tables and plot
 that test it and a verdict (held / partly held / not held) by a rule stated on the page.
 
@@ -142,6 +143,8 @@ def _header(study: Study, seconds: float) -> list[str]:
     ]
     if study.ablation:
         lines.append(f"- **Ablation (claim 6):** {ablation.describe(config)}")
+    if study.capacity:
+        lines.append(f"- **Retrieval capacity (claim 7):** {capacity.describe(config)}")
     lines += [
         "- **Reproduce:** `python demos/reproduce.py` (full mode; `--quick` for the CI run; "
         "`--n-windows`, `--seq-len` for other sizes; `--reuse` re-renders from saved analyses).",

@@ -29,6 +29,13 @@ HEAD_N = 4  # the per-head sweep's N
 RHO_CUT = -0.2  # (ours) "geometry tracks capacity": ρ(F_4, Δ loss) at or below this
 
 
+def describe(config: StudyConfig) -> str:
+    return (f"top-N attention on `hook_pattern` (renormalised and deleted) on the first "
+            f"{config.ablation_windows} ablation windows × {config.ablation_seq_len} tokens of "
+            f"WikiText's last quarter; N* within {TOLERANCE:.0%} of the dense loss; per-head sweep "
+            f"at N = {HEAD_N}, renormalised.")
+
+
 def run(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool = True) -> dict[str, Any]:
     """Loss-against-N curves (both modes) and the per-head correlation of one model (tables)."""
     start = time.perf_counter()
