@@ -96,7 +96,7 @@ def correlation_plot(table: Any) -> Figure:
     y = table["loss_increase"].to_numpy(dtype=float)
     for ax, name in zip(axes, names):
         x = table[name].to_numpy(dtype=float)
-        rho = spearman(torch.from_numpy(x), torch.from_numpy(y))
+        rho = spearman(torch.tensor(x), torch.tensor(y))  # copies: pandas may hand out read-only arrays
         ax.scatter(x, y, s=10, alpha=0.6)
         ax.set(xlabel=SCORE_LABELS[name], title=f"ρ = {rho:.3f}")
         ax.grid(alpha=0.3)
