@@ -3,9 +3,9 @@
 Uses :mod:`tl_geometry.ablation`'s top-N attention (``hook_pattern``). Per model, on the first
 ablation windows of held-out WikiText (as claim 6): the loss with every head keeping only each
 query's top-N keys for N = 1, 2, 4, … below the window length, renormalised and deleted, and N*
-(the smallest N within 5 % of the dense loss); then the per-head sweep at N = 4 (renormalised)
-(first 2 windows, first 128 tokens) and Spearman's ρ between each head's F_4 (and its shell certificate, SPEC §6d) and the loss
-increase of sparsifying that head alone.
+(the smallest N within 5 % of the dense loss); then the per-head sweep at N = 4 (renormalised;
+first 2 windows, first 128 tokens) and Spearman's ρ between each head's F_4 (and its shell
+certificate, SPEC §6d) and the loss increase of sparsifying that head alone.
 """
 
 from __future__ import annotations
