@@ -1,8 +1,9 @@
-"""Reproduction study: test the paper's six claims on SmolLM2-135M and Gemma-3-270M.
+"""Reproduction study: test the paper's six claims (and our claim 7) on SmolLM2-135M and Gemma-3-270M.
 
 Runs the protocol of SPEC §8 (BOS + real-text windows, last query, N = 1, 2, 4, … below the
 window length, 16 random permutations, bounds) on both models and two corpora, WikiText-2 test
-and Python standard-library source, runs the head-ablation study on WikiText, and writes
+and Python standard-library source, runs the head-ablation study and the retrieval-capacity
+study (claim 7, top-N attention) on WikiText, and writes
 ``docs/results.md`` with its figures in ``docs/results/``: for each claim the tables and plot
 that test it and a verdict (held / partly held / not held) by a rule stated on the page.
 
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # demos/_reproduce, wh
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from _reproduce import ablation, corpora, document
+from _reproduce import ablation, capacity, corpora, document
 from _reproduce.claims import CLAIMS
 from _reproduce.protocol import FULL, MODELS, QUICK, StudyConfig
 from _reproduce.study import Study, run_study
@@ -84,6 +85,7 @@ def reproduce(
     figures.mkdir(parents=True, exist_ok=True)
     claims = [claim(study, figures) for claim in CLAIMS]
     claims.append(ablation.claim6(study, figures))
+    claims.append(capacity.claim7(study, figures))
     seconds = time.perf_counter() - start
     path = out_dir / "results.md"
     path.write_text(document.page(_header(study, seconds), claims, FIGURES), encoding="utf-8")
@@ -142,6 +144,8 @@ def _header(study: Study, seconds: float) -> list[str]:
     ]
     if study.ablation:
         lines.append(f"- **Ablation (claim 6):** {ablation.describe(config)}")
+    if study.capacity:
+        lines.append(f"- **Retrieval capacity (claim 7):** {capacity.describe(config)}")
     lines += [
         "- **Reproduce:** `python demos/reproduce.py` (full mode; `--quick` for the CI run; "
         "`--n-windows`, `--seq-len` for other sizes; `--reuse` re-renders from saved analyses).",

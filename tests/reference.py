@@ -532,3 +532,54 @@ def ref_analyze(
         out["labels"].append(ref_label(counts))
 
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC section 6d: the shell certificate for one query
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_shell_bounds(alpha, values, selected, valid, k) -> dict:
+    """Shell certificate of one query (SPEC section 6d), literally, Euclidean distance.
+
+    With y_j = alpha_j v_j, a_j = ||y_j||, s = sum_{i in S} y_i and D_j = ||y_j - s||::
+
+        L_j = | ||s|| - a_j |                     for every valid j
+        E   = S + the k unselected valid keys with the smallest L_j (ties -> lower index)
+        Dlow_j = D_j if j in E else L_j
+        rho_max = max_{i in S} D_i                rho_min_low = min_{j not in S} Dlow_j
+        P_low = N / (N + #{j not in S : Dlow_j <= rho_max})
+        R_low = #{i in S : D_i < rho_min_low} / N
+        F_low = harmonic mean (0 when R_low = 0)
+
+    Returns ``{"precision", "recall", "f_score"}``; all NaN when N is outside ``1 <= N < #valid``.
+    """
+    alpha = _f64(alpha)
+    values = _f64(values)
+    selected = _bool(selected)
+    valid = _bool(valid)
+    n_valid = len(_valid_indices(valid))
+    n = sum(1 for i in range(len(selected)) if selected[i])
+    if not (1 <= n < n_valid):
+        return {"precision": math.nan, "recall": math.nan, "f_score": math.nan}
+
+    dist = ref_distances(alpha, values, selected, valid)
+    s = np.zeros(values.shape[1], dtype=np.float64)
+    for i in _valid_indices(valid):
+        if selected[i]:
+            s = s + alpha[i] * values[i]
+    norm_s = _norm(s)
+    inside = [i for i in _valid_indices(valid) if selected[i]]
+    outside = [j for j in _valid_indices(valid) if not selected[j]]
+    shell = {j: abs(norm_s - abs(float(alpha[j])) * _norm(values[j])) for j in outside}
+    exact = set(sorted(outside, key=lambda j: (shell[j], j))[: int(k)])
+    low = {j: (dist[j] if j in exact else shell[j]) for j in outside}
+
+    rho_max = max(dist[i] for i in inside)
+    rho_min_low = min(low[j] for j in outside)
+    contaminants = sum(1 for j in outside if low[j] <= rho_max)
+    recalled = sum(1 for i in inside if dist[i] < rho_min_low)
+    precision = n / (n + contaminants)
+    recall = recalled / n
+    f_score = 0.0 if recall == 0 else 2.0 * precision * recall / (precision + recall)
+    return {"precision": float(precision), "recall": float(recall), "f_score": float(f_score)}

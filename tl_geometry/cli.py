@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "report": "report_cli",
     "ablate": "ablation_cli",
     "prune": "ablation_cli",
+    "capacity": "capacity_cli",
 }
 
 DESCRIPTION = """\

@@ -14,7 +14,8 @@ came from) into a folder::
 The ``tl-geometry report`` command lives in :mod:`tl_geometry.report_cli`.
 
 When the folder already holds ``sensitivity.csv`` or ``sparsification.csv`` (written by
-``tl-geometry prune --out DIR``), the report adds an Ablation section.
+``tl-geometry prune --out DIR``), the report adds an Ablation section; with ``capacity.csv``
+(and ``capacity_heads.csv``, from ``tl-geometry capacity --out DIR``) a Retrieval capacity one.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .views.sink import sink_view
 from .views.taxonomy import CLASS_COLORS, taxonomy_view
 from .views.tokens import token_view
 
-__all__ = ["DEFAULT_OUT", "example_heads", "write_report"]
+__all__ = ["DEFAULT_OUT", "capacity_section", "example_heads", "write_report"]
 
 #: Where write_report (and tl-geometry report) writes by default.
 DEFAULT_OUT = "tl_geometry_report"
@@ -120,6 +121,48 @@ def _ablation(out: Path, figures: Path) -> list[str]:
     return (["<h2>Ablation</h2>", *parts]) if parts else []
 
 
+def capacity_section(out: Path, figures: Path) -> list[str]:
+    """The "Retrieval capacity" section from ``out/capacity.csv`` (loss against N per mode,
+    N*) and ``out/capacity_heads.csv`` (Spearman ρ of per-head geometry against Δ loss); empty
+    when the folder has neither."""
+    import pandas as pd
+
+    from .ablation.capacity_geometry import spearman
+    from .views.capacity import capacity_plot, correlation_plot
+
+    parts = []
+    curve_path, heads_path = out / "capacity.csv", out / "capacity_heads.csv"
+    if curve_path.is_file():
+        curve = pd.read_csv(curve_path)
+        ok = curve[curve["within_tolerance"].astype(bool)].groupby("mode")["n"].min()
+        stars = [f"{mode}: N* = {int(ok[mode]) if mode in ok else 'none'}" for mode in sorted(set(curve["mode"]))]
+        tol = float(curve["tolerance"].iloc[0]) if "tolerance" in curve else float("nan")
+        paths = save_figure(capacity_plot(curve), figures / "capacity", dpi=90)
+        parts += [_figure(paths[0], "Next-token loss when every head keeps only each query's top-N keys "
+                                    "(renormalised, or the rest deleted); ★ N*."),
+                  f'<p class="tlg-caption">{html.escape("; ".join(stars))} (smallest N within '
+                  f"{tol:.0%} of the dense loss).</p>", _table(curve, 4)]
+    if heads_path.is_file():
+        heads = pd.read_csv(heads_path)
+        names = [c for c in ("f_score", "shell_k0", "shell_kn") if c in heads]
+        rows = [{"mode": mode, "N": int(part["n"].iloc[0]),
+                 **{f"ρ({name}, Δ loss)": spearman(torch.tensor(part[name].to_numpy(float)),
+                                                   torch.tensor(part["loss_increase"].to_numpy(float)))
+                    for name in names}} for mode, part in heads.groupby("mode", sort=True)]
+        parts += ["<h3>Per head: geometry against the loss of sparsifying that head alone</h3>",
+                  _table(pd.DataFrame(rows), 3)]
+        for mode, part in heads.groupby("mode", sort=True):
+            paths = save_figure(correlation_plot(part), figures / f"capacity_heads_{mode}", dpi=90)
+            parts.append(_figure(paths[0], f"{mode}: F_N and shell certificates against Δ loss, per head."))
+    return (["<h2>Retrieval capacity</h2>", *parts]) if parts else []
+
+
+def write_section(parts: list[str], path: Path, *, title: str) -> Path:
+    """Write raw HTML ``parts`` as one self-contained page at ``path``."""
+    path.write_text(_page.page_html(parts, title=title), encoding="utf-8")
+    return path
+
+
 def write_report(
     result: HeadAnalysis,
     out_dir: str | Path = DEFAULT_OUT,
@@ -137,7 +180,8 @@ def write_report(
     ``contribution_view``, ``token_view``) of one example head per class, at the last query of
     sequence 0, highlighting its top-``n`` keys; ``tokens`` and ``model`` turn ids into text.
     Existing ``sensitivity.csv`` / ``sparsification.csv`` in ``out_dir`` add an Ablation
-    section. The page needs no network: everything is inlined.
+    section, ``capacity.csv`` / ``capacity_heads.csv`` a Retrieval capacity section. The page
+    needs no network: everything is inlined.
 
     >>> write_report(result, "tl_geometry_report", cache=cache, tokens=tokens, model=model)  # doctest: +SKIP
     PosixPath('tl_geometry_report/index.html')
@@ -177,8 +221,10 @@ def write_report(
             parts += [attention_view(cache, layer, head, n=n_view, **kw),
                       contribution_view(cache, layer, head, **kw), token_view(cache, layer, head, n=n_view, **kw)]
     parts += _ablation(out, figures)
+    parts += capacity_section(out, figures)
     files = ["analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv"] + [
-        p.name for p in (out / "sensitivity.csv", out / "sparsification.csv") if p.is_file()
+        p.name for p in (out / "sensitivity.csv", out / "sparsification.csv", out / "capacity.csv",
+                         out / "capacity_heads.csv") if p.is_file()
     ]
     page = _page.page_html(parts, title=f"tl_geometry report — {result.metadata.get('model_name', '')}",
                            header=_header(result, files))

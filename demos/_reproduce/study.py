@@ -34,6 +34,7 @@ class Study:
     corpora: dict[str, Corpus]
     analyses: dict[tuple[str, str], tl_geometry.HeadAnalysis]
     ablation: dict[str, dict[str, Any]] = field(default_factory=dict)  # model → tables
+    capacity: dict[str, dict[str, Any]] = field(default_factory=dict)  # model → claim 7's tables
     seconds: dict[str, float] = field(default_factory=dict)  # step → seconds it took to compute
     reused: bool = False  # some steps were loaded from an earlier run (their seconds are that run's)
 
@@ -110,6 +111,8 @@ def run_study(
                 result.save(path)
             study.analyses[name, corpus.name] = result
         if ablation_corpus is not None:
+            model = _capacity_step(study, name, model, load, ablation_corpus, cache, reuse, options,
+                                   progress, log)
             path = None if cache is None else cache / f"{name}__ablation"
             saved = _ablation.load(path) if reuse and path is not None else None
             if saved is not None and saved.get("options") == options:
@@ -132,3 +135,26 @@ def run_study(
             study.ablation[name] = tables
         del model
     return study
+
+
+def _capacity_step(study: Study, name: str, model: Any, load: Any, corpus: Corpus, cache: Path | None,
+                   reuse: bool, options: str, progress: bool, log: Callable[[str], None]) -> Any:
+    """Claim 7's tables for one model (reused from ``cache`` when their options match); returns
+    the model, loaded if it had to be."""
+    from . import capacity as _capacity
+
+    path = None if cache is None else cache / f"{name}__capacity"
+    saved = _capacity.load(path) if reuse and path is not None else None
+    if saved is not None and saved.get("options") == options:
+        study.capacity[name], study.reused = saved, True
+    else:
+        if model is None:
+            model = load[name] if isinstance(load, Mapping) else load(name)
+        log(f"{name}: retrieval capacity (top-N attention) on held-out {corpus.name}")
+        tables = _capacity.run(model, corpus, study.config, progress=progress)
+        tables["options"] = options
+        if path is not None:
+            _capacity.save(tables, path)
+        study.capacity[name] = tables
+    study.seconds[f"capacity {name}"] = study.capacity[name]["seconds"]
+    return model

@@ -4,11 +4,22 @@
 the listed query heads (GQA-safe); ``head_sensitivity`` scores every head alone in batched
 forwards; ``critical_heads`` flags outliers; ``head_orderings`` and ``sparsification_curve``
 compare removal orders on held-out text. The method is in ``docs/ablation.md``.
+``top_n_attention`` keeps only each query's top-N keys on ``hook_pattern``;
+``retrieval_capacity``, ``capacity_sweep`` and ``capacity_correlation`` measure what that costs
+(``docs/capacity.md``).
 
     with tl_geometry.ablate_heads(model, [(3, 4)]):
         loss = model(tokens, return_type="loss")
 """
 
+from .capacity import (
+    DEFAULT_N_VALUES,
+    CapacitySweep,
+    RetrievalCapacity,
+    capacity_sweep,
+    retrieval_capacity,
+)
+from .capacity_geometry import CapacityCorrelation, capacity_correlation, head_geometry, spearman
 from .hooks import MODES, HeadAblation, ablate_heads
 from .orderings import (
     ORDERINGS,
@@ -24,27 +35,41 @@ from .orderings import (
 )
 from .sensitivity import CRITICAL_K, HeadSensitivity, critical_heads, head_sensitivity
 from .sparsification import DEFAULT_RETENTION, SparsificationCurve, heads_kept, sparsification_curve
+from .topn import SPARSIFY_MODES, TopNAttention, sparsify_pattern, top_n_attention
 
 __all__ = [
     "CRITICAL_K",
+    "DEFAULT_N_VALUES",
     "DEFAULT_RETENTION",
     "MODES",
     "ORDERINGS",
+    "SPARSIFY_MODES",
+    "CapacityCorrelation",
+    "CapacitySweep",
     "HeadAblation",
     "HeadSensitivity",
     "Ordering",
+    "RetrievalCapacity",
     "SparsificationCurve",
+    "TopNAttention",
     "ablate_heads",
     "attention_entropy",
+    "capacity_correlation",
+    "capacity_sweep",
     "critical_heads",
     "entropy_order",
+    "head_geometry",
     "head_orderings",
     "head_sensitivity",
     "heads_kept",
     "oracle_order",
     "random_order",
+    "retrieval_capacity",
     "sparsification_curve",
+    "sparsify_pattern",
+    "spearman",
     "taxonomy_order",
+    "top_n_attention",
     "weight_norm_order",
     "weight_norms",
 ]

@@ -2,7 +2,8 @@
 
 The pipeline's mathematics (``../SPEC``): KV-head mapping and contributions (§1), top-N and
 random selections (§2–3), separability (§3), sink diagnostics (§4) and the source-winner
-taxonomy (§5). Every function is vectorised over heads, queries and selections.
+taxonomy (§5), bounds (§6: inversion certificates, regime bounds, the shell certificate).
+Every function is vectorised over heads, queries and selections.
 """
 
 from .bounds import (
@@ -25,6 +26,7 @@ from .heads import (
 )
 from .selection import random_ranks, top_n_mask, top_n_ranks
 from .separability import Separability, distances, separability
+from .shell import shell_bounds
 from .sink import SinkDiagnostics, sink_diagnostics
 from .taxonomy import (
     CLASSES,
@@ -56,6 +58,7 @@ __all__ = [
     "regime_bounds",
     "regime_diagnostics",
     "separability",
+    "shell_bounds",
     "sink_diagnostics",
     "sink_positions",
     "source_votes",

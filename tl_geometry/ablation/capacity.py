@@ -1,0 +1,282 @@
+"""Retrieval capacity: how few keys per query a model needs (issue 16; method in docs/capacity.md).
+
+:func:`retrieval_capacity` measures the next-token loss when every head in scope keeps only
+each query's top-``N`` attention weights (:func:`~tl_geometry.ablation.topn.top_n_attention`),
+for several ``N``, and reads off ``N*``, the smallest ``N`` whose relative loss increase is
+within a tolerance. :func:`capacity_sweep` does the same one layer or one head at a time, in
+batched forwards like :func:`~tl_geometry.head_sensitivity`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from . import hooks as _hooks
+from . import topn as _topn
+from .topn import SparsifyMode
+
+DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_TOLERANCE = 0.05
+
+
+def check_n_values(n_values: Any) -> tuple[int, ...]:
+    if isinstance(n_values, (str, bytes)) or not isinstance(n_values, Iterable):
+        raise ValueError(f"n_values must be a sequence of ints ≥ 1, e.g. (1, 2, 4, 8), got {n_values!r}.")
+    values = tuple(n_values)
+    if not values:
+        raise ValueError("n_values is empty: give at least one N, e.g. (1, 2, 4, 8).")
+    for i, n in enumerate(values):
+        _topn.check_n(n, f"n_values[{i}]")
+    if len(set(values)) != len(values):
+        raise ValueError(f"n_values lists an N twice: {values}.")
+    return values
+
+
+def _check_tolerance(tolerance: Any) -> float:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
+            math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a relative loss increase ≥ 0, e.g. 0.05, got {tolerance!r}.")
+    return float(tolerance)
+
+
+def _bar(progress: bool, total: int, desc: str) -> Any:
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="replica")
+
+
+def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: SparsifyMode,
+            attention_mask: Tensor | None, dense: float, batch_size: int | None,
+            progress: bool, desc: str) -> tuple[Tensor, int]:
+    """Loss per replica; replicas with ``N ≥ pos`` change nothing and get the dense loss without
+    a forward (so ``N ≥ T`` is exactly dense). Returns the losses and the forwards run."""
+    losses = torch.full((len(n),), dense, dtype=torch.float64)
+    run = n < tokens.shape[1]
+    if not run.any():
+        return losses, 0
+    per_forward = batch_size or _hooks.replicas_per_forward(model, *tokens.shape)
+    bar = _bar(progress, int(run.sum()), desc)
+    try:
+        losses[run] = _topn.sparsified_losses(model, tokens, n[run], masks[run], mode,
+                                              attention_mask=attention_mask, per_forward=per_forward,
+                                              progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return losses, -(-int(run.sum()) // per_forward)
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int (replicas per forward), got {batch_size!r}.")
+
+
+# --- the whole-scope curve ------------------------------------------------------------------------
+@dataclass
+class RetrievalCapacity:
+    """Loss against ``N`` when the heads in scope keep only each query's top-``N`` keys.
+
+    ``loss[i]`` is the mean next-token loss at ``n_values[i]`` (same order); ``dense_loss`` the
+    model's own loss; ``n_star`` the smallest ``N`` with ``(loss − dense) / dense ≤ tolerance``.
+    """
+
+    n_values: tuple[int, ...]
+    loss: Float[Tensor, " n"]
+    dense_loss: float
+    mode: str = "renormalize"
+    tolerance: float = DEFAULT_TOLERANCE
+    scope: str = "all heads"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def relative_increase(self) -> Float[Tensor, " n"]:
+        """``(loss − dense_loss) / dense_loss`` per ``N``."""
+        return (self.loss - self.dense_loss) / self.dense_loss
+
+    @property
+    def n_star(self) -> int | None:
+        """Smallest ``N`` within ``tolerance`` of the dense loss; ``None`` if no ``N`` is."""
+        ok = [n for n, r in zip(self.n_values, self.relative_increase.tolist()) if r <= self.tolerance]
+        return min(ok) if ok else None
+
+    def to_pandas(self):
+        """``n, mode, scope, tolerance, loss, dense_loss, relative_increase, within_tolerance``,
+        one row per N."""
+        import pandas as pd
+
+        rel = self.relative_increase
+        return pd.DataFrame({
+            "n": list(self.n_values), "mode": self.mode, "scope": self.scope, "tolerance": self.tolerance,
+            "loss": self.loss.numpy(), "dense_loss": self.dense_loss, "relative_increase": rel.numpy(),
+            "within_tolerance": (rel <= self.tolerance).numpy(),
+        })
+
+    def plot(self, ax: Any = None):
+        """Loss against ``N`` (log axis), the dense loss and its tolerance band, ``N*`` marked;
+        drawn by :func:`tl_geometry.views.capacity_plot`."""
+        from ..views.capacity import capacity_plot
+
+        return capacity_plot(self.to_pandas(), ax=ax)
+
+    def __repr__(self) -> str:
+        return (f"RetrievalCapacity(mode={self.mode!r}, scope={self.scope!r}, dense_loss="
+                f"{self.dense_loss:.4f}, n_star={self.n_star})")
+
+
+def retrieval_capacity(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    n_values: Sequence[int] = DEFAULT_N_VALUES,
+    *,
+    mode: SparsifyMode = "renormalize",
+    tolerance: float = DEFAULT_TOLERANCE,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[tuple[int, int]] | Bool[Tensor, "layer head"] | None = None,
+    attention_mask: Tensor | None = None,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> RetrievalCapacity:
+    """Loss with every head in scope sparsified to its top-``N`` keys, for each ``N``.
+
+    ``loss_N = CE(model with top_n_attention(N, mode) on the scope)``, the mean next-token
+    cross-entropy over the valid positions of ``tokens``; ``N* = min{N : (loss_N − loss_dense) /
+    loss_dense ≤ tolerance}``. The ``N`` values go through the model as stacked copies of the
+    batch (``batch_size`` copies per forward, by default as many as fit the memory budget).
+    ``N ≥`` the sequence length changes no row and gives exactly the dense loss.
+
+    Examples:
+        >>> cap = tl_geometry.retrieval_capacity(model, tokens, (1, 2, 4, 8, 16, 32))  # doctest: +SKIP
+        >>> cap.n_star, cap.to_pandas(); cap.plot()                                     # doctest: +SKIP
+    """
+    values = check_n_values(n_values)
+    _topn.check_sparsify_mode(mode)
+    tolerance = _check_tolerance(tolerance)
+    _check_batch_size(batch_size)
+    tokens = _hooks.check_tokens(tokens)
+    n_layers, n_heads = _hooks.model_shape(model)
+    mask = _topn.scope_mask(n_layers, n_heads, layers, heads)
+    _topn.check_pattern_hooks(model, mask.any(1).nonzero().flatten().tolist())
+    scope = ("all heads" if bool(mask.all()) else
+             f"layers {mask.all(1).nonzero().flatten().tolist()}" if layers is not None else
+             f"{int(mask.sum())} heads")
+
+    start = time.perf_counter()
+    dense = _hooks.model_loss(model, tokens, attention_mask)
+    n = torch.tensor(values)
+    losses, forwards = _losses(model, tokens, n, mask.expand(len(values), -1, -1), mode, attention_mask,
+                               dense, batch_size, progress, "retrieval capacity")
+    metadata = {"tokens": list(tokens.shape), "forwards": forwards,
+                "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
+    return RetrievalCapacity(values, losses, dense, mode, tolerance, scope, metadata)
+
+
+# --- per-layer and per-head sweeps ------------------------------------------------------------------
+@dataclass
+class CapacitySweep:
+    """Loss with one layer (``by="layer"``) or one head (``by="head"``) alone sparsified.
+
+    ``loss[i, l]`` (layer sweep) or ``loss[i, l, h]`` (head sweep) at ``N = n_values[i]``; NaN
+    for what was not swept.
+    """
+
+    n_values: tuple[int, ...]
+    loss: Float[Tensor, "n layer *head"]
+    dense_loss: float
+    by: str = "head"
+    mode: str = "renormalize"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def loss_increase(self) -> Float[Tensor, "n layer *head"]:
+        """``loss − dense_loss``: the damage of sparsifying that layer or head alone."""
+        return self.loss - self.dense_loss
+
+    def to_pandas(self):
+        """Long table: ``n, layer[, head], mode, loss, loss_increase``."""
+        import pandas as pd
+
+        index = torch.cartesian_prod(*(torch.arange(s) for s in self.loss.shape)).reshape(-1, self.loss.ndim)
+        table: dict[str, Any] = {"n": torch.tensor(self.n_values)[index[:, 0]].numpy(), "layer": index[:, 1].numpy()}
+        if self.by == "head":
+            table["head"] = index[:, 2].numpy()
+        table.update(mode=self.mode, loss=self.loss.flatten().numpy(),
+                     loss_increase=self.loss_increase.flatten().numpy())
+        return pd.DataFrame(table)
+
+    def plot(self, n: int | None = None):
+        """Heatmap of the loss increase at ``N = n`` (default the smallest): layer × head, or
+        layer × N for a layer sweep (:func:`tl_geometry.views.capacity_sweep_plot`)."""
+        from ..views.capacity import capacity_sweep_plot
+
+        return capacity_sweep_plot(self, n)
+
+
+def capacity_sweep(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    n_values: Sequence[int] = (4,),
+    *,
+    by: Literal["head", "layer"] = "head",
+    mode: SparsifyMode = "renormalize",
+    layers: Iterable[int] | None = None,
+    heads: Iterable[tuple[int, int]] | None = None,
+    attention_mask: Tensor | None = None,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> CapacitySweep:
+    """Loss when each head (or each layer) alone keeps only its top-``N`` keys, for each ``N``.
+
+    One replica per (``N``, head) or (``N``, layer): the batch is stacked ``batch_size`` times
+    (default: the memory budget of :func:`~tl_geometry.head_sensitivity`) and copy ``r`` has its
+    own head sparsified to its own ``N``, so the sweep takes ``⌈|N|·L·H / batch_size⌉`` forwards.
+    ``layers`` / ``heads`` limit the sweep (the rest is NaN).
+
+    Examples:
+        >>> sweep = tl_geometry.capacity_sweep(model, tokens, (2, 8), by="head")    # doctest: +SKIP
+        >>> sweep.loss_increase[0]     # [layer, head] at N = 2                       # doctest: +SKIP
+    """
+    values = check_n_values(n_values)
+    _topn.check_sparsify_mode(mode)
+    _check_batch_size(batch_size)
+    if by not in ("head", "layer"):
+        raise ValueError(f"by must be 'head' or 'layer', got {by!r}.")
+    if by == "layer" and heads is not None:
+        raise ValueError('heads limits a by="head" sweep; a layer sweep takes layers.')
+    tokens = _hooks.check_tokens(tokens)
+    n_layers, n_heads = _hooks.model_shape(model)
+    scope = _topn.scope_mask(n_layers, n_heads, layers, heads)
+    _topn.check_pattern_hooks(model, scope.any(1).nonzero().flatten().tolist())
+    units = scope.nonzero() if by == "head" else scope.any(1).nonzero()
+    one = torch.zeros(len(units), n_layers, n_heads, dtype=torch.bool)
+    if by == "head":
+        one[torch.arange(len(units)), units[:, 0], units[:, 1]] = True
+    else:
+        one[torch.arange(len(units)), units[:, 0]] = True
+    masks = one.repeat(len(values), 1, 1)
+    n = torch.tensor(values).repeat_interleave(len(units))
+
+    start = time.perf_counter()
+    dense = _hooks.model_loss(model, tokens, attention_mask)
+    losses, forwards = _losses(model, tokens, n, masks, mode, attention_mask, dense, batch_size,
+                               progress, f"capacity per {by}")
+    shape = (len(values), n_layers, n_heads) if by == "head" else (len(values), n_layers)
+    loss = torch.full(shape, math.nan, dtype=torch.float64)
+    i = torch.arange(len(values)).repeat_interleave(len(units))
+    if by == "head":
+        loss[i, units[:, 0].repeat(len(values)), units[:, 1].repeat(len(values))] = losses
+    else:
+        loss[i, units[:, 0].repeat(len(values))] = losses
+    metadata = {"tokens": list(tokens.shape), "replicas": len(n), "forwards": forwards,
+                "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
+    return CapacitySweep(values, loss, dense, by, mode, metadata)

@@ -1,0 +1,162 @@
+"""Does a head's geometry predict what top-N sparsification costs? (issue 16)
+
+Per head: the measured ``F_N`` (SPEC §3) and the shell certificate ``F̲_N`` (SPEC §6d, budgets
+``K = 0`` and ``K = N``) of the top-``N`` set at the last query of each sequence, averaged over
+sequences; next to it the loss increase when that head alone keeps only its top-``N`` keys
+(:func:`~tl_geometry.capacity_sweep`). Spearman's ρ between each geometric score and the loss
+increase, over all heads, is the number reported per model. A head whose top-``N`` keys are
+geometrically separable should lose little when the rest is cut: the expected sign is ρ < 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ..cache import CACHE_NAMES_FILTER, check_attention_mask
+from ..functional import last_positions, separability, shell_bounds
+from . import hooks as _hooks
+from .capacity import CapacitySweep, capacity_sweep
+from .topn import SparsifyMode, check_n
+
+SCORES = ("f_score", "shell_k0", "shell_kn")
+
+
+def spearman(x: Tensor, y: Tensor) -> float:
+    """Spearman's rank correlation (average ranks for ties) over the pairs where both are
+    finite; NaN with fewer than 3 pairs or a constant side.
+
+    >>> spearman(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 9.0, 2.0, 1.0]))
+    -1.0
+    """
+    a, b = x.flatten().double().numpy(), y.flatten().double().numpy()
+    keep = np.isfinite(a) & np.isfinite(b)
+    if keep.sum() < 3:
+        return math.nan
+    ra, rb = _ranks(a[keep]), _ranks(b[keep])
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denominator = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum() / denominator) if denominator > 0 else math.nan
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    _, first, counts = np.unique(x[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat(first + (counts - 1) / 2, counts)
+    return ranks
+
+
+@torch.no_grad()
+def head_geometry(
+    model: Any, tokens: Int[Tensor, "batch pos"], n: int, *, attention_mask: Tensor | None = None,
+) -> dict[str, Float[Tensor, "layer head"]]:
+    """Per head, the mean over sequences (at each one's last valid query) of the measured
+    ``F_N`` (``"f_score"``) and of the shell certificate with ``K = 0`` (``"shell_k0"``) and
+    ``K = N`` (``"shell_kn"``); NaN where ``N`` is out of range. One cached forward
+    (``hook_pattern`` and ``hook_v`` only)."""
+    check_n(n)
+    tokens = _hooks.check_tokens(tokens)
+    n_layers, n_heads = _hooks.model_shape(model)
+    valid = check_attention_mask(attention_mask, *tokens.shape)
+    device = _hooks.model_device(model)
+    kwargs = {} if attention_mask is None else {"attention_mask": valid.long().to(device)}
+    _, cache = model.run_with_cache(tokens.to(device), names_filter=CACHE_NAMES_FILTER, **kwargs)
+    batch, n_pos = tokens.shape
+    last = last_positions(valid)
+    key_mask = valid & (torch.arange(n_pos)[None, :] <= last[:, None])  # [batch, key]
+    out = {name: torch.full((n_layers, n_heads), math.nan, dtype=torch.float64) for name in SCORES}
+    for layer in range(n_layers):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"].cpu()
+        v = cache[f"blocks.{layer}.attn.hook_v"].cpu()
+        n_kv = v.shape[2]
+        # The last query's row per sequence, query heads grouped by the KV head they read.
+        alpha = pattern[torch.arange(batch), :, last].reshape(batch, n_kv, n_heads // n_kv, n_pos)
+        values = v.permute(0, 2, 1, 3).unsqueeze(2)  # [batch, kv, 1, key, d]: shared by the group
+        mask = key_mask[:, None, None, :]
+        scores = {
+            "f_score": separability(alpha, values, n, key_mask=mask).f_score,
+            "shell_k0": shell_bounds(alpha, values, n, k=0, key_mask=mask).f_score,
+            "shell_kn": shell_bounds(alpha, values, n, k=n, key_mask=mask).f_score,
+        }
+        for name, score in scores.items():
+            out[name][layer] = score.reshape(batch, n_heads).nanmean(0)
+    return out
+
+
+@dataclass
+class CapacityCorrelation:
+    """Per-head geometry against the loss of sparsifying that head alone to ``N`` keys.
+
+    ``scores[name]`` is ``[layer, head]`` for ``name`` in :data:`SCORES`; ``loss_increase`` is
+    ``[layer, head]``; ``rho[name]`` Spearman's ρ of that score against the loss increase.
+    """
+
+    n: int
+    mode: str
+    scores: dict[str, Float[Tensor, "layer head"]]
+    loss_increase: Float[Tensor, "layer head"]
+    dense_loss: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rho(self) -> dict[str, float]:
+        return {name: spearman(score, self.loss_increase) for name, score in self.scores.items()}
+
+    def to_pandas(self):
+        """One row per head: ``layer, head, n, mode, f_score, shell_k0, shell_kn, loss_increase``."""
+        import pandas as pd
+
+        n_layers, n_heads = self.loss_increase.shape
+        table = {"layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
+                 "head": torch.arange(n_heads).repeat(n_layers).numpy(), "n": self.n, "mode": self.mode}
+        table.update({name: score.flatten().numpy() for name, score in self.scores.items()})
+        table["loss_increase"] = self.loss_increase.flatten().numpy()
+        return pd.DataFrame(table)
+
+    def plot(self):
+        """Scatter of each geometric score against the loss increase, ρ in the titles."""
+        from ..views.capacity import correlation_plot
+
+        return correlation_plot(self.to_pandas())
+
+
+def capacity_correlation(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    n: int = 4,
+    *,
+    mode: SparsifyMode = "renormalize",
+    sweep: CapacitySweep | None = None,
+    attention_mask: Tensor | None = None,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> CapacityCorrelation:
+    """Spearman ρ, over heads, between ``F_N`` (and its shell certificate) and the loss increase
+    when that head alone keeps its top-``N`` keys.
+
+    ``sweep`` reuses a head :func:`~tl_geometry.capacity_sweep` that contains ``N`` (and was run
+    on the same ``tokens`` and ``mode``); otherwise one is run.
+
+    Examples:
+        >>> corr = tl_geometry.capacity_correlation(model, tokens, 4)     # doctest: +SKIP
+        >>> corr.rho                   # {'f_score': ..., 'shell_k0': ..., 'shell_kn': ...}  # doctest: +SKIP
+    """
+    check_n(n)
+    if sweep is None:
+        sweep = capacity_sweep(model, tokens, (n,), by="head", mode=mode, attention_mask=attention_mask,
+                               batch_size=batch_size, progress=progress)
+    elif not isinstance(sweep, CapacitySweep) or sweep.by != "head" or n not in sweep.n_values:
+        raise ValueError(f"sweep must be a by='head' CapacitySweep that contains N={n}.")
+    elif sweep.mode != mode:
+        raise ValueError(f"sweep was run with mode={sweep.mode!r}, not {mode!r}.")
+    scores = head_geometry(model, tokens, n, attention_mask=attention_mask)
+    increase = sweep.loss_increase[sweep.n_values.index(n)]
+    return CapacityCorrelation(n, mode, scores, increase, sweep.dense_loss,
+                               {"tokens": list(tokens.shape), "sweep": sweep.metadata})

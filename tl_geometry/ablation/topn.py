@@ -1,0 +1,268 @@
+"""Top-N attention sparsification as TransformerLens hooks on ``hook_pattern`` (issue 16).
+
+For every query row of ``blocks.{l}.attn.hook_pattern`` (``[batch, head, query, key]``) keep the
+``N`` largest weights (ties → lower index, SPEC §2) and either **renormalise** them to sum to one
+or **delete** the rest (no renormalisation). The model then computes ``z = pattern · v`` from the
+sparsified pattern, so the intervention acts on exactly what the head reads (one query head at a
+time, also under GQA / MQA, where several query heads share ``hook_v``).
+
+Every hook returns a new tensor: writing into the hook's activation in place would also rewrite
+any copy the caller caches from the same hook point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ..functional.selection import top_n_ranks
+from . import hooks as _hooks
+
+PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
+SPARSIFY_MODES = ("renormalize", "delete")
+SparsifyMode = Literal["renormalize", "delete"]
+
+
+# --- validation -------------------------------------------------------------------------------
+def check_sparsify_mode(mode: str) -> None:
+    if mode not in SPARSIFY_MODES:
+        raise ValueError(f"mode must be one of {SPARSIFY_MODES}, got {mode!r}.")
+
+
+def check_n(n: Any, name: str = "n") -> int:
+    """``N`` must be an int ≥ 1 (``N`` keys kept per query)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"{name} must be an int ≥ 1 (keys kept per query), got {n!r}.")
+    if n < 1:
+        raise ValueError(f"{name} must be ≥ 1 (keys kept per query), got {n}; N = 0 would remove "
+                         "every key. Use ablate_heads to remove a head's output instead.")
+    return n
+
+
+def check_pattern_hooks(model: Any, layers: Iterable[int]) -> None:
+    """The model must offer ``hooks(fwd_hooks=...)`` and ``blocks.{l}.attn.hook_pattern``."""
+    if not callable(getattr(model, "hooks", None)):
+        raise ValueError(
+            f"{type(model).__name__} has no hooks(fwd_hooks=...) context manager; top-N attention "
+            "needs a TransformerLens model (TransformerBridge or HookedTransformer)."
+        )
+    hook_dict = getattr(model, "hook_dict", None)
+    if hook_dict is None:
+        return
+    names = [PATTERN_HOOK.format(layer=layer) for layer in layers]
+    missing = [name for name in names if name not in hook_dict]
+    if missing:
+        raise ValueError(
+            f"The model exposes no {missing[0]} (missing for {len(missing)} layer(s)); top-N "
+            "attention rewrites each head's pattern [batch, head, query, key]. Use a "
+            "TransformerLens 4.x TransformerBridge or a HookedTransformer."
+        )
+
+
+def scope_mask(
+    n_layers: int, n_heads: int, layers: Iterable[int] | None = None,
+    heads: Iterable[tuple[int, int]] | Bool[Tensor, "layer head"] | None = None,
+) -> Bool[Tensor, "layer head"]:
+    """``[layer, head]`` mask of the heads to sparsify: all (default), whole ``layers``, or
+    ``(layer, head)`` pairs / a bool mask (``heads``); not both."""
+    if layers is not None and heads is not None:
+        raise ValueError("Pass layers or heads, not both: layers sparsifies every head of those "
+                         "layers, heads only the listed (layer, head) pairs.")
+    if heads is not None:
+        mask = _hooks.head_mask(heads, n_layers, n_heads)
+    elif layers is not None:
+        if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+            raise ValueError(f"layers must be layer indices, e.g. [0, 5], got {layers!r}.")
+        mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+        for i, layer in enumerate(layers):
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+                raise ValueError(f"layers[{i}] = {layer!r} is not a layer of the model "
+                                 f"(0..{n_layers - 1}).")
+            mask[layer] = True
+    else:
+        mask = torch.ones(n_layers, n_heads, dtype=torch.bool)
+    if not mask.any():
+        raise ValueError("The scope is empty: no head to sparsify.")
+    return mask
+
+
+# --- the pure operation -------------------------------------------------------------------------
+def sparsify_pattern(
+    pattern: Float[Tensor, "*batch query key"],
+    n: int | Int[Tensor, "*nbatch"],
+    mode: SparsifyMode = "renormalize",
+) -> Float[Tensor, "*batch query key"]:
+    """Keep each query row's top-``n`` weights (ties → lower index), renormalised or not.
+
+    Only causal keys (``key ≤ query``, aligned at the end when there are fewer queries than
+    keys) compete; masked keys (future, padding) carry weight 0 and are never kept over a valid
+    key with positive weight. ``renormalize`` divides the kept weights by their sum; ``delete``
+    leaves them as they are. A row that loses no positive weight, in particular a row with
+    ``≤ n`` valid keys, is returned bit for bit unchanged. ``n`` may be a tensor that broadcasts
+    against the rows (one ``N`` per replica). A new tensor is returned.
+
+    >>> sparsify_pattern(torch.tensor([[1.0, 0.0], [0.25, 0.75]]), 1).tolist()
+    [[1.0, 0.0], [0.0, 1.0]]
+    >>> sparsify_pattern(torch.tensor([[1.0, 0.0], [0.25, 0.75]]), 1, "delete").tolist()
+    [[1.0, 0.0], [0.0, 0.75]]
+    """
+    n_query, n_key = pattern.shape[-2:]
+    causal = torch.ones(n_query, n_key, dtype=torch.bool, device=pattern.device).tril(n_key - n_query)
+    ranks = top_n_ranks(pattern, causal)
+    limit = torch.as_tensor(n, device=pattern.device)
+    keep = ranks < limit.unsqueeze(-1)
+    kept = torch.where(keep, pattern, torch.zeros((), dtype=pattern.dtype, device=pattern.device))
+    dropped = (~keep & (pattern != 0)).any(-1, keepdim=True)
+    if mode == "renormalize":
+        kept = kept / kept.sum(-1, keepdim=True)
+    elif mode != "delete":
+        check_sparsify_mode(mode)
+    return torch.where(dropped, kept, pattern)
+
+
+def _check_pattern(pattern: Tensor, n_heads: int, name: str) -> None:
+    if pattern.ndim != 4 or pattern.shape[1] != n_heads:
+        raise ValueError(f"{name} has shape {tuple(pattern.shape)}; expected [batch, head={n_heads}, "
+                         "query, key]. The model's hook_pattern must hold every query head's weights.")
+
+
+def replica_pattern_hook(
+    layer: int, n: Int[Tensor, " replica"], where: Bool[Tensor, "replica head"], mode: SparsifyMode,
+    n_heads: int,
+) -> Callable[..., Tensor]:
+    """Hook for a batch of ``R`` stacked copies of the input: in copy ``r`` the heads
+    ``where[r]`` keep their top-``n[r]`` keys. Only the copies with a head in this layer are
+    sorted; one ``torch.where``, no head loop."""
+    name = PATTERN_HOOK.format(layer=layer)
+    touched = where.any(1).nonzero().flatten()
+
+    def hook(pattern: Tensor, hook: Any = None) -> Tensor:
+        _check_pattern(pattern, n_heads, name)
+        n_rep = where.shape[0]
+        stacked = pattern.reshape(n_rep, pattern.shape[0] // n_rep, *pattern.shape[1:])
+        index = touched.to(pattern.device)
+        part = stacked.index_select(0, index)
+        limits = n.to(pattern.device).index_select(0, index)[:, None, None, None]
+        new = sparsify_pattern(part, limits, mode)
+        chosen = where.to(pattern.device).index_select(0, index)[:, None, :, None, None]
+        part = torch.where(chosen, new, part)
+        return stacked.index_copy(0, index, part).reshape(pattern.shape)
+
+    return hook
+
+
+class TopNAttention(list):
+    """``(hook_name, fn)`` pairs that sparsify attention to the top ``n`` keys, usable as::
+
+        model.run_with_hooks(tokens, fwd_hooks=sparsified, return_type="loss")
+        with sparsified: loss = model(tokens, return_type="loss")    # hooks removed on any exit
+
+    Attributes: ``model``, ``n``, ``mode``, ``mask`` (``[layer, head]`` bool: the heads
+    sparsified) and ``layers``.
+    """
+
+    def __init__(self, model: Any, n: int, mode: SparsifyMode, mask: Tensor) -> None:
+        _, n_heads = _hooks.model_shape(model)
+        self.layers = mask.any(1).nonzero().flatten().tolist()
+        limit = torch.tensor([n])
+        super().__init__(
+            (PATTERN_HOOK.format(layer=layer),
+             replica_pattern_hook(layer, limit, mask[layer][None], mode, n_heads))
+            for layer in self.layers
+        )
+        self.model, self.n, self.mode, self.mask = model, n, mode, mask
+        self._contexts: list[Any] = []
+
+    @property
+    def hooks(self) -> _hooks.HookList:
+        return list(self)
+
+    def __enter__(self) -> TopNAttention:
+        context = self.model.hooks(fwd_hooks=list(self))
+        context.__enter__()
+        self._contexts.append(context)
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._contexts.pop().__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return (f"TopNAttention(n={self.n}, mode={self.mode!r}, layers={self.layers}, "
+                f"heads={int(self.mask.sum())})")
+
+
+def top_n_attention(
+    model: Any,
+    n: int,
+    mode: SparsifyMode = "renormalize",
+    *,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[tuple[int, int]] | Bool[Tensor, "layer head"] | None = None,
+) -> TopNAttention:
+    """Hooks that keep only each query's top-``n`` attention weights (:func:`sparsify_pattern`).
+
+    Scope: every head of the model (default), every head of ``layers``, or the ``(layer, head)``
+    pairs (or ``[n_layers, n_heads]`` bool mask) ``heads``. One hook per layer in scope, on
+    ``blocks.{l}.attn.hook_pattern``; heads outside the scope are left bit for bit unchanged.
+    ``n`` at least the sequence length changes nothing. The hooks return new tensors and are
+    removed when the ``with`` block or ``run_with_hooks`` call ends, also on an exception.
+
+    Examples:
+        >>> with tl_geometry.top_n_attention(model, 8, "renormalize", layers=[0, 1]):  # doctest: +SKIP
+        ...     loss = model(tokens, return_type="loss")
+    """
+    check_n(n)
+    check_sparsify_mode(mode)
+    n_layers, n_heads = _hooks.model_shape(model)
+    mask = scope_mask(n_layers, n_heads, layers, heads)
+    check_pattern_hooks(model, mask.any(1).nonzero().flatten().tolist())
+    return TopNAttention(model, n, mode, mask)
+
+
+# --- batched losses -----------------------------------------------------------------------------
+@torch.no_grad()
+def sparsified_losses(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    n: Int[Tensor, " replica"],
+    masks: Bool[Tensor, "replica layer head"],
+    mode: SparsifyMode,
+    *,
+    attention_mask: Tensor | None = None,
+    per_forward: int | None = None,
+    progress: Any = None,
+) -> Float[Tensor, " replica"]:
+    """Mean next-token loss with the heads ``masks[r]`` sparsified to ``n[r]`` keys, per ``r``.
+
+    ``per_forward`` copies of the batch go through one forward, each with its own ``N`` and
+    heads; the loss of a copy is the mean over its valid predictions (float64 sums), as in
+    :func:`~tl_geometry.ablation.hooks.replica_losses`.
+    """
+    _, n_heads = _hooks.model_shape(model)
+    batch, n_pos = tokens.shape
+    per_forward = per_forward or _hooks.replicas_per_forward(model, batch, n_pos)
+    device = _hooks.model_device(model)
+    targets = _hooks.valid_targets(tokens, attention_mask).to(device)
+    n_targets = targets.sum().double()
+    mask = None if attention_mask is None else (
+        _hooks.check_attention_mask(attention_mask, batch, n_pos).long().to(device))
+    out = torch.empty(len(n), dtype=torch.float64)
+    for start in range(0, len(n), per_forward):
+        chunk, limits = masks[start:start + per_forward], n[start:start + per_forward]
+        k = chunk.shape[0]
+        layers = chunk.any(dim=(0, 2)).nonzero().flatten().tolist()
+        fwd = [(PATTERN_HOOK.format(layer=layer),
+                replica_pattern_hook(layer, limits, chunk[:, layer], mode, n_heads)) for layer in layers]
+        kwargs = {} if mask is None else {"attention_mask": mask.repeat(k, 1)}
+        with model.hooks(fwd_hooks=fwd):
+            per_token = model(tokens.repeat(k, 1).to(device), return_type="loss",
+                              loss_per_token=True, **kwargs)
+        per_token = torch.where(targets, per_token.double().reshape(k, batch, n_pos - 1), 0.0)
+        out[start:start + k] = (per_token.sum(dim=(1, 2)) / n_targets).cpu()
+        if progress is not None:
+            progress.update(k)
+    return out

@@ -1,0 +1,172 @@
+"""The shell certificate: lower bounds on P_N, R_N, F_N from a few exact distances (SPEC §6d).
+
+For one query with valid keys ``T_t``, a selection ``S`` of size ``N``, contributions
+``y_j = α_j v_j`` with norms ``a_j = ‖y_j‖`` and aggregate ``s = Σ_{i∈S} y_i``::
+
+    L_j  = | ‖s‖ − a_j |                      reverse triangle inequality: D_j ≥ L_j
+    E    = S ∪ (the K unselected keys with the smallest L_j; ties → lower index)
+    D̲_j = D_j for j ∈ E,   D̲_j = L_j for j ∉ E
+    P̲ = N / (N + |{j∉S : D̲_j ≤ max_S D}|)      R̲ = |{i∈S : D_i < min_{j∉S} D̲_j}| / N
+    F̲ = harmonic mean of P̲, R̲
+
+``K = 0`` reads the exact geometry of the selection and one norm per other key; ``K = T − N``
+is exact (equal to :func:`~tl_geometry.functional.separability`). Only the ``N + K`` vectors of
+``E`` are gathered per row, so a row costs ``O((N + K)·d + T)``.
+
+Every comparison is made in the "E-form", free of the cancellation in ``D² = ‖y‖² − 2⟨y, s⟩ +
+‖s‖²``: for exact keys ``E_j = α_j(α_j‖v_j‖² − 2⟨v_j, s⟩) = D_j² − ‖s‖²``, and for the others
+``Λ_j = a_j(a_j − 2‖s‖) = L_j² − ‖s‖² ≤ E_j``. Comparing ``L_j`` with a distance ``D ≥ 0`` is
+comparing their squares (both sides are ≥ 0), hence ``Λ_j`` with ``E``. ``Λ_j`` is lowered by a
+relative hair (:data:`SLACK`) so that rounding can never lift it above the ``E_j`` it bounds
+(for instance a duplicate of a selected key, where ``D_j = L_j`` exactly): the certificate
+stays sound in floating point, at the price of counting an exact tie with ``L_j`` as
+contamination.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from ._types import COMPUTE_DTYPE, _as_compute
+from .bounds import Bounds, _harmonic
+from .heads import _broadcast_shapes
+from .selection import top_n_mask, top_n_ranks
+
+#: Relative amount by which the norm-only quantity ``Λ_j`` is lowered, times ``(a_j + ‖s‖)²``:
+#: far above float64 rounding of a d ≤ 10⁴ dot product, far below any real separation.
+SLACK = 1e-10
+
+
+def _check(alpha: Tensor, values: Tensor, n: int, k: int) -> None:
+    for name, x in (("n", n), ("k", k)):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{name} must be an int, got {type(x).__name__}.")
+    if k < 0:
+        raise ValueError(f"k (the number of unselected keys measured exactly) must be ≥ 0, got {k}.")
+    if alpha.ndim < 1 or values.ndim < 2 or values.shape[-2] != alpha.shape[-1]:
+        raise ValueError(
+            f"alpha must be [..., key] and values [..., key, d] with the same number of keys; "
+            f"got alpha {tuple(alpha.shape)} and values {tuple(values.shape)}."
+        )
+    if not (alpha.is_floating_point() and values.is_floating_point()):
+        raise TypeError("alpha and values must be floating-point tensors.")
+
+
+def _first(mask: Bool[Tensor, "*batch key"], m: int) -> tuple[Tensor, Tensor]:
+    """Indices of the first ``m`` True keys of every row (in index order) and whether each
+    gathered slot really is True (rows with fewer than ``m`` keys are padded)."""
+    order = torch.sort((~mask).to(torch.uint8), dim=-1, stable=True).indices[..., :m]
+    return order, mask.gather(-1, order)
+
+
+def _extreme(x: Tensor, ok: Tensor, which: str) -> Tensor:
+    """Max (or min) of ``x`` over the ``ok`` entries of the last axis; ∓inf where there are none
+    (also when the axis is empty, where torch's own reductions refuse)."""
+    fill = -torch.inf if which == "max" else torch.inf
+    if x.shape[-1] == 0:
+        return torch.full(x.shape[:-1], fill, dtype=x.dtype, device=x.device)
+    masked = torch.where(ok, x, fill)
+    return masked.amax(-1) if which == "max" else masked.amin(-1)
+
+
+def shell_bounds(
+    alpha: Float[Tensor, "*abatch key"],
+    values: Float[Tensor, "*vbatch key d"],
+    n: int,
+    *,
+    k: int = 0,
+    key_mask: Bool[Tensor, "*mbatch key"] | None = None,
+    selected: Bool[Tensor, "*sbatch key"] | None = None,
+) -> Bounds:
+    """Shell certificate (SPEC §6d): sound lower bounds on Euclidean ``P_N, R_N, F_N`` per row.
+
+    Args:
+        alpha: attention rows ``[..., key]``.
+        values: raw value vectors ``[..., key, d]``; leading dimensions broadcast against
+            ``alpha``'s (one ``[key, d]`` block serves many queries without being copied).
+        n: selection size ``N``.
+        k: budget ``K ≥ 0`` of unselected keys whose distance is computed exactly (those with
+            the smallest ``L_j``); ``k ≥ T − N`` gives the exact P, R, F.
+        key_mask: True for keys that exist for the row (causal and not padding); default all.
+        selected: bound this selection instead of the top-``n`` set; it must hold ``n`` valid
+            keys in every row where ``n`` is in range.
+
+    Returns:
+        :class:`~tl_geometry.functional.Bounds` (``precision, recall, f_score``), each ``[...]``
+        in float64, never above :func:`~tl_geometry.functional.separability`'s values; NaN
+        where ``n`` is outside ``1 ≤ n < |valid keys|``.
+
+    Examples:
+        >>> alpha = torch.tensor([0.1, 0.6, 0.3])
+        >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+        >>> shell_bounds(alpha, values, 2).precision.item()    # ‖s‖ = 0.9, a_0 = 0.1: L_0 = 0.8
+        1.0
+    """
+    _check(alpha, values, n, k)
+    if key_mask is None:
+        key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
+    elif key_mask.dtype != torch.bool:
+        raise TypeError(f"key_mask must be a bool tensor (True = valid key), got {key_mask.dtype}.")
+    n_valid = key_mask.sum(-1)
+    in_range = (n >= 1) & (n < n_valid)
+    if selected is None:
+        selected = top_n_mask(alpha, n, key_mask)
+    else:
+        if selected.dtype != torch.bool:
+            raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
+        if (selected & ~key_mask).any():
+            raise ValueError("selected contains keys that key_mask marks invalid.")
+        if (in_range & (selected.sum(-1) != n)).any():
+            raise ValueError(f"selected must hold exactly n={n} keys in every row where n is in range.")
+
+    n_key, d = values.shape[-2:]
+    rows = _broadcast_shapes(
+        _broadcast_shapes(tuple(alpha.shape[:-1]), tuple(values.shape[:-2])),
+        _broadcast_shapes(tuple(key_mask.shape[:-1]), tuple(selected.shape[:-1])),
+    )
+    alpha = _as_compute(alpha).expand(*rows, n_key)
+    values = _as_compute(values)
+    key_mask, selected = key_mask.expand(*rows, n_key), selected.expand(*rows, n_key)
+    # A stride-0 view: gathering from it reads only the gathered rows, never a [*rows, key, d] copy.
+    expanded = values.expand(*rows, n_key, d)
+
+    def gather(index: Tensor) -> tuple[Tensor, Tensor]:  # α and v of the keys ``index`` per row
+        vectors = expanded.gather(-2, index.unsqueeze(-1).expand(*index.shape, d))
+        return alpha.gather(-1, index), vectors
+
+    m_sel = max(0, min(n, n_key))
+    sel_index, sel_ok = _first(selected, m_sel)
+    a_sel, v_sel = gather(sel_index)
+    s = ((a_sel * sel_ok).unsqueeze(-1) * v_sel).sum(-2)  # [*rows, d]
+    norm_s = torch.linalg.vector_norm(s, dim=-1).unsqueeze(-1)
+
+    # Norm-only side: a_j = |α_j|·‖v_j‖, one norm per distinct value row.
+    a = alpha.abs() * torch.linalg.vector_norm(values, dim=-1)
+    unselected = key_mask & ~selected
+    shell = (norm_s - a).abs()  # L_j
+    extra = unselected & (top_n_ranks(-shell, unselected) < k)  # the K nearest shells, ties → lower
+    lam = a * (a - 2 * norm_s) - SLACK * (a + norm_s) ** 2  # Λ_j = L_j² − ‖s‖², lowered a hair
+
+    # Exact side: E_j for the selection and the K extra keys, one gather of N + K vectors per row.
+    ext_index, ext_ok = _first(extra, max(0, min(k, n_key)))
+    index = torch.cat([sel_index, ext_index], dim=-1)
+    a_e, v_e = gather(index)
+    # Elementwise products summed over d: bit-identical keys (duplicates) get bit-identical E.
+    e = a_e * (a_e * (v_e * v_e).sum(-1) - 2 * (v_e * s.unsqueeze(-2)).sum(-1))
+    e_sel, e_ext = e[..., :m_sel], e[..., m_sel:]
+
+    e_max = _extreme(e_sel, sel_ok, "max").unsqueeze(-1)  # ρ_max² − ‖s‖²
+    only_norm = unselected & ~extra
+    # "not farther than ρ_max": NaN counts against precision, as in separability.
+    contaminating = (ext_ok & ~(e_ext > e_max)).sum(-1) + (only_norm & ~(lam > e_max)).sum(-1)
+    lower_min = torch.minimum(_extreme(e_ext, ext_ok, "min"), _extreme(lam, only_norm, "min"))
+    recalled = (sel_ok & (e_sel < lower_min.unsqueeze(-1))).sum(-1)
+
+    n_t = torch.tensor(float(n), dtype=COMPUTE_DTYPE, device=alpha.device)
+    precision = n_t / (n_t + contaminating)
+    recall = recalled / n_t
+    nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=alpha.device)
+    precision, recall = (torch.where(in_range.expand(rows), x, nan) for x in (precision, recall))
+    return Bounds(precision, recall, _harmonic(precision, recall))
