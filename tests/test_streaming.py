@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -59,6 +60,28 @@ def test_streaming_rejects_bad_arguments(smollm2):
         tl_geometry.analyze_model(smollm2.model, smollm2.tokens.float())
     with pytest.raises(ValueError, match="layers"):
         tl_geometry.analyze_model(smollm2.model, smollm2.tokens, layers=[99])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"layers": [0.7]}, "layers"), ({"layers": [True]}, "layers"), ({"layers": ["0"]}, "layers"),
+    ({"layers": [0, 0]}, "duplicates"), ({"shard": (0, 0)}, "shard"),
+    ({"shard": (0, 2)}, "process group"), ({"bounds": "yes"}, "bounds"),
+])
+def test_streaming_validates_like_analyze_heads_before_any_forward(smollm2, monkeypatch, kwargs, match):
+    """Refused before the first forward pass (which would take the whole run to fail)."""
+    monkeypatch.setattr(type(smollm2.model), "__call__", lambda *a, **k: pytest.fail("forward ran"))
+    with pytest.raises(ValueError, match=match):
+        tl_geometry.analyze_model(smollm2.model, smollm2.tokens, **kwargs)
+
+
+def test_streaming_refuses_token_ids_outside_the_vocabulary(smollm2):
+    tokens = smollm2.tokens.clone()
+    tokens[0, 3] = smollm2.model.cfg.d_vocab
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        tl_geometry.analyze_model(smollm2.model, tokens)
+    result = tl_geometry.analyze_model(smollm2.model, smollm2.tokens, layers=[np.int64(2)],
+                                       n_values=(2,), random_samples=1)
+    assert result.layers == (2,)
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None and not os.path.exists(

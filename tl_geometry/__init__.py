@@ -39,7 +39,7 @@ from .ablation import (
 from .analysis import analyze_heads
 from .cache import CACHE_NAMES_FILTER, CacheError
 from .data import sample_text, text_windows
-from .result import HeadAnalysis
+from .result import HeadAnalysis, HeadSelection, ResultFileError
 from .streaming import analyze_model
 
 # Exports whose modules are imported on first use, so that `import tl_geometry` stays light:
@@ -74,8 +74,10 @@ __all__ = [
     "CapacitySweep",
     "HeadAblation",
     "HeadAnalysis",
+    "HeadSelection",
     "HeadSensitivity",
     "Ordering",
+    "ResultFileError",
     "RetrievalCapacity",
     "SparsificationCurve",
     "TopNAttention",

@@ -123,6 +123,6 @@ class Accumulator:
 
 def _add_means(total: Tensor, count: Tensor, per_sequence: Tensor) -> None:
     """Add per-sequence means ``[batch, ...]`` (NaN where undefined) to sums and counts."""
-    finite = torch.isfinite(per_sequence)
-    total += torch.where(finite, per_sequence, 0).sum(0)
-    count += finite.sum(0)
+    defined = ~torch.isnan(per_sequence)
+    total += torch.where(defined, per_sequence, 0).sum(0)
+    count += defined.sum(0)

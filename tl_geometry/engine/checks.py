@@ -37,13 +37,31 @@ MAX_ROW_SUM = 1.01
 NEGATIVE_TOL = 1e-6
 
 
+#: Value magnitudes whose squared norms float64 holds without overflow or loss to underflow.
+MAX_VALUE, MIN_VALUE = 1e150, 1e-100
+
+
 def check_values(v: Float[Tensor, "batch pos kv d"], real: Bool[Tensor, "batch pos"], layer: int) -> None:
-    """NaN or inf in a real position's value vector is an error (padding's values are unused)."""
+    """NaN or inf in a real position's value vector is an error (padding's values are unused).
+
+    So is a KV head whose values are so large (> 1e150) or so small (all below 1e-100, not zero)
+    that squared norms would overflow or underflow in float64: P/R/F are scale-invariant, so
+    the fix is to rescale ``v``, never a silently wrong F = 0.
+    """
+    name = VALUE_HOOK.format(layer=layer)
     bad = ~torch.isfinite(v) & real[:, :, None, None]
     if bad.any():
         raise CacheError(
-            f"{VALUE_HOOK.format(layer=layer)} has {int(bad.sum())} NaN/inf entries at real "
-            "positions: the forward pass overflowed (run it in float32 or bfloat16, not float16)."
+            f"{name} has {int(bad.sum())} NaN/inf entries at real positions: the forward pass "
+            "overflowed (run it in float32 or bfloat16, not float16)."
+        )
+    size = torch.where(real[:, :, None, None], v.abs(), 0).amax(dim=(0, 1, 3)).double()  # per KV head
+    if (size > MAX_VALUE).any() or ((size > 0) & (size < MIN_VALUE)).any():
+        head = int(((size > MAX_VALUE) | ((size > 0) & (size < MIN_VALUE))).nonzero()[0])
+        raise CacheError(
+            f"{name} KV head {head} has values of magnitude {float(size[head]):.3g}: their squared "
+            "norms overflow or underflow float64. Rescale v (e.g. v / v.abs().amax()); P, R, F and "
+            "κ do not change, margins scale with it."
         )
 
 

@@ -231,9 +231,9 @@ def _numpy(x: Any) -> Any:
 
 
 def _nanmean(x: Tensor, dim: int) -> Tensor:
-    """Mean over ``dim`` of the finite entries; NaN where there are none."""
-    finite = torch.isfinite(x)
-    return torch.where(finite, x, 0).sum(dim) / finite.sum(dim)
+    """Mean over ``dim`` of the non-NaN entries (±inf kept: κ = ∞ is a value); NaN where none."""
+    defined = ~torch.isnan(x)
+    return torch.where(defined, x, 0).sum(dim) / defined.sum(dim)
 
 
 def _reduce(
