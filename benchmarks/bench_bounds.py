@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import tl_geometry
-    from tl_geometry.functional.bounds import REGIME_FIELDS
+    from tl_geometry.functional.regime import REGIME_FIELDS
 
     model = tl_geometry.load_model(args.model)
     text, text_name = real_text()

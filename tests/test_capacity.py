@@ -373,10 +373,13 @@ def test_cli_writes_csv_plots_and_report_section(tmp_path, monkeypatch, capsys):
 def test_cli_rejects_bad_options(capsys):
     from tl_geometry import cli
 
-    assert cli.main(["capacity", "--tolerance", "-1", "--head-n", "-2"]) == 2
-    assert "--tolerance must be ≥ 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        cli.main(["capacity", "--n-values", "0,2"])
+    for argv, flag in ((["--tolerance", "-1"], "--tolerance"), (["--head-n", "-2"], "--head-n"),
+                       (["--n-values", "0,2"], "--n-values"), (["--out", __file__], "--out")):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["capacity", *argv])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert flag in err and len(err.splitlines()) == 1, err
 
 
 # --- claim 7 of demos/reproduce.py ------------------------------------------------------------------
@@ -390,9 +393,9 @@ def test_claim7_rule_on_tiny_model_tables(tmp_path):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
     from _reproduce import capacity as claim_module
-    from _reproduce.claims import HELD, NOT_HELD, PARTLY
     from _reproduce.corpora import Corpus
-    from _reproduce.study import QUICK
+    from _reproduce.document import HELD, NOT_HELD, PARTLY
+    from _reproduce.protocol import QUICK
 
     model = tiny_lm(2)
     model.tokenizer = _CharTokenizer()

@@ -81,9 +81,6 @@ def test_notebook_executes(path):
 
 
 @pytest.mark.real_model
-@pytest.mark.xfail(strict=True, reason=(
-    "tl_geometry/models.py (not the notebooks) must silence transformers' GGUF de-quantisation "
-    "bar and tqdm.auto's IProgress warning; remove this mark when it does (issue 15, item 8)"))
 def test_notebook_outputs_have_no_progress_noise():
     stderr = "".join(o.get("text", "") for o in _outputs(_executed_demo(DEMOS / "quickstart.ipynb"))
                      if o.get("name") == "stderr")

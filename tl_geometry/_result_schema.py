@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .functional.bounds import REGIME_FIELDS
+from .functional.regime import REGIME_FIELDS
 from .functional.separability import METRIC_NAMES
 from .functional.sink import SINK_FIELDS
 from .functional.taxonomy import CLASSES, VOTES

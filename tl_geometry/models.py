@@ -8,8 +8,12 @@ located without importing it (its ``__init__`` imports llama_cpp, which tl_geome
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,10 +172,32 @@ def _resolved(name: str | os.PathLike[str]) -> _Source:
     return _Source(source.name, path.parent, path.name, source.builtin)
 
 
+@contextlib.contextmanager
+def _quiet_gguf() -> Iterator[None]:
+    """No GGUF de-quantisation bar: transformers draws it with its own tqdm, which its
+    ``disable_progress_bar`` does not reach."""
+    try:
+        from tqdm import std
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # another transformers layout: keep its bar
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = functools.partial(std.tqdm, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _load_hf(source: _Source, dtype: torch.dtype) -> tuple[Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    with warnings.catch_warnings():
+        # transformers imports tqdm.auto, which warns in a notebook without ipywidgets; its
+        # plain-text bar needs nothing more.
+        warnings.filterwarnings("ignore", "IProgress not found")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
     kwargs: dict[str, Any] = {"local_files_only": True}
     if source.gguf_file is not None:
@@ -181,9 +207,10 @@ def _load_hf(source: _Source, dtype: torch.dtype) -> tuple[Any, Any]:
     hf_logging.set_verbosity_error()  # GGUF loading is chatty about tokenizer conversion
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(source.folder), attn_implementation="eager", dtype=dtype, **kwargs
-        )
+        with _quiet_gguf():
+            model = AutoModelForCausalLM.from_pretrained(
+                str(source.folder), attn_implementation="eager", dtype=dtype, **kwargs
+            )
         tokenizer = AutoTokenizer.from_pretrained(str(source.folder), **kwargs)
     except (OSError, ValueError, KeyError) as err:
         if source.builtin is not None:

@@ -32,7 +32,7 @@ from ._result_schema import (
     check_name,
 )
 from ._result_select import HeadSelection
-from .functional.bounds import REGIME_FIELDS
+from .functional.regime import REGIME_FIELDS
 from .functional.separability import METRIC_NAMES
 from .functional.sink import SINK_FIELDS
 from .functional.taxonomy import CLASSES, VOTES, labels_from_votes, vote_fractions

@@ -21,8 +21,8 @@ import pandas as pd
 from tl_geometry import ablation as api
 
 from .corpora import Corpus
-from .document import fmt, table
-from .study import StudyConfig, windows
+from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
+from .protocol import StudyConfig, windows
 
 TOLERANCE = 0.05  # N*: within 5 % of the dense loss (the issue's rule)
 HEAD_N = 4  # the per-head sweep's N
@@ -77,7 +77,6 @@ def _n_star(curve: pd.DataFrame, mode: str) -> int | None:
 
 def claim7(study, figures: Path):
     """N* per model and mode; ρ of per-head geometry against the loss of sparsifying that head."""
-    from .claims import HELD, NOT_HELD, PARTLY, Claim
 
     statement = ("(ours, following the paper's call for geometry-aware sparsification) Each query "
                  "needs only a few keys: keeping every query's top-N attention weights costs little "

@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
-from ..functional.bounds import REGIME_FIELDS
+from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..result import BOUND_KINDS, BOUND_METRICS, HeadAnalysis

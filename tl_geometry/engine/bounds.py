@@ -15,12 +15,12 @@ from torch import Tensor
 from ..functional._types import COMPUTE_DTYPE
 from ..functional.bounds import (
     RegimeParams,
-    diagnostics_from_pairs,
     inversion_bounds,
     pair_stats,
     params_from_pairs,
     regime_bounds,
 )
+from ..functional.regime import diagnostics_from_pairs
 
 if TYPE_CHECKING:
     from .layer import _Layer

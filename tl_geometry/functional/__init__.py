@@ -8,12 +8,10 @@ Every function is vectorised over heads, queries and selections.
 
 from .bounds import (
     Bounds,
-    RegimeDiagnostics,
     RegimeParams,
     fit_regime,
     inversion_bounds,
     regime_bounds,
-    regime_diagnostics,
 )
 from .heads import (
     causal_key_mask,
@@ -24,6 +22,7 @@ from .heads import (
     sink_positions,
     value_dots,
 )
+from .regime import RegimeDiagnostics, regime_diagnostics
 from .selection import random_ranks, top_n_mask, top_n_ranks
 from .separability import Separability, distances, separability
 from .shell import shell_bounds
