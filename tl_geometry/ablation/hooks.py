@@ -185,7 +185,41 @@ def replica_hook(
     return hook
 
 
-class HeadAblation(list):
+class HookContext(list):
+    """``(hook_name, fn)`` pairs that also work as a context manager on their model.
+
+    A list for ``model.run_with_hooks(tokens, fwd_hooks=...)``; ``with ...:`` adds the hooks and
+    removes them on any exit, exception included. Re-entrant: each ``with`` removes its own.
+    """
+
+    model: Any
+    _contexts: list[Any]
+    #: The call that makes one, for the error message.
+    _made_by = "..."
+
+    @property
+    def hooks(self) -> HookList:
+        """The ``(hook_name, fn)`` pairs as a plain list."""
+        return list(self)
+
+    def __enter__(self) -> Any:
+        context = self.model.hooks(fwd_hooks=list(self))
+        context.__enter__()
+        self._contexts.append(context)
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        if not self._contexts:
+            name = type(self).__name__
+            raise RuntimeError(
+                f"{name}.__exit__ was called without a matching __enter__: none of its hooks are "
+                f"active. Use it as `with {self._made_by}: ...`, or pass it to "
+                "model.run_with_hooks(tokens, fwd_hooks=...)."
+            )
+        return self._contexts.pop().__exit__(*exc)
+
+
+class HeadAblation(HookContext):
     """``(hook_name, fn)`` pairs that ablate some heads, usable three ways::
 
         model.run_with_hooks(tokens, fwd_hooks=ablation, return_type="loss")
@@ -195,6 +229,8 @@ class HeadAblation(list):
     Attributes: ``model``, ``heads`` (sorted ``(layer, head)`` pairs), ``mode``, ``mask``
     (``[layer, head]`` bool) and ``fill`` (``{layer: [head, d_head]}`` means, empty for zero).
     """
+
+    _made_by = "ablate_heads(model, heads)"
 
     def __init__(self, model: Any, mask: Tensor, mode: str, fill: dict[int, Tensor]) -> None:
         _, n_heads = model_shape(model)
@@ -207,26 +243,6 @@ class HeadAblation(list):
         self.model, self.mask, self.mode, self.fill = model, mask, mode, fill
         self.heads = [tuple(x) for x in mask.nonzero().tolist()]
         self._contexts: list[Any] = []
-
-    @property
-    def hooks(self) -> HookList:
-        """The ``(hook_name, fn)`` pairs as a plain list."""
-        return list(self)
-
-    def __enter__(self) -> HeadAblation:
-        context = self.model.hooks(fwd_hooks=list(self))
-        context.__enter__()
-        self._contexts.append(context)
-        return self
-
-    def __exit__(self, *exc: Any) -> Any:
-        if not self._contexts:
-            raise RuntimeError(
-                "HeadAblation.__exit__ was called without a matching __enter__: no hooks of this "
-                "ablation are active. Use it as `with ablate_heads(model, heads): ...`, or pass it "
-                "to model.run_with_hooks(tokens, fwd_hooks=ablation)."
-            )
-        return self._contexts.pop().__exit__(*exc)
 
     def __repr__(self) -> str:
         return f"HeadAblation(mode={self.mode!r}, heads={self.heads})"

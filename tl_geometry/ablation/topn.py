@@ -155,7 +155,7 @@ def replica_pattern_hook(
     return hook
 
 
-class TopNAttention(list):
+class TopNAttention(_hooks.HookContext):
     """``(hook_name, fn)`` pairs that sparsify attention to the top ``n`` keys, usable as::
 
         model.run_with_hooks(tokens, fwd_hooks=sparsified, return_type="loss")
@@ -164,6 +164,8 @@ class TopNAttention(list):
     Attributes: ``model``, ``n``, ``mode``, ``mask`` (``[layer, head]`` bool: the heads
     sparsified) and ``layers``.
     """
+
+    _made_by = "top_n_attention(model, n)"
 
     def __init__(self, model: Any, n: int, mode: SparsifyMode, mask: Tensor) -> None:
         _, n_heads = _hooks.model_shape(model)
@@ -176,19 +178,6 @@ class TopNAttention(list):
         )
         self.model, self.n, self.mode, self.mask = model, n, mode, mask
         self._contexts: list[Any] = []
-
-    @property
-    def hooks(self) -> _hooks.HookList:
-        return list(self)
-
-    def __enter__(self) -> TopNAttention:
-        context = self.model.hooks(fwd_hooks=list(self))
-        context.__enter__()
-        self._contexts.append(context)
-        return self
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self._contexts.pop().__exit__(*exc)
 
     def __repr__(self) -> str:
         return (f"TopNAttention(n={self.n}, mode={self.mode!r}, layers={self.layers}, "

@@ -108,6 +108,19 @@ def scores_from_distances(
     )
 
 
+def _check_rows(alpha: Tensor, values: Tensor, n: int) -> None:
+    """The argument checks every row-wise scorer shares (``separability``, ``shell_bounds``)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}.")
+    if alpha.ndim < 1 or values.ndim < 2 or values.shape[-2] != alpha.shape[-1]:
+        raise ValueError(
+            f"alpha must be [..., key] and values [..., key, d] with the same number of keys; "
+            f"got alpha {tuple(alpha.shape)} and values {tuple(values.shape)}."
+        )
+    if not (alpha.is_floating_point() and values.is_floating_point()):
+        raise TypeError("alpha and values must be floating-point tensors.")
+
+
 def separability(
     alpha: Float[Tensor, "*abatch key"],
     values: Float[Tensor, "*vbatch key d"],
@@ -140,15 +153,7 @@ def separability(
         >>> separability(alpha, values, 2).precision.item()
         1.0
     """
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int, got {type(n).__name__}.")
-    if alpha.ndim < 1 or values.ndim < 2 or values.shape[-2] != alpha.shape[-1]:
-        raise ValueError(
-            f"alpha must be [..., key] and values [..., key, d] with the same number of keys; "
-            f"got alpha {tuple(alpha.shape)} and values {tuple(values.shape)}."
-        )
-    if not (alpha.is_floating_point() and values.is_floating_point()):
-        raise TypeError("alpha and values must be floating-point tensors.")
+    _check_rows(alpha, values, n)
     if key_mask is None:
         key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
     elif key_mask.dtype != torch.bool:

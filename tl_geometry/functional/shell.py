@@ -33,6 +33,7 @@ from ._types import COMPUTE_DTYPE, _as_compute
 from .bounds import Bounds, _harmonic
 from .heads import _broadcast_shapes
 from .selection import top_n_mask, top_n_ranks
+from .separability import _check_rows
 
 #: Relative amount by which the norm-only quantity ``Λ_j`` is lowered, times ``(a_j + ‖s‖)²``:
 #: far above float64 rounding of a d ≤ 10⁴ dot product, far below any real separation.
@@ -40,18 +41,11 @@ SLACK = 1e-10
 
 
 def _check(alpha: Tensor, values: Tensor, n: int, k: int) -> None:
-    for name, x in (("n", n), ("k", k)):
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise TypeError(f"{name} must be an int, got {type(x).__name__}.")
+    _check_rows(alpha, values, n)
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}.")
     if k < 0:
         raise ValueError(f"k (the number of unselected keys measured exactly) must be ≥ 0, got {k}.")
-    if alpha.ndim < 1 or values.ndim < 2 or values.shape[-2] != alpha.shape[-1]:
-        raise ValueError(
-            f"alpha must be [..., key] and values [..., key, d] with the same number of keys; "
-            f"got alpha {tuple(alpha.shape)} and values {tuple(values.shape)}."
-        )
-    if not (alpha.is_floating_point() and values.is_floating_point()):
-        raise TypeError("alpha and values must be floating-point tensors.")
 
 
 def _first(mask: Bool[Tensor, "*batch key"], m: int) -> tuple[Tensor, Tensor]:
