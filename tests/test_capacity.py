@@ -121,7 +121,8 @@ def test_intervention_equals_manual_recomputation(tiny, tokens, mode, padding):
             expected = _reference_rows(seen["pattern"], n, mode, valid)
             # Real query rows only: a padding query's row is whatever the model makes of it.
             rows = valid[:, None, :].expand(-1, n_heads, -1)
-            torch.testing.assert_close(seen["used"][rows], expected[rows], rtol=0, atol=1e-7)
+            # float32: the kept mass may be summed in another order than the reference (1 ulp).
+            torch.testing.assert_close(seen["used"][rows], expected[rows], rtol=0, atol=1e-6)
             z = torch.einsum("bhqk,bkhe->bqhe", seen["used"], seen["v"][:, :, kv])
             torch.testing.assert_close(seen["z"], z, rtol=0, atol=1e-6)
             assert not torch.allclose(seen["used"], seen["pattern"])  # it did act
