@@ -346,8 +346,37 @@ def replica_losses(
     mean over its valid predictions of the per-token loss, summed in float64. ``progress`` (a
     tqdm bar or ``None``) is advanced by the number of replicas done.
     """
-    n_rep = remove.shape[0]
     _, n_heads = model_shape(model)
+
+    def hooks_for(start: int, stop: int) -> HookList:
+        chunk = remove[start:stop]
+        layers = chunk.any(dim=(0, 2)).nonzero().flatten().tolist()
+        return [(Z_HOOK.format(layer=layer),
+                 replica_hook(layer, chunk[:, layer], None if fill is None else fill[layer], n_heads))
+                for layer in layers]
+
+    return stacked_losses(model, tokens, remove.shape[0], hooks_for, attention_mask=attention_mask,
+                          per_forward=per_forward, progress=progress)
+
+
+@torch.no_grad()
+def stacked_losses(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    n_rep: int,
+    hooks_for: Callable[[int, int], HookList],
+    *,
+    attention_mask: Tensor | None = None,
+    per_forward: int | None = None,
+    progress: Any = None,
+) -> Float[Tensor, " replica"]:
+    """Mean next-token loss of ``n_rep`` replicas of the batch, ``per_forward`` per forward pass.
+
+    Replicas are stacked along the batch axis; ``hooks_for(start, stop)`` gives the hooks that
+    treat replicas ``start:stop`` (each hook tells its replicas apart by batch row). The loss of
+    a replica is the mean over its valid predictions of the per-token loss, summed in float64.
+    ``progress`` (a tqdm bar or ``None``) is advanced by the number of replicas done.
+    """
     batch, n_pos = tokens.shape
     per_forward = per_forward or replicas_per_forward(model, batch, n_pos)
     device = model_device(model)
@@ -357,19 +386,15 @@ def replica_losses(
         check_attention_mask(attention_mask, batch, n_pos).long().to(device))
     out = torch.empty(n_rep, dtype=torch.float64)
     for start in range(0, n_rep, per_forward):
-        chunk = remove[start:start + per_forward]
-        k = chunk.shape[0]
-        layers = chunk.any(dim=(0, 2)).nonzero().flatten().tolist()
-        fwd = [(Z_HOOK.format(layer=layer),
-                replica_hook(layer, chunk[:, layer], None if fill is None else fill[layer], n_heads))
-               for layer in layers]
+        stop = min(n_rep, start + per_forward)
+        k = stop - start
         kwargs = {} if mask is None else {"attention_mask": mask.repeat(k, 1)}
-        with model.hooks(fwd_hooks=fwd):
+        with model.hooks(fwd_hooks=hooks_for(start, stop)):
             per_token = model(tokens.repeat(k, 1).to(device), return_type="loss",
                               loss_per_token=True, **kwargs)
         # where, not a product: a padded position's loss may be NaN, and NaN · 0 is NaN.
         per_token = torch.where(targets, per_token.double().reshape(k, batch, n_pos - 1), 0.0)
-        out[start:start + k] = (per_token.sum(dim=(1, 2)) / n_targets).cpu()
+        out[start:stop] = (per_token.sum(dim=(1, 2)) / n_targets).cpu()
         if progress is not None:
             progress.update(k)
     return out

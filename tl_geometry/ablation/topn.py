@@ -232,26 +232,12 @@ def sparsified_losses(
     :func:`~tl_geometry.ablation.hooks.replica_losses`.
     """
     _, n_heads = _hooks.model_shape(model)
-    batch, n_pos = tokens.shape
-    per_forward = per_forward or _hooks.replicas_per_forward(model, batch, n_pos)
-    device = _hooks.model_device(model)
-    targets = _hooks.valid_targets(tokens, attention_mask).to(device)
-    n_targets = targets.sum().double()
-    mask = None if attention_mask is None else (
-        _hooks.check_attention_mask(attention_mask, batch, n_pos).long().to(device))
-    out = torch.empty(len(n), dtype=torch.float64)
-    for start in range(0, len(n), per_forward):
-        chunk, limits = masks[start:start + per_forward], n[start:start + per_forward]
-        k = chunk.shape[0]
+
+    def hooks_for(start: int, stop: int) -> _hooks.HookList:
+        chunk, limits = masks[start:stop], n[start:stop]
         layers = chunk.any(dim=(0, 2)).nonzero().flatten().tolist()
-        fwd = [(PATTERN_HOOK.format(layer=layer),
-                replica_pattern_hook(layer, limits, chunk[:, layer], mode, n_heads)) for layer in layers]
-        kwargs = {} if mask is None else {"attention_mask": mask.repeat(k, 1)}
-        with model.hooks(fwd_hooks=fwd):
-            per_token = model(tokens.repeat(k, 1).to(device), return_type="loss",
-                              loss_per_token=True, **kwargs)
-        per_token = torch.where(targets, per_token.double().reshape(k, batch, n_pos - 1), 0.0)
-        out[start:start + k] = (per_token.sum(dim=(1, 2)) / n_targets).cpu()
-        if progress is not None:
-            progress.update(k)
-    return out
+        return [(PATTERN_HOOK.format(layer=layer),
+                 replica_pattern_hook(layer, limits, chunk[:, layer], mode, n_heads)) for layer in layers]
+
+    return _hooks.stacked_losses(model, tokens, len(n), hooks_for, attention_mask=attention_mask,
+                                 per_forward=per_forward, progress=progress)

@@ -121,6 +121,27 @@ def _check_rows(alpha: Tensor, values: Tensor, n: int) -> None:
         raise TypeError("alpha and values must be floating-point tensors.")
 
 
+def _selection(
+    alpha: Tensor, n: int, key_mask: Tensor | None, selected: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``(key_mask, selected)``: all keys valid by default, the top-``n`` set by default; a given
+    selection must be bool, inside ``key_mask`` and of size ``n`` wherever ``n`` is in range."""
+    if key_mask is None:
+        key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
+    elif key_mask.dtype != torch.bool:
+        raise TypeError(f"key_mask must be a bool tensor (True = valid key), got {key_mask.dtype}.")
+    if selected is None:
+        return key_mask, top_n_mask(alpha, n, key_mask)
+    if selected.dtype != torch.bool:
+        raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
+    if (selected & ~key_mask).any():
+        raise ValueError("selected contains keys that key_mask marks invalid.")
+    in_range = (n >= 1) & (n < key_mask.sum(-1))
+    if (in_range & (selected.sum(-1) != n)).any():
+        raise ValueError(f"selected must hold exactly n={n} keys in every row where n is in range.")
+    return key_mask, selected
+
+
 def separability(
     alpha: Float[Tensor, "*abatch key"],
     values: Float[Tensor, "*vbatch key d"],
@@ -154,21 +175,7 @@ def separability(
         1.0
     """
     _check_rows(alpha, values, n)
-    if key_mask is None:
-        key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
-    elif key_mask.dtype != torch.bool:
-        raise TypeError(f"key_mask must be a bool tensor (True = valid key), got {key_mask.dtype}.")
-    if selected is None:
-        selected = top_n_mask(alpha, n, key_mask)
-    else:
-        if selected.dtype != torch.bool:
-            raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
-        if (selected & ~key_mask).any():
-            raise ValueError("selected contains keys that key_mask marks invalid.")
-        n_valid = key_mask.sum(-1)
-        in_range = (n >= 1) & (n < n_valid)
-        if (in_range & (selected.sum(-1) != n)).any():
-            raise ValueError(f"selected must hold exactly n={n} keys in every row where n is in range.")
+    key_mask, selected = _selection(alpha, n, key_mask, selected)
     dist = distances(alpha, values, selected, distance)
     n_rows = torch.full(dist.shape[:-1], float(n), dtype=COMPUTE_DTYPE, device=dist.device)
     return scores_from_distances(dist, selected, key_mask, n_rows)

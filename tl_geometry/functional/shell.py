@@ -32,8 +32,8 @@ from torch import Tensor
 from ._types import COMPUTE_DTYPE, _as_compute
 from .bounds import Bounds, _harmonic
 from .heads import _broadcast_shapes
-from .selection import top_n_mask, top_n_ranks
-from .separability import _check_rows
+from .selection import top_n_ranks
+from .separability import _check_rows, _selection
 
 #: Relative amount by which the norm-only quantity ``Λ_j`` is lowered, times ``(a_j + ‖s‖)²``:
 #: far above float64 rounding of a d ≤ 10⁴ dot product, far below any real separation.
@@ -99,21 +99,8 @@ def shell_bounds(
         1.0
     """
     _check(alpha, values, n, k)
-    if key_mask is None:
-        key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
-    elif key_mask.dtype != torch.bool:
-        raise TypeError(f"key_mask must be a bool tensor (True = valid key), got {key_mask.dtype}.")
-    n_valid = key_mask.sum(-1)
-    in_range = (n >= 1) & (n < n_valid)
-    if selected is None:
-        selected = top_n_mask(alpha, n, key_mask)
-    else:
-        if selected.dtype != torch.bool:
-            raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
-        if (selected & ~key_mask).any():
-            raise ValueError("selected contains keys that key_mask marks invalid.")
-        if (in_range & (selected.sum(-1) != n)).any():
-            raise ValueError(f"selected must hold exactly n={n} keys in every row where n is in range.")
+    key_mask, selected = _selection(alpha, n, key_mask, selected)
+    in_range = (n >= 1) & (n < key_mask.sum(-1))
 
     n_key, d = values.shape[-2:]
     rows = _broadcast_shapes(
