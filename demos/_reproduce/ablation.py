@@ -57,8 +57,8 @@ def save(tables: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tables["sensitivity"].to_csv(path.with_suffix(".sensitivity.csv"), index=False)
     tables["curve"].to_csv(path.with_suffix(".curve.csv"), index=False)
-    path.with_suffix(".json").write_text(json.dumps(
-        {k: tables[k] for k in ("base_loss", "held_out_base_loss", "options", "seconds")}))
+    keys = ("base_loss", "held_out_base_loss", "options", "seconds", "threads", "date")
+    path.with_suffix(".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 
 def load(path: Path) -> dict[str, Any] | None:

@@ -58,7 +58,8 @@ def save(tables: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tables["curve"].to_csv(path.with_suffix(".curve.csv"), index=False)
     tables["heads"].to_csv(path.with_suffix(".heads.csv"), index=False)
-    path.with_suffix(".json").write_text(json.dumps({k: tables[k] for k in ("rho", "seq_len", "seconds", "options")}))
+    keys = ("rho", "seq_len", "seconds", "options", "threads", "date")
+    path.with_suffix(".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 
 def load(path: Path) -> dict[str, Any] | None:

@@ -46,11 +46,11 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 def spearman(x: Tensor, y: Tensor) -> float:
     """Spearman rank correlation over the pairs where both are finite (NaN for < 3 pairs or a
     constant side)."""
-    x, y = x.flatten().double().numpy(), y.flatten().double().numpy()
-    keep = np.isfinite(x) & np.isfinite(y)
+    a, b = x.flatten().double().numpy(), y.flatten().double().numpy()
+    keep = np.isfinite(a) & np.isfinite(b)
     if keep.sum() < 3:
         return math.nan
-    return pearson(torch.from_numpy(_ranks(x[keep])), torch.from_numpy(_ranks(y[keep])))
+    return pearson(torch.from_numpy(_ranks(a[keep])), torch.from_numpy(_ranks(b[keep])))
 
 
 def pearson(x: Tensor, y: Tensor) -> float:

@@ -1,19 +1,24 @@
-"""Run the protocol of SPEC §8 on every model × corpus, and the ablation study of claim 6.
+"""Run the protocol of SPEC §8 on every model × corpus, and the ablation and capacity studies.
 
 Each analysis is :func:`tl_geometry.analyze_model` (streaming: no cache is kept) on BOS + real
 text windows, at the last query of each window, with N = 1, 2, 4, … below the window length,
-16 random permutations and the bounds of SPEC §6. Results are saved next to their options so a
-page can be re-rendered without recomputing (``--reuse``).
+16 random permutations and the bounds of SPEC §6. Results are saved next to the page (one
+:meth:`~tl_geometry.HeadAnalysis.save` file per model × corpus, CSV/JSON tables for the ablation
+and capacity studies) with their options, how long they took, on how many threads and when, so
+that ``--reuse`` re-renders the page from them and says honestly how long the run took.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import tl_geometry
 
@@ -27,6 +32,33 @@ LOGITS_BUDGET = 1 << 30
 
 
 @dataclass
+class Step:
+    """How one step of the study (an analysis, an ablation or capacity study) was computed."""
+
+    seconds: float
+    threads: int | None = None  # torch CPU threads of the run that computed it (None: unrecorded)
+    date: str | None = None  # when it was computed, UTC "YYYY-MM-DD HH:MM" (None: unrecorded)
+    reused: bool = False  # loaded from an earlier run's saved results
+
+    @classmethod
+    def now(cls, seconds: float) -> Step:
+        """A step computed by this process, just now."""
+        return cls(seconds, torch.get_num_threads(), _utc_now())
+
+    @classmethod
+    def saved(cls, record: Mapping[str, Any]) -> Step:
+        """A step loaded from a saved record (``seconds``, ``threads``, ``date``)."""
+        return cls(float(record["seconds"]), record.get("threads"), record.get("date"), reused=True)
+
+    def record(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "threads": self.threads, "date": self.date}
+
+
+def _utc_now() -> str:
+    return f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+
+
+@dataclass
 class Study:
     """Everything the claims read: analyses per (model, corpus), ablation tables, timings."""
 
@@ -35,8 +67,17 @@ class Study:
     analyses: dict[tuple[str, str], tl_geometry.HeadAnalysis]
     ablation: dict[str, dict[str, Any]] = field(default_factory=dict)  # model → tables
     capacity: dict[str, dict[str, Any]] = field(default_factory=dict)  # model → claim 7's tables
-    seconds: dict[str, float] = field(default_factory=dict)  # step → seconds it took to compute
-    reused: bool = False  # some steps were loaded from an earlier run (their seconds are that run's)
+    steps: dict[str, Step] = field(default_factory=dict)  # step name → how it was computed
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Step name → seconds it took to compute (an earlier run's, for a reused step)."""
+        return {k: s.seconds for k, s in self.steps.items()}
+
+    @property
+    def reused(self) -> bool:
+        """Whether some step was loaded from an earlier run's saved results."""
+        return any(s.reused for s in self.steps.values())
 
     @property
     def models(self) -> list[str]:
@@ -63,6 +104,11 @@ def analyze(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool =
     )
 
 
+def analysis_path(cache: Path, model: str, corpus: str) -> Path:
+    """Where the analysis of ``model`` on ``corpus`` is saved."""
+    return cache / f"{model}__{corpus}.pt"
+
+
 def run_study(
     load: Callable[[str], Any] | Mapping[str, Any],
     corpora: Sequence[Corpus],
@@ -75,86 +121,99 @@ def run_study(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Study:
-    """Analyse every model on every corpus, then run the ablation study on ``ablation_corpus``.
+    """Analyse every model on every corpus, then run the ablation and capacity studies on
+    ``ablation_corpus``.
 
     ``load`` maps a model name to a loaded model (a dict of preloaded models, as the tests pass,
     or a loader such as :func:`tl_geometry.load_model`); each model is loaded once. With
-    ``cache_dir``, analyses are saved there, and with ``reuse`` loaded back when their options
+    ``cache_dir``, results are saved there, and with ``reuse`` loaded back when their options
     match.
     """
     study = Study(config, {c.name: c for c in corpora}, {})
     cache = Path(cache_dir) if cache_dir is not None else None
     options = json.dumps(asdict(config), sort_keys=True)
+    models_loaded: dict[str, Any] = {}
+
+    def model_of(name: str) -> Any:
+        if name not in models_loaded:
+            start = time.perf_counter()
+            models_loaded[name] = load[name] if isinstance(load, Mapping) else load(name)
+            study.steps[f"load {name}"] = Step.now(time.perf_counter() - start)
+        return models_loaded[name]
+
     for name in models:
-        model = None
         for corpus in corpora:
-            path = None if cache is None else cache / f"{name}__{corpus.name}.pt"
+            step = f"analyze {name} {corpus.name}"
+            path = None if cache is None else analysis_path(cache, name, corpus.name)
             if reuse and path is not None and path.exists():
                 saved = tl_geometry.HeadAnalysis.load(path)
                 if saved.metadata.get("reproduce_options") == options:
                     log(f"{name} on {corpus.name}: reusing {path}")
                     study.analyses[name, corpus.name] = saved
-                    study.seconds[f"analyze {name} {corpus.name}"] = saved.metadata["reproduce_seconds"]
-                    study.reused = True
+                    study.steps[step] = Step.saved(_analysis_record(saved.metadata))
                     continue
-            if model is None:
-                start = time.perf_counter()
-                model = load[name] if isinstance(load, Mapping) else load(name)
-                study.seconds[f"load {name}"] = time.perf_counter() - start
+            model = model_of(name)
             log(f"{name} on {corpus.name}: {config.n_windows} windows × {config.seq_len} tokens")
             start = time.perf_counter()
             result = analyze(model, corpus, config, progress=progress)
-            study.seconds[f"analyze {name} {corpus.name}"] = time.perf_counter() - start
+            study.steps[step] = Step.now(time.perf_counter() - start)
             result.metadata["reproduce_options"] = options
-            result.metadata["reproduce_seconds"] = study.seconds[f"analyze {name} {corpus.name}"]
+            result.metadata.update({f"reproduce_{k}": v for k, v in study.steps[step].record().items()})
             if path is not None:
                 result.save(path)
             study.analyses[name, corpus.name] = result
         if ablation_corpus is not None:
-            model = _capacity_step(study, name, model, load, ablation_corpus, cache, reuse, options,
-                                   progress, log)
-            path = None if cache is None else cache / f"{name}__ablation"
-            saved = _ablation.load(path) if reuse and path is not None else None
-            if saved is not None and saved.get("options") == options:
-                log(f"{name}: reusing the ablation tables in {cache}")
-                study.ablation[name] = saved
-                study.seconds[f"ablation {name}"] = saved["seconds"]
-                study.reused = True
-                continue
-            if model is None:
-                model = load[name] if isinstance(load, Mapping) else load(name)
-            log(f"{name}: ablation study on held-out {ablation_corpus.name}")
-            start = time.perf_counter()
-            tables = _ablation.run(model, study.analyses[name, ablation_corpus.name],
-                                   ablation_corpus, config, progress=progress)
-            study.seconds[f"ablation {name}"] = time.perf_counter() - start
-            tables["options"] = options
-            tables["seconds"] = study.seconds[f"ablation {name}"]
-            if path is not None:
-                _ablation.save(tables, path)
-            study.ablation[name] = tables
-        del model
+            _capacity_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
+            _ablation_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
+        models_loaded.clear()  # one model in memory at a time
     return study
 
 
-def _capacity_step(study: Study, name: str, model: Any, load: Any, corpus: Corpus, cache: Path | None,
-                   reuse: bool, options: str, progress: bool, log: Callable[[str], None]) -> Any:
-    """Claim 7's tables for one model (reused from ``cache`` when their options match); returns
-    the model, loaded if it had to be."""
+def _analysis_record(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved step record of an analysis (``reproduce_seconds``, ``_threads``, ``_date``)."""
+    return {k: metadata.get(f"reproduce_{k}") for k in ("seconds", "threads", "date")}
+
+
+def _ablation_step(study: Study, name: str, model_of: Callable[[str], Any], corpus: Corpus,
+                   cache: Path | None, reuse: bool, options: str, progress: bool,
+                   log: Callable[[str], None]) -> None:
+    """Claim 6's tables for one model (reused from ``cache`` when their options match)."""
+    path = None if cache is None else cache / f"{name}__ablation"
+    saved = _ablation.load(path) if reuse and path is not None else None
+    if saved is not None and saved.get("options") == options:
+        log(f"{name}: reusing the ablation tables in {cache}")
+        study.ablation[name] = saved
+        study.steps[f"ablation {name}"] = Step.saved(saved)
+        return
+    log(f"{name}: ablation study on held-out {corpus.name}")
+    model = model_of(name)
+    start = time.perf_counter()
+    tables = _ablation.run(model, study.analyses[name, corpus.name], corpus, study.config,
+                           progress=progress)
+    step = study.steps[f"ablation {name}"] = Step.now(time.perf_counter() - start)
+    tables.update(step.record(), options=options)
+    if path is not None:
+        _ablation.save(tables, path)
+    study.ablation[name] = tables
+
+
+def _capacity_step(study: Study, name: str, model_of: Callable[[str], Any], corpus: Corpus,
+                   cache: Path | None, reuse: bool, options: str, progress: bool,
+                   log: Callable[[str], None]) -> None:
+    """Claim 7's tables for one model (reused from ``cache`` when their options match)."""
     from . import capacity as _capacity
 
     path = None if cache is None else cache / f"{name}__capacity"
     saved = _capacity.load(path) if reuse and path is not None else None
     if saved is not None and saved.get("options") == options:
-        study.capacity[name], study.reused = saved, True
-    else:
-        if model is None:
-            model = load[name] if isinstance(load, Mapping) else load(name)
-        log(f"{name}: retrieval capacity (top-N attention) on held-out {corpus.name}")
-        tables = _capacity.run(model, corpus, study.config, progress=progress)
-        tables["options"] = options
-        if path is not None:
-            _capacity.save(tables, path)
-        study.capacity[name] = tables
-    study.seconds[f"capacity {name}"] = study.capacity[name]["seconds"]
-    return model
+        log(f"{name}: reusing the capacity tables in {cache}")
+        study.capacity[name] = saved
+        study.steps[f"capacity {name}"] = Step.saved(saved)
+        return
+    log(f"{name}: retrieval capacity (top-N attention) on held-out {corpus.name}")
+    tables = _capacity.run(model_of(name), corpus, study.config, progress=progress)
+    step = study.steps[f"capacity {name}"] = Step.now(tables["seconds"])
+    tables.update(step.record(), options=options)
+    if path is not None:
+        _capacity.save(tables, path)
+    study.capacity[name] = tables

@@ -1,0 +1,103 @@
+"""What every claim's rule shares: the verdict from per-run checks, the runs of a study, and the
+headline range of N.
+
+**Headline range** (SPEC §3): ``2 ≤ N ≤ (t+1)/4``, with ``t+1`` the number of keys of the analysed
+query (the last query of a window: ``t+1`` = the window length, ``metadata["n_positions"]``).
+``N = 1`` is trivial (Euclidean ``F_1 = 1``); larger ``N`` is "dense": precision cannot fall below
+its floor ``N/(t+1)`` there, so raw scores rise for reasons that are not geometry. Dense N are
+computed, plotted and shaded, never used by a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .document import HELD, NOT_HELD, PARTLY
+
+HEADLINE = "2 ≤ N ≤ (t+1)/4"  # how the page names the range
+SMALL_N = (2, 4, 8)  # the N at which claims 3 and 4 read per-head figures (inside the headline range)
+
+
+def verdict(per_run: dict[str, list[bool]], core: str) -> str:
+    """Held when every check holds on every run; not held when ``core`` holds on none; else
+    partly held."""
+    if all(all(v) for v in per_run.values()):
+        return HELD
+    return NOT_HELD if not any(per_run[core]) else PARTLY
+
+
+def ticks(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def runs(study: Any) -> Iterator[tuple[str, str, Any]]:
+    """``(model, corpus, analysis)`` of every run of the study, in order."""
+    for (model, corpus), result in study.analyses.items():
+        yield model, corpus, result
+
+
+def keys_of_query(result: Any, default: int | None = None) -> int:
+    """``t+1`` of the analysed (last) query: ``metadata["n_positions"]``, else ``default``."""
+    value = result.metadata.get("n_positions", default)
+    if value is None:
+        raise ValueError("the analysis has no metadata['n_positions'] and no default was given.")
+    return int(value)
+
+
+def headline_ns(ns: Sequence[int], keys: int) -> list[int]:
+    """The N of ``ns`` inside the headline range ``2 ≤ N ≤ keys/4`` (SPEC §3), in order."""
+    return [n for n in ns if n >= 2 and 4 * n <= keys]
+
+
+def headline(result: Any, default_keys: int | None = None) -> list[int]:
+    """Positions (along ``n_values``) of the headline N of ``result``.
+
+    Uses ``result.headline_n`` (the library's definition) where the result has it, and the same
+    rule on ``metadata["n_positions"]`` otherwise.
+    """
+    ns = result.n_values.tolist()
+    chosen = getattr(result, "headline_n", None)
+    if chosen is None:
+        chosen = headline_ns(ns, keys_of_query(result, default_keys))
+    return [ns.index(int(n)) for n in chosen]
+
+
+def small_n(result: Any, default_keys: int | None = None) -> list[tuple[int, int]]:
+    """``(N, position)`` of each of :data:`SMALL_N` that was analysed and lies in the headline range."""
+    ns = result.n_values.tolist()
+    inside = set(headline(result, default_keys))
+    return [(n, ns.index(n)) for n in SMALL_N if n in ns and ns.index(n) in inside]
+
+
+def argmax_n(values: Tensor, ns: Sequence[int], *, zero_is_undefined: bool = False) -> Tensor:
+    """Per row of ``values [..., n]``, the N of the largest value (ties → the smaller N, with ``ns``
+    ascending); NaN where every value is NaN, or, with ``zero_is_undefined`` (a lower bound), where
+    none is above 0 — never a default N (SPEC §6d, best N)."""
+    order = torch.tensor(list(ns)).argsort()
+    x = values[..., order].double()
+    filled = torch.nan_to_num(x, nan=-math.inf)
+    best = torch.tensor(list(ns), dtype=torch.float64)[order][filled.argmax(-1)]
+    undefined = ~torch.isfinite(x).any(-1)
+    if zero_is_undefined:
+        undefined |= ~(filled > 0).any(-1)
+    return torch.where(undefined, torch.nan, best)
+
+
+def agreement(a: Tensor, b: Tensor) -> tuple[float, float, int]:
+    """``(share, chance, count)`` for two per-head best-N tensors: the share of heads where both
+    are defined and equal, the share expected if the two were independent with the same
+    distributions (``Σ_n p_a(n) p_b(n)``), and the number of heads where both are defined."""
+    a, b = a.flatten(), b.flatten()
+    keep = torch.isfinite(a) & torch.isfinite(b)
+    a, b = a[keep], b[keep]
+    count = int(keep.sum())
+    if not count:
+        return math.nan, math.nan, 0
+    values = torch.unique(torch.cat([a, b]))
+    chance = sum(float((a == v).double().mean() * (b == v).double().mean()) for v in values)
+    return float((a == b).double().mean()), chance, count
