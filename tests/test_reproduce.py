@@ -229,3 +229,108 @@ def test_reproduce_modules_import_each_other_without_a_cycle():
         return next((c for nxt in sorted(graph[node]) if (c := cycle_from(nxt, [*path, node]))), None)
 
     assert [c for name in graph if (c := cycle_from(name, []))] == []
+
+
+# --- the claims end to end, on hand-built analyses ----------------------------------------------
+
+
+def _fake_study(seed: int = 0) -> Study:
+    """Four runs of hand-built analyses with values in [0, 1], bounds below the measured values,
+    the paired sink figures filled in, at 48 keys (headline N = 2, 4, 8) and 12 windows."""
+    from dataclasses import replace
+
+    from result_fakes import fake
+
+    from tl_geometry.result import BOUND_METRICS, METRIC_NAMES, PAIRED_FIELDS
+
+    g = torch.Generator().manual_seed(seed)
+    analyses = {}
+    for model in ("m1", "m2"):
+        for corpus in ("c1", "c2"):
+            r = fake(layers=(0, 1, 2), n_heads=4, n_values=(1, 2, 4, 8, 16), bounds=True,
+                     metadata={"n_positions": 48, "n_sequences": 12})
+            r.scores = torch.rand(r.scores.shape, generator=g, dtype=torch.float64)
+            measured = r.scores[0, [METRIC_NAMES.index(m) for m in BOUND_METRICS]]
+            r.bounds = measured * torch.rand(r.bounds.shape, generator=g, dtype=torch.float64)
+            r.sink = torch.rand(r.sink.shape, generator=g, dtype=torch.float64) - 0.5
+            shape = (len(PAIRED_FIELDS), *r.scores.shape[2:])
+            r.paired = torch.rand(shape, generator=g, dtype=torch.float64)
+            r.paired[PAIRED_FIELDS.index("count")] = torch.randint(0, 13, shape[1:], generator=g).double()
+            analyses[model, corpus] = r
+    texts = {c: corpora.Corpus(c, "text", "a fake corpus") for c in ("c1", "c2")}
+    return Study(replace(QUICK, n_windows=12), texts, analyses)
+
+
+def test_every_claim_renders_on_fake_analyses(tmp_path):
+    from _reproduce import ablation, capacity
+    from _reproduce.claims import CLAIMS
+
+    study = _fake_study()
+    claims = [claim(study, tmp_path) for claim in CLAIMS]
+    claims += [ablation.claim6(study, tmp_path), capacity.claim7(study, tmp_path)]
+    assert [c.verdict in VERDICTS for c in claims] == [True] * 7
+    page = document.page(["# fake"], claims, "results")
+    assert "(ours)" in page and "headline" in page
+    assert len(list(tmp_path.glob("*.png"))) == 7  # claims 1–5 (claim 4: three figures)
+
+
+def test_claims_read_the_new_measures(tmp_path):
+    """Claim 1 follows the shuffled group, claim 3 the paired figures, claim 4 the shell bound."""
+    from _reproduce.certificates import claim4
+    from _reproduce.separability import claim1
+    from _reproduce.sink import claim3
+
+    from tl_geometry.result import BOUND_KINDS, GROUPS, METRIC_NAMES, PAIRED_FIELDS
+
+    study = _fake_study()
+    cc, f = METRIC_NAMES.index("f_score_cc"), METRIC_NAMES.index("f_score")
+    top, shuffled, rnd = (GROUPS.index(g) for g in ("top", "shuffled", "random"))
+    for r in study.analyses.values():
+        r.scores[top, cc] = 0.9 - 0.1 * torch.arange(5.0)  # peaks at N = 2 (N = 1 is skipped)
+        r.scores[shuffled, cc] = 0.5
+        r.scores[rnd, cc] = 0.1
+    assert claim1(study, tmp_path).verdict == HELD
+    for r in study.analyses.values():
+        r.scores[shuffled, cc] = r.scores[top, cc]  # the geometry carries nothing
+    assert claim1(study, tmp_path).verdict == PARTLY
+
+    for r in study.analyses.values():
+        r.paired[PAIRED_FIELDS.index("ratio")] = 0.4
+        r.paired[PAIRED_FIELDS.index("halved")] = 0.6
+        r.paired[PAIRED_FIELDS.index("count")] = 12.0
+    assert claim3(study, tmp_path).verdict == HELD
+    for r in study.analyses.values():
+        r.paired[PAIRED_FIELDS.index("ratio")] = 1.0  # within heads the sink changes nothing
+    assert claim3(study, tmp_path).verdict == NOT_HELD
+
+    for r in study.analyses.values():
+        r.scores[top, f] = torch.rand(r.scores[top, f].shape, dtype=torch.float64) * 0.5 + 0.5
+        r.bounds[:, 2] = r.scores[top, f] * 0.5  # every F bound below the new measured F
+        for kind in ("shell", "shell_n"):
+            r.bounds[BOUND_KINDS.index(kind), 2] = r.scores[top, f] * 0.9  # tracks, same best N
+    sound = claim4(study, tmp_path)
+    assert "tracks the measured F_N (ρ ≥ 0.5, K = 0 and K = N) on 4/4" in sound.because
+    assert "never violated on 4/4" in sound.because and sound.verdict != NOT_HELD
+    r = study.analyses["m1", "c1"]
+    r.bounds[BOUND_KINDS.index("shell"), 2, 0, 0, 1] = r.scores[top, f, 0, 0, 1] + 0.01
+    assert claim4(study, tmp_path).verdict == NOT_HELD  # a violated certificate is a bug
+
+
+def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from _reproduce.study import analysis_path, run_study
+
+    study = _fake_study()
+    options = json.dumps(asdict(study.config), sort_keys=True)
+    for (model, corpus), r in study.analyses.items():
+        r.metadata.update(reproduce_options=options, reproduce_seconds=12.0, reproduce_threads=2,
+                          reproduce_date="2026-01-02 03:04")
+        r.save(analysis_path(tmp_path, model, corpus))
+    again = run_study({}, list(study.corpora.values()), study.config, models=("m1", "m2"),
+                      cache_dir=tmp_path, reuse=True, log=lambda _: None)  # no model is loaded
+    assert set(again.analyses) == set(study.analyses) and again.reused
+    assert again.steps["analyze m1 c1"] == Step(12.0, 2, "2026-01-02 03:04", reused=True)
+    line = reproduce.run_time(again, 1.0, 2)
+    assert "0.8 min for the analyses" in line and "4 of 4 steps were loaded" in line

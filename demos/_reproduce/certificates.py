@@ -33,6 +33,14 @@ BEST_N_AGREE = 0.5  # (ours) "predicts the best N": same best N for at least hal
 SINK_RECALL_RHO = 0.3  # (ours) "correlates": |ρ(c_sink, R_2)| ≥ 0.3
 
 
+def shell(r: Any, kind: str, metric: str = "f_score") -> Tensor:
+    """The mean shell bound ``kind`` of ``r`` on ``metric``, ``[layer, head, n]``; NaN where the
+    library has no such bound kind (a version before SPEC §6d), so the rule reads "undefined"."""
+    if kind not in BOUND_KINDS:
+        return torch.full_like(r.f_score, math.nan)
+    return r.bound(kind, metric)
+
+
 def count_violations(bound: Tensor, measured: Tensor) -> tuple[int, int]:
     """``(violations, compared)``: entries where the mean measured value is below the mean bound
     (beyond float rounding), over the entries where both are finite."""
@@ -107,7 +115,7 @@ def measure(r: Any, default_keys: int | None = None) -> BoundsRun:
     for kind in (k for k in CERTIFICATES if k in BOUND_KINDS):
         counts = [count_violations(r.bound(kind, m), getattr(r, m)) for m in ("precision", "recall", "f_score")]
         violations[kind] = (sum(c[0] for c in counts), sum(c[1] for c in counts))
-    shells = {kind: fit(r.bound(kind, "f_score"), r.f_score, ns, hl) for kind, _ in SHELLS}
+    shells = {kind: fit(shell(r, kind), r.f_score, ns, hl) for kind, _ in SHELLS}
     predicted = r.bound("predicted", "f_score")
     i2 = ns.index(2) if 2 in ns else None
     regime_2 = ((mean(predicted[..., i2]), mean(r.f_score[..., i2])) if i2 is not None
@@ -213,8 +221,8 @@ def _figures(study: Any, figures: Path, keys: int) -> None:
         r = study.analyses[model, corpus]
         ns = r.n_values.tolist()
         skip = 1 if ns and ns[0] == 1 else 0
-        series = [("measured F_N", r.f_score, "o-"), ("shell K = N", r.bound("shell_n"), "^-"),
-                  ("shell K = 0", r.bound("shell"), "v-"),
+        series = [("measured F_N", r.f_score, "o-"), ("shell K = N", shell(r, "shell_n"), "^-"),
+                  ("shell K = 0", shell(r, "shell"), "v-"),
                   ("inversion certificate", r.bound("inversion"), "--"),
                   ("regime envelope (diagnostic)", r.bound("predicted"), ":")]
         for k, (label, values, style) in enumerate(series):
@@ -227,7 +235,7 @@ def _figures(study: Any, figures: Path, keys: int) -> None:
         hl = headline(r, keys)
         measured = r.f_score[..., hl].flatten()
         for k, (kind, label) in enumerate(SHELLS):
-            ax.scatter(measured, r.bound(kind)[..., hl].flatten(), s=6, alpha=0.5,
+            ax.scatter(measured, shell(r, kind)[..., hl].flatten(), s=6, alpha=0.5,
                        color=plots.COLORS[k + 1], label=f"shell {label}")
         ax.plot([0, 1], [0, 1], color="0.5", lw=0.8)
 
