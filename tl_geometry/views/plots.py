@@ -57,6 +57,8 @@ _BOUND_STYLE = {
     "inversion": dict(color="#1d2330", lw=1.0, ls="-.", label="inversion certificate"),
     "certified": dict(color="#c0392b", lw=1.0, ls="-.", label="certified bound"),
     "predicted": dict(color="#c0392b", lw=1.4, ls=(0, (1, 1)), label="predicted envelope"),
+    "shell": dict(color="#1f6f8b", lw=1.2, ls="--", label="shell certificate, K = 0"),
+    "shell_n": dict(color="#1f6f8b", lw=1.4, ls="-", label="shell certificate, K = N"),
 }
 
 
