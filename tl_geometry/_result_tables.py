@@ -90,7 +90,8 @@ def heads_table(result: HeadAnalysis):
 def to_pandas(result: HeadAnalysis):
     """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
     number of instances behind the mean (``count``), and the head's label, votes and sink
-    figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F."""
+    figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
+    the ``separated`` fraction."""
     import pandas as pd
 
     n_layers, n_heads, n_n = result.n_layers, result.n_heads, len(result.n_values)

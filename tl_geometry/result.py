@@ -342,7 +342,8 @@ class HeadAnalysis:
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
         number of instances behind the mean (``count``), and the head's label, votes and sink
-        figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F."""
+        figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
+        the ``separated`` fraction."""
         return _result_tables.to_pandas(self)
 
     def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True):
