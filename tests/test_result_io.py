@@ -18,7 +18,7 @@ from tl_geometry.result import HeadAnalysis, ResultFileError
 
 def _same(a: HeadAnalysis, b: HeadAnalysis) -> None:
     assert a.layers == b.layers and torch.equal(a.n_values, b.n_values)
-    for key in ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime"):
+    for key in ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "paired"):
         x, y = getattr(a, key), getattr(b, key)
         if x is None or y is None:
             assert x is None and y is None, key
@@ -105,7 +105,7 @@ def test_a_crafted_pickle_is_refused_not_run(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda p: {"scores": p["scores"][:, :, :, :3]},
-     r"group_counts has shape \[5, 2, 4, 3\]; expected \[group=5, layer=2, head=3"),
+     r"group_counts has shape \[6, 2, 4, 3\]; expected \[group=6, layer=2, head=3"),
     (lambda p: {"layers": [3, 5, 7]}, r"scores has shape .*layer=3"),
     (lambda p: {"layers": "35"}, "layers must be model layer indices"),
     (lambda p: {"n_values": torch.tensor([2.0, 4.0, 8.0])}, "n_values must be a 1-D tensor of distinct ints"),
@@ -144,7 +144,8 @@ def test_axes_are_read_by_name_so_a_reordered_or_renamed_metric_is_never_misread
     path = r.save(tmp_path / "r.pt")
     payload = torch.load(path, weights_only=True)
     names = payload["names"]["metric"]
-    order = [names.index(m) for m in ("recall", "precision", "f_score", "margin", "inversions")]
+    order = [names.index(m) for m in ("recall", "precision", "f_score", "margin", "inversions",
+                                      "f_score_cc", "precision_cc")]
     _rewrite(path, scores=payload["scores"][:, order],
              names={**payload["names"], "metric": [names[i] for i in order]})
     _same(HeadAnalysis.load(path), r)  # a file listing its metrics in another order reads the same
@@ -174,6 +175,9 @@ def _check_filled(loaded: HeadAnalysis, r: HeadAnalysis, labels: dict) -> None:
     assert loaded.layers == r.layers and torch.equal(loaded.n_values, r.n_values)
     old, new = _labelled_as(r, labels), _labelled_as(loaded, labels)
     for key in old:
+        if key == "paired" and loaded.paired is None:  # a file from before the paired sink effect
+            assert loaded.paired_sink_ratio.isnan().all()
+            continue
         torch.testing.assert_close(new[key], old[key], rtol=0, atol=0, equal_nan=True, msg=key)
     for kind in set(_result_io.names()["bound_kind"]) - set(labels["bound_kind"]):
         assert loaded.bound(kind).isnan().all(), kind
@@ -186,6 +190,7 @@ def test_format_1_files_load_with_a_warning(tmp_path):
     r = fake(bounds=True, metadata={"model_name": "m", "n_values": [2, 4, 8]})
     path = tmp_path / "old.pt"
     old = _labelled_as(r, _result_io._FORMAT1_NAMES)
+    del old["paired"]  # added in 0.2
     torch.save({  # what tl_geometry 0.1 wrote
         "format": "tl_geometry.HeadAnalysis/1", "layers": list(r.layers), **old,
         "metadata": '{"model_name": "m", "n_values": [2, 4, 8]}',
