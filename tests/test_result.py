@@ -56,8 +56,8 @@ def test_sel_covers_every_per_head_quantity_and_only_existing_bounds():
             "sink_cosine", "vote_sink", "label"} <= keys
     assert not any(k.startswith(("certified", "regime")) for k in keys)
     more = set(bounded.sel(layer=3, head=0, n=2)) - keys
-    assert more == {f"{k}_{m}" for k in ("inversion", "certified", "predicted")
-                    for m in ("precision", "recall", "f_score")} | {
+    assert more == {f"{k}_{m}" for k in ("inversion", "certified", "predicted", "shell", "shell_n")
+                    for m in ("precision", "recall", "f_score", "separated")} | {
         "regime_norm_cv", "regime_kappa", "regime_a", "regime_decay", "regime_b", "regime_fit_mae"}
     s = plain.sel(layer=3, head=0, n=2)
     assert s.to_dict()["label"] == s["label"] and isinstance(s.to_dict()["f_score"], float)
@@ -129,7 +129,7 @@ def test_attributes_are_explicit_class_attributes_not_getattr_magic():
 
 @pytest.mark.parametrize(("call", "message"), [
     (lambda r: r.metric("f1"), "unknown metric 'f1'; valid: 'precision', 'recall', 'f_score'"),
-    (lambda r: r.metric("f_score", group="shuffled"), "valid: 'top', 'random', 'sink_removed'"),
+    (lambda r: r.metric("f_score", group="permuted"), "valid: 'top', 'random', 'shuffled', 'sink_removed'"),
     (lambda r: r.count("all"), "unknown group 'all'"),
     (lambda r: r.sink_diagnostic("kappa"), "valid: 'mass', 'norm_ratio'"),
     (lambda r: r.bound("upper"), "valid: 'inversion', 'certified', 'predicted'"),
@@ -142,11 +142,13 @@ def test_accessors_name_the_valid_choices(call, message):
 def test_missing_bounds_raise_one_error_that_is_both_attribute_and_value_error():
     r = fake()
     for call in (lambda: r.certified_f_score, lambda: r.bound("certified"), lambda: r.certified_fraction,
-                 lambda: r.regime_decay, lambda: r.best_n(), lambda: r.top(by="predicted_f_score")):
+                 lambda: r.regime_decay, lambda: r.best_n_agreement(), lambda: r.shell_n_f_score,
+                 lambda: r.top(by="predicted_f_score")):
         with pytest.raises(NoBoundsError, match=r"bounds=True"):
             call()
     assert issubclass(NoBoundsError, AttributeError) and issubclass(NoBoundsError, ValueError)
     assert not hasattr(r, "certified_f_score")
+    assert list(r.best_n().columns) == ["layer", "head", "measured_best_n"]  # measured needs no bounds
 
 
 def test_top_ranks_by_any_quantity_and_lists_the_valid_keys_on_a_wrong_one():
@@ -168,21 +170,21 @@ def test_a_new_group_or_metric_is_one_tuple_entry(monkeypatch, tmp_path):
 
     old = fake(n_values=(2, 4))
     path = old.save(tmp_path / "old.pt")
-    groups = (*GROUPS, "shuffled")
-    metrics = (*_result_schema.METRIC_NAMES, "f_score_cc")
+    groups = (*GROUPS, "permuted")
+    metrics = (*_result_schema.METRIC_NAMES, "margin_cc")
     for module in (result_module, _result_schema):
         monkeypatch.setattr(module, "GROUPS", groups)
         monkeypatch.setattr(module, "METRIC_NAMES", metrics)
     new = fake(n_values=(2, 4))
-    assert new.scores.shape[:2] == (6, 6)
-    assert torch.equal(new.metric("f_score_cc", group="shuffled"), new.scores[5, 5])
-    assert "shuffled_f_score_cc" in new.sel(layer=3, head=0, n=2)
-    assert set(new.to_pandas().group) >= {"shuffled"} and "f_score_cc" in new.to_pandas()
+    assert new.scores.shape[:2] == (len(groups), len(metrics))
+    assert torch.equal(new.metric("margin_cc", group="permuted"), new.scores[-1, -1])
+    assert "permuted_margin_cc" in new.sel(layer=3, head=0, n=2)
+    assert set(new.to_pandas().group) >= {"permuted"} and "margin_cc" in new.to_pandas()
     assert torch.equal(HeadAnalysis.load(new.save(tmp_path / "new.pt")).scores, new.scores)
     with pytest.warns(UserWarning, match="filled"):  # a file from before: the new names are NaN
         loaded = HeadAnalysis.load(path)
-    assert loaded.metric("f_score", group="shuffled").isnan().all()
-    assert loaded.metric("f_score_cc").isnan().all() and (loaded.count("shuffled") == 0).all()
+    assert loaded.metric("f_score", group="permuted").isnan().all()
+    assert loaded.metric("margin_cc").isnan().all() and (loaded.count("permuted") == 0).all()
     assert torch.equal(loaded.metric("recall", group="sink_in"), old.metric("recall", group="sink_in"))
 
 
@@ -191,7 +193,7 @@ def test_constructor_checks_shapes_against_the_names():
     fields = dict(vars(r))
     fields["scores"] = r.scores[:4]  # one group short, and group_counts agrees: a shape mismatch
     fields["group_counts"] = r.group_counts[:4]
-    with pytest.raises(ValueError, match=r"scores has shape \[4, 5, 2, 4, 3\]; expected \[group=5"):
+    with pytest.raises(ValueError, match=r"scores has shape \[4, 7, 2, 4, 3\]; expected \[group=6"):
         HeadAnalysis(**fields)
     with pytest.raises(ValueError, match="distinct"):
         HeadAnalysis(**{**vars(r), "layers": (3, 3)})

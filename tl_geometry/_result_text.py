@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -77,9 +78,14 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
         frac = result.certified_fraction
         lines.append("  heads certified (P̲ = R̲ = 1): " + ", ".join(
             f"N={n}: {100 * float(frac[result._n_index(n)]):.1f}%" for n in shown))
+        lines.append("  shell certificate (SPEC §6d), mean F̲_N / mean F_N, K=0 | K=N: " + ", ".join(
+            f"N={n}: {_ratio(result.shell_f_score, result.f_score, result._n_index(n))}"
+            f" | {_ratio(result.shell_n_f_score, result.f_score, result._n_index(n))}" for n in shown))
         best = result.best_n()
-        agree = (best.measured_best_n == best.predicted_best_n).mean()
-        lines.append(f"  predicted best N ≥ 2 matches the measured one for {100 * agree:.1f}% of heads")
+        both = best.measured_best_n.notna() & best.shell_n_best_n.notna()
+        lines.append(f"  best N over the headline range {list(result.headline_n)}: the shell (K=N) "
+                     f"predicts the measured one for {_percent(result.best_n_agreement('shell_n'))} "
+                     f"of the {int(both.sum())} heads where both are defined")
 
     n_heads = result.n_layers * result.n_heads
     rank_n = next((n for n in shown if n >= 2), shown[0])
@@ -105,6 +111,15 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
         lines.append(row.rstrip())
     lines += ["", *textwrap.wrap(LEGEND, 100)]
     return "\n".join(lines)
+
+
+def _ratio(bound: Tensor, measured: Tensor, i: int) -> str:
+    b, m = _nanmean(bound[..., i]), _nanmean(measured[..., i])
+    return f"{b / m:.2f}" if m > 0 else "n/a"
+
+
+def _percent(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
 def _header(shown: list[int]) -> str:

@@ -81,6 +81,7 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         "N": ", ".join(map(str, result.n_values.tolist())),
         "distance / space": f"{meta.get('distance', '?')} / {meta.get('space', '?')}",
         "random subsets per query": meta.get("random_samples", "?"),
+        "value shuffles per query": meta.get("shuffle_samples", "?"),
         "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_all}",
         "classes": ", ".join(f"{c} {int(counts[c])} ({100 * counts[c] / n_all:.1f}%)" for c in CLASSES),
     }

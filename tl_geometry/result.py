@@ -26,6 +26,7 @@ from ._result_schema import (
     BOUND_METRICS,
     GROUPS,
     NO_BOUNDS,
+    PAIRED_FIELDS,
     NoBoundsError,
     UnknownNameError,
     check_fields,
@@ -43,6 +44,7 @@ __all__ = [
     "CLASSES",
     "GROUPS",
     "METRIC_NAMES",
+    "PAIRED_FIELDS",
     "REGIME_FIELDS",
     "SINK_FIELDS",
     "VOTES",
@@ -104,6 +106,9 @@ class HeadAnalysis:
     """With ``analyze_heads(bounds=True)``: mean lower bounds ``[BOUND_KINDS, (P, R, F), ...]``."""
     regime: Float[Tensor, "rfield layer head"] | None = None
     """With ``bounds=True``: regime diagnostics ``[REGIME_FIELDS, layer, head]`` (SPEC §6c)."""
+    paired: Float[Tensor, "pfield layer head n"] | None = None
+    """Paired sink effect ``[PAIRED_FIELDS, layer, head, n]`` (SPEC §3; see :meth:`paired_sink`);
+    ``None`` only in files of earlier versions."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
@@ -124,9 +129,22 @@ class HeadAnalysis:
         SPEC §4) per head, ``[layer, head]``."""
         return self.sink[check_name("sink field", name, SINK_FIELDS)]
 
+    def paired_sink(self, name: str = "ratio") -> Float[Tensor, "layer head n"]:
+        """Paired sink effect (SPEC §3, comparison 3; ours), ``[layer, head, n]``: over the
+        instances whose top-N set holds the sink, ``"ratio"`` — the median of F_N(with sink) /
+        F_N(sink removed) (the lower median, to within 1.1 %; tl_geometry.engine.paired),
+        ``"halved"`` — the fraction with ratio ≤ 1/2, ``"count"`` — their number. NaN where
+        no instance holds the sink (or for files of earlier versions)."""
+        i = check_name("paired field", name, PAIRED_FIELDS)
+        if self.paired is None:
+            return torch.full_like(self.scores[0, 0], torch.nan)
+        return self.paired[i]
+
     def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
         """Mean lower bound ``[layer, head, n]`` of ``kind`` (``inversion``, ``certified``,
-        ``predicted``; SPEC §6) on ``metric`` (``precision``, ``recall``, ``f_score``)."""
+        ``predicted``, ``shell`` (K = 0), ``shell_n`` (K = N); SPEC §6) on ``metric``
+        (``precision``, ``recall``, ``f_score``), or with ``metric="separated"`` (ours) the
+        fraction of instances where the bound certifies ``P_N = R_N = 1``."""
         k, m = check_name("bound kind", kind, BOUND_KINDS), check_name("bound metric", metric, BOUND_METRICS)
         if self.bounds is None:
             raise NoBoundsError(NO_BOUNDS)
@@ -148,28 +166,53 @@ class HeadAnalysis:
     """Top-N F_N, ``[layer, head, n]`` (``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)."""
     margin = _Slice("metric", "margin")
     inversions = _Slice("metric", "inversions")
+    precision_cc = _Slice("metric", "precision_cc")
+    """Chance-corrected precision P*_N = (P_N − N/(t+1)) / (1 − N/(t+1)) (SPEC §3, ours)."""
+    f_score_cc = _Slice("metric", "f_score_cc")
+    """Chance-corrected F*_N: harmonic mean of P*_N and R_N (SPEC §3, ours)."""
     random_precision = _Slice("metric", "precision", "random")
     random_recall = _Slice("metric", "recall", "random")
     random_f_score = _Slice("metric", "f_score", "random")
     """Random N-subset baseline of F_N, ``[layer, head, n]``."""
     random_margin = _Slice("metric", "margin", "random")
     random_inversions = _Slice("metric", "inversions", "random")
+    random_precision_cc = _Slice("metric", "precision_cc", "random")
+    random_f_score_cc = _Slice("metric", "f_score_cc", "random")
+    shuffled_precision = _Slice("metric", "precision", "shuffled")
+    shuffled_recall = _Slice("metric", "recall", "shuffled")
+    shuffled_f_score = _Slice("metric", "f_score", "shuffled")
+    """F_N of the top-N set with the non-sink values shuffled (value-shuffle null, SPEC §3)."""
+    shuffled_margin = _Slice("metric", "margin", "shuffled")
+    shuffled_inversions = _Slice("metric", "inversions", "shuffled")
+    shuffled_precision_cc = _Slice("metric", "precision_cc", "shuffled")
+    shuffled_f_score_cc = _Slice("metric", "f_score_cc", "shuffled")
     sink_removed_precision = _Slice("metric", "precision", "sink_removed")
     sink_removed_recall = _Slice("metric", "recall", "sink_removed")
     sink_removed_f_score = _Slice("metric", "f_score", "sink_removed")
     """F_N of the top-N set re-selected without the sink."""
     sink_removed_margin = _Slice("metric", "margin", "sink_removed")
     sink_removed_inversions = _Slice("metric", "inversions", "sink_removed")
+    sink_removed_precision_cc = _Slice("metric", "precision_cc", "sink_removed")
+    sink_removed_f_score_cc = _Slice("metric", "f_score_cc", "sink_removed")
     sink_in_precision = _Slice("metric", "precision", "sink_in")
     sink_in_recall = _Slice("metric", "recall", "sink_in")
     sink_in_f_score = _Slice("metric", "f_score", "sink_in")
     sink_in_margin = _Slice("metric", "margin", "sink_in")
     sink_in_inversions = _Slice("metric", "inversions", "sink_in")
+    sink_in_precision_cc = _Slice("metric", "precision_cc", "sink_in")
+    sink_in_f_score_cc = _Slice("metric", "f_score_cc", "sink_in")
     sink_out_precision = _Slice("metric", "precision", "sink_out")
     sink_out_recall = _Slice("metric", "recall", "sink_out")
     sink_out_f_score = _Slice("metric", "f_score", "sink_out")
     sink_out_margin = _Slice("metric", "margin", "sink_out")
     sink_out_inversions = _Slice("metric", "inversions", "sink_out")
+    sink_out_precision_cc = _Slice("metric", "precision_cc", "sink_out")
+    sink_out_f_score_cc = _Slice("metric", "f_score_cc", "sink_out")
+    paired_sink_ratio = _Slice("paired_sink", "ratio")
+    """Per head, median F_N(with sink) / F_N(sink removed) over instances holding the sink."""
+    paired_sink_halved = _Slice("paired_sink", "halved")
+    """Per head, fraction of those instances where the sink halves F_N (ratio ≤ 1/2)."""
+    paired_sink_count = _Slice("paired_sink", "count")
     sink_mass = _Slice("sink_diagnostic", "mass")
     """Mean attention on the sink, ``[layer, head]``."""
     sink_norm_ratio = _Slice("sink_diagnostic", "norm_ratio")
@@ -189,6 +232,22 @@ class HeadAnalysis:
     predicted_recall = _Slice("bound", "predicted", "recall")
     predicted_f_score = _Slice("bound", "predicted", "f_score")
     """Predicted envelope of F_N (``bounds=True``), ``[layer, head, n]``."""
+    shell_precision = _Slice("bound", "shell", "precision")
+    shell_recall = _Slice("bound", "shell", "recall")
+    shell_f_score = _Slice("bound", "shell", "f_score")
+    """Shell certificate of F_N with K = 0, norm-only (SPEC §6d; ``bounds=True``), ``[layer, head, n]``."""
+    shell_n_precision = _Slice("bound", "shell_n", "precision")
+    shell_n_recall = _Slice("bound", "shell_n", "recall")
+    shell_n_f_score = _Slice("bound", "shell_n", "f_score")
+    """Shell certificate of F_N with K = N exact unselected distances (SPEC §6d), ``[layer, head, n]``."""
+    inversion_separated = _Slice("bound", "inversion", "separated")
+    """Fraction of instances with P_N = R_N = 1 (GInv = 0: measured, exact), ``[layer, head, n]``."""
+    certified_separated = _Slice("bound", "certified", "separated")
+    predicted_separated = _Slice("bound", "predicted", "separated")
+    shell_separated = _Slice("bound", "shell", "separated")
+    """Fraction of instances the K = 0 shell certificate proves separated (P̲ = R̲ = 1, ours)."""
+    shell_n_separated = _Slice("bound", "shell_n", "separated")
+    """Fraction of instances the K = N shell certificate proves separated (P̲ = R̲ = 1, ours)."""
     regime_norm_cv = _Slice("regime_diagnostic", "norm_cv")
     regime_kappa = _Slice("regime_diagnostic", "kappa")
     regime_a = _Slice("regime_diagnostic", "a")
@@ -238,6 +297,7 @@ class HeadAnalysis:
         for g in GROUPS:
             out.update({_name(g, m): (self.metric(m, g), True) for m in METRIC_NAMES})
         out["f_gain"] = (self.f_gain, True)
+        out.update({f"paired_sink_{f}": (self.paired_sink(f), True) for f in PAIRED_FIELDS})
         out.update({_name(g, "count"): (self.count(g), True) for g in GROUPS})
         out.update({f"sink_{f}": (self.sink_diagnostic(f), False) for f in SINK_FIELDS})
         fractions = self.vote_fractions
@@ -285,10 +345,28 @@ class HeadAnalysis:
         certified = (self.bound("certified", "precision") == 1) & (self.bound("certified", "recall") == 1)
         return certified.double().mean(dim=(0, 1))
 
+    @property
+    def headline_n(self) -> tuple[int, ...]:
+        """The analysed N values in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3), with
+        ``t + 1 = metadata["n_positions"]``; larger N are "dense" (computed, never headlined).
+        Without ``n_positions`` in the metadata (ours): every analysed ``N ≥ 2``."""
+        return _result_tables.headline_n(self)
+
     def best_n(self):
-        """Per head, the N ≥ 2 with the largest measured F_N and the largest predicted envelope
-        F̲_N (SPEC §6b: the theory predicts small N), as a ``DataFrame``."""
+        """Per head, the argmax of F_N over :attr:`headline_n` (SPEC §6d), as a ``DataFrame``.
+
+        Columns ``layer, head, measured_best_n`` and, with bounds, ``shell_best_n`` (K = 0),
+        ``shell_n_best_n`` (K = N) and ``predicted_best_n`` (the §6b envelope), each the argmax
+        of that bound's mean F̲_N. Undefined — every value NaN, or for a bound every value 0 —
+        gives NaN, never a default N; ties go to the smaller N (ours). Floats (NaN-able).
+        """
         return _result_tables.best_n(self)
+
+    def best_n_agreement(self, kind: str = "shell_n") -> float:
+        """Fraction of heads whose bound-predicted best N (``kind``: ``shell``, ``shell_n``,
+        ``predicted``) equals the measured one, over the heads where both are defined (NaN if
+        none)."""
+        return _result_tables.best_n_agreement(self, kind)
 
     # --- tables -----------------------------------------------------------------------------------
     def class_counts(self):
@@ -306,7 +384,8 @@ class HeadAnalysis:
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
         number of instances behind the mean (``count``), and the head's label, votes and sink
-        figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F."""
+        figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
+        the ``separated`` fraction."""
         return _result_tables.to_pandas(self)
 
     def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True):

@@ -49,6 +49,7 @@ class PlotFigure(Figure):
 _GROUP_STYLE = {
     "top": dict(color="#1d2330", lw=2.2, label="top N keys"),
     "random": dict(color="#888888", lw=1.6, ls="--", label="N random keys"),
+    "shuffled": dict(color="#b5651d", lw=1.6, ls="-.", label="top N, values shuffled"),
     "sink_removed": dict(color="#2a9d8f", lw=1.6, label="top N, sink removed"),
     "sink_in": dict(color="#7b4fa3", lw=1.3, ls=":", label="top N with the sink"),
     "sink_out": dict(color="#e07a1f", lw=1.3, ls=":", label="top N without the sink"),
@@ -57,6 +58,8 @@ _BOUND_STYLE = {
     "inversion": dict(color="#1d2330", lw=1.0, ls="-.", label="inversion certificate"),
     "certified": dict(color="#c0392b", lw=1.0, ls="-.", label="certified bound"),
     "predicted": dict(color="#c0392b", lw=1.4, ls=(0, (1, 1)), label="predicted envelope"),
+    "shell": dict(color="#1f6f8b", lw=1.2, ls="--", label="shell certificate, K = 0"),
+    "shell_n": dict(color="#1f6f8b", lw=1.4, ls="-", label="shell certificate, K = N"),
 }
 
 
