@@ -65,18 +65,6 @@ def test_protocol_sizes():
 # --- the verdict rules, on hand-made numbers ------------------------------------------------
 
 
-def test_argmax_n_is_undefined_without_information():
-    nan = math.nan
-    values = torch.tensor([[0.2, 0.5, 0.5], [nan, nan, nan], [0.0, 0.0, 0.0], [0.1, nan, 0.3]])
-    best = rules.argmax_n(values, [2, 4, 8])
-    assert best[0] == 4  # ties → the smaller N
-    assert math.isnan(best[1]) and best[2] == 2 and best[3] == 8
-    bound = rules.argmax_n(values, [2, 4, 8], zero_is_undefined=True)
-    assert math.isnan(bound[2])  # a bound of 0 everywhere predicts nothing (SPEC §6d)
-    # N given in any order: the answer is by value.
-    assert rules.argmax_n(torch.tensor([[0.5, 0.5]]), [8, 2])[0] == 2
-
-
 def test_agreement_and_its_chance_level():
     a = torch.tensor([2.0, 2.0, 4.0, 4.0, math.nan])
     b = torch.tensor([2.0, 4.0, 4.0, 4.0, 2.0])
@@ -127,12 +115,15 @@ def test_claim4_rule_on_a_bound_that_tracks_and_one_that_does_not():
     measured = torch.tensor([[[1.0, 0.9, 0.5, 0.2], [1.0, 0.4, 0.8, 0.1]],
                              [[1.0, 0.7, 0.6, 0.3], [1.0, 0.2, 0.3, 0.5]]])
     good = measured * 0.8
-    fit = certificates.fit(good, measured, ns, hl)
+    best = torch.tensor([[2.0, 4.0], [2.0, 8.0]])  # the measured best N of each head
+    fit = certificates.fit(good, measured, ns, hl, best, best)
     assert fit.rho == pytest.approx(1.0) and fit.tracks
     assert fit.ratio_2 == pytest.approx(0.8) and fit.agree == 1.0 and fit.predicts and fit.heads == 4
     empty = torch.zeros_like(measured)  # the regime envelope on real heads: sound and empty
-    fit0 = certificates.fit(empty, measured, ns, hl)
-    assert not fit0.tracks and fit0.heads == 0 and not fit0.predicts
+    fit0 = certificates.fit(empty, measured, ns, hl, torch.full_like(best, math.nan), best)
+    assert math.isnan(fit0.rho) and not fit0.tracks and fit0.heads == 0 and not fit0.predicts
+    half = certificates.fit(good, measured, ns, hl, torch.tensor([[2.0, 2.0], [4.0, 8.0]]), best)
+    assert half.agree == 0.5 and half.predicts  # at least half the heads (ours)
     assert certificates.count_violations(good, measured) == (0, 16)
     above = good.clone()
     above[0, 0, 1] = 0.95
@@ -241,7 +232,7 @@ def _fake_study(seed: int = 0) -> Study:
 
     from result_fakes import fake
 
-    from tl_geometry.result import BOUND_METRICS, METRIC_NAMES, PAIRED_FIELDS
+    from tl_geometry.result import METRIC_NAMES, PAIRED_FIELDS
 
     g = torch.Generator().manual_seed(seed)
     analyses = {}
@@ -250,8 +241,9 @@ def _fake_study(seed: int = 0) -> Study:
             r = fake(layers=(0, 1, 2), n_heads=4, n_values=(1, 2, 4, 8, 16), bounds=True,
                      metadata={"n_positions": 48, "n_sequences": 12})
             r.scores = torch.rand(r.scores.shape, generator=g, dtype=torch.float64)
-            measured = r.scores[0, [METRIC_NAMES.index(m) for m in BOUND_METRICS]]
-            r.bounds = measured * torch.rand(r.bounds.shape, generator=g, dtype=torch.float64)
+            prf = [METRIC_NAMES.index(m) for m in ("precision", "recall", "f_score")]
+            r.bounds = torch.rand(r.bounds.shape, generator=g, dtype=torch.float64)
+            r.bounds[:, :3] *= r.scores[0, prf]  # every bound on P, R, F below the measured value
             r.sink = torch.rand(r.sink.shape, generator=g, dtype=torch.float64) - 0.5
             shape = (len(PAIRED_FIELDS), *r.scores.shape[2:])
             r.paired = torch.rand(shape, generator=g, dtype=torch.float64)

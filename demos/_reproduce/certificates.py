@@ -21,7 +21,7 @@ from tl_geometry.result import BOUND_KINDS
 
 from . import plots
 from .document import NOT_HELD, Claim, fmt, pct, table
-from .rules import HEADLINE, agreement, argmax_n, headline, runs, small_n, verdict
+from .rules import HEADLINE, agreement, headline, runs, small_n, verdict
 from .stats import mean, per_n, spearman
 
 SHELLS = (("shell", "K = 0"), ("shell_n", "K = N"))  # the verdict's bounds (SPEC §6d)
@@ -67,17 +67,16 @@ class ShellFit:
         return self.agree >= BEST_N_AGREE
 
 
-def fit(bound: Tensor, measured: Tensor, ns: list[int], hl: list[int]) -> ShellFit:
+def fit(bound: Tensor, measured: Tensor, ns: list[int], hl: list[int], best_bound: Tensor,
+        best_measured: Tensor) -> ShellFit:
     """:class:`ShellFit` of ``bound`` against ``measured`` (both ``[layer, head, n]``) on the
-    headline positions ``hl``."""
+    headline positions ``hl``, with the per-head best N of each (NaN where undefined), as
+    :meth:`tl_geometry.HeadAnalysis.best_n` gives them."""
     rho = spearman(bound[..., hl], measured[..., hl]) if hl else math.nan
     ratio = math.nan
     if 2 in ns:
         m2 = mean(measured[..., ns.index(2)])
         ratio = mean(bound[..., ns.index(2)]) / m2 if m2 > 0 else math.nan
-    hl_ns = [ns[i] for i in hl]
-    best_measured = argmax_n(measured[..., hl], hl_ns)
-    best_bound = argmax_n(bound[..., hl], hl_ns, zero_is_undefined=True)
     return ShellFit(rho, ratio, *agreement(best_bound, best_measured))
 
 
@@ -115,13 +114,23 @@ def measure(r: Any, default_keys: int | None = None) -> BoundsRun:
     for kind in (k for k in CERTIFICATES if k in BOUND_KINDS):
         counts = [count_violations(r.bound(kind, m), getattr(r, m)) for m in ("precision", "recall", "f_score")]
         violations[kind] = (sum(c[0] for c in counts), sum(c[1] for c in counts))
-    shells = {kind: fit(shell(r, kind), r.f_score, ns, hl) for kind, _ in SHELLS}
+    best = r.best_n()  # the library's best N over the headline range (SPEC §6d)
+    measured_best = _column(best, "measured_best_n")
+    shells = {kind: fit(shell(r, kind), r.f_score, ns, hl, _column(best, f"{kind}_best_n"), measured_best)
+              for kind, _ in SHELLS}
     predicted = r.bound("predicted", "f_score")
     i2 = ns.index(2) if 2 in ns else None
     regime_2 = ((mean(predicted[..., i2]), mean(r.f_score[..., i2])) if i2 is not None
                 else (math.nan, math.nan))
     return BoundsRun(violations, shells, spearman(predicted[..., hl], r.f_score[..., hl]) if hl else math.nan,
                      regime_2, {n: spearman(r.sink_cosine, r.recall[..., i]) for n, i in small_n(r, default_keys)})
+
+
+def _column(frame: Any, name: str) -> Tensor:
+    """A float column of ``frame`` as a tensor; NaN where the frame lacks it (no such bound)."""
+    if name not in frame:
+        return torch.full((len(frame),), math.nan, dtype=torch.float64)
+    return torch.tensor(frame[name].to_numpy(dtype=float))
 
 
 RULE4 = (

@@ -58,7 +58,7 @@ def headline(result: Any, default_keys: int | None = None) -> list[int]:
     """Positions (along ``n_values``) of the headline N of ``result``.
 
     Uses ``result.headline_n`` (the library's definition) where the result has it, and the same
-    rule on ``metadata["n_positions"]`` otherwise.
+    rule on ``metadata["n_positions"]`` (else ``default_keys``) for other result-like objects.
     """
     ns = result.n_values.tolist()
     chosen = getattr(result, "headline_n", None)
@@ -72,20 +72,6 @@ def small_n(result: Any, default_keys: int | None = None) -> list[tuple[int, int
     ns = result.n_values.tolist()
     inside = set(headline(result, default_keys))
     return [(n, ns.index(n)) for n in SMALL_N if n in ns and ns.index(n) in inside]
-
-
-def argmax_n(values: Tensor, ns: Sequence[int], *, zero_is_undefined: bool = False) -> Tensor:
-    """Per row of ``values [..., n]``, the N of the largest value (ties → the smaller N, with ``ns``
-    ascending); NaN where every value is NaN, or, with ``zero_is_undefined`` (a lower bound), where
-    none is above 0 — never a default N (SPEC §6d, best N)."""
-    order = torch.tensor(list(ns)).argsort()
-    x = values[..., order].double()
-    filled = torch.nan_to_num(x, nan=-math.inf)
-    best = torch.tensor(list(ns), dtype=torch.float64)[order][filled.argmax(-1)]
-    undefined = ~torch.isfinite(x).any(-1)
-    if zero_is_undefined:
-        undefined |= ~(filled > 0).any(-1)
-    return torch.where(undefined, torch.nan, best)
 
 
 def agreement(a: Tensor, b: Tensor) -> tuple[float, float, int]:
