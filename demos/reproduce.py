@@ -13,8 +13,9 @@ that test it and a verdict (held / partly held / not held) by a rule stated on t
     python demos/reproduce.py --quick        # CI: 3 × 48, into build/reproduce-quick/
     python demos/reproduce.py --n-windows 16 --seq-len 256 --out build/medium   # a medium run
 
-The analyses (one :meth:`tl_geometry.HeadAnalysis.save` file per model × corpus) and the
-ablation and capacity tables are saved beside the page, in ``<out>/results/``, so that
+The analyses (one :meth:`tl_geometry.HeadAnalysis.save` file per model × corpus), the
+ablation and capacity tables and the run's wall time (``run.json``) are saved beside the page,
+in ``<out>/results/``, so that
 ``--reuse`` re-renders (and re-checks) the page without recomputing them. The study code lives
 in ``demos/_reproduce/``.
 """
@@ -39,7 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from _reproduce import ablation, capacity, corpora, document
 from _reproduce.claims import CLAIMS
 from _reproduce.protocol import FULL, MODELS, QUICK, StudyConfig
-from _reproduce.study import Study, run_study
+from _reproduce.study import Step, Study, load_run, run_study, save_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = "results"  # figures directory, next to the page
@@ -85,23 +86,26 @@ def reproduce(
     held_out = corpora.Corpus(prose.name, prose.text[3 * len(prose.text) // 4:], prose.source)
     out_dir = Path(out_dir)
     figures = out_dir / FIGURES
-    study = run_study(load, texts, config, models=models,
-                      cache_dir=figures if cache_dir is None else cache_dir, reuse=reuse,
+    cache = Path(figures if cache_dir is None else cache_dir)
+    study = run_study(load, texts, config, models=models, cache_dir=cache, reuse=reuse,
                       ablation_corpus=held_out, progress=progress, log=log)
     figures.mkdir(parents=True, exist_ok=True)
     claims = [claim(study, figures) for claim in CLAIMS]
     claims.append(ablation.claim6(study, figures))
     claims.append(capacity.claim7(study, figures))
     seconds = time.perf_counter() - start
+    if not study.reused:
+        save_run(cache, config, seconds)
+    whole = load_run(cache, config) if study.reused else None
     path = out_dir / "results.md"
-    path.write_text(document.page(_header(study, seconds), claims, FIGURES), encoding="utf-8")
+    path.write_text(document.page(_header(study, seconds, whole), claims, FIGURES), encoding="utf-8")
     log(f"wrote {path} ({seconds / 60:.1f} min)")
     for c in claims:
         log(f"  claim {c.number}: {c.verdict} — {c.because}")
     return path
 
 
-def _header(study: Study, seconds: float) -> list[str]:
+def _header(study: Study, seconds: float, whole: Step | None = None) -> list[str]:
     """Title and the record of the run: mode, sizes, time, date, versions, corpora, models."""
     from importlib.metadata import version
 
@@ -130,7 +134,7 @@ def _header(study: Study, seconds: float) -> list[str]:
         "## This run",
         "",
         f"- **Mode:** {config.mode} — {mode_note}. {config.describe()}.",
-        f"- **Run time:** {run_time(study, seconds, torch.get_num_threads())}.",
+        f"- **Run time:** {run_time(study, seconds, torch.get_num_threads(), whole)}.",
         f"- **Page written:** {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. "
         f"**Versions:** {versions}.",
         "- **Models:** " + "; ".join(MODEL_NOTES.get(m, m) for m in study.models)
@@ -154,9 +158,10 @@ def _header(study: Study, seconds: float) -> list[str]:
     return lines
 
 
-def run_time(study: Study, seconds: float, threads: int) -> str:
+def run_time(study: Study, seconds: float, threads: int, whole: Step | None = None) -> str:
     """The page's run-time line: what the study's steps cost, where they were computed, and,
-    when some were reused from saved results, that this page was only re-rendered."""
+    when some were reused from saved results, that this page was only re-rendered (and, with
+    ``whole``, how long the run that saved them took in all)."""
     steps = {k: s for k, s in study.steps.items() if not k.startswith("load")}
     timings = "; ".join(f"{k} {s.seconds:.0f} s" for k, s in steps.items())
     reused = [s for s in steps.values() if s.reused]
@@ -170,6 +175,9 @@ def run_time(study: Study, seconds: float, threads: int) -> str:
     origin = f"computed {when} on {on} CPU threads"
     fresh = [k for k, s in steps.items() if not s.reused]
     total = sum(s.seconds for s in steps.values())
+    if whole is not None:
+        origin += (f"; that run took {whole.seconds / 60:.1f} min in all on {whole.threads} CPU "
+                   "threads, model loading included")
     return (f"{total / 60:.1f} min for the analyses, ablation and capacity studies ({timings}); "
             f"{len(reused)} of {len(steps)} steps were loaded from saved results ({origin}) and "
             f"this page was re-rendered from them in {seconds / 60:.1f} min"

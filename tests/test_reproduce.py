@@ -141,6 +141,9 @@ def test_run_time_line_is_honest_about_reused_steps():
     assert "3.0 min for the analyses" in line and "1 of 2 steps were loaded" in line
     assert "computed 2025-12-31 09:00 UTC on 2 CPU threads" in line
     assert "re-rendered from them in 1.2 min, computing ablation m anew on 4 threads" in line
+    whole = Step(500.0, 2, "2025-12-31 09:00", reused=True)
+    assert ("that run took 8.3 min in all on 2 CPU threads, model loading included"
+            in reproduce.run_time(study, 70.0, 4, whole))
 
 
 def test_stdlib_corpus_is_deterministic_and_long_enough():
@@ -312,7 +315,7 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     import json
     from dataclasses import asdict
 
-    from _reproduce.study import analysis_path, run_study
+    from _reproduce.study import analysis_path, load_run, run_study, save_run
 
     study = _fake_study()
     options = json.dumps(asdict(study.config), sort_keys=True)
@@ -326,3 +329,8 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     assert again.steps["analyze m1 c1"] == Step(12.0, 2, "2026-01-02 03:04", reused=True)
     line = reproduce.run_time(again, 1.0, 2)
     assert "0.8 min for the analyses" in line and "4 of 4 steps were loaded" in line
+    # The whole run's wall time is kept beside the results, for these options only.
+    save_run(tmp_path, study.config, 75.0)
+    whole = load_run(tmp_path, study.config)
+    assert whole is not None and whole.seconds == 75.0 and whole.reused
+    assert load_run(tmp_path, QUICK) is None  # other options (12 windows here, QUICK has 3)

@@ -131,7 +131,7 @@ def run_study(
     """
     study = Study(config, {c.name: c for c in corpora}, {})
     cache = Path(cache_dir) if cache_dir is not None else None
-    options = json.dumps(asdict(config), sort_keys=True)
+    options = options_of(config)
     models_loaded: dict[str, Any] = {}
 
     def model_of(name: str) -> Any:
@@ -167,6 +167,27 @@ def run_study(
             _ablation_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
         models_loaded.clear()  # one model in memory at a time
     return study
+
+
+def options_of(config: StudyConfig) -> str:
+    """The options string saved with every result (a saved result is reused only on a match)."""
+    return json.dumps(asdict(config), sort_keys=True)
+
+
+def save_run(cache: Path, config: StudyConfig, seconds: float) -> None:
+    """Record the whole run (wall time, model loading included) beside its saved results."""
+    record = Step.now(seconds).record() | {"options": options_of(config)}
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "run.json").write_text(json.dumps(record))
+
+
+def load_run(cache: Path, config: StudyConfig) -> Step | None:
+    """The whole-run record saved by :func:`save_run` for these options, or None."""
+    path = cache / "run.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    return Step.saved(record) if record.get("options") == options_of(config) else None
 
 
 def _analysis_record(metadata: Mapping[str, Any]) -> dict[str, Any]:
