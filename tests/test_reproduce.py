@@ -189,7 +189,8 @@ def test_quick_mode_writes_a_complete_page(smollm2, gemma3, tmp_path):
     for name in figures:
         png = tmp_path / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # The shell, inversion and regime certificates are theorems: never violated.
+    # The shell and inversion certificates are theorems, and at 48 tokens the regime bound reads
+    # every pair of cosines (a certificate too): never violated.
     respected = re.findall(r"\| (\d+)/(\d+) \|", text)
     assert respected and all(a == b for a, b in respected)
     assert (committed.read_bytes() if committed.exists() else None) == before  # tests never write docs/
@@ -309,6 +310,10 @@ def test_claims_read_the_new_measures(tmp_path):
     r = study.analyses["m1", "c1"]
     r.bounds[BOUND_KINDS.index("shell"), 2, 0, 0, 1] = r.scores[top, f, 0, 0, 1] + 0.01
     assert claim4(study, tmp_path).verdict == NOT_HELD  # a violated certificate is a bug
+    r.bounds[BOUND_KINDS.index("shell"), 2, 0, 0, 1] = 0.0
+    r.bounds[BOUND_KINDS.index("certified"), 2, 0, 0, 1] = r.scores[top, f, 0, 0, 1] + 0.01
+    sampled = claim4(study, tmp_path)  # the regime bound is a diagnostic (sampled on long windows)
+    assert sampled.verdict != NOT_HELD and "certified regime bound" in " ".join(sampled.disagreements)
 
 
 def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):

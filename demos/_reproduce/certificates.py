@@ -25,8 +25,12 @@ from .rules import HEADLINE, agreement, headline, runs, small_n, verdict
 from .stats import mean, per_n, spearman
 
 SHELLS = (("shell", "K = 0"), ("shell_n", "K = N"))  # the verdict's bounds (SPEC §6d)
-#: Every sound lower bound the analysis holds: a measured mean below any of them is a bug.
-CERTIFICATES = ("inversion", "certified", "shell", "shell_n")
+#: The lower bounds that are theorems on every input: a measured mean below one is a bug.
+CERTIFICATES = ("shell", "shell_n", "inversion")
+#: The regime bounds of SPEC §6b, "certified" with the observed extremes of the head's data; on
+#: long windows their pair cosines are sampled (``functional.bounds.MAX_PAIRS``), so they are
+#: estimated, not certified: counted and shown, not used.
+DIAGNOSTIC_BOUNDS = ("certified",)
 TOLERANCE = 1e-9  # float rounding of the means over instances
 TRACK_RHO = 0.5  # (ours) "tracks": Spearman ρ(shell bound, measured F_N) ≥ 0.5
 BEST_N_AGREE = 0.5  # (ours) "predicts the best N": same best N for at least half of the heads
@@ -84,7 +88,7 @@ def fit(bound: Tensor, measured: Tensor, ns: list[int], hl: list[int], best_boun
 class BoundsRun:
     """Claim 4's figures of one run."""
 
-    violations: dict[str, tuple[int, int]]  # per certificate kind, over P, R, F
+    violations: dict[str, tuple[int, int]]  # per bound kind, over P, R, F (diagnostics too)
     shells: dict[str, ShellFit]
     regime_rho: float  # the regime envelope (diagnostic): ρ with measured F_N, headline range
     regime_2: tuple[float, float]  # mean predicted envelope / mean measured F_2
@@ -92,7 +96,7 @@ class BoundsRun:
 
     @property
     def sound(self) -> bool:
-        return all(v == 0 for v, _ in self.violations.values())
+        return all(v == 0 for k, (v, _) in self.violations.items() if k in CERTIFICATES)
 
     @property
     def tracks(self) -> bool:
@@ -111,7 +115,7 @@ def measure(r: Any, default_keys: int | None = None) -> BoundsRun:
     """Claim 4's figures of one analysis (computed with ``bounds=True``)."""
     ns, hl = r.n_values.tolist(), headline(r, default_keys)
     violations = {}
-    for kind in (k for k in CERTIFICATES if k in BOUND_KINDS):
+    for kind in (k for k in CERTIFICATES + DIAGNOSTIC_BOUNDS if k in BOUND_KINDS):
         counts = [count_violations(r.bound(kind, m), getattr(r, m)) for m in ("precision", "recall", "f_score")]
         violations[kind] = (sum(c[0] for c in counts), sum(c[1] for c in counts))
     best = r.best_n()  # the library's best N over the headline range (SPEC §6d)
@@ -135,8 +139,8 @@ def _column(frame: Any, name: str) -> Tensor:
 
 RULE4 = (
     "Bounds of SPEC §6 per (head, N), each the mean over windows. *Sound*: no measured mean P, R, F "
-    "falls below the mean of any certificate — shell (K = 0 and K = N, SPEC §6d), inversion "
-    "(§6a), certified regime (§6b) — at any head and N (the bounds hold per instance, a theorem; a "
+    "falls below the mean of a certificate — the shell bound (K = 0 and K = N, SPEC §6d) and the "
+    "inversion certificate (§6a) — at any head and N (they hold per instance, a theorem; a "
     "violation is a bug and makes the verdict *not held*). *Tracks* (ours): Spearman ρ between "
     "the shell bound on F_N and the measured F_N over (head, N in the headline range "
     f"{HEADLINE}) ≥ {TRACK_RHO}, for K = 0 and for K = N. *Predicts the best N* (ours): per head, "
@@ -144,9 +148,9 @@ RULE4 = (
     f"the headline N of the largest measured F_N for at least {BEST_N_AGREE:.0%} of the heads where "
     "both are defined, for K = 0 and K = N; the agreement of independent choices (chance) is "
     "printed beside it. *Sink similarity correlates with recall* (ours): |Spearman ρ(c_sink, R_2)| "
-    f"across heads ≥ {SINK_RECALL_RHO}, with one sign on every run. The regime envelope of §6b is "
-    "reported as a diagnostic, not used. Held: all on every run; not held: *tracks* on no run, or a "
-    "violated certificate; else partly held."
+    f"across heads ≥ {SINK_RECALL_RHO}, with one sign on every run. The regime bounds of §6b (the "
+    "certified bound and the predicted envelope) are reported as diagnostics, not used. Held: all "
+    "on every run; not held: *tracks* on no run, or a violated certificate; else partly held."
 )
 
 
@@ -163,8 +167,11 @@ def claim4(study: Any, figures: Path) -> Claim:
         signs.append(0 if math.isnan(rho2) else math.copysign(1, rho2))
         run = f"{model} on {corpus}"
         for kind, (v, total) in b.violations.items():
-            if v:
+            if v and kind in CERTIFICATES:
                 notes.append(f"{run}: {v} of {total} measured means fall below the {kind} bound (a bug).")
+            elif v:
+                notes.append(f"{run}: {v} of {total} measured means fall below the {kind} regime bound "
+                             "(estimated from sampled pair cosines at this length; a diagnostic).")
         for kind, label in SHELLS:
             f = b.shells[kind]
             if not f.tracks:
@@ -175,7 +182,8 @@ def claim4(study: Any, figures: Path) -> Claim:
                              f"{pct(f.agree)} of {f.heads} heads (chance {pct(f.chance)}).")
         if not b.correlates:
             notes.append(f"{run}: c_sink and R_2 are only weakly correlated (ρ = {fmt(rho2)}).")
-        respected = sum(t - v for v, t in b.violations.values()), sum(t for _, t in b.violations.values())
+        sound = [b.violations[k] for k in CERTIFICATES if k in b.violations]
+        respected = sum(t - v for v, t in sound), sum(t for _, t in sound)
         shell = [b.shells[k] for k, _ in SHELLS]
         rows.append([model, corpus, f"{respected[0]}/{respected[1]}"]
                     + [fmt(f.rho) for f in shell] + [fmt(f.ratio_2) for f in shell]
@@ -198,7 +206,7 @@ def claim4(study: Any, figures: Path) -> Claim:
                f"{sum(checks['tracks'])}/{n_runs}; gives the measured best N for ≥ {BEST_N_AGREE:.0%} "
                f"of heads on {sum(checks['predicts'])}/{n_runs}; |ρ(c_sink, R_2)| ≥ {SINK_RECALL_RHO} "
                f"with one sign on {sum(checks['sink_recall'])}/{n_runs}.")
-    kinds = [k for k in CERTIFICATES if k in BOUND_KINDS]
+    kinds = [k for k in CERTIFICATES + DIAGNOSTIC_BOUNDS if k in BOUND_KINDS]
     return Claim(
         4, "Measurements track the theoretical bounds; sink similarity correlates with recall",
         "Measurements track the theoretical envelopes; sink similarity correlates with recall.",
@@ -207,8 +215,9 @@ def claim4(study: Any, figures: Path) -> Claim:
             table(["model", "corpus", "certificates respected", "ρ(shell K=0, F_N)",
                    "ρ(shell K=N, F_N)", "shell K=0 / F_2", "shell K=N / F_2", "same best N, K=0",
                    "same best N, K=N", "ρ(c_sink, R_2)"], rows),
-            "Diagnostics (not the verdict): each certificate's respected means (P, R, F at every "
-            "head and N), the regime envelope of SPEC §6b (mean predicted / measured F_2 and its ρ "
+            "Diagnostics (not the verdict): each bound's respected means (P, R, F at every head "
+            "and N; the certified regime bound of §6b samples its pair cosines on long windows, so "
+            "it is an estimate there), the regime envelope of SPEC §6b (mean predicted / measured F_2 and its ρ "
             "with the measured F_N on the headline range), and ρ(c_sink, R_N) at N = 4, 8:",
             table(["model", "corpus"] + [f"{k} respected" for k in kinds]
                   + ["regime envelope / measured F_2", "ρ(regime envelope, F_N)", "ρ(c_sink, R_4)",
