@@ -36,8 +36,9 @@ def best_n(result: HeadAnalysis):
 
 
 def heads_table(result: HeadAnalysis):
-    """One row per (layer, head): label, vote fractions (``vote_current``, ...) and sink
-    diagnostics (``sink_mass``, ...)."""
+    """One row per (layer, head): label (``None`` for an unlabelled head, SPEC §5: a
+    ``groupby("label")`` or ``value_counts()`` leaves it out), vote fractions (``vote_current``,
+    ...) and sink diagnostics (``sink_mass``, ...)."""
     import pandas as pd
 
     per_head = {k: v for k, (v, has_n) in result.quantities().items()
