@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ._result_schema import GROUPS
-from .functional.separability import METRIC_NAMES
 from .functional.taxonomy import CLASSES, UNLABELLED_NAME
 
 if TYPE_CHECKING:
@@ -118,13 +116,20 @@ def _group_line(result: HeadAnalysis, label: str, i: int | list[int]) -> str:
     def mean(name: str, group: str) -> float:
         return _nanmean(result.metric(name, group)[..., i])
 
-    line = f"  {label}: top-N {mean('f_score', 'top'):.3f}"
-    if "f_score_cc" in METRIC_NAMES:
-        line += f" (F* {mean('f_score_cc', 'top'):.3f})"
+    line = f"  {label}: top-N {mean('f_score', 'top'):.3f} (F* {mean('f_score_cc', 'top'):.3f})"
     for group, name in (("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed")):
-        if group in GROUPS:
-            line += f"  {name} {mean('f_score', group):.3f}"
+        line += f"  {name} {mean('f_score', group):.3f}"
     return line
+
+
+def _paired_line(result: HeadAnalysis, shown: list[int]) -> str:
+    """The paired sink effect at the shown N (SPEC §3, comparison 3); empty if none is defined."""
+    table = result.paired_sink_summary().set_index("n")
+    cells = [f"N={n_label(result, n)}: ratio {table.paired_median_ratio[n]:.2f}, halved "
+             f"{100 * table.paired_median_halved[n]:.0f}% ({table.paired_heads[n]} heads)"
+             for n in shown if table.paired_heads[n] > 0]
+    return ("  paired sink effect, median over heads of F_N(with sink)/F_N(sink removed) and of the "
+            "fraction ≤ 1/2: " + "; ".join(cells)) if cells else ""
 
 
 def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> str:
@@ -149,6 +154,8 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
         span = f"{headline[0]}" if len(headline) == 1 else f"{headline[0]}..{headline[-1]}"
         lines.append(_group_line(result, f"headline (mean over N = {span})",
                                  [result._n_index(n) for n in headline]))
+    if paired := _paired_line(result, shown):
+        lines += textwrap.wrap(paired, 100, subsequent_indent="    ")
     if result.bounds is not None:
         frac = result.certified_fraction
         lines.append("  heads certified (P̲ = R̲ = 1): " + ", ".join(

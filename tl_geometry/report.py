@@ -9,7 +9,8 @@ came from) into a folder::
       heads.csv           one row per head: class, vote fractions, sink figures
       metrics.csv         long form: layer, head, N, group, P/R/F, margin, inversions, ...
       class_counts.csv    heads of each class per layer
-      figures/*.png|svg   F_N against N by class and by layer, sink per layer, class counts
+      sink_effect.csv     per N: the pooled and the paired sink effect on F_N
+      figures/*.png|svg   F_N (and F*_N) against N by class, F_N by layer, sink per layer, class counts
 
 The ``tl-geometry report`` command lives in :mod:`tl_geometry.report_cli`.
 
@@ -29,7 +30,7 @@ import torch
 
 from ._result_text import class_shares_text, headline_n, n_label, n_positions
 from .functional.taxonomy import CLASSES
-from .result import GROUPS, METRIC_NAMES, HeadAnalysis
+from .result import HeadAnalysis
 from .views import _page
 from .views.attention import attention_view, contribution_view
 from .views.plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
@@ -37,7 +38,8 @@ from .views.sink import sink_view
 from .views.taxonomy import CLASS_COLORS, taxonomy_view
 from .views.tokens import token_view
 
-__all__ = ["DEFAULT_OUT", "capacity_section", "example_heads", "write_report"]
+__all__ = ["DEFAULT_OUT", "capacity_section", "example_heads", "n_means_table", "sink_effect_section",
+           "write_report"]
 
 #: Where write_report (and tl-geometry report) writes by default.
 DEFAULT_OUT = "tl_geometry_report"
@@ -86,16 +88,41 @@ def n_means_table(result: HeadAnalysis):
     marked ``†``: shown, never headlined."""
     import pandas as pd
 
-    columns = [(head, m, g) for head, m, g in _PER_N if m in METRIC_NAMES and g in GROUPS]
     rows = []
     for i, n in enumerate(result.n_values.tolist()):
         row: dict[str, Any] = {"N": n_label(result, n)}
-        row.update({head: _mean(result.metric(m, g)[..., i]) for head, m, g in columns})
-        if "shuffled" in GROUPS:
-            row["top − shuffled"] = row["F top-N"] - row["F shuffled"]
-            row["shuffled − random"] = row["F shuffled"] - row["F random"]
+        row.update({head: _mean(result.metric(m, g)[..., i]) for head, m, g in _PER_N})
+        row["top − shuffled"] = row["F top-N"] - row["F shuffled"]
+        row["shuffled − random"] = row["F shuffled"] - row["F random"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def sink_effect_section(result: HeadAnalysis) -> list[str]:
+    """The sink effect on F_N per N (SPEC §3): the pooled comparison (instances with / without the
+    sink in S_N, pooled over heads; the sink-removed re-selection) next to the paired one (per
+    head, the median ratio F_N(with) / F_N(removed) and the fraction ≤ 1/2 over the instances
+    whose S_N holds the sink; their median over heads). Dense N are marked †."""
+    table = result.paired_sink_summary()
+    shown = table.assign(n=[n_label(result, n) for n in table.n]).drop(columns="dense").rename(columns={
+        "n": "N", "pooled_f_sink_in": "pooled F, sink in S_N", "instances_in": "instances in",
+        "pooled_f_sink_out": "pooled F, sink outside", "instances_out": "instances out",
+        "f_sink_removed": "F, sink removed", "paired_median_ratio": "paired: median ratio",
+        "paired_median_halved": "paired: median fraction ≤ 1/2", "paired_heads": "paired: heads",
+        "paired_instances": "paired: instances"})
+    missing = "" if int(table.paired_heads.sum()) else (
+        " No head has a paired instance here (no top-N set holds the sink, or the analysis was "
+        "saved without paired figures): the paired columns are NaN.")
+    return [
+        "<h2>Sink effect on F_N: pooled and paired</h2>", _table(shown),
+        '<p class="tlg-caption">Pooled (comparison 1): mean F_N of the top-N instances with / without '
+        "the sink in the selection, every instance of every head pooled; it mixes heads and can show "
+        "an effect no head has. Paired (comparison 3, ours, the headline form): per head, over the "
+        "instances whose top-N set holds the sink, the median of F_N(with sink) / F_N(sink re-selected "
+        "away) and the fraction ≤ 1/2 (\"the sink halves F_N\"); the columns give their median over the "
+        "heads that have such instances. A ratio near 1 means the sink leaves F_N alone. "
+        f"† dense N, not headlined (SPEC §3).{html.escape(missing)}</p>",
+    ]
 
 
 def _header(result: HeadAnalysis, files: list[str]) -> str:
@@ -118,13 +145,11 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         "classes": class_shares_text(result),
     }
     if where:
-        groups = [(g, name) for g, name in (("top", "top-N"), ("shuffled", "shuffled"), ("random", "random"),
-                                             ("sink_removed", "sink removed")) if g in GROUPS]
+        groups = (("top", "top-N"), ("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed"))
         span = "N = " + (f"{headline[0]}..{headline[-1]}" if len(headline) > 1 else str(headline[0]))
         for metric, name in (("f_score", "F_N"), ("f_score_cc", "F*_N (chance-corrected)")):
-            if metric in METRIC_NAMES:
-                facts[f"mean {name} over {span}: " + " / ".join(n for _, n in groups)] = " / ".join(
-                    f"{_mean(result.metric(metric, g)[..., where]):.3f}" for g, _ in groups)
+            facts[f"mean {name} over {span}: " + " / ".join(n for _, n in groups)] = " / ".join(
+                f"{_mean(result.metric(metric, g)[..., where]):.3f}" for g, _ in groups)
     rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
                    f"{html.escape(str(v))}</td></tr>" for k, v in facts.items())
     links = " · ".join(f'<a href="{html.escape(f)}">{html.escape(f)}</a>' for f in files)
@@ -233,12 +258,15 @@ def write_report(
     result.heads_table().to_csv(out / "heads.csv", index=False)
     result.to_pandas().to_csv(out / "metrics.csv", index=False)
     result.class_counts().to_csv(out / "class_counts.csv")
+    result.paired_sink_summary().to_csv(out / "sink_effect.csv", index=False)
     plots = [
         ("f_by_class", f_curves_plot(result, by="class"),
-         "F_N against N, mean over the heads of each class: top-N, random subsets"
-         + (", values shuffled" if "shuffled" in GROUPS else "") + ", sink removed, "
-         "sink in / outside the set" + (", and the bounds" if result.bounds is not None else "")
+         "F_N against N, mean over the heads of each class: top-N, random subsets, values shuffled, "
+         "sink removed, sink in / outside the set" + (", and the bounds" if result.bounds is not None else "")
          + ". Shaded: N = 1 (trivial) and the dense N > (t+1)/4 (not headlined)."),
+        ("f_cc_by_class", f_curves_plot(result, by="class", metric="f_score_cc"),
+         "Chance-corrected F*_N against N, the same groups: the precision floor N/(t+1) taken out, so "
+         "a rise at dense N is not read as separability."),
         ("f_by_layer", f_curves_plot(result, by="layer"), "F_N against N, mean over each layer's heads."),
         ("sink", sink_plot(result), "Sink value-norm ratio κ, signed cosine and attention mass per layer."),
         ("class_counts", class_counts_plot(result), "Heads of each class per layer."),
@@ -246,12 +274,11 @@ def write_report(
     # 90 dpi keeps the inlined PNGs small (the page stays a few MB); the SVGs are the print copies.
     figure_html = [_figure(save_figure(fig, figures / name, dpi=90)[0], caption) for name, fig, caption in plots]
 
-    parts: list[_page.View | str] = [taxonomy_view(result), sink_view(result)]
+    parts: list[_page.View | str] = [taxonomy_view(result), sink_view(result), *sink_effect_section(result)]
     parts += ["<h2>Mean over heads per N</h2>", _table(n_means_table(result)),
               '<p class="tlg-caption">† dense N > (t+1)/4: the precision floor N/(t+1) lifts F; shown, '
-              "never headlined. F* = chance-corrected F (SPEC §3)."
-              + (" top − shuffled: what the value geometry carries; shuffled − random: what the "
-                 "attention magnitudes alone explain." if "shuffled" in GROUPS else "") + "</p>"]
+              "never headlined. F* = chance-corrected F (SPEC §3). top − shuffled: what the value "
+              "geometry carries; shuffled − random: what the attention magnitudes alone explain.</p>"]
     parts += ["<h2>Figures</h2>", *figure_html]
     # The ranking N is the first of the headline range: a dense N is never the headline.
     analysed = result.n_values.tolist()
@@ -270,7 +297,7 @@ def write_report(
                       contribution_view(cache, layer, head, **kw), token_view(cache, layer, head, n=n_view, **kw)]
     parts += _ablation(out, figures)
     parts += capacity_section(out, figures)
-    files = ["analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv"] + [
+    files = ["analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv", "sink_effect.csv"] + [
         p.name for p in (out / "sensitivity.csv", out / "sparsification.csv", out / "capacity.csv",
                          out / "capacity_heads.csv") if p.is_file()
     ]

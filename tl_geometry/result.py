@@ -294,6 +294,13 @@ class HeadAnalysis:
         return _result_tables.best_n(self)
 
     # --- tables -----------------------------------------------------------------------------------
+    def paired_sink_summary(self):
+        """Per N, the pooled sink comparison (instances with / without the sink in S_N, pooled
+        over heads; the sink-removed F_N) next to the paired one (median over heads of each
+        head's median F_N(with) / F_N(removed) and fraction ≤ 1/2; SPEC §3), as a
+        ``DataFrame``; dense N flagged."""
+        return _result_tables.paired_sink_summary(self)
+
     def class_counts(self):
         """``pandas.DataFrame`` of the number of heads of each class per layer (columns
         :data:`CLASSES`). Unlabelled heads (no votes) are in no column: shares computed from

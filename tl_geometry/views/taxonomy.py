@@ -28,7 +28,8 @@ def _fmt(x: float) -> str:
 
 
 def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None) -> str:
-    """Plain-text hover of one head: class, vote fractions, sink figures, F_N top vs random."""
+    """Plain-text hover of one head: class, vote fractions, sink figures, F_N (and F*_N) of the
+    top-N set against the value-shuffle null and the random baseline."""
     fr = result.vote_fractions[li, h].tolist()
     lines = [
         f"layer {result.layers[li]} head {h}: {label_text(result.labels[li][h])}",
@@ -38,7 +39,9 @@ def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None) -> str:
     ]
     if n is not None:
         i = result.n_values.tolist().index(n)
-        lines.append(f"F score of {n} keys: top {_fmt(float(result.f_score[li, h, i]))}, "
+        lines.append(f"F score of {n} keys: top {_fmt(float(result.f_score[li, h, i]))} "
+                     f"(F* {_fmt(float(result.f_score_cc[li, h, i]))}), "
+                     f"shuffled {_fmt(float(result.shuffled_f_score[li, h, i]))}, "
                      f"random {_fmt(float(result.random_f_score[li, h, i]))}")
     return "\n".join(lines)
 
