@@ -28,8 +28,8 @@ import numpy as np
 
 EPS = 1e-12  # the eta of the cosine distance / cosine similarity (SPEC section 3)
 
-METRICS = ("precision", "recall", "f_score", "margin", "inversions")
-GROUPS = ("top", "sink_removed", "sink_in", "sink_out")
+METRICS = ("precision", "recall", "f_score", "margin", "inversions", "precision_cc", "f_score_cc")
+GROUPS = ("top", "shuffled", "sink_removed", "sink_in", "sink_out")
 SINK_KEYS = ("mass", "norm_ratio", "cosine", "mean_cosine", "share")
 VOTES = ("current", "sink", "other")
 LABELS = ("Retriever", "Mixer", "Reset")  # same order as VOTES; also the tie-break order
@@ -177,6 +177,8 @@ def ref_separability(alpha, values, selected, valid, distance="euclidean") -> di
         F = 2PR / (P + R), and F = 0 when R = 0
         margin = rho_min - rho_max
         inversions = sum_{i in S} sum_{j not in S} 1{D_j <= D_i}
+        P* = (P - N/#valid) / (1 - N/#valid)      (chance-corrected precision, ours)
+        F* = 2 P* R / (P* + R), and F* = 0 when P* = 0 or R = 0
 
     Every value is NaN when N is outside ``1 <= N < #valid``.
     """
@@ -218,12 +220,20 @@ def ref_separability(alpha, values, selected, valid, distance="euclidean") -> di
             if dist[j] <= dist[i]:
                 inversions += 1
 
+    floor = n / n_valid
+    precision_cc = (precision - floor) / (1.0 - floor)
+    f_score_cc = 0.0
+    if precision_cc > 0 and recall > 0:
+        f_score_cc = 2.0 * precision_cc * recall / (precision_cc + recall)
+
     return {
         "precision": float(precision),
         "recall": float(recall),
         "f_score": float(f_score),
         "margin": float(rho_min - rho_max),
         "inversions": float(inversions),
+        "precision_cc": float(precision_cc),
+        "f_score_cc": float(f_score_cc),
     }
 
 
@@ -391,6 +401,7 @@ def ref_analyze(
     distance="euclidean",
     W_O=None,
     rank_by="attention",
+    shuffles=None,
 ) -> dict:
     """The whole per-layer analysis for ONE layer, by loops (SPEC sections 1-5).
 
@@ -408,6 +419,13 @@ def ref_analyze(
     * "top": top-N among the valid keys; "sink_removed": the sink deleted from the key set
       (neither selectable nor scored), top-N re-selected among the rest. Aggregation: per
       sequence nan-mean over its chosen queries, then nan-mean over sequences.
+    * "shuffled" (only with ``shuffles``): ``shuffles(b, h, t, keys)`` returns permutations;
+      permutation ``p`` gives the i-th non-sink valid key ``keys[1 + i]`` the value vector of
+      key ``p[i]`` (the sink keeps its own). The top-N set of the real alpha is scored on those
+      values; the mean over permutations is one instance.
+    * paired sink effect ("paired_ratios"): per (head, N), the list of
+      F_N(top) / F_N(sink removed) over the instances whose top-N set holds the sink (inf when
+      only the second is 0; instances where both are 0 are left out).
     * "sink_in" / "sink_out": the "top" instances with N in range, split by whether the sink is
       in S_N; plain mean over all instances pooled over sequences and queries (NaN if empty);
       plus the instance counts.
@@ -438,6 +456,7 @@ def ref_analyze(
     for g in GROUPS:
         for m in METRICS:
             out[f"{g}_{m}"] = np.full((n_heads, n_n), np.nan)
+    out["paired_ratios"] = [[[] for _ in range(n_n)] for _ in range(n_heads)]
     out["sink_in_count"] = np.zeros((n_heads, n_n), dtype=np.int64)
     out["sink_out_count"] = np.zeros((n_heads, n_n), dtype=np.int64)
     for k in SINK_KEYS:
@@ -448,7 +467,7 @@ def ref_analyze(
 
     for h in range(n_heads):
         # per (N, group, metric): list over sequences of that sequence's nan-mean
-        per_seq = {(ni, g, m): [] for ni in range(n_n) for g in ("top", "sink_removed")
+        per_seq = {(ni, g, m): [] for ni in range(n_n) for g in ("top", "shuffled", "sink_removed")
                    for m in METRICS}
         # per (N, group, metric): pooled list of instance values (sink_in / sink_out)
         pooled = {(ni, g, m): [] for ni in range(n_n) for g in ("sink_in", "sink_out")
@@ -465,7 +484,7 @@ def ref_analyze(
 
             # --- separability groups ---
             for ni, n in enumerate(n_values):
-                this_seq = {(g, m): [] for g in ("top", "sink_removed") for m in METRICS}
+                this_seq = {(g, m): [] for g in ("top", "shuffled", "sink_removed") for m in METRICS}
                 for t in chosen:
                     alpha = pattern[b, h, t, :]
                     valid = _key_mask(mask[b], t)
@@ -490,7 +509,27 @@ def ref_analyze(
                     for m in METRICS:
                         this_seq[("sink_removed", m)].append(res_wo[m])
 
-                for g in ("top", "sink_removed"):
+                    # paired sink effect
+                    f_with, f_wo = res["f_score"], res_wo["f_score"]
+                    if sel[sink] and not (math.isnan(f_with) or math.isnan(f_wo)):
+                        if f_wo > 0:
+                            out["paired_ratios"][h][ni].append(f_with / f_wo)
+                        elif f_with > 0:
+                            out["paired_ratios"][h][ni].append(math.inf)
+
+                    # "shuffled"
+                    if shuffles is not None:
+                        keys = _valid_indices(valid)
+                        samples = []
+                        for perm in shuffles(b, h, t, keys):
+                            moved = values.copy()
+                            for i, source in enumerate(perm):
+                                moved[keys[1 + i]] = values[source]
+                            samples.append(ref_separability(alpha, moved, sel, valid, distance))
+                        for m in METRICS:
+                            this_seq[("shuffled", m)].append(_plain_mean([x[m] for x in samples]))
+
+                for g in ("top", "shuffled", "sink_removed"):
                     for m in METRICS:
                         per_seq[(ni, g, m)].append(_nanmean(this_seq[(g, m)]))
 
@@ -514,7 +553,7 @@ def ref_analyze(
                 votes[ref_vote(pattern[b, h, t, :], values, valid, t, sink)] += 1
 
         for ni in range(n_n):
-            for g in ("top", "sink_removed"):
+            for g in ("top", "shuffled", "sink_removed"):
                 for m in METRICS:
                     out[f"{g}_{m}"][h, ni] = _nanmean(per_seq[(ni, g, m)])
             for g in ("sink_in", "sink_out"):

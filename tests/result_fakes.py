@@ -44,4 +44,5 @@ def fake(layers=(3, 5), n_heads: int = 4, n_values=(2, 4, 8), *, bounds: bool = 
         group_counts=coded("group_counts").floor(), sink=coded("sink"), vote_counts=votes,
         metadata=dict(metadata or {}),
         bounds=coded("bounds") / 1e5 if bounds else None, regime=coded("regime") if bounds else None,
+        paired=coded("paired"),
     )

@@ -10,7 +10,7 @@ from reference import ref_analyze
 
 import tl_geometry
 
-METRICS = ("precision", "recall", "f_score", "margin", "inversions")
+METRICS = ("precision", "recall", "f_score", "margin", "inversions", "precision_cc", "f_score_cc")
 N_VALUES = (1, 2, 3, 5, 8)
 
 SCENARIOS = [
@@ -35,8 +35,8 @@ def _compare(result, want, li=0):
             got = result.metric(m, group)[li].numpy()
             np.testing.assert_allclose(got, want[f"{group}_{m}"], rtol=1e-5, atol=1e-5,
                                        equal_nan=True, err_msg=f"{group} {m}")
-    np.testing.assert_array_equal(result.group_counts[3, li].numpy(), want["sink_in_count"])
-    np.testing.assert_array_equal(result.group_counts[4, li].numpy(), want["sink_out_count"])
+    np.testing.assert_array_equal(result.count("sink_in")[li].numpy(), want["sink_in_count"])
+    np.testing.assert_array_equal(result.count("sink_out")[li].numpy(), want["sink_out_count"])
     for field in ("mass", "norm_ratio", "cosine", "mean_cosine", "share"):
         np.testing.assert_allclose(getattr(result, f"sink_{field}")[li].numpy(), want[f"sink_{field}"],
                                    rtol=1e-5, atol=1e-5, equal_nan=True, err_msg=field)

@@ -129,7 +129,7 @@ def test_attributes_are_explicit_class_attributes_not_getattr_magic():
 
 @pytest.mark.parametrize(("call", "message"), [
     (lambda r: r.metric("f1"), "unknown metric 'f1'; valid: 'precision', 'recall', 'f_score'"),
-    (lambda r: r.metric("f_score", group="shuffled"), "valid: 'top', 'random', 'sink_removed'"),
+    (lambda r: r.metric("f_score", group="permuted"), "valid: 'top', 'random', 'shuffled', 'sink_removed'"),
     (lambda r: r.count("all"), "unknown group 'all'"),
     (lambda r: r.sink_diagnostic("kappa"), "valid: 'mass', 'norm_ratio'"),
     (lambda r: r.bound("upper"), "valid: 'inversion', 'certified', 'predicted'"),
@@ -168,21 +168,21 @@ def test_a_new_group_or_metric_is_one_tuple_entry(monkeypatch, tmp_path):
 
     old = fake(n_values=(2, 4))
     path = old.save(tmp_path / "old.pt")
-    groups = (*GROUPS, "shuffled")
-    metrics = (*_result_schema.METRIC_NAMES, "f_score_cc")
+    groups = (*GROUPS, "permuted")
+    metrics = (*_result_schema.METRIC_NAMES, "margin_cc")
     for module in (result_module, _result_schema):
         monkeypatch.setattr(module, "GROUPS", groups)
         monkeypatch.setattr(module, "METRIC_NAMES", metrics)
     new = fake(n_values=(2, 4))
-    assert new.scores.shape[:2] == (6, 6)
-    assert torch.equal(new.metric("f_score_cc", group="shuffled"), new.scores[5, 5])
-    assert "shuffled_f_score_cc" in new.sel(layer=3, head=0, n=2)
-    assert set(new.to_pandas().group) >= {"shuffled"} and "f_score_cc" in new.to_pandas()
+    assert new.scores.shape[:2] == (len(groups), len(metrics))
+    assert torch.equal(new.metric("margin_cc", group="permuted"), new.scores[-1, -1])
+    assert "permuted_margin_cc" in new.sel(layer=3, head=0, n=2)
+    assert set(new.to_pandas().group) >= {"permuted"} and "margin_cc" in new.to_pandas()
     assert torch.equal(HeadAnalysis.load(new.save(tmp_path / "new.pt")).scores, new.scores)
     with pytest.warns(UserWarning, match="filled"):  # a file from before: the new names are NaN
         loaded = HeadAnalysis.load(path)
-    assert loaded.metric("f_score", group="shuffled").isnan().all()
-    assert loaded.metric("f_score_cc").isnan().all() and (loaded.count("shuffled") == 0).all()
+    assert loaded.metric("f_score", group="permuted").isnan().all()
+    assert loaded.metric("margin_cc").isnan().all() and (loaded.count("permuted") == 0).all()
     assert torch.equal(loaded.metric("recall", group="sink_in"), old.metric("recall", group="sink_in"))
 
 
@@ -191,7 +191,7 @@ def test_constructor_checks_shapes_against_the_names():
     fields = dict(vars(r))
     fields["scores"] = r.scores[:4]  # one group short, and group_counts agrees: a shape mismatch
     fields["group_counts"] = r.group_counts[:4]
-    with pytest.raises(ValueError, match=r"scores has shape \[4, 5, 2, 4, 3\]; expected \[group=5"):
+    with pytest.raises(ValueError, match=r"scores has shape \[4, 7, 2, 4, 3\]; expected \[group=6"):
         HeadAnalysis(**fields)
     with pytest.raises(ValueError, match="distinct"):
         HeadAnalysis(**{**vars(r), "layers": (3, 3)})
@@ -216,7 +216,9 @@ def test_summary_top_k_legend_and_unknown_model():
     assert "docs/reading.md" in text
     assert "model None" not in text and "model unknown (pass model=" in text
     assert "run settings not recorded" in text  # a hand-built result has no run metadata
-    assert all(len(line) <= 100 for line in text.splitlines() if line.startswith("Legend") or
+    # Means of F in [0, 1] (the fake's coded values have five digits) fit in 100 columns.
+    unit = HeadAnalysis(**{**vars(r), "scores": r.scores / 1e5}).summary(top=3)
+    assert all(len(line) <= 100 for line in unit.splitlines() if line.startswith("Legend") or
                not line[:5].strip().isdigit())
     named = fake(metadata={"model_name": "SmolLM2-135M", "n_sequences": 8, "n_positions": 128,
                            "queries": "last", "distance": "euclidean", "space": "value"})

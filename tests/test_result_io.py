@@ -13,12 +13,13 @@ import torch
 from result_fakes import fake
 
 from tl_geometry import _result_io
-from tl_geometry.result import HeadAnalysis, ResultFileError
+from tl_geometry._result_io import _FORMAT1_NAMES
+from tl_geometry.result import GROUPS, METRIC_NAMES, HeadAnalysis, ResultFileError
 
 
 def _same(a: HeadAnalysis, b: HeadAnalysis) -> None:
     assert a.layers == b.layers and torch.equal(a.n_values, b.n_values)
-    for key in ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime"):
+    for key in ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "paired"):
         x, y = getattr(a, key), getattr(b, key)
         if x is None or y is None:
             assert x is None and y is None, key
@@ -105,7 +106,7 @@ def test_a_crafted_pickle_is_refused_not_run(tmp_path):
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda p: {"scores": p["scores"][:, :, :, :3]},
-     r"group_counts has shape \[5, 2, 4, 3\]; expected \[group=5, layer=2, head=3"),
+     r"group_counts has shape \[6, 2, 4, 3\]; expected \[group=6, layer=2, head=3"),
     (lambda p: {"layers": [3, 5, 7]}, r"scores has shape .*layer=3"),
     (lambda p: {"layers": "35"}, "layers must be model layer indices"),
     (lambda p: {"n_values": torch.tensor([2.0, 4.0, 8.0])}, "n_values must be a 1-D tensor of distinct ints"),
@@ -143,7 +144,8 @@ def test_axes_are_read_by_name_so_a_reordered_or_renamed_metric_is_never_misread
     path = r.save(tmp_path / "r.pt")
     payload = torch.load(path, weights_only=True)
     names = payload["names"]["metric"]
-    order = [names.index(m) for m in ("recall", "precision", "f_score", "margin", "inversions")]
+    order = [names.index(m) for m in ("recall", "precision", "f_score", "margin", "inversions",
+                                      "f_score_cc", "precision_cc")]
     _rewrite(path, scores=payload["scores"][:, order],
              names={**payload["names"], "metric": [names[i] for i in order]})
     _same(HeadAnalysis.load(path), r)  # a file listing its metrics in another order reads the same
@@ -158,15 +160,23 @@ def test_axes_are_read_by_name_so_a_reordered_or_renamed_metric_is_never_misread
 def test_format_1_files_load_with_a_warning(tmp_path):
     r = fake(bounds=True, metadata={"model_name": "m", "n_values": [2, 4, 8]})
     path = tmp_path / "old.pt"
+    old_groups = [GROUPS.index(g) for g in _FORMAT1_NAMES["group"]]
+    old_metrics = [METRIC_NAMES.index(m) for m in _FORMAT1_NAMES["metric"]]
     torch.save({  # what tl_geometry 0.1 wrote
         "format": "tl_geometry.HeadAnalysis/1", "layers": list(r.layers), "n_values": r.n_values,
-        "scores": r.scores, "group_counts": r.group_counts, "sink": r.sink,
-        "vote_counts": r.vote_counts, "bounds": r.bounds, "regime": r.regime,
+        "scores": r.scores[old_groups][:, old_metrics], "group_counts": r.group_counts[old_groups],
+        "sink": r.sink, "vote_counts": r.vote_counts, "bounds": r.bounds, "regime": r.regime,
         "metadata": '{"model_name": "m", "n_values": [2, 4, 8]}',
     }, path)
     with pytest.warns(UserWarning, match="format 1 .* Save it again to upgrade"):
         loaded = HeadAnalysis.load(path)
-    _same(loaded, r)
+    for g in _FORMAT1_NAMES["group"]:
+        for m in _FORMAT1_NAMES["metric"]:
+            assert torch.equal(loaded.metric(m, g), r.metric(m, g))
+    assert loaded.metric("f_score", "shuffled").isnan().all() and loaded.f_score_cc.isnan().all()
+    assert loaded.paired is None and loaded.paired_sink_ratio.isnan().all()
+    for key in ("sink", "vote_counts", "bounds", "regime"):
+        assert torch.equal(getattr(loaded, key), getattr(r, key)), key
     assert loaded.metadata == r.metadata
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -52,7 +52,8 @@ def test_summary_and_repr_show_unlabelled_and_share_over_labelled_heads():
     text = r.summary(top=None)
     totals = _result_text.class_totals(r)
     shares = [f"{c} {k} ({100 * k / 6:.1f}%)" for c, k in totals.items()]
-    assert "Classes: " + ", ".join(shares) + "; 2 unlabelled (no votes; not in the shares)" in text
+    flat = " ".join(text.split())  # the line wraps at 100 columns
+    assert "Classes: " + ", ".join(shares) + "; 2 unlabelled (no votes; not in the shares)" in flat
     rows = {tuple(map(int, line.split()[:2])): line.split()[2]
             for line in text.splitlines() if line[:5].strip().isdigit()}
     assert rows[(3, 1)] == rows[(5, 3)] == "unlabelled" and "Retriever" in rows.values()
@@ -109,7 +110,7 @@ def test_a_one_position_analysis_is_all_unlabelled_and_reports(tmp_path):
     with pytest.warns(UserWarning, match="cannot be evaluated"):
         r = tl_geometry.analyze_heads(cache, n_values=(1, 2), random_samples=2)
     assert r.n_unlabelled == r.n_layers * r.n_heads and r.class_counts().to_numpy().sum() == 0
-    assert "Retriever 0, Mixer 0, Reset 0; 8 unlabelled" in r.summary()
+    assert "Retriever 0, Mixer 0, Reset 0; 8 unlabelled" in " ".join(r.summary().split())
     page = tl_geometry.write_report(r, tmp_path).read_text()
     assert "8 unlabelled (no votes; not in the shares)" in page and "nan%" not in page
 
@@ -137,7 +138,7 @@ def test_summary_marks_dense_n_and_headlines_only_the_range():
     assert "Headline range 2 ≤ N ≤ (t+1)/4 = 5: N = 2, 4;" in text
     assert "mean F_8†:" in text and "mean F_2:" in text and "mean F_4:" in text
     assert "F8† top/rnd" in text and "F2 top/rnd" in text
-    line = next(x for x in text.splitlines() if x.startswith("  headline (mean over N = 2..4)"))
+    line = next(x for x in text.splitlines() if x.startswith("  headline N = 2..4:"))
     top = float(line.split("top-N ")[1].split()[0])
     assert math.isclose(top, float(r.f_score[..., 1:3].mean()), abs_tol=1e-3)
     # a dense first N is never the ranking N

@@ -52,8 +52,7 @@ def test_paired_sink_summary_is_the_median_over_heads_next_to_the_pooled_means()
 
 
 def test_a_result_without_paired_figures_still_shows(tmp_path):
-    r = fake(n_values=(2, 4), metadata={"n_positions": 64})
-    assert r.paired is None
+    r = HeadAnalysis(**{**vars(fake(n_values=(2, 4), metadata={"n_positions": 64})), "paired": None})
     table = r.paired_sink_summary()
     assert table.paired_median_ratio.isna().all() and (table.paired_heads == 0).all()
     assert "paired sink effect" not in r.summary()
@@ -71,7 +70,7 @@ def test_summary_shows_f_star_shuffled_and_the_paired_sink_effect():
     table = r.paired_sink_summary().set_index("n")
     assert "paired sink effect" in text
     if table.paired_heads[2]:
-        assert f"N=2: ratio {table.paired_median_ratio[2]:.2f}" in text.replace("\n    ", " ")
+        assert f"    N=2: F_N(with) / F_N(removed) {table.paired_median_ratio[2]:.2f}, " in text
 
 
 def test_plots_and_views_show_the_shuffled_null_and_f_star():
@@ -82,7 +81,7 @@ def test_plots_and_views_show_the_shuffled_null_and_f_star():
     cc = views.f_curves_plot(r, by="layer", metric="f_score_cc")
     top = next(line for line in cc.axes[0].get_lines() if line.get_label() == "top N keys")
     assert np.allclose(top.get_ydata(), r.f_score_cc[0].mean(0).numpy())
-    assert "chance-corrected F score F*" in cc.axes[0].get_ylabel()
+    assert cc.axes[0].get_ylabel() == "F* of N keys" and cc._suptitle.get_text().startswith("Chance-corrected F")
     with pytest.raises(ValueError, match="metric must be one of"):
         views.f_curves_plot(r, metric="fscore")
     grid = views.taxonomy_view(r).fragment()

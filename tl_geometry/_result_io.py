@@ -172,12 +172,16 @@ def load(path: str | Path) -> dict[str, Any]:
         saved_names: dict[str, Any] = dict(_FORMAT1_NAMES)
     elif version == "2":
         saved_names = payload.get("names")
-        if payload.get("axes") != {k: list(v) for k, v in AXES.items()}:
-            raise fail(f"its axis labels {payload.get('axes')!r} differ from this version's {AXES!r}.")
+        axes = payload.get("axes")
+        # A file from an earlier 0.2 build may lack an optional field added since (e.g. paired).
+        if not isinstance(axes, dict) or any(
+            axes.get(k) != list(v) for k, v in AXES.items() if k in axes or k not in OPTIONAL
+        ) or set(axes) - set(AXES):
+            raise fail(f"its axis labels {axes!r} differ from this version's {AXES!r}.")
     else:
         raise fail(f"format {payload['format']!r} is newer than this tl_geometry reads "
                    f"({FORMAT}); upgrade tl_geometry.")
-    missing = [k for k in ("layers", "metadata", *AXES) if k not in payload]
+    missing = [k for k in ("layers", "metadata", *AXES) if k not in payload and k not in OPTIONAL]
     if missing or not isinstance(saved_names, dict):
         raise fail(f"incomplete: missing {missing or ['names']}.")
     try:
@@ -188,7 +192,7 @@ def load(path: str | Path) -> dict[str, Any]:
         raise fail(f"its metadata is a {type(metadata).__name__}, not a dict.")
     fields: dict[str, Any] = {"layers": payload["layers"], "metadata": metadata}
     for key in AXES:
-        value = payload[key]
+        value = payload.get(key)
         if value is None and key in OPTIONAL:
             fields[key] = None
         elif not isinstance(value, Tensor):

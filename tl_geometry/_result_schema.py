@@ -19,10 +19,16 @@ from .functional.separability import METRIC_NAMES
 from .functional.sink import SINK_FIELDS
 from .functional.taxonomy import CLASSES, VOTES
 
+#: Paired sink effect per (layer, head, N) (SPEC §3, comparison 3; ours): the median of
+#: F_N(with sink) / F_N(sink removed) over the instances whose top-N set holds the sink, the
+#: fraction of them with ratio ≤ 1/2, and their number.
+PAIRED_FIELDS: tuple[str, ...] = ("ratio", "halved", "count")
+
 #: Selection groups scored per (layer, head, N) (SPEC §3): the top-N set, the random baseline,
-#: the top-N re-selected with the sink removed, and the top-N instances with the sink inside /
-#: outside the set.
-GROUPS: tuple[str, ...] = ("top", "random", "sink_removed", "sink_in", "sink_out")
+#: the value-shuffle null (same α and top-N set, non-sink values permuted), the top-N
+#: re-selected with the sink removed, and the top-N instances with the sink inside / outside
+#: the set.
+GROUPS: tuple[str, ...] = ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out")
 #: Kinds of lower bound on the top-N sets (SPEC §6): inversion certificates, certified regime
 #: bounds (observed extremes) and the predicted envelope (typical values).
 BOUND_KINDS: tuple[str, ...] = ("inversion", "certified", "predicted")
@@ -38,9 +44,11 @@ AXES: dict[str, tuple[str, ...]] = {
     "vote_counts": ("layer", "head", "vote"),
     "bounds": ("bound_kind", "bound_metric", "layer", "head", "n"),
     "regime": ("regime_field", "layer", "head"),
+    "paired": ("paired_field", "layer", "head", "n"),
 }
-#: Fields that may be ``None`` (only present with ``analyze_heads(bounds=True)``).
-OPTIONAL = ("bounds", "regime")
+#: Fields that may be ``None``: the bounds (only with ``analyze_heads(bounds=True)``) and the
+#: paired sink effect (absent from files of earlier versions).
+OPTIONAL = ("bounds", "regime", "paired")
 #: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
 COUNT_FIELDS = ("group_counts", "vote_counts")
 
@@ -50,7 +58,7 @@ def names() -> dict[str, tuple[str, ...]]:
     return {
         "group": GROUPS, "metric": tuple(METRIC_NAMES), "sink_field": tuple(SINK_FIELDS),
         "vote": tuple(VOTES), "bound_kind": BOUND_KINDS, "bound_metric": BOUND_METRICS,
-        "regime_field": tuple(REGIME_FIELDS), "class": tuple(CLASSES),
+        "regime_field": tuple(REGIME_FIELDS), "class": tuple(CLASSES), "paired_field": PAIRED_FIELDS,
     }
 
 

@@ -122,14 +122,14 @@ def _group_line(result: HeadAnalysis, label: str, i: int | list[int]) -> str:
     return line
 
 
-def _paired_line(result: HeadAnalysis, shown: list[int]) -> str:
-    """The paired sink effect at the shown N (SPEC §3, comparison 3); empty if none is defined."""
+def _paired_lines(result: HeadAnalysis, shown: list[int]) -> list[str]:
+    """The paired sink effect at the shown N (SPEC §3, comparison 3); none if it is undefined."""
     table = result.paired_sink_summary().set_index("n")
-    cells = [f"N={n_label(result, n)}: ratio {table.paired_median_ratio[n]:.2f}, halved "
-             f"{100 * table.paired_median_halved[n]:.0f}% ({table.paired_heads[n]} heads)"
+    cells = [f"    N={n_label(result, n)}: F_N(with) / F_N(removed) {table.paired_median_ratio[n]:.2f}, "
+             f"fraction ≤ 1/2 {table.paired_median_halved[n]:.2f} ({table.paired_heads[n]} heads)"
              for n in shown if table.paired_heads[n] > 0]
-    return ("  paired sink effect, median over heads of F_N(with sink)/F_N(sink removed) and of the "
-            "fraction ≤ 1/2: " + "; ".join(cells)) if cells else ""
+    title = "  paired sink effect (instances whose top-N set holds the sink; median over heads):"
+    return [title, *cells] if cells else []
 
 
 def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> str:
@@ -147,15 +147,14 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
     if meta.get("distance", "euclidean") == "euclidean":
         lines.append("N=1 is trivial for the Euclidean distance (F_1 = 1); the headline is N ≥ 2.")
     lines += textwrap.wrap(headline_text(result), 100)
-    lines += ["", "Classes: " + class_shares_text(result)]
+    lines += ["", *textwrap.wrap("Classes: " + class_shares_text(result), 100, subsequent_indent="  ")]
     for n in shown:
         lines.append(_group_line(result, f"mean F_{n_label(result, n)}", result._n_index(n)))
     if headline := headline_n(result):
         span = f"{headline[0]}" if len(headline) == 1 else f"{headline[0]}..{headline[-1]}"
-        lines.append(_group_line(result, f"headline (mean over N = {span})",
+        lines.append(_group_line(result, f"headline N = {span}",
                                  [result._n_index(n) for n in headline]))
-    if paired := _paired_line(result, shown):
-        lines += textwrap.wrap(paired, 100, subsequent_indent="    ")
+    lines += _paired_lines(result, shown)
     if result.bounds is not None:
         frac = result.certified_fraction
         lines.append("  heads certified (P̲ = R̲ = 1): " + ", ".join(

@@ -22,7 +22,7 @@ from .engine import (
     output_weights,
     run_metadata,
 )
-from .engine.options import DEFAULT_RANDOM_SAMPLES
+from .engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
 from .functional.heads import sink_positions
 from .result import HeadAnalysis
 
@@ -35,6 +35,7 @@ def analyze_heads(
     n_values: Sequence[int] = DEFAULT_N_VALUES,
     queries: Literal["last", "all"] = "last",
     random_samples: int = DEFAULT_RANDOM_SAMPLES,
+    shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES,
     seed: int = 0,
     attention_mask: Tensor | None = None,
     layers: Sequence[int] | None = None,
@@ -54,11 +55,14 @@ def analyze_heads(
     ``blocks.{l}.attn.hook_v`` ``[batch, pos, kv_head, d_head]`` by exact name from a
     TransformerLens ``ActivationCache`` (2.x, 3.x or 4.x) or a plain dict, layer by layer.
 
-    Per (layer, head, N) it averages precision, recall, F, margin and inversions (SPEC §3) of
-    the top-N set, of ``random_samples`` nested random subsets (seeded by ``seed``), of the
-    top-N re-selected with the sink removed from the keys, and of the top-N instances with the
-    sink inside and outside the set. Per (layer, head) it gives the sink diagnostics of SPEC §4
-    and the source-winner taxonomy of SPEC §5 (always over every query after the sink).
+    Per (layer, head, N) it averages precision, recall, F, margin, inversions and the
+    chance-corrected P* and F* (SPEC §3) of the top-N set, of ``random_samples`` nested random
+    subsets (seeded by ``seed``), of the top-N set with the non-sink values shuffled
+    (``shuffle_samples`` permutations: the value-shuffle null), of the top-N re-selected with
+    the sink removed from the keys, and of the top-N instances with the sink inside and outside
+    the set; and the paired sink effect (the median of F_N with / without the sink over the
+    instances that hold it). Per (layer, head) it gives the sink diagnostics of SPEC §4 and the
+    source-winner taxonomy of SPEC §5 (always over every query after the sink).
 
     The work runs on the cache's device: compiled (numba) kernels for CPU tensors, their pure
     torch twins elsewhere (``backend`` forces one).
@@ -72,8 +76,10 @@ def analyze_heads(
             — every real query.
         random_samples: random permutations per (query, head) for the baseline; 0 turns the
             baseline off (its metrics are NaN).
-        seed: seed of the random baseline; the same seed gives the same numbers, whatever the
-            batch size, chunking, device or front-end.
+        shuffle_samples: value permutations per (query, head) for the value-shuffle null
+            (same α, same top-N set, the non-sink keys' values permuted); 0 turns it off.
+        seed: seed of the random baseline and the shuffle; the same seed gives the same
+            numbers, whatever the batch size, chunking, device or front-end.
         attention_mask: ``[batch, pos]``, 1 for real tokens: required for padded batches (left
             or right), and the forward pass must have been run with the same mask. The sink is
             each sequence's first real token.
@@ -103,6 +109,7 @@ def analyze_heads(
         >>> print(result.summary())  # doctest: +SKIP
     """
     opts = check_options(n_values=n_values, queries=queries, random_samples=random_samples,
+                         shuffle_samples=shuffle_samples,
                          seed=seed, distance=distance, space=space, rank_by=rank_by,
                          bounds=bounds, backend=backend)
     layer_ids = _cache.resolve_layers(cache, layers)

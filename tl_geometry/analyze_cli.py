@@ -55,7 +55,10 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument("--random-samples", type=positive_int, default=16, metavar="R",
                         help="random subsets per query and head for the baseline (more: slower, "
                              "less noisy)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
+    parser.add_argument("--shuffle-samples", type=positive_int, default=16, metavar="R",
+                        help="value permutations per query and head for the value-shuffle null "
+                             "(same attention and top-N set, values shuffled)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline and the shuffle")
     parser.add_argument("--distance", choices=("euclidean", "cosine"), default="euclidean",
                         help="distance between contributions and their aggregate")
     parser.add_argument("--bounds", action="store_true",
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     model = tl_geometry.load_model(args.model)
     tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
-                   seed=args.seed, distance=args.distance, bounds=args.bounds)
+                   shuffle_samples=args.shuffle_samples, seed=args.seed, distance=args.distance, bounds=args.bounds)
     loaded = time.perf_counter()
     if args.stream or world > 1:
         # Under torchrun every rank analyses its share of the windows; the sums are all-reduced.

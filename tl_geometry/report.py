@@ -141,6 +141,7 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
             + " (dense N, marked †, are shown and shaded, never headlined)"),
         "distance / space": f"{meta.get('distance', '?')} / {meta.get('space', '?')}",
         "random subsets per query": meta.get("random_samples", "?"),
+        "value shuffles per query": meta.get("shuffle_samples", "?"),
         "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_heads}",
         "classes": class_shares_text(result),
     }

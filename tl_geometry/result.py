@@ -26,6 +26,7 @@ from ._result_schema import (
     BOUND_METRICS,
     GROUPS,
     NO_BOUNDS,
+    PAIRED_FIELDS,
     NoBoundsError,
     UnknownNameError,
     check_fields,
@@ -43,6 +44,7 @@ __all__ = [
     "CLASSES",
     "GROUPS",
     "METRIC_NAMES",
+    "PAIRED_FIELDS",
     "REGIME_FIELDS",
     "SINK_FIELDS",
     "VOTES",
@@ -104,6 +106,9 @@ class HeadAnalysis:
     """With ``analyze_heads(bounds=True)``: mean lower bounds ``[BOUND_KINDS, (P, R, F), ...]``."""
     regime: Float[Tensor, "rfield layer head"] | None = None
     """With ``bounds=True``: regime diagnostics ``[REGIME_FIELDS, layer, head]`` (SPEC §6c)."""
+    paired: Float[Tensor, "pfield layer head n"] | None = None
+    """Paired sink effect ``[PAIRED_FIELDS, layer, head, n]`` (SPEC §3; see :meth:`paired_sink`);
+    ``None`` only in files of earlier versions."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
@@ -123,6 +128,17 @@ class HeadAnalysis:
         """Sink figure ``name`` (``mass``, ``norm_ratio``, ``cosine``, ``mean_cosine``, ``share``;
         SPEC §4) per head, ``[layer, head]``."""
         return self.sink[check_name("sink field", name, SINK_FIELDS)]
+
+    def paired_sink(self, name: str = "ratio") -> Float[Tensor, "layer head n"]:
+        """Paired sink effect (SPEC §3, comparison 3; ours), ``[layer, head, n]``: over the
+        instances whose top-N set holds the sink, ``"ratio"`` — the median of F_N(with sink) /
+        F_N(sink removed) (the lower median, to within 1.1 %; tl_geometry.engine.paired),
+        ``"halved"`` — the fraction with ratio ≤ 1/2, ``"count"`` — their number. NaN where
+        no instance holds the sink (or for files of earlier versions)."""
+        i = check_name("paired field", name, PAIRED_FIELDS)
+        if self.paired is None:
+            return torch.full_like(self.scores[0, 0], torch.nan)
+        return self.paired[i]
 
     def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
         """Mean lower bound ``[layer, head, n]`` of ``kind`` (``inversion``, ``certified``,
@@ -148,28 +164,53 @@ class HeadAnalysis:
     """Top-N F_N, ``[layer, head, n]`` (``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)."""
     margin = _Slice("metric", "margin")
     inversions = _Slice("metric", "inversions")
+    precision_cc = _Slice("metric", "precision_cc")
+    """Chance-corrected precision P*_N = (P_N − N/(t+1)) / (1 − N/(t+1)) (SPEC §3, ours)."""
+    f_score_cc = _Slice("metric", "f_score_cc")
+    """Chance-corrected F*_N: harmonic mean of P*_N and R_N (SPEC §3, ours)."""
     random_precision = _Slice("metric", "precision", "random")
     random_recall = _Slice("metric", "recall", "random")
     random_f_score = _Slice("metric", "f_score", "random")
     """Random N-subset baseline of F_N, ``[layer, head, n]``."""
     random_margin = _Slice("metric", "margin", "random")
     random_inversions = _Slice("metric", "inversions", "random")
+    random_precision_cc = _Slice("metric", "precision_cc", "random")
+    random_f_score_cc = _Slice("metric", "f_score_cc", "random")
+    shuffled_precision = _Slice("metric", "precision", "shuffled")
+    shuffled_recall = _Slice("metric", "recall", "shuffled")
+    shuffled_f_score = _Slice("metric", "f_score", "shuffled")
+    """F_N of the top-N set with the non-sink values shuffled (value-shuffle null, SPEC §3)."""
+    shuffled_margin = _Slice("metric", "margin", "shuffled")
+    shuffled_inversions = _Slice("metric", "inversions", "shuffled")
+    shuffled_precision_cc = _Slice("metric", "precision_cc", "shuffled")
+    shuffled_f_score_cc = _Slice("metric", "f_score_cc", "shuffled")
     sink_removed_precision = _Slice("metric", "precision", "sink_removed")
     sink_removed_recall = _Slice("metric", "recall", "sink_removed")
     sink_removed_f_score = _Slice("metric", "f_score", "sink_removed")
     """F_N of the top-N set re-selected without the sink."""
     sink_removed_margin = _Slice("metric", "margin", "sink_removed")
     sink_removed_inversions = _Slice("metric", "inversions", "sink_removed")
+    sink_removed_precision_cc = _Slice("metric", "precision_cc", "sink_removed")
+    sink_removed_f_score_cc = _Slice("metric", "f_score_cc", "sink_removed")
     sink_in_precision = _Slice("metric", "precision", "sink_in")
     sink_in_recall = _Slice("metric", "recall", "sink_in")
     sink_in_f_score = _Slice("metric", "f_score", "sink_in")
     sink_in_margin = _Slice("metric", "margin", "sink_in")
     sink_in_inversions = _Slice("metric", "inversions", "sink_in")
+    sink_in_precision_cc = _Slice("metric", "precision_cc", "sink_in")
+    sink_in_f_score_cc = _Slice("metric", "f_score_cc", "sink_in")
     sink_out_precision = _Slice("metric", "precision", "sink_out")
     sink_out_recall = _Slice("metric", "recall", "sink_out")
     sink_out_f_score = _Slice("metric", "f_score", "sink_out")
     sink_out_margin = _Slice("metric", "margin", "sink_out")
     sink_out_inversions = _Slice("metric", "inversions", "sink_out")
+    sink_out_precision_cc = _Slice("metric", "precision_cc", "sink_out")
+    sink_out_f_score_cc = _Slice("metric", "f_score_cc", "sink_out")
+    paired_sink_ratio = _Slice("paired_sink", "ratio")
+    """Per head, median F_N(with sink) / F_N(sink removed) over instances holding the sink."""
+    paired_sink_halved = _Slice("paired_sink", "halved")
+    """Per head, fraction of those instances where the sink halves F_N (ratio ≤ 1/2)."""
+    paired_sink_count = _Slice("paired_sink", "count")
     sink_mass = _Slice("sink_diagnostic", "mass")
     """Mean attention on the sink, ``[layer, head]``."""
     sink_norm_ratio = _Slice("sink_diagnostic", "norm_ratio")
@@ -241,6 +282,7 @@ class HeadAnalysis:
         for g in GROUPS:
             out.update({_name(g, m): (self.metric(m, g), True) for m in METRIC_NAMES})
         out["f_gain"] = (self.f_gain, True)
+        out.update({f"paired_sink_{f}": (self.paired_sink(f), True) for f in PAIRED_FIELDS})
         out.update({_name(g, "count"): (self.count(g), True) for g in GROUPS})
         out.update({f"sink_{f}": (self.sink_diagnostic(f), False) for f in SINK_FIELDS})
         fractions = self.vote_fractions

@@ -27,7 +27,7 @@ from .engine import (
     output_weights,
     run_metadata,
 )
-from .engine.options import DEFAULT_RANDOM_SAMPLES
+from .engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
 from .functional.heads import sink_positions
 from .result import HeadAnalysis
 
@@ -128,6 +128,7 @@ def analyze_model(
     n_values: Sequence[int] = DEFAULT_N_VALUES,
     queries: Literal["last", "all"] = "last",
     random_samples: int = DEFAULT_RANDOM_SAMPLES,
+    shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES,
     seed: int = 0,
     layers: Sequence[int] | None = None,
     distance: Literal["euclidean", "cosine"] = "euclidean",
@@ -161,6 +162,7 @@ def analyze_model(
         >>> result = tl_geometry.analyze_model(model, tokens, batch_size=4)  # doctest: +SKIP
     """
     opts = check_options(n_values=n_values, queries=queries, random_samples=random_samples,
+                         shuffle_samples=shuffle_samples,
                          seed=seed, distance=distance, space=space, rank_by=rank_by,
                          bounds=bounds, backend=backend)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

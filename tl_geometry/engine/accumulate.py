@@ -1,9 +1,10 @@
 """Mergeable sums and counts of one analysis, and the finish step that makes a HeadAnalysis.
 
-Averaging protocol (SPEC §8; the grouping is ours): for the top-N, random and sink-removed
-groups, a metric is averaged over the chosen queries of each sequence first, then over
-sequences; the random baseline is first averaged over its permutations. The sink-in / sink-out
-groups pool every (sequence, query) instance of the top-N set by whether the sink is inside it.
+Averaging protocol (SPEC §8; the grouping is ours): for the top-N, random, shuffled and
+sink-removed groups, a metric is averaged over the chosen queries of each sequence first, then
+over sequences; the random and shuffled baselines are first averaged over their permutations.
+The sink-in / sink-out groups pool every (sequence, query) instance of the top-N set by whether
+the sink is inside it; the paired sink effect pools the ratios of those inside (:mod:`.paired`).
 Sink diagnostics are averaged per sequence, then over sequences. Taxonomy votes are pooled
 counts over every query after the sink. Batches, streams and processes combine by addition
 (:meth:`Accumulator.merge`), so every front-end shares this code.
@@ -31,11 +32,9 @@ from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..result import BOUND_KINDS, BOUND_METRICS, HeadAnalysis
-from .layer import LayerStats
+from .layer import SEQUENCE_GROUPS, LayerStats
 from .options import AnalysisOptions
-
-#: Groups averaged per sequence (the rest are pooled instances: sink in, sink out).
-SEQUENCE_GROUPS = ("top", "random", "sink_removed")
+from .paired import N_BINS, paired_figures
 
 
 @dataclass
@@ -46,6 +45,8 @@ class Accumulator:
     seq_count: Float[Tensor, "layer head group n metric"]
     inst_sum: Float[Tensor, "layer head inout n metric"]
     inst_count: Float[Tensor, "layer head inout n"]
+    paired_hist: Float[Tensor, "layer head n bin"]
+    paired_halved: Float[Tensor, "layer head n"]
     sink_sum: Float[Tensor, "layer head field"]
     sink_count: Float[Tensor, "layer head field"]
     votes: Float[Tensor, "layer head vote"]
@@ -61,6 +62,8 @@ class Accumulator:
             "seq_count": (len(SEQUENCE_GROUPS), n_n, len(METRIC_NAMES)),
             "inst_sum": (2, n_n, len(METRIC_NAMES)),
             "inst_count": (2, n_n),
+            "paired_hist": (n_n, N_BINS),
+            "paired_halved": (n_n,),
             "sink_sum": (len(SINK_FIELDS),),
             "sink_count": (len(SINK_FIELDS),),
             "votes": (3,),
@@ -84,6 +87,8 @@ class Accumulator:
         _add_means(self.seq_sum[li], self.seq_count[li], stats.seq_mean.to(self.seq_sum.device))
         self.inst_sum[li] += stats.inst_sum.to(self.inst_sum.device)
         self.inst_count[li] += stats.inst_count.to(self.inst_count.device)
+        self.paired_hist[li] += stats.paired_hist.to(self.paired_hist.device)
+        self.paired_halved[li] += stats.paired_halved.to(self.paired_halved.device)
         _add_means(self.sink_sum[li], self.sink_count[li], stats.sink_mean.to(self.sink_sum.device))
         self.votes[li] += stats.votes.to(self.votes.device)
         if stats.bound_mean is not None:
@@ -113,6 +118,7 @@ class Accumulator:
             group_counts=rearrange(counts, "l h g n -> g l h n").cpu().contiguous(),
             sink=rearrange(self.sink_sum / self.sink_count, "l h f -> f l h").cpu().contiguous(),
             vote_counts=self.votes.cpu().clone(),
+            paired=paired_figures(self.paired_hist, self.paired_halved).cpu().contiguous(),
             metadata=metadata,
             bounds=rearrange(self.bound_sum / self.bound_count, "l h k n b -> k b l h n").cpu().contiguous()
             if opts.bounds else None,

@@ -13,7 +13,7 @@ Two kernels, each parallel over rows and each with a pure-torch twin in :mod:`.t
   costs one pass over ``max N`` rows of ``G``. Euclidean comparisons use
   ``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders keys exactly as ``D`` does
   without the cancellation of ``‖s‖²``; ``‖s‖²`` enters only the margin. Inversions are
-  counted among the contaminating keys only (``E_j ≤ max_S E``), by one small sort.
+  counted only when some key contaminates, by a branch-free pass per selected key.
 
 Compiled on first use and cached on disk (``cache=True``), so only the first call of a fresh
 install pays the compilation.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .rng import _C1, _C2, GOLDEN, SAMPLE_STRIDE
+from .rng import _C1, _C2, GOLDEN, SAMPLE_STRIDE, SHUFFLE_SALT
 
 # Indices of the validation statistics written by check_and_vote, per (sequence, head).
 N_STATS = 9
@@ -37,6 +37,7 @@ _U_C1 = np.uint64(_C1)
 _U_C2 = np.uint64(_C2)
 _U_GOLDEN = np.uint64(GOLDEN)
 _U_STRIDE = np.uint64(SAMPLE_STRIDE)
+_U_SHUFFLE = np.uint64(SHUFFLE_SALT)
 _S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
 
 
@@ -116,7 +117,11 @@ def _comparison_keys(lo, hi, alpha, dots, gdiag, norms, norm_s, cosine, e):
 
 @njit(cache=True)
 def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, chosen, cosine, e, buf, out):
-    """Write P, R, F, γ, GInv of the first ``n`` keys of ``order`` into ``out[0:5]``."""
+    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[0:7]``.
+
+    ``keys`` are the row's valid keys; ``excluded`` (≥ 0) is one of them taken out of the
+    candidates (the sink, for the sink-removed group), −1 for none.
+    """
     sq_s = 0.0
     for r in range(n):
         i = order[r]
@@ -130,34 +135,47 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, chosen, cosine, 
     # Branch-free: which keys count depends on the data, and mispredictions dominate here.
     e_min = np.inf
     contaminating = 0
-    for j in range(m):
-        k = keys[j]
-        x = e[k]
-        out_of_set = (not chosen[k]) & (k != excluded)
-        e_min = min(e_min, x if out_of_set else np.inf)
-        buf[contaminating] = x
-        contaminating += out_of_set & (x <= e_max)
+    lo = keys[0]
+    hi = keys[m - 1] + 1
+    if hi - lo == m:  # no padding inside the row: plain slices, the loops vectorise
+        es, cs, fr = e[lo:hi], chosen[lo:hi], buf[:m]
+        for j in range(m):
+            x = es[j]
+            free = (not cs[j]) & (lo + j != excluded)
+            fr[j] = np.inf if not free else x
+            e_min = min(e_min, fr[j])
+            contaminating += free & (x <= e_max)
+    else:
+        for j in range(m):
+            k = keys[j]
+            x = e[k]
+            free = (not chosen[k]) & (k != excluded)
+            buf[j] = np.inf if not free else x
+            e_min = min(e_min, buf[j])
+            contaminating += free & (x <= e_max)
     recalled = 0
     for r in range(n):
         recalled += e[order[r]] < e_min
-    # GInv = Σ_{i∈S} |{j contaminating : E_j ≤ E_i}|: only contaminating keys can be inversions.
+    # GInv = Σ_{i∈S} |{j∉S : E_j ≤ E_i}| (buf holds +inf at selected keys, which never count).
     inversions = 0
     if contaminating > 0:
-        contam = buf[:contaminating]
-        if n * contaminating <= 1 << 14:  # small: a vectorisable double loop beats sorting
-            for r in range(n):
-                x = e[order[r]]
-                for j in range(contam.shape[0]):
-                    inversions += contam[j] <= x
-        else:
-            inside = np.sort(contam)
-            for r in range(n):
-                inversions += np.searchsorted(inside, e[order[r]], side="right")
+        fr = buf[:m]
+        for r in range(n):
+            x = e[order[r]]
+            c = 0
+            for j in range(m):
+                c += fr[j] <= x
+            inversions += c
     precision = n / (n + contaminating)
     recall = recalled / n
     out[0] += precision
     out[1] += recall
     out[2] += 2 * precision * recall / (precision + recall) if recalled > 0 else 0.0
+    # Chance-corrected precision (SPEC §3): the floor N/|keys| is P when every key contaminates.
+    floor = n / (m - (excluded >= 0))
+    p_cc = (precision - floor) / (1.0 - floor)
+    out[5] += p_cc
+    out[6] += 2 * p_cc * recall / (p_cc + recall) if p_cc > 0 and recalled > 0 else 0.0
     if cosine:
         out[3] += e_min - e_max
     else:
@@ -201,23 +219,40 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
             ni += 1
 
 
+@njit(cache=True)
+def _fisher_yates(perm, steps, row_key, sample):  # pragma: no cover - compiled
+    """The first ``steps`` swaps of the Fisher–Yates shuffle of ``perm`` (stream of :mod:`.rng`)."""
+    m = perm.shape[0]
+    base = np.uint64(sample) * _U_STRIDE
+    for r in range(steps):
+        u = _mix(row_key + _U_GOLDEN * (base + np.uint64(r + 1)))
+        j = r + np.int64(((u >> _S32) * np.uint64(m - r)) >> _S32)
+        perm[r], perm[j] = perm[j], perm[r]
+
+
 @njit(parallel=True, cache=True)
 def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, sequence_keys,
-               gram, n_values, samples, by_contribution, cosine,
+               gram, n_values, samples, shuffles, by_contribution, cosine,
                metrics, inside, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
     ``pattern [b, H, q, k]``, ``queries [b, Q]`` (−1: none), ``real``, ``sink``, ``real_index``
     and ``sequence_keys`` are the chunk's sequences; ``gram [b, g, k, k]`` holds value groups
-    ``g0 + g``. Writes ``metrics[b, h, Q, 3, n, 5]``
-    (groups top, random mean, sink removed; metrics P, R, F, γ, GInv; NaN where N does not fit),
-    ``inside[b, h, Q, n]`` (sink in the top-N set) and, of ``sink_mass[b, h, Q, 5]`` (the
-    fields of SPEC §4), field 0 (α_sink) and field 4 (the sink's share of Σ α_j‖v_j‖).
+    ``g0 + g``. Writes ``metrics[b, h, Q, 4, n, 7]`` (groups: top, random mean, shuffled
+    mean, sink removed; metrics: :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
+    NaN where N does not fit), ``inside[b, h, Q, n]`` (sink in the top-N set) and, of
+    ``sink_mass[b, h, Q, 5]`` (the fields of SPEC §4), field 0 (α_sink) and field 4 (the
+    sink's share of Σ α_j‖v_j‖).
+
+    The value-shuffle null (SPEC §3) gives key ``k`` the value of key ``π(k)`` (``π`` permutes
+    the non-sink keys). Its distances are those of weights ``α'_{π(k)} = α_k`` on the *unmoved*
+    values with the selection ``π(S_N)``, so it reuses the Gram matrix and :func:`_run_order`.
     """
     n_cb, n_cg = gram.shape[0], gram.shape[1]
     n_ch = n_cg * group_size
     n_query = queries.shape[1]
     n_n = n_values.shape[0]
+    n_metrics = metrics.shape[-1]
     for row in prange(n_cb * n_ch * n_query):
         cb = row // (n_ch * n_query)
         ch = (row // n_query) % n_ch
@@ -285,8 +320,10 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
                 out[0, ni, :] = 0.0
                 if samples > 0:
                     out[1, ni, :] = 0.0
+                if shuffles > 0:
+                    out[2, ni, :] = 0.0
             if n_values[ni] < m - 1:
-                out[2, ni, :] = 0.0
+                out[3, ni, :] = 0.0
         _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
                    cosine, dots, chosen, e, buf, out[0])
         if n_drop > 0:
@@ -297,21 +334,37 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
                     dropped[c] = top[j]
                     c += 1
             _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, chosen, e, buf, out[2])
-        if samples > 0 and n_top > 0:
-            row_key = _mix(_mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t]))
-                           + np.uint64(h))
-            perm = np.empty(m, dtype=np.int64)
-            for sample in range(samples):
-                perm[:] = keys
-                base = np.uint64(sample) * _U_STRIDE
+                       n_values, cosine, dots, chosen, e, buf, out[3])
+        if n_top == 0:
+            continue
+        row_key = _mix(_mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
+        perm = np.empty(m, dtype=np.int64)
+        for sample in range(samples):
+            perm[:] = keys
+            _fisher_yates(perm, n_top, row_key, sample)
+            _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
+                       n_values, cosine, dots, chosen, e, buf, out[1])
+        if shuffles > 0:
+            shuffle_key = _mix(row_key ^ _U_SHUFFLE)
+            moved = np.empty(t + 1, dtype=np.int64)  # π(k)
+            weights = np.zeros(t + 1)  # α'_{π(k)} = α_k
+            order = np.empty(n_top, dtype=np.int64)
+            for sample in range(shuffles):
+                perm[1:] = keys[1:]  # keys[0] is the sink: it keeps its value
+                _fisher_yates(perm[1:], m - 2, shuffle_key, sample)
+                moved[s] = s
+                for j in range(1, m):
+                    moved[keys[j]] = perm[j]
+                for j in range(m):
+                    weights[moved[keys[j]]] = alpha[keys[j]]
                 for r in range(n_top):
-                    u = _mix(row_key + _U_GOLDEN * (base + np.uint64(r + 1)))
-                    j = r + np.int64(((u >> _S32) * np.uint64(m - r)) >> _S32)
-                    perm[r], perm[j] = perm[j], perm[r]
-                _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
-                           n_values, cosine, dots, chosen, e, buf, out[1])
-            for ni in range(n_n):
-                if n_values[ni] < m:
-                    for f in range(5):
+                    order[r] = moved[top[r]]
+                _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
+                           n_values, cosine, dots, chosen, e, buf, out[2])
+        for ni in range(n_n):
+            if n_values[ni] < m:
+                for f in range(n_metrics):
+                    if samples > 0:
                         out[1, ni, f] /= samples
+                    if shuffles > 0:
+                        out[2, ni, f] /= shuffles

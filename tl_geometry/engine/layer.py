@@ -26,10 +26,17 @@ from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
 from ..functional.heads import first_duplicate, last_positions
+from ..functional.separability import METRIC_NAMES
 from . import checks, torch_path
 from .bounds import layer_bounds
 from .options import AnalysisOptions
+from .paired import paired_counts
 from .rng import sequence_keys
+
+#: Groups scored per query, in the order of ``LayerStats.seq_mean`` (SPEC §3).
+SEQUENCE_GROUPS = ("top", "random", "shuffled", "sink_removed")
+_TOP, _REMOVED = SEQUENCE_GROUPS.index("top"), SEQUENCE_GROUPS.index("sink_removed")
+_F, _INVERSIONS = METRIC_NAMES.index("f_score"), METRIC_NAMES.index("inversions")
 
 #: Bytes of chunk tensors (Gram blocks, values, upcast pattern rows) per byte of pattern.
 CHUNK_FRACTION = 0.25
@@ -41,10 +48,14 @@ class LayerStats(NamedTuple):
     """One layer of one batch, reduced over queries; every field adds across batches."""
 
     seq_mean: Float[Tensor, "batch head group n metric"]
-    """Per-sequence means over the chosen queries (NaN where none was defined)."""
+    """Per-sequence means over the chosen queries (NaN where none was defined), groups
+    :data:`SEQUENCE_GROUPS`."""
     inst_sum: Float[Tensor, "head inout n metric"]
     """Σ of top-N metrics over instances with the sink inside / outside the set."""
     inst_count: Float[Tensor, "head inout n"]
+    paired_hist: Float[Tensor, "head n bin"]
+    """Histogram of F_N(with sink) / F_N(sink removed) where the sink is in S_N (:mod:`.paired`)."""
+    paired_halved: Float[Tensor, "head n"]
     sink_mean: Float[Tensor, "batch head field"]
     votes: Float[Tensor, "head 3"]
     bound_mean: Float[Tensor, "batch head kind n bmetric"] | None
@@ -95,7 +106,7 @@ def group_values(layer: _Layer, b0: int, b1: int, n_keys: int) -> Float[Tensor, 
 
 def _gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
     """``G = V Vᵀ`` with duplicate rows made bit-identical (BLAS may round them apart)."""
-    gram = einsum(values, values, "b g k d, b g j d -> b g k j")
+    gram = values @ values.transpose(-1, -2)  # b g k j; matmul is markedly faster than einsum here
     dup = first_duplicate(values)
     if not torch.equal(dup, torch.arange(dup.shape[-1], device=dup.device).expand_as(dup)):
         gram = gram.gather(-2, dup[..., :, None].expand(gram.shape))
@@ -109,29 +120,44 @@ def sink_geometry(
 ) -> Float[Tensor, "b g q 3"]:
     """κ, mean cosine to the sink and cosine to the mean, at each query (SPEC §4).
 
-    Over ``J_t`` = real keys ``≤ t`` except the sink, by prefix sums along the keys, so every
-    query of a sequence costs ``O(d)``. NaN where ``J_t`` is empty.
+    Over ``J_t`` = real keys ``≤ t`` except the sink: sums over ``J_t`` are prefix sums along the
+    keys when most queries are chosen (``O(d)`` per query), and masked sums at the few chosen
+    queries otherwise (the last-query protocol reads no other position). NaN where ``J_t`` is
+    empty.
     """
     eps = 1e-12
     n_key = values.shape[2]
     keys = torch.arange(n_key, device=values.device)
-    others = (real & (keys != sink[:, None])).to(COMPUTE_DTYPE)[:, None, :]  # [b, 1, k]
+    others = (real & (keys != sink[:, None])).to(COMPUTE_DTYPE)  # [b, k]
     norms = torch.linalg.vector_norm(values, dim=-1)  # [b, g, k]
     index = sink[:, None, None, None].expand(-1, values.shape[1], 1, values.shape[-1])
     v_sink = values.gather(2, index)  # [b, g, 1, d]
     sink_norm = norms.gather(-1, sink[:, None, None].expand(-1, values.shape[1], 1))
-    sink_dots = einsum(values, v_sink, "b g k d, b g one d -> b g k")
-    count = others.cumsum(-1)
-    mean_norm = (norms * others).cumsum(-1) / count
-    cosine = (sink_dots / (sink_norm * norms + eps) * others).cumsum(-1) / count
-    total = (values * others[..., None]).cumsum(2)  # Σ_{j∈J_t} v_j, [b, g, k, d]
-    mean_norm_vec = torch.linalg.vector_norm(total, dim=-1) / count
-    mean_dot = (sink_dots * others).cumsum(-1) / count
-    mean_cosine = mean_dot / (sink_norm * mean_norm_vec + eps)
-    fields = torch.stack([sink_norm / mean_norm, cosine, mean_cosine], dim=-1)  # [b, g, k, 3]
-    fields = torch.where((count > 0)[..., None], fields, torch.nan)
-    at = queries.clamp_min(0)[:, None, :, None].expand(-1, fields.shape[1], -1, 3)
-    return fields.gather(2, at)
+    sink_dots = (values @ v_sink.transpose(-1, -2)).squeeze(-1)  # [b, g, k]
+    cos = sink_dots / (sink_norm * norms + eps)
+    if 4 * queries.shape[1] >= n_key:  # prefix sums, read at the queries
+        at = queries.clamp_min(0)[:, None, :].expand(-1, values.shape[1], -1)
+        prefix = others[:, None, :]
+
+        def upto(x: Tensor) -> Tensor:  # Σ_{j∈J_t} x_j at every query t, [b, g, q]
+            return (x * prefix).cumsum(-1).gather(-1, at)
+
+        total = (values * prefix[..., None]).cumsum(2)
+        total = total.gather(2, at[..., None].expand(-1, -1, -1, values.shape[-1]))  # [b, g, q, d]
+    else:  # masked sums at the chosen queries only
+        weight = ((keys <= queries[..., None]) * others[:, None, :]).to(COMPUTE_DTYPE)  # [b, q, k]
+
+        def upto(x: Tensor) -> Tensor:
+            return einsum(x, weight, "b g k, b q k -> b g q")
+
+        total = einsum(weight, values, "b q k, b g k d -> b g q d")
+    count = upto(torch.ones_like(norms))
+    fields = torch.stack([
+        sink_norm / (upto(norms) / count),
+        upto(cos) / count,
+        (upto(sink_dots) / count) / (sink_norm * (torch.linalg.vector_norm(total, dim=-1) / count) + eps),
+    ], dim=-1)
+    return torch.where((count > 0)[..., None], fields, torch.nan)
 
 
 def _chunk_plan(layer: _Layer, d_values: int) -> list[tuple[int, int, int, int]]:
@@ -186,7 +212,8 @@ def analyze_layer(
     numba = _use_numba(device, opts.backend)
     n_values = opts.n_values.to(device)
     n_q, n_n = queries.shape[1], len(n_values)
-    metrics = torch.full((batch, n_heads, n_q, 3, n_n, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device)
+    metrics = torch.full((batch, n_heads, n_q, len(SEQUENCE_GROUPS), n_n, len(METRIC_NAMES)), torch.nan,
+                         dtype=COMPUTE_DTYPE, device=device)
     inside = torch.zeros(batch, n_heads, n_q, n_n, dtype=torch.bool, device=device)
     sink_fields = torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device)
     votes = torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device)
@@ -210,7 +237,7 @@ def analyze_layer(
         h0, h1 = g0 * data.group_size, g1 * data.group_size
         args = (rows, h0, data.group_size, g0, queries[b0:b1], real[b0:b1], sink[b0:b1],
                 real_index[b0:b1], keys[b0:b1], _gram(chunk), n_values, opts.random_samples,
-                opts.rank_by == "contribution", opts.distance == "cosine")
+                opts.shuffle_samples, opts.rank_by == "contribution", opts.distance == "cosine")
         outputs = (metrics[b0:b1], inside[b0:b1], sink_fields[b0:b1])
         if numba:
             from .kernels import score_rows
@@ -240,20 +267,23 @@ def _reduce(
     data: _Layer, opts: AnalysisOptions, metrics: Tensor, inside: Tensor, sink_fields: Tensor,
     votes: Tensor, layer: int,
 ) -> LayerStats:
-    """Per-query rows → per-sequence means, sink-in/out instance sums, vote counts."""
-    top = metrics[:, :, :, 0]  # [b, h, q, n, metric]
+    """Per-query rows → per-sequence means, sink-in/out instance sums, paired-sink counts, votes."""
+    top = metrics[:, :, :, _TOP]  # [b, h, q, n, metric]
     defined = torch.isfinite(top[..., 0])
     groups = torch.stack([inside & defined, ~inside & defined], dim=2)  # [b, h, 2, q, n]
     inst_sum = reduce(torch.where(groups[..., None], top[:, :, None], 0.0),
                       "b h io q n m -> h io n m", "sum")
     inst_count = reduce(groups.to(COMPUTE_DTYPE), "b h io q n -> h io n", "sum")
+    paired_hist, paired_halved = paired_counts(top[..., _F], metrics[:, :, :, _REMOVED, :, _F], inside)
     bound_mean = regime = None
     if opts.bounds:
-        bound_mean, regime = layer_bounds(data, opts, top[..., 4], layer)
+        bound_mean, regime = layer_bounds(data, opts, top[..., _INVERSIONS], layer)
     return LayerStats(
         seq_mean=_nanmean(metrics, dim=2),
         inst_sum=inst_sum,
         inst_count=inst_count,
+        paired_hist=paired_hist,
+        paired_halved=paired_halved,
         sink_mean=_nanmean(sink_fields, dim=2),
         votes=reduce(votes.to(COMPUTE_DTYPE), "b h vote -> h vote", "sum"),
         bound_mean=bound_mean,

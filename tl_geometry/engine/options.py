@@ -18,6 +18,7 @@ Backend = Literal["auto", "numba", "torch"]
 
 DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_RANDOM_SAMPLES = 16
+DEFAULT_SHUFFLE_SAMPLES = 16
 #: Largest selection size accepted: sizes beyond any real context are a typo, not a request.
 MAX_N = 1 << 31
 
@@ -29,6 +30,7 @@ class AnalysisOptions:
     n_values: Tensor
     queries: Queries = "last"
     random_samples: int = DEFAULT_RANDOM_SAMPLES
+    shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES
     seed: int = 0
     distance: Distance = "euclidean"
     space: Space = "value"
@@ -50,6 +52,12 @@ def _flag(name: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be True or False, got {value!r}.")
     return bool(value)
+
+
+def _count(name: str, value: object, what: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int (0 turns {what} off), got {value!r}.")
+    return int(value)
 
 
 def n_value_tensor(n_values: object) -> Tensor:
@@ -80,6 +88,7 @@ def check_options(
     n_values: object = DEFAULT_N_VALUES,
     queries: object = "last",
     random_samples: object = DEFAULT_RANDOM_SAMPLES,
+    shuffle_samples: object = DEFAULT_SHUFFLE_SAMPLES,
     seed: object = 0,
     distance: object = "euclidean",
     space: object = "value",
@@ -97,15 +106,13 @@ def check_options(
     if bounds and distance != "euclidean":
         raise ValueError("bounds=True needs distance='euclidean': the bounds are Euclidean "
                          "(docs/math.md, bounds).")
-    if (isinstance(random_samples, (bool, np.bool_)) or not isinstance(random_samples, (int, np.integer))
-            or random_samples < 0):
-        raise ValueError(f"random_samples must be a non-negative int (0 turns the random baseline "
-                         f"off), got {random_samples!r}.")
-    samples = int(random_samples)
+    samples = _count("random_samples", random_samples, "the random baseline")
+    shuffles = _count("shuffle_samples", shuffle_samples, "the value-shuffle null")
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an int, got {seed!r}.")
     return AnalysisOptions(
         n_values=n_value_tensor(n_values), queries=queries, random_samples=samples,  # type: ignore[arg-type]
+        shuffle_samples=shuffles,
         seed=int(seed), distance=distance, space=space, rank_by=rank_by,  # type: ignore[arg-type]
         bounds=bounds, backend=backend,  # type: ignore[arg-type]
     )

@@ -10,6 +10,10 @@ kernels (:mod:`.kernels`) and the torch twin (:mod:`.torch_path`) use the same a
 The size-``N`` random subsets are the first ``N`` keys of a partial Fisher–Yates shuffle of
 the query's valid keys (in position order); the swap index of step ``r`` over ``m`` keys is
 ``r + ⌊(u >> 32)·(m − r) / 2³²⌋``, whose bias is below ``m / 2³²`` (ours).
+
+The value-shuffle null (SPEC §3) draws a full Fisher–Yates shuffle of the query's non-sink
+valid keys from the same row key mixed with :data:`SHUFFLE_SALT`, so its stream is independent of
+the random subsets' and equally reproducible (ours).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ _C1 = 0xBF58476D1CE4E5B9
 _C2 = 0x94D049BB133111EB
 #: ``step`` counts draws within one sample; samples are spaced this far apart.
 SAMPLE_STRIDE = 1 << 32
+#: XORed into a row's key (then mixed) for the value-shuffle permutations.
+SHUFFLE_SALT = 0x5AFE_5EED_0F_5A_1E
 
 
 def mix(z: int) -> int:

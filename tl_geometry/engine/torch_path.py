@@ -15,7 +15,8 @@ from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.selection import _inverse_permutation
-from .rng import torch_mix, torch_swap_index
+from ..functional.separability import chance_corrected
+from .rng import SHUFFLE_SALT, torch_mix, torch_swap_index
 
 BLOCK_ELEMENTS = 1 << 22
 _LEAK_TOL = 1e-4
@@ -77,25 +78,26 @@ def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
 def score_rows(
     rows: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, real: Tensor,
     sink: Tensor, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
-    samples: int, by_contribution: bool, cosine: bool, metrics: Tensor, inside: Tensor,
-    sink_fields: Tensor,
+    samples: int, shuffles: int, by_contribution: bool, cosine: bool, metrics: Tensor,
+    inside: Tensor, sink_fields: Tensor,
 ) -> None:
     """:func:`.kernels.score_rows` in torch: same arguments, same outputs (written in place)."""
     n_cg, n_key = gram.shape[1], gram.shape[-1]
     n_ch = n_cg * group_size
-    n_sel = 2 + samples
+    n_sel = 2 + samples + shuffles
     per_query = rows.shape[0] * n_ch * n_sel * len(n_values) * n_key
     step = max(1, BLOCK_ELEMENTS // max(per_query, 1))
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
         _score_block(rows, h0, group_size, queries[:, q0:q1], real, sink, real_index,
-                     sequence_keys, gram, n_values, samples, by_contribution, cosine,
+                     sequence_keys, gram, n_values, samples, shuffles, by_contribution, cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], inside[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1])
 
 
 def _score_block(rows, h0, group_size, queries, real, sink, real_index, sequence_keys, gram,
-                 n_values, samples, by_contribution, cosine, metrics, inside, sink_fields) -> None:
+                 n_values, samples, shuffles, by_contribution, cosine, metrics, inside,
+                 sink_fields) -> None:
     device = gram.device
     n_b, n_cg, n_key = gram.shape[0], gram.shape[1], gram.shape[-1]
     n_ch = n_cg * group_size
@@ -124,20 +126,21 @@ def _score_block(rows, h0, group_size, queries, real, sink, real_index, sequence
     keep = valid & ~is_sink
     dropped = _ranks(score, keep[:, None])
     m = valid.sum(-1)  # [b, q]
-    ranks = [top[:, :, :, None], dropped[:, :, :, None]]
-    keysets = [valid, keep]
+    row_key = torch_mix(torch_mix(sequence_keys[:, None] + real_index.gather(1, t))[:, None]
+                        + torch.arange(h0, h0 + n_ch, device=device)[:, None])  # [b, h, q]
+    whole = alpha[:, :, :, None]  # one weight row for every selection: [b, h, q, 1, k]
+    groups = {"top": (whole, top[:, :, :, None], valid)}
     if samples > 0:
-        row_key = torch_mix(torch_mix(sequence_keys[:, None] + real_index.gather(1, t))[:, None]
-                            + torch.arange(h0, h0 + n_ch, device=device)[:, None])  # [b, h, q]
-        ranks.append(_random_ranks(valid, m, row_key, samples, n_values))
-        keysets.append(valid)
-    out = []
-    for rank, keyset in zip(ranks, keysets):
-        scores = _score(alpha, gram, gdiag, rank, keyset[:, None, :, None, None], n_values,
-                        group_size, cosine)  # [b, h, q, sel, n, 5]
-        out.append(scores.mean(3))
-    nan = torch.full_like(out[0], torch.nan)
-    grouped = torch.stack([out[0], out[2] if samples > 0 else nan, out[1]], dim=3)
+        groups["random"] = (whole, _random_ranks(valid, m, row_key, samples, n_values), valid)
+    if shuffles > 0:
+        weights, rank = _shuffled(alpha, top, keep, row_key, shuffles)
+        groups["shuffled"] = (weights, rank, valid)
+    groups["sink_removed"] = (whole, dropped[:, :, :, None], keep)
+    out = {name: _score(w, gram, gdiag, rank, keyset[:, None, :, None, None], n_values,
+                        group_size, cosine).mean(3)  # [b, h, q, n, metric]
+           for name, (w, rank, keyset) in groups.items()}
+    nan = torch.full_like(out["top"], torch.nan)
+    grouped = torch.stack([out.get(g, nan) for g in ("top", "random", "shuffled", "sink_removed")], dim=3)
     metrics.copy_(torch.where(ok[:, None, :, None, None, None], grouped, torch.nan))
 
 
@@ -170,16 +173,49 @@ def _random_ranks(valid: Tensor, m: Tensor, row_key: Tensor, samples: int, n_val
     return rank[..., :n_key]
 
 
+def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int) -> tuple[Tensor, Tensor]:
+    """Weights ``[b, h, q, sample, k]`` and ranks of the value-shuffle null, as in the kernel.
+
+    Key ``k`` takes the value of ``π(k)``, a full Fisher–Yates shuffle of the non-sink valid
+    keys (``keep``); equivalently weight ``α_k`` sits on key ``π(k)``, ranked as ``k``.
+    """
+    n_b, n_h, n_q, n_key = alpha.shape
+    device = alpha.device
+    keys = torch.arange(n_key, device=device)
+    listed = torch.sort(torch.where(keep, keys, n_key), dim=-1).values  # [b, q, k]
+    perm = listed[:, None, :, None, :].expand(n_b, n_h, n_q, shuffles, n_key).clone()
+    m = keep.sum(-1)[:, None, :, None]  # [b, 1, q, 1]
+    shuffle_key = torch_mix(row_key ^ SHUFFLE_SALT)[..., None]
+    sample = torch.arange(shuffles, device=device)
+    for r in range(int(m.max()) - 1 if m.numel() else 0):
+        j = torch_swap_index(shuffle_key, sample, r, m).clamp_max(n_key - 1)
+        live = r < m - 1
+        a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
+        perm[..., r] = torch.where(live, b, a)
+        perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
+    # moved[k] = π(k): identity off the listed keys; position n_key absorbs the unused slots.
+    moved = torch.cat([keys, keys.new_tensor([n_key])]).expand(*perm.shape[:-1], n_key + 1).clone()
+    moved.scatter_(-1, listed[:, None, :, None, :].expand_as(perm), perm)
+    moved = moved[..., :n_key]
+    weights = torch.zeros_like(alpha)[:, :, :, None].expand_as(moved).clone()
+    weights.scatter_(-1, moved, alpha[:, :, :, None].expand_as(moved))
+    rank = torch.empty_like(moved).scatter_(-1, moved, top[:, :, :, None].expand_as(moved))
+    return weights, rank
+
+
 def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine) -> Tensor:
-    """P, R, F, γ, GInv of every (selection, N) — ``[b, h, q, sel, n, 5]``, NaN where N does not fit."""
+    """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not fit.
+
+    ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys.
+    """
     n = n_values[:, None]
     selected = rank[..., None, :] < n  # [b, h, q, sel, n, k]
-    weights = alpha[:, :, :, None, None, :] * selected
+    weights = alpha[..., None, :] * selected
     grouped = rearrange(weights, "b (g r) q s n k -> b g (r q s n) k", r=group_size)
     dots = rearrange(grouped @ gram, "b g (r q s n) k -> b (g r) q s n k", r=group_size,
                      q=alpha.shape[2], s=rank.shape[3])
     sq_s = (weights * dots).sum(-1, keepdim=True)
-    a = alpha[:, :, :, None, None, :]
+    a = alpha[..., None, :]
     g = gdiag[:, :, :, None, None, :]
     if cosine:
         e = 1 - a * dots / (a * g.clamp_min(0).sqrt() * sq_s.clamp_min(0).sqrt() + COSINE_EPS)
@@ -204,6 +240,8 @@ def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine) -> Te
         d_min = (e_min + s2).clamp_min(0).sqrt()
         d_max = (e_max + s2).clamp_min(0).sqrt()
         margin = torch.where(d_min + d_max > 0, (e_min - e_max) / (d_min + d_max), 0.0)
-    out = torch.stack([precision, recall, f_score, margin, inversions], dim=-1)
-    defined = n.squeeze(-1) < keyset.sum(-1)  # [b, 1, q, 1, n]: 1 ≤ N < |keys|
+    n_keys = keyset.sum(-1)  # [b, 1, q, 1, 1]
+    precision_cc, f_score_cc = chance_corrected(precision, recall, nf, n_keys.to(COMPUTE_DTYPE))
+    out = torch.stack([precision, recall, f_score, margin, inversions, precision_cc, f_score_cc], dim=-1)
+    defined = n.squeeze(-1) < n_keys  # [b, 1, q, 1, n]: 1 ≤ N < |keys|
     return torch.where(defined[..., None], out, torch.nan)

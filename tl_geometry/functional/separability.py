@@ -8,6 +8,11 @@ For one query with valid keys ``T_t``, contributions ``y_i = α_i v_i`` and a se
     R = |{i∈S : D_i < ρ_min}| / N            (strict inner ball: a tie is not recalled)
     F = 2PR / (P + R)   (0 when R = 0)       γ = ρ_min − ρ_max
     GInv = Σ_{i∈S} Σ_{j∉S} 1{D_j ≤ D_i}
+    P* = (P − N/|T_t|) / (1 − N/|T_t|)       F* = harmonic mean of P* and R (0 when either is 0)
+
+``P*`` and ``F*`` are the chance-corrected scores (SPEC §3, ours): precision never falls below
+its floor ``N/|T_t|`` (every unselected key inside the outer ball), so raw P and F rise at dense
+N whatever the geometry; ``P*`` rescales that floor to 0.
 
 The distances are computed from ``α``, ``‖v‖`` and ``⟨v_i, s⟩`` only (SPEC §1), so the
 ``[..., key, d]`` contributions are never formed per query.
@@ -26,17 +31,39 @@ from .heads import first_duplicate, value_dots
 from .selection import top_n_mask
 
 Distance = Literal["euclidean", "cosine"]
-METRIC_NAMES = ("precision", "recall", "f_score", "margin", "inversions")
 
 
 class Separability(NamedTuple):
-    """The five separability figures of SPEC §3, each of the rows' shape; NaN where undefined."""
+    """The separability figures of SPEC §3, each of the rows' shape; NaN where undefined."""
 
     precision: Float[Tensor, "*batch"]
     recall: Float[Tensor, "*batch"]
     f_score: Float[Tensor, "*batch"]
     margin: Float[Tensor, "*batch"]
     inversions: Float[Tensor, "*batch"]
+    precision_cc: Float[Tensor, "*batch"]
+    """Chance-corrected precision ``P* = (P − N/|T_t|) / (1 − N/|T_t|)`` (ours), in [0, 1]."""
+    f_score_cc: Float[Tensor, "*batch"]
+    """Harmonic mean of ``P*`` and ``R`` (0 when either is 0; ours)."""
+
+
+#: Metric names in storage order (the result's ``metric`` axis).
+METRIC_NAMES: tuple[str, ...] = Separability._fields
+
+
+def chance_corrected(
+    precision: Tensor, recall: Tensor, n: Tensor, n_keys: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``(P*, F*)`` from ``P``, ``R``, ``N`` and the number of candidate keys ``|T_t|`` (SPEC §3).
+
+    >>> p, f = chance_corrected(torch.tensor(0.5), torch.tensor(1.0), torch.tensor(2.0), torch.tensor(8.0))
+    >>> round(p.item(), 4), round(f.item(), 4)
+    (0.3333, 0.5)
+    """
+    floor = n / n_keys
+    p_cc = (precision - floor) / (1 - floor)
+    f_cc = torch.where((p_cc > 0) & (recall > 0), 2 * p_cc * recall / (p_cc + recall), 0.0)
+    return p_cc, torch.where(torch.isnan(p_cc), torch.nan, f_cc)
 
 
 def distances(
@@ -101,11 +128,12 @@ def scores_from_distances(
     probes = torch.where(selected, dist, -torch.inf).contiguous()
     below = torch.searchsorted(sorted_unselected, probes, right=True)
     inversions = (below * selected).sum(-1).to(COMPUTE_DTYPE)
-    defined = (n >= 1) & (n < key_mask.sum(-1))
+    n_keys = key_mask.sum(-1)
+    defined = (n >= 1) & (n < n_keys)
+    precision_cc, f_score_cc = chance_corrected(precision, recall, n, n_keys.to(COMPUTE_DTYPE))
     nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=dist.device)
-    return Separability(
-        *(torch.where(defined, x, nan) for x in (precision, recall, f_score, margin, inversions))
-    )
+    return Separability(*(torch.where(defined, x, nan) for x in (
+        precision, recall, f_score, margin, inversions, precision_cc, f_score_cc)))
 
 
 def _check_rows(alpha: Tensor, values: Tensor, n: int) -> None:
@@ -165,7 +193,8 @@ def separability(
         distance: ``"euclidean"`` (default) or ``"cosine"``.
 
     Returns:
-        :class:`Separability` with ``precision, recall, f_score, margin, inversions``, each of
+        :class:`Separability` with ``precision, recall, f_score, margin, inversions,
+        precision_cc, f_score_cc``, each of
         shape ``[...]`` in float64; NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
 
     Examples:

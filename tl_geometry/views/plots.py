@@ -50,7 +50,7 @@ class PlotFigure(Figure):
 _GROUP_STYLE = {
     "top": dict(color="#1d2330", lw=2.2, label="top N keys"),
     "random": dict(color="#888888", lw=1.6, ls="--", label="N random keys"),
-    "shuffled": dict(color="#b08d57", lw=1.6, ls="-.", label="top N, values shuffled"),
+    "shuffled": dict(color="#b5651d", lw=1.6, ls="-.", label="top N, values shuffled"),
     "sink_removed": dict(color="#2a9d8f", lw=1.6, label="top N, sink removed"),
     "sink_in": dict(color="#7b4fa3", lw=1.3, ls=":", label="top N with the sink"),
     "sink_out": dict(color="#e07a1f", lw=1.3, ls=":", label="top N without the sink"),
@@ -96,7 +96,7 @@ def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str, de
     if ns[0] == 1:  # Euclidean F_1 = 1 for any selection: shade the trivial N
         ax.axvspan(1 / 1.3, 1.4, color="#eee", zorder=0)
     if ns[-1] > dense_from:  # dense N > (t+1)/4: the precision floor N/(t+1) lifts F (SPEC §3)
-        ax.axvspan(max(dense_from, ns[0] / 1.3), ns[-1] * 1.3, color="#f3e6d8", zorder=0,
+        ax.axvspan(max(dense_from, ns[0] / 1.3), ns[-1] * 1.3, color="#e3e9f1", zorder=0,
                    label="dense N > (t+1)/4 (not headlined)")
     ax.set_xlim(ns[0] / 1.3, ns[-1] * 1.3)
     ax.set_title(title, fontsize=10)
@@ -107,10 +107,12 @@ def _heads(count: int) -> str:
     return f"{count} head" + ("" if count == 1 else "s")
 
 
-#: How a metric is named on the plots; metrics in [0, 1] share the y range.
-_METRIC_TITLES = {"precision": "precision", "recall": "recall", "f_score": "F score",
-                  "precision_cc": "chance-corrected precision P*", "f_score_cc": "chance-corrected F score F*",
-                  "margin": "margin γ", "inversions": "inversions"}
+#: How a metric is named on the plots (title, y axis); metrics in [0, 1] share the y range.
+_METRIC_TITLES = {"precision": ("Precision", "precision"), "recall": ("Recall", "recall"),
+                  "f_score": ("F score", "F score"), "margin": ("Margin γ", "margin γ"),
+                  "inversions": ("Inversions", "inversions"),
+                  "precision_cc": ("Chance-corrected precision P*", "P*"),
+                  "f_score_cc": ("Chance-corrected F score F*", "F*")}
 _UNIT_RANGE = ("precision", "recall", "f_score", "precision_cc", "f_score_cc")
 
 
@@ -156,16 +158,16 @@ def f_curves_plot(result: HeadAnalysis, *, by: str = "class", metric: str = "f_s
             ax.set_title(title, fontsize=10)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    name = _METRIC_TITLES.get(metric, metric)
+    title, short = _METRIC_TITLES.get(metric, (metric, metric))
     for ax in axes[::cols]:
-        ax.set_ylabel(f"{name} of N keys")
+        ax.set_ylabel(f"{short} of N keys")
     for ax in axes[-cols:]:
         ax.set_xlabel("N (keys selected)")
     drawn = max(axes, key=lambda ax: len(ax.get_lines()))  # a class may have no heads
     handles, names = drawn.get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncol=max(1, min(len(names), 8)), fontsize=8.5)
     model = result.metadata.get("model_name")
-    fig.suptitle(f"{name[0].upper()}{name[1:]} against N, mean over the heads of each {by}"
+    fig.suptitle(f"{title} against N, mean over the heads of each {by}"
                  + (f" ({model})" if model else ""))
     return fig
 
