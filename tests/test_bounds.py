@@ -154,11 +154,15 @@ def test_certificates_hold_on_real_smollm2(smollm2):
                     assert ok.all(), (layer, n, m)
     result = tl_geometry.analyze_heads(smollm2.cache, n_values=(1, 2, 4, 8), bounds=True, queries="all",
                                        random_samples=2)
-    for kind in ("inversion", "certified"):
+    for kind in ("inversion", "certified", "shell", "shell_n"):
         for m in ("precision", "recall", "f_score"):
             assert (result.metric(m) >= result.bound(kind, m) - 1e-9).all(), (kind, m)
+    assert (result.shell_n_separated <= result.inversion_separated + 1e-12).all()
     assert result.certified_fraction.shape == (4,)
-    assert set(result.best_n().predicted_best_n) <= {2, 4, 8}
+    assert result.headline_n == (2, 4, 8)  # 40 positions: N ≤ 10
+    best = result.best_n()
+    for column in ("measured_best_n", "shell_best_n", "shell_n_best_n", "predicted_best_n"):
+        assert set(best[column].dropna()) <= {2, 4, 8}, column
     assert torch.isfinite(result.regime_decay).all()
 
 
@@ -170,7 +174,8 @@ def test_bounds_option_validation_and_roundtrip(tmp_path):
         tl_geometry.analyze_heads(case.cache(), bounds=True, distance="cosine")
     result = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2, 3), bounds=True, random_samples=2)
     frame = result.to_pandas()
-    assert {"bound_inversion", "bound_certified", "bound_predicted"} <= set(frame.group)
+    assert {"bound_inversion", "bound_certified", "bound_predicted", "bound_shell", "bound_shell_n"} <= set(frame.group)
+    assert "separated" in frame.columns
     loaded = tl_geometry.HeadAnalysis.load(result.save(tmp_path / "r.pt"))
     assert torch.equal(loaded.bounds.nan_to_num(), result.bounds.nan_to_num())
     assert torch.equal(loaded.regime.nan_to_num(), result.regime.nan_to_num())

@@ -56,8 +56,8 @@ def test_sel_covers_every_per_head_quantity_and_only_existing_bounds():
             "sink_cosine", "vote_sink", "label"} <= keys
     assert not any(k.startswith(("certified", "regime")) for k in keys)
     more = set(bounded.sel(layer=3, head=0, n=2)) - keys
-    assert more == {f"{k}_{m}" for k in ("inversion", "certified", "predicted")
-                    for m in ("precision", "recall", "f_score")} | {
+    assert more == {f"{k}_{m}" for k in ("inversion", "certified", "predicted", "shell", "shell_n")
+                    for m in ("precision", "recall", "f_score", "separated")} | {
         "regime_norm_cv", "regime_kappa", "regime_a", "regime_decay", "regime_b", "regime_fit_mae"}
     s = plain.sel(layer=3, head=0, n=2)
     assert s.to_dict()["label"] == s["label"] and isinstance(s.to_dict()["f_score"], float)
@@ -142,11 +142,13 @@ def test_accessors_name_the_valid_choices(call, message):
 def test_missing_bounds_raise_one_error_that_is_both_attribute_and_value_error():
     r = fake()
     for call in (lambda: r.certified_f_score, lambda: r.bound("certified"), lambda: r.certified_fraction,
-                 lambda: r.regime_decay, lambda: r.best_n(), lambda: r.top(by="predicted_f_score")):
+                 lambda: r.regime_decay, lambda: r.best_n_agreement(), lambda: r.shell_n_f_score,
+                 lambda: r.top(by="predicted_f_score")):
         with pytest.raises(NoBoundsError, match=r"bounds=True"):
             call()
     assert issubclass(NoBoundsError, AttributeError) and issubclass(NoBoundsError, ValueError)
     assert not hasattr(r, "certified_f_score")
+    assert list(r.best_n().columns) == ["layer", "head", "measured_best_n"]  # measured needs no bounds
 
 
 def test_top_ranks_by_any_quantity_and_lists_the_valid_keys_on_a_wrong_one():

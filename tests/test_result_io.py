@@ -13,8 +13,7 @@ import torch
 from result_fakes import fake
 
 from tl_geometry import _result_io
-from tl_geometry._result_io import _FORMAT1_NAMES
-from tl_geometry.result import GROUPS, METRIC_NAMES, HeadAnalysis, ResultFileError
+from tl_geometry.result import HeadAnalysis, ResultFileError
 
 
 def _same(a: HeadAnalysis, b: HeadAnalysis) -> None:
@@ -115,7 +114,8 @@ def test_a_crafted_pickle_is_refused_not_run(tmp_path):
     (lambda p: {"vote_counts": -p["vote_counts"]}, "vote_counts must hold counts"),
     (lambda p: {"vote_counts": p["vote_counts"].flatten()}, "expected axes"),
     (lambda p: {"group_counts": None}, "group_counts is a NoneType, not a tensor"),
-    (lambda p: {"bounds": torch.zeros(3, 3, 2, 4, 3)}, "bounds and regime come together"),
+    (lambda p: {"bounds": torch.zeros(len(p["names"]["bound_kind"]), len(p["names"]["bound_metric"]), 2, 4, 3)},
+     "bounds and regime come together"),
     (lambda p: {"metadata": "{not json"}, "metadata is not valid JSON"),
     (lambda p: {"metadata": "[1, 2]"}, "metadata is a list, not a dict"),
     (lambda p: {"format": "tl_geometry.HeadAnalysis/3"}, "newer than this tl_geometry reads"),
@@ -157,30 +157,72 @@ def test_axes_are_read_by_name_so_a_reordered_or_renamed_metric_is_never_misread
     assert torch.equal(loaded.recall, r.recall)
 
 
+def _labelled_as(r: HeadAnalysis, labels: dict) -> dict:
+    """r's tensors restricted to ``labels`` (an older version's names) on every named axis."""
+    out = {}
+    for key, axes in _result_io.AXES.items():
+        value = getattr(r, key)
+        for dim, axis in enumerate(axes):
+            if value is not None and axis in labels:
+                index = [_result_io.names()[axis].index(x) for x in labels[axis]]
+                value = value.index_select(dim, torch.tensor(index))
+        out[key] = value
+    return out
+
+
+def _check_filled(loaded: HeadAnalysis, r: HeadAnalysis, labels: dict) -> None:
+    """What the old file had reads the same; what it lacks (new groups, bound kinds) is NaN."""
+    assert loaded.layers == r.layers and torch.equal(loaded.n_values, r.n_values)
+    old, new = _labelled_as(r, labels), _labelled_as(loaded, labels)
+    for key in old:
+        if key == "paired" and loaded.paired is None:  # a file from before the paired sink effect
+            assert loaded.paired_sink_ratio.isnan().all()
+            continue
+        torch.testing.assert_close(new[key], old[key], rtol=0, atol=0, equal_nan=True, msg=key)
+    for kind in set(_result_io.names()["bound_kind"]) - set(labels["bound_kind"]):
+        assert loaded.bound(kind).isnan().all(), kind
+    for metric in set(_result_io.names()["bound_metric"]) - set(labels["bound_metric"]):
+        assert loaded.bound("inversion", metric).isnan().all(), metric
+
+
+@pytest.mark.filterwarnings("ignore:bounds. the file.s bound_:UserWarning")  # format 1 predates the shell
 def test_format_1_files_load_with_a_warning(tmp_path):
     r = fake(bounds=True, metadata={"model_name": "m", "n_values": [2, 4, 8]})
     path = tmp_path / "old.pt"
-    old_groups = [GROUPS.index(g) for g in _FORMAT1_NAMES["group"]]
-    old_metrics = [METRIC_NAMES.index(m) for m in _FORMAT1_NAMES["metric"]]
+    old = _labelled_as(r, _result_io._FORMAT1_NAMES)
+    del old["paired"]  # added in 0.2
     torch.save({  # what tl_geometry 0.1 wrote
-        "format": "tl_geometry.HeadAnalysis/1", "layers": list(r.layers), "n_values": r.n_values,
-        "scores": r.scores[old_groups][:, old_metrics], "group_counts": r.group_counts[old_groups],
-        "sink": r.sink, "vote_counts": r.vote_counts, "bounds": r.bounds, "regime": r.regime,
+        "format": "tl_geometry.HeadAnalysis/1", "layers": list(r.layers), **old,
         "metadata": '{"model_name": "m", "n_values": [2, 4, 8]}',
     }, path)
     with pytest.warns(UserWarning, match="format 1 .* Save it again to upgrade"):
         loaded = HeadAnalysis.load(path)
-    for g in _FORMAT1_NAMES["group"]:
-        for m in _FORMAT1_NAMES["metric"]:
-            assert torch.equal(loaded.metric(m, g), r.metric(m, g))
-    assert loaded.metric("f_score", "shuffled").isnan().all() and loaded.f_score_cc.isnan().all()
-    assert loaded.paired is None and loaded.paired_sink_ratio.isnan().all()
-    for key in ("sink", "vote_counts", "bounds", "regime"):
-        assert torch.equal(getattr(loaded, key), getattr(r, key)), key
+    _check_filled(loaded, r, _result_io._FORMAT1_NAMES)
     assert loaded.metadata == r.metadata
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         HeadAnalysis.load(loaded.save(path))  # upgraded: no warning
+
+
+def test_files_without_the_shell_bounds_load_with_nan(tmp_path):
+    """A format-2 file written before the shell certificate (bound kinds inversion, certified,
+    predicted; metrics P, R, F) loads; the shell kinds and ``separated`` are NaN."""
+    r = fake(bounds=True)
+    path = r.save(tmp_path / "r.pt")
+    labels = {"bound_kind": ("inversion", "certified", "predicted"),
+              "bound_metric": ("precision", "recall", "f_score")}
+    payload = torch.load(path, weights_only=True)
+    _rewrite(path, bounds=_labelled_as(r, labels)["bounds"],
+             names={**payload["names"], **{k: list(v) for k, v in labels.items()}})
+    with pytest.warns(UserWarning) as record:
+        loaded = HeadAnalysis.load(path)
+    messages = [str(w.message) for w in record]
+    assert any("bound_kind labels differ" in m and "filled ['shell', 'shell_n']" in m for m in messages)
+    assert any("bound_metric labels differ" in m and "filled ['separated']" in m for m in messages)
+    _check_filled(loaded, r, labels)
+    assert loaded.shell_f_score.isnan().all() and loaded.shell_n_separated.isnan().all()
+    assert torch.equal(loaded.certified_f_score, r.certified_f_score)
+    assert loaded.best_n()["shell_best_n"].isna().all()
 
 
 def test_metadata_round_trips_tuples_int_keys_and_special_floats(tmp_path):

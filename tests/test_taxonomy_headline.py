@@ -120,16 +120,16 @@ def test_a_one_position_analysis_is_all_unlabelled_and_reports(tmp_path):
     (20, (1, 2, 4, 8), (2, 4)),
     (128, (1, 2, 4, 8, 16, 32, 64), (2, 4, 8, 16, 32)),
     (7, (1, 2, 4), ()),
-    (None, (1, 2, 4, 8, 16, 63), (2, 4, 8, 16)),   # fallback t+1 = largest N + 1 = 64
+    (None, (1, 2, 4, 8, 16, 63), (2, 4, 8, 16, 63)),   # t+1 not recorded: every N ≥ 2
 ])
-def test_headline_n_is_2_to_a_quarter_of_the_keys(n_positions, n_values, want):
+def test_headline_n_is_2_to_a_quarter_of_the_keys_and_the_rest_is_dense(n_positions, n_values, want):
     meta = {} if n_positions is None else {"n_positions": n_positions}
     r = fake(n_values=n_values, metadata=meta)
-    assert _result_text.headline_n(r) == want
-    expected = tuple(n for n in n_values if 2 <= n <= (n_positions or max(n_values) + 1) / 4)
-    assert want == expected
-    if hasattr(type(r), "headline_n"):  # the property, once it lands, follows the same rule
-        assert tuple(r.headline_n) == want
+    assert r.headline_n == want
+    dense = [n for n in n_values if _result_text.is_dense(r, n)]
+    assert dense == [n for n in n_values if n >= 2 and n not in want]
+    text = _result_text.headline_text(r)
+    assert ("not recorded" in text) == (n_positions is None)
 
 
 def test_summary_marks_dense_n_and_headlines_only_the_range():

@@ -30,9 +30,12 @@ PAIRED_FIELDS: tuple[str, ...] = ("ratio", "halved", "count")
 #: the set.
 GROUPS: tuple[str, ...] = ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out")
 #: Kinds of lower bound on the top-N sets (SPEC §6): inversion certificates, certified regime
-#: bounds (observed extremes) and the predicted envelope (typical values).
-BOUND_KINDS: tuple[str, ...] = ("inversion", "certified", "predicted")
-BOUND_METRICS: tuple[str, ...] = ("precision", "recall", "f_score")
+#: bounds (observed extremes), the predicted envelope (typical values) and the shell
+#: certificate (§6d) with budget K = 0 (``shell``, norm-only) and K = N (``shell_n``).
+BOUND_KINDS: tuple[str, ...] = ("inversion", "certified", "predicted", "shell", "shell_n")
+#: Means of the lower bounds on P, R, F, and (ours) ``separated``: the fraction of instances
+#: where the bound certifies P = R = 1 (γ_N > 0); for ``inversion`` that is the measured fraction.
+BOUND_METRICS: tuple[str, ...] = ("precision", "recall", "f_score", "separated")
 
 #: Axis labels of every tensor field, in storage order; ``layer``, ``head`` and ``n`` are
 #: coordinates (model layer index, head index, N value), the others are named by :func:`names`.

@@ -7,32 +7,66 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ._result_schema import names
+from ._result_schema import check_name, names
 
 if TYPE_CHECKING:
     from .result import HeadAnalysis
 
 
+#: Bound kinds whose F̲_N predicts a best N, and their ``best_n()`` columns.
+BEST_N_KINDS = {"shell": "shell_best_n", "shell_n": "shell_n_best_n", "predicted": "predicted_best_n"}
+
+
+def headline_n(result: HeadAnalysis) -> tuple[int, ...]:
+    """Analysed N in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3), ``t + 1`` =
+    ``metadata["n_positions"]``; every ``N ≥ 2`` when the metadata does not say (ours)."""
+    n_positions = result.metadata.get("n_positions")
+    ns = result.n_values.tolist()
+    if not isinstance(n_positions, (int, float)) or isinstance(n_positions, bool):
+        return tuple(n for n in ns if n >= 2)
+    return tuple(n for n in ns if 2 <= n <= n_positions / 4)
+
+
+def argmax_n(result: HeadAnalysis, values: Tensor, *, bound: bool) -> Tensor:
+    """Per head, the N of :func:`headline_n` with the largest ``values [layer, head, n]``
+    (float64, ties → smaller N); NaN where every value there is NaN (or, for a ``bound``, ≤ 0)
+    — SPEC §6d: undefined, never a default N."""
+    ns = sorted(headline_n(result))
+    index = torch.tensor([result.n_values.tolist().index(n) for n in ns], dtype=torch.long)
+    x = values[..., index].double()
+    defined = ~torch.isnan(x) & (x > 0 if bound else True)
+    if not ns:
+        return torch.full(values.shape[:-1], torch.nan, dtype=torch.float64)
+    at = torch.where(defined, x, -torch.inf).argmax(-1)  # first maximum: the smaller N
+    best = torch.tensor(ns, dtype=torch.float64)[at]
+    return torch.where(defined.any(-1), best, torch.nan)
+
+
 def best_n(result: HeadAnalysis):
-    """Per head, the N ≥ 2 with the largest measured F_N and the largest predicted envelope
-    F̲_N (SPEC §6b: the theory predicts small N), as a ``DataFrame``."""
+    """Per head, the measured and (with bounds) predicted best N over the headline range
+    (SPEC §6d), as a ``DataFrame``; NaN where undefined."""
     import pandas as pd
 
-    predicted_f = result.bound("predicted", "f_score")
-    keep = result.n_values >= 2
-    ns = result.n_values[keep]
+    columns = {"measured_best_n": argmax_n(result, result.f_score, bound=False)}
+    if result.bounds is not None:
+        for kind, name in BEST_N_KINDS.items():
+            columns[name] = argmax_n(result, result.bound(kind, "f_score"), bound=True)
+    layer_ids = torch.tensor(result.layers)[:, None].expand(result.n_layers, result.n_heads)
+    heads = torch.arange(result.n_heads)[None, :].expand(result.n_layers, result.n_heads)
+    return pd.DataFrame({"layer": layer_ids.flatten().numpy(), "head": heads.flatten().numpy(),
+                         **{k: v.flatten().numpy() for k, v in columns.items()}})
 
-    def arg(x: Tensor) -> Tensor:
-        return ns[torch.nan_to_num(x[..., keep], nan=-1.0).argmax(-1)]
 
-    measured, predicted = arg(result.f_score), arg(predicted_f)
-    layer_ids = torch.tensor(result.layers)[:, None].expand_as(measured)
-    heads = torch.arange(result.n_heads)[None, :].expand_as(measured)
-    return pd.DataFrame({
-        "layer": layer_ids.flatten().numpy(), "head": heads.flatten().numpy(),
-        "measured_best_n": measured.flatten().numpy(),
-        "predicted_best_n": predicted.flatten().numpy(),
-    })
+def best_n_agreement(result: HeadAnalysis, kind: str = "shell_n") -> float:
+    """Fraction of heads whose ``kind``-predicted best N equals the measured one, among the
+    heads where both are defined; NaN if there are none."""
+    check_name("bound kind", kind, tuple(BEST_N_KINDS))
+    measured = argmax_n(result, result.f_score, bound=False)
+    predicted = argmax_n(result, result.bound(kind, "f_score"), bound=True)
+    both = ~torch.isnan(measured) & ~torch.isnan(predicted)
+    if not both.any():
+        return float("nan")
+    return float((measured[both] == predicted[both]).double().mean())
 
 
 def heads_table(result: HeadAnalysis):
@@ -57,7 +91,8 @@ def heads_table(result: HeadAnalysis):
 def to_pandas(result: HeadAnalysis):
     """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
     number of instances behind the mean (``count``), and the head's label, votes and sink
-    figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F."""
+    figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
+    the ``separated`` fraction."""
     import pandas as pd
 
     n_layers, n_heads, n_n = result.n_layers, result.n_heads, len(result.n_values)

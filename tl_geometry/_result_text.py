@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -46,32 +47,28 @@ def _nanmean(x: Tensor) -> float:
 
 
 # --- headline range (SPEC §3) --------------------------------------------------------------------
-def n_positions(result: HeadAnalysis) -> float:
-    """``t + 1`` of the headline range: ``metadata["n_positions"]``, else the largest analysed
-    N + 1 (the fewest keys a query needs for every analysed N to be defined)."""
-    meta = result.metadata.get("n_positions")
-    return float(meta) if isinstance(meta, int | float) else float(max(result.n_values.tolist()) + 1)
-
-
-def headline_n(result: HeadAnalysis) -> tuple[int, ...]:
-    """The analysed N of the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3); larger N is dense:
-    computed and shown, never headlined. The same rule as ``HeadAnalysis.headline_n``."""
-    limit = n_positions(result) / 4
-    return tuple(n for n in result.n_values.tolist() if 2 <= n <= limit)
+def dense_from(result: HeadAnalysis) -> float:
+    """``(t+1)/4`` with ``t + 1 = metadata["n_positions"]``: a larger N is dense (SPEC §3).
+    ``inf`` when the metadata does not record it: then every N ≥ 2 is in the headline range,
+    as :attr:`HeadAnalysis.headline_n` says (ours)."""
+    n_positions = result.metadata.get("n_positions")
+    if not isinstance(n_positions, int | float) or isinstance(n_positions, bool):
+        return math.inf
+    return n_positions / 4
 
 
 def is_dense(result: HeadAnalysis, n: int) -> bool:
     """``N > (t+1)/4``: the precision floor ``N/(t+1)`` lifts P_N and F_N there (SPEC §3)."""
-    return n > n_positions(result) / 4
+    return n > dense_from(result)
 
 
 def headline_text(result: HeadAnalysis) -> str:
     """One line: the headline range and which analysed N it holds."""
-    limit = n_positions(result) / 4
-    ns = headline_n(result)
+    limit, ns = dense_from(result), result.headline_n
     held = f"N = {', '.join(map(str, ns))}" if ns else "no analysed N"
-    known = "" if "n_positions" in result.metadata else " (t+1 not recorded: taken as the largest N + 1)"
-    return (f"Headline range 2 ≤ N ≤ (t+1)/4 = {limit:g}{known}: {held}; larger N is dense "
+    if math.isinf(limit):
+        return f"Headline range 2 ≤ N ≤ (t+1)/4, t+1 not recorded: every analysed N ≥ 2 ({held})."
+    return (f"Headline range 2 ≤ N ≤ (t+1)/4 = {limit:g}: {held}; larger N is dense "
             "(precision cannot fall below N/(t+1)): shown, marked †, never headlined.")
 
 
@@ -108,7 +105,7 @@ def label_text(label: str | None) -> str:
 def _shown(result: HeadAnalysis, wanted: Sequence[int]) -> list[int]:
     analysed = result.n_values.tolist()
     shown = [n for n in wanted if n in analysed]
-    return shown or list(headline_n(result)[:3]) or [n for n in analysed if n >= 2][:3] or analysed[:3]
+    return shown or list(result.headline_n[:3]) or [n for n in analysed if n >= 2][:3] or analysed[:3]
 
 
 def _group_line(result: HeadAnalysis, label: str, i: int | list[int]) -> str:
@@ -150,7 +147,7 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
     lines += ["", *textwrap.wrap("Classes: " + class_shares_text(result), 100, subsequent_indent="  ")]
     for n in shown:
         lines.append(_group_line(result, f"mean F_{n_label(result, n)}", result._n_index(n)))
-    if headline := headline_n(result):
+    if headline := result.headline_n:
         span = f"{headline[0]}" if len(headline) == 1 else f"{headline[0]}..{headline[-1]}"
         lines.append(_group_line(result, f"headline N = {span}",
                                  [result._n_index(n) for n in headline]))
@@ -159,13 +156,18 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
         frac = result.certified_fraction
         lines.append("  heads certified (P̲ = R̲ = 1): " + ", ".join(
             f"N={n_label(result, n)}: {100 * float(frac[result._n_index(n)]):.1f}%" for n in shown))
+        lines.append("  shell certificate (SPEC §6d), mean F̲_N / mean F_N, K=0 | K=N: " + ", ".join(
+            f"N={n_label(result, n)}: {_ratio(result.shell_f_score, result.f_score, result._n_index(n))}"
+            f" | {_ratio(result.shell_n_f_score, result.f_score, result._n_index(n))}" for n in shown))
         best = result.best_n()
-        agree = (best.measured_best_n == best.predicted_best_n).mean()
-        lines.append(f"  predicted best N ≥ 2 matches the measured one for {100 * agree:.1f}% of heads")
+        both = best.measured_best_n.notna() & best.shell_n_best_n.notna()
+        lines.append(f"  best N over the headline range {list(result.headline_n)}: the shell (K=N) "
+                     f"predicts the measured one for {_percent(result.best_n_agreement('shell_n'))} "
+                     f"of the {int(both.sum())} heads where both are defined")
 
     n_heads = result.n_layers * result.n_heads
     # Rank by the first shown N of the headline range; a dense N is never the headline.
-    rank_n = next((n for n in shown if n in headline_n(result)),
+    rank_n = next((n for n in shown if n in result.headline_n),
                   next((n for n in shown if n >= 2), shown[0]))
     if top is None or top >= n_heads:
         order = list(range(n_heads))
@@ -189,6 +191,15 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
         lines.append(row.rstrip())
     lines += ["", *textwrap.wrap(LEGEND, 100)]
     return "\n".join(lines)
+
+
+def _ratio(bound: Tensor, measured: Tensor, i: int) -> str:
+    b, m = _nanmean(bound[..., i]), _nanmean(measured[..., i])
+    return f"{b / m:.2f}" if m > 0 else "n/a"
+
+
+def _percent(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
 def _header(result: HeadAnalysis, shown: list[int]) -> str:

@@ -95,8 +95,8 @@ def analyze_heads(
         tokens: the ``[batch, pos]`` token ids the cache was made from; with ``model`` and no
             ``attention_mask``, pad tokens at the ends of sequences raise a warning.
         bounds: also compute, per (layer, head, N), the inversion certificates, the certified
-            regime bounds and the predicted envelope of the top-N sets, and the regime
-            diagnostics per head (SPEC §6; Euclidean).
+            regime bounds, the predicted envelope and the shell certificate (K = 0 and K = N)
+            of the top-N sets, and the regime diagnostics per head (SPEC §6; Euclidean).
         progress: a progress bar over layers; default: on in a terminal or a notebook.
         backend: ``"auto"`` (numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
 

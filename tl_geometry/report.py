@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ._result_text import class_shares_text, headline_n, n_label, n_positions
+from ._result_text import class_shares_text, dense_from, n_label
 from .functional.taxonomy import CLASSES
 from .result import HeadAnalysis
 from .views import _page
@@ -128,7 +129,7 @@ def sink_effect_section(result: HeadAnalysis) -> list[str]:
 def _header(result: HeadAnalysis, files: list[str]) -> str:
     meta = result.metadata
     n_heads = result.n_layers * result.n_heads
-    headline = headline_n(result)
+    headline = result.headline_n
     where = [result._n_index(n) for n in headline]
     facts = {
         "model": meta.get("model_name", "?"),
@@ -137,7 +138,8 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         "queries": meta.get("queries", "?"),
         "N": ", ".join(n_label(result, n) for n in result.n_values.tolist()),
         "headline range 2 ≤ N ≤ (t+1)/4": (
-            f"N ≤ {n_positions(result) / 4:g}: " + (", ".join(map(str, headline)) or "no analysed N")
+            (f"N ≤ {dense_from(result):g}: " if math.isfinite(dense_from(result)) else "t+1 not recorded: ")
+            + (", ".join(map(str, headline)) or "no analysed N")
             + " (dense N, marked †, are shown and shaded, never headlined)"),
         "distance / space": f"{meta.get('distance', '?')} / {meta.get('space', '?')}",
         "random subsets per query": meta.get("random_samples", "?"),
@@ -283,7 +285,7 @@ def write_report(
     parts += ["<h2>Figures</h2>", *figure_html]
     # The ranking N is the first of the headline range: a dense N is never the headline.
     analysed = result.n_values.tolist()
-    top_n = next(iter(headline_n(result)), 2 if 2 in analysed else analysed[0])
+    top_n = next(iter(result.headline_n), 2 if 2 in analysed else analysed[0])
     top = result.top(12, by="f_gain", n=top_n)
     parts += [f"<h2>Heads where top-N beats random the most (N = {n_label(result, top_n)})</h2>", _table(top)]
     if cache is not None:

@@ -142,7 +142,9 @@ class HeadAnalysis:
 
     def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
         """Mean lower bound ``[layer, head, n]`` of ``kind`` (``inversion``, ``certified``,
-        ``predicted``; SPEC §6) on ``metric`` (``precision``, ``recall``, ``f_score``)."""
+        ``predicted``, ``shell`` (K = 0), ``shell_n`` (K = N); SPEC §6) on ``metric``
+        (``precision``, ``recall``, ``f_score``), or with ``metric="separated"`` (ours) the
+        fraction of instances where the bound certifies ``P_N = R_N = 1``."""
         k, m = check_name("bound kind", kind, BOUND_KINDS), check_name("bound metric", metric, BOUND_METRICS)
         if self.bounds is None:
             raise NoBoundsError(NO_BOUNDS)
@@ -230,6 +232,22 @@ class HeadAnalysis:
     predicted_recall = _Slice("bound", "predicted", "recall")
     predicted_f_score = _Slice("bound", "predicted", "f_score")
     """Predicted envelope of F_N (``bounds=True``), ``[layer, head, n]``."""
+    shell_precision = _Slice("bound", "shell", "precision")
+    shell_recall = _Slice("bound", "shell", "recall")
+    shell_f_score = _Slice("bound", "shell", "f_score")
+    """Shell certificate of F_N with K = 0, norm-only (SPEC §6d; ``bounds=True``), ``[layer, head, n]``."""
+    shell_n_precision = _Slice("bound", "shell_n", "precision")
+    shell_n_recall = _Slice("bound", "shell_n", "recall")
+    shell_n_f_score = _Slice("bound", "shell_n", "f_score")
+    """Shell certificate of F_N with K = N exact unselected distances (SPEC §6d), ``[layer, head, n]``."""
+    inversion_separated = _Slice("bound", "inversion", "separated")
+    """Fraction of instances with P_N = R_N = 1 (GInv = 0: measured, exact), ``[layer, head, n]``."""
+    certified_separated = _Slice("bound", "certified", "separated")
+    predicted_separated = _Slice("bound", "predicted", "separated")
+    shell_separated = _Slice("bound", "shell", "separated")
+    """Fraction of instances the K = 0 shell certificate proves separated (P̲ = R̲ = 1, ours)."""
+    shell_n_separated = _Slice("bound", "shell_n", "separated")
+    """Fraction of instances the K = N shell certificate proves separated (P̲ = R̲ = 1, ours)."""
     regime_norm_cv = _Slice("regime_diagnostic", "norm_cv")
     regime_kappa = _Slice("regime_diagnostic", "kappa")
     regime_a = _Slice("regime_diagnostic", "a")
@@ -330,10 +348,28 @@ class HeadAnalysis:
         certified = (self.bound("certified", "precision") == 1) & (self.bound("certified", "recall") == 1)
         return certified.double().mean(dim=(0, 1))
 
+    @property
+    def headline_n(self) -> tuple[int, ...]:
+        """The analysed N values in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3), with
+        ``t + 1 = metadata["n_positions"]``; larger N are "dense" (computed, never headlined).
+        Without ``n_positions`` in the metadata (ours): every analysed ``N ≥ 2``."""
+        return _result_tables.headline_n(self)
+
     def best_n(self):
-        """Per head, the N ≥ 2 with the largest measured F_N and the largest predicted envelope
-        F̲_N (SPEC §6b: the theory predicts small N), as a ``DataFrame``."""
+        """Per head, the argmax of F_N over :attr:`headline_n` (SPEC §6d), as a ``DataFrame``.
+
+        Columns ``layer, head, measured_best_n`` and, with bounds, ``shell_best_n`` (K = 0),
+        ``shell_n_best_n`` (K = N) and ``predicted_best_n`` (the §6b envelope), each the argmax
+        of that bound's mean F̲_N. Undefined — every value NaN, or for a bound every value 0 —
+        gives NaN, never a default N; ties go to the smaller N (ours). Floats (NaN-able).
+        """
         return _result_tables.best_n(self)
+
+    def best_n_agreement(self, kind: str = "shell_n") -> float:
+        """Fraction of heads whose bound-predicted best N (``kind``: ``shell``, ``shell_n``,
+        ``predicted``) equals the measured one, over the heads where both are defined (NaN if
+        none)."""
+        return _result_tables.best_n_agreement(self, kind)
 
     # --- tables -----------------------------------------------------------------------------------
     def paired_sink_summary(self):
@@ -365,7 +401,8 @@ class HeadAnalysis:
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
         number of instances behind the mean (``count``), and the head's label, votes and sink
-        figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F."""
+        figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
+        the ``separated`` fraction."""
         return _result_tables.to_pandas(self)
 
     def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True):

@@ -1,7 +1,14 @@
-"""Bounds of the top-N sets of one layer (SPEC §6): inversion certificates and regime bounds.
+"""Bounds of the top-N sets of one layer (SPEC §6): inversion certificates, regime bounds and
+the shell certificate (``K = 0`` and ``K = N``, :mod:`.shell`).
 
 Not on the hot path (``bounds=True`` only): plain torch, one sequence and one block of queries
 at a time, so the float64 attention rows held at once stay small whatever the context length.
+
+Per instance, next to the lower bounds ``(P̲, R̲, F̲)`` of every kind, the indicator that the
+bound certifies perfect separation, ``P̲ = R̲ = 1`` (bound metric ``"separated"``, ours): its
+mean is the fraction of instances the bound proves separated (``γ_N > 0``). For the inversion
+certificate it is the measured fraction (``GInv = 0 ⇔ P = R = 1``), so ``shell_separated /
+inversion_separated`` is the share of separated instances the shell recognises.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from einops import rearrange
+from jaxtyping import Float
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
@@ -21,6 +29,7 @@ from ..functional.bounds import (
     regime_bounds,
 )
 from ..functional.regime import diagnostics_from_pairs
+from .shell import SHELL_KINDS, shell_block
 
 if TYPE_CHECKING:
     from .layer import _Layer
@@ -33,7 +42,8 @@ BLOCK_ELEMENTS = 1 << 22
 def layer_bounds(
     data: _Layer, opts: AnalysisOptions, inversions: Tensor, layer: int
 ) -> tuple[Tensor, Tensor]:
-    """Per-sequence means ``[b, head, kind, n, (P, R, F)]`` and regime diagnostics ``[b, head, field]``.
+    """Per-sequence means ``[b, head, kind, n, (P, R, F, separated)]`` (kinds: ``BOUND_KINDS``)
+    and regime diagnostics ``[b, head, field]``.
 
     ``inversions [b, head, q, n]`` are the measured GInv of the top-N sets, for the certificates.
     """
@@ -48,34 +58,44 @@ def layer_bounds(
     regimes = (params_from_pairs(pairs, "certificate"), params_from_pairs(pairs, "predict"))
     regime = torch.stack(diagnostics_from_pairs(pairs), dim=-1).repeat_interleave(data.group_size, dim=1)
     n_values = opts.n_values.to(values.device)
+    n_list = n_values.tolist()
     kinds = [torch.stack(inversion_bounds(n_values, inversions), dim=-1)]  # [b, h, q, n, 3]
-    out = torch.full((batch, n_heads, inversions.shape[2], 2, len(n_values), 3), torch.nan,
-                     dtype=COMPUTE_DTYPE, device=values.device)
+    out = torch.full((batch, n_heads, inversions.shape[2], len(regimes) + len(SHELL_KINDS), len(n_values), 3),
+                     torch.nan, dtype=COMPUTE_DTYPE, device=values.device)
     keys = torch.arange(n_pos, device=values.device)
     norms = torch.linalg.vector_norm(values, dim=-1).repeat_interleave(data.group_size, dim=1)
     step = max(1, BLOCK_ELEMENTS // (n_heads * n_pos))
     for b in range(batch):
         for q0 in range(0, data.queries.shape[1], step):
             t = data.queries[b, q0 : q0 + step]
-            ok = data.real[b].gather(0, t)
+            ok = data.real[b].gather(0, t.clamp_min(0)) & (t >= 0)
             key_mask = (keys <= t[:, None]) & data.real[b] & ok[:, None]  # [q, k]
-            alpha = data.pattern[b, :, t].to(COMPUTE_DTYPE)  # [h, q, k]
+            alpha = data.pattern[b, :, t.clamp_min(0)].to(COMPUTE_DTYPE)  # [h, q, k]
             alpha = torch.where(key_mask, alpha, 0.0)
             score = alpha * norms[b][:, None] if opts.rank_by == "contribution" else alpha
             top = _ranks(score, key_mask)
             split = rearrange(alpha, "(g r) q k -> g r q k", r=data.group_size)
+            ranks = rearrange(top, "(g r) q k -> g r q k", r=data.group_size)
             for kind, params in enumerate(regimes):
                 p = RegimeParams(*(x[b][:, None, None] for x in params))
-                for i, n in enumerate(n_values.tolist()):
-                    selected = rearrange(top < n, "(g r) q k -> g r q k", r=data.group_size)
+                for i, n in enumerate(n_list):
+                    selected = ranks < n
                     bound = regime_bounds(split, p, n, sink=data.sink[b], key_mask=key_mask,
                                           selected=selected & key_mask)
                     out[b, :, q0 : q0 + step, kind, i] = rearrange(
                         torch.stack(bound, dim=-1), "g r q f -> (g r) q f")
-    kinds.append(out)
+            shell = shell_block(split, key_mask, ranks, values[b], n_list)  # [g, r, q, kind, n, 3]
+            out[b, :, q0 : q0 + step, len(regimes):] = rearrange(shell, "g r q k n f -> (g r) q k n f")
     bounds = torch.cat([kinds[0][:, :, :, None], out], dim=3)  # [b, h, q, kind, n, 3]
     ok_rows = data.real.gather(1, data.queries.clamp_min(0)) & (data.queries >= 0)
     bounds = torch.where(ok_rows[:, None, :, None, None, None], bounds, torch.nan)
+    bounds = torch.cat([bounds, separated(bounds)[..., None]], dim=-1)  # [..., (P, R, F, separated)]
     finite = torch.isfinite(bounds)
     mean = torch.where(finite, bounds, 0).sum(2) / finite.sum(2)
     return mean, regime
+
+
+def separated(bounds: Float[Tensor, "*batch 3"]) -> Float[Tensor, "*batch"]:
+    """1 where the bound certifies ``P = R = 1`` (``P̲ = R̲ = 1``), else 0; NaN where undefined."""
+    p, r = bounds[..., 0], bounds[..., 1]
+    return torch.where(torch.isnan(p) | torch.isnan(r), torch.nan, ((p == 1) & (r == 1)).to(bounds.dtype))

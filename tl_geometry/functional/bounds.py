@@ -156,8 +156,21 @@ def pair_stats(
     return PairStats(cos, pair_ok, lag, sink_cos, not_sink, norms, sink_norm)
 
 
+def _extreme(x: Tensor, ok: Tensor, which: str) -> Tensor:
+    """Max (or min) of ``x`` over the ``ok`` entries of the last axis; ∓inf where there are none
+    (also when the axis is empty — a one-key sequence has no pair —, where torch's own
+    reductions refuse)."""
+    fill = -torch.inf if which == "max" else torch.inf
+    if x.shape[-1] == 0:
+        return torch.full(x.shape[:-1], fill, dtype=x.dtype, device=x.device)
+    masked = torch.where(ok, x, fill)
+    return masked.amax(-1) if which == "max" else masked.amin(-1)
+
+
 def _masked_quantile(x: Tensor, ok: Tensor, q: float) -> Tensor:
     """Quantile ``q`` of ``x`` over entries where ``ok`` (NaN where none), along the last dim."""
+    if x.shape[-1] == 0:
+        return torch.full(x.shape[:-1], torch.nan, dtype=x.dtype, device=x.device)
     x = torch.where(ok, x, torch.nan)
     return torch.nanquantile(x, q, dim=-1)
 
@@ -206,12 +219,9 @@ def params_from_pairs(
         stats.norms, stats.not_sink, stats.cos, stats.pair_ok, stats.sink_cos
     )
     if mode == "certificate":
-        lo_n = torch.where(not_sink, norms, torch.inf).amin(-1)
-        hi_n = torch.where(not_sink, norms, -torch.inf).amax(-1)
-        c_lo = torch.where(pair_ok, cos, torch.inf).amin(-1)
-        c_hi = torch.where(pair_ok, cos, -torch.inf).amax(-1)
-        s_lo = torch.where(not_sink, sink_cos, torch.inf).amin(-1)
-        s_hi = torch.where(not_sink, sink_cos, -torch.inf).amax(-1)
+        lo_n, hi_n = _extreme(norms, not_sink, "min"), _extreme(norms, not_sink, "max")
+        c_lo, c_hi = _extreme(cos, pair_ok, "min"), _extreme(cos, pair_ok, "max")
+        s_lo, s_hi = _extreme(sink_cos, not_sink, "min"), _extreme(sink_cos, not_sink, "max")
         # Widen by float64 round-off so the bounds stay conservative.
         lo_n, hi_n = lo_n * (1 - SLACK), hi_n * (1 + SLACK)
         c_lo, c_hi, s_lo, s_hi = c_lo - SLACK, c_hi + SLACK, s_lo - SLACK, s_hi + SLACK

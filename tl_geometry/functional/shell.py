@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ._types import COMPUTE_DTYPE, _as_compute
-from .bounds import Bounds, _harmonic
+from .bounds import Bounds, _extreme, _harmonic
 from .heads import _broadcast_shapes
 from .selection import top_n_ranks
 from .separability import _check_rows, _selection
@@ -53,16 +53,6 @@ def _first(mask: Bool[Tensor, "*batch key"], m: int) -> tuple[Tensor, Tensor]:
     gathered slot really is True (rows with fewer than ``m`` keys are padded)."""
     order = torch.sort((~mask).to(torch.uint8), dim=-1, stable=True).indices[..., :m]
     return order, mask.gather(-1, order)
-
-
-def _extreme(x: Tensor, ok: Tensor, which: str) -> Tensor:
-    """Max (or min) of ``x`` over the ``ok`` entries of the last axis; ∓inf where there are none
-    (also when the axis is empty, where torch's own reductions refuse)."""
-    fill = -torch.inf if which == "max" else torch.inf
-    if x.shape[-1] == 0:
-        return torch.full(x.shape[:-1], fill, dtype=x.dtype, device=x.device)
-    masked = torch.where(ok, x, fill)
-    return masked.amax(-1) if which == "max" else masked.amin(-1)
 
 
 def shell_bounds(

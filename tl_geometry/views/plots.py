@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .._result_text import n_positions
+from .._result_text import dense_from
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from ..result import BOUND_KINDS, BOUND_METRICS, GROUPS, METRIC_NAMES, HeadAnalysis
 from .taxonomy import CLASS_COLORS
@@ -59,6 +59,8 @@ _BOUND_STYLE = {
     "inversion": dict(color="#1d2330", lw=1.0, ls="-.", label="inversion certificate"),
     "certified": dict(color="#c0392b", lw=1.0, ls="-.", label="certified bound"),
     "predicted": dict(color="#c0392b", lw=1.4, ls=(0, (1, 1)), label="predicted envelope"),
+    "shell": dict(color="#1f6f8b", lw=1.2, ls="--", label="shell certificate, K = 0"),
+    "shell_n": dict(color="#1f6f8b", lw=1.4, ls="-", label="shell certificate, K = N"),
 }
 
 
@@ -82,7 +84,7 @@ def _quiet():
         yield
 
 
-def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str, dense_from: float,
+def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str, dense_n: float,
           unit_range: bool) -> None:
     for g in GROUPS:
         ax.plot(ns, curves[g], marker="o", ms=3, **_GROUP_STYLE[g])
@@ -95,8 +97,8 @@ def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str, de
         ax.set_ylim(-0.02, 1.02)
     if ns[0] == 1:  # Euclidean F_1 = 1 for any selection: shade the trivial N
         ax.axvspan(1 / 1.3, 1.4, color="#eee", zorder=0)
-    if ns[-1] > dense_from:  # dense N > (t+1)/4: the precision floor N/(t+1) lifts F (SPEC §3)
-        ax.axvspan(max(dense_from, ns[0] / 1.3), ns[-1] * 1.3, color="#e3e9f1", zorder=0,
+    if ns[-1] > dense_n:  # dense N > (t+1)/4: the precision floor N/(t+1) lifts F (SPEC §3)
+        ax.axvspan(max(dense_n, ns[0] / 1.3), ns[-1] * 1.3, color="#e3e9f1", zorder=0,
                    label="dense N > (t+1)/4 (not headlined)")
     ax.set_xlim(ns[0] / 1.3, ns[-1] * 1.3)
     ax.set_title(title, fontsize=10)
@@ -134,7 +136,7 @@ def f_curves_plot(result: HeadAnalysis, *, by: str = "class", metric: str = "f_s
     if metric not in METRIC_NAMES:
         raise ValueError(f"metric must be one of {', '.join(METRIC_NAMES)}; got {metric!r}.")
     ns = result.n_values.numpy()
-    dense_from = n_positions(result) / 4
+    dense_n = dense_from(result)
     labels = np.array(result.labels, dtype=object)
     if by == "class":
         panels = [(f"{c}: {_heads(int((labels == c).sum()))}", labels == c) for c in CLASSES]
@@ -153,7 +155,7 @@ def f_curves_plot(result: HeadAnalysis, *, by: str = "class", metric: str = "f_s
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).flatten()
     for ax, (title, mask) in zip(axes, panels):
         if mask.any():
-            _draw(ax, ns, _curves(result, mask, metric), title, dense_from, metric in _UNIT_RANGE)
+            _draw(ax, ns, _curves(result, mask, metric), title, dense_n, metric in _UNIT_RANGE)
         else:
             ax.set_title(title, fontsize=10)
     for ax in axes[len(panels):]:
