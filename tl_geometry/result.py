@@ -37,7 +37,7 @@ from ._result_shortcuts import Shortcuts
 from .functional.regime import REGIME_FIELDS
 from .functional.separability import METRIC_NAMES
 from .functional.sink import SINK_FIELDS
-from .functional.taxonomy import CLASSES, VOTES, labels_from_votes, vote_fractions
+from .functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
 
 __all__ = [
     "BOUND_KINDS",
@@ -155,13 +155,16 @@ class HeadAnalysis(Shortcuts):
         return vote_fractions(self.vote_counts)
 
     @property
-    def labels(self) -> list[list[str]]:
+    def labels(self) -> list[list[str | None]]:
         """Class of every head by plurality vote: ``labels[li][h]`` for layer ``layers[li]``
-        (SPEC §5); by model layer index: :meth:`label`."""
-        return [[CLASSES[i] for i in row] for row in labels_from_votes(self.vote_counts).tolist()]
+        (SPEC §5); ``None`` for a head with no votes (shown "unlabelled"; left out of class
+        counts and shares). By model layer index: :meth:`label`."""
+        index = labels_from_votes(self.vote_counts).tolist()
+        return [[None if i == UNLABELLED else CLASSES[i] for i in row] for row in index]
 
-    def label(self, layer: int, head: int) -> str:
-        """Class of head ``head`` of model layer ``layer``: ``"Retriever" | "Mixer" | "Reset"``."""
+    def label(self, layer: int, head: int) -> str | None:
+        """Class of head ``head`` of model layer ``layer``: ``"Retriever" | "Mixer" | "Reset"``,
+        or ``None`` if the head has no votes (no query ``t ≥ 1`` evaluated; SPEC §5)."""
         li = _result_select.positions("layer", layer, list(self.layers))
         h = _result_select.positions("head", head, list(range(self.n_heads)))
         if not (isinstance(li, int) and isinstance(h, int)):
@@ -258,12 +261,26 @@ class HeadAnalysis(Shortcuts):
         return _result_tables.best_n_agreement(self, kind)
 
     # --- tables -----------------------------------------------------------------------------------
+    def paired_sink_summary(self):
+        """Per N, the pooled sink comparison (instances with / without the sink in S_N, pooled
+        over heads; the sink-removed F_N) next to the paired one (median over heads of each
+        head's median F_N(with) / F_N(removed) and fraction ≤ 1/2; SPEC §3), as a
+        ``DataFrame``; dense N flagged."""
+        return _result_tables.paired_sink_summary(self)
+
     def class_counts(self):
-        """``pandas.DataFrame`` of the number of heads of each class per layer."""
+        """``pandas.DataFrame`` of the number of heads of each class per layer (columns
+        :data:`CLASSES`). Unlabelled heads (no votes) are in no column: shares computed from
+        these counts leave them out (SPEC §5); :attr:`n_unlabelled` counts them."""
         import pandas as pd
 
         rows = [{c: row.count(c) for c in CLASSES} for row in self.labels]
-        return pd.DataFrame(rows, index=pd.Index(self.layers, name="layer"))
+        return pd.DataFrame(rows, index=pd.Index(self.layers, name="layer"), columns=list(CLASSES))
+
+    @property
+    def n_unlabelled(self) -> int:
+        """Number of heads with no votes, hence no class (SPEC §5)."""
+        return sum(row.count(None) for row in self.labels)
 
     def heads_table(self):
         """One row per (layer, head): label, vote fractions (``vote_current``, ...) and sink
