@@ -327,13 +327,14 @@ def ref_vote(alpha, values, valid, t, sink) -> str:
     return "other"
 
 
-def ref_label(counts) -> str:
+def ref_label(counts) -> str | None:
     """Plurality label from vote counts (current, sink, other); ties Retriever > Mixer > Reset.
 
     Scanning in the order Retriever, Mixer, Reset and replacing only on a strictly larger count
-    implements the tie rule. (With no votes at all every count is 0 and this returns
-    "Retriever"; the fractions are NaN in that case.)
+    implements the tie rule. With no votes at all the head has no label: None (SPEC §5).
     """
+    if sum(counts) == 0:
+        return None
     best_label, best_count = LABELS[0], counts[0]
     for label, count in zip(LABELS[1:], counts[1:]):
         if count > best_count:

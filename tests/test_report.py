@@ -27,9 +27,9 @@ def test_report_folder_holds_page_tables_figures_and_analysis(analysed, tmp_path
     index = tl_geometry.write_report(result, tmp_path / "rep", cache=cache, tokens=tokens)
     out = index.parent
     assert index == tmp_path / "rep" / "index.html"
-    for name in ("analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv"):
+    for name in ("analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv", "sink_effect.csv"):
         assert (out / name).stat().st_size > 0
-    for stem in ("f_by_class", "f_by_layer", "sink", "class_counts"):
+    for stem in ("f_by_class", "f_cc_by_class", "f_by_layer", "sink", "class_counts"):
         assert (out / "figures" / f"{stem}.png").is_file() and (out / "figures" / f"{stem}.svg").is_file()
     loaded = HeadAnalysis.load(out / "analysis.pt")
     assert torch.equal(loaded.scores.nan_to_num(-9), result.scores.nan_to_num(-9))
@@ -38,7 +38,7 @@ def test_report_folder_holds_page_tables_figures_and_analysis(analysed, tmp_path
     page = index.read_text()
     assert page.count("var CircuitsVis=") == 1
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
-    assert page.count("data:image/png;base64,") == 4  # every figure inlined
+    assert page.count("data:image/png;base64,") == 5  # every figure inlined
     # one attention, contribution and token view per class present, plus taxonomy and sink grids
     n_classes = len({x for row in result.labels for x in row})
     assert page.count('class="tlg-widget') == 2 + 4 * n_classes
@@ -62,7 +62,7 @@ def test_ablation_section_appears_when_prune_left_its_tables(analysed, tmp_path)
                  ).to_csv(tmp_path / "sparsification.csv", index=False)
     page = tl_geometry.write_report(result, tmp_path).read_text()
     assert "<h2>Ablation</h2>" in page and "Critical heads: L1H0." in page
-    assert (tmp_path / "figures" / "ablation.png").is_file() and page.count("data:image/png;base64,") == 5
+    assert (tmp_path / "figures" / "ablation.png").is_file() and page.count("data:image/png;base64,") == 6
     assert page.index("6.0000") < page.index("0.2000")  # sorted by loss increase
 
 

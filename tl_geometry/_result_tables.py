@@ -70,8 +70,9 @@ def best_n_agreement(result: HeadAnalysis, kind: str = "shell_n") -> float:
 
 
 def heads_table(result: HeadAnalysis):
-    """One row per (layer, head): label, vote fractions (``vote_current``, ...) and sink
-    diagnostics (``sink_mass``, ...)."""
+    """One row per (layer, head): label (``None`` for an unlabelled head, SPEC §5: a
+    ``groupby("label")`` or ``value_counts()`` leaves it out), vote fractions (``vote_current``,
+    ...) and sink diagnostics (``sink_mass``, ...)."""
     import pandas as pd
 
     per_head = {k: v for k, (v, has_n) in result.quantities().items()
@@ -113,3 +114,50 @@ def to_pandas(result: HeadAnalysis):
         ]
     frame = pd.concat(frames, ignore_index=True)
     return frame.merge(result.heads_table(), on=["layer", "head"], how="left")
+
+
+def paired_sink_summary(result: HeadAnalysis):
+    """Per analysed N, the pooled sink comparison next to the paired one (SPEC §3, sink effect),
+    as a ``DataFrame``:
+
+    - ``pooled_f_sink_in`` / ``pooled_f_sink_out``: mean F_N of the top-N instances with / without
+      the sink in S_N, pooled over every instance of every head (comparison 1: each head's mean
+      weighted by its instance count), with ``instances_in`` / ``instances_out``;
+    - ``f_sink_removed``: mean over heads of F_N re-selected without the sink (comparison 2);
+    - ``paired_median_ratio`` / ``paired_median_halved``: the median over heads of each head's
+      median F_N(with sink) / F_N(sink removed) and of its fraction of instances with ratio
+      ≤ 1/2, over the instances whose S_N holds the sink (comparison 3, ours: the headline form);
+      ``paired_heads`` heads have such instances, ``paired_instances`` in all. NaN where no head
+      has one, or for a result saved without paired figures.
+    - ``dense``: N > (t+1)/4, outside the headline range (shown, never headlined).
+    """
+    import numpy as np
+    import pandas as pd
+
+    from ._result_text import is_dense
+
+    def pooled(group: str) -> tuple[Tensor, Tensor]:
+        f, count = result.metric("f_score", group), result.count(group)
+        weight = torch.where(f.isnan(), 0.0, count.double())
+        total = weight.sum(dim=(0, 1))
+        return (torch.nan_to_num(f) * weight).sum(dim=(0, 1)) / total, total
+
+    f_in, n_in = pooled("sink_in")
+    f_out, n_out = pooled("sink_out")
+    ratio, halved, count = (result.paired_sink(f).numpy() for f in ("ratio", "halved", "count"))
+    rows = []
+    for i, n in enumerate(result.n_values.tolist()):
+        has = np.nan_to_num(count[..., i]) > 0
+        with np.errstate(all="ignore"):  # no head with a paired instance: NaN, not a warning
+            med_ratio = float(np.median(ratio[..., i][has])) if has.any() else float("nan")
+            med_halved = float(np.median(halved[..., i][has])) if has.any() else float("nan")
+        removed = result.sink_removed_f_score[..., i]
+        rows.append({
+            "n": n, "dense": is_dense(result, n),
+            "pooled_f_sink_in": float(f_in[i]), "instances_in": int(n_in[i]),
+            "pooled_f_sink_out": float(f_out[i]), "instances_out": int(n_out[i]),
+            "f_sink_removed": float(removed.nanmean()) if bool(removed.isfinite().any()) else float("nan"),
+            "paired_median_ratio": med_ratio, "paired_median_halved": med_halved,
+            "paired_heads": int(has.sum()), "paired_instances": int(np.nan_to_num(count[..., i]).sum()),
+        })
+    return pd.DataFrame(rows)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .functional.taxonomy import CLASSES
+from .functional.taxonomy import CLASSES, UNLABELLED_NAME
 
 if TYPE_CHECKING:
     from .result import HeadAnalysis
@@ -20,7 +20,10 @@ LEGEND = (
     "another key wins; SPEC §5); α_sink = mean attention on the sink; κ = ‖v_sink‖ / mean "
     "‖v_j‖ over the other keys; cos = mean signed cos(v_sink, v_j); FN top/rnd = F_N of the "
     "top-N keys / of random N-subsets (1 = the selection is geometrically separated from the "
-    "rest). How to read these: docs/reading.md."
+    "rest); F* = chance-corrected F_N; shuffled = the top-N keys with the non-sink values "
+    "permuted (SPEC §3); N† = a dense N > (t+1)/4, where the precision floor N/(t+1) lifts F: "
+    "shown, never headlined; unlabelled = no votes, in no class share. How to read these: "
+    "docs/reading.md."
 )
 
 
@@ -43,10 +46,87 @@ def _nanmean(x: Tensor) -> float:
     return float(x.nanmean()) if torch.isfinite(x).any() else float("nan")
 
 
+# --- headline range (SPEC §3) --------------------------------------------------------------------
+def dense_from(result: HeadAnalysis) -> float:
+    """``(t+1)/4`` with ``t + 1 = metadata["n_positions"]``: a larger N is dense (SPEC §3).
+    ``inf`` when the metadata does not record it: then every N ≥ 2 is in the headline range,
+    as :attr:`HeadAnalysis.headline_n` says (ours)."""
+    n_positions = result.metadata.get("n_positions")
+    if not isinstance(n_positions, int | float) or isinstance(n_positions, bool):
+        return math.inf
+    return n_positions / 4
+
+
+def is_dense(result: HeadAnalysis, n: int) -> bool:
+    """``N > (t+1)/4``: the precision floor ``N/(t+1)`` lifts P_N and F_N there (SPEC §3)."""
+    return n > dense_from(result)
+
+
+def headline_text(result: HeadAnalysis) -> str:
+    """One line: the headline range and which analysed N it holds."""
+    limit, ns = dense_from(result), result.headline_n
+    held = f"N = {', '.join(map(str, ns))}" if ns else "no analysed N"
+    if math.isinf(limit):
+        return f"Headline range 2 ≤ N ≤ (t+1)/4, t+1 not recorded: every analysed N ≥ 2 ({held})."
+    return (f"Headline range 2 ≤ N ≤ (t+1)/4 = {limit:g}: {held}; larger N is dense "
+            "(precision cannot fall below N/(t+1)): shown, marked †, never headlined.")
+
+
+def n_label(result: HeadAnalysis, n: int) -> str:
+    """``"8"``, or ``"64†"`` for a dense N."""
+    return f"{n}†" if is_dense(result, n) else str(n)
+
+
+# --- classes (SPEC §5) ---------------------------------------------------------------------------
+def class_totals(result: HeadAnalysis) -> dict[str, int]:
+    """Heads of each class over all layers; unlabelled heads are in none."""
+    counts = result.class_counts().sum()
+    return {c: int(counts[c]) for c in CLASSES}
+
+
+def class_shares_text(result: HeadAnalysis) -> str:
+    """``Retriever 3 (25.0%), Mixer ..., Reset ...; 2 unlabelled (no votes; not in the shares)``:
+    shares are of the labelled heads only (SPEC §5)."""
+    totals = class_totals(result)
+    n_labelled = sum(totals.values())
+    text = ", ".join(
+        f"{c} {k} ({100 * k / n_labelled:.1f}%)" if n_labelled else f"{c} {k}" for c, k in totals.items()
+    )
+    if unlabelled := result.n_unlabelled:
+        text += f"; {unlabelled} {UNLABELLED_NAME} (no votes; not in the shares)"
+    return text
+
+
+def label_text(label: str | None) -> str:
+    """A head's class as shown: its name, or "unlabelled"."""
+    return UNLABELLED_NAME if label is None else label
+
+
 def _shown(result: HeadAnalysis, wanted: Sequence[int]) -> list[int]:
     analysed = result.n_values.tolist()
     shown = [n for n in wanted if n in analysed]
-    return shown or [n for n in analysed if n >= 2][:3] or analysed[:3]
+    return shown or list(result.headline_n[:3]) or [n for n in analysed if n >= 2][:3] or analysed[:3]
+
+
+def _group_line(result: HeadAnalysis, label: str, i: int | list[int]) -> str:
+    """Mean F (and F*) of every group at N position(s) ``i``, averaged over heads and those N."""
+    def mean(name: str, group: str) -> float:
+        return _nanmean(result.metric(name, group)[..., i])
+
+    line = f"  {label}: top-N {mean('f_score', 'top'):.3f} (F* {mean('f_score_cc', 'top'):.3f})"
+    for group, name in (("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed")):
+        line += f"  {name} {mean('f_score', group):.3f}"
+    return line
+
+
+def _paired_lines(result: HeadAnalysis, shown: list[int]) -> list[str]:
+    """The paired sink effect at the shown N (SPEC §3, comparison 3); none if it is undefined."""
+    table = result.paired_sink_summary().set_index("n")
+    cells = [f"    N={n_label(result, n)}: F_N(with) / F_N(removed) {table.paired_median_ratio[n]:.2f}, "
+             f"fraction ≤ 1/2 {table.paired_median_halved[n]:.2f} ({table.paired_heads[n]} heads)"
+             for n in shown if table.paired_heads[n] > 0]
+    title = "  paired sink effect (instances whose top-N set holds the sink; median over heads):"
+    return [title, *cells] if cells else []
 
 
 def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> str:
@@ -63,23 +143,21 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
     ]
     if meta.get("distance", "euclidean") == "euclidean":
         lines.append("N=1 is trivial for the Euclidean distance (F_1 = 1); the headline is N ≥ 2.")
-    total = result.class_counts().sum()
-    n_all = max(int(total.sum()), 1)
-    lines += ["", "Classes: " + ", ".join(
-        f"{c} {int(total[c])} ({100 * total[c] / n_all:.1f}%)" for c in CLASSES)]
+    lines += textwrap.wrap(headline_text(result), 100)
+    lines += ["", *textwrap.wrap("Classes: " + class_shares_text(result), 100, subsequent_indent="  ")]
     for n in shown:
-        i = result._n_index(n)
-        lines.append(
-            f"  mean F_{n}: top-N {_nanmean(result.f_score[..., i]):.3f}  "
-            f"random {_nanmean(result.random_f_score[..., i]):.3f}  "
-            f"sink removed {_nanmean(result.sink_removed_f_score[..., i]):.3f}"
-        )
+        lines.append(_group_line(result, f"mean F_{n_label(result, n)}", result._n_index(n)))
+    if headline := result.headline_n:
+        span = f"{headline[0]}" if len(headline) == 1 else f"{headline[0]}..{headline[-1]}"
+        lines.append(_group_line(result, f"headline N = {span}",
+                                 [result._n_index(n) for n in headline]))
+    lines += _paired_lines(result, shown)
     if result.bounds is not None:
         frac = result.certified_fraction
         lines.append("  heads certified (P̲ = R̲ = 1): " + ", ".join(
-            f"N={n}: {100 * float(frac[result._n_index(n)]):.1f}%" for n in shown))
+            f"N={n_label(result, n)}: {100 * float(frac[result._n_index(n)]):.1f}%" for n in shown))
         lines.append("  shell certificate (SPEC §6d), mean F̲_N / mean F_N, K=0 | K=N: " + ", ".join(
-            f"N={n}: {_ratio(result.shell_f_score, result.f_score, result._n_index(n))}"
+            f"N={n_label(result, n)}: {_ratio(result.shell_f_score, result.f_score, result._n_index(n))}"
             f" | {_ratio(result.shell_n_f_score, result.f_score, result._n_index(n))}" for n in shown))
         best = result.best_n()
         both = best.measured_best_n.notna() & best.shell_n_best_n.notna()
@@ -88,7 +166,9 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
                      f"of the {int(both.sum())} heads where both are defined")
 
     n_heads = result.n_layers * result.n_heads
-    rank_n = next((n for n in shown if n >= 2), shown[0])
+    # Rank by the first shown N of the headline range; a dense N is never the headline.
+    rank_n = next((n for n in shown if n in result.headline_n),
+                  next((n for n in shown if n >= 2), shown[0]))
     if top is None or top >= n_heads:
         order = list(range(n_heads))
         title = f"All {n_heads} heads, in layer order:"
@@ -97,14 +177,14 @@ def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> s
         order = torch.nan_to_num(gain, nan=-torch.inf).argsort(descending=True, stable=True)[:top].tolist()
         title = (f"Top {len(order)} of {n_heads} heads by F_{rank_n} gain (top-N minus random); "
                  "summary(top=None) lists every head:")
-    lines += ["", title, _header(shown)]
+    lines += ["", title, _header(result, shown)]
     f = {n: result.f_score[..., result._n_index(n)] for n in shown}
     r = {n: result.random_f_score[..., result._n_index(n)] for n in shown}
     fractions, labels = result.vote_fractions, result.labels
     for flat in order:
         li, h = divmod(flat, result.n_heads)
         votes = "/".join(f"{float(x):.2f}" for x in fractions[li, h])
-        row = (f"{result.layers[li]:>5} {h:>4} {labels[li][h]:<9} {votes:>14} "
+        row = (f"{result.layers[li]:>5} {h:>4} {label_text(labels[li][h]):<10} {votes:>14} "
                f"{float(result.sink_mass[li, h]):>6.3f} {float(result.sink_norm_ratio[li, h]):>6.3f} "
                f"{float(result.sink_cosine[li, h]):>6.3f}")
         row += "".join(f" {float(f[n][li, h]):>6.3f}/{float(r[n][li, h]):<6.3f}" for n in shown)
@@ -122,15 +202,16 @@ def _percent(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def _header(shown: list[int]) -> str:
-    head = f"{'layer':>5} {'head':>4} {'class':<9} {'cur/sink/oth':>14} {'α_sink':>6} {'κ':>6} {'cos':>6}"
-    return head + "".join(f" {'F' + str(n) + ' top/rnd':>13}" for n in shown)
+def _header(result: HeadAnalysis, shown: list[int]) -> str:
+    head = f"{'layer':>5} {'head':>4} {'class':<10} {'cur/sink/oth':>14} {'α_sink':>6} {'κ':>6} {'cos':>6}"
+    return head + "".join(f" {'F' + n_label(result, n) + ' top/rnd':>13}" for n in shown)
 
 
 def short_repr(result: HeadAnalysis) -> str:
     """``HeadAnalysis(model=..., layers=30 (0..29), heads=9, n_values=[...], classes, bounds)``."""
-    total = result.class_counts().sum()
-    classes = ", ".join(f"{c}={int(total[c])}" for c in CLASSES)
+    classes = ", ".join(f"{c}={k}" for c, k in class_totals(result).items())
+    if unlabelled := result.n_unlabelled:
+        classes += f", {UNLABELLED_NAME}={unlabelled}"
     name = result.metadata.get("model_name")
     model = f"model={name!r}, " if name else ""
     return (f"HeadAnalysis({model}layers={result.n_layers} ({_layers(result.layers)}), "

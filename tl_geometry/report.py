@@ -9,7 +9,8 @@ came from) into a folder::
       heads.csv           one row per head: class, vote fractions, sink figures
       metrics.csv         long form: layer, head, N, group, P/R/F, margin, inversions, ...
       class_counts.csv    heads of each class per layer
-      figures/*.png|svg   F_N against N by class and by layer, sink per layer, class counts
+      sink_effect.csv     per N: the pooled and the paired sink effect on F_N
+      figures/*.png|svg   F_N (and F*_N) against N by class, F_N by layer, sink per layer, class counts
 
 The ``tl-geometry report`` command lives in :mod:`tl_geometry.report_cli`.
 
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ._result_text import class_shares_text, dense_from, n_label
 from .functional.taxonomy import CLASSES
 from .result import HeadAnalysis
 from .views import _page
@@ -36,7 +39,8 @@ from .views.sink import sink_view
 from .views.taxonomy import CLASS_COLORS, taxonomy_view
 from .views.tokens import token_view
 
-__all__ = ["DEFAULT_OUT", "capacity_section", "example_heads", "write_report"]
+__all__ = ["DEFAULT_OUT", "capacity_section", "example_heads", "n_means_table", "sink_effect_section",
+           "write_report"]
 
 #: Where write_report (and tl-geometry report) writes by default.
 DEFAULT_OUT = "tl_geometry_report"
@@ -68,28 +72,87 @@ def _table(frame: Any, digits: int = 3) -> str:
     return frame.to_html(index=False, classes="tlg-table", border=0, float_format=lambda x: f"{x:.{digits}f}")
 
 
+def _mean(x: torch.Tensor) -> float:
+    return float(x.nanmean()) if bool(x.isfinite().any()) else float("nan")
+
+
+#: Columns of the per-N table: (heading, metric, group); the two differences follow SPEC §3.
+_PER_N = (("F top-N", "f_score", "top"), ("F* top-N", "f_score_cc", "top"),
+          ("F shuffled", "f_score", "shuffled"), ("F random", "f_score", "random"),
+          ("F sink removed", "f_score", "sink_removed"))
+
+
+def n_means_table(result: HeadAnalysis):
+    """Mean over heads, per analysed N, of F_N (and F*_N) for each selection group, with the
+    value-shuffle split of SPEC §3: ``top − shuffled`` (what the value geometry carries) and
+    ``shuffled − random`` (what attention magnitudes alone explain). Dense N (N > (t+1)/4) are
+    marked ``†``: shown, never headlined."""
+    import pandas as pd
+
+    rows = []
+    for i, n in enumerate(result.n_values.tolist()):
+        row: dict[str, Any] = {"N": n_label(result, n)}
+        row.update({head: _mean(result.metric(m, g)[..., i]) for head, m, g in _PER_N})
+        row["top − shuffled"] = row["F top-N"] - row["F shuffled"]
+        row["shuffled − random"] = row["F shuffled"] - row["F random"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sink_effect_section(result: HeadAnalysis) -> list[str]:
+    """The sink effect on F_N per N (SPEC §3): the pooled comparison (instances with / without the
+    sink in S_N, pooled over heads; the sink-removed re-selection) next to the paired one (per
+    head, the median ratio F_N(with) / F_N(removed) and the fraction ≤ 1/2 over the instances
+    whose S_N holds the sink; their median over heads). Dense N are marked †."""
+    table = result.paired_sink_summary()
+    shown = table.assign(n=[n_label(result, n) for n in table.n]).drop(columns="dense").rename(columns={
+        "n": "N", "pooled_f_sink_in": "pooled F, sink in S_N", "instances_in": "instances in",
+        "pooled_f_sink_out": "pooled F, sink outside", "instances_out": "instances out",
+        "f_sink_removed": "F, sink removed", "paired_median_ratio": "paired: median ratio",
+        "paired_median_halved": "paired: median fraction ≤ 1/2", "paired_heads": "paired: heads",
+        "paired_instances": "paired: instances"})
+    missing = "" if int(table.paired_heads.sum()) else (
+        " No head has a paired instance here (no top-N set holds the sink, or the analysis was "
+        "saved without paired figures): the paired columns are NaN.")
+    return [
+        "<h2>Sink effect on F_N: pooled and paired</h2>", _table(shown),
+        '<p class="tlg-caption">Pooled (comparison 1): mean F_N of the top-N instances with / without '
+        "the sink in the selection, every instance of every head pooled; it mixes heads and can show "
+        "an effect no head has. Paired (comparison 3, ours, the headline form): per head, over the "
+        "instances whose top-N set holds the sink, the median of F_N(with sink) / F_N(sink re-selected "
+        "away) and the fraction ≤ 1/2 (\"the sink halves F_N\"); the columns give their median over the "
+        "heads that have such instances. A ratio near 1 means the sink leaves F_N alone. "
+        f"† dense N, not headlined (SPEC §3).{html.escape(missing)}</p>",
+    ]
+
+
 def _header(result: HeadAnalysis, files: list[str]) -> str:
     meta = result.metadata
-    counts = result.class_counts().sum()
-    n_all = int(counts.sum())
-    i2 = result.n_values.tolist().index(2) if 2 in result.n_values.tolist() else None
+    n_heads = result.n_layers * result.n_heads
+    headline = result.headline_n
+    where = [result._n_index(n) for n in headline]
     facts = {
         "model": meta.get("model_name", "?"),
         "text": meta.get("text", "?"),
         "sequences × positions": f"{meta.get('n_sequences', '?')} × {meta.get('n_positions', '?')}",
         "queries": meta.get("queries", "?"),
-        "N": ", ".join(map(str, result.n_values.tolist())),
+        "N": ", ".join(n_label(result, n) for n in result.n_values.tolist()),
+        "headline range 2 ≤ N ≤ (t+1)/4": (
+            (f"N ≤ {dense_from(result):g}: " if math.isfinite(dense_from(result)) else "t+1 not recorded: ")
+            + (", ".join(map(str, headline)) or "no analysed N")
+            + " (dense N, marked †, are shown and shaded, never headlined)"),
         "distance / space": f"{meta.get('distance', '?')} / {meta.get('space', '?')}",
         "random subsets per query": meta.get("random_samples", "?"),
         "value shuffles per query": meta.get("shuffle_samples", "?"),
-        "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_all}",
-        "classes": ", ".join(f"{c} {int(counts[c])} ({100 * counts[c] / n_all:.1f}%)" for c in CLASSES),
+        "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_heads}",
+        "classes": class_shares_text(result),
     }
-    if i2 is not None:
-        facts["mean F_2: top-N / random / sink removed"] = " / ".join(
-            f"{float(x[..., i2].nanmean()):.3f}"
-            for x in (result.f_score, result.random_f_score, result.sink_removed_f_score)
-        )
+    if where:
+        groups = (("top", "top-N"), ("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed"))
+        span = "N = " + (f"{headline[0]}..{headline[-1]}" if len(headline) > 1 else str(headline[0]))
+        for metric, name in (("f_score", "F_N"), ("f_score_cc", "F*_N (chance-corrected)")):
+            facts[f"mean {name} over {span}: " + " / ".join(n for _, n in groups)] = " / ".join(
+                f"{_mean(result.metric(metric, g)[..., where]):.3f}" for g, _ in groups)
     rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
                    f"{html.escape(str(v))}</td></tr>" for k, v in facts.items())
     links = " · ".join(f'<a href="{html.escape(f)}">{html.escape(f)}</a>' for f in files)
@@ -97,7 +160,9 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         "<h1>tl_geometry report</h1>"
         '<p class="tlg-caption">Geometric separability of the top-N attended tokens\' contributions '
         "α_i·v_i, attention-sink diagnostics and the Retriever / Mixer / Reset taxonomy, per layer and "
-        "head. Euclidean F_1 = 1 trivially; the headline is N ≥ 2.</p>"
+        "head. Euclidean F_1 = 1 trivially; the headline is 2 ≤ N ≤ (t+1)/4: above it precision cannot "
+        "fall below N/(t+1), so F rises for reasons that are not geometry. F* corrects for that floor "
+        "(SPEC §3).</p>"
         f'<table class="tlg-table">{rows}</table><p class="tlg-caption">Files: {links}</p>'
     )
 
@@ -196,10 +261,15 @@ def write_report(
     result.heads_table().to_csv(out / "heads.csv", index=False)
     result.to_pandas().to_csv(out / "metrics.csv", index=False)
     result.class_counts().to_csv(out / "class_counts.csv")
+    result.paired_sink_summary().to_csv(out / "sink_effect.csv", index=False)
     plots = [
         ("f_by_class", f_curves_plot(result, by="class"),
-         "F_N against N, mean over the heads of each class: top-N, random subsets, sink removed, "
-         "sink in / outside the set" + (", and the bounds" if result.bounds is not None else "") + "."),
+         "F_N against N, mean over the heads of each class: top-N, random subsets, values shuffled, "
+         "sink removed, sink in / outside the set" + (", and the bounds" if result.bounds is not None else "")
+         + ". Shaded: N = 1 (trivial) and the dense N > (t+1)/4 (not headlined)."),
+        ("f_cc_by_class", f_curves_plot(result, by="class", metric="f_score_cc"),
+         "Chance-corrected F*_N against N, the same groups: the precision floor N/(t+1) taken out, so "
+         "a rise at dense N is not read as separability."),
         ("f_by_layer", f_curves_plot(result, by="layer"), "F_N against N, mean over each layer's heads."),
         ("sink", sink_plot(result), "Sink value-norm ratio κ, signed cosine and attention mass per layer."),
         ("class_counts", class_counts_plot(result), "Heads of each class per layer."),
@@ -207,10 +277,17 @@ def write_report(
     # 90 dpi keeps the inlined PNGs small (the page stays a few MB); the SVGs are the print copies.
     figure_html = [_figure(save_figure(fig, figures / name, dpi=90)[0], caption) for name, fig, caption in plots]
 
-    parts: list[_page.View | str] = [taxonomy_view(result), sink_view(result), "<h2>Figures</h2>", *figure_html]
-    top_n = 2 if 2 in result.n_values.tolist() else int(result.n_values[0])
+    parts: list[_page.View | str] = [taxonomy_view(result), sink_view(result), *sink_effect_section(result)]
+    parts += ["<h2>Mean over heads per N</h2>", _table(n_means_table(result)),
+              '<p class="tlg-caption">† dense N > (t+1)/4: the precision floor N/(t+1) lifts F; shown, '
+              "never headlined. F* = chance-corrected F (SPEC §3). top − shuffled: what the value "
+              "geometry carries; shuffled − random: what the attention magnitudes alone explain.</p>"]
+    parts += ["<h2>Figures</h2>", *figure_html]
+    # The ranking N is the first of the headline range: a dense N is never the headline.
+    analysed = result.n_values.tolist()
+    top_n = next(iter(result.headline_n), 2 if 2 in analysed else analysed[0])
     top = result.top(12, by="f_gain", n=top_n)
-    parts += [f"<h2>Heads where top-N beats random the most (N = {top_n})</h2>", _table(top)]
+    parts += [f"<h2>Heads where top-N beats random the most (N = {n_label(result, top_n)})</h2>", _table(top)]
     if cache is not None:
         parts.append("<h2>Example heads</h2>")
         for cls, layer, head in example_heads(result) if 2 in result.n_values.tolist() else []:
@@ -223,7 +300,7 @@ def write_report(
                       contribution_view(cache, layer, head, **kw), token_view(cache, layer, head, n=n_view, **kw)]
     parts += _ablation(out, figures)
     parts += capacity_section(out, figures)
-    files = ["analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv"] + [
+    files = ["analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv", "sink_effect.csv"] + [
         p.name for p in (out / "sensitivity.csv", out / "sparsification.csv", out / "capacity.csv",
                          out / "capacity_heads.csv") if p.is_file()
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, SupportsIndex, overload
+from typing import Any, SupportsIndex
 
 import torch
 from jaxtyping import Float, Int
@@ -33,10 +33,11 @@ from ._result_schema import (
     check_name,
 )
 from ._result_select import HeadSelection
+from ._result_shortcuts import Shortcuts
 from .functional.regime import REGIME_FIELDS
 from .functional.separability import METRIC_NAMES
 from .functional.sink import SINK_FIELDS
-from .functional.taxonomy import CLASSES, VOTES, labels_from_votes, vote_fractions
+from .functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
 
 __all__ = [
     "BOUND_KINDS",
@@ -64,23 +65,8 @@ def _name(prefix: str, name: str) -> str:
     return name if prefix == "top" else f"{prefix}_{name}"
 
 
-class _Slice:
-    """An attribute that reads one named slice through an accessor, e.g. ``sink_removed_f_score
-    = _Slice("metric", "f_score", "sink_removed")`` is ``result.metric("f_score", "sink_removed")``."""
-
-    def __init__(self, accessor: str, *key: str) -> None:
-        self.accessor, self.key = accessor, key
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _Slice: ...
-    @overload
-    def __get__(self, obj: HeadAnalysis, owner: type | None = None) -> Tensor: ...
-    def __get__(self, obj: HeadAnalysis | None, owner: type | None = None) -> Tensor | _Slice:
-        return self if obj is None else getattr(obj, self.accessor)(*self.key)
-
-
 @dataclass
-class HeadAnalysis:
+class HeadAnalysis(Shortcuts):
     """Geometric separability, sink diagnostics and taxonomy of every analysed head.
 
     ``scores[g, m, l, h, i]`` is the mean of metric ``METRIC_NAMES[m]`` for group ``GROUPS[g]``
@@ -158,103 +144,6 @@ class HeadAnalysis:
             raise NoBoundsError(NO_BOUNDS)
         return self.regime[i]
 
-    # --- shortcuts (the same slices as attributes) ---------------------------------------------------
-    precision = _Slice("metric", "precision")
-    """Top-N geometric precision P_N, ``[layer, head, n]``."""
-    recall = _Slice("metric", "recall")
-    f_score = _Slice("metric", "f_score")
-    """Top-N F_N, ``[layer, head, n]`` (``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)."""
-    margin = _Slice("metric", "margin")
-    inversions = _Slice("metric", "inversions")
-    precision_cc = _Slice("metric", "precision_cc")
-    """Chance-corrected precision P*_N = (P_N − N/(t+1)) / (1 − N/(t+1)) (SPEC §3, ours)."""
-    f_score_cc = _Slice("metric", "f_score_cc")
-    """Chance-corrected F*_N: harmonic mean of P*_N and R_N (SPEC §3, ours)."""
-    random_precision = _Slice("metric", "precision", "random")
-    random_recall = _Slice("metric", "recall", "random")
-    random_f_score = _Slice("metric", "f_score", "random")
-    """Random N-subset baseline of F_N, ``[layer, head, n]``."""
-    random_margin = _Slice("metric", "margin", "random")
-    random_inversions = _Slice("metric", "inversions", "random")
-    random_precision_cc = _Slice("metric", "precision_cc", "random")
-    random_f_score_cc = _Slice("metric", "f_score_cc", "random")
-    shuffled_precision = _Slice("metric", "precision", "shuffled")
-    shuffled_recall = _Slice("metric", "recall", "shuffled")
-    shuffled_f_score = _Slice("metric", "f_score", "shuffled")
-    """F_N of the top-N set with the non-sink values shuffled (value-shuffle null, SPEC §3)."""
-    shuffled_margin = _Slice("metric", "margin", "shuffled")
-    shuffled_inversions = _Slice("metric", "inversions", "shuffled")
-    shuffled_precision_cc = _Slice("metric", "precision_cc", "shuffled")
-    shuffled_f_score_cc = _Slice("metric", "f_score_cc", "shuffled")
-    sink_removed_precision = _Slice("metric", "precision", "sink_removed")
-    sink_removed_recall = _Slice("metric", "recall", "sink_removed")
-    sink_removed_f_score = _Slice("metric", "f_score", "sink_removed")
-    """F_N of the top-N set re-selected without the sink."""
-    sink_removed_margin = _Slice("metric", "margin", "sink_removed")
-    sink_removed_inversions = _Slice("metric", "inversions", "sink_removed")
-    sink_removed_precision_cc = _Slice("metric", "precision_cc", "sink_removed")
-    sink_removed_f_score_cc = _Slice("metric", "f_score_cc", "sink_removed")
-    sink_in_precision = _Slice("metric", "precision", "sink_in")
-    sink_in_recall = _Slice("metric", "recall", "sink_in")
-    sink_in_f_score = _Slice("metric", "f_score", "sink_in")
-    sink_in_margin = _Slice("metric", "margin", "sink_in")
-    sink_in_inversions = _Slice("metric", "inversions", "sink_in")
-    sink_in_precision_cc = _Slice("metric", "precision_cc", "sink_in")
-    sink_in_f_score_cc = _Slice("metric", "f_score_cc", "sink_in")
-    sink_out_precision = _Slice("metric", "precision", "sink_out")
-    sink_out_recall = _Slice("metric", "recall", "sink_out")
-    sink_out_f_score = _Slice("metric", "f_score", "sink_out")
-    sink_out_margin = _Slice("metric", "margin", "sink_out")
-    sink_out_inversions = _Slice("metric", "inversions", "sink_out")
-    sink_out_precision_cc = _Slice("metric", "precision_cc", "sink_out")
-    sink_out_f_score_cc = _Slice("metric", "f_score_cc", "sink_out")
-    paired_sink_ratio = _Slice("paired_sink", "ratio")
-    """Per head, median F_N(with sink) / F_N(sink removed) over instances holding the sink."""
-    paired_sink_halved = _Slice("paired_sink", "halved")
-    """Per head, fraction of those instances where the sink halves F_N (ratio ≤ 1/2)."""
-    paired_sink_count = _Slice("paired_sink", "count")
-    sink_mass = _Slice("sink_diagnostic", "mass")
-    """Mean attention on the sink, ``[layer, head]``."""
-    sink_norm_ratio = _Slice("sink_diagnostic", "norm_ratio")
-    """κ = ‖v_sink‖ / mean_{j≠sink} ‖v_j‖ (SPEC §4), ``[layer, head]``."""
-    sink_cosine = _Slice("sink_diagnostic", "cosine")
-    """Mean signed cos(v_sink, v_j) over the other keys, ``[layer, head]``."""
-    sink_mean_cosine = _Slice("sink_diagnostic", "mean_cosine")
-    sink_share = _Slice("sink_diagnostic", "share")
-    inversion_precision = _Slice("bound", "inversion", "precision")
-    inversion_recall = _Slice("bound", "inversion", "recall")
-    inversion_f_score = _Slice("bound", "inversion", "f_score")
-    certified_precision = _Slice("bound", "certified", "precision")
-    certified_recall = _Slice("bound", "certified", "recall")
-    certified_f_score = _Slice("bound", "certified", "f_score")
-    """Certified lower bound on F_N (``bounds=True``), ``[layer, head, n]``."""
-    predicted_precision = _Slice("bound", "predicted", "precision")
-    predicted_recall = _Slice("bound", "predicted", "recall")
-    predicted_f_score = _Slice("bound", "predicted", "f_score")
-    """Predicted envelope of F_N (``bounds=True``), ``[layer, head, n]``."""
-    shell_precision = _Slice("bound", "shell", "precision")
-    shell_recall = _Slice("bound", "shell", "recall")
-    shell_f_score = _Slice("bound", "shell", "f_score")
-    """Shell certificate of F_N with K = 0, norm-only (SPEC §6d; ``bounds=True``), ``[layer, head, n]``."""
-    shell_n_precision = _Slice("bound", "shell_n", "precision")
-    shell_n_recall = _Slice("bound", "shell_n", "recall")
-    shell_n_f_score = _Slice("bound", "shell_n", "f_score")
-    """Shell certificate of F_N with K = N exact unselected distances (SPEC §6d), ``[layer, head, n]``."""
-    inversion_separated = _Slice("bound", "inversion", "separated")
-    """Fraction of instances with P_N = R_N = 1 (GInv = 0: measured, exact), ``[layer, head, n]``."""
-    certified_separated = _Slice("bound", "certified", "separated")
-    predicted_separated = _Slice("bound", "predicted", "separated")
-    shell_separated = _Slice("bound", "shell", "separated")
-    """Fraction of instances the K = 0 shell certificate proves separated (P̲ = R̲ = 1, ours)."""
-    shell_n_separated = _Slice("bound", "shell_n", "separated")
-    """Fraction of instances the K = N shell certificate proves separated (P̲ = R̲ = 1, ours)."""
-    regime_norm_cv = _Slice("regime_diagnostic", "norm_cv")
-    regime_kappa = _Slice("regime_diagnostic", "kappa")
-    regime_a = _Slice("regime_diagnostic", "a")
-    regime_decay = _Slice("regime_diagnostic", "decay")
-    regime_b = _Slice("regime_diagnostic", "b")
-    regime_fit_mae = _Slice("regime_diagnostic", "fit_mae")
-
     @property
     def f_gain(self) -> Float[Tensor, "layer head n"]:
         """Top-N minus random F_N (SPEC §3), ``[layer, head, n]``."""
@@ -266,13 +155,16 @@ class HeadAnalysis:
         return vote_fractions(self.vote_counts)
 
     @property
-    def labels(self) -> list[list[str]]:
+    def labels(self) -> list[list[str | None]]:
         """Class of every head by plurality vote: ``labels[li][h]`` for layer ``layers[li]``
-        (SPEC §5); by model layer index: :meth:`label`."""
-        return [[CLASSES[i] for i in row] for row in labels_from_votes(self.vote_counts).tolist()]
+        (SPEC §5); ``None`` for a head with no votes (shown "unlabelled"; left out of class
+        counts and shares). By model layer index: :meth:`label`."""
+        index = labels_from_votes(self.vote_counts).tolist()
+        return [[None if i == UNLABELLED else CLASSES[i] for i in row] for row in index]
 
-    def label(self, layer: int, head: int) -> str:
-        """Class of head ``head`` of model layer ``layer``: ``"Retriever" | "Mixer" | "Reset"``."""
+    def label(self, layer: int, head: int) -> str | None:
+        """Class of head ``head`` of model layer ``layer``: ``"Retriever" | "Mixer" | "Reset"``,
+        or ``None`` if the head has no votes (no query ``t ≥ 1`` evaluated; SPEC §5)."""
         li = _result_select.positions("layer", layer, list(self.layers))
         h = _result_select.positions("head", head, list(range(self.n_heads)))
         if not (isinstance(li, int) and isinstance(h, int)):
@@ -369,12 +261,26 @@ class HeadAnalysis:
         return _result_tables.best_n_agreement(self, kind)
 
     # --- tables -----------------------------------------------------------------------------------
+    def paired_sink_summary(self):
+        """Per N, the pooled sink comparison (instances with / without the sink in S_N, pooled
+        over heads; the sink-removed F_N) next to the paired one (median over heads of each
+        head's median F_N(with) / F_N(removed) and fraction ≤ 1/2; SPEC §3), as a
+        ``DataFrame``; dense N flagged."""
+        return _result_tables.paired_sink_summary(self)
+
     def class_counts(self):
-        """``pandas.DataFrame`` of the number of heads of each class per layer."""
+        """``pandas.DataFrame`` of the number of heads of each class per layer (columns
+        :data:`CLASSES`). Unlabelled heads (no votes) are in no column: shares computed from
+        these counts leave them out (SPEC §5); :attr:`n_unlabelled` counts them."""
         import pandas as pd
 
         rows = [{c: row.count(c) for c in CLASSES} for row in self.labels]
-        return pd.DataFrame(rows, index=pd.Index(self.layers, name="layer"))
+        return pd.DataFrame(rows, index=pd.Index(self.layers, name="layer"), columns=list(CLASSES))
+
+    @property
+    def n_unlabelled(self) -> int:
+        """Number of heads with no votes, hence no class (SPEC §5)."""
+        return sum(row.count(None) for row in self.labels)
 
     def heads_table(self):
         """One row per (layer, head): label, vote fractions (``vote_current``, ...) and sink

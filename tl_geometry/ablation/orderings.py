@@ -49,7 +49,9 @@ def taxonomy_order(analysis: Any, *, n: int = 2) -> Ordering:
     (ours) ``analysis`` is a :class:`~tl_geometry.HeadAnalysis` of every layer. A head's class is
     its plurality source-winner label (SPEC §5); inside a class, heads whose top-``n`` set is
     least separable beyond random (smallest ``F_n − F_n^random``) go first; a head with NaN
-    F-gain (no evaluable query) goes last in its class. Why this order is in ``docs/ablation.md``.
+    F-gain (no evaluable query) goes last in its class. Unlabelled heads (no votes, SPEC §5) go
+    after every class: with no evidence of what they do, they are removed last, never as the
+    Retrievers an all-zero vote would tie to. Why this order is in ``docs/ablation.md``.
 
     Examples:
         >>> tl_geometry.taxonomy_order(result).heads[:3]      # doctest: +SKIP
@@ -61,7 +63,8 @@ def taxonomy_order(analysis: Any, *, n: int = 2) -> Ordering:
     if n not in values:
         raise ValueError(f"The analysis has no N={n} (n_values {values}); analyse with n_values including {n}.")
     gain = analysis.f_gain[:, :, values.index(n)]
-    rank_of_class = torch.tensor([TAXONOMY_REMOVAL.index(c) for c in CLASSES])
+    # Index UNLABELLED (−1) reads the last entry: the rank after every class.
+    rank_of_class = torch.tensor([TAXONOMY_REMOVAL.index(c) for c in CLASSES] + [len(TAXONOMY_REMOVAL)])
     klass = rank_of_class[labels_from_votes(analysis.vote_counts)]
     # Two stable sorts: by F-gain, then by class; the class sort keeps the F-gain order inside.
     by_gain = torch.nan_to_num(gain.double().flatten(), nan=float("inf")).argsort(stable=True)

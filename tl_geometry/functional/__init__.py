@@ -29,6 +29,7 @@ from .shell import shell_bounds
 from .sink import SinkDiagnostics, sink_diagnostics
 from .taxonomy import (
     CLASSES,
+    UNLABELLED,
     VOTES,
     labels_from_votes,
     source_votes,
@@ -38,6 +39,7 @@ from .taxonomy import (
 
 __all__ = [
     "CLASSES",
+    "UNLABELLED",
     "VOTES",
     "Bounds",
     "RegimeDiagnostics",

@@ -3,7 +3,9 @@
 For each query ``t`` after the sink, the winner is ``j* = argmax_{j∈T_t} α_j‖v_j‖`` (ties →
 lower index). The vote is *current* if ``j* = t``, *sink* if ``j*`` is the sink, *other*
 otherwise. A head's label is the plurality of its votes — Retriever (current), Mixer (sink),
-Reset (other) — with ties resolved Retriever > Mixer > Reset. No threshold is fitted.
+Reset (other) — with ties resolved Retriever > Mixer > Reset. No threshold is fitted. A head
+with no votes at all (no query ``t ≥ 1`` evaluated) has no label: index :data:`UNLABELLED` here,
+``None`` (shown "unlabelled") in a :class:`~tl_geometry.HeadAnalysis`, never a Retriever.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from .heads import value_norms
 VOTES = ("current", "sink", "other")
 CLASSES = ("Retriever", "Mixer", "Reset")
 CURRENT, SINK, OTHER = 0, 1, 2
+#: Class index of a head with no votes (SPEC §5): no label, left out of class counts and shares.
+UNLABELLED = -1
+#: How an unlabelled head is shown in text, tables' hover and legends.
+UNLABELLED_NAME = "unlabelled"
 
 
 def source_winners(
@@ -58,5 +64,15 @@ def vote_fractions(counts: Float[Tensor, "*batch 3"]) -> Float[Tensor, "*batch 3
 
 
 def labels_from_votes(counts: Float[Tensor, "*batch 3"]) -> Int[Tensor, "*batch"]:
-    """Plurality class index into :data:`CLASSES`; ties → Retriever > Mixer > Reset."""
-    return _as_compute(counts).argmax(-1)
+    """Plurality class index into :data:`CLASSES`; ties → Retriever > Mixer > Reset (argmax
+    returns the first maximum). :data:`UNLABELLED` (−1) where a head has no vote at all (SPEC §5):
+    all-zero counts would otherwise "tie" and read as a Retriever.
+
+    >>> labels_from_votes(torch.tensor([[2., 2., 1.], [0., 0., 0.], [0., 1., 3.]])).tolist()
+    [0, -1, 2]
+    """
+    counts = _as_compute(counts)
+    # NaN counts (a file that lacks votes) are no votes either; nan_to_num keeps argmax defined.
+    counts = torch.nan_to_num(counts, nan=0.0)
+    voted = counts.sum(-1) > 0
+    return torch.where(voted, counts.argmax(-1), UNLABELLED)

@@ -31,7 +31,7 @@ from .plots import (
     sink_plot,
 )
 from .sink import sink_view
-from .taxonomy import CLASS_COLORS, taxonomy_view
+from .taxonomy import CLASS_COLORS, class_color, taxonomy_view
 from .tokens import token_view
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "ablation_plot",
     "attention_view",
     "circuitsvis_bundle",
+    "class_color",
     "class_counts_plot",
     "contribution_view",
     "f_curves_plot",

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..functional.taxonomy import CLASSES
-from ..result import BOUND_KINDS, GROUPS, HeadAnalysis
+from .._result_text import dense_from
+from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
+from ..result import BOUND_KINDS, BOUND_METRICS, GROUPS, METRIC_NAMES, HeadAnalysis
 from .taxonomy import CLASS_COLORS
 
 __all__ = ["PlotFigure", "ablation_plot", "class_counts_plot", "f_curves_plot", "save_figure", "sink_plot"]
@@ -63,15 +64,15 @@ _BOUND_STYLE = {
 }
 
 
-def _curves(result: HeadAnalysis, mask: np.ndarray) -> dict[str, np.ndarray]:
-    """Mean over the heads in ``mask`` [layer, head] of every group's (and bound's) F_N."""
+def _curves(result: HeadAnalysis, mask: np.ndarray, metric: str) -> dict[str, np.ndarray]:
+    """Mean over the heads in ``mask`` [layer, head] of every group's (and bound's) ``metric``."""
     out = {}
     with _quiet():
         for g in GROUPS:
-            out[g] = np.nanmean(result.metric("f_score", g).numpy()[mask], axis=0)
-        if result.bounds is not None:
+            out[g] = np.nanmean(result.metric(metric, g).numpy()[mask], axis=0)
+        if result.bounds is not None and metric in BOUND_METRICS:
             for k in BOUND_KINDS:
-                out["bound_" + k] = np.nanmean(result.bound(k, "f_score").numpy()[mask], axis=0)
+                out["bound_" + k] = np.nanmean(result.bound(k, metric).numpy()[mask], axis=0)
     return out
 
 
@@ -83,7 +84,8 @@ def _quiet():
         yield
 
 
-def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str) -> None:
+def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str, dense_n: float,
+          unit_range: bool) -> None:
     for g in GROUPS:
         ax.plot(ns, curves[g], marker="o", ms=3, **_GROUP_STYLE[g])
     for k in BOUND_KINDS:
@@ -91,9 +93,14 @@ def _draw(ax: Any, ns: np.ndarray, curves: dict[str, np.ndarray], title: str) ->
             ax.plot(ns, curves["bound_" + k], **_BOUND_STYLE[k])
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns, [str(n) for n in ns])
-    ax.set_ylim(-0.02, 1.02)
+    if unit_range:
+        ax.set_ylim(-0.02, 1.02)
     if ns[0] == 1:  # Euclidean F_1 = 1 for any selection: shade the trivial N
         ax.axvspan(1 / 1.3, 1.4, color="#eee", zorder=0)
+    if ns[-1] > dense_n:  # dense N > (t+1)/4: the precision floor N/(t+1) lifts F (SPEC §3)
+        ax.axvspan(max(dense_n, ns[0] / 1.3), ns[-1] * 1.3, color="#e3e9f1", zorder=0,
+                   label="dense N > (t+1)/4 (not headlined)")
+    ax.set_xlim(ns[0] / 1.3, ns[-1] * 1.3)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
 
@@ -102,21 +109,38 @@ def _heads(count: int) -> str:
     return f"{count} head" + ("" if count == 1 else "s")
 
 
-def f_curves_plot(result: HeadAnalysis, *, by: str = "class") -> PlotFigure:
-    """F_N against N for the top-N sets, the random baseline, the sink-removed selection and the
-    sink-in / sink-out instances (SPEC §3), plus the bounds' curves when analysed with
-    ``bounds=True`` (SPEC §6), averaged over the heads of each class (``by="class"``) or of each
-    layer (``by="layer"``, one small panel per layer). N = 1 is shaded: trivially F_1 = 1.
+#: How a metric is named on the plots (title, y axis); metrics in [0, 1] share the y range.
+_METRIC_TITLES = {"precision": ("Precision", "precision"), "recall": ("Recall", "recall"),
+                  "f_score": ("F score", "F score"), "margin": ("Margin γ", "margin γ"),
+                  "inversions": ("Inversions", "inversions"),
+                  "precision_cc": ("Chance-corrected precision P*", "P*"),
+                  "f_score_cc": ("Chance-corrected F score F*", "F*")}
+_UNIT_RANGE = ("precision", "recall", "f_score", "precision_cc", "f_score_cc")
+
+
+def f_curves_plot(result: HeadAnalysis, *, by: str = "class", metric: str = "f_score") -> PlotFigure:
+    """F_N against N for the top-N sets, the random baseline, the value-shuffle null, the
+    sink-removed selection and the sink-in / sink-out instances (SPEC §3), plus the bounds'
+    curves when analysed with ``bounds=True`` (SPEC §6), averaged over the heads of each class
+    (``by="class"``; unlabelled heads only in "all") or of each layer (``by="layer"``, one small
+    panel per layer). ``metric`` plots another metric the same way (``"f_score_cc"``: F*_N).
+
+    N = 1 is shaded (trivially F_1 = 1), and so is the dense N > (t+1)/4 (t+1 =
+    ``metadata["n_positions"]``), where the precision floor N/(t+1) lifts P and F: outside the
+    headline range 2 ≤ N ≤ (t+1)/4 (SPEC §3).
 
     >>> fig = f_curves_plot(result, by="class"); save_figure(fig, "f_by_class")  # doctest: +SKIP
     """
     if by not in ("class", "layer"):
         raise ValueError(f'by must be "class" or "layer", got {by!r}.')
+    if metric not in METRIC_NAMES:
+        raise ValueError(f"metric must be one of {', '.join(METRIC_NAMES)}; got {metric!r}.")
     ns = result.n_values.numpy()
-    labels = np.array(result.labels)
+    dense_n = dense_from(result)
+    labels = np.array(result.labels, dtype=object)
     if by == "class":
         panels = [(f"{c}: {_heads(int((labels == c).sum()))}", labels == c) for c in CLASSES]
-        panels.append((f"all {_heads(labels.size)}", np.ones_like(labels, dtype=bool)))
+        panels.append((f"all {_heads(labels.size)}", np.ones(labels.shape, dtype=bool)))
         cols, size = 4, (15.0, 3.8)
     else:
         panels = []
@@ -131,20 +155,22 @@ def f_curves_plot(result: HeadAnalysis, *, by: str = "class") -> PlotFigure:
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).flatten()
     for ax, (title, mask) in zip(axes, panels):
         if mask.any():
-            _draw(ax, ns, _curves(result, mask), title)
+            _draw(ax, ns, _curves(result, mask, metric), title, dense_n, metric in _UNIT_RANGE)
         else:
             ax.set_title(title, fontsize=10)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
+    title, short = _METRIC_TITLES.get(metric, (metric, metric))
     for ax in axes[::cols]:
-        ax.set_ylabel("F score of N keys")
+        ax.set_ylabel(f"{short} of N keys")
     for ax in axes[-cols:]:
         ax.set_xlabel("N (keys selected)")
     drawn = max(axes, key=lambda ax: len(ax.get_lines()))  # a class may have no heads
     handles, names = drawn.get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncol=max(1, min(len(names), 8)), fontsize=8.5)
     model = result.metadata.get("model_name")
-    fig.suptitle(f"F score against N, mean over the heads of each {by}" + (f" ({model})" if model else ""))
+    fig.suptitle(f"{title} against N, mean over the heads of each {by}"
+                 + (f" ({model})" if model else ""))
     return fig
 
 
@@ -159,9 +185,10 @@ def sink_plot(result: HeadAnalysis) -> PlotFigure:
         (result.sink_cosine.numpy(), "cosine of the sink value with the others", 0.0, False),
         (result.sink_mass.numpy(), "attention on the sink (α_sink)", None, False),
     ]
-    labels = np.array(result.labels)
+    labels = np.array([[UNLABELLED_NAME if x is None else x for x in row] for row in result.labels], dtype=object)
+    shown = [*CLASSES, UNLABELLED_NAME] if result.n_unlabelled else list(CLASSES)
     for ax, (values, title, ref, log) in zip(axes, series):
-        for c in CLASSES:
+        for c in shown:
             li, h = np.nonzero(labels == c)
             ax.scatter(layers[li], values[li, h], s=9, alpha=0.6, color=CLASS_COLORS[c], label=c)
         with _quiet():
@@ -178,7 +205,8 @@ def sink_plot(result: HeadAnalysis) -> PlotFigure:
 
 
 def class_counts_plot(result: HeadAnalysis) -> PlotFigure:
-    """Stacked bars: number of Retriever / Mixer / Reset heads in each layer (SPEC §5)."""
+    """Stacked bars: number of Retriever / Mixer / Reset heads in each layer (SPEC §5);
+    unlabelled heads (no votes) are in no bar."""
     counts = result.class_counts()
     fig = PlotFigure(figsize=(max(6.0, 0.28 * len(counts) + 2), 3.4), layout="constrained")
     ax = fig.subplots()

@@ -85,10 +85,10 @@ def sink_view(result: HeadAnalysis) -> View:
     inner = "".join(_heatmap(result, v, name, color, scale) for v, name, color, scale in maps)
     kappa = result.sink_norm_ratio[result.sink_norm_ratio.isfinite()]  # percentages of scored heads
     cos = result.sink_cosine[result.sink_cosine.isfinite()]
-    summary = (
-        f'<div class="tlg-caption">Over all heads: median κ {float(kappa.nanmedian()):.3f} '
-        f"({100 * float((kappa < 1).double().nanmean()):.0f}% of heads have a smaller sink value norm), "
-        f"mean signed cosine {float(cos.nanmean()):+.3f} "
-        f"({100 * float((cos < 0).double().nanmean()):.0f}% negative).</div>"
-    )
+    kappa_text = (f"median κ {float(kappa.nanmedian()):.3f} ({100 * float((kappa < 1).double().mean()):.0f}% "
+                  "of heads have a smaller sink value norm)") if kappa.numel() else "no head has a defined κ"
+    cos_text = (f"mean signed cosine {float(cos.mean()):+.3f} ({100 * float((cos < 0).double().mean()):.0f}% "
+                "negative)") if cos.numel() else "no head has a defined sink cosine"
+    summary = f'<div class="tlg-caption">Over all heads: {kappa_text}, {cos_text}.</div>'
+
     return View("Attention-sink diagnostics per layer", [summary, html_widget("SinkHeatmaps", inner)])
