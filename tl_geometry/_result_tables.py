@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,14 +18,20 @@ if TYPE_CHECKING:
 BEST_N_KINDS = {"shell": "shell_best_n", "shell_n": "shell_n_best_n", "predicted": "predicted_best_n"}
 
 
-def headline_n(result: HeadAnalysis) -> tuple[int, ...]:
-    """Analysed N in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3), ``t + 1`` =
-    ``metadata["n_positions"]``; every ``N ≥ 2`` when the metadata does not say (ours)."""
+def dense_from(result: HeadAnalysis) -> float:
+    """``(t+1)/4`` with ``t + 1 = metadata["n_positions"]``: a larger N is dense (SPEC §3).
+    ``inf`` when the metadata does not record it: then every N ≥ 2 is in the headline range
+    (ours)."""
     n_positions = result.metadata.get("n_positions")
-    ns = result.n_values.tolist()
-    if not isinstance(n_positions, (int, float)) or isinstance(n_positions, bool):
-        return tuple(n for n in ns if n >= 2)
-    return tuple(n for n in ns if 2 <= n <= n_positions / 4)
+    if not isinstance(n_positions, int | float) or isinstance(n_positions, bool):
+        return math.inf
+    return n_positions / 4
+
+
+def headline_n(result: HeadAnalysis) -> tuple[int, ...]:
+    """Analysed N in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3; see :func:`dense_from`)."""
+    limit = dense_from(result)
+    return tuple(n for n in result.n_values.tolist() if 2 <= n <= limit)
 
 
 def argmax_n(result: HeadAnalysis, values: Tensor, *, bound: bool) -> Tensor:

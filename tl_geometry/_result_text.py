@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ._result_tables import dense_from
 from .functional.taxonomy import CLASSES, UNLABELLED_NAME
 
 if TYPE_CHECKING:
@@ -47,16 +48,6 @@ def _nanmean(x: Tensor) -> float:
 
 
 # --- headline range (SPEC §3) --------------------------------------------------------------------
-def dense_from(result: HeadAnalysis) -> float:
-    """``(t+1)/4`` with ``t + 1 = metadata["n_positions"]``: a larger N is dense (SPEC §3).
-    ``inf`` when the metadata does not record it: then every N ≥ 2 is in the headline range,
-    as :attr:`HeadAnalysis.headline_n` says (ours)."""
-    n_positions = result.metadata.get("n_positions")
-    if not isinstance(n_positions, int | float) or isinstance(n_positions, bool):
-        return math.inf
-    return n_positions / 4
-
-
 def is_dense(result: HeadAnalysis, n: int) -> bool:
     """``N > (t+1)/4``: the precision floor ``N/(t+1)`` lifts P_N and F_N there (SPEC §3)."""
     return n > dense_from(result)

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from ._result_text import class_shares_text, dense_from, n_label
+from ._result_tables import dense_from
+from ._result_text import class_shares_text, n_label
 from .functional.taxonomy import CLASSES
 from .result import HeadAnalysis
 from .views import _page

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .._result_text import dense_from
+from .._result_tables import dense_from
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from ..result import BOUND_KINDS, BOUND_METRICS, GROUPS, METRIC_NAMES, HeadAnalysis
 from .taxonomy import CLASS_COLORS
