@@ -129,3 +129,13 @@ def test_paired_figures_from_a_histogram():
     ratio, fraction, count = paired.paired_figures(hist, halved)[:, 0, 0].tolist()
     assert count == 7 and fraction == 3 / 7  # 0, 0.25 and 0.5 (not 0.5 + 1e-9)
     assert abs(math.log2(ratio) - math.log2(0.5 + 1e-9)) <= 1 / 64  # the lower median
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "16"])
+def test_bad_shuffle_samples_are_refused_before_any_work(bad):
+    case = make_case(74)
+    cache = case.cache()
+    before = {k: v.clone() for k, v in cache.items()}
+    with pytest.raises(ValueError, match="shuffle_samples must be a non-negative int"):
+        tl_geometry.analyze_heads(cache, shuffle_samples=bad)
+    assert all(torch.equal(cache[k], before[k]) for k in cache)
