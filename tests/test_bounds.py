@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -200,3 +201,51 @@ def test_degenerate_regime_certifies_nothing_wrong():
 def test_undefined_n_gives_nan_bounds_not_zero():
     b = F.inversion_bounds(2, torch.tensor([float("nan"), 1.0]))
     assert torch.isnan(b.f_score[0]) and float(b.f_score[1]) == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))
+
+
+def _diagnostics_per_pair(v: torch.Tensor, sink: int, key_mask: torch.Tensor, pairs) -> list[float]:
+    """Regime diagnostics of one head, fitted pair by pair (the slow, obvious form of SPEC §6c)."""
+    keys = [k for k in range(v.shape[0]) if key_mask[k] and k != sink]
+    norms = torch.stack([v[k].norm() for k in keys])
+    data = [(abs(i - j), float(v[i] @ v[j] / (v[i].norm() * v[j].norm())))
+            for i, j in pairs if i in keys and j in keys]
+    lags = np.array([lag for lag, _ in data], dtype=np.float64)
+    ys = np.array([c for _, c in data])
+    best = None
+    for lam in F.regime.DECAY_GRID.tolist():  # closed-form line fit of y on x = exp(−λ·lag)
+        xs = np.exp(-lam * lags)
+        n, sx, sy = len(xs), xs.sum(), ys.sum()
+        det = n * (xs * xs).sum() - sx * sx
+        a = (n * (xs * ys).sum() - sx * sy) / det if abs(det) > 1e-12 else 0.0
+        b = (sy - a * sx) / n
+        residual = ys - a * xs - b
+        sse = float((residual**2).sum())
+        if best is None or sse < best[0] - 1e-12:
+            best = (sse, a, lam, b, float(np.abs(residual).mean()))
+    _, a, lam, b, mae = best
+    mean = float(norms.mean())
+    return [float(norms.std(unbiased=False)) / mean, float(v[sink].norm()) / mean, a, lam, b, mae]
+
+
+@pytest.mark.parametrize("n_key", [40, 600])  # every pair, and sampled pairs (beyond MAX_PAIRS)
+def test_regime_diagnostics_equal_a_per_pair_fit(n_key):
+    """The lag-aggregated fit equals the per-pair least squares, with masked keys and a sink."""
+    g = torch.Generator().manual_seed(1)
+    d = 8
+    drift = torch.cumsum(torch.randn(n_key, d, generator=g, dtype=torch.float64), 0) / 4
+    v = drift + torch.randn(n_key, d, generator=g, dtype=torch.float64)
+    key_mask = torch.rand(n_key, generator=g) > 0.1
+    key_mask[3] = True
+    stats = F.bounds.pair_stats(v, 3, key_mask)
+    diag = F.regime.diagnostics_from_pairs(stats)
+    n_pairs = stats.lag.numel()
+    if n_key * (n_key - 1) // 2 > F.bounds.MAX_PAIRS:  # re-draw the documented sample
+        gen = torch.Generator().manual_seed(0)
+        i = torch.randint(n_key, (n_pairs,), generator=gen)
+        j = (i + torch.randint(1, n_key, (n_pairs,), generator=gen)) % n_key
+    else:
+        i, j = torch.triu_indices(n_key, n_key, offset=1)
+    assert torch.equal(stats.lag, (i - j).abs().double())
+    expected = _diagnostics_per_pair(v, 3, key_mask, list(zip(i.tolist(), j.tolist())))
+    for got, want in zip(diag, expected):
+        assert math.isclose(float(got), want, rel_tol=1e-7, abs_tol=1e-9), (diag, expected)

@@ -60,22 +60,30 @@ def diagnostics_from_pairs(stats: PairStats) -> RegimeDiagnostics:
     mean = torch.where(not_sink, norms, 0).sum(-1) / count
     var = torch.where(not_sink, (norms - mean.unsqueeze(-1)) ** 2, 0).sum(-1) / count
     kappa = stats.sink_norm / mean
-    w = pair_ok.to(COMPUTE_DTYPE)  # [*batch, pairs]
-    grid = DECAY_GRID.to(lag.device)
-    x = torch.exp(-grid[:, None] * lag)  # [grid, pairs]
+    # The fit's design x = exp(−λ·lag) depends on a pair only through its lag, an integer in
+    # [0, key): sum the pairs' weights and cosines per lag once, then fit on [grid, lag] instead
+    # of exponentiating every (λ, pair).
+    n_lag = stats.norms.shape[-1]
+    index = lag.to(torch.long).expand(cos.shape)
+    w = pair_ok.to(COMPUTE_DTYPE)
     y = torch.where(pair_ok, cos, 0)
+    zeros = torch.zeros((*cos.shape[:-1], n_lag), dtype=COMPUTE_DTYPE, device=cos.device)
+    w_lag = zeros.scatter_add(-1, index, w)  # [*batch, lag]
+    wy_lag = zeros.scatter_add(-1, index, y)
+    grid = DECAY_GRID.to(lag.device)
+    x = torch.exp(-grid[:, None] * torch.arange(n_lag, dtype=COMPUTE_DTYPE, device=cos.device))
     sw = w.sum(-1, keepdim=True)  # [*batch, 1]
-    sx, sy = w @ x.T, (w * y).sum(-1, keepdim=True)  # [*batch, grid], [*batch, 1]
-    sxx, sxy = w @ (x * x).T, (w * y) @ x.T
+    sy = y.sum(-1, keepdim=True)
+    sx, sxx, sxy = w_lag @ x.T, w_lag @ (x * x).T, wy_lag @ x.T  # [*batch, grid]
     det = sw * sxx - sx * sx
     a = torch.where(det.abs() > 1e-12, (sw * sxy - sx * sy) / det, 0.0)
     b = (sy - a * sx) / sw
-    syy = (w * y * y).sum(-1, keepdim=True)
+    syy = (y * y).sum(-1, keepdim=True)
     # Σ w (y − a x − b)² expanded, per λ.
     sse = syy + a * a * sxx + b * b * sw - 2 * a * sxy - 2 * b * sy + 2 * a * b * sx
     best = sse.argmin(-1, keepdim=True)
     a, b = a.gather(-1, best).squeeze(-1), b.gather(-1, best).squeeze(-1)
     decay = grid[best.squeeze(-1)]
-    fit = a.unsqueeze(-1) * torch.exp(-decay.unsqueeze(-1) * lag) + b.unsqueeze(-1)
-    mae = (w * (y - fit).abs()).sum(-1) / sw.squeeze(-1)
+    fit = x[best.squeeze(-1)] * a.unsqueeze(-1) + b.unsqueeze(-1)  # [*batch, lag]
+    mae = (w * (y - fit.gather(-1, index)).abs()).sum(-1) / sw.squeeze(-1)
     return RegimeDiagnostics(var.sqrt() / mean, kappa, a, decay, b, mae)
