@@ -48,12 +48,50 @@ def _mix(z):  # pragma: no cover - compiled
     return z ^ (z >> _S31)
 
 
+@njit(cache=True)
+def _check_row(row, real, t, norms, s):  # pragma: no cover - compiled
+    """Validation statistics of one query row, key by key (any padding, non-finite entry or
+    leak); returns the row's sum and the source winner (−1: none)."""
+    row_sum = 0.0
+    best = -1.0
+    winner = -1
+    for k in range(row.shape[0]):
+        x = np.float64(row[k])
+        if k <= t and real[k]:
+            if not np.isfinite(x):
+                if s[ST_NONFINITE] == 0:
+                    s[ST_NONFINITE_Q] = t
+                    s[ST_NONFINITE_K] = k
+                s[ST_NONFINITE] += 1
+                continue
+            row_sum += x
+            s[ST_MIN] = min(s[ST_MIN], x)
+            c = x * norms[k]
+            if c > best:
+                best = c
+                winner = k
+        else:
+            a = abs(x)
+            if not a <= LEAK_TOL:  # NaN and inf count as leaks too
+                if not np.isfinite(a):
+                    a = np.inf
+                if k > t:
+                    s[ST_FUTURE] = max(s[ST_FUTURE], a)
+                else:
+                    s[ST_PADDING] = max(s[ST_PADDING], a)
+    return row_sum, winner
+
+
 @njit(parallel=True, cache=True)
 def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pragma: no cover
     """Validation statistics ``stats[b, h, :]`` and votes ``votes[b, h, 3]`` of a layer.
 
     ``pattern [b, h, q, k]`` (float32/64), ``real [b, pos]``, ``sink [b]``, ``norms [b, g, k]``
     (‖v‖ of value group ``g = h // group_size``). Only rows of real queries are read.
+
+    Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
+    future entries above the tolerance); a row whose sum is not finite or that leaks is read
+    again key by key (:func:`_check_row`), so the statistics are those of that slow pass.
     """
     n_b, n_h, n_q, n_k = pattern.shape
     for bh in prange(n_b * n_h):
@@ -64,36 +102,36 @@ def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pra
         s[ST_NONFINITE_Q] = -1.0
         s[ST_DEAD_Q] = -1.0
         s[ST_MIN] = 0.0
+        dense = True
+        for k in range(n_k):
+            dense &= real[b, k]
+        nrm = norms[b, g]
         for t in range(n_q):
             if not real[b, t]:
                 continue
-            row_sum = 0.0
-            best = -1.0
-            winner = -1
-            for k in range(n_k):
-                x = np.float64(pattern[b, h, t, k])
-                if k <= t and real[b, k]:
-                    if not np.isfinite(x):
-                        if s[ST_NONFINITE] == 0:
-                            s[ST_NONFINITE_Q] = t
-                            s[ST_NONFINITE_K] = k
-                        s[ST_NONFINITE] += 1
-                        continue
+            row = pattern[b, h, t]
+            fast = dense
+            if dense:
+                row_sum = 0.0
+                row_min = 0.0
+                best = -1.0
+                winner = -1
+                for k in range(t + 1):
+                    x = np.float64(row[k])
                     row_sum += x
-                    s[ST_MIN] = min(s[ST_MIN], x)
-                    c = x * norms[b, g, k]
+                    row_min = min(row_min, x)
+                    c = x * nrm[k]
                     if c > best:
                         best = c
                         winner = k
-                else:
-                    a = abs(x)
-                    if not a <= LEAK_TOL:  # NaN and inf count as leaks too
-                        if not np.isfinite(a):
-                            a = np.inf
-                        if k > t:
-                            s[ST_FUTURE] = max(s[ST_FUTURE], a)
-                        else:
-                            s[ST_PADDING] = max(s[ST_PADDING], a)
+                leaks = 0
+                for k in range(t + 1, n_k):
+                    leaks += not abs(np.float64(row[k])) <= LEAK_TOL
+                fast = np.isfinite(row_sum) and leaks == 0
+                if fast:
+                    s[ST_MIN] = min(s[ST_MIN], row_min)
+            if not fast:
+                row_sum, winner = _check_row(row, real[b], t, nrm, s)
             s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
             if abs(row_sum) < 1e-6:
                 if s[ST_DEAD] == 0:
@@ -104,64 +142,85 @@ def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pra
 
 
 @njit(cache=True)
-def _comparison_keys(lo, hi, alpha, dots, gdiag, norms, norm_s, cosine, e):
-    """``e[k]`` for ``lo ≤ k < hi``: E (Euclidean) or D (cosine), in one vectorisable pass."""
-    a, d, g, v, out = alpha[lo:hi], dots[lo:hi], gdiag[lo:hi], norms[lo:hi], e[lo:hi]
-    if cosine:
-        for k in range(out.shape[0]):
-            out[k] = 1.0 - a[k] * d[k] / (a[k] * v[k] * norm_s + COSINE_EPS)
+def _free_keys(lo, hi, alpha, dots, gdiag, norms, penalty, norm_s, cosine, e_max, buf):
+    """``buf[k − lo]`` = E (Euclidean) or D (cosine) of key ``k`` plus its penalty (+inf for
+    keys that are not candidates), for ``lo ≤ k < hi``; returns the smallest and how many are
+    ``≤ e_max``."""
+    a, d, g, v, p, fr = alpha[lo:hi], dots[lo:hi], gdiag[lo:hi], norms[lo:hi], penalty[lo:hi], buf[: hi - lo]
+    n = fr.shape[0]
+    if cosine:  # one vectorised pass for the keys …
+        for k in range(n):
+            fr[k] = 1.0 - a[k] * d[k] / (a[k] * v[k] * norm_s + COSINE_EPS) + p[k]
     else:
-        for k in range(out.shape[0]):
-            out[k] = a[k] * (a[k] * g[k] - 2.0 * d[k])
+        for k in range(n):
+            fr[k] = a[k] * (a[k] * g[k] - 2.0 * d[k]) + p[k]
+    # … then the minimum and the count. LLVM leaves a float min reduction serial (one min's
+    # latency per key); four independent chains run four times as many per cycle.
+    m0 = m1 = m2 = m3 = np.inf
+    contaminating = 0
+    k = 0
+    while k + 4 <= n:
+        m0, m1, m2, m3 = min(m0, fr[k]), min(m1, fr[k + 1]), min(m2, fr[k + 2]), min(m3, fr[k + 3])
+        contaminating += ((fr[k] <= e_max) + (fr[k + 1] <= e_max)
+                          + (fr[k + 2] <= e_max) + (fr[k + 3] <= e_max))
+        k += 4
+    while k < n:
+        m0 = min(m0, fr[k])
+        contaminating += fr[k] <= e_max
+        k += 1
+    return min(min(m0, m1), min(m2, m3)), contaminating
 
 
 @njit(cache=True)
-def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, chosen, cosine, e, buf, out):
+def _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine):
+    """E (Euclidean) or D (cosine) of one key: the same expression as :func:`_free_keys`."""
+    if cosine:
+        return 1.0 - alpha[k] * dots[k] / (alpha[k] * norms[k] * norm_s + COSINE_EPS)
+    return alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k])
+
+
+@njit(cache=True)
+def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, out):
     """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[0:7]``.
 
-    ``keys`` are the row's valid keys; ``excluded`` (≥ 0) is one of them taken out of the
-    candidates (the sink, for the sink-removed group), −1 for none.
+    ``keys`` are the row's valid keys; ``penalty`` is +inf at the keys that are not candidates
+    (the first ``n`` of ``order``, and ``excluded`` ≥ 0, the sink of the sink-removed group)
+    and 0 elsewhere. Adding it to E leaves the candidates' E bit for bit (x + 0 = x) and sends
+    the others past every comparison, so the passes over the keys carry no branches.
     """
     sq_s = 0.0
     for r in range(n):
         i = order[r]
         sq_s += alpha[i] * dots[i]
-    m = keys.shape[0]
-    _comparison_keys(keys[0], keys[m - 1] + 1, alpha, dots, gdiag, norms,
-                     np.sqrt(max(sq_s, 0.0)), cosine, e)
+    norm_s = np.sqrt(max(sq_s, 0.0))
     e_max = -np.inf
     for r in range(n):
-        e_max = max(e_max, e[order[r]])
-    # Branch-free: which keys count depends on the data, and mispredictions dominate here.
-    e_min = np.inf
-    contaminating = 0
+        sel[r] = _key_e(order[r], alpha, dots, gdiag, norms, norm_s, cosine)
+        e_max = max(e_max, sel[r])
+    m = keys.shape[0]
     lo = keys[0]
     hi = keys[m - 1] + 1
-    if hi - lo == m:  # no padding inside the row: plain slices, the loops vectorise
-        es, cs, fr = e[lo:hi], chosen[lo:hi], buf[:m]
-        for j in range(m):
-            x = es[j]
-            free = (not cs[j]) & (lo + j != excluded)
-            fr[j] = np.inf if not free else x
-            e_min = min(e_min, fr[j])
-            contaminating += free & (x <= e_max)
+    if hi - lo == m:  # no padding inside the row: plain slices, the loop vectorises
+        e_min, contaminating = _free_keys(lo, hi, alpha, dots, gdiag, norms, penalty, norm_s,
+                                          cosine, e_max, buf)
     else:
+        e_min = np.inf
+        contaminating = 0
         for j in range(m):
             k = keys[j]
-            x = e[k]
-            free = (not chosen[k]) & (k != excluded)
-            buf[j] = np.inf if not free else x
-            e_min = min(e_min, buf[j])
-            contaminating += free & (x <= e_max)
+            x = _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine) + penalty[k]
+            buf[j] = x
+            e_min = min(e_min, x)
+            contaminating += x <= e_max
     recalled = 0
     for r in range(n):
-        recalled += e[order[r]] < e_min
-    # GInv = Σ_{i∈S} |{j∉S : E_j ≤ E_i}| (buf holds +inf at selected keys, which never count).
+        recalled += sel[r] < e_min
+    # GInv = Σ_{i∈S} |{j∉S : E_j ≤ E_i}| (buf holds +inf at the non-candidates, never counted).
     inversions = 0
     if contaminating > 0:
         fr = buf[:m]
         for r in range(n):
-            x = e[order[r]]
+            x = sel[r]
             c = 0
             for j in range(m):
                 c += fr[j] <= x
@@ -188,7 +247,7 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, chosen, cosine, 
 
 @njit(cache=True)
 def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, norms, n_values,
-               cosine, dots, chosen, e, buf, out):  # pragma: no cover - compiled
+               cosine, dots, penalty, buf, sel, out):  # pragma: no cover - compiled
     """Accumulate ``⟨v_k, s_N⟩`` along ``order`` and add the scores of every N ≤ ``n_max``.
 
     ``out[i]`` must hold zeros (or a running sum over random samples) for every such N.
@@ -197,14 +256,16 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
     lo = keys[0]
     hi = keys[m - 1] + 1
     dots[lo:hi] = 0.0
-    chosen[lo:hi] = False
+    penalty[lo:hi] = 0.0
+    if excluded >= 0:
+        penalty[excluded] = np.inf
     span = dots[lo:hi]
     ni = 0
     n_n = n_values.shape[0]
     for r in range(n_max):
         i = order[r]
         a = alpha[i]
-        chosen[i] = True
+        penalty[i] = np.inf
         if contiguous:  # slices and range(len): the loop vectorises
             row = gram[i, lo:hi]
             for k in range(span.shape[0]):
@@ -214,8 +275,8 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
                 k = keys[j]
                 dots[k] += a * gram[i, k]
         while ni < n_n and n_values[ni] == r + 1:
-            _score(order, r + 1, keys, excluded, alpha, dots, gdiag, norms, chosen, cosine, e,
-                   buf, out[ni])
+            _score(order, r + 1, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
+                   buf, sel, out[ni])
             ni += 1
 
 
@@ -304,9 +365,9 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
         for ni in range(n_n):
             inside[b, h, qi, ni] = sink_rank < n_values[ni]
         dots = np.zeros(t + 1)
-        chosen = np.zeros(t + 1, dtype=np.bool_)
-        e = np.zeros(t + 1)
+        penalty = np.zeros(t + 1)
         buf = np.empty(m)
+        sel = np.empty(m)
         out[:] = np.nan
         n_top = 0  # largest N of the grid that fits: 1 ≤ N < |keys|
         n_drop = 0  # … with the sink removed: N < |keys| − 1
@@ -325,7 +386,7 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
             if n_values[ni] < m - 1:
                 out[3, ni, :] = 0.0
         _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
-                   cosine, dots, chosen, e, buf, out[0])
+                   cosine, dots, penalty, buf, sel, out[0])
         if n_drop > 0:
             dropped = np.empty(m - 1, dtype=np.int64)
             c = 0
@@ -334,7 +395,7 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
                     dropped[c] = top[j]
                     c += 1
             _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, chosen, e, buf, out[3])
+                       n_values, cosine, dots, penalty, buf, sel, out[3])
         if n_top == 0:
             continue
         row_key = _mix(_mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
@@ -343,7 +404,7 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
             perm[:] = keys
             _fisher_yates(perm, n_top, row_key, sample)
             _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, chosen, e, buf, out[1])
+                       n_values, cosine, dots, penalty, buf, sel, out[1])
         if shuffles > 0:
             shuffle_key = _mix(row_key ^ _U_SHUFFLE)
             moved = np.empty(t + 1, dtype=np.int64)  # π(k)
@@ -360,7 +421,7 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
                 for r in range(n_top):
                     order[r] = moved[top[r]]
                 _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
-                           n_values, cosine, dots, chosen, e, buf, out[2])
+                           n_values, cosine, dots, penalty, buf, sel, out[2])
         for ni in range(n_n):
             if n_values[ni] < m:
                 for f in range(n_metrics):
