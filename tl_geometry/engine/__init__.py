@@ -1,8 +1,8 @@
 """The analysis engine: the one place that turns a layer's pattern and values into results.
 
 ``options`` validates the options; ``layer`` does one layer's work (fused validation and votes,
-Gram matrices, selections and scores, sink geometry) through the compiled ``kernels`` or their
-``torch_path`` twins; ``accumulate`` sums layers, batches and processes and finishes the
+Gram matrices, selections and scores, sink geometry) through the compiled ``check_kernel`` and
+``kernels`` or their ``torch_path`` twins; ``accumulate`` sums layers, batches and processes and finishes the
 :class:`~tl_geometry.HeadAnalysis`. ``analyze_heads`` (a cache) and ``analyze_model`` (forward
 hooks) are thin front-ends over it.
 """

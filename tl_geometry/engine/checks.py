@@ -1,6 +1,6 @@
 """Validation of one layer's pattern and values, fused with the taxonomy votes (SPEC §5).
 
-One read of every real query row gives the statistics of :data:`.kernels.N_STATS`; every
+One read of every real query row gives the statistics of :data:`.check_kernel.N_STATS`; every
 statistic is NaN-proof (a NaN anywhere a key does not exist counts as a leak, never as "not
 greater than the tolerance"), and each failure raises a :class:`~tl_geometry.cache.CacheError`
 that names the problem and the fix.
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..cache import PATTERN_HOOK, VALUE_HOOK, CacheError
 from . import torch_path
-from .kernels import (
+from .check_kernel import (
     LEAK_TOL,
     N_STATS,
     ST_DEAD,
@@ -78,7 +78,7 @@ def check_and_vote(
     batch, n_heads = rows.shape[:2]
     if not numba:
         return torch_path.check_and_vote(rows, real, sink, norms, group_size)
-    from .kernels import check_and_vote as kernel
+    from .check_kernel import check_and_vote as kernel
 
     stats = np.zeros((batch, n_heads, N_STATS))
     votes = np.zeros((batch, n_heads, 3), dtype=np.int64)

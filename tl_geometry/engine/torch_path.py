@@ -26,8 +26,8 @@ def check_and_vote(
     rows: Float[Tensor, "batch head query key"], real: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"], norms: Float[Tensor, "batch group key"], group_size: int,
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
-    """:func:`.kernels.check_and_vote` in torch, one sequence at a time."""
-    from .kernels import N_STATS
+    """:func:`.check_kernel.check_and_vote` in torch, one sequence at a time."""
+    from .check_kernel import N_STATS
 
     batch, n_heads, n_pos, _ = rows.shape
     device = rows.device

@@ -1,0 +1,111 @@
+"""Compiled validation and votes (numba, CPU): one read of every real query row of a layer.
+
+:func:`check_and_vote` gathers the statistics :mod:`.checks` turns into errors (non-finite
+entries where keys exist, mass on future or padding keys, negative entries, row sums, rows
+without mass) and the source-winner votes of SPEC §5. Its torch twin is
+:func:`.torch_path.check_and_vote`. Compiled on first use and cached on disk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+# Indices of the validation statistics written by check_and_vote, per (sequence, head).
+N_STATS = 9
+(ST_NONFINITE, ST_NONFINITE_Q, ST_NONFINITE_K, ST_FUTURE, ST_PADDING, ST_MIN, ST_ROW_SUM,
+ ST_DEAD, ST_DEAD_Q) = range(N_STATS)
+LEAK_TOL = 1e-4
+
+
+@njit(cache=True)
+def _check_row(row, real, t, norms, s):  # pragma: no cover - compiled
+    """Validation statistics of one query row, key by key (any padding, non-finite entry or
+    leak); returns the row's sum and the source winner (−1: none)."""
+    row_sum = 0.0
+    best = -1.0
+    winner = -1
+    for k in range(row.shape[0]):
+        x = np.float64(row[k])
+        if k <= t and real[k]:
+            if not np.isfinite(x):
+                if s[ST_NONFINITE] == 0:
+                    s[ST_NONFINITE_Q] = t
+                    s[ST_NONFINITE_K] = k
+                s[ST_NONFINITE] += 1
+                continue
+            row_sum += x
+            s[ST_MIN] = min(s[ST_MIN], x)
+            c = x * norms[k]
+            if c > best:
+                best = c
+                winner = k
+        else:
+            a = abs(x)
+            if not a <= LEAK_TOL:  # NaN and inf count as leaks too
+                if not np.isfinite(a):
+                    a = np.inf
+                if k > t:
+                    s[ST_FUTURE] = max(s[ST_FUTURE], a)
+                else:
+                    s[ST_PADDING] = max(s[ST_PADDING], a)
+    return row_sum, winner
+
+
+@njit(parallel=True, cache=True)
+def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pragma: no cover
+    """Validation statistics ``stats[b, h, :]`` and votes ``votes[b, h, 3]`` of a layer.
+
+    ``pattern [b, h, q, k]`` (float32/64), ``real [b, pos]``, ``sink [b]``, ``norms [b, g, k]``
+    (‖v‖ of value group ``g = h // group_size``). Only rows of real queries are read.
+
+    Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
+    future entries above the tolerance); a row whose sum is not finite or that leaks is read
+    again key by key (:func:`_check_row`), so the statistics are those of that slow pass.
+    """
+    n_b, n_h, n_q, n_k = pattern.shape
+    for bh in prange(n_b * n_h):
+        b = bh // n_h
+        h = bh % n_h
+        g = h // group_size
+        s = stats[b, h]
+        s[ST_NONFINITE_Q] = -1.0
+        s[ST_DEAD_Q] = -1.0
+        s[ST_MIN] = 0.0
+        dense = True
+        for k in range(n_k):
+            dense &= real[b, k]
+        nrm = norms[b, g]
+        for t in range(n_q):
+            if not real[b, t]:
+                continue
+            row = pattern[b, h, t]
+            fast = dense
+            if dense:
+                row_sum = 0.0
+                row_min = 0.0
+                best = -1.0
+                winner = -1
+                for k in range(t + 1):
+                    x = np.float64(row[k])
+                    row_sum += x
+                    row_min = min(row_min, x)
+                    c = x * nrm[k]
+                    if c > best:
+                        best = c
+                        winner = k
+                leaks = 0
+                for k in range(t + 1, n_k):
+                    leaks += not abs(np.float64(row[k])) <= LEAK_TOL
+                fast = np.isfinite(row_sum) and leaks == 0
+                if fast:
+                    s[ST_MIN] = min(s[ST_MIN], row_min)
+            if not fast:
+                row_sum, winner = _check_row(row, real[b], t, nrm, s)
+            s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
+            if abs(row_sum) < 1e-6:
+                if s[ST_DEAD] == 0:
+                    s[ST_DEAD_Q] = t
+                s[ST_DEAD] += 1
+            if t > sink[b] and winner >= 0:
+                votes[b, h, 0 if winner == t else (1 if winner == sink[b] else 2)] += 1
