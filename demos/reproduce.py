@@ -8,7 +8,7 @@ study (claim 7, top-N attention) on WikiText, and writes
 that test it and a verdict (held / partly held / not held) by a rule stated on the page.
 
     python demos/reproduce.py                # full: 64 windows × 1024 tokens per corpus (the
-                                             # paper's length; about 2 h on 2 cores; the
+                                             # paper's length; 2¼ h on 2 shared cores; the
                                              # measured run time is on docs/results.md)
     python demos/reproduce.py --reuse        # re-render docs/results.md from the saved analyses
     python demos/reproduce.py --quick        # CI: 3 × 48, into build/reproduce-quick/

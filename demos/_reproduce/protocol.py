@@ -26,9 +26,9 @@ class StudyConfig:
     mode: str = "full"
     n_windows: int = 64
     # The paper's window length. On the 2-core CPU this project runs on, one 1024-token window
-    # with bounds takes about 24 s (SmolLM2) and 20 s (Gemma-3), so the analyses take about
-    # 1.5 h and the whole study about 2 h (the page states the measured time); `--seq-len 512`
-    # is a cheaper run.
+    # with bounds takes about 13 s (SmolLM2) alone; the measured full run took 2 h 16 min on
+    # cores it shared with a test run (the page states the measured time); `--seq-len 512` is
+    # a cheaper run.
     seq_len: int = 1024
     random_samples: int = 16
     seed: int = 0
