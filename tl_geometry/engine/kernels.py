@@ -7,11 +7,13 @@ implementation the tests compare); validation and votes are :mod:`.check_kernel`
 
 Inner products come from the Gram matrix ``G = V Vᵀ`` of the row's value group, accumulated as
 nested prefix sums along each selection order: ``⟨v_k, s_N⟩ = Σ_{r<N} α_{π(r)} G[π(r), k]``, so
-every N of one order costs one pass over ``max N`` rows of ``G``. Euclidean comparisons use
+every N of one order costs one pass over ``max N`` rows of ``G`` (four rows per pass over the
+keys between two N of the grid: the same terms for every key, so equal keys stay equal). Euclidean comparisons use
 ``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders keys exactly as ``D`` does
 without the cancellation of ``‖s‖²``; ``‖s‖²`` enters only the margin. Keys that are not
 candidates carry a +∞ penalty, so the passes over the keys have no data-dependent branches;
-inversions are counted only when some key contaminates.
+inversions are counted only when some key contaminates. Each parallel task is a block of
+:data:`QUERY_BLOCK` queries of one (sequence, head) that shares its scratch arrays.
 
 Compiled on first use and cached on disk (``cache=True``), so only the first call of a fresh
 install pays the compilation.
@@ -22,23 +24,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .rng import _C1, _C2, GOLDEN, SAMPLE_STRIDE, SHUFFLE_SALT
+from .order_kernel import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
 
 COSINE_EPS = 1e-12
-
-_U_C1 = np.uint64(_C1)
-_U_C2 = np.uint64(_C2)
-_U_GOLDEN = np.uint64(GOLDEN)
-_U_STRIDE = np.uint64(SAMPLE_STRIDE)
-_U_SHUFFLE = np.uint64(SHUFFLE_SALT)
-_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
-
-
-@njit(cache=True, inline="always")
-def _mix(z):  # pragma: no cover - compiled
-    z = (z ^ (z >> _S30)) * _U_C1
-    z = (z ^ (z >> _S27)) * _U_C2
-    return z ^ (z >> _S31)
 
 
 @njit(cache=True)
@@ -119,12 +107,22 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     inversions = 0
     if contaminating > 0:
         fr = buf[:m]
-        for r in range(n):
+        r = 0
+        while r + 4 <= n:  # four selected keys per pass over the keys
+            x0, x1, x2, x3 = sel[r], sel[r + 1], sel[r + 2], sel[r + 3]
+            c = 0
+            for j in range(m):
+                f = fr[j]
+                c += ((f <= x0) + (f <= x1)) + ((f <= x2) + (f <= x3))
+            inversions += c
+            r += 4
+        while r < n:
             x = sel[r]
             c = 0
             for j in range(m):
                 c += fr[j] <= x
             inversions += c
+            r += 1
     precision = n / (n + contaminating)
     recall = recalled / n
     out[0] += precision
@@ -162,33 +160,44 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
     span = dots[lo:hi]
     ni = 0
     n_n = n_values.shape[0]
-    for r in range(n_max):
-        i = order[r]
-        a = alpha[i]
-        penalty[i] = np.inf
-        if contiguous:  # slices and range(len): the loop vectorises
-            row = gram[i, lo:hi]
-            for k in range(span.shape[0]):
-                span[k] += a * row[k]
+    r = 0
+    while r < n_max:
+        stop = min(n_values[ni], n_max) if ni < n_n else n_max  # the next N of the grid
+        if contiguous:  # four rows of G per pass over the keys: a third of the loads and stores
+            while r + 4 <= stop:
+                i0, i1, i2, i3 = order[r], order[r + 1], order[r + 2], order[r + 3]
+                a0, a1, a2, a3 = alpha[i0], alpha[i1], alpha[i2], alpha[i3]
+                penalty[i0] = penalty[i1] = penalty[i2] = penalty[i3] = np.inf
+                g0, g1, g2, g3 = gram[i0, lo:hi], gram[i1, lo:hi], gram[i2, lo:hi], gram[i3, lo:hi]
+                for k in range(span.shape[0]):
+                    span[k] += (a0 * g0[k] + a1 * g1[k]) + (a2 * g2[k] + a3 * g3[k])
+                r += 4
+            while r < stop:
+                i = order[r]
+                a = alpha[i]
+                penalty[i] = np.inf
+                row = gram[i, lo:hi]
+                for k in range(span.shape[0]):
+                    span[k] += a * row[k]
+                r += 1
         else:
-            for j in range(m):
-                k = keys[j]
-                dots[k] += a * gram[i, k]
-        while ni < n_n and n_values[ni] == r + 1:
-            _score(order, r + 1, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
+            while r < stop:
+                i = order[r]
+                a = alpha[i]
+                penalty[i] = np.inf
+                for j in range(m):
+                    k = keys[j]
+                    dots[k] += a * gram[i, k]
+                r += 1
+        while ni < n_n and n_values[ni] == r:
+            _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
                    buf, sel, out[ni])
             ni += 1
 
 
-@njit(cache=True)
-def _fisher_yates(perm, steps, row_key, sample):  # pragma: no cover - compiled
-    """The first ``steps`` swaps of the Fisher–Yates shuffle of ``perm`` (stream of :mod:`.rng`)."""
-    m = perm.shape[0]
-    base = np.uint64(sample) * _U_STRIDE
-    for r in range(steps):
-        u = _mix(row_key + _U_GOLDEN * (base + np.uint64(r + 1)))
-        j = r + np.int64(((u >> _S32) * np.uint64(m - r)) >> _S32)
-        perm[r], perm[j] = perm[j], perm[r]
+#: Chosen queries of one (sequence, head) per parallel task: the task's scratch arrays are
+#: allocated once for all of them.
+QUERY_BLOCK = 16
 
 
 @njit(parallel=True, cache=True)
@@ -209,123 +218,129 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
     the non-sink keys). Its distances are those of weights ``α'_{π(k)} = α_k`` on the *unmoved*
     values with the selection ``π(S_N)``, so it reuses the Gram matrix and :func:`_run_order`.
     """
-    n_cb, n_cg = gram.shape[0], gram.shape[1]
+    n_cb, n_cg, n_pos = gram.shape[0], gram.shape[1], gram.shape[2]
     n_ch = n_cg * group_size
     n_query = queries.shape[1]
+    n_blocks = (n_query + QUERY_BLOCK - 1) // QUERY_BLOCK
+    for task in prange(n_cb * n_ch * n_blocks):
+        cb = task // (n_ch * n_blocks)
+        h = h0 + (task // n_blocks) % n_ch
+        q0 = (task % n_blocks) * QUERY_BLOCK
+        # Scratch for every row of the block (row t reads entries ≤ t only).
+        keys_buf = np.empty(n_pos, dtype=np.int64)
+        top_buf = np.empty(n_pos, dtype=np.int64)
+        packed = np.empty(n_pos, dtype=np.uint64)
+        single = np.empty(n_pos, dtype=np.float32)
+        floats = np.zeros((8, n_pos))
+        ints = np.empty((4, n_pos), dtype=np.int64)
+        for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
+            _score_row(pattern, cb, h, qi, queries, real, sink, real_index, sequence_keys,
+                       gram[cb, (h // group_size) - g0], n_values, samples, shuffles,
+                       by_contribution, cosine, metrics[cb, h, qi], inside, sink_mass,
+                       keys_buf, top_buf, single, packed, floats, ints)
+
+
+@njit(cache=True)
+def _score_row(pattern, b, h, qi, queries, real, sink, real_index, sequence_keys, gram_bg,
+               n_values, samples, shuffles, by_contribution, cosine, out, inside, sink_mass,
+               keys_buf, top_buf, single, packed, floats, ints):  # pragma: no cover - compiled
+    """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
+    group's Gram matrix is ``gram_bg``, with the task's scratch arrays."""
     n_n = n_values.shape[0]
-    n_metrics = metrics.shape[-1]
-    for row in prange(n_cb * n_ch * n_query):
-        cb = row // (n_ch * n_query)
-        ch = (row // n_query) % n_ch
-        qi = row % n_query
-        b = cb
-        h = h0 + ch
-        cg = (h // group_size) - g0
-        t = queries[b, qi]
-        out = metrics[b, h, qi]
-        if t < 0 or not real[b, t]:
-            out[:] = np.nan
-            sink_mass[b, h, qi, :] = np.nan
-            continue
-        lo = sink[b]
-        m = 0
-        for k in range(lo, t + 1):
-            if real[b, k]:
-                m += 1
-        keys = np.empty(m, dtype=np.int64)
-        m = 0
-        for k in range(lo, t + 1):
-            if real[b, k]:
-                keys[m] = k
-                m += 1
-        contiguous = m == t + 1 - lo
-        gram_bg = gram[cb, cg]
-        alpha = np.zeros(t + 1)
-        gdiag = np.zeros(t + 1)
-        norms = np.zeros(t + 1)
-        score = np.empty(m)
-        total = 0.0
-        for j in range(m):
-            k = keys[j]
-            alpha[k] = pattern[b, h, t, k]
-            gdiag[k] = gram_bg[k, k]
-            norms[k] = np.sqrt(max(gdiag[k], 0.0))
-            contribution = alpha[k] * norms[k]
-            total += contribution
-            score[j] = -(contribution if by_contribution else alpha[k])
-        s = sink[b]
-        if m > 1:  # SPEC §4 needs a key besides the sink
-            sink_mass[b, h, qi, 0] = alpha[s]
-            sink_mass[b, h, qi, 4] = alpha[s] * norms[s] / total
-        # Stable sort of −score: descending, ties → lower index (SPEC §2).
-        top = keys[np.argsort(score, kind="mergesort")]
-        sink_rank = 0
-        while top[sink_rank] != s:
-            sink_rank += 1
-        for ni in range(n_n):
-            inside[b, h, qi, ni] = sink_rank < n_values[ni]
-        dots = np.zeros(t + 1)
-        penalty = np.zeros(t + 1)
-        buf = np.empty(m)
-        sel = np.empty(m)
+    n_metrics = out.shape[-1]
+    t = queries[b, qi]
+    if t < 0 or not real[b, t]:
         out[:] = np.nan
-        n_top = 0  # largest N of the grid that fits: 1 ≤ N < |keys|
-        n_drop = 0  # … with the sink removed: N < |keys| − 1
-        for ni in range(n_n):
-            if n_values[ni] < m:
-                n_top = n_values[ni]
-            if n_values[ni] < m - 1:
-                n_drop = n_values[ni]
-        for ni in range(n_n):
-            if n_values[ni] < m:
-                out[0, ni, :] = 0.0
-                if samples > 0:
-                    out[1, ni, :] = 0.0
-                if shuffles > 0:
-                    out[2, ni, :] = 0.0
-            if n_values[ni] < m - 1:
-                out[3, ni, :] = 0.0
-        _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
-                   cosine, dots, penalty, buf, sel, out[0])
-        if n_drop > 0:
-            dropped = np.empty(m - 1, dtype=np.int64)
-            c = 0
+        sink_mass[b, h, qi, :] = np.nan
+        return
+    lo = sink[b]
+    m = 0
+    for k in range(lo, t + 1):
+        if real[b, k]:
+            keys_buf[m] = k
+            m += 1
+    keys = keys_buf[:m]
+    contiguous = m == t + 1 - lo
+    alpha, gdiag, norms, score = floats[0], floats[1], floats[2], floats[3][:m]
+    dots, penalty, buf, sel = floats[4], floats[5], floats[6], floats[7]
+    total = 0.0
+    for j in range(m):
+        k = keys[j]
+        alpha[k] = pattern[b, h, t, k]
+        gdiag[k] = gram_bg[k, k]
+        norms[k] = np.sqrt(max(gdiag[k], 0.0))
+        contribution = alpha[k] * norms[k]
+        total += contribution
+        score[j] = -(contribution if by_contribution else alpha[k])
+    s = sink[b]
+    if m > 1:  # SPEC §4 needs a key besides the sink
+        sink_mass[b, h, qi, 0] = alpha[s]
+        sink_mass[b, h, qi, 4] = alpha[s] * norms[s] / total
+    top = top_buf[:m]
+    rank_keys(keys, score, single, packed, top)  # descending weight, ties → lower index (SPEC §2)
+    sink_rank = 0
+    while top[sink_rank] != s:
+        sink_rank += 1
+    for ni in range(n_n):
+        inside[b, h, qi, ni] = sink_rank < n_values[ni]
+    out[:] = np.nan
+    n_top = 0  # largest N of the grid that fits: 1 ≤ N < |keys|
+    n_drop = 0  # … with the sink removed: N < |keys| − 1
+    for ni in range(n_n):
+        if n_values[ni] < m:
+            n_top = n_values[ni]
+        if n_values[ni] < m - 1:
+            n_drop = n_values[ni]
+    for ni in range(n_n):
+        if n_values[ni] < m:
+            out[0, ni, :] = 0.0
+            if samples > 0:
+                out[1, ni, :] = 0.0
+            if shuffles > 0:
+                out[2, ni, :] = 0.0
+        if n_values[ni] < m - 1:
+            out[3, ni, :] = 0.0
+    _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
+               cosine, dots, penalty, buf, sel, out[0])
+    perm = ints[0][:m]
+    if n_drop > 0:
+        dropped = ints[1][: m - 1]
+        c = 0
+        for j in range(m):
+            if top[j] != s:
+                dropped[c] = top[j]
+                c += 1
+        _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
+                   n_values, cosine, dots, penalty, buf, sel, out[3])
+    if n_top == 0:
+        return
+    row_key = mix(mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
+    for sample in range(samples):
+        perm[:] = keys
+        fisher_yates(perm, n_top, row_key, sample)
+        _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
+                   n_values, cosine, dots, penalty, buf, sel, out[1])
+    if shuffles > 0:
+        shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
+        moved = ints[2]  # π(k)
+        order = ints[3][:n_top]
+        weights = floats[3]  # α'_{π(k)} = α_k at the keys (the scores are no longer needed)
+        for sample in range(shuffles):
+            perm[1:] = keys[1:]  # keys[0] is the sink: it keeps its value
+            fisher_yates(perm[1:], m - 2, shuffle_key, sample)
+            moved[s] = s
+            for j in range(1, m):
+                moved[keys[j]] = perm[j]
             for j in range(m):
-                if top[j] != s:
-                    dropped[c] = top[j]
-                    c += 1
-            _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, penalty, buf, sel, out[3])
-        if n_top == 0:
-            continue
-        row_key = _mix(_mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
-        perm = np.empty(m, dtype=np.int64)
-        for sample in range(samples):
-            perm[:] = keys
-            _fisher_yates(perm, n_top, row_key, sample)
-            _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, penalty, buf, sel, out[1])
-        if shuffles > 0:
-            shuffle_key = _mix(row_key ^ _U_SHUFFLE)
-            moved = np.empty(t + 1, dtype=np.int64)  # π(k)
-            weights = np.zeros(t + 1)  # α'_{π(k)} = α_k
-            order = np.empty(n_top, dtype=np.int64)
-            for sample in range(shuffles):
-                perm[1:] = keys[1:]  # keys[0] is the sink: it keeps its value
-                _fisher_yates(perm[1:], m - 2, shuffle_key, sample)
-                moved[s] = s
-                for j in range(1, m):
-                    moved[keys[j]] = perm[j]
-                for j in range(m):
-                    weights[moved[keys[j]]] = alpha[keys[j]]
-                for r in range(n_top):
-                    order[r] = moved[top[r]]
-                _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
-                           n_values, cosine, dots, penalty, buf, sel, out[2])
-        for ni in range(n_n):
-            if n_values[ni] < m:
-                for f in range(n_metrics):
-                    if samples > 0:
-                        out[1, ni, f] /= samples
-                    if shuffles > 0:
-                        out[2, ni, f] /= shuffles
+                weights[moved[keys[j]]] = alpha[keys[j]]
+            for r in range(n_top):
+                order[r] = moved[top[r]]
+            _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
+                       n_values, cosine, dots, penalty, buf, sel, out[2])
+    for ni in range(n_n):
+        if n_values[ni] < m:
+            for f in range(n_metrics):
+                if samples > 0:
+                    out[1, ni, f] /= samples
+                if shuffles > 0:
+                    out[2, ni, f] /= shuffles

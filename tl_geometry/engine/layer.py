@@ -9,10 +9,14 @@ no more than a fraction of the pattern's size is held at once (:func:`_chunk_pla
 3. the Gram matrices ``G = V Vᵀ`` of the chunk's groups, rows and columns of bit-identical
    value vectors made identical (exact ties stay exact, SPEC §3);
 4. :func:`score_rows`: every selection of every chosen query (SPEC §2–3);
-5. the sink geometry (κ, cosines, SPEC §4) from prefix sums of the values.
+5. the sink geometry (κ, cosines, SPEC §4) from running sums along the keys;
 
-Everything stays on the cache's device: numba kernels for CPU tensors, their torch twins
-(:mod:`.torch_path`) elsewhere.
+then the per-query rows are reduced over queries (:func:`_reduce`).
+
+Everything stays on the cache's device. CPU tensors take numba kernels: :mod:`.check_kernel`
+(2), :mod:`.gram_kernel` (the ties of 3, and 5), :mod:`.kernels` (4), :mod:`.reduce_kernel`
+(the reduction). Other devices take their torch twins: :func:`_gram`, :func:`sink_geometry`,
+:mod:`.torch_path` and :func:`_reduce_torch`. The tests hold each pair to 1e-9.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from ..functional.separability import METRIC_NAMES
 from . import checks, torch_path
 from .bounds import layer_bounds
 from .options import AnalysisOptions
-from .paired import paired_counts
+from .paired import N_BINS, paired_counts
 from .rng import sequence_keys
 
 #: Groups scored per query, in the order of ``LayerStats.seq_mean`` (SPEC §3).
@@ -94,10 +98,15 @@ def _use_numba(device: torch.device, backend: str) -> bool:
 
 def group_values(layer: _Layer, b0: int, b1: int, n_keys: int) -> Float[Tensor, "b g k d"]:
     """Value vectors of every value group for sequences ``b0:b1`` and keys ``:n_keys`` (float64)."""
-    v = layer.v[b0:b1, :n_keys].to(COMPUTE_DTYPE)
-    v = torch.where(layer.real[b0:b1, :n_keys, None, None], v, 0.0)  # padding's values are unused
-    if layer.W_O is None:
-        return rearrange(v, "b k g d -> b g k d")
+    v = layer.v[b0:b1, :n_keys]
+    real = layer.real[b0:b1, :n_keys]
+    if not bool(real.all()):
+        v = torch.where(real[:, :, None, None], v, 0.0)  # padding's values are unused
+    if layer.W_O is None:  # one pass: upcast and lay out [b, g, k, d] contiguously
+        out = torch.empty(v.shape[0], v.shape[2], v.shape[1], v.shape[3], dtype=COMPUTE_DTYPE,
+                          device=v.device)
+        return out.copy_(rearrange(v, "b k g d -> b g k d"))
+    v = v.to(COMPUTE_DTYPE)
     n_kv = v.shape[2]
     W = rearrange(layer.W_O.to(COMPUTE_DTYPE), "(g r) d m -> g r d m", g=n_kv)
     out = einsum(v, W, "b k g d, g r d m -> b g r k m")
@@ -235,21 +244,30 @@ def analyze_layer(
         n_keys = int(queries[b0:b1].max()) + 1  # keys after the last chosen query are unused
         chunk = values[:, g0:g1, :n_keys]
         h0, h1 = g0 * data.group_size, g1 * data.group_size
-        args = (rows, h0, data.group_size, g0, queries[b0:b1], real[b0:b1], sink[b0:b1],
-                real_index[b0:b1], keys[b0:b1], _gram(chunk), n_values, opts.random_samples,
-                opts.shuffle_samples, opts.rank_by == "contribution", opts.distance == "cosine")
         outputs = (metrics[b0:b1], inside[b0:b1], sink_fields[b0:b1])
         if numba:
+            from .gram_kernel import tie_duplicates_and_sink_geometry
             from .kernels import score_rows
 
+            gram = chunk @ chunk.transpose(-1, -2)  # our own tensor: the kernel ties it in place
+            tie_duplicates_and_sink_geometry(*(_numpy(x) for x in (
+                chunk, gram, real[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1], h0, data.group_size,
+                sink_fields[b0:b1])))
+        else:
+            gram = _gram(chunk)
+        args = (rows, h0, data.group_size, g0, queries[b0:b1], real[b0:b1], sink[b0:b1],
+                real_index[b0:b1], keys[b0:b1], gram, n_values, opts.random_samples,
+                opts.shuffle_samples, opts.rank_by == "contribution", opts.distance == "cosine")
+        if numba:
             score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))
         else:
             torch_path.score_rows(*args, *outputs)
-        geometry = sink_geometry(chunk, real[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])
-        ok = ((queries[b0:b1] >= 0) & real[b0:b1].gather(1, queries[b0:b1].clamp_min(0)))[:, None, :, None]
-        geometry = torch.where(ok, geometry.repeat_interleave(data.group_size, dim=1), torch.nan)
-        sink_fields[b0:b1, h0:h1, :, 1:4] = geometry
-    return _reduce(data, opts, metrics, inside, sink_fields, votes, layer)
+            geometry = sink_geometry(chunk, real[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])
+            ok = ((queries[b0:b1] >= 0) & real[b0:b1].gather(1, queries[b0:b1].clamp_min(0)))[:, None, :, None]
+            geometry = torch.where(ok, geometry.repeat_interleave(data.group_size, dim=1), torch.nan)
+            sink_fields[b0:b1, h0:h1, :, 1:4] = geometry
+        del gram, args  # this chunk's Gram matrices go before the next chunk's are made
+    return _reduce(data, opts, metrics, inside, sink_fields, votes, layer, numba=numba)
 
 
 def _numpy(x: Any) -> Any:
@@ -257,16 +275,19 @@ def _numpy(x: Any) -> Any:
     return x.detach().contiguous().numpy() if isinstance(x, Tensor) else x
 
 
-def _nanmean(x: Tensor, dim: int) -> Tensor:
-    """Mean over ``dim`` of the non-NaN entries (±inf kept: κ = ∞ is a value); NaN where none."""
-    return torch.nanmean(x, dim=dim)  # one fused pass; ~3× faster than isnan/where/sum here
+class _Reduced(NamedTuple):
+    """The query-reduced fields of :class:`LayerStats` (every one but the votes and bounds)."""
+
+    seq_mean: Tensor
+    inst_sum: Tensor
+    inst_count: Tensor
+    paired_hist: Tensor
+    paired_halved: Tensor
+    sink_mean: Tensor
 
 
-def _reduce(
-    data: _Layer, opts: AnalysisOptions, metrics: Tensor, inside: Tensor, sink_fields: Tensor,
-    votes: Tensor, layer: int,
-) -> LayerStats:
-    """Per-query rows → per-sequence means, sink-in/out instance sums, paired-sink counts, votes."""
+def _reduce_torch(metrics: Tensor, inside: Tensor, sink_fields: Tensor) -> _Reduced:
+    """:class:`_Reduced` with torch operations (any device; the twin of :mod:`.reduce_kernel`)."""
     top = metrics[:, :, :, _TOP]  # [b, h, q, n, metric]
     defined = torch.isfinite(top[..., 0])
     groups = torch.stack([inside & defined, ~inside & defined], dim=2)  # [b, h, 2, q, n]
@@ -274,16 +295,40 @@ def _reduce(
                       "b h io q n m -> h io n m", "sum")
     inst_count = reduce(groups.to(COMPUTE_DTYPE), "b h io q n -> h io n", "sum")
     paired_hist, paired_halved = paired_counts(top[..., _F], metrics[:, :, :, _REMOVED, :, _F], inside)
+    # nanmean: ±inf kept (κ = ∞ is a value), NaN where no query is defined.
+    return _Reduced(torch.nanmean(metrics, dim=2), inst_sum, inst_count, paired_hist, paired_halved,
+                    torch.nanmean(sink_fields, dim=2))
+
+
+def _reduce_numba(metrics: Tensor, inside: Tensor, sink_fields: Tensor) -> _Reduced:
+    """:class:`_Reduced` from one compiled pass over the rows (CPU)."""
+    from .reduce_kernel import reduce_rows
+
+    batch, n_heads, _, n_groups, n_n, n_metrics = metrics.shape
+    out = _Reduced(
+        seq_mean=torch.zeros(batch, n_heads, n_groups, n_n, n_metrics, dtype=COMPUTE_DTYPE),
+        inst_sum=torch.zeros(n_heads, 2, n_n, n_metrics, dtype=COMPUTE_DTYPE),
+        inst_count=torch.zeros(n_heads, 2, n_n, dtype=COMPUTE_DTYPE),
+        paired_hist=torch.zeros(n_heads, n_n, N_BINS, dtype=COMPUTE_DTYPE),
+        paired_halved=torch.zeros(n_heads, n_n, dtype=COMPUTE_DTYPE),
+        sink_mean=torch.zeros(batch, n_heads, sink_fields.shape[-1], dtype=COMPUTE_DTYPE),
+    )
+    reduce_rows(metrics.numpy(), inside.numpy(), sink_fields.numpy(), _TOP, _REMOVED, _F,
+                *(x.numpy() for x in out))
+    return out
+
+
+def _reduce(
+    data: _Layer, opts: AnalysisOptions, metrics: Tensor, inside: Tensor, sink_fields: Tensor,
+    votes: Tensor, layer: int, *, numba: bool,
+) -> LayerStats:
+    """Per-query rows → per-sequence means, sink-in/out instance sums, paired-sink counts, votes."""
+    reduced = (_reduce_numba if numba else _reduce_torch)(metrics, inside, sink_fields)
     bound_mean = regime = None
     if opts.bounds:
-        bound_mean, regime = layer_bounds(data, opts, top[..., _INVERSIONS], layer)
+        bound_mean, regime = layer_bounds(data, opts, metrics[:, :, :, _TOP, :, _INVERSIONS], layer)
     return LayerStats(
-        seq_mean=_nanmean(metrics, dim=2),
-        inst_sum=inst_sum,
-        inst_count=inst_count,
-        paired_hist=paired_hist,
-        paired_halved=paired_halved,
-        sink_mean=_nanmean(sink_fields, dim=2),
+        **reduced._asdict(),
         votes=reduce(votes.to(COMPUTE_DTYPE), "b h vote -> h vote", "sum"),
         bound_mean=bound_mean,
         regime=regime,

@@ -1,0 +1,110 @@
+"""The compiled helpers of the engine against obviously-correct references: the stable ranking,
+duplicate detection by hash, and the query reduction against its torch twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tl_geometry.engine import layer
+from tl_geometry.engine.gram_kernel import _first_duplicates
+from tl_geometry.engine.order_kernel import rank_keys
+from tl_geometry.engine.paired import N_BINS
+from tl_geometry.functional.heads import first_duplicate
+
+
+def _ranked(score: np.ndarray) -> np.ndarray:
+    keys = np.arange(3, 3 + len(score), dtype=np.int64)  # keys need not start at 0
+    m = len(score)
+    out = np.empty(m, dtype=np.int64)
+    rank_keys(keys, score, np.empty(m, np.float32), np.empty(m, np.uint64), out)
+    return out - 3
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "ties", "signed_zeros", "negative"])
+@pytest.mark.parametrize("m", [1, 2, 7, 64, 300])
+def test_rank_is_a_stable_argsort(kind, m):
+    """Descending weight, ties to the lower index, whichever of its two sorts runs."""
+    rng = np.random.default_rng(m)
+    score = -rng.uniform(0, 1, m).astype(np.float32).astype(np.float64)
+    if kind == "float64":  # not float32-representable: the merge sort
+        score = -rng.uniform(0, 1, m)
+    elif kind == "ties":
+        score = -rng.integers(0, 4, m).astype(np.float64) / 8
+    elif kind == "signed_zeros":  # −0 and +0 must tie
+        score = np.where(rng.integers(0, 2, m) == 1, -0.0, 0.0)
+        score[::3] = -0.25
+    elif kind == "negative":  # weights a little below zero (tolerated round-off) sort last
+        score = rng.choice([-0.5, -0.25, 0.0, 1e-7, 2e-7], m)
+    assert np.array_equal(_ranked(score), np.argsort(score, kind="stable"))
+
+
+def test_first_duplicates_compares_rows_whose_hashes_collide():
+    """Rows ``(φ, 0)`` and ``(0, 1)`` have the same hash (weights 1, φ) but are different."""
+    phi = 1.0 + 0.6180339887498949
+    values = np.array([[phi, 0.0], [0.0, 1.0], [1.0, 2.0], [0.0, 1.0], [phi, 0.0], [1.0, 2.0],
+                       [-0.0, 1.0]])
+    got = _first_duplicates(values)
+    want = first_duplicate(torch.from_numpy(values)).numpy()
+    assert np.array_equal(np.where(got < 0, np.arange(len(values)), got), want)
+    assert want.tolist() == [0, 1, 2, 1, 0, 2, 1]
+
+
+def test_first_duplicates_of_distinct_rows_is_empty():
+    values = np.random.default_rng(0).normal(size=(50, 8))
+    assert (_first_duplicates(values) < 0).all()
+
+
+def test_reduce_kernel_equals_its_torch_twin():
+    """NaN rows, infinite and zero F ratios, ±inf sink fields, sink in and out of the set."""
+    rng = np.random.default_rng(1)
+    b, h, q, n = 3, 4, 9, 5
+    metrics = torch.from_numpy(rng.uniform(0, 1, (b, h, q, 4, n, 7)))
+    metrics[rng.uniform(size=metrics.shape) < 0.1] = torch.nan
+    f = metrics[..., 2]
+    f[rng.uniform(size=f.shape) < 0.15] = 0.0  # ratios 0, +inf and 0/0
+    metrics[:, :, 2, 0] = torch.nan  # a query where nothing is defined
+    inside = torch.from_numpy(rng.uniform(size=(b, h, q, n)) < 0.5)
+    sink = torch.from_numpy(rng.uniform(0, 3, (b, h, q, 5)))
+    sink[rng.uniform(size=sink.shape) < 0.2] = torch.nan
+    sink[0, 0, 0, 1] = torch.inf
+    sink[:, 1, :, 3] = torch.nan  # a field never defined
+    compiled = layer._reduce_numba(metrics, inside, sink)
+    twin = layer._reduce_torch(metrics, inside, sink)
+    for name in compiled._fields:
+        torch.testing.assert_close(getattr(compiled, name), getattr(twin, name), equal_nan=True,
+                                   rtol=1e-12, atol=1e-12, msg=name)
+    assert compiled.paired_hist.shape[-1] == N_BINS and compiled.paired_hist.sum() > 0
+    assert compiled.paired_hist[..., 0].sum() > 0 and compiled.paired_hist[..., -1].sum() > 0
+
+
+@pytest.mark.parametrize("queries", ["all", "last", "shuffled"])
+def test_gram_kernel_equals_the_torch_gram_and_sink_geometry(queries):
+    """Duplicates tied in the Gram matrix, and κ and the cosines at the chosen queries, on
+    left-padded sequences (queries in any order, −1 and padded queries NaN)."""
+    rng = np.random.default_rng(2)
+    b, g, k, d, group = 3, 2, 12, 5, 2
+    values = torch.from_numpy(rng.normal(size=(b, g, k, d)))
+    values[:, :, 7] = values[:, :, 4]  # duplicates
+    values[0, :, 9] = values[0, :, 2]
+    real = torch.ones(b, k, dtype=torch.bool)
+    real[1, :3] = False  # left padding: the sink is the first real key
+    real[2, :1] = False
+    values = torch.where(real[:, None, :, None], values, 0.0)
+    sink = real.long().argmax(-1)
+    chosen = {"all": torch.arange(k).repeat(b, 1), "last": torch.full((b, 1), k - 1),
+              "shuffled": torch.from_numpy(rng.permutation(k)).repeat(b, 1)}[queries].clone()
+    chosen[0, 0] = -1
+    gram = values @ values.transpose(-1, -2)
+    fields = torch.full((b, g * group, chosen.shape[1], 5), torch.nan, dtype=torch.float64)
+    from tl_geometry.engine.gram_kernel import tie_duplicates_and_sink_geometry
+
+    tie_duplicates_and_sink_geometry(values.numpy(), gram.numpy(), real.numpy(), sink.numpy(),
+                                     chosen.numpy(), 0, group, fields.numpy())
+    assert torch.equal(gram, layer._gram(values))
+    want = layer.sink_geometry(values, real, sink, chosen).repeat_interleave(group, dim=1)
+    ok = (chosen >= 0) & real.gather(1, chosen.clamp_min(0))
+    want = torch.where(ok[:, None, :, None], want, torch.nan)
+    torch.testing.assert_close(fields[..., 1:4], want, equal_nan=True, rtol=1e-12, atol=1e-12)
+    assert fields[..., [0, 4]].isnan().all()  # fields 0 and 4 are score_rows's

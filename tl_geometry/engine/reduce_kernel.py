@@ -1,0 +1,75 @@
+"""Compiled reduction of one layer's per-query rows (numba, CPU): one read of every row.
+
+:func:`reduce_rows` computes what :func:`.layer._reduce_torch` computes with torch on other
+devices: per-sequence means over the chosen queries (NaN where none is defined), the
+sink-in / sink-out instance sums and counts of the top-N set, the paired-sink ratio histogram
+(:mod:`.paired`) and the per-sequence sink means. Each head is one task, its sums taken in
+query order. Compiled on first use and cached on disk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .paired import BINS_PER_OCTAVE, N_BINS, OCTAVES
+
+_HALF_RANGE = BINS_PER_OCTAVE * OCTAVES
+
+
+@njit(cache=True)
+def _nanmean_over_queries(rows, out):  # pragma: no cover - compiled
+    """``out[...] = mean over q of rows[q, ...]`` of the non-NaN entries; NaN where none."""
+    flat = rows.reshape(rows.shape[0], -1)
+    total = np.zeros(flat.shape[1])
+    count = np.zeros(flat.shape[1])
+    for q in range(flat.shape[0]):
+        for i in range(flat.shape[1]):
+            x = flat[q, i]
+            if not np.isnan(x):
+                total[i] += x
+                count[i] += 1.0
+    res = out.reshape(-1)
+    for i in range(flat.shape[1]):
+        res[i] = total[i] / count[i] if count[i] > 0 else np.nan
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def reduce_rows(metrics, inside, sink_fields, top, removed, f_score, seq_mean, inst_sum,
+                inst_count, paired_hist, paired_halved, sink_mean):  # pragma: no cover - compiled
+    """Reduce ``metrics [b, h, q, group, n, metric]``, ``inside [b, h, q, n]`` and
+    ``sink_fields [b, h, q, field]`` of one layer (groups ``top`` and ``removed`` by index,
+    metric ``f_score`` the F of the paired ratio) into the zero-filled outputs
+    ``seq_mean [b, h, group, n, metric]``, ``inst_sum [h, 2, n, metric]``,
+    ``inst_count [h, 2, n]``, ``paired_hist [h, n, bin]``, ``paired_halved [h, n]`` and
+    ``sink_mean [b, h, field]``.
+    """
+    n_b, n_h, n_q, _, n_n, n_m = metrics.shape
+    for h in prange(n_h):
+        for b in range(n_b):
+            _nanmean_over_queries(metrics[b, h], seq_mean[b, h])
+            _nanmean_over_queries(sink_fields[b, h], sink_mean[b, h])
+            for q in range(n_q):
+                row = metrics[b, h, q]
+                for ni in range(n_n):
+                    io = 0 if inside[b, h, q, ni] else 1
+                    if np.isfinite(row[top, ni, 0]):  # an instance where the top-N set is defined
+                        inst_count[h, io, ni] += 1.0
+                        for mi in range(n_m):
+                            inst_sum[h, io, ni, mi] += row[top, ni, mi]
+                    with_sink = row[top, ni, f_score]
+                    without = row[removed, ni, f_score]
+                    if io == 1 or not np.isfinite(with_sink) or not np.isfinite(without):
+                        continue
+                    ratio = with_sink / without  # +inf where only the sink-removed F is 0
+                    if np.isnan(ratio):  # both are 0: no ratio
+                        continue
+                    if ratio == 0.0:
+                        index = 0
+                    elif np.isinf(ratio):
+                        index = N_BINS - 1
+                    else:
+                        octave = np.round(np.log2(ratio) * BINS_PER_OCTAVE)
+                        index = 1 + _HALF_RANGE + int(min(max(octave, -_HALF_RANGE), _HALF_RANGE))
+                    paired_hist[h, ni, index] += 1.0
+                    paired_halved[h, ni] += ratio <= 0.5
