@@ -100,8 +100,8 @@ def test_gram_kernel_equals_the_torch_gram_and_sink_geometry(queries):
     fields = torch.full((b, g * group, chosen.shape[1], 5), torch.nan, dtype=torch.float64)
     from tl_geometry.engine.gram_kernel import tie_duplicates_and_sink_geometry
 
-    tie_duplicates_and_sink_geometry(values.numpy(), gram.numpy(), real.numpy(), sink.numpy(),
-                                     chosen.numpy(), 0, group, fields.numpy())
+    tie_duplicates_and_sink_geometry(values.numpy(), real.numpy(), sink.numpy(), chosen.numpy(),
+                                     gram.numpy(), 0, group, fields.numpy())
     assert torch.equal(gram, layer._gram(values))
     want = layer.sink_geometry(values, real, sink, chosen).repeat_interleave(group, dim=1)
     ok = (chosen >= 0) & real.gather(1, chosen.clamp_min(0))

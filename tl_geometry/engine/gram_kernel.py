@@ -23,8 +23,8 @@ COSINE_EPS = 1e-12
 
 @njit(cache=True)
 def _first_duplicates(values):  # pragma: no cover - compiled
-    """For every key, the lowest key whose value vector equals its own (as :func:`~tl_geometry.
-    functional.heads.first_duplicate`); -1 everywhere when there is no duplicate.
+    """For every key with a duplicate, the lowest key whose value vector equals its own (as
+    :func:`~tl_geometry.functional.heads.first_duplicate`); −1 for a key without one.
 
     Equal rows have equal hashes (the same weighted sum in the same order), so only keys of
     equal hash are compared coordinate by coordinate.
@@ -64,16 +64,17 @@ def _first_duplicates(values):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True)
-def tie_duplicates_and_sink_geometry(values, gram, real, sink, queries, h0, group_size,
+def tie_duplicates_and_sink_geometry(values, real, sink, queries, gram, h0, group_size,
                                      sink_fields):  # pragma: no cover - compiled
     """Make duplicate rows of ``gram [b, g, k, k]`` identical, in place, and write the sink
     geometry of every chosen query into ``sink_fields[b, h, q, 1:4]`` for the heads ``h0 + …``
     of each value group.
 
     ``values [b, g, k, d]`` (float64, padding zeroed), ``real [b, k]``, ``sink [b]``,
-    ``queries [b, Q]`` (ascending; −1: none). Over ``J_t`` = real keys ``≤ t`` other than the
-    sink: ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)`` and
-    ``cos(v_sink, mean v_j)``; NaN where ``J_t`` is empty or the query is not real.
+    ``queries [b, Q]`` (−1: none; ascending queries read each key once). Over ``J_t`` = real
+    keys ``≤ t`` other than the sink: ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)``
+    and ``cos(v_sink, mean v_j)``. Where ``J_t`` is empty or the query is not real the fields
+    are left as they are (NaN, as the caller allocates them).
     """
     n_b, n_g, n_k, d = values.shape
     n_q = queries.shape[1]

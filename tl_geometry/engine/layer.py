@@ -249,10 +249,11 @@ def analyze_layer(
             from .gram_kernel import tie_duplicates_and_sink_geometry
             from .kernels import score_rows
 
-            gram = chunk @ chunk.transpose(-1, -2)  # our own tensor: the kernel ties it in place
-            tie_duplicates_and_sink_geometry(*(_numpy(x) for x in (
-                chunk, gram, real[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1], h0, data.group_size,
-                sink_fields[b0:b1])))
+            # Our own contiguous tensor: the kernel ties it in place, writing through its view.
+            gram = (chunk @ chunk.transpose(-1, -2)).detach().contiguous()
+            tie_duplicates_and_sink_geometry(  # type: ignore[call-arg]
+                *(_numpy(x) for x in (chunk, real[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])),
+                gram.numpy(), h0, data.group_size, sink_fields[b0:b1].numpy())
         else:
             gram = _gram(chunk)
         args = (rows, h0, data.group_size, g0, queries[b0:b1], real[b0:b1], sink[b0:b1],
