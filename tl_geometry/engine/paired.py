@@ -61,7 +61,8 @@ def paired_figures(
     """
     count = hist.sum(-1)
     rank = torch.ceil(count / 2).clamp_min(1)  # the lower median
-    index = (hist.cumsum(-1) >= rank[..., None]).to(torch.int8).argmax(-1)
+    # The first bin whose running count reaches the rank (counts are ≥ 0: the sums ascend).
+    index = torch.searchsorted(hist.cumsum(-1), rank[..., None]).squeeze(-1).clamp_max(N_BINS - 1)
     centre = torch.exp2((index - 1 - BINS_PER_OCTAVE * OCTAVES).to(COMPUTE_DTYPE) / BINS_PER_OCTAVE)
     median = torch.where(index == 0, 0.0, torch.where(index == N_BINS - 1, torch.inf, centre))
     defined = count > 0
