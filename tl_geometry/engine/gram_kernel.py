@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-COSINE_EPS = 1e-12
+from ..functional._types import COSINE_EPS
 
 
 @njit(cache=True)

@@ -8,11 +8,11 @@ implementation the tests compare); validation and votes are :mod:`.check_kernel`
 Inner products come from the Gram matrix ``G = V Vᵀ`` of the row's value group, accumulated as
 nested prefix sums along each selection order: ``⟨v_k, s_N⟩ = Σ_{r<N} α_{π(r)} G[π(r), k]``, so
 every N of one order costs one pass over ``max N`` rows of ``G`` (four rows per pass over the
-keys between two N of the grid: the same terms for every key, so equal keys stay equal). Euclidean comparisons use
-``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders keys exactly as ``D`` does
-without the cancellation of ``‖s‖²``; ``‖s‖²`` enters only the margin. Keys that are not
-candidates carry a +∞ penalty, so the passes over the keys have no data-dependent branches;
-inversions are counted only when some key contaminates. Each parallel task is a block of
+keys between two N of the grid: the same terms for every key, so equal keys stay equal).
+Euclidean comparisons use ``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders
+keys exactly as ``D`` does without the cancellation of ``‖s‖²``; ``‖s‖²`` enters only the
+margin. Keys that are not candidates carry a +∞ penalty, so the passes over the keys have no
+data-dependent branches; inversions are counted only when some key contaminates. Each parallel task is a block of
 :data:`QUERY_BLOCK` queries of one (sequence, head) that shares its scratch arrays.
 
 Compiled on first use and cached on disk (``cache=True``), so only the first call of a fresh
@@ -24,9 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..functional._types import COSINE_EPS
 from .order_kernel import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
-
-COSINE_EPS = 1e-12
 
 
 @njit(cache=True)

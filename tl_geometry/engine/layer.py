@@ -28,7 +28,7 @@ from einops import einsum, rearrange, reduce
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
+from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.heads import first_duplicate, last_positions
 from ..functional.separability import METRIC_NAMES
 from . import checks, torch_path
@@ -134,7 +134,6 @@ def sink_geometry(
     queries otherwise (the last-query protocol reads no other position). NaN where ``J_t`` is
     empty.
     """
-    eps = 1e-12
     n_key = values.shape[2]
     keys = torch.arange(n_key, device=values.device)
     others = (real & (keys != sink[:, None])).to(COMPUTE_DTYPE)  # [b, k]
@@ -143,7 +142,7 @@ def sink_geometry(
     v_sink = values.gather(2, index)  # [b, g, 1, d]
     sink_norm = norms.gather(-1, sink[:, None, None].expand(-1, values.shape[1], 1))
     sink_dots = (values @ v_sink.transpose(-1, -2)).squeeze(-1)  # [b, g, k]
-    cos = sink_dots / (sink_norm * norms + eps)
+    cos = sink_dots / (sink_norm * norms + COSINE_EPS)
     if 4 * queries.shape[1] >= n_key:  # prefix sums, read at the queries
         at = queries.clamp_min(0)[:, None, :].expand(-1, values.shape[1], -1)
         prefix = others[:, None, :]
@@ -164,7 +163,7 @@ def sink_geometry(
     fields = torch.stack([
         sink_norm / (upto(norms) / count),
         upto(cos) / count,
-        (upto(sink_dots) / count) / (sink_norm * (torch.linalg.vector_norm(total, dim=-1) / count) + eps),
+        (upto(sink_dots) / count) / (sink_norm * (torch.linalg.vector_norm(total, dim=-1) / count) + COSINE_EPS),
     ], dim=-1)
     return torch.where((count > 0)[..., None], fields, torch.nan)
 
