@@ -38,9 +38,10 @@ system_deps() {        # Debian packages the tests need (headless Chromium for t
     apt-cache show chromium >/dev/null 2>&1 || apt-get update -qq
     apt-get install -y -qq chromium >/dev/null
 }
-lint() {              # ruff and the type checker (settings in pyproject.toml)
+lint() {              # ruff, the type checker and the import contracts (settings in pyproject.toml)
     "$venv/bin/ruff" check .
     "$venv/bin/mypy" tl_geometry
+    "$venv/bin/lint-imports"
 }
 docs() {              # the documentation build, warnings as errors, into site/ (git-ignored)
     NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet

@@ -29,7 +29,7 @@ class RealModel:
 
 def _real_model(name: str) -> RealModel:
     import tl_geometry
-    from tl_geometry.models import _bridge_from_hf, load_hf_model
+    from tl_geometry.inputs.models import _bridge_from_hf, load_hf_model
 
     hf_model, tokenizer = load_hf_model(name)
     tokens = tl_geometry.text_windows(tokenizer, n_seqs=N_SEQS, seq_len=SEQ_LEN)

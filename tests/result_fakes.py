@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-from tl_geometry import _result_schema as schema
-from tl_geometry.result import HeadAnalysis
+from tl_geometry.result import HeadAnalysis, schema
 
 #: The attribute names the old ``__getattr__`` resolved (format 1's names): they must stay.
 LEGACY_NAMES = (

@@ -8,7 +8,7 @@ import pytest
 import torch
 from result_fakes import fake
 
-from tl_geometry._result_schema import names
+from tl_geometry.result.schema import names
 
 NAN = math.nan
 

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 
 import tl_geometry
-from tl_geometry import report_cli
+from tl_geometry.cli import report as report_cli
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

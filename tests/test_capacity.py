@@ -340,7 +340,7 @@ class _CharTokenizer:
 
 
 def test_cli_writes_csv_plots_and_report_section(tmp_path, monkeypatch, capsys):
-    from tl_geometry import cli
+    from tl_geometry.cli import main as cli
 
     model = tiny_lm(2)
     model.tokenizer = _CharTokenizer()
@@ -372,7 +372,7 @@ def test_cli_writes_csv_plots_and_report_section(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_rejects_bad_options(capsys):
-    from tl_geometry import cli
+    from tl_geometry.cli import main as cli
 
     for argv, flag in ((["--tolerance", "-1"], "--tolerance"), (["--head-n", "-2"], "--head-n"),
                        (["--n-values", "0,2"], "--n-values"), (["--out", __file__], "--out")):

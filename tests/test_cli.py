@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 import tl_geometry
-from tl_geometry import _cli_args, _progress, cli, models
+from tl_geometry.analyze import progress as _progress
+from tl_geometry.cli import args as _cli_args
+from tl_geometry.cli import main as cli
+from tl_geometry.inputs import models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +130,7 @@ def test_a_real_process_exits_2_with_one_line_and_never_imports_transformers(fil
                                                "unknown-model")]
     script = (
         "import sys\n"
-        "from tl_geometry.cli import main\n"
+        "from tl_geometry.cli.main import main\n"
         f"for argv in {cases!r}:\n"
         "    try:\n"
         "        main(argv)\n"
@@ -192,11 +195,8 @@ def test_defaults_parse_to_the_documented_values():
 
 
 def test_each_registered_module_defines_add_parser_and_run():
-    import importlib
-
     for command, module in cli.COMMANDS.items():
-        mod = importlib.import_module(f"tl_geometry.{module}")
-        assert callable(mod.add_parser) and callable(mod.run), command
+        assert callable(module.add_parser) and callable(module.run), command
 
 
 def test_report_and_report_cli_do_not_import_each_other():
@@ -214,7 +214,8 @@ def test_report_and_report_cli_do_not_import_each_other():
     package = ROOT / "tl_geometry"
     assert not {n for n in imported(package / "report.py") if "report_cli" in n}
     assert not {n for n in imported(package / "report_cli.py") if n.endswith("report")}
-    from tl_geometry import report, report_cli
+    from tl_geometry.cli import report as report_cli
+    from tl_geometry.views import report
 
     assert report_cli.DEFAULT_OUT == report.DEFAULT_OUT
     assert cli.build_parser().parse_args(["report"]).out == report.DEFAULT_OUT
@@ -269,7 +270,7 @@ def test_no_progress_silences_library_bars_only_during_the_command(monkeypatch):
         seen.append(os.environ.get("TQDM_DISABLE"))
         return 0
 
-    from tl_geometry import analyze_cli
+    from tl_geometry.cli import analyze as analyze_cli
 
     monkeypatch.setattr(analyze_cli, "run", run)
     assert cli.main(["analyze", "--no-progress"]) == 0

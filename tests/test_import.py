@@ -30,7 +30,7 @@ def test_lazy_exports_resolve_on_first_use():
     for name in ("load_model", "views", "write_report"):
         assert name in tl_geometry.__all__ and name in dir(tl_geometry)
         assert getattr(tl_geometry, name) is not None
-    assert tl_geometry.load_model is tl_geometry.models.load_model
+    assert tl_geometry.load_model is tl_geometry.inputs.models.load_model
 
 
 def test_unknown_attribute_is_an_attribute_error():

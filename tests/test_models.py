@@ -110,7 +110,7 @@ def test_output_space_uses_model_W_O(smollm2):
 
 
 def test_missing_weights_package_names_the_pip_command(monkeypatch):
-    from tl_geometry import models
+    from tl_geometry.inputs import models
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(models.importlib.util, "find_spec",
@@ -131,7 +131,7 @@ def test_loader_does_not_import_llama_cpp(smollm2):
 @pytest.fixture(scope="session")
 def hf_dir(tmp_path_factory):
     """SmolLM2-135M saved by save_pretrained (model and tokenizer), as a user's folder would be."""
-    from tl_geometry.models import load_hf_model
+    from tl_geometry.inputs.models import load_hf_model
 
     folder = tmp_path_factory.mktemp("smollm2-hf")
     hf_model, tokenizer = load_hf_model("smollm2-135m")
@@ -155,8 +155,8 @@ def test_local_hf_folder_gives_the_builtin_logits(hf_dir, smollm2):
 
 
 def test_cli_analyses_a_local_hf_folder(hf_dir, tmp_path, monkeypatch, capsys):
-    from tl_geometry import _progress
-    from tl_geometry.cli import main
+    from tl_geometry.analyze import progress as _progress
+    from tl_geometry.cli.main import main
 
     seen = {}
     analyze = tl_geometry.analyze_heads
@@ -181,7 +181,7 @@ def test_cli_analyses_a_local_hf_folder(hf_dir, tmp_path, monkeypatch, capsys):
 
 def test_gguf_path_reads_like_the_builtin():
     """A GGUF path resolves to the file the built-in name reads (same code path from there)."""
-    from tl_geometry.models import gguf_path, model_source
+    from tl_geometry.inputs.models import gguf_path, model_source
 
     path = gguf_path("smollm2-135m")
     source = model_source(str(path))
@@ -198,7 +198,7 @@ def test_gguf_path_reads_like_the_builtin():
     ("not-gguf", "is not a GGUF file"),
 ])
 def test_local_model_errors_name_the_fix(tmp_path, layout, message):
-    from tl_geometry.models import model_source
+    from tl_geometry.inputs.models import model_source
 
     path = tmp_path / "m"
     if layout == "not-gguf":

@@ -110,7 +110,7 @@ def test_pad_tokens_without_a_mask_warn_and_a_correct_mask_does_not():
 def test_layer_indices_are_validated(layers):
     cache = make_case(86).cache()
     expect_error(lambda: analyze(cache, layers=layers), "layers")
-    from tl_geometry.cache import check_layer_indices
+    from tl_geometry.inputs.cache import check_layer_indices
 
     expect_error(lambda: check_layer_indices(layers, 30), "layers")
 

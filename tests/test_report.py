@@ -12,7 +12,7 @@ from test_views import N_HEADS, N_LAYERS, synthetic_cache
 
 import tl_geometry
 from tl_geometry import HeadAnalysis, views
-from tl_geometry.cli import main
+from tl_geometry.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_ablation_section_appears_when_prune_left_its_tables(analysed, tmp_path)
 def test_example_heads_pick_the_largest_gain_per_class(analysed):
     _, result = analysed
     gain = result.f_gain[..., 1]
-    for cls, layer, head in tl_geometry.report.example_heads(result):
+    for cls, layer, head in tl_geometry.views.report.example_heads(result):
         li = result.layers.index(layer)
         assert result.labels[li][head] == cls
         same = torch.tensor([[x == cls for x in row] for row in result.labels])

@@ -9,9 +9,10 @@ from cases import make_case
 from result_fakes import LEGACY_NAMES, fake
 
 import tl_geometry
-from tl_geometry import _result_schema, _result_select
 from tl_geometry.functional.taxonomy import CLASSES
 from tl_geometry.result import GROUPS, HeadAnalysis, NoBoundsError
+from tl_geometry.result import schema as _result_schema
+from tl_geometry.result import select as _result_select
 
 
 # --- sel / label ------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import pytest
 import torch
 from result_fakes import fake
 
-from tl_geometry import _result_io
 from tl_geometry.result import HeadAnalysis, ResultFileError
+from tl_geometry.result import io as _result_io
 
 
 def _same(a: HeadAnalysis, b: HeadAnalysis) -> None:

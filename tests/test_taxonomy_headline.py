@@ -11,9 +11,11 @@ import torch
 from result_fakes import fake
 
 import tl_geometry
-from tl_geometry import _result_text, views
+from tl_geometry import views
 from tl_geometry.ablation.orderings import taxonomy_order
 from tl_geometry.functional.taxonomy import CLASSES, UNLABELLED, labels_from_votes
+from tl_geometry.result import headline as _result_headline
+from tl_geometry.result import text as _result_text
 
 
 def unlabelled_fake(**kwargs):
@@ -126,9 +128,9 @@ def test_headline_n_is_2_to_a_quarter_of_the_keys_and_the_rest_is_dense(n_positi
     meta = {} if n_positions is None else {"n_positions": n_positions}
     r = fake(n_values=n_values, metadata=meta)
     assert r.headline_n == want
-    dense = [n for n in n_values if _result_text.is_dense(r, n)]
+    dense = [n for n in n_values if _result_headline.is_dense(r, n)]
     assert dense == [n for n in n_values if n >= 2 and n not in want]
-    text = _result_text.headline_text(r)
+    text = _result_headline.headline_text(r)
     assert ("not recorded" in text) == (n_positions is None)
 
 
@@ -159,7 +161,7 @@ def test_f_curves_shade_the_dense_n():
 
 
 def test_report_headlines_the_range_and_marks_dense_n():
-    from tl_geometry.report import _header, n_means_table
+    from tl_geometry.views.report import _header, n_means_table
 
     r = fake(n_values=(1, 2, 4, 8), metadata={"n_positions": 20})
     table = n_means_table(r)

@@ -11,8 +11,9 @@ import torch
 from result_fakes import fake
 
 import tl_geometry
-from tl_geometry import HeadAnalysis, _result_schema, views
-from tl_geometry.report import n_means_table, sink_effect_section
+from tl_geometry import HeadAnalysis, views
+from tl_geometry.result import schema as _result_schema
+from tl_geometry.views.report import n_means_table, sink_effect_section
 
 
 def paired_fake(seed: int = 0) -> HeadAnalysis:

@@ -12,11 +12,10 @@ The mathematics is in ``docs/math.md``; the pure tensor functions in
 :mod:`tl_geometry.functional`.
 """
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
 
 from . import functional
+from ._version import __version__ as __version__
 from .ablation import (
     CapacityCorrelation,
     CapacitySweep,
@@ -36,20 +35,20 @@ from .ablation import (
     sparsification_curve,
     top_n_attention,
 )
-from .analysis import analyze_heads
-from .cache import CACHE_NAMES_FILTER, CacheError
-from .data import sample_text, text_windows
+from .analyze.from_cache import analyze_heads
+from .analyze.from_model import analyze_model
+from .inputs.cache import CACHE_NAMES_FILTER, CacheError
+from .inputs.text import sample_text, text_windows
 from .result import HeadAnalysis, HeadSelection, ResultFileError
-from .streaming import analyze_model
 
 # Exports whose modules are imported on first use, so that `import tl_geometry` stays light:
 # the model loaders pull in transformers, the views and report matplotlib.
-_LAZY = {"load_model": "models", "views": "views", "write_report": "report"}
+_LAZY = {"load_model": "inputs.models", "views": "views", "write_report": "views.report"}
 
 if TYPE_CHECKING:
     from . import views
-    from .models import load_model
-    from .report import write_report
+    from .inputs.models import load_model
+    from .views.report import write_report
 
 
 def __getattr__(name: str) -> Any:

@@ -71,7 +71,7 @@ def tl3(tl4_process) -> Hooked:
     from hooked_llama import hooked_llama
 
     import tl_geometry
-    from tl_geometry.models import load_hf_model
+    from tl_geometry.inputs.models import load_hf_model
 
     hf_model, tokenizer = load_hf_model("smollm2-135m")
     tokens = tl_geometry.text_windows(tokenizer, n_seqs=N_SEQS, seq_len=SEQ_LEN)

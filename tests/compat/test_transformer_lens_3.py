@@ -176,7 +176,7 @@ def test_bridge_loader_works_on_transformer_lens_3(tl3, tl4):
 
     Last in the file: wrapping changes ``tl3.hf_model`` in place.
     """
-    from tl_geometry.models import _bridge_from_hf
+    from tl_geometry.inputs.models import _bridge_from_hf
 
     bridge = _bridge_from_hf("smollm2-135m", tl3.hf_model, tl3.tokenizer, device="cpu", dtype=torch.float32)
     with torch.no_grad():

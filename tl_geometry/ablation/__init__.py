@@ -12,6 +12,7 @@ compare removal orders on held-out text. The method is in ``docs/ablation.md``.
         loss = model(tokens, return_type="loss")
 """
 
+from ..functional.stats import spearman
 from .capacity import (
     DEFAULT_N_VALUES,
     CapacitySweep,
@@ -19,7 +20,7 @@ from .capacity import (
     capacity_sweep,
     retrieval_capacity,
 )
-from .capacity_geometry import CapacityCorrelation, capacity_correlation, head_geometry, spearman
+from .capacity_geometry import CapacityCorrelation, capacity_correlation, head_geometry
 from .hooks import MODES, HeadAblation, ablate_heads
 from .orderings import (
     ORDERINGS,

@@ -14,43 +14,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..cache import CACHE_NAMES_FILTER, check_attention_mask
 from ..functional import last_positions, separability, shell_bounds
+from ..functional.stats import spearman
+from ..inputs.cache import CACHE_NAMES_FILTER, check_attention_mask
 from . import hooks as _hooks
 from .capacity import CapacitySweep, capacity_sweep
 from .topn import SparsifyMode, check_n
 
 SCORES = ("f_score", "shell_k0", "shell_kn")
-
-
-def spearman(x: Tensor, y: Tensor) -> float:
-    """Spearman's rank correlation (average ranks for ties) over the pairs where both are
-    finite; NaN with fewer than 3 pairs or a constant side.
-
-    >>> spearman(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 9.0, 2.0, 1.0]))
-    -1.0
-    """
-    a, b = x.flatten().double().numpy(), y.flatten().double().numpy()
-    keep = np.isfinite(a) & np.isfinite(b)
-    if keep.sum() < 3:
-        return math.nan
-    ra, rb = _ranks(a[keep]), _ranks(b[keep])
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
-    return float((ra * rb).sum() / denominator) if denominator > 0 else math.nan
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(x, kind="stable")
-    _, first, counts = np.unique(x[order], return_index=True, return_counts=True)
-    ranks = np.empty(len(x))
-    ranks[order] = np.repeat(first + (counts - 1) / 2, counts)
-    return ranks
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..cache import check_attention_mask
+from ..inputs.cache import check_attention_mask
 
 Z_HOOK = "blocks.{layer}.attn.hook_z"
 MODES = ("zero", "mean")

@@ -13,9 +13,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..cache import check_attention_mask
 from ..functional.heads import kv_head_index
 from ..functional.taxonomy import CLASSES, labels_from_votes
+from ..inputs.cache import check_attention_mask
 from . import hooks as _hooks
 from .sensitivity import HeadSensitivity
 
@@ -192,7 +192,7 @@ def head_orderings(
     for name in which:
         if name == "taxonomy":
             if analysis is None:
-                from ..streaming import analyze_model
+                from ..analyze.from_model import analyze_model
 
                 analysis = analyze_model(model, tokens, attention_mask=attention_mask, n_values=(n,),
                                          progress=progress)

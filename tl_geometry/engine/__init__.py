@@ -2,7 +2,7 @@
 
 ``options`` validates the options; ``layer`` does one layer's work (fused validation and votes,
 Gram matrices, selections and scores, sink geometry) through the compiled ``check_kernel`` and
-``kernels`` or their ``torch_path`` twins; ``accumulate`` sums layers, batches and processes and finishes the
+``score_kernel`` or their ``torch_kernels`` twins; ``accumulate`` sums layers, batches and processes and finishes the
 :class:`~tl_geometry.HeadAnalysis`. ``analyze_heads`` (a cache) and ``analyze_model`` (forward
 hooks) are thin front-ends over it.
 """

@@ -56,19 +56,19 @@ class Accumulator:
     regime_count: Float[Tensor, "layer head rfield"]
 
     @classmethod
-    def zeros(cls, n_layers: int, n_heads: int, n_n: int, device: Any = "cpu") -> Accumulator:
+    def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu") -> Accumulator:
         shapes = {
-            "seq_sum": (len(SEQUENCE_GROUPS), n_n, len(METRIC_NAMES)),
-            "seq_count": (len(SEQUENCE_GROUPS), n_n, len(METRIC_NAMES)),
-            "inst_sum": (2, n_n, len(METRIC_NAMES)),
-            "inst_count": (2, n_n),
-            "paired_hist": (n_n, N_BINS),
-            "paired_halved": (n_n,),
+            "seq_sum": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
+            "seq_count": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
+            "inst_sum": (2, n_sizes, len(METRIC_NAMES)),
+            "inst_count": (2, n_sizes),
+            "paired_hist": (n_sizes, N_BINS),
+            "paired_halved": (n_sizes,),
             "sink_sum": (len(SINK_FIELDS),),
             "sink_count": (len(SINK_FIELDS),),
             "votes": (3,),
-            "bound_sum": (len(BOUND_KINDS), n_n, len(BOUND_METRICS)),
-            "bound_count": (len(BOUND_KINDS), n_n, len(BOUND_METRICS)),
+            "bound_sum": (len(BOUND_KINDS), n_sizes, len(BOUND_METRICS)),
+            "bound_count": (len(BOUND_KINDS), n_sizes, len(BOUND_METRICS)),
             "regime_sum": (len(REGIME_FIELDS),),
             "regime_count": (len(REGIME_FIELDS),),
         }

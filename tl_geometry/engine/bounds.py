@@ -13,8 +13,6 @@ inversion_separated`` is the share of separated instances the shell recognises.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from einops import rearrange
 from jaxtyping import Float
@@ -29,32 +27,28 @@ from ..functional.bounds import (
     regime_bounds,
 )
 from ..functional.regime import diagnostics_from_pairs
+from .block import LayerBlock, group_values
+from .options import AnalysisOptions
 from .shell import SHELL_KINDS, shell_block
-
-if TYPE_CHECKING:
-    from .layer import _Layer
-    from .options import AnalysisOptions
+from .torch_kernels import _ranks
 
 #: Float64 attention rows ``[head, query, key]`` held at once.
 BLOCK_ELEMENTS = 1 << 22
 
 
 def layer_bounds(
-    data: _Layer, opts: AnalysisOptions, inversions: Tensor, layer: int
+    data: LayerBlock, opts: AnalysisOptions, inversions: Tensor, layer: int
 ) -> tuple[Tensor, Tensor]:
     """Per-sequence means ``[b, head, kind, n, (P, R, F, separated)]`` (kinds: ``BOUND_KINDS``)
     and regime diagnostics ``[b, head, field]``.
 
     ``inversions [b, head, q, n]`` are the measured GInv of the top-N sets, for the certificates.
     """
-    from .layer import group_values
-    from .torch_path import _ranks
-
     batch, n_heads, n_pos, _ = data.pattern.shape
     values = group_values(data, 0, batch, n_pos)  # [b, g, k, d]
     # Extremes over each sequence's real keys are certificates for every query of it; quantiles
     # give the predicted envelope (SPEC §6b).
-    pairs = pair_stats(values, data.sink[:, None], data.real[:, None])
+    pairs = pair_stats(values, data.sink[:, None], data.is_token[:, None])
     regimes = (params_from_pairs(pairs, "certificate"), params_from_pairs(pairs, "predict"))
     regime = torch.stack(diagnostics_from_pairs(pairs), dim=-1).repeat_interleave(data.group_size, dim=1)
     n_values = opts.n_values.to(values.device)
@@ -68,8 +62,8 @@ def layer_bounds(
     for b in range(batch):
         for q0 in range(0, data.queries.shape[1], step):
             t = data.queries[b, q0 : q0 + step]
-            ok = data.real[b].gather(0, t.clamp_min(0)) & (t >= 0)
-            key_mask = (keys <= t[:, None]) & data.real[b] & ok[:, None]  # [q, k]
+            ok = data.is_token[b].gather(0, t.clamp_min(0)) & (t >= 0)
+            key_mask = (keys <= t[:, None]) & data.is_token[b] & ok[:, None]  # [q, k]
             alpha = data.pattern[b, :, t.clamp_min(0)].to(COMPUTE_DTYPE)  # [h, q, k]
             alpha = torch.where(key_mask, alpha, 0.0)
             score = alpha * norms[b][:, None] if opts.rank_by == "contribution" else alpha
@@ -87,7 +81,7 @@ def layer_bounds(
             shell = shell_block(split, key_mask, ranks, values[b], n_list)  # [g, r, q, kind, n, 3]
             out[b, :, q0 : q0 + step, len(regimes):] = rearrange(shell, "g r q k n f -> (g r) q k n f")
     bounds = torch.cat([kinds[0][:, :, :, None], out], dim=3)  # [b, h, q, kind, n, 3]
-    ok_rows = data.real.gather(1, data.queries.clamp_min(0)) & (data.queries >= 0)
+    ok_rows = data.is_token.gather(1, data.queries.clamp_min(0)) & (data.queries >= 0)
     bounds = torch.where(ok_rows[:, None, :, None, None, None], bounds, torch.nan)
     bounds = torch.cat([bounds, separated(bounds)[..., None]], dim=-1)  # [..., (P, R, F, separated)]
     finite = torch.isfinite(bounds)

@@ -3,7 +3,7 @@
 :func:`check_and_vote` gathers the statistics :mod:`.checks` turns into errors (non-finite
 entries where keys exist, mass on future or padding keys, negative entries, row sums, rows
 without mass) and the source-winner votes of SPEC §5. Its torch twin is
-:func:`.torch_path.check_and_vote`. Compiled on first use and cached on disk.
+:func:`.torch_kernels.check_and_vote`. Compiled on first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ LEAK_TOL = 1e-4
 
 
 @njit(cache=True)
-def _check_row(row, real, t, norms, s):  # pragma: no cover - compiled
+def _check_row(row, is_token, t, norms, s):  # pragma: no cover - compiled
     """Validation statistics of one query row, key by key (any padding, non-finite entry or
     leak); returns the row's sum and the source winner (−1: none)."""
     row_sum = 0.0
@@ -27,7 +27,7 @@ def _check_row(row, real, t, norms, s):  # pragma: no cover - compiled
     winner = -1
     for k in range(row.shape[0]):
         x = np.float64(row[k])
-        if k <= t and real[k]:
+        if k <= t and is_token[k]:
             if not np.isfinite(x):
                 if s[ST_NONFINITE] == 0:
                     s[ST_NONFINITE_Q] = t
@@ -53,10 +53,10 @@ def _check_row(row, real, t, norms, s):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True)
-def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pragma: no cover
+def check_and_vote(pattern, is_token, sink, norms, group_size, stats, votes):  # pragma: no cover
     """Validation statistics ``stats[b, h, :]`` and votes ``votes[b, h, 3]`` of a layer.
 
-    ``pattern [b, h, q, k]`` (float32/64), ``real [b, pos]``, ``sink [b]``, ``norms [b, g, k]``
+    ``pattern [b, h, q, k]`` (float32/64), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]``
     (‖v‖ of value group ``g = h // group_size``). Only rows of real queries are read.
 
     Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
@@ -74,10 +74,10 @@ def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pra
         s[ST_MIN] = 0.0
         dense = True
         for k in range(n_k):
-            dense &= real[b, k]
+            dense &= is_token[b, k]
         nrm = norms[b, g]
         for t in range(n_q):
-            if not real[b, t]:
+            if not is_token[b, t]:
                 continue
             row = pattern[b, h, t]
             fast = dense
@@ -101,7 +101,7 @@ def check_and_vote(pattern, real, sink, norms, group_size, stats, votes):  # pra
                 if fast:
                     s[ST_MIN] = min(s[ST_MIN], row_min)
             if not fast:
-                row_sum, winner = _check_row(row, real[b], t, nrm, s)
+                row_sum, winner = _check_row(row, is_token[b], t, nrm, s)
             s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
             if abs(row_sum) < 1e-6:
                 if s[ST_DEAD] == 0:

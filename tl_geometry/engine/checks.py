@@ -15,8 +15,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..cache import PATTERN_HOOK, VALUE_HOOK, CacheError
-from . import torch_path
+from ..inputs.cache import PATTERN_HOOK, VALUE_HOOK, CacheError
+from . import torch_kernels
 from .check_kernel import (
     LEAK_TOL,
     N_STATS,
@@ -41,7 +41,7 @@ NEGATIVE_TOL = 1e-6
 MAX_VALUE, MIN_VALUE = 1e150, 1e-100
 
 
-def check_values(v: Float[Tensor, "batch pos kv d"], real: Bool[Tensor, "batch pos"], layer: int) -> None:
+def check_values(v: Float[Tensor, "batch pos kv d"], is_token: Bool[Tensor, "batch pos"], layer: int) -> None:
     """NaN or inf in a real position's value vector is an error (padding's values are unused).
 
     So is a KV head whose values are so large (> 1e150) or so small (all below 1e-100, not zero)
@@ -49,18 +49,18 @@ def check_values(v: Float[Tensor, "batch pos kv d"], real: Bool[Tensor, "batch p
     the fix is to rescale ``v``, never a silently wrong F = 0.
     """
     name = VALUE_HOOK.format(layer=layer)
-    if v.numel() and bool(real.all()):  # the common case: one reduction (NaN propagates through amax)
+    if v.numel() and bool(is_token.all()):  # the common case: one reduction (NaN propagates through amax)
         size = v.abs().amax(dim=(0, 1, 3)).double()  # 5× faster than an inf-norm here
         if bool(torch.isfinite(size).all() & (size <= MAX_VALUE).all()
                 & ((size == 0) | (size >= MIN_VALUE)).all()):
             return
-    bad = ~torch.isfinite(v) & real[:, :, None, None]
+    bad = ~torch.isfinite(v) & is_token[:, :, None, None]
     if bad.any():
         raise CacheError(
             f"{name} has {int(bad.sum())} NaN/inf entries at real positions: the forward pass "
             "overflowed (run it in float32 or bfloat16, not float16)."
         )
-    size = torch.where(real[:, :, None, None], v.abs(), 0).amax(dim=(0, 1, 3)).double()  # per KV head
+    size = torch.where(is_token[:, :, None, None], v.abs(), 0).amax(dim=(0, 1, 3)).double()  # per KV head
     if (size > MAX_VALUE).any() or ((size > 0) & (size < MIN_VALUE)).any():
         head = int(((size > MAX_VALUE) | ((size > 0) & (size < MIN_VALUE))).nonzero()[0])
         raise CacheError(
@@ -72,7 +72,7 @@ def check_values(v: Float[Tensor, "batch pos kv d"], real: Bool[Tensor, "batch p
 
 def check_and_vote(
     rows: Float[Tensor, "batch head query key"],
-    real: Bool[Tensor, "batch pos"],
+    is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"],
     norms: Float[Tensor, "batch group key"],
     group_size: int,
@@ -82,12 +82,12 @@ def check_and_vote(
     """Validation statistics and source-winner vote counts of every (sequence, head)."""
     batch, n_heads = rows.shape[:2]
     if not numba:
-        return torch_path.check_and_vote(rows, real, sink, norms, group_size)
+        return torch_kernels.check_and_vote(rows, is_token, sink, norms, group_size)
     from .check_kernel import check_and_vote as kernel
 
     stats = np.zeros((batch, n_heads, N_STATS))
     votes = np.zeros((batch, n_heads, 3), dtype=np.int64)
-    arrays = (x.detach().contiguous().numpy() for x in (rows, real, sink, norms))
+    arrays = (x.detach().contiguous().numpy() for x in (rows, is_token, sink, norms))
     kernel(*arrays, group_size, stats, votes)  # type: ignore[call-arg]
     return torch.from_numpy(stats), torch.from_numpy(votes)
 

@@ -64,14 +64,14 @@ def _first_duplicates(values):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True)
-def tie_duplicates_and_sink_geometry(values, real, sink, queries, gram, h0, group_size,
+def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, group_size,
                                      sink_fields):  # pragma: no cover - compiled
     """Make duplicate rows of ``gram [b, g, k, k]`` identical, in place, and write the sink
     geometry of every chosen query into ``sink_fields[b, h, q, 1:4]`` for the heads ``h0 + …``
     of each value group.
 
-    ``values [b, g, k, d]`` (float64, padding zeroed), ``real [b, k]``, ``sink [b]``,
-    ``queries [b, Q]`` (−1: none; ascending queries read each key once). Over ``J_t`` = real
+    ``values [b, g, k, d]`` (float64, padding zeroed), ``is_token [b, k]`` (False at padding), ``sink [b]``,
+    ``queries [b, Q]`` (−1: none; ascending queries read each key once). Over ``J_t`` = is_token
     keys ``≤ t`` other than the sink: ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)``
     and ``cos(v_sink, mean v_j)``. Where ``J_t`` is empty or the query is not real the fields
     are left as they are (NaN, as the caller allocates them).
@@ -102,14 +102,14 @@ def tie_duplicates_and_sink_geometry(values, real, sink, queries, gram, h0, grou
         k = 0  # keys < k are in the running sums
         for qi in range(n_q):
             t = queries[b, qi]
-            if t < 0 or not real[b, t]:
+            if t < 0 or not is_token[b, t]:
                 continue
             if t < k - 1:  # queries out of order: start the sums again
                 count = norm_sum = cos_sum = dot_sum = 0.0
                 total[:] = 0.0
                 k = 0
             while k <= t:
-                if real[b, k] and k != s:
+                if is_token[b, k] and k != s:
                     norm = np.sqrt(max(G[k, k], 0.0))
                     count += 1.0
                     norm_sum += norm

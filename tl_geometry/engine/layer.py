@@ -14,9 +14,9 @@ no more than a fraction of the pattern's size is held at once (:func:`_chunk_pla
 then the per-query rows are reduced over queries (:func:`_reduce`).
 
 Everything stays on the cache's device. CPU tensors take numba kernels: :mod:`.check_kernel`
-(2), :mod:`.gram_kernel` (the ties of 3, and 5), :mod:`.kernels` (4), :mod:`.reduce_kernel`
+(2), :mod:`.gram_kernel` (the ties of 3, and 5), :mod:`.score_kernel` (4), :mod:`.reduce_kernel`
 (the reduction). Other devices take their torch twins: :func:`_gram`, :func:`sink_geometry`,
-:mod:`.torch_path` and :func:`_reduce_torch`. The tests hold each pair to 1e-9.
+:mod:`.torch_kernels` and :func:`_reduce_torch`. The tests hold each pair to 1e-9.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
-from einops import einsum, rearrange, reduce
+from einops import einsum, reduce
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.heads import first_duplicate, last_positions
 from ..functional.separability import METRIC_NAMES
-from . import checks, torch_path
+from . import checks, torch_kernels
+from .block import LayerBlock, group_values
 from .bounds import layer_bounds
 from .options import AnalysisOptions
 from .paired import N_BINS, paired_counts
@@ -39,8 +40,8 @@ from .rng import sequence_keys
 
 #: Groups scored per query, in the order of ``LayerStats.seq_mean`` (SPEC §3).
 SEQUENCE_GROUPS = ("top", "random", "shuffled", "sink_removed")
-_TOP, _REMOVED = SEQUENCE_GROUPS.index("top"), SEQUENCE_GROUPS.index("sink_removed")
-_F, _INVERSIONS = METRIC_NAMES.index("f_score"), METRIC_NAMES.index("inversions")
+_TOP_GROUP, _SINK_REMOVED = SEQUENCE_GROUPS.index("top"), SEQUENCE_GROUPS.index("sink_removed")
+_F_SCORE, _INVERSIONS = METRIC_NAMES.index("f_score"), METRIC_NAMES.index("inversions")
 
 #: Bytes of chunk tensors (Gram blocks, values, upcast pattern rows) per byte of pattern.
 CHUNK_FRACTION = 0.25
@@ -66,19 +67,6 @@ class LayerStats(NamedTuple):
     regime: Float[Tensor, "batch head rfield"] | None
 
 
-class _Layer(NamedTuple):
-    """What every chunk of one layer shares."""
-
-    pattern: Float[Tensor, "batch head query key"]
-    v: Float[Tensor, "batch pos kv d"]
-    real: Bool[Tensor, "batch pos"]
-    sink: Int[Tensor, " batch"]
-    queries: Int[Tensor, "batch q"]
-    W_O: Tensor | None
-    group_size: int
-    n_groups: int
-
-
 def _use_numba(device: torch.device, backend: str) -> bool:
     if backend == "torch":
         return False
@@ -96,23 +84,6 @@ def _use_numba(device: torch.device, backend: str) -> bool:
     return True
 
 
-def group_values(layer: _Layer, b0: int, b1: int, n_keys: int) -> Float[Tensor, "b g k d"]:
-    """Value vectors of every value group for sequences ``b0:b1`` and keys ``:n_keys`` (float64)."""
-    v = layer.v[b0:b1, :n_keys]
-    real = layer.real[b0:b1, :n_keys]
-    if not bool(real.all()):
-        v = torch.where(real[:, :, None, None], v, 0.0)  # padding's values are unused
-    if layer.W_O is None:  # one pass: upcast and lay out [b, g, k, d] contiguously
-        out = torch.empty(v.shape[0], v.shape[2], v.shape[1], v.shape[3], dtype=COMPUTE_DTYPE,
-                          device=v.device)
-        return out.copy_(rearrange(v, "b k g d -> b g k d"))
-    v = v.to(COMPUTE_DTYPE)
-    n_kv = v.shape[2]
-    W = rearrange(layer.W_O.to(COMPUTE_DTYPE), "(g r) d m -> g r d m", g=n_kv)
-    out = einsum(v, W, "b k g d, g r d m -> b g r k m")
-    return rearrange(out, "b g r k m -> b (g r) k m")
-
-
 def _gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
     """``G = V Vᵀ`` with duplicate rows made bit-identical (BLAS may round them apart)."""
     gram = values @ values.transpose(-1, -2)  # b g k j; matmul is markedly faster than einsum here
@@ -124,7 +95,7 @@ def _gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
 
 
 def sink_geometry(
-    values: Float[Tensor, "b g k d"], real: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
+    values: Float[Tensor, "b g k d"], is_token: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
     queries: Int[Tensor, "b q"],
 ) -> Float[Tensor, "b g q 3"]:
     """κ, mean cosine to the sink and cosine to the mean, at each query (SPEC §4).
@@ -136,7 +107,7 @@ def sink_geometry(
     """
     n_key = values.shape[2]
     keys = torch.arange(n_key, device=values.device)
-    others = (real & (keys != sink[:, None])).to(COMPUTE_DTYPE)  # [b, k]
+    others = (is_token & (keys != sink[:, None])).to(COMPUTE_DTYPE)  # [b, k]
     norms = torch.linalg.vector_norm(values, dim=-1)  # [b, g, k]
     index = sink[:, None, None, None].expand(-1, values.shape[1], 1, values.shape[-1])
     v_sink = values.gather(2, index)  # [b, g, 1, d]
@@ -168,7 +139,7 @@ def sink_geometry(
     return torch.where((count > 0)[..., None], fields, torch.nan)
 
 
-def _chunk_plan(layer: _Layer, d_values: int) -> list[tuple[int, int, int, int]]:
+def _chunk_plan(layer: LayerBlock, d_values: int) -> list[tuple[int, int, int, int]]:
     """``(b0, b1, g0, g1)`` chunks whose Gram blocks, values and rows fit the budget."""
     pattern = layer.pattern
     batch, n_pos = pattern.shape[0], pattern.shape[-1]
@@ -188,7 +159,7 @@ def _chunk_plan(layer: _Layer, d_values: int) -> list[tuple[int, int, int, int]]
 def analyze_layer(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch pos kv d"],
-    real: Bool[Tensor, "batch pos"],
+    is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"],
     opts: AnalysisOptions,
     *,
@@ -204,8 +175,8 @@ def analyze_layer(
     (the random baseline's stream).
     """
     device = pattern.device
-    real, sink = real.to(device), sink.to(device)
-    checks.check_values(v, real, layer)
+    is_token, sink = is_token.to(device), sink.to(device)
+    checks.check_values(v, is_token, layer)
     batch, n_heads, n_pos, _ = pattern.shape
     n_kv = v.shape[2]
     n_groups = n_heads if W_O is not None else n_kv
@@ -213,21 +184,21 @@ def analyze_layer(
         raise ValueError(f"W_O of layer {layer} is {tuple(W_O.shape)}; expected [{n_heads}, "
                          f"{v.shape[-1]}, d_model] ([head, d_head, d_model]) to match the cache.")
     if opts.queries == "last":
-        queries = last_positions(real)[:, None]
+        queries = last_positions(is_token)[:, None]
     else:
         queries = torch.arange(n_pos, device=device).repeat(batch, 1)
-    data = _Layer(pattern, v, real, sink, queries, W_O, n_heads // n_groups, n_groups)
+    data = LayerBlock(pattern, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups)
     numba = _use_numba(device, opts.backend)
     n_values = opts.n_values.to(device)
-    n_q, n_n = queries.shape[1], len(n_values)
-    metrics = torch.full((batch, n_heads, n_q, len(SEQUENCE_GROUPS), n_n, len(METRIC_NAMES)), torch.nan,
+    n_q, n_sizes = queries.shape[1], len(n_values)
+    metrics = torch.full((batch, n_heads, n_q, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)), torch.nan,
                          dtype=COMPUTE_DTYPE, device=device)
-    inside = torch.zeros(batch, n_heads, n_q, n_n, dtype=torch.bool, device=device)
+    sink_in_top = torch.zeros(batch, n_heads, n_q, n_sizes, dtype=torch.bool, device=device)
     sink_fields = torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device)
     votes = torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device)
     seq_ids = range(sequence_offset, sequence_offset + batch)
     keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(device)
-    real_index = real.long().cumsum(-1) - 1
+    real_index = is_token.long().cumsum(-1) - 1
     d_values = v.shape[-1] if W_O is None else W_O.shape[-1]
     for b0, b1, g0, g1 in _chunk_plan(data, d_values):
         if g0 == 0:  # the first chunk of these sequences: validate and vote, one read of the rows
@@ -236,38 +207,38 @@ def analyze_layer(
                 rows = rows.float()
             values = group_values(data, b0, b1, n_pos)
             stats, votes[b0:b1] = checks.check_and_vote(
-                rows, real[b0:b1], sink[b0:b1], torch.linalg.vector_norm(values, dim=-1),
+                rows, is_token[b0:b1], sink[b0:b1], torch.linalg.vector_norm(values, dim=-1),
                 data.group_size, numba=numba,
             )
             checks.raise_for_stats(stats, layer, b0, mask_given=mask_given)
         n_keys = int(queries[b0:b1].max()) + 1  # keys after the last chosen query are unused
         chunk = values[:, g0:g1, :n_keys]
         h0, h1 = g0 * data.group_size, g1 * data.group_size
-        outputs = (metrics[b0:b1], inside[b0:b1], sink_fields[b0:b1])
+        outputs = (metrics[b0:b1], sink_in_top[b0:b1], sink_fields[b0:b1])
         if numba:
             from .gram_kernel import tie_duplicates_and_sink_geometry
-            from .kernels import score_rows
+            from .score_kernel import score_rows
 
             # Our own contiguous tensor: the kernel ties it in place, writing through its view.
             gram = (chunk @ chunk.transpose(-1, -2)).detach().contiguous()
             tie_duplicates_and_sink_geometry(  # type: ignore[call-arg]
-                *(_numpy(x) for x in (chunk, real[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])),
+                *(_numpy(x) for x in (chunk, is_token[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])),
                 gram.numpy(), h0, data.group_size, sink_fields[b0:b1].numpy())
         else:
             gram = _gram(chunk)
-        args = (rows, h0, data.group_size, g0, queries[b0:b1], real[b0:b1], sink[b0:b1],
+        args = (rows, h0, data.group_size, g0, queries[b0:b1], is_token[b0:b1], sink[b0:b1],
                 real_index[b0:b1], keys[b0:b1], gram, n_values, opts.random_samples,
                 opts.shuffle_samples, opts.rank_by == "contribution", opts.distance == "cosine")
         if numba:
             score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))
         else:
-            torch_path.score_rows(*args, *outputs)
-            geometry = sink_geometry(chunk, real[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])
-            ok = ((queries[b0:b1] >= 0) & real[b0:b1].gather(1, queries[b0:b1].clamp_min(0)))[:, None, :, None]
+            torch_kernels.score_rows(*args, *outputs)
+            geometry = sink_geometry(chunk, is_token[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])
+            ok = ((queries[b0:b1] >= 0) & is_token[b0:b1].gather(1, queries[b0:b1].clamp_min(0)))[:, None, :, None]
             geometry = torch.where(ok, geometry.repeat_interleave(data.group_size, dim=1), torch.nan)
             sink_fields[b0:b1, h0:h1, :, 1:4] = geometry
         del gram, args  # this chunk's Gram matrices go before the next chunk's are made
-    return _reduce(data, opts, metrics, inside, sink_fields, votes, layer, numba=numba)
+    return _reduce(data, opts, metrics, sink_in_top, sink_fields, votes, layer, numba=numba)
 
 
 def _numpy(x: Any) -> Any:
@@ -286,47 +257,48 @@ class _Reduced(NamedTuple):
     sink_mean: Tensor
 
 
-def _reduce_torch(metrics: Tensor, inside: Tensor, sink_fields: Tensor) -> _Reduced:
+def _reduce_torch(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor) -> _Reduced:
     """:class:`_Reduced` with torch operations (any device; the twin of :mod:`.reduce_kernel`)."""
-    top = metrics[:, :, :, _TOP]  # [b, h, q, n, metric]
+    top = metrics[:, :, :, _TOP_GROUP]  # [b, h, q, n, metric]
     defined = torch.isfinite(top[..., 0])
-    groups = torch.stack([inside & defined, ~inside & defined], dim=2)  # [b, h, 2, q, n]
+    groups = torch.stack([sink_in_top & defined, ~sink_in_top & defined], dim=2)  # [b, h, 2, q, n]
     inst_sum = reduce(torch.where(groups[..., None], top[:, :, None], 0.0),
                       "b h io q n m -> h io n m", "sum")
     inst_count = reduce(groups.to(COMPUTE_DTYPE), "b h io q n -> h io n", "sum")
-    paired_hist, paired_halved = paired_counts(top[..., _F], metrics[:, :, :, _REMOVED, :, _F], inside)
+    removed = metrics[:, :, :, _SINK_REMOVED, :, _F_SCORE]
+    paired_hist, paired_halved = paired_counts(top[..., _F_SCORE], removed, sink_in_top)
     # nanmean: ±inf kept (κ = ∞ is a value), NaN where no query is defined.
     return _Reduced(torch.nanmean(metrics, dim=2), inst_sum, inst_count, paired_hist, paired_halved,
                     torch.nanmean(sink_fields, dim=2))
 
 
-def _reduce_numba(metrics: Tensor, inside: Tensor, sink_fields: Tensor) -> _Reduced:
+def _reduce_numba(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor) -> _Reduced:
     """:class:`_Reduced` from one compiled pass over the rows (CPU)."""
     from .reduce_kernel import reduce_rows
 
-    batch, n_heads, _, n_groups, n_n, n_metrics = metrics.shape
+    batch, n_heads, _, n_groups, n_sizes, n_metrics = metrics.shape
     out = _Reduced(
-        seq_mean=torch.zeros(batch, n_heads, n_groups, n_n, n_metrics, dtype=COMPUTE_DTYPE),
-        inst_sum=torch.zeros(n_heads, 2, n_n, n_metrics, dtype=COMPUTE_DTYPE),
-        inst_count=torch.zeros(n_heads, 2, n_n, dtype=COMPUTE_DTYPE),
-        paired_hist=torch.zeros(n_heads, n_n, N_BINS, dtype=COMPUTE_DTYPE),
-        paired_halved=torch.zeros(n_heads, n_n, dtype=COMPUTE_DTYPE),
+        seq_mean=torch.zeros(batch, n_heads, n_groups, n_sizes, n_metrics, dtype=COMPUTE_DTYPE),
+        inst_sum=torch.zeros(n_heads, 2, n_sizes, n_metrics, dtype=COMPUTE_DTYPE),
+        inst_count=torch.zeros(n_heads, 2, n_sizes, dtype=COMPUTE_DTYPE),
+        paired_hist=torch.zeros(n_heads, n_sizes, N_BINS, dtype=COMPUTE_DTYPE),
+        paired_halved=torch.zeros(n_heads, n_sizes, dtype=COMPUTE_DTYPE),
         sink_mean=torch.zeros(batch, n_heads, sink_fields.shape[-1], dtype=COMPUTE_DTYPE),
     )
-    reduce_rows(metrics.numpy(), inside.numpy(), sink_fields.numpy(), _TOP, _REMOVED, _F,
+    reduce_rows(metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(), _TOP_GROUP, _SINK_REMOVED, _F_SCORE,
                 *(x.numpy() for x in out))
     return out
 
 
 def _reduce(
-    data: _Layer, opts: AnalysisOptions, metrics: Tensor, inside: Tensor, sink_fields: Tensor,
+    data: LayerBlock, opts: AnalysisOptions, metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor,
     votes: Tensor, layer: int, *, numba: bool,
 ) -> LayerStats:
     """Per-query rows → per-sequence means, sink-in/out instance sums, paired-sink counts, votes."""
-    reduced = (_reduce_numba if numba else _reduce_torch)(metrics, inside, sink_fields)
+    reduced = (_reduce_numba if numba else _reduce_torch)(metrics, sink_in_top, sink_fields)
     bound_mean = regime = None
     if opts.bounds:
-        bound_mean, regime = layer_bounds(data, opts, metrics[:, :, :, _TOP, :, _INVERSIONS], layer)
+        bound_mean, regime = layer_bounds(data, opts, metrics[:, :, :, _TOP_GROUP, :, _INVERSIONS], layer)
     return LayerStats(
         **reduced._asdict(),
         votes=reduce(votes.to(COMPUTE_DTYPE), "b h vote -> h vote", "sum"),

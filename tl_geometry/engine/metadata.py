@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._version import __version__
 from .options import AnalysisOptions
 
 
@@ -36,10 +37,8 @@ def output_weights(model: Any, W_O: Tensor | None, layers: Sequence[int]) -> Ten
 def run_metadata(model: Any, source: Any, shape: tuple[int, int, int], opts: AnalysisOptions,
                  masked: bool) -> dict[str, Any]:
     """The metadata dict of a :class:`~tl_geometry.HeadAnalysis` (plain values only)."""
-    import tl_geometry
-
     meta: dict[str, Any] = {
-        "tl_geometry_version": tl_geometry.__version__,
+        "tl_geometry_version": __version__,
         "n_sequences": shape[0],
         "n_heads": shape[1],
         "n_positions": shape[2],

@@ -31,22 +31,22 @@ N_BINS = _FINITE + 2
 def paired_counts(
     with_sink: Float[Tensor, "batch head query n"],
     removed: Float[Tensor, "batch head query n"],
-    inside: Bool[Tensor, "batch head query n"],
+    sink_in_top: Bool[Tensor, "batch head query n"],
 ) -> tuple[Float[Tensor, "head n bin"], Float[Tensor, "head n"]]:
     """Ratio histogram ``[head, n, N_BINS]`` and count of ratios ≤ 1/2 ``[head, n]`` of one batch."""
     ratio = with_sink / removed  # +inf where only the sink-removed F is 0; NaN where both are
-    paired = inside & torch.isfinite(with_sink) & torch.isfinite(removed) & ~torch.isnan(ratio)
+    paired = sink_in_top & torch.isfinite(with_sink) & torch.isfinite(removed) & ~torch.isnan(ratio)
     finite = torch.clamp(torch.round(torch.log2(ratio) * BINS_PER_OCTAVE),
                          -BINS_PER_OCTAVE * OCTAVES, BINS_PER_OCTAVE * OCTAVES)
     index = torch.where(ratio == 0, 0, torch.where(torch.isinf(ratio), N_BINS - 1,
                                                    1 + BINS_PER_OCTAVE * OCTAVES + torch.nan_to_num(finite)))
-    n_heads, n_n = inside.shape[1], inside.shape[-1]
-    cell = (torch.arange(n_heads, device=inside.device)[:, None, None] * n_n
-            + torch.arange(n_n, device=inside.device)) * N_BINS  # [head, 1, n]
+    n_heads, n_sizes = sink_in_top.shape[1], sink_in_top.shape[-1]
+    cell = (torch.arange(n_heads, device=sink_in_top.device)[:, None, None] * n_sizes
+            + torch.arange(n_sizes, device=sink_in_top.device)) * N_BINS  # [head, 1, n]
     flat = (cell + index.long())[paired]
-    hist = torch.bincount(flat, minlength=n_heads * n_n * N_BINS).to(COMPUTE_DTYPE)
+    hist = torch.bincount(flat, minlength=n_heads * n_sizes * N_BINS).to(COMPUTE_DTYPE)
     halved = reduce((paired & (ratio <= 0.5)).to(COMPUTE_DTYPE), "b h q n -> h n", "sum")
-    return hist.reshape(n_heads, n_n, N_BINS), halved
+    return hist.reshape(n_heads, n_sizes, N_BINS), halved
 
 
 def paired_figures(

@@ -35,24 +35,24 @@ def _nanmean_over_queries(rows, out):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def reduce_rows(metrics, inside, sink_fields, top, removed, f_score, seq_mean, inst_sum,
+def reduce_rows(metrics, sink_in_top, sink_fields, top, removed, f_score, seq_mean, inst_sum,
                 inst_count, paired_hist, paired_halved, sink_mean):  # pragma: no cover - compiled
-    """Reduce ``metrics [b, h, q, group, n, metric]``, ``inside [b, h, q, n]`` and
+    """Reduce ``metrics [b, h, q, group, n, metric]``, ``sink_in_top [b, h, q, n]`` and
     ``sink_fields [b, h, q, field]`` of one layer (groups ``top`` and ``removed`` by index,
     metric ``f_score`` the F of the paired ratio) into the zero-filled outputs
     ``seq_mean [b, h, group, n, metric]``, ``inst_sum [h, 2, n, metric]``,
     ``inst_count [h, 2, n]``, ``paired_hist [h, n, bin]``, ``paired_halved [h, n]`` and
     ``sink_mean [b, h, field]``.
     """
-    n_b, n_h, n_q, _, n_n, n_m = metrics.shape
+    n_b, n_h, n_q, _, n_sizes, n_m = metrics.shape
     for h in prange(n_h):
         for b in range(n_b):
             _nanmean_over_queries(metrics[b, h], seq_mean[b, h])
             _nanmean_over_queries(sink_fields[b, h], sink_mean[b, h])
             for q in range(n_q):
                 row = metrics[b, h, q]
-                for ni in range(n_n):
-                    io = 0 if inside[b, h, q, ni] else 1
+                for ni in range(n_sizes):
+                    io = 0 if sink_in_top[b, h, q, ni] else 1
                     if np.isfinite(row[top, ni, 0]):  # an instance where the top-N set is defined
                         inst_count[h, io, ni] += 1.0
                         for mi in range(n_m):

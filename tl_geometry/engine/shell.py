@@ -50,7 +50,7 @@ def shell_block(
     Args:
         alpha: float64 attention rows, 0 outside ``key_mask``; query head ``(g, r)`` reads
             value group ``g``.
-        key_mask: keys that exist for each query (causal, real, real query).
+        key_mask: keys that exist for each query (causal, is_token, real query).
         ranks: rank of every key in its row (SPEC §2: ties → lower index, invalid keys last);
             ``S_N`` = ranks < N.
         values: float64 value vectors of every group.

@@ -27,6 +27,7 @@ from .selection import random_ranks, top_n_mask, top_n_ranks
 from .separability import Separability, distances, separability
 from .shell import shell_bounds
 from .sink import SinkDiagnostics, sink_diagnostics
+from .stats import spearman
 from .taxonomy import (
     CLASSES,
     UNLABELLED,
@@ -64,6 +65,7 @@ __all__ = [
     "sink_positions",
     "source_votes",
     "source_winners",
+    "spearman",
     "top_n_mask",
     "top_n_ranks",
     "value_dots",

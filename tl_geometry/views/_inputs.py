@@ -14,8 +14,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..cache import CacheError, read_layer, resolve_layers
 from ..functional.heads import kv_head_index, value_norms
+from ..inputs.cache import CacheError, read_layer, resolve_layers
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def correlation_plot(table: Any) -> Figure:
     ``CapacityCorrelation.to_pandas()`` (``capacity_heads.csv``)."""
     import torch
 
-    from ..ablation.capacity_geometry import spearman
+    from ..functional.stats import spearman
 
     names = [name for name in SCORE_LABELS if name in table]
     fig = Figure(figsize=(4 * len(names), 3.6), layout="constrained")

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .._result_tables import dense_from
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from ..result import BOUND_KINDS, BOUND_METRICS, GROUPS, METRIC_NAMES, HeadAnalysis
+from ..result.headline import dense_from
 from .taxonomy import CLASS_COLORS
 
 __all__ = ["PlotFigure", "ablation_plot", "class_counts_plot", "f_curves_plot", "save_figure", "sink_plot"]

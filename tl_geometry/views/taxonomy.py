@@ -5,9 +5,9 @@ from __future__ import annotations
 import html
 import math
 
-from .._result_text import class_totals, label_text
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME, VOTES
 from ..result import HeadAnalysis
+from ..result.text import class_totals, label_text
 from ._page import View, html_widget
 
 __all__ = ["CLASS_COLORS", "class_color", "taxonomy_view"]

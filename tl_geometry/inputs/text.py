@@ -12,7 +12,7 @@ from torch import Tensor
 
 def sample_text() -> str:
     """The built-in English corpus (written for this project; 61 paragraphs on varied topics)."""
-    return files("tl_geometry").joinpath("data/sample_text.txt").read_text(encoding="utf-8")
+    return files(__package__).joinpath("sample_text.txt").read_text(encoding="utf-8")
 
 
 def read_text(path: str | Path) -> str:

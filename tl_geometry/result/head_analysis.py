@@ -5,7 +5,7 @@ N value), ``result.label(5, 3)``, ``result.metric("f_score", group="random")``,
 ``result.bound("certified", "f_score")``. The attribute shortcuts (``f_score``,
 ``sink_removed_f_score``, ``sink_norm_ratio``, ``certified_f_score``, ...) are ``[layer, head(,
 n)]`` tensors whose axis ``i`` is model layer ``layers[i]`` and N ``n_values[i]``. The names of
-groups, metrics, sink fields, ... live in one place (:mod:`tl_geometry._result_schema`).
+groups, metrics, sink fields, ... live in one place (:mod:`tl_geometry.result.schema`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,17 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from . import _result_io, _result_select, _result_tables, _result_text
-from ._result_io import ResultFileError
-from ._result_schema import (
+from ..functional.regime import REGIME_FIELDS
+from ..functional.separability import METRIC_NAMES
+from ..functional.sink import SINK_FIELDS
+from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
+from . import headline as _result_headline
+from . import io as _result_io
+from . import select as _result_select
+from . import tables as _result_tables
+from . import text as _result_text
+from .io import ResultFileError
+from .schema import (
     BOUND_KINDS,
     BOUND_METRICS,
     GROUPS,
@@ -32,12 +40,8 @@ from ._result_schema import (
     check_fields,
     check_name,
 )
-from ._result_select import HeadSelection
-from ._result_shortcuts import Shortcuts
-from .functional.regime import REGIME_FIELDS
-from .functional.separability import METRIC_NAMES
-from .functional.sink import SINK_FIELDS
-from .functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
+from .select import HeadSelection
+from .shortcuts import Shortcuts
 
 __all__ = [
     "BOUND_KINDS",
@@ -70,7 +74,7 @@ class HeadAnalysis(Shortcuts):
     """Geometric separability, sink diagnostics and taxonomy of every analysed head.
 
     ``scores[g, m, l, h, i]`` is the mean of metric ``METRIC_NAMES[m]`` for group ``GROUPS[g]``
-    at layer ``layers[l]``, head ``h``, ``N = n_values[i]`` (axis labels: ``_result_schema.AXES``).
+    at layer ``layers[l]``, head ``h``, ``N = n_values[i]`` (axis labels: ``tl_geometry.result.schema.AXES``).
     The constructor checks every shape against those names and raises ``ValueError`` on a
     mismatch.
 
@@ -242,7 +246,7 @@ class HeadAnalysis(Shortcuts):
         """The analysed N values in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3), with
         ``t + 1 = metadata["n_positions"]``; larger N are "dense" (computed, never headlined).
         Without ``n_positions`` in the metadata (ours): every analysed ``N ≥ 2``."""
-        return _result_tables.headline_n(self)
+        return _result_headline.headline_n(self)
 
     def best_n(self):
         """Per head, the argmax of F_N over :attr:`headline_n` (SPEC §6d), as a ``DataFrame``.
@@ -330,7 +334,7 @@ class HeadAnalysis(Shortcuts):
     def save(self, path: str | Path) -> Path:
         """Write the analysis to ``path``: a versioned file holding the tensors, their axis labels
         and the names of every group, metric and field, with the metadata as JSON (see
-        :func:`tl_geometry._result_io.encode_metadata` for what metadata can hold). Written
+        :func:`tl_geometry.result.io.encode_metadata` for what metadata can hold). Written
         atomically: an interrupted save never leaves a partial file."""
         return _result_io.save(vars(self), path)
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cli_args import (
+from .args import (
     UsageError,
     add_model_options,
     add_progress_option,
@@ -107,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     text = check(args)
     import torch
 
-    import tl_geometry
+    from ..analyze.from_cache import analyze_heads
+    from ..analyze.from_model import analyze_model
+    from ..inputs.cache import CACHE_NAMES_FILTER
+    from ..inputs.models import load_model
+    from ..inputs.text import text_windows
 
     rank, world = _distributed()
     log = sys.stderr if rank == 0 else open(os.devnull, "w")  # noqa: SIM115
@@ -118,23 +122,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: N = {dropped} dropped (not below --seq-len {args.seq_len})", file=log)
     start = time.perf_counter()
     print(f"Loading {args.model} (offline)...", file=log)
-    model = tl_geometry.load_model(args.model)
-    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    model = load_model(args.model)
+    tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
                    shuffle_samples=args.shuffle_samples, seed=args.seed, distance=args.distance, bounds=args.bounds)
     loaded = time.perf_counter()
     if args.stream or world > 1:
         # Under torchrun every rank analyses its share of the windows; the sums are all-reduced.
-        result = tl_geometry.analyze_model(
+        result = analyze_model(
             model, tokens, batch_size=args.batch_size, shard=(rank, world) if world > 1 else None,
             progress=progress, **options,
         )
         timing = f"streaming analysis on {world} process(es) {time.perf_counter() - loaded:.2f} s"
     else:
         with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+            _, cache = model.run_with_cache(tokens, names_filter=CACHE_NAMES_FILTER)
         forward = time.perf_counter()
-        result = tl_geometry.analyze_heads(cache, model=model, progress=progress, **options)
+        result = analyze_heads(cache, model=model, progress=progress, **options)
         timing = (f"forward (pattern + v cached) {forward - loaded:.2f} s, "
                   f"analysis {time.perf_counter() - forward:.2f} s")
     result.metadata["text"] = args.text or "built-in sample"

@@ -2,30 +2,30 @@
 
 Each subcommand module defines ``add_parser(subparsers, name) -> ArgumentParser`` and
 ``run(args) -> int``. ``run`` checks every argument and output path before it loads a model and
-raises :class:`~tl_geometry._cli_args.UsageError` for one that cannot work; :func:`main` prints
+raises :class:`~tl_geometry.cli.args.UsageError` for one that cannot work; :func:`main` prints
 that as one line and exits with status 2.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
-from ._cli_args import Parser, show_progress
+from . import ablation, analyze, capacity, report
+from .args import Parser, show_progress
 
-#: Subcommand → the ``tl_geometry`` module that defines its ``add_parser`` and ``run``.
+#: Subcommand → the module of :mod:`tl_geometry.cli` that defines its ``add_parser`` and ``run``.
 #: Adding a subcommand is one line here. The modules must import only light things at the top
 #: (no transformers, no matplotlib): building the parser imports all of them.
-COMMANDS: dict[str, str] = {
-    "analyze": "analyze_cli",
-    "report": "report_cli",
-    "ablate": "ablation_cli",
-    "prune": "ablation_cli",
-    "capacity": "capacity_cli",
+COMMANDS: dict[str, ModuleType] = {
+    "analyze": analyze,
+    "report": report,
+    "ablate": ablation,
+    "prune": ablation,
+    "capacity": capacity,
 }
 
 DESCRIPTION = """\
@@ -47,7 +47,7 @@ Run "tl-geometry COMMAND --help" for a command's options and examples.
 
 
 def _module(command: str) -> ModuleType:
-    return importlib.import_module(f".{COMMANDS[command]}", __package__)
+    return COMMANDS[command]
 
 
 def build_parser() -> Parser:

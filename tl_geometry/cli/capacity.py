@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._cli_args import (
+from .args import (
     add_model_options,
     check_model,
     check_output_dir,
@@ -33,7 +33,7 @@ from ._cli_args import (
 )
 
 if TYPE_CHECKING:
-    from .ablation.topn import SparsifyMode
+    from ..ablation.topn import SparsifyMode
 
 MODE_CHOICES = ("both", "renormalize", "delete")
 
@@ -73,7 +73,7 @@ def _non_negative(text: str) -> int:
 
 def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     """Add the ``capacity`` subcommand to ``tl-geometry``'s subparsers."""
-    from .ablation.capacity import DEFAULT_N_VALUES, DEFAULT_TOLERANCE
+    from ..ablation.capacity import DEFAULT_N_VALUES, DEFAULT_TOLERANCE
 
     p = sub.add_parser(name, help="loss under top-N attention: N* and geometry-vs-loss per head",
                        description=DESCRIPTION)
@@ -98,10 +98,10 @@ def run(args: argparse.Namespace) -> int:
     check_windows(args, min_seq_len=3)
     check_output_dir(args.out, "--out")
     text = read_input_text(args)
-    import tl_geometry
+    from ..inputs.models import load_model
 
     print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = tl_geometry.load_model(args.model)
+    model = load_model(args.model)
     return _capacity(model, text, args)
 
 
@@ -111,24 +111,25 @@ def _capacity(model: Any, text: str | None, args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import pandas as pd
 
-    import tl_geometry
-    from tl_geometry.report import capacity_section, write_section
-    from tl_geometry.views.capacity import capacity_plot, correlation_plot
-    from tl_geometry.views.plots import save_figure
+    from ..ablation import capacity_correlation, retrieval_capacity
+    from ..inputs.text import text_windows
+    from ..views.capacity import capacity_plot, correlation_plot
+    from ..views.plots import save_figure
+    from ..views.report import capacity_section, write_section
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     modes: tuple[SparsifyMode, ...] = ("renormalize", "delete") if args.mode == "both" else (args.mode,)
     start = time.perf_counter()
     curves, heads = [], []
     for mode in modes:
-        cap = tl_geometry.retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance,
+        cap = retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance,
                                              batch_size=args.batch_size, progress=sys.stderr.isatty())
         curves.append(cap.to_pandas())
         line = f"{mode:>11}: dense loss {cap.dense_loss:.4f}, N* = {cap.n_star} (within {args.tolerance:.0%})"
         if args.head_n:
-            corr = tl_geometry.capacity_correlation(model, tokens, args.head_n, mode=mode,
+            corr = capacity_correlation(model, tokens, args.head_n, mode=mode,
                                                     batch_size=args.batch_size, progress=sys.stderr.isatty())
             heads.append(corr.to_pandas())
             line += f"; Spearman ρ vs Δ loss at N={args.head_n}: " + ", ".join(

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._result_schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
+from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
 FORMAT = "tl_geometry.HeadAnalysis/2"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .functional.regime import REGIME_FIELDS
-from .functional.separability import METRIC_NAMES
-from .functional.sink import SINK_FIELDS
-from .functional.taxonomy import CLASSES, VOTES
+from ..functional.regime import REGIME_FIELDS
+from ..functional.separability import METRIC_NAMES
+from ..functional.sink import SINK_FIELDS
+from ..functional.taxonomy import CLASSES, VOTES
 
 #: Paired sink effect per (layer, head, N) (SPEC §3, comparison 3; ours): the median of
 #: F_N(with sink) / F_N(sink removed) over the instances whose top-N set holds the sink, the

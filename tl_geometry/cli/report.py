@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from ._cli_args import (
+from .args import (
     add_model_options,
     add_progress_option,
     check_model,
@@ -65,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    import tl_geometry
+    from ..analyze.from_cache import analyze_heads
+    from ..inputs.cache import CACHE_NAMES_FILTER
+    from ..inputs.models import load_model
+    from ..inputs.text import text_windows
+    from ..views.report import write_report
 
     start = time.perf_counter()
     stages = ["load model", "tokenize", "forward", "analyze", "write report"]
@@ -73,22 +77,22 @@ def run(args: argparse.Namespace) -> int:
                disable=not show_progress(args),
                bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}]")
     bar.set_postfix_str(stages[0])
-    model = tl_geometry.load_model(args.model)
+    model = load_model(args.model)
     bar.update()
     bar.set_postfix_str(stages[1])
-    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     bar.update()
     bar.set_postfix_str(stages[2])
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+        _, cache = model.run_with_cache(tokens, names_filter=CACHE_NAMES_FILTER)
     bar.update()
     bar.set_postfix_str(stages[3])
     n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
-    result = tl_geometry.analyze_heads(cache, model=model, n_values=n_values, bounds=not args.no_bounds)
+    result = analyze_heads(cache, model=model, n_values=n_values, bounds=not args.no_bounds)
     result.metadata["text"] = args.text or "built-in sample"
     bar.update()
     bar.set_postfix_str(stages[4])
-    index = tl_geometry.write_report(result, args.out, cache=cache, tokens=tokens, model=model)
+    index = write_report(result, args.out, cache=cache, tokens=tokens, model=model)
     bar.update()
     bar.set_postfix_str("done")
     bar.close()

@@ -98,7 +98,7 @@ def int_list(text: str) -> tuple[int, ...]:
 # --- options shared by the subcommands -----------------------------------------------------------
 def add_model_options(parser: argparse.ArgumentParser, *, n_seqs: int, seq_len: int) -> None:
     """``--model``, ``--text``, ``--n-seqs``, ``--seq-len``."""
-    from .models import DEFAULT_MODEL, MODELS
+    from ..inputs.models import DEFAULT_MODEL, MODELS
 
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, metavar="NAME|PATH",
@@ -119,7 +119,7 @@ def add_progress_option(parser: argparse.ArgumentParser) -> None:
 
 def show_progress(args: argparse.Namespace) -> bool:
     """The progress bar: on unless ``--no-progress``, and only where someone can see it."""
-    from ._progress import auto_progress
+    from ..analyze.progress import auto_progress
 
     return bool(getattr(args, "progress", True)) and auto_progress()
 
@@ -127,7 +127,7 @@ def show_progress(args: argparse.Namespace) -> bool:
 # --- checks before the model load ----------------------------------------------------------------
 def check_model(name: str) -> None:
     """A built-in name whose package is installed, or a local folder / GGUF file with weights."""
-    from .models import ModelNotInstalledError, model_source
+    from ..inputs.models import ModelNotInstalledError, model_source
 
     try:
         model_source(name)
@@ -150,7 +150,7 @@ def read_input_text(args: argparse.Namespace) -> str | None:
     """
     if args.text is None:
         return None
-    from .data import read_text
+    from ..inputs.text import read_text
 
     try:
         text = read_text(args.text)

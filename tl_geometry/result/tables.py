@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
-from ._result_schema import check_name, names
-
-if TYPE_CHECKING:
-    from .result import HeadAnalysis
-
+from .headline import headline_n, is_dense
+from .protocol import AnalysisLike
+from .schema import check_name, names
 
 #: Bound kinds whose F̲_N predicts a best N, and their ``best_n()`` columns.
 BEST_N_KINDS = {"shell": "shell_best_n", "shell_n": "shell_n_best_n", "predicted": "predicted_best_n"}
 
 
-def dense_from(result: HeadAnalysis) -> float:
-    """``(t+1)/4`` with ``t + 1 = metadata["n_positions"]``: a larger N is dense (SPEC §3).
-    ``inf`` when the metadata does not record it: then every N ≥ 2 is in the headline range
-    (ours)."""
-    n_positions = result.metadata.get("n_positions")
-    if not isinstance(n_positions, int | float) or isinstance(n_positions, bool):
-        return math.inf
-    return n_positions / 4
-
-
-def headline_n(result: HeadAnalysis) -> tuple[int, ...]:
-    """Analysed N in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3; see :func:`dense_from`)."""
-    limit = dense_from(result)
-    return tuple(n for n in result.n_values.tolist() if 2 <= n <= limit)
-
-
-def argmax_n(result: HeadAnalysis, values: Tensor, *, bound: bool) -> Tensor:
+def argmax_n(result: AnalysisLike, values: Tensor, *, bound: bool) -> Tensor:
     """Per head, the N of :func:`headline_n` with the largest ``values [layer, head, n]``
     (float64, ties → smaller N); NaN where every value there is NaN (or, for a ``bound``, ≤ 0)
     — SPEC §6d: undefined, never a default N."""
@@ -49,7 +28,7 @@ def argmax_n(result: HeadAnalysis, values: Tensor, *, bound: bool) -> Tensor:
     return torch.where(defined.any(-1), best, torch.nan)
 
 
-def best_n(result: HeadAnalysis):
+def best_n(result: AnalysisLike):
     """Per head, the measured and (with bounds) predicted best N over the headline range
     (SPEC §6d), as a ``DataFrame``; NaN where undefined."""
     import pandas as pd
@@ -64,7 +43,7 @@ def best_n(result: HeadAnalysis):
                          **{k: v.flatten().numpy() for k, v in columns.items()}})
 
 
-def best_n_agreement(result: HeadAnalysis, kind: str = "shell_n") -> float:
+def best_n_agreement(result: AnalysisLike, kind: str = "shell_n") -> float:
     """Fraction of heads whose ``kind``-predicted best N equals the measured one, among the
     heads where both are defined; NaN if there are none."""
     check_name("bound kind", kind, tuple(BEST_N_KINDS))
@@ -76,7 +55,7 @@ def best_n_agreement(result: HeadAnalysis, kind: str = "shell_n") -> float:
     return float((measured[both] == predicted[both]).double().mean())
 
 
-def heads_table(result: HeadAnalysis):
+def heads_table(result: AnalysisLike):
     """One row per (layer, head): label (``None`` for an unlabelled head, SPEC §5: a
     ``groupby("label")`` or ``value_counts()`` leaves it out), vote fractions (``vote_current``,
     ...) and sink diagnostics (``sink_mass``, ...)."""
@@ -95,7 +74,7 @@ def heads_table(result: HeadAnalysis):
     return frame
 
 
-def to_pandas(result: HeadAnalysis):
+def to_pandas(result: AnalysisLike):
     """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
     number of instances behind the mean (``count``), and the head's label, votes and sink
     figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
@@ -123,7 +102,7 @@ def to_pandas(result: HeadAnalysis):
     return frame.merge(result.heads_table(), on=["layer", "head"], how="left")
 
 
-def paired_sink_summary(result: HeadAnalysis):
+def paired_sink_summary(result: AnalysisLike):
     """Per analysed N, the pooled sink comparison next to the paired one (SPEC §3, sink effect),
     as a ``DataFrame``:
 
@@ -141,7 +120,6 @@ def paired_sink_summary(result: HeadAnalysis):
     import numpy as np
     import pandas as pd
 
-    from ._result_text import is_dense
 
     def pooled(group: str) -> tuple[Tensor, Tensor]:
         f, count = result.metric("f_score", group), result.count(group)

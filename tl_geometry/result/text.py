@@ -5,16 +5,13 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from ._result_tables import dense_from
-from .functional.taxonomy import CLASSES, UNLABELLED_NAME
-
-if TYPE_CHECKING:
-    from .result import HeadAnalysis
+from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
+from .headline import headline_text, n_label
+from .protocol import AnalysisLike
 
 LEGEND = (
     "Legend: cur/sink/oth = fractions of source-winner votes (the current token / the sink / "
@@ -47,35 +44,13 @@ def _nanmean(x: Tensor) -> float:
     return float(x.nanmean()) if torch.isfinite(x).any() else float("nan")
 
 
-# --- headline range (SPEC §3) --------------------------------------------------------------------
-def is_dense(result: HeadAnalysis, n: int) -> bool:
-    """``N > (t+1)/4``: the precision floor ``N/(t+1)`` lifts P_N and F_N there (SPEC §3)."""
-    return n > dense_from(result)
-
-
-def headline_text(result: HeadAnalysis) -> str:
-    """One line: the headline range and which analysed N it holds."""
-    limit, ns = dense_from(result), result.headline_n
-    held = f"N = {', '.join(map(str, ns))}" if ns else "no analysed N"
-    if math.isinf(limit):
-        return f"Headline range 2 ≤ N ≤ (t+1)/4, t+1 not recorded: every analysed N ≥ 2 ({held})."
-    return (f"Headline range 2 ≤ N ≤ (t+1)/4 = {limit:g}: {held}; larger N is dense "
-            "(precision cannot fall below N/(t+1)): shown, marked †, never headlined.")
-
-
-def n_label(result: HeadAnalysis, n: int) -> str:
-    """``"8"``, or ``"64†"`` for a dense N."""
-    return f"{n}†" if is_dense(result, n) else str(n)
-
-
-# --- classes (SPEC §5) ---------------------------------------------------------------------------
-def class_totals(result: HeadAnalysis) -> dict[str, int]:
+def class_totals(result: AnalysisLike) -> dict[str, int]:
     """Heads of each class over all layers; unlabelled heads are in none."""
     counts = result.class_counts().sum()
     return {c: int(counts[c]) for c in CLASSES}
 
 
-def class_shares_text(result: HeadAnalysis) -> str:
+def class_shares_text(result: AnalysisLike) -> str:
     """``Retriever 3 (25.0%), Mixer ..., Reset ...; 2 unlabelled (no votes; not in the shares)``:
     shares are of the labelled heads only (SPEC §5)."""
     totals = class_totals(result)
@@ -93,13 +68,13 @@ def label_text(label: str | None) -> str:
     return UNLABELLED_NAME if label is None else label
 
 
-def _shown(result: HeadAnalysis, wanted: Sequence[int]) -> list[int]:
+def _shown(result: AnalysisLike, wanted: Sequence[int]) -> list[int]:
     analysed = result.n_values.tolist()
     shown = [n for n in wanted if n in analysed]
     return shown or list(result.headline_n[:3]) or [n for n in analysed if n >= 2][:3] or analysed[:3]
 
 
-def _group_line(result: HeadAnalysis, label: str, i: int | list[int]) -> str:
+def _group_line(result: AnalysisLike, label: str, i: int | list[int]) -> str:
     """Mean F (and F*) of every group at N position(s) ``i``, averaged over heads and those N."""
     def mean(name: str, group: str) -> float:
         return _nanmean(result.metric(name, group)[..., i])
@@ -110,7 +85,7 @@ def _group_line(result: HeadAnalysis, label: str, i: int | list[int]) -> str:
     return line
 
 
-def _paired_lines(result: HeadAnalysis, shown: list[int]) -> list[str]:
+def _paired_lines(result: AnalysisLike, shown: list[int]) -> list[str]:
     """The paired sink effect at the shown N (SPEC §3, comparison 3); none if it is undefined."""
     table = result.paired_sink_summary().set_index("n")
     cells = [f"    N={n_label(result, n)}: F_N(with) / F_N(removed) {table.paired_median_ratio[n]:.2f}, "
@@ -120,7 +95,7 @@ def _paired_lines(result: HeadAnalysis, shown: list[int]) -> list[str]:
     return [title, *cells] if cells else []
 
 
-def summary(result: HeadAnalysis, n_values: Sequence[int], top: int | None) -> str:
+def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> str:
     """See :meth:`HeadAnalysis.summary`."""
     meta = result.metadata
     shown = _shown(result, n_values)
@@ -193,12 +168,12 @@ def _percent(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def _header(result: HeadAnalysis, shown: list[int]) -> str:
+def _header(result: AnalysisLike, shown: list[int]) -> str:
     head = f"{'layer':>5} {'head':>4} {'class':<10} {'cur/sink/oth':>14} {'α_sink':>6} {'κ':>6} {'cos':>6}"
     return head + "".join(f" {'F' + n_label(result, n) + ' top/rnd':>13}" for n in shown)
 
 
-def short_repr(result: HeadAnalysis) -> str:
+def short_repr(result: AnalysisLike) -> str:
     """``HeadAnalysis(model=..., layers=30 (0..29), heads=9, n_values=[...], classes, bounds)``."""
     classes = ", ".join(f"{c}={k}" for c, k in class_totals(result).items())
     if unlabelled := result.n_unlabelled:

@@ -2,7 +2,7 @@
 
 :func:`score_rows` scores every chosen query of every head: the top-N set, the top-N with the
 sink removed, ``R`` random subsets and ``S`` value shuffles, for every N (SPEC §2–3). It has a
-pure-torch twin in :mod:`.torch_path` (for CUDA and other devices, and as a second
+pure-torch twin in :mod:`.torch_kernels` (for CUDA and other devices, and as a second
 implementation the tests compare); validation and votes are :mod:`.check_kernel`'s.
 
 Inner products come from the Gram matrix ``G = V Vᵀ`` of the row's value group, accumulated as
@@ -158,10 +158,10 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
         penalty[excluded] = np.inf
     span = dots[lo:hi]
     ni = 0
-    n_n = n_values.shape[0]
+    n_sizes = n_values.shape[0]
     r = 0
     while r < n_max:
-        stop = min(n_values[ni], n_max) if ni < n_n else n_max  # the next N of the grid
+        stop = min(n_values[ni], n_max) if ni < n_sizes else n_max  # the next N of the grid
         if contiguous:  # four rows of G per pass over the keys: a third of the loads and stores
             while r + 4 <= stop:
                 i0, i1, i2, i3 = order[r], order[r + 1], order[r + 2], order[r + 3]
@@ -188,7 +188,7 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
                     k = keys[j]
                     dots[k] += a * gram[i, k]
                 r += 1
-        while ni < n_n and n_values[ni] == r:
+        while ni < n_sizes and n_values[ni] == r:
             _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
                    buf, sel, out[ni])
             ni += 1
@@ -200,16 +200,16 @@ QUERY_BLOCK = 16
 
 
 @njit(parallel=True, cache=True)
-def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, sequence_keys,
+def score_rows(pattern, h0, group_size, g0, queries, is_token, sink, real_index, sequence_keys,
                gram, n_values, samples, shuffles, by_contribution, cosine,
-               metrics, inside, sink_mass):  # pragma: no cover - compiled
+               metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
-    ``pattern [b, H, q, k]``, ``queries [b, Q]`` (−1: none), ``real``, ``sink``, ``real_index``
+    ``pattern [b, H, q, k]``, ``queries [b, Q]`` (−1: none), ``is_token``, ``sink``, ``real_index``
     and ``sequence_keys`` are the chunk's sequences; ``gram [b, g, k, k]`` holds value groups
     ``g0 + g``. Writes ``metrics[b, h, Q, 4, n, 7]`` (groups: top, random mean, shuffled
     mean, sink removed; metrics: :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
-    NaN where N does not fit), ``inside[b, h, Q, n]`` (sink in the top-N set) and, of
+    NaN where N does not fit), ``sink_in_top[b, h, Q, n]`` (sink in the top-N set) and, of
     ``sink_mass[b, h, Q, 5]`` (the fields of SPEC §4), field 0 (α_sink) and field 4 (the
     sink's share of Σ α_j‖v_j‖).
 
@@ -233,29 +233,29 @@ def score_rows(pattern, h0, group_size, g0, queries, real, sink, real_index, seq
         floats = np.zeros((8, n_pos))
         ints = np.empty((4, n_pos), dtype=np.int64)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
-            _score_row(pattern, cb, h, qi, queries, real, sink, real_index, sequence_keys,
+            _score_row(pattern, cb, h, qi, queries, is_token, sink, real_index, sequence_keys,
                        gram[cb, (h // group_size) - g0], n_values, samples, shuffles,
-                       by_contribution, cosine, metrics[cb, h, qi], inside, sink_mass,
+                       by_contribution, cosine, metrics[cb, h, qi], sink_in_top, sink_mass,
                        keys_buf, top_buf, single, packed, floats, ints)
 
 
 @njit(cache=True)
-def _score_row(pattern, b, h, qi, queries, real, sink, real_index, sequence_keys, gram_bg,
-               n_values, samples, shuffles, by_contribution, cosine, out, inside, sink_mass,
+def _score_row(pattern, b, h, qi, queries, is_token, sink, real_index, sequence_keys, gram_bg,
+               n_values, samples, shuffles, by_contribution, cosine, out, sink_in_top, sink_mass,
                keys_buf, top_buf, single, packed, floats, ints):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
     group's Gram matrix is ``gram_bg``, with the task's scratch arrays."""
-    n_n = n_values.shape[0]
+    n_sizes = n_values.shape[0]
     n_metrics = out.shape[-1]
     t = queries[b, qi]
-    if t < 0 or not real[b, t]:
+    if t < 0 or not is_token[b, t]:
         out[:] = np.nan
         sink_mass[b, h, qi, :] = np.nan
         return
     lo = sink[b]
     m = 0
     for k in range(lo, t + 1):
-        if real[b, k]:
+        if is_token[b, k]:
             keys_buf[m] = k
             m += 1
     keys = keys_buf[:m]
@@ -280,17 +280,17 @@ def _score_row(pattern, b, h, qi, queries, real, sink, real_index, sequence_keys
     sink_rank = 0
     while top[sink_rank] != s:
         sink_rank += 1
-    for ni in range(n_n):
-        inside[b, h, qi, ni] = sink_rank < n_values[ni]
+    for ni in range(n_sizes):
+        sink_in_top[b, h, qi, ni] = sink_rank < n_values[ni]
     out[:] = np.nan
     n_top = 0  # largest N of the grid that fits: 1 ≤ N < |keys|
     n_drop = 0  # … with the sink removed: N < |keys| − 1
-    for ni in range(n_n):
+    for ni in range(n_sizes):
         if n_values[ni] < m:
             n_top = n_values[ni]
         if n_values[ni] < m - 1:
             n_drop = n_values[ni]
-    for ni in range(n_n):
+    for ni in range(n_sizes):
         if n_values[ni] < m:
             out[0, ni, :] = 0.0
             if samples > 0:
@@ -336,7 +336,7 @@ def _score_row(pattern, b, h, qi, queries, real, sink, real_index, sequence_keys
                 order[r] = moved[top[r]]
             _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
                        n_values, cosine, dots, penalty, buf, sel, out[2])
-    for ni in range(n_n):
+    for ni in range(n_sizes):
         if n_values[ni] < m:
             for f in range(n_metrics):
                 if samples > 0:

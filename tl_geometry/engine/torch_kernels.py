@@ -1,6 +1,6 @@
 """Pure-torch twins of the compiled kernels, for CUDA and every device numba does not serve.
 
-Same inputs, outputs and random stream as :mod:`.kernels` (the tests compare the two against
+Same inputs, outputs and random stream as :mod:`.score_kernel` (the tests compare the two against
 the NumPy reference), vectorised over sequences, heads, queries, selections and N instead of
 looping over rows; only the Fisher–Yates steps (at most ``max N``) are a Python loop. Work is
 split over queries so that one block holds about :data:`BLOCK_ELEMENTS` selection weights.
@@ -23,7 +23,7 @@ _LEAK_TOL = 1e-4
 
 
 def check_and_vote(
-    rows: Float[Tensor, "batch head query key"], real: Bool[Tensor, "batch pos"],
+    rows: Float[Tensor, "batch head query key"], is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"], norms: Float[Tensor, "batch group key"], group_size: int,
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
     """:func:`.check_kernel.check_and_vote` in torch, one sequence at a time."""
@@ -37,8 +37,8 @@ def check_and_vote(
     votes = torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device)
     for b in range(batch):
         x = rows[b].to(COMPUTE_DTYPE)  # [h, q, k]
-        row_real = real[b][None, :, None]
-        valid = causal & real[b][None, :] & row_real
+        row_real = is_token[b][None, :, None]
+        valid = causal & is_token[b][None, :] & row_real
         finite = torch.isfinite(x)
         bad = valid & ~finite
         stats[b, :, 0] = bad.sum((-1, -2)).to(COMPUTE_DTYPE)
@@ -52,13 +52,13 @@ def check_and_vote(
         good = valid & finite
         stats[b, :, 5] = torch.where(good, x, 0).amin((-1, -2)).clamp_max(0)
         row_sum = torch.where(good, x, 0).sum(-1)  # [h, q]
-        stats[b, :, 6] = torch.where(real[b], row_sum, 0).amax(-1)
-        dead = real[b] & (row_sum.abs() < 1e-6)
+        stats[b, :, 6] = torch.where(is_token[b], row_sum, 0).amax(-1)
+        dead = is_token[b] & (row_sum.abs() < 1e-6)
         stats[b, :, 7] = dead.sum(-1).to(COMPUTE_DTYPE)
         stats[b, :, 8] = torch.where(dead.any(-1), dead.to(torch.int8).argmax(-1).to(COMPUTE_DTYPE), -1.0)
         head_norms = norms[b].repeat_interleave(group_size, dim=0)[:, None, :]  # [h, 1, k]
         winner = torch.where(good, x * head_norms, -1.0).argmax(-1)  # first maximum: lower index
-        counted = real[b] & (keys > sink[b])
+        counted = is_token[b] & (keys > sink[b])
         kind = torch.where(winner == keys, 0, torch.where(winner == sink[b], 1, 2))
         votes[b] = torch.nn.functional.one_hot(kind, 3).mul(counted[None, :, None]).sum(1)
     return stats, votes
@@ -76,10 +76,10 @@ def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
 
 
 def score_rows(
-    rows: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, real: Tensor,
+    rows: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
     sink: Tensor, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
     samples: int, shuffles: int, by_contribution: bool, cosine: bool, metrics: Tensor,
-    inside: Tensor, sink_fields: Tensor,
+    sink_in_top: Tensor, sink_fields: Tensor,
 ) -> None:
     """:func:`.kernels.score_rows` in torch: same arguments, same outputs (written in place)."""
     n_cg, n_key = gram.shape[1], gram.shape[-1]
@@ -89,22 +89,22 @@ def score_rows(
     step = max(1, BLOCK_ELEMENTS // max(per_query, 1))
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
-        _score_block(rows, h0, group_size, queries[:, q0:q1], real, sink, real_index,
+        _score_block(rows, h0, group_size, queries[:, q0:q1], is_token, sink, real_index,
                      sequence_keys, gram, n_values, samples, shuffles, by_contribution, cosine,
-                     metrics[:, h0 : h0 + n_ch, q0:q1], inside[:, h0 : h0 + n_ch, q0:q1],
+                     metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1])
 
 
-def _score_block(rows, h0, group_size, queries, real, sink, real_index, sequence_keys, gram,
-                 n_values, samples, shuffles, by_contribution, cosine, metrics, inside,
+def _score_block(rows, h0, group_size, queries, is_token, sink, real_index, sequence_keys, gram,
+                 n_values, samples, shuffles, by_contribution, cosine, metrics, sink_in_top,
                  sink_fields) -> None:
     device = gram.device
     n_b, n_cg, n_key = gram.shape[0], gram.shape[1], gram.shape[-1]
     n_ch = n_cg * group_size
     t = queries.clamp_min(0)  # [b, q]
-    ok = (queries >= 0) & real.gather(1, t)
+    ok = (queries >= 0) & is_token.gather(1, t)
     keys = torch.arange(n_key, device=device)
-    valid = (keys <= t[..., None]) & real[:, None, :n_key] & ok[..., None]  # [b, q, k]
+    valid = (keys <= t[..., None]) & is_token[:, None, :n_key] & ok[..., None]  # [b, q, k]
     index = t[:, None, :, None].expand(n_b, n_ch, -1, rows.shape[-1])
     alpha = rows[:, h0 : h0 + n_ch].gather(2, index)[..., :n_key].to(COMPUTE_DTYPE)
     alpha = torch.where(valid[:, None], alpha, 0.0)  # [b, h, q, k]
@@ -122,7 +122,7 @@ def _score_block(rows, h0, group_size, queries, real, sink, real_index, sequence
     score = alpha * norms if by_contribution else alpha
     top = _ranks(score, valid[:, None])
     sink_rank = (top * is_sink[:, None]).sum(-1)  # [b, h, q]
-    inside.copy_(sink_rank[..., None] < n_values)
+    sink_in_top.copy_(sink_rank[..., None] < n_values)
     keep = valid & ~is_sink
     dropped = _ranks(score, keep[:, None])
     m = valid.sum(-1)  # [b, q]

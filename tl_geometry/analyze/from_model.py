@@ -16,9 +16,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from . import cache as _cache
-from ._progress import progress_bar
-from .engine import (
+from ..engine import (
     DEFAULT_N_VALUES,
     Accumulator,
     AnalysisOptions,
@@ -27,9 +25,11 @@ from .engine import (
     output_weights,
     run_metadata,
 )
-from .engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
-from .functional.heads import sink_positions
-from .result import HeadAnalysis
+from ..engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
+from ..functional.heads import sink_positions
+from ..inputs import cache as _cache
+from ..result import HeadAnalysis
+from .progress import progress_bar
 
 
 def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:

@@ -29,16 +29,16 @@ from typing import Any
 
 import torch
 
-from ._result_tables import dense_from
-from ._result_text import class_shares_text, n_label
-from .functional.taxonomy import CLASSES
-from .result import HeadAnalysis
-from .views import _page
-from .views.attention import attention_view, contribution_view
-from .views.plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
-from .views.sink import sink_view
-from .views.taxonomy import CLASS_COLORS, taxonomy_view
-from .views.tokens import token_view
+from ..functional.taxonomy import CLASSES
+from ..result import HeadAnalysis
+from ..result.headline import dense_from, n_label
+from ..result.text import class_shares_text
+from . import _page
+from .attention import attention_view, contribution_view
+from .plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
+from .sink import sink_view
+from .taxonomy import CLASS_COLORS, taxonomy_view
+from .tokens import token_view
 
 __all__ = ["DEFAULT_OUT", "capacity_section", "example_heads", "n_means_table", "sink_effect_section",
            "write_report"]
@@ -194,8 +194,8 @@ def capacity_section(out: Path, figures: Path) -> list[str]:
     when the folder has neither."""
     import pandas as pd
 
-    from .ablation.capacity_geometry import spearman
-    from .views.capacity import capacity_plot, correlation_plot
+    from ..functional.stats import spearman
+    from .capacity import capacity_plot, correlation_plot
 
     parts = []
     curve_path, heads_path = out / "capacity.csv", out / "capacity_heads.csv"

@@ -12,9 +12,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from . import cache as _cache
-from ._progress import progress_bar
-from .engine import (
+from ..engine import (
     DEFAULT_N_VALUES,
     Accumulator,
     analyze_layer,
@@ -22,9 +20,11 @@ from .engine import (
     output_weights,
     run_metadata,
 )
-from .engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
-from .functional.heads import sink_positions
-from .result import HeadAnalysis
+from ..engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
+from ..functional.heads import sink_positions
+from ..inputs import cache as _cache
+from ..result import HeadAnalysis
+from .progress import progress_bar
 
 __all__ = ["DEFAULT_N_VALUES", "analyze_heads"]
 

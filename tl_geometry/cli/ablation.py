@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cli_args import (
+from .args import (
     add_model_options,
     add_progress_option,
     check_model,
@@ -122,20 +122,21 @@ def run(args: argparse.Namespace) -> int:
                                                   seq_len=args.seq_len))
     else:
         text = read_input_text(args)
-    import tl_geometry
+    from ..inputs.models import load_model
 
     print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = tl_geometry.load_model(args.model)
+    model = load_model(args.model)
     return _ablate(model, text, args) if args.command == "ablate" else _prune(model, text, args)
 
 
 def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
     import torch
 
-    import tl_geometry
+    from ..ablation import ablate_heads
+    from ..inputs.text import text_windows
 
-    tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
-    ablation = tl_geometry.ablate_heads(model, args.heads, args.mode,
+    tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    ablation = ablate_heads(model, args.heads, args.mode,
                                         reference_tokens=tokens if args.mode == "mean" else None)
     with torch.no_grad():
         base = float(model(tokens, return_type="loss"))
@@ -155,24 +156,26 @@ def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    import tl_geometry
+    from ..ablation import head_orderings, head_sensitivity, sparsification_curve
+    from ..analyze.from_model import analyze_model
+    from ..inputs.text import text_windows
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # Twice the windows: the first half scores the heads, the second half is held out.
-    windows = tl_geometry.text_windows(model, text, n_seqs=2 * args.n_seqs, seq_len=args.seq_len)
+    windows = text_windows(model, text, n_seqs=2 * args.n_seqs, seq_len=args.seq_len)
     scoring, held_out = windows[: args.n_seqs], windows[args.n_seqs:]
     progress = show_progress(args)
     start = time.perf_counter()
-    sens = tl_geometry.head_sensitivity(model, scoring, args.mode, batch_heads=args.batch_heads,
+    sens = head_sensitivity(model, scoring, args.mode, batch_heads=args.batch_heads,
                                         progress=progress)
     swept = time.perf_counter()
-    analysis = tl_geometry.analyze_model(model, scoring, n_values=(2,), progress=progress)
+    analysis = analyze_model(model, scoring, n_values=(2,), progress=progress)
     seeds = range(args.seed, args.seed + args.n_random)
-    orders = tl_geometry.head_orderings(model, scoring, analysis=analysis, sensitivity=sens, seeds=seeds,
+    orders = head_orderings(model, scoring, analysis=analysis, sensitivity=sens, seeds=seeds,
                                         progress=progress)
     # Mean ablation replaces a head by its mean z over the scoring windows, not the held-out ones.
-    curve = tl_geometry.sparsification_curve(model, held_out, orders, args.retention, mode=args.mode,
+    curve = sparsification_curve(model, held_out, orders, args.retention, mode=args.mode,
                                              reference_tokens=scoring if args.mode == "mean" else None,
                                              batch_size=args.batch_heads, progress=progress)
     done = time.perf_counter()

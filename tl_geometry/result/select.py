@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._result_schema import UnknownNameError
+from .schema import UnknownNameError
 
 #: What one axis of a selection asks for: everything (None), one value (the axis is dropped)
 #: or a list of values (the axis is kept, in the order given).

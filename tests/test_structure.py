@@ -1,0 +1,88 @@
+"""The package layout keeps its promises (issue: folders that show the pipeline).
+
+import-linter's contracts (``pyproject.toml``, run by the lint step) keep the layers in order;
+these tests check what a contract cannot state, on the static import graph that grimp builds
+from every import statement (lazy imports inside functions and ``TYPE_CHECKING`` imports
+included): no import cycle at all, no subpackage module importing the package root, and at
+most five modules directly in ``tl_geometry/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grimp
+import pytest
+
+import tl_geometry
+
+PACKAGE = Path(tl_geometry.__file__).parent
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("tl_geometry", include_external_packages=False,
+                             exclude_type_checking_imports=False)
+
+
+def _strongly_connected(graph) -> list[list[str]]:
+    """Tarjan's components of the module import graph with more than one module (or a self-loop)."""
+    modules = sorted(graph.modules)
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(m: str) -> None:  # the graph has ~80 modules: recursion depth is no concern
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        on_stack.add(m)
+        for n in edges[m]:
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in on_stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                n = stack.pop()
+                on_stack.discard(n)
+                component.append(n)
+                if n == m:
+                    break
+            if len(component) > 1 or m in edges[m]:
+                out.append(sorted(component))
+
+    for m in modules:
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_the_cycle_finder_finds_cycles():
+    g = grimp.ImportGraph()
+    for a, b in [("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d"), ("p.e", "p.e")]:
+        g.add_import(importer=a, imported=b)
+    assert sorted(_strongly_connected(g)) == [["p.a", "p.b", "p.c"], ["p.e"]]
+
+
+def test_the_static_import_graph_has_no_cycle(graph):
+    assert _strongly_connected(graph) == []
+
+
+def test_no_subpackage_module_imports_the_package_root(graph):
+    importers = {m for m in graph.find_modules_that_directly_import("tl_geometry")}
+    assert importers == set(), f"import from the subpackage that defines the name instead: {importers}"
+
+
+def test_at_most_five_modules_lie_directly_in_the_package():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 5, top
+
+
+def test_every_public_name_is_importable_from_the_root():
+    for name in tl_geometry.__all__:
+        assert getattr(tl_geometry, name) is not None, name

@@ -1,0 +1,36 @@
+"""The result of an analysis: :class:`HeadAnalysis` and its parts.
+
+``schema`` holds every name and axis (one source); ``select`` reads by name (``sel``);
+``headline`` the dense-N rules; ``tables`` and ``text`` the ``DataFrame`` and text forms; ``io``
+the versioned, checked files; ``shortcuts`` the attribute shortcuts, generated from the schema.
+"""
+
+from ..functional.separability import METRIC_NAMES
+from .head_analysis import HeadAnalysis
+from .io import ResultFileError
+from .schema import (
+    AXES,
+    BOUND_KINDS,
+    BOUND_METRICS,
+    GROUPS,
+    PAIRED_FIELDS,
+    NoBoundsError,
+    UnknownNameError,
+    names,
+)
+from .select import HeadSelection
+
+__all__ = [
+    "AXES",
+    "BOUND_KINDS",
+    "BOUND_METRICS",
+    "GROUPS",
+    "METRIC_NAMES",
+    "PAIRED_FIELDS",
+    "HeadAnalysis",
+    "HeadSelection",
+    "NoBoundsError",
+    "ResultFileError",
+    "UnknownNameError",
+    "names",
+]

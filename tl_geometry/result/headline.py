@@ -1,0 +1,47 @@
+"""The headline range of N (SPEC §3): ``2 ≤ N ≤ (t+1)/4``; a larger N is *dense*, where the
+precision floor ``N/(t+1)`` lifts P_N and F_N for reasons that are not geometry. Computed,
+plotted and shaded, never headlined. One source for tables, text, plots and the report.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .protocol import AnalysisLike
+
+
+def dense_from(result: AnalysisLike) -> float:
+    """``(t+1)/4`` with ``t + 1 = metadata["n_positions"]``: a larger N is dense (SPEC §3).
+    ``inf`` when the metadata does not record it: then every N ≥ 2 is in the headline range
+    (ours)."""
+    n_positions = result.metadata.get("n_positions")
+    if not isinstance(n_positions, int | float) or isinstance(n_positions, bool):
+        return math.inf
+    return n_positions / 4
+
+
+def headline_n(result: AnalysisLike) -> tuple[int, ...]:
+    """Analysed N in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3; see :func:`dense_from`)."""
+    limit = dense_from(result)
+    return tuple(n for n in result.n_values.tolist() if 2 <= n <= limit)
+
+
+def is_dense(result: AnalysisLike, n: int) -> bool:
+    """``N > (t+1)/4``: the precision floor ``N/(t+1)`` lifts P_N and F_N there (SPEC §3)."""
+    return n > dense_from(result)
+
+
+def headline_text(result: AnalysisLike) -> str:
+    """One line: the headline range and which analysed N it holds."""
+    limit, ns = dense_from(result), result.headline_n
+    held = f"N = {', '.join(map(str, ns))}" if ns else "no analysed N"
+    if math.isinf(limit):
+        return f"Headline range 2 ≤ N ≤ (t+1)/4, t+1 not recorded: every analysed N ≥ 2 ({held})."
+    return (f"Headline range 2 ≤ N ≤ (t+1)/4 = {limit:g}: {held}; larger N is dense "
+            "(precision cannot fall below N/(t+1)): shown, marked †, never headlined.")
+
+
+def n_label(result: AnalysisLike, n: int) -> str:
+    """``"8"``, or ``"64†"`` for a dense N."""
+    return f"{n}†" if is_dense(result, n) else str(n)
+
