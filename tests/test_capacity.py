@@ -1,4 +1,4 @@
-"""Top-N attention sparsification and retrieval capacity (issue 16).
+"""Top-N attention sparsification and retrieval capacity (docs/capacity.md).
 
 Fast tests use ``TinyLM`` from ``test_ablation`` (real TransformerLens hook points; causal
 attention with padding), rebuilt with 1 (MQA), 2 (GQA) or 4 (MHA) KV heads. The intervention is

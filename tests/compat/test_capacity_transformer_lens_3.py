@@ -1,4 +1,4 @@
-"""Top-N attention (issue 16) on a TransformerLens 3.x ``HookedTransformer``.
+"""Top-N attention (docs/capacity.md) on a TransformerLens 3.x ``HookedTransformer``.
 
 Runs in the TransformerLens 3.9 environment (``bash scripts/compat.sh``); under TransformerLens
 4.x the whole module is skipped (the 4.x bridge is covered by ``tests/test_capacity.py``).

@@ -1,4 +1,4 @@
-"""Retrieval capacity: how few keys per query a model needs (issue 16; method in docs/capacity.md).
+"""Retrieval capacity: how few keys per query a model needs (method in docs/capacity.md).
 
 :func:`retrieval_capacity` measures the next-token loss when every head in scope keeps only
 each query's top-``N`` attention weights (:func:`~tl_geometry.ablation.topn.top_n_attention`),

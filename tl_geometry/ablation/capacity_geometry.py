@@ -1,4 +1,4 @@
-"""Does a head's geometry predict what top-N sparsification costs? (issue 16)
+"""Does a head's geometry predict what top-N sparsification costs?
 
 Per head: the measured ``F_N`` (SPEC §3) and the shell certificate ``F̲_N`` (SPEC §6d, budgets
 ``K = 0`` and ``K = N``) of the top-``N`` set at the last query of each sequence, averaged over

@@ -1,4 +1,4 @@
-"""Top-N attention sparsification as TransformerLens hooks on ``hook_pattern`` (issue 16).
+"""Top-N attention sparsification as TransformerLens hooks on ``hook_pattern``.
 
 For every query row of ``blocks.{l}.attn.hook_pattern`` (``[batch, head, query, key]``) keep the
 ``N`` largest weights (ties → lower index, SPEC §2) and either **renormalise** them to sum to one

@@ -8,6 +8,7 @@ cache → per-layer pattern and values (:mod:`tl_geometry.cache`) → :func:`eng
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch import Tensor
@@ -114,28 +115,46 @@ def analyze_heads(
                          bounds=bounds, backend=backend)
     layer_ids = _cache.resolve_layers(cache, layers)
     W = output_weights(model, W_O, layer_ids) if space == "output" else None
-    acc: Accumulator | None = None
-    shape: tuple[int, int, int] | None = None
-    mask = sink = None
+    run: _CacheRun | None = None
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
+        if run is None:
+            run = _CacheRun.start(pattern, attention_mask, tokens, model, len(layer_ids), len(opts.n_values))
+        run.check_shape(pattern, layer)
+        W_layer = None if W is None else W[layer].to(pattern.device)
+        run.acc.add(li, analyze_layer(pattern, v, run.mask, run.sink, opts, layer=layer, W_O=W_layer,
+                                      mask_given=attention_mask is not None))
+    assert run is not None  # resolve_layers refuses an empty cache
+    metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None)
+    return run.acc.finish(layer_ids, opts, run.shape[2], metadata)
+
+
+@dataclass
+class _CacheRun:
+    """What the first layer of a cache fixes for every later one: its shape, the checked
+    attention mask, the sink of each sequence and the accumulator."""
+
+    shape: tuple[int, int, int]
+    mask: Tensor
+    sink: Tensor
+    acc: Accumulator
+
+    @classmethod
+    def start(cls, pattern: Tensor, attention_mask: Tensor | None, tokens: Tensor | None, model: Any,
+              n_layers: int, n_sizes: int) -> _CacheRun:
         batch, n_heads, n_pos, _ = pattern.shape
-        if shape is None:
-            shape = (batch, n_heads, n_pos)
-            mask = _cache.check_attention_mask(attention_mask, batch, n_pos, device=pattern.device)
-            if attention_mask is None:
-                _cache.warn_pad_tokens(tokens, model, shape)
-            sink = sink_positions(mask)
-            acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=pattern.device)
-        elif (batch, n_heads, n_pos) != shape:
+        shape = (batch, n_heads, n_pos)
+        mask = _cache.check_attention_mask(attention_mask, batch, n_pos, device=pattern.device)
+        if attention_mask is None:
+            _cache.warn_pad_tokens(tokens, model, shape)
+        acc = Accumulator.zeros(n_layers, n_heads, n_sizes, device=pattern.device)
+        return cls(shape, mask, sink_positions(mask), acc)
+
+    def check_shape(self, pattern: Tensor, layer: int) -> None:
+        """Every layer of one cache has the first layer's ``[batch, head, pos, pos]``."""
+        if tuple(pattern.shape[:3]) != self.shape:
+            b, h, t = self.shape
             raise _cache.CacheError(
                 f"Layer {layer}'s pattern is {tuple(pattern.shape)} but an earlier layer's was "
-                f"[{shape[0]}, {shape[1]}, {shape[2]}, {shape[2]}]: the layers of one cache must agree."
+                f"[{b}, {h}, {t}, {t}]: the layers of one cache must agree."
             )
-        assert acc is not None and mask is not None and sink is not None
-        W_layer = None if W is None else W[layer].to(pattern.device)
-        acc.add(li, analyze_layer(pattern, v, mask, sink, opts, layer=layer, W_O=W_layer,
-                                  mask_given=attention_mask is not None))
-    assert acc is not None and shape is not None
-    metadata = run_metadata(model, cache, shape, opts, attention_mask is not None)
-    return acc.finish(layer_ids, opts, shape[2], metadata)

@@ -1,4 +1,4 @@
-"""``tl-geometry capacity``: retrieval capacity of a model under top-N attention (issue 16).
+"""``tl-geometry capacity``: retrieval capacity of a model under top-N attention.
 
 Loads a model, cuts its text into windows, and for each mode (``renormalize``, ``delete``):
 the loss with every head keeping only each query's top-N keys for every ``--n-values`` N, and

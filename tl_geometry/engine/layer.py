@@ -174,71 +174,106 @@ def analyze_layer(
     selects output space. Sequence ``i`` of the batch is global sequence ``sequence_offset + i``
     (the random baseline's stream).
     """
-    device = pattern.device
-    is_token, sink = is_token.to(device), sink.to(device)
+    data = _layer_block(pattern, v, is_token.to(pattern.device), sink.to(pattern.device), opts, layer, W_O)
+    numba = _use_numba(pattern.device, opts.backend)
+    rows_out = _RowOutputs.empty(data, len(opts.n_values))
+    seq_ids = range(sequence_offset, sequence_offset + data.pattern.shape[0])
+    keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(pattern.device)
+    d_values = v.shape[-1] if W_O is None else W_O.shape[-1]
+    for b0, b1, g0, g1 in _chunk_plan(data, d_values):
+        if g0 == 0:  # the first chunk of these sequences: validate and vote, one read of the rows
+            rows, values = _check_and_vote(data, b0, b1, rows_out, layer, numba=numba, mask_given=mask_given)
+        _score_chunk(data, opts, rows, values, keys, rows_out, b0, b1, g0, g1, numba=numba)
+    return _reduce(data, opts, *rows_out, layer, numba=numba)
+
+
+def _layer_block(pattern: Tensor, v: Tensor, is_token: Tensor, sink: Tensor, opts: AnalysisOptions,
+                 layer: int, W_O: Tensor | None) -> LayerBlock:
+    """The checked :class:`LayerBlock` of one layer: values checked, ``W_O`` matched to the
+    cache, the chosen queries (each sequence's last real one, or every position)."""
     checks.check_values(v, is_token, layer)
     batch, n_heads, n_pos, _ = pattern.shape
-    n_kv = v.shape[2]
-    n_groups = n_heads if W_O is not None else n_kv
+    n_groups = n_heads if W_O is not None else v.shape[2]
     if W_O is not None and W_O.shape[:2] != (n_heads, v.shape[-1]):
         raise ValueError(f"W_O of layer {layer} is {tuple(W_O.shape)}; expected [{n_heads}, "
                          f"{v.shape[-1]}, d_model] ([head, d_head, d_model]) to match the cache.")
     if opts.queries == "last":
         queries = last_positions(is_token)[:, None]
     else:
-        queries = torch.arange(n_pos, device=device).repeat(batch, 1)
-    data = LayerBlock(pattern, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups)
-    numba = _use_numba(device, opts.backend)
-    n_values = opts.n_values.to(device)
-    n_q, n_sizes = queries.shape[1], len(n_values)
-    metrics = torch.full((batch, n_heads, n_q, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)), torch.nan,
-                         dtype=COMPUTE_DTYPE, device=device)
-    sink_in_top = torch.zeros(batch, n_heads, n_q, n_sizes, dtype=torch.bool, device=device)
-    sink_fields = torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device)
-    votes = torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device)
-    seq_ids = range(sequence_offset, sequence_offset + batch)
-    keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(device)
-    real_index = is_token.long().cumsum(-1) - 1
-    d_values = v.shape[-1] if W_O is None else W_O.shape[-1]
-    for b0, b1, g0, g1 in _chunk_plan(data, d_values):
-        if g0 == 0:  # the first chunk of these sequences: validate and vote, one read of the rows
-            rows = pattern[b0:b1]
-            if numba and rows.dtype not in (torch.float32, torch.float64):
-                rows = rows.float()
-            values = group_values(data, b0, b1, n_pos)
-            stats, votes[b0:b1] = checks.check_and_vote(
-                rows, is_token[b0:b1], sink[b0:b1], torch.linalg.vector_norm(values, dim=-1),
-                data.group_size, numba=numba,
-            )
-            checks.raise_for_stats(stats, layer, b0, mask_given=mask_given)
-        n_keys = int(queries[b0:b1].max()) + 1  # keys after the last chosen query are unused
-        chunk = values[:, g0:g1, :n_keys]
-        h0, h1 = g0 * data.group_size, g1 * data.group_size
-        outputs = (metrics[b0:b1], sink_in_top[b0:b1], sink_fields[b0:b1])
-        if numba:
-            from .gram_kernel import tie_duplicates_and_sink_geometry
-            from .score_kernel import score_rows
+        queries = torch.arange(n_pos, device=pattern.device).repeat(batch, 1)
+    return LayerBlock(pattern, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups)
 
-            # Our own contiguous tensor: the kernel ties it in place, writing through its view.
-            gram = (chunk @ chunk.transpose(-1, -2)).detach().contiguous()
-            tie_duplicates_and_sink_geometry(  # type: ignore[call-arg]
-                *(_numpy(x) for x in (chunk, is_token[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])),
-                gram.numpy(), h0, data.group_size, sink_fields[b0:b1].numpy())
-        else:
-            gram = _gram(chunk)
-        args = (rows, h0, data.group_size, g0, queries[b0:b1], is_token[b0:b1], sink[b0:b1],
-                real_index[b0:b1], keys[b0:b1], gram, n_values, opts.random_samples,
-                opts.shuffle_samples, opts.rank_by == "contribution", opts.distance == "cosine")
-        if numba:
-            score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))
-        else:
-            torch_kernels.score_rows(*args, *outputs)
-            geometry = sink_geometry(chunk, is_token[b0:b1, :n_keys], sink[b0:b1], queries[b0:b1])
-            ok = ((queries[b0:b1] >= 0) & is_token[b0:b1].gather(1, queries[b0:b1].clamp_min(0)))[:, None, :, None]
-            geometry = torch.where(ok, geometry.repeat_interleave(data.group_size, dim=1), torch.nan)
-            sink_fields[b0:b1, h0:h1, :, 1:4] = geometry
-        del gram, args  # this chunk's Gram matrices go before the next chunk's are made
-    return _reduce(data, opts, metrics, sink_in_top, sink_fields, votes, layer, numba=numba)
+
+class _RowOutputs(NamedTuple):
+    """Per-query results of one layer, filled chunk by chunk (NaN where undefined)."""
+
+    metrics: Float[Tensor, "batch head q group n metric"]
+    sink_in_top: Bool[Tensor, "batch head q n"]
+    sink_fields: Float[Tensor, "batch head q field"]
+    votes: Int[Tensor, "batch head 3"]
+
+    @classmethod
+    def empty(cls, data: LayerBlock, n_sizes: int) -> _RowOutputs:
+        batch, n_heads = data.pattern.shape[:2]
+        n_q, device = data.queries.shape[1], data.pattern.device
+        return cls(
+            torch.full((batch, n_heads, n_q, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)), torch.nan,
+                       dtype=COMPUTE_DTYPE, device=device),
+            torch.zeros(batch, n_heads, n_q, n_sizes, dtype=torch.bool, device=device),
+            torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device),
+            torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device),
+        )
+
+
+def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer: int, *, numba: bool,
+                    mask_given: bool) -> tuple[Tensor, Tensor]:
+    """Validate sequences ``b0:b1`` and count their votes (SPEC §5) in one read of the rows;
+    returns the rows (float32 or better for the kernels) and the value groups' vectors."""
+    rows = data.pattern[b0:b1]
+    if numba and rows.dtype not in (torch.float32, torch.float64):
+        rows = rows.float()
+    values = group_values(data, b0, b1, data.pattern.shape[2])
+    stats, out.votes[b0:b1] = checks.check_and_vote(
+        rows, data.is_token[b0:b1], data.sink[b0:b1], torch.linalg.vector_norm(values, dim=-1),
+        data.group_size, numba=numba,
+    )
+    checks.raise_for_stats(stats, layer, b0, mask_given=mask_given)
+    return rows, values
+
+
+def _score_chunk(data: LayerBlock, opts: AnalysisOptions, rows: Tensor, values: Tensor, keys: Tensor,
+                 out: _RowOutputs, b0: int, b1: int, g0: int, g1: int, *, numba: bool) -> None:
+    """Gram matrices, every selection's scores (SPEC §2–3) and the sink geometry (SPEC §4) of
+    sequences ``b0:b1`` and value groups ``g0:g1``, written into ``out``."""
+    queries, is_token, sink = data.queries[b0:b1], data.is_token[b0:b1], data.sink[b0:b1]
+    n_keys = int(queries.max()) + 1  # keys after the last chosen query are unused
+    chunk = values[:, g0:g1, :n_keys]
+    h0, h1 = g0 * data.group_size, g1 * data.group_size
+    outputs = (out.metrics[b0:b1], out.sink_in_top[b0:b1], out.sink_fields[b0:b1])
+    if numba:
+        from .gram_kernel import tie_duplicates_and_sink_geometry
+        from .score_kernel import score_rows
+
+        # Our own contiguous tensor: the kernel ties it in place, writing through its view.
+        gram = (chunk @ chunk.transpose(-1, -2)).detach().contiguous()
+        tie_duplicates_and_sink_geometry(  # type: ignore[call-arg]
+            *(_numpy(x) for x in (chunk, is_token[:, :n_keys], sink, queries)),
+            gram.numpy(), h0, data.group_size, out.sink_fields[b0:b1].numpy())
+    else:
+        gram = _gram(chunk)
+    real_index = is_token.long().cumsum(-1) - 1
+    args = (rows, h0, data.group_size, g0, queries, is_token, sink, real_index, keys[b0:b1], gram,
+            opts.n_values.to(gram.device), opts.random_samples, opts.shuffle_samples,
+            opts.rank_by == "contribution", opts.distance == "cosine")
+    if numba:
+        score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))
+    else:
+        torch_kernels.score_rows(*args, *outputs)
+        geometry = sink_geometry(chunk, is_token[:, :n_keys], sink, queries)
+        ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
+        geometry = torch.where(ok, geometry.repeat_interleave(data.group_size, dim=1), torch.nan)
+        out.sink_fields[b0:b1, h0:h1, :, 1:4] = geometry
+    del gram, args  # this chunk's Gram matrices go before the next chunk's are made
 
 
 def _numpy(x: Any) -> Any:

@@ -52,7 +52,7 @@ def paired_counts(
 def paired_figures(
     hist: Float[Tensor, "*head n bin"], halved: Float[Tensor, "*head n"]
 ) -> Float[Tensor, "field *head n"]:
-    """``(ratio, halved, count)`` (:data:`~tl_geometry._result_schema.PAIRED_FIELDS`) from the
+    """``(ratio, halved, count)`` (:data:`~tl_geometry.result.schema.PAIRED_FIELDS`) from the
     summed histograms; the ratio and fraction are NaN where the count is 0.
 
     >>> h = torch.zeros(1, N_BINS); h[0, 1 + 16 * 32] = 3  # three ratios of exactly 1

@@ -273,14 +273,43 @@ def regime_bounds(
     """Lower bounds P̲, R̲, F̲ of the top-``n`` set from ``α`` and the regime alone (SPEC §6b).
 
     ``params`` fields broadcast against the rows' leading dimensions (one regime per head).
-    Euclidean distance only. NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
+    Euclidean distance only. NaN where ``n`` is outside ``1 ≤ n < |valid keys|``. The steps:
+    per-key intervals of ``a_k = α_k‖v_k‖`` (:func:`_intervals`), ``UB(D_i)`` of the selected
+    keys, ``LB‖s_N‖²``, ``LB(D_j)`` of the unselected keys, then the counts of SPEC §6b.
+
+    >>> p = RegimeParams(*(torch.tensor(x) for x in (1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0)))
+    >>> regime_bounds(torch.tensor([0.1, 0.6, 0.3]), p, 1).recall.item()  # orthogonal unit values
+    1.0
     """
+    alpha = _as_compute(alpha)
+    key_mask, selected = _checked_selection(alpha, n, key_mask, selected)
+    iv = _intervals(alpha, params, torch.as_tensor(sink, device=alpha.device), key_mask, selected)
+    ub = _selected_upper(iv)
+    lb_s_sq = _sum_lower_squared(iv)
+    lb_d = _unselected_lower(iv, lb_s_sq)
+    unsel = key_mask & ~iv.sel
+    max_ub = torch.where(iv.sel, ub, -torch.inf).amax(-1, keepdim=True)
+    min_lb = torch.where(unsel, lb_d, torch.inf).amin(-1, keepdim=True)
+    n_t = torch.as_tensor(float(n), dtype=COMPUTE_DTYPE, device=alpha.device)
+    # NaN (a degenerate regime) certifies nothing: it is never "below" and always "within".
+    recall = (iv.sel & (ub < min_lb)).sum(-1) / n_t
+    contaminating = (unsel & ~(lb_d > max_ub)).sum(-1)
+    precision = n_t / (n_t + contaminating)
+    defined = (n_t >= 1) & (n_t < key_mask.sum(-1))
+    nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=alpha.device)
+    out = (precision, recall, _harmonic(precision, recall))
+    return Bounds(*(torch.where(defined, x, nan) for x in out))
+
+
+def _checked_selection(
+    alpha: Tensor, n: int, key_mask: Tensor | None, selected: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The key mask (all keys when ``None``) and the selection (the top-``n`` by ``α`` when
+    ``None``), checked: bool tensors, and exactly ``n`` valid keys selected where ``n`` is in range."""
     from .selection import top_n_mask
 
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"n must be an int, got {type(n).__name__}.")
-    alpha = _as_compute(alpha)
-    n_key = alpha.shape[-1]
     if key_mask is None:
         key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
     elif key_mask.dtype != torch.bool:
@@ -291,91 +320,109 @@ def regime_bounds(
         raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
     elif ((n >= 1) & (n < key_mask.sum(-1)) & ((selected & key_mask).sum(-1) != n)).any():
         raise ValueError(f"selected must hold exactly n={n} valid keys in every row where n is in range.")
-    sink = torch.as_tensor(sink, device=alpha.device)
+    return key_mask, selected
+
+
+class _Intervals(NamedTuple):
+    """Per-key intervals ``[a⁻, a⁺]`` of ``a_k = α_k‖v_k‖`` and the selection's masks, per row."""
+
+    a_lo: Tensor
+    a_hi: Tensor
+    is_sink: Tensor
+    sel: Tensor
+    """Selected valid keys."""
+    sel_ns: Tensor
+    """Selected non-sink keys."""
+    sink_sel: Tensor
+    """The sink is selected, ``[..., 1]``."""
+    sink_a_lo: Tensor
+    """The sink's ``a`` interval as a per-row scalar, ``[..., 1]``."""
+    sink_a_hi: Tensor
+    c_lo: Tensor
+    c_hi: Tensor
+    s_lo: Tensor
+    s_hi: Tensor
+    zero: Tensor
+
+
+def _intervals(alpha: Tensor, params: RegimeParams, sink: Tensor, key_mask: Tensor,
+               selected: Tensor) -> _Intervals:
+    """Norm intervals from the regime (the sink: ``κν``; the rest: ``ν(1 ± δ)``) times ``α``."""
+    n_key = alpha.shape[-1]
     p = RegimeParams(*(_as_compute(x).unsqueeze(-1) for x in params))
     is_sink = torch.arange(n_key, device=alpha.device) == sink.unsqueeze(-1)
     is_sink = is_sink & key_mask
-    # Norm intervals and a = α‖v‖ intervals per key.
     norm_lo = torch.where(is_sink, p.kappa_lo * p.nu, p.nu * (1 - p.delta))
     norm_hi = torch.where(is_sink, p.kappa_hi * p.nu, p.nu * (1 + p.delta))
     a_lo, a_hi = alpha * norm_lo, alpha * norm_hi
     sel = selected & key_mask
-    sel_ns = sel & ~is_sink  # selected non-sink keys
-    sink_sel = (sel & is_sink).any(-1, keepdim=True)
     zero = torch.zeros((), dtype=COMPUTE_DTYPE, device=alpha.device)
-    c_hi, c_lo = p.c_hi.squeeze(-1), p.c_lo.squeeze(-1)
-    s_hi, s_lo = p.sigma_hi.squeeze(-1), p.sigma_lo.squeeze(-1)
+    return _Intervals(
+        a_lo=a_lo, a_hi=a_hi, is_sink=is_sink, sel=sel, sel_ns=sel & ~is_sink,
+        sink_sel=(sel & is_sink).any(-1, keepdim=True),
+        sink_a_lo=torch.where(is_sink, a_lo, zero).sum(-1, keepdim=True),
+        sink_a_hi=torch.where(is_sink, a_hi, zero).sum(-1, keepdim=True),
+        c_lo=p.c_lo.squeeze(-1), c_hi=p.c_hi.squeeze(-1),
+        s_lo=p.sigma_lo.squeeze(-1), s_hi=p.sigma_hi.squeeze(-1), zero=zero,
+    )
 
-    def pair_sum(weights: Tensor, scale: Tensor, members: Tensor, drop: Tensor | None) -> Tensor:
-        """Σ_{k≠l ∈ members∖drop} scale·w_k w_l, per row (``drop`` leaves one key out per key)."""
-        w = torch.where(members, weights, zero)
-        total, squares = w.sum(-1, keepdim=True), (w * w).sum(-1, keepdim=True)
-        if drop is not None:  # leave-one-out over the last axis
-            total, squares = total - torch.where(drop, w, zero), squares - torch.where(drop, w * w, zero)
-        return scale.unsqueeze(-1) * (total * total - squares)
 
-    def sink_term(weights_ns: Tensor, sink_weight: Tensor, scale: Tensor, members: Tensor) -> Tensor:
-        """2·scale·w_sink·Σ_{k∈members, non-sink} w_k (only when the sink is selected)."""
-        w = torch.where(members, weights_ns, zero).sum(-1, keepdim=True)
-        return 2 * scale.unsqueeze(-1) * sink_weight * w
+def _pair_sum(weights: Tensor, scale: Tensor, members: Tensor, drop: Tensor | None, zero: Tensor) -> Tensor:
+    """Σ_{k≠l ∈ members∖drop} scale·w_k w_l, per row (``drop`` leaves one key out per key)."""
+    w = torch.where(members, weights, zero)
+    total, squares = w.sum(-1, keepdim=True), (w * w).sum(-1, keepdim=True)
+    if drop is not None:  # leave-one-out over the last axis
+        total, squares = total - torch.where(drop, w, zero), squares - torch.where(drop, w * w, zero)
+    return scale.unsqueeze(-1) * (total * total - squares)
 
-    # Sink's a-interval as a per-row scalar.
-    sink_a_hi = torch.where(is_sink, a_hi, zero).sum(-1, keepdim=True)
-    sink_a_lo = torch.where(is_sink, a_lo, zero).sum(-1, keepdim=True)
 
-    # UB(D_i)² for selected i: Σ_{S∖i}(a⁺)² + max pair terms over S∖i.
-    sq_hi = torch.where(sel, a_hi * a_hi, zero)
+def _selected_upper(iv: _Intervals) -> Tensor:
+    """``UB(D_i)`` for selected ``i``: ``sqrt(Σ_{S∖i}(a⁺)² + max pair terms over S∖i)``."""
+    sq_hi = torch.where(iv.sel, iv.a_hi * iv.a_hi, iv.zero)
     self_term = sq_hi.sum(-1, keepdim=True) - sq_hi
-    scale, w = _corner_max(a_hi, a_lo, c_hi)
-    ns_pairs = pair_sum(w, scale, sel_ns, sel_ns)  # i non-sink: drop i; i sink: drop nothing
-    scale_s, w_s = _corner_max(a_hi, a_lo, s_hi)
-    sink_w = torch.where((s_hi >= 0).unsqueeze(-1), sink_a_hi, sink_a_lo)
-    ws_ns = torch.where(sel_ns, w_s, zero)
-    sum_ws = ws_ns.sum(-1, keepdim=True) - torch.where(sel_ns, ws_ns, zero)  # S∖i non-sink
-    sink_pairs = torch.where(sink_sel & ~is_sink, 2 * scale_s.unsqueeze(-1) * sink_w * sum_ws, zero)
-    ub_sq = self_term + ns_pairs + sink_pairs
-    ub = ub_sq.clamp_min(0).sqrt()
+    scale, w = _corner_max(iv.a_hi, iv.a_lo, iv.c_hi)
+    ns_pairs = _pair_sum(w, scale, iv.sel_ns, iv.sel_ns, iv.zero)  # i non-sink: drop i; i sink: none
+    scale_s, w_s = _corner_max(iv.a_hi, iv.a_lo, iv.s_hi)
+    sink_w = torch.where((iv.s_hi >= 0).unsqueeze(-1), iv.sink_a_hi, iv.sink_a_lo)
+    ws_ns = torch.where(iv.sel_ns, w_s, iv.zero)
+    sum_ws = ws_ns.sum(-1, keepdim=True) - torch.where(iv.sel_ns, ws_ns, iv.zero)  # S∖i non-sink
+    sink_pairs = torch.where(iv.sink_sel & ~iv.is_sink, 2 * scale_s.unsqueeze(-1) * sink_w * sum_ws, iv.zero)
+    return (self_term + ns_pairs + sink_pairs).clamp_min(0).sqrt()
 
-    # LB‖s‖²: Σ_S (a⁻)² + min pair terms over S.
-    scale_m, w_m = _corner_min(a_hi, a_lo, c_lo)
-    scale_ms, w_ms = _corner_min(a_hi, a_lo, s_lo)
-    sink_w_min = torch.where((s_lo >= 0).unsqueeze(-1), sink_a_lo, sink_a_hi)
-    lb_s_sq = (
-        torch.where(sel, a_lo * a_lo, zero).sum(-1, keepdim=True)
-        + pair_sum(w_m, scale_m, sel_ns, None)
-        + torch.where(sink_sel, sink_term(w_ms, sink_w_min, scale_ms, sel_ns), zero)
+
+def _sum_lower_squared(iv: _Intervals) -> Tensor:
+    """``LB‖s_N‖²``: ``Σ_S (a⁻)²`` plus the smallest pair terms over ``S``, ``[..., 1]``."""
+    scale_m, w_m = _corner_min(iv.a_hi, iv.a_lo, iv.c_lo)
+    scale_ms, w_ms = _corner_min(iv.a_hi, iv.a_lo, iv.s_lo)
+    sink_w_min = torch.where((iv.s_lo >= 0).unsqueeze(-1), iv.sink_a_lo, iv.sink_a_hi)
+    # 2·σ·w_sink·Σ_{k∈S, non-sink} w_k, only when the sink is selected.
+    sink_term = 2 * scale_ms.unsqueeze(-1) * sink_w_min * torch.where(iv.sel_ns, w_ms, iv.zero).sum(-1, keepdim=True)
+    return (
+        torch.where(iv.sel, iv.a_lo * iv.a_lo, iv.zero).sum(-1, keepdim=True)
+        + _pair_sum(w_m, scale_m, iv.sel_ns, None, iv.zero)
+        + torch.where(iv.sink_sel, sink_term, iv.zero)
     ).clamp_min(0)
-    lb_s = lb_s_sq.sqrt()
 
+
+def _unselected_lower(iv: _Intervals, lb_s_sq: Tensor) -> Tensor:
+    """``LB(D_j)`` for every key: ``max(LB‖s‖ − a_j⁺, sqrt(LB‖s‖² − 2 max⟨y_j, s⟩ + (a_j⁻)²))``."""
     # max ⟨y_j, s⟩ ≤ Σ_{k∈S} max a_j a_k c_jk, for every unselected j.
     # j non-sink: non-sink partners with c⁺, the sink partner with σ⁺; j sink: all with σ⁺.
+    a_hi, a_lo, zero = iv.a_hi, iv.a_lo, iv.zero
     cross_ns = torch.where(
-        (c_hi >= 0).unsqueeze(-1),
-        a_hi * torch.where(sel_ns, a_hi, zero).sum(-1, keepdim=True),
-        a_lo * torch.where(sel_ns, a_lo, zero).sum(-1, keepdim=True),
-    ) * c_hi.unsqueeze(-1)
+        (iv.c_hi >= 0).unsqueeze(-1),
+        a_hi * torch.where(iv.sel_ns, a_hi, zero).sum(-1, keepdim=True),
+        a_lo * torch.where(iv.sel_ns, a_lo, zero).sum(-1, keepdim=True),
+    ) * iv.c_hi.unsqueeze(-1)
     cross_sink_partner = torch.where(
-        (s_hi >= 0).unsqueeze(-1), a_hi * sink_a_hi, a_lo * sink_a_lo
-    ) * s_hi.unsqueeze(-1)
-    cross_j = torch.where(is_sink, torch.where(
-        (s_hi >= 0).unsqueeze(-1),
-        a_hi * torch.where(sel_ns, a_hi, zero).sum(-1, keepdim=True),
-        a_lo * torch.where(sel_ns, a_lo, zero).sum(-1, keepdim=True),
-    ) * s_hi.unsqueeze(-1), cross_ns + torch.where(sink_sel, cross_sink_partner, zero))
-    lb_d = torch.maximum(
-        lb_s - a_hi,
+        (iv.s_hi >= 0).unsqueeze(-1), a_hi * iv.sink_a_hi, a_lo * iv.sink_a_lo
+    ) * iv.s_hi.unsqueeze(-1)
+    cross_j = torch.where(iv.is_sink, torch.where(
+        (iv.s_hi >= 0).unsqueeze(-1),
+        a_hi * torch.where(iv.sel_ns, a_hi, zero).sum(-1, keepdim=True),
+        a_lo * torch.where(iv.sel_ns, a_lo, zero).sum(-1, keepdim=True),
+    ) * iv.s_hi.unsqueeze(-1), cross_ns + torch.where(iv.sink_sel, cross_sink_partner, zero))
+    return torch.maximum(
+        lb_s_sq.sqrt() - a_hi,
         (lb_s_sq - 2 * cross_j + a_lo * a_lo).clamp_min(0).sqrt(),
     ).clamp_min(0)
-
-    unsel = key_mask & ~sel
-    max_ub = torch.where(sel, ub, -torch.inf).amax(-1, keepdim=True)
-    min_lb = torch.where(unsel, lb_d, torch.inf).amin(-1, keepdim=True)
-    n_t = torch.as_tensor(float(n), dtype=COMPUTE_DTYPE, device=alpha.device)
-    # NaN (a degenerate regime) certifies nothing: it is never "below" and always "within".
-    recall = (sel & (ub < min_lb)).sum(-1) / n_t
-    contaminating = (unsel & ~(lb_d > max_ub)).sum(-1)
-    precision = n_t / (n_t + contaminating)
-    defined = (n_t >= 1) & (n_t < key_mask.sum(-1))
-    nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=alpha.device)
-    out = (precision, recall, _harmonic(precision, recall))
-    return Bounds(*(torch.where(defined, x, nan) for x in out))

@@ -23,11 +23,7 @@ from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
-from . import headline as _result_headline
-from . import io as _result_io
-from . import select as _result_select
-from . import tables as _result_tables
-from . import text as _result_text
+from . import headline, io, select, tables, text
 from .io import ResultFileError
 from .schema import (
     BOUND_KINDS,
@@ -169,8 +165,8 @@ class HeadAnalysis(Shortcuts):
     def label(self, layer: int, head: int) -> str | None:
         """Class of head ``head`` of model layer ``layer``: ``"Retriever" | "Mixer" | "Reset"``,
         or ``None`` if the head has no votes (no query ``t ≥ 1`` evaluated; SPEC §5)."""
-        li = _result_select.positions("layer", layer, list(self.layers))
-        h = _result_select.positions("head", head, list(range(self.n_heads)))
+        li = select.positions("layer", layer, list(self.layers))
+        h = select.positions("head", head, list(range(self.n_heads)))
         if not (isinstance(li, int) and isinstance(h, int)):
             raise UnknownNameError(f"label({layer!r}, {head!r}): give one layer and one head; "
                                    "for several use sel(layer=..., head=...)['label'].")
@@ -214,16 +210,16 @@ class HeadAnalysis(Shortcuts):
         >>> result.sel(n=2)["f_score"]                     # [layer, head] F_2   # doctest: +SKIP
         """
         index = (
-            _result_select.positions("layer", layer, list(self.layers)),
-            _result_select.positions("head", head, list(range(self.n_heads))),
-            _result_select.positions("n", n, self.n_values.tolist()),
+            select.positions("layer", layer, list(self.layers)),
+            select.positions("head", head, list(range(self.n_heads))),
+            select.positions("n", n, self.n_values.tolist()),
         )
         data: dict[str, Any] = {
-            key: _result_select.take(values, index if has_n else index[:2])
+            key: select.take(values, index if has_n else index[:2])
             for key, (values, has_n) in self.quantities().items()
         }
-        data["label"] = _result_select.take_labels(self.labels, index[0], index[1])
-        dims = tuple(a for a, i in zip(_result_select.COORDS, index) if not isinstance(i, int))
+        data["label"] = select.take_labels(self.labels, index[0], index[1])
+        dims = tuple(a for a, i in zip(select.COORDS, index) if not isinstance(i, int))
         every = {"layer": list(self.layers), "head": list(range(self.n_heads)),
                  "n": self.n_values.tolist()}
         asked = {"layer": layer, "head": head, "n": n}
@@ -232,7 +228,7 @@ class HeadAnalysis(Shortcuts):
 
     def _n_index(self, n: int) -> int:
         """Position of the N value ``n`` in ``n_values`` (an error lists the analysed ones)."""
-        return _result_select.positions("n", n, self.n_values.tolist())  # type: ignore[return-value]
+        return select.positions("n", n, self.n_values.tolist())  # type: ignore[return-value]
 
     # --- bounds summaries ---------------------------------------------------------------------------
     @property
@@ -246,7 +242,7 @@ class HeadAnalysis(Shortcuts):
         """The analysed N values in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3), with
         ``t + 1 = metadata["n_positions"]``; larger N are "dense" (computed, never headlined).
         Without ``n_positions`` in the metadata (ours): every analysed ``N ≥ 2``."""
-        return _result_headline.headline_n(self)
+        return headline.headline_n(self)
 
     def best_n(self):
         """Per head, the argmax of F_N over :attr:`headline_n` (SPEC §6d), as a ``DataFrame``.
@@ -256,13 +252,13 @@ class HeadAnalysis(Shortcuts):
         of that bound's mean F̲_N. Undefined — every value NaN, or for a bound every value 0 —
         gives NaN, never a default N; ties go to the smaller N (ours). Floats (NaN-able).
         """
-        return _result_tables.best_n(self)
+        return tables.best_n(self)
 
     def best_n_agreement(self, kind: str = "shell_n") -> float:
         """Fraction of heads whose bound-predicted best N (``kind``: ``shell``, ``shell_n``,
         ``predicted``) equals the measured one, over the heads where both are defined (NaN if
         none)."""
-        return _result_tables.best_n_agreement(self, kind)
+        return tables.best_n_agreement(self, kind)
 
     # --- tables -----------------------------------------------------------------------------------
     def paired_sink_summary(self):
@@ -270,7 +266,7 @@ class HeadAnalysis(Shortcuts):
         over heads; the sink-removed F_N) next to the paired one (median over heads of each
         head's median F_N(with) / F_N(removed) and fraction ≤ 1/2; SPEC §3), as a
         ``DataFrame``; dense N flagged."""
-        return _result_tables.paired_sink_summary(self)
+        return tables.paired_sink_summary(self)
 
     def class_counts(self):
         """``pandas.DataFrame`` of the number of heads of each class per layer (columns
@@ -289,14 +285,14 @@ class HeadAnalysis(Shortcuts):
     def heads_table(self):
         """One row per (layer, head): label, vote fractions (``vote_current``, ...) and sink
         diagnostics (``sink_mass``, ...)."""
-        return _result_tables.heads_table(self)
+        return tables.heads_table(self)
 
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
         number of instances behind the mean (``count``), and the head's label, votes and sink
         figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
         the ``separated`` fraction."""
-        return _result_tables.to_pandas(self)
+        return tables.to_pandas(self)
 
     def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True):
         """The ``k`` heads with the largest (or smallest) ``by`` at ``N = n``, as a ``DataFrame``
@@ -325,10 +321,10 @@ class HeadAnalysis(Shortcuts):
         """Readable summary: run, classes, mean F_N against random, then the ``top`` heads by
         F-gain at the first shown N (``top=None``: every head, in layer order), with a legend.
         See docs/reading.md for how to read it."""
-        return _result_text.summary(self, n_values, top)
+        return text.summary(self, n_values, top)
 
     def __repr__(self) -> str:
-        return _result_text.short_repr(self)
+        return text.short_repr(self)
 
     # --- persistence ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -336,7 +332,7 @@ class HeadAnalysis(Shortcuts):
         and the names of every group, metric and field, with the metadata as JSON (see
         :func:`tl_geometry.result.io.encode_metadata` for what metadata can hold). Written
         atomically: an interrupted save never leaves a partial file."""
-        return _result_io.save(vars(self), path)
+        return io.save(vars(self), path)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadAnalysis:
@@ -346,5 +342,5 @@ class HeadAnalysis(Shortcuts):
         truncated, empty, foreign or inconsistent file; ``FileNotFoundError`` if there is none.
         Files of format 1 (tl_geometry 0.1) load with a ``UserWarning``.
         """
-        return cls(**_result_io.load(path))
+        return cls(**io.load(path))
 

@@ -1,4 +1,4 @@
-"""Plots of retrieval capacity (top-N attention sparsification, issue 16).
+"""Plots of retrieval capacity (top-N attention sparsification; docs/capacity.md).
 
 Each takes the table that the result's ``to_pandas()`` gives (the CSV that ``tl-geometry
 capacity`` writes), so the report can draw them again from the files alone.

@@ -12,7 +12,7 @@ came from) into a folder::
       sink_effect.csv     per N: the pooled and the paired sink effect on F_N
       figures/*.png|svg   F_N (and F*_N) against N by class, F_N by layer, sink per layer, class counts
 
-The ``tl-geometry report`` command lives in :mod:`tl_geometry.report_cli`.
+The ``tl-geometry report`` command lives in :mod:`tl_geometry.cli.report`.
 
 When the folder already holds ``sensitivity.csv`` or ``sparsification.csv`` (written by
 ``tl-geometry prune --out DIR``), the report adds an Ablation section; with ``capacity.csv``
@@ -258,16 +258,56 @@ def write_report(
     out = Path(out_dir)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
+    _write_tables(result, out)
+    parts: list[_page.View | str] = [*_summary_parts(result), "<h2>Figures</h2>", *_figure_parts(result, figures)]
+    parts += _top_heads_parts(result)
+    if cache is not None:
+        parts += _example_head_parts(result, cache, dict(tokens=tokens, model=model, max_tokens=max_tokens), n)
+    parts += _ablation(out, figures)
+    parts += capacity_section(out, figures)
+    files = [*TABLE_FILES, *(name for name in OPTIONAL_FILES if (out / name).is_file())]
+    page = _page.page_html(parts, title=f"tl_geometry report — {result.metadata.get('model_name', '')}",
+                           header=_header(result, files))
+    index = out / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index
+
+
+#: The tables every report writes beside its page, and the ones it reads when they are there.
+TABLE_FILES = ("analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv", "sink_effect.csv")
+OPTIONAL_FILES = ("sensitivity.csv", "sparsification.csv", "capacity.csv", "capacity_heads.csv")
+
+
+def _write_tables(result: HeadAnalysis, out: Path) -> None:
+    """The saved analysis and its CSV tables (:data:`TABLE_FILES`)."""
     result.save(out / "analysis.pt")
     result.heads_table().to_csv(out / "heads.csv", index=False)
     result.to_pandas().to_csv(out / "metrics.csv", index=False)
     result.class_counts().to_csv(out / "class_counts.csv")
     result.paired_sink_summary().to_csv(out / "sink_effect.csv", index=False)
+
+
+def _summary_parts(result: HeadAnalysis) -> list[_page.View | str]:
+    """The taxonomy grid, the sink views, the sink effect and the mean-per-N table."""
+    return [
+        taxonomy_view(result), sink_view(result), *sink_effect_section(result),
+        "<h2>Mean over heads per N</h2>", _table(n_means_table(result)),
+        '<p class="tlg-caption">† dense N > (t+1)/4: the precision floor N/(t+1) lifts F; shown, '
+        "never headlined. F* = chance-corrected F (SPEC §3). top − shuffled is the net effect of the "
+        "value geometry, of either sign: positive where the selected values cohere, negative where "
+        "attended but unselected keys carry values aligned with the selection; shuffled − random is "
+        "what the attention ranking achieves on values with the real norms but no coupling.</p>",
+    ]
+
+
+def _figure_parts(result: HeadAnalysis, figures: Path) -> list[str]:
+    """The figures, saved under ``figures/`` (PNG and SVG) and inlined with their captions."""
+    bounds = ", and the bounds" if result.bounds is not None else ""
     plots = [
         ("f_by_class", f_curves_plot(result, by="class"),
          "F_N against N, mean over the heads of each class: top-N, random subsets, values shuffled, "
-         "sink removed, sink in / outside the set" + (", and the bounds" if result.bounds is not None else "")
-         + ". Shaded: N = 1 (trivial) and the dense N > (t+1)/4 (not headlined)."),
+         f"sink removed, sink in / outside the set{bounds}. Shaded: N = 1 (trivial) and the dense "
+         "N > (t+1)/4 (not headlined)."),
         ("f_cc_by_class", f_curves_plot(result, by="class", metric="f_score_cc"),
          "Chance-corrected F*_N against N, the same groups: the precision floor N/(t+1) taken out, so "
          "a rise at dense N is not read as separability."),
@@ -276,38 +316,26 @@ def write_report(
         ("class_counts", class_counts_plot(result), "Heads of each class per layer."),
     ]
     # 90 dpi keeps the inlined PNGs small (the page stays a few MB); the SVGs are the print copies.
-    figure_html = [_figure(save_figure(fig, figures / name, dpi=90)[0], caption) for name, fig, caption in plots]
+    return [_figure(save_figure(fig, figures / name, dpi=90)[0], caption) for name, fig, caption in plots]
 
-    parts: list[_page.View | str] = [taxonomy_view(result), sink_view(result), *sink_effect_section(result)]
-    parts += ["<h2>Mean over heads per N</h2>", _table(n_means_table(result)),
-              '<p class="tlg-caption">† dense N > (t+1)/4: the precision floor N/(t+1) lifts F; shown, '
-              "never headlined. F* = chance-corrected F (SPEC §3). top − shuffled: what the value "
-              "geometry carries; shuffled − random: what the attention magnitudes alone explain.</p>"]
-    parts += ["<h2>Figures</h2>", *figure_html]
-    # The ranking N is the first of the headline range: a dense N is never the headline.
+
+def _top_heads_parts(result: HeadAnalysis) -> list[_page.View | str]:
+    """The heads where top-N beats random the most, at the first N of the headline range (a
+    dense N is never the headline)."""
     analysed = result.n_values.tolist()
     top_n = next(iter(result.headline_n), 2 if 2 in analysed else analysed[0])
     top = result.top(12, by="f_gain", n=top_n)
-    parts += [f"<h2>Heads where top-N beats random the most (N = {n_label(result, top_n)})</h2>", _table(top)]
-    if cache is not None:
-        parts.append("<h2>Example heads</h2>")
-        for cls, layer, head in example_heads(result) if 2 in result.n_values.tolist() else []:
-            color = CLASS_COLORS[cls]
-            parts.append(f'<h3 style="color:{color}">{cls}: layer {layer}, head {head}</h3>')
-            kw = dict(tokens=tokens, model=model, max_tokens=max_tokens)
-            # The last query has n_pos keys: a short window (e.g. --seq-len 3) shows them all.
-            n_view = min(n, int(cache[f"blocks.{layer}.attn.hook_pattern"].shape[-1]))
-            parts += [attention_view(cache, layer, head, n=n_view, **kw),
-                      contribution_view(cache, layer, head, **kw), token_view(cache, layer, head, n=n_view, **kw)]
-    parts += _ablation(out, figures)
-    parts += capacity_section(out, figures)
-    files = ["analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv", "sink_effect.csv"] + [
-        p.name for p in (out / "sensitivity.csv", out / "sparsification.csv", out / "capacity.csv",
-                         out / "capacity_heads.csv") if p.is_file()
-    ]
-    page = _page.page_html(parts, title=f"tl_geometry report — {result.metadata.get('model_name', '')}",
-                           header=_header(result, files))
-    index = out / "index.html"
-    index.write_text(page, encoding="utf-8")
-    return index
+    return [f"<h2>Heads where top-N beats random the most (N = {n_label(result, top_n)})</h2>", _table(top)]
+
+
+def _example_head_parts(result: HeadAnalysis, cache: Any, text: dict[str, Any], n: int) -> list[_page.View | str]:
+    """Token-level views of one example head per class, its top-``n`` keys highlighted."""
+    parts: list[_page.View | str] = ["<h2>Example heads</h2>"]
+    for cls, layer, head in example_heads(result) if 2 in result.n_values.tolist() else []:
+        parts.append(f'<h3 style="color:{CLASS_COLORS[cls]}">{cls}: layer {layer}, head {head}</h3>')
+        # The last query has n_pos keys: a short window (e.g. --seq-len 3) shows them all.
+        n_view = min(n, int(cache[f"blocks.{layer}.attn.hook_pattern"].shape[-1]))
+        parts += [attention_view(cache, layer, head, n=n_view, **text),
+                  contribution_view(cache, layer, head, **text), token_view(cache, layer, head, n=n_view, **text)]
+    return parts
 
