@@ -74,7 +74,7 @@ def test_the_static_import_graph_has_no_cycle(graph):
 
 
 def test_no_subpackage_module_imports_the_package_root(graph):
-    importers = {m for m in graph.find_modules_that_directly_import("tl_geometry")}
+    importers = set(graph.find_modules_that_directly_import("tl_geometry"))
     assert importers == set(), f"import from the subpackage that defines the name instead: {importers}"
 
 

@@ -1,11 +1,17 @@
 """The per-layer data that the layer pass (:mod:`.layer`) and the bounds (:mod:`.bounds`) share:
 one layer's attention rows and values with the positions, sink and chosen queries of its
 sequences, and the value vectors of each value group read from them.
+
+Attention rows come from an :class:`AttentionRows` source, so that the engine never needs more
+of them than it reads: :class:`PatternRows` serves them from a cached ``hook_pattern``
+(``[batch, head, query, key]``, no copy); a source that recomputes rows from queries and keys
+serves only the chosen queries' rows, and every query's rows in blocks for the votes.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from einops import einsum, rearrange
@@ -13,6 +19,70 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
+
+
+@runtime_checkable
+class AttentionRows(Protocol):
+    """Where one layer's attention probabilities come from (``α[b, h, t, k]``, SPEC §1).
+
+    ``rows(b0, b1, queries)`` gives the rows of the chosen queries of sequences ``b0:b1``: a
+    tensor ``[b, head, row, key]`` and ``row_of [b, q]``, the row that holds query
+    ``queries[:, i]`` (−1 queries may point anywhere: they are never read). ``blocks(b0, b1)``
+    gives every query's rows in ascending blocks ``(first query, [b, head, block, key])``.
+    """
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(batch, head, pos)``."""
+        ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def rows(self, b0: int, b1: int, queries: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]: ...
+
+
+class PatternRows:
+    """:class:`AttentionRows` read from a cached pattern ``[batch, head, query, key]`` (never
+    written; a query's row is its own position's). With ``upcast``, a half-precision pattern is
+    served as float32, one chunk of sequences at a time (the compiled kernels read float32 or
+    float64); the last chunk is kept, so the votes and the scores of a chunk share one copy."""
+
+    def __init__(self, pattern: Float[Tensor, "batch head query key"], *, upcast: bool = False) -> None:
+        self.pattern = pattern
+        self.upcast = upcast and pattern.dtype not in (torch.float32, torch.float64)
+        self._last: tuple[int, int, Tensor] | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        batch, n_heads, n_pos, _ = self.pattern.shape
+        return batch, n_heads, n_pos
+
+    @property
+    def device(self) -> torch.device:
+        return self.pattern.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pattern.dtype
+
+    def _chunk(self, b0: int, b1: int) -> Tensor:
+        if not self.upcast:
+            return self.pattern[b0:b1]
+        if self._last is None or self._last[:2] != (b0, b1):
+            self._last = (b0, b1, self.pattern[b0:b1].float())
+        return self._last[2]
+
+    def rows(self, b0: int, b1: int, queries: Tensor) -> tuple[Tensor, Tensor]:
+        return self._chunk(b0, b1), queries
+
+    def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]:
+        yield 0, self._chunk(b0, b1)
 
 
 class LayerBlock(NamedTuple):
@@ -23,7 +93,7 @@ class LayerBlock(NamedTuple):
     head ``h`` reads group ``h // group_size``.
     """
 
-    pattern: Float[Tensor, "batch head query key"]
+    source: AttentionRows
     v: Float[Tensor, "batch pos kv d"]
     is_token: Bool[Tensor, "batch pos"]
     sink: Int[Tensor, " batch"]

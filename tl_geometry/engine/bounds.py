@@ -44,7 +44,7 @@ def layer_bounds(
 
     ``inversions [b, head, q, n]`` are the measured GInv of the top-N sets, for the certificates.
     """
-    batch, n_heads, n_pos, _ = data.pattern.shape
+    batch, n_heads, n_pos = data.source.shape
     values = group_values(data, 0, batch, n_pos)  # [b, g, k, d]
     # Extremes over each sequence's real keys are certificates for every query of it; quantiles
     # give the predicted envelope (SPEC §6b).
@@ -64,7 +64,8 @@ def layer_bounds(
             t = data.queries[b, q0 : q0 + step]
             ok = data.is_token[b].gather(0, t.clamp_min(0)) & (t >= 0)
             key_mask = (keys <= t[:, None]) & data.is_token[b] & ok[:, None]  # [q, k]
-            alpha = data.pattern[b, :, t.clamp_min(0)].to(COMPUTE_DTYPE)  # [h, q, k]
+            rows, row_of = data.source.rows(b, b + 1, t[None])
+            alpha = rows[0][:, row_of[0].clamp_min(0)].to(COMPUTE_DTYPE)  # [h, q, k]
             alpha = torch.where(key_mask, alpha, 0.0)
             score = alpha * norms[b][:, None] if opts.rank_by == "contribution" else alpha
             top = _ranks(score, key_mask)

@@ -53,11 +53,14 @@ def _check_row(row, is_token, t, norms, s):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True)
-def check_and_vote(pattern, is_token, sink, norms, group_size, stats, votes):  # pragma: no cover
+def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, stats, votes):  # pragma: no cover
     """Validation statistics ``stats[b, h, :]`` and votes ``votes[b, h, 3]`` of a layer.
 
-    ``pattern [b, h, q, k]`` (float32/64), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]``
-    (‖v‖ of value group ``g = h // group_size``). Only rows of real queries are read.
+    ``pattern [b, h, q, k]`` (float32/64) holds the rows of queries ``q_start …`` (all of them,
+    or one block), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]`` (‖v‖ of value group
+    ``g = h // group_size``). Only rows of real queries are read. ``stats`` and ``votes`` add up
+    over calls (:func:`.checks.new_stats` starts them), so blocks of queries taken in ascending
+    order give the statistics of one call over every query.
 
     Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
     future entries above the tolerance); a row whose sum is not finite or that leaks is read
@@ -69,17 +72,15 @@ def check_and_vote(pattern, is_token, sink, norms, group_size, stats, votes):  #
         h = bh % n_h
         g = h // group_size
         s = stats[b, h]
-        s[ST_NONFINITE_Q] = -1.0
-        s[ST_DEAD_Q] = -1.0
-        s[ST_MIN] = 0.0
         dense = True
         for k in range(n_k):
             dense &= is_token[b, k]
         nrm = norms[b, g]
-        for t in range(n_q):
+        for tq in range(n_q):
+            t = q_start + tq
             if not is_token[b, t]:
                 continue
-            row = pattern[b, h, t]
+            row = pattern[b, h, tq]
             fast = dense
             if dense:
                 row_sum = 0.0

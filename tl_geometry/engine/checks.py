@@ -9,6 +9,7 @@ that names the problem and the fix.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -70,8 +71,16 @@ def check_values(v: Float[Tensor, "batch pos kv d"], is_token: Bool[Tensor, "bat
         )
 
 
+def new_stats(batch: int, n_heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Empty validation statistics ``[batch, head, stat]`` and vote counts ``[batch, head, 3]``:
+    no entry seen (first-position fields −1, the minimum 0)."""
+    stats = np.zeros((batch, n_heads, N_STATS))
+    stats[..., ST_NONFINITE_Q] = stats[..., ST_DEAD_Q] = -1.0
+    return stats, np.zeros((batch, n_heads, 3), dtype=np.int64)
+
+
 def check_and_vote(
-    rows: Float[Tensor, "batch head query key"],
+    blocks: Iterable[tuple[int, Float[Tensor, "batch head query key"]]],
     is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"],
     norms: Float[Tensor, "batch group key"],
@@ -79,16 +88,22 @@ def check_and_vote(
     *,
     numba: bool,
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
-    """Validation statistics and source-winner vote counts of every (sequence, head)."""
-    batch, n_heads = rows.shape[:2]
+    """Validation statistics and source-winner vote counts of every (sequence, head), from every
+    query's rows given in ascending blocks ``(first query, rows)`` (one block: the pattern)."""
+    batch, n_heads = is_token.shape[0], norms.shape[1] * group_size
+    stats, votes = new_stats(batch, n_heads)
     if not numba:
-        return torch_kernels.check_and_vote(rows, is_token, sink, norms, group_size)
+        out = torch.from_numpy(stats).to(norms.device), torch.from_numpy(votes).to(norms.device)
+        for q_start, rows in blocks:
+            torch_kernels.check_and_vote(rows, q_start, is_token, sink, norms, group_size, *out)
+        return out
     from .check_kernel import check_and_vote as kernel
 
-    stats = np.zeros((batch, n_heads, N_STATS))
-    votes = np.zeros((batch, n_heads, 3), dtype=np.int64)
-    arrays = (x.detach().contiguous().numpy() for x in (rows, is_token, sink, norms))
-    kernel(*arrays, group_size, stats, votes)  # type: ignore[call-arg]
+    fixed = [x.detach().contiguous().numpy() for x in (is_token, sink, norms)]
+    for q_start, rows in blocks:
+        if rows.dtype not in (torch.float32, torch.float64):
+            rows = rows.float()  # the kernel reads float32 or float64 rows
+        kernel(rows.detach().contiguous().numpy(), q_start, *fixed, group_size, stats, votes)  # type: ignore[call-arg]
     return torch.from_numpy(stats), torch.from_numpy(votes)
 
 

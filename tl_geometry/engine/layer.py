@@ -32,7 +32,7 @@ from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.heads import first_duplicate, last_positions
 from ..functional.separability import METRIC_NAMES
 from . import checks, torch_kernels
-from .block import LayerBlock, group_values
+from .block import AttentionRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
 from .options import AnalysisOptions
 from .paired import N_BINS, paired_counts
@@ -47,6 +47,8 @@ _F_SCORE, _INVERSIONS = METRIC_NAMES.index("f_score"), METRIC_NAMES.index("inver
 CHUNK_FRACTION = 0.25
 #: … but never less than this, so small layers are one chunk.
 MIN_CHUNK_BYTES = 1 << 24
+#: Bytes of recomputed attention rows (float64) scored at once.
+ROW_BLOCK_BYTES = 1 << 26
 
 
 class LayerStats(NamedTuple):
@@ -141,13 +143,14 @@ def sink_geometry(
 
 def _chunk_plan(layer: LayerBlock, d_values: int) -> list[tuple[int, int, int, int]]:
     """``(b0, b1, g0, g1)`` chunks whose Gram blocks, values and rows fit the budget."""
-    pattern = layer.pattern
-    batch, n_pos = pattern.shape[0], pattern.shape[-1]
-    budget = max(MIN_CHUNK_BYTES, int(CHUNK_FRACTION * pattern.numel() * pattern.element_size()))
+    batch, n_heads, n_pos = layer.source.shape
+    itemsize = torch.empty((), dtype=layer.source.dtype).element_size()
+    # The budget is a fraction of what the layer's whole pattern takes (or would take).
+    budget = max(MIN_CHUNK_BYTES, int(CHUNK_FRACTION * batch * n_heads * n_pos * n_pos * itemsize))
     gram_bytes = n_pos * n_pos * 8
     per_seq = layer.n_groups * (gram_bytes + n_pos * d_values * 8)
-    if pattern.dtype not in (torch.float32, torch.float64):
-        per_seq += pattern[0].numel() * 4  # the float32 copy of the rows
+    if layer.source.dtype not in (torch.float32, torch.float64):
+        per_seq += n_heads * n_pos * n_pos * 4  # the float32 copy of the rows
     if per_seq <= budget:
         step = max(1, budget // per_seq)
         return [(b, min(batch, b + step), 0, layer.n_groups) for b in range(0, batch, step)]
@@ -157,7 +160,7 @@ def _chunk_plan(layer: LayerBlock, d_values: int) -> list[tuple[int, int, int, i
 
 
 def analyze_layer(
-    pattern: Float[Tensor, "batch head query key"],
+    pattern: Float[Tensor, "batch head query key"] | AttentionRows,
     v: Float[Tensor, "batch pos kv d"],
     is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"],
@@ -170,29 +173,31 @@ def analyze_layer(
 ) -> LayerStats:
     """Validate one layer of one batch and reduce it to :class:`LayerStats` (SPEC §2–6).
 
-    ``pattern`` and ``v`` are read, never written; ``W_O`` (``[head, d_head, d_model]``)
-    selects output space. Sequence ``i`` of the batch is global sequence ``sequence_offset + i``
-    (the random baseline's stream).
+    ``pattern`` (a cached ``hook_pattern``, or any :class:`AttentionRows` source) and ``v`` are
+    read, never written; ``W_O`` (``[head, d_head, d_model]``) selects output space. Sequence
+    ``i`` of the batch is global sequence ``sequence_offset + i`` (the random baseline's stream).
     """
-    data = _layer_block(pattern, v, is_token.to(pattern.device), sink.to(pattern.device), opts, layer, W_O)
     numba = _use_numba(pattern.device, opts.backend)
+    # The kernels read float32 or float64 rows: a half-precision pattern is upcast chunk by chunk.
+    source = PatternRows(pattern, upcast=numba) if isinstance(pattern, Tensor) else pattern
+    data = _layer_block(source, v, is_token.to(source.device), sink.to(source.device), opts, layer, W_O)
     rows_out = _RowOutputs.empty(data, len(opts.n_values))
-    seq_ids = range(sequence_offset, sequence_offset + data.pattern.shape[0])
-    keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(pattern.device)
+    seq_ids = range(sequence_offset, sequence_offset + source.shape[0])
+    keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(source.device)
     d_values = v.shape[-1] if W_O is None else W_O.shape[-1]
     for b0, b1, g0, g1 in _chunk_plan(data, d_values):
         if g0 == 0:  # the first chunk of these sequences: validate and vote, one read of the rows
-            rows, values = _check_and_vote(data, b0, b1, rows_out, layer, numba=numba, mask_given=mask_given)
-        _score_chunk(data, opts, rows, values, keys, rows_out, b0, b1, g0, g1, numba=numba)
+            values = _check_and_vote(data, b0, b1, rows_out, layer, numba=numba, mask_given=mask_given)
+        _score_chunk(data, opts, values, keys, rows_out, b0, b1, g0, g1, numba=numba)
     return _reduce(data, opts, *rows_out, layer, numba=numba)
 
 
-def _layer_block(pattern: Tensor, v: Tensor, is_token: Tensor, sink: Tensor, opts: AnalysisOptions,
+def _layer_block(source: AttentionRows, v: Tensor, is_token: Tensor, sink: Tensor, opts: AnalysisOptions,
                  layer: int, W_O: Tensor | None) -> LayerBlock:
     """The checked :class:`LayerBlock` of one layer: values checked, ``W_O`` matched to the
     cache, the chosen queries (each sequence's last real one, or every position)."""
     checks.check_values(v, is_token, layer)
-    batch, n_heads, n_pos, _ = pattern.shape
+    batch, n_heads, n_pos = source.shape
     n_groups = n_heads if W_O is not None else v.shape[2]
     if W_O is not None and W_O.shape[:2] != (n_heads, v.shape[-1]):
         raise ValueError(f"W_O of layer {layer} is {tuple(W_O.shape)}; expected [{n_heads}, "
@@ -200,8 +205,8 @@ def _layer_block(pattern: Tensor, v: Tensor, is_token: Tensor, sink: Tensor, opt
     if opts.queries == "last":
         queries = last_positions(is_token)[:, None]
     else:
-        queries = torch.arange(n_pos, device=pattern.device).repeat(batch, 1)
-    return LayerBlock(pattern, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups)
+        queries = torch.arange(n_pos, device=source.device).repeat(batch, 1)
+    return LayerBlock(source, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups)
 
 
 class _RowOutputs(NamedTuple):
@@ -214,8 +219,8 @@ class _RowOutputs(NamedTuple):
 
     @classmethod
     def empty(cls, data: LayerBlock, n_sizes: int) -> _RowOutputs:
-        batch, n_heads = data.pattern.shape[:2]
-        n_q, device = data.queries.shape[1], data.pattern.device
+        batch, n_heads, _ = data.source.shape
+        n_q, device = data.queries.shape[1], data.source.device
         return cls(
             torch.full((batch, n_heads, n_q, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)), torch.nan,
                        dtype=COMPUTE_DTYPE, device=device),
@@ -226,30 +231,26 @@ class _RowOutputs(NamedTuple):
 
 
 def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer: int, *, numba: bool,
-                    mask_given: bool) -> tuple[Tensor, Tensor]:
-    """Validate sequences ``b0:b1`` and count their votes (SPEC §5) in one read of the rows;
-    returns the rows (float32 or better for the kernels) and the value groups' vectors."""
-    rows = data.pattern[b0:b1]
-    if numba and rows.dtype not in (torch.float32, torch.float64):
-        rows = rows.float()
-    values = group_values(data, b0, b1, data.pattern.shape[2])
+                    mask_given: bool) -> Tensor:
+    """Validate sequences ``b0:b1`` and count their votes (SPEC §5) in one read of every query's
+    rows; returns the value groups' vectors ``[b, g, k, d]``."""
+    values = group_values(data, b0, b1, data.source.shape[2])
     stats, out.votes[b0:b1] = checks.check_and_vote(
-        rows, data.is_token[b0:b1], data.sink[b0:b1], torch.linalg.vector_norm(values, dim=-1),
-        data.group_size, numba=numba,
+        data.source.blocks(b0, b1), data.is_token[b0:b1], data.sink[b0:b1],
+        torch.linalg.vector_norm(values, dim=-1), data.group_size, numba=numba,
     )
     checks.raise_for_stats(stats, layer, b0, mask_given=mask_given)
-    return rows, values
+    return values
 
 
-def _score_chunk(data: LayerBlock, opts: AnalysisOptions, rows: Tensor, values: Tensor, keys: Tensor,
-                 out: _RowOutputs, b0: int, b1: int, g0: int, g1: int, *, numba: bool) -> None:
+def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: Tensor, out: _RowOutputs,
+                 b0: int, b1: int, g0: int, g1: int, *, numba: bool) -> None:
     """Gram matrices, every selection's scores (SPEC §2–3) and the sink geometry (SPEC §4) of
     sequences ``b0:b1`` and value groups ``g0:g1``, written into ``out``."""
     queries, is_token, sink = data.queries[b0:b1], data.is_token[b0:b1], data.sink[b0:b1]
     n_keys = int(queries.max()) + 1  # keys after the last chosen query are unused
     chunk = values[:, g0:g1, :n_keys]
     h0, h1 = g0 * data.group_size, g1 * data.group_size
-    outputs = (out.metrics[b0:b1], out.sink_in_top[b0:b1], out.sink_fields[b0:b1])
     if numba:
         from .gram_kernel import tie_duplicates_and_sink_geometry
         from .score_kernel import score_rows
@@ -262,18 +263,34 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, rows: Tensor, values: 
     else:
         gram = _gram(chunk)
     real_index = is_token.long().cumsum(-1) - 1
-    args = (rows, h0, data.group_size, g0, queries, is_token, sink, real_index, keys[b0:b1], gram,
-            opts.n_values.to(gram.device), opts.random_samples, opts.shuffle_samples,
-            opts.rank_by == "contribution", opts.distance == "cosine")
-    if numba:
-        score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))
-    else:
-        torch_kernels.score_rows(*args, *outputs)
+    for q0, q1 in _query_blocks(data.source, queries, n_keys):
+        rows, row_of = data.source.rows(b0, b1, queries[:, q0:q1])
+        args = (rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, sink, real_index,
+                keys[b0:b1], gram, opts.n_values.to(gram.device), opts.random_samples, opts.shuffle_samples,
+                opts.rank_by == "contribution", opts.distance == "cosine")
+        outputs = (out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1])
+        if numba:
+            score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))
+        else:
+            torch_kernels.score_rows(*args, *outputs)
+        del rows, args
+    if not numba:
         geometry = sink_geometry(chunk, is_token[:, :n_keys], sink, queries)
         ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
         geometry = torch.where(ok, geometry.repeat_interleave(data.group_size, dim=1), torch.nan)
         out.sink_fields[b0:b1, h0:h1, :, 1:4] = geometry
-    del gram, args  # this chunk's Gram matrices go before the next chunk's are made
+    del gram  # this chunk's Gram matrices go before the next chunk's are made
+
+
+def _query_blocks(source: AttentionRows, queries: Tensor, n_keys: int) -> list[tuple[int, int]]:
+    """Blocks of the chosen queries scored at once: all of them from a cached pattern (its rows
+    are read in place), else as many as keep the recomputed rows within :data:`ROW_BLOCK_BYTES`."""
+    n_q = queries.shape[1]
+    if isinstance(source, PatternRows):
+        return [(0, n_q)]
+    per_query = queries.shape[0] * source.shape[1] * n_keys * 8
+    step = max(1, ROW_BLOCK_BYTES // per_query)
+    return [(q0, min(n_q, q0 + step)) for q0 in range(0, n_q, step)]
 
 
 def _numpy(x: Any) -> Any:

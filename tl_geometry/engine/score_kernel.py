@@ -200,12 +200,14 @@ QUERY_BLOCK = 16
 
 
 @njit(parallel=True, cache=True)
-def score_rows(pattern, h0, group_size, g0, queries, is_token, sink, real_index, sequence_keys,
+def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, real_index, sequence_keys,
                gram, n_values, samples, shuffles, by_contribution, cosine,
                metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
-    ``pattern [b, H, q, k]``, ``queries [b, Q]`` (−1: none), ``is_token``, ``sink``, ``real_index``
+    ``pattern [b, H, r, k]`` holds query ``queries[b, i]``'s row at ``row_of[b, i]`` (the whole
+    pattern with ``row_of = queries``, or only the chosen rows); ``queries [b, Q]`` (−1: none),
+    ``is_token``, ``sink``, ``real_index``
     and ``sequence_keys`` are the chunk's sequences; ``gram [b, g, k, k]`` holds value groups
     ``g0 + g``. Writes ``metrics[b, h, Q, 4, n, 7]`` (groups: top, random mean, shuffled
     mean, sink removed; metrics: :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
@@ -233,14 +235,14 @@ def score_rows(pattern, h0, group_size, g0, queries, is_token, sink, real_index,
         floats = np.zeros((8, n_pos))
         ints = np.empty((4, n_pos), dtype=np.int64)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
-            _score_row(pattern, cb, h, qi, queries, is_token, sink, real_index, sequence_keys,
+            _score_row(pattern, row_of, cb, h, qi, queries, is_token, sink, real_index, sequence_keys,
                        gram[cb, (h // group_size) - g0], n_values, samples, shuffles,
                        by_contribution, cosine, metrics[cb, h, qi], sink_in_top, sink_mass,
                        keys_buf, top_buf, single, packed, floats, ints)
 
 
 @njit(cache=True)
-def _score_row(pattern, b, h, qi, queries, is_token, sink, real_index, sequence_keys, gram_bg,
+def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, sequence_keys, gram_bg,
                n_values, samples, shuffles, by_contribution, cosine, out, sink_in_top, sink_mass,
                keys_buf, top_buf, single, packed, floats, ints):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
@@ -252,6 +254,7 @@ def _score_row(pattern, b, h, qi, queries, is_token, sink, real_index, sequence_
         out[:] = np.nan
         sink_mass[b, h, qi, :] = np.nan
         return
+    row = row_of[b, qi]
     lo = sink[b]
     m = 0
     for k in range(lo, t + 1):
@@ -265,7 +268,7 @@ def _score_row(pattern, b, h, qi, queries, is_token, sink, real_index, sequence_
     total = 0.0
     for j in range(m):
         k = keys[j]
-        alpha[k] = pattern[b, h, t, k]
+        alpha[k] = pattern[b, h, row, k]
         gdiag[k] = gram_bg[k, k]
         norms[k] = np.sqrt(max(gdiag[k], 0.0))
         contribution = alpha[k] * norms[k]

@@ -23,45 +23,60 @@ _LEAK_TOL = 1e-4
 
 
 def check_and_vote(
-    rows: Float[Tensor, "batch head query key"], is_token: Bool[Tensor, "batch pos"],
+    rows: Float[Tensor, "batch head query key"], q_start: int, is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"], norms: Float[Tensor, "batch group key"], group_size: int,
-) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
-    """:func:`.check_kernel.check_and_vote` in torch, one sequence at a time."""
-    from .check_kernel import N_STATS
+    stats: Float[Tensor, "batch head stat"], votes: Int[Tensor, "batch head 3"],
+) -> None:
+    """:func:`.check_kernel.check_and_vote` in torch, one sequence at a time: the rows of queries
+    ``q_start …`` add to ``stats`` and ``votes`` (written in place)."""
+    from .check_kernel import (
+        ST_DEAD,
+        ST_DEAD_Q,
+        ST_FUTURE,
+        ST_MIN,
+        ST_NONFINITE,
+        ST_NONFINITE_K,
+        ST_NONFINITE_Q,
+        ST_PADDING,
+        ST_ROW_SUM,
+    )
 
-    batch, n_heads, n_pos, _ = rows.shape
+    batch, _, n_q, n_pos = rows.shape
     device = rows.device
     keys = torch.arange(n_pos, device=device)
-    causal = keys[None, :] <= keys[:, None]  # [q, k]
-    stats = torch.zeros(batch, n_heads, N_STATS, dtype=COMPUTE_DTYPE, device=device)
-    votes = torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device)
+    positions = q_start + torch.arange(n_q, device=device)
+    causal = keys[None, :] <= positions[:, None]  # [q, k]
     for b in range(batch):
         x = rows[b].to(COMPUTE_DTYPE)  # [h, q, k]
-        row_real = is_token[b][None, :, None]
+        query_real = is_token[b, q_start : q_start + n_q]
+        row_real = query_real[None, :, None]
         valid = causal & is_token[b][None, :] & row_real
         finite = torch.isfinite(x)
         bad = valid & ~finite
-        stats[b, :, 0] = bad.sum((-1, -2)).to(COMPUTE_DTYPE)
-        stats[b, :, 1:3] = -1.0
-        first = _first_index(bad)
-        stats[b, :, 1], stats[b, :, 2] = first[0], first[1]
+        s = stats[b]
+        first_q, first_k = _first_index(bad)
+        new = (s[:, ST_NONFINITE] == 0) & bad.any((-1, -2))
+        s[:, ST_NONFINITE_Q] = torch.where(new, first_q + q_start, s[:, ST_NONFINITE_Q])
+        s[:, ST_NONFINITE_K] = torch.where(new, first_k, s[:, ST_NONFINITE_K])
+        s[:, ST_NONFINITE] += bad.sum((-1, -2)).to(COMPUTE_DTYPE)
         leak = (~valid & row_real) & ~(x.abs() <= _LEAK_TOL)
         amount = torch.where(torch.isfinite(x), x.abs(), torch.inf)
-        stats[b, :, 3] = torch.where(leak & ~causal, amount, 0).amax((-1, -2))
-        stats[b, :, 4] = torch.where(leak & causal, amount, 0).amax((-1, -2))
+        s[:, ST_FUTURE] = torch.maximum(s[:, ST_FUTURE], torch.where(leak & ~causal, amount, 0).amax((-1, -2)))
+        s[:, ST_PADDING] = torch.maximum(s[:, ST_PADDING], torch.where(leak & causal, amount, 0).amax((-1, -2)))
         good = valid & finite
-        stats[b, :, 5] = torch.where(good, x, 0).amin((-1, -2)).clamp_max(0)
+        s[:, ST_MIN] = torch.minimum(s[:, ST_MIN], torch.where(good, x, 0).amin((-1, -2)).clamp_max(0))
         row_sum = torch.where(good, x, 0).sum(-1)  # [h, q]
-        stats[b, :, 6] = torch.where(is_token[b], row_sum, 0).amax(-1)
-        dead = is_token[b] & (row_sum.abs() < 1e-6)
-        stats[b, :, 7] = dead.sum(-1).to(COMPUTE_DTYPE)
-        stats[b, :, 8] = torch.where(dead.any(-1), dead.to(torch.int8).argmax(-1).to(COMPUTE_DTYPE), -1.0)
+        s[:, ST_ROW_SUM] = torch.maximum(s[:, ST_ROW_SUM], torch.where(query_real, row_sum, 0).amax(-1))
+        dead = query_real & (row_sum.abs() < 1e-6)
+        new = (s[:, ST_DEAD] == 0) & dead.any(-1)
+        first_dead = dead.to(torch.int8).argmax(-1).to(COMPUTE_DTYPE) + q_start
+        s[:, ST_DEAD_Q] = torch.where(new, first_dead, s[:, ST_DEAD_Q])
+        s[:, ST_DEAD] += dead.sum(-1).to(COMPUTE_DTYPE)
         head_norms = norms[b].repeat_interleave(group_size, dim=0)[:, None, :]  # [h, 1, k]
         winner = torch.where(good, x * head_norms, -1.0).argmax(-1)  # first maximum: lower index
-        counted = is_token[b] & (keys > sink[b])
-        kind = torch.where(winner == keys, 0, torch.where(winner == sink[b], 1, 2))
-        votes[b] = torch.nn.functional.one_hot(kind, 3).mul(counted[None, :, None]).sum(1)
-    return stats, votes
+        counted = query_real & (positions > sink[b])
+        kind = torch.where(winner == positions, 0, torch.where(winner == sink[b], 1, 2))
+        votes[b] += torch.nn.functional.one_hot(kind, 3).mul(counted[None, :, None]).sum(1)
 
 
 def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
@@ -76,7 +91,7 @@ def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
 
 
 def score_rows(
-    rows: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
+    rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
     sink: Tensor, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
     samples: int, shuffles: int, by_contribution: bool, cosine: bool, metrics: Tensor,
     sink_in_top: Tensor, sink_fields: Tensor,
@@ -89,13 +104,13 @@ def score_rows(
     step = max(1, BLOCK_ELEMENTS // max(per_query, 1))
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
-        _score_block(rows, h0, group_size, queries[:, q0:q1], is_token, sink, real_index,
+        _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, real_index,
                      sequence_keys, gram, n_values, samples, shuffles, by_contribution, cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1])
 
 
-def _score_block(rows, h0, group_size, queries, is_token, sink, real_index, sequence_keys, gram,
+def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, real_index, sequence_keys, gram,
                  n_values, samples, shuffles, by_contribution, cosine, metrics, sink_in_top,
                  sink_fields) -> None:
     device = gram.device
@@ -105,7 +120,7 @@ def _score_block(rows, h0, group_size, queries, is_token, sink, real_index, sequ
     ok = (queries >= 0) & is_token.gather(1, t)
     keys = torch.arange(n_key, device=device)
     valid = (keys <= t[..., None]) & is_token[:, None, :n_key] & ok[..., None]  # [b, q, k]
-    index = t[:, None, :, None].expand(n_b, n_ch, -1, rows.shape[-1])
+    index = row_of.clamp_min(0)[:, None, :, None].expand(n_b, n_ch, -1, rows.shape[-1])
     alpha = rows[:, h0 : h0 + n_ch].gather(2, index)[..., :n_key].to(COMPUTE_DTYPE)
     alpha = torch.where(valid[:, None], alpha, 0.0)  # [b, h, q, k]
     gdiag = gram.diagonal(dim1=-2, dim2=-1).repeat_interleave(group_size, dim=1)[:, :, None]
