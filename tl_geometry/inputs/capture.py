@@ -95,13 +95,14 @@ def _original_modules(module: torch.nn.Module) -> Iterator[None]:
 
     def unwrap(parent: torch.nn.Module) -> None:
         for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
             original = getattr(child, "original_component", None)
             if isinstance(original, torch.nn.Module) and original is not child:
                 swapped.append((parent, name, child))
                 parent._modules[name] = original
                 child = original
-            if child is not None:
-                unwrap(child)
+            unwrap(child)
 
     try:
         unwrap(module)
@@ -158,7 +159,26 @@ def _delegate(module: torch.nn.Module, softcap: float | None, sinks: Tensor | No
     if eager is None:
         raise NotImplementedError(f"{type(module).__name__} uses softcapping or attention sinks but "
                                   "its module has no eager_attention_forward to compute them.")
-    return eager
+
+    def eager_with_additive_mask(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                                 mask: Tensor | None, **kwargs: Any) -> Any:
+        return eager(module, query, key, value, _additive(mask, query, key), **kwargs)
+
+    return eager_with_additive_mask
+
+
+def _additive(mask: Tensor | None, query: Tensor, key: Tensor) -> Tensor:
+    """SDPA's mask (boolean, True = visible; or ``None`` = plain causal) as the additive float
+    mask that eager attention adds to its logits."""
+    lowest = torch.finfo(query.dtype).min
+    if mask is None:
+        n_query, n_key = query.shape[2], key.shape[2]
+        causal = torch.ones(n_query, n_key, dtype=torch.bool, device=query.device).tril(n_key - n_query)
+        mask = causal[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    return torch.where(mask, zero, lowest)
 
 
 def _params(module: Any, query: Tensor, key: Tensor, kwargs: dict[str, Any]) -> AttentionParams:
