@@ -168,3 +168,18 @@ def test_tiny_models_match_their_eager_attention_weights(kind):
         assert (c.params.sinks is not None) == (kind == "gpt_oss")
     if kind == "gemma2":
         assert captures[0].params.scale == 16 ** -0.5
+
+
+def test_padding_mask_is_passed_to_the_model_and_to_the_rows():
+    model = _tiny("llama")
+    tokens = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    captures = capture_all(model, tokens, attention_mask=mask)
+    with torch.no_grad():
+        eager = model(tokens, attention_mask=mask, output_attentions=True).attentions
+    queries = torch.tensor([[3, 4, 5, 6]] * 2)  # real tokens in both sequences
+    for c in captures:
+        rows = attention_rows(c.q, c.k, queries, key_mask=mask.bool(), **c.params.row_kwargs())
+        torch.testing.assert_close(rows, eager[c.layer][:, :, 3:].double(), rtol=0, atol=1e-6)
+        assert (rows[1, :, :, :3] == 0).all()

@@ -171,6 +171,7 @@ def attention_row_blocks(
     if block < 1:
         raise ValueError(f"block={block} must be a positive number of queries.")
     batch, n_pos = q.shape[:2]
+    k = k.to(COMPUTE_DTYPE)  # once, not per block (a no-op on float64 keys)
     for start in range(0, n_pos, block):
         positions = torch.arange(start, min(start + block, n_pos), device=q.device)
         queries = positions.expand(batch, -1)

@@ -211,7 +211,9 @@ def capture_attention(
     own activations), never a ``[query, key]`` pattern and never logits. ``model`` is a
     transformers causal LM or a TransformerLens ``TransformerBridge`` around one;
     ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model. The model is
-    left exactly as it was, also when ``on_layer`` raises.
+    left exactly as it was, also when ``on_layer`` raises. Recompute rows with
+    ``key_mask=attention_mask.bool()`` when there is padding. TransformerLens hooks do not fire
+    during the capture (the bridge components are out of the forward).
 
     Example::
 
@@ -239,7 +241,9 @@ def capture_attention(
 
     with (_original_modules(hf_model), _attention_implementation(hf_model, attention),
           torch.no_grad()):
-        base(input_ids=tokens, attention_mask=attention_mask, use_cache=False)
+        device = base.get_input_embeddings().weight.device  # the first layer's, under a device map
+        mask = attention_mask.to(device) if attention_mask is not None else None
+        base(input_ids=tokens.to(device), attention_mask=mask, use_cache=False)
 
 
 def capture_all(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None) -> list[LayerCapture]:
