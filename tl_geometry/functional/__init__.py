@@ -2,10 +2,12 @@
 
 The pipeline's mathematics (``../SPEC``): KV-head mapping and contributions (§1), top-N and
 random selections (§2–3), separability (§3), sink diagnostics (§4) and the source-winner
-taxonomy (§5), bounds (§6: inversion certificates, regime bounds, the shell certificate).
+taxonomy (§5), bounds (§6: inversion certificates, regime bounds, the shell certificate), and
+attention rows recomputed from post-rotary queries and keys for chosen queries only.
 Every function is vectorised over heads, queries and selections.
 """
 
+from .attention import NO_QUERY, attention_row_blocks, attention_rows, visible_keys
 from .bounds import (
     Bounds,
     RegimeParams,
@@ -40,6 +42,7 @@ from .taxonomy import (
 
 __all__ = [
     "CLASSES",
+    "NO_QUERY",
     "UNLABELLED",
     "VOTES",
     "Bounds",
@@ -47,6 +50,8 @@ __all__ = [
     "RegimeParams",
     "Separability",
     "SinkDiagnostics",
+    "attention_row_blocks",
+    "attention_rows",
     "causal_key_mask",
     "contribution_norms",
     "distances",
@@ -69,5 +74,6 @@ __all__ = [
     "top_n_mask",
     "top_n_ranks",
     "value_dots",
+    "visible_keys",
     "vote_fractions",
 ]

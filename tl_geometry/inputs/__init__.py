@@ -2,5 +2,8 @@
 
 ``cache`` reads ``blocks.{l}.attn.hook_pattern`` / ``hook_v`` by name from any cache and raises
 every "your cache is missing X" error; ``models`` loads the built-in and your own models offline;
-``text`` holds the built-in sample text and cuts text into token windows with BOS.
+``text`` holds the built-in sample text and cuts text into token windows with BOS; ``capture``
+runs a model's Hugging Face forward with SDPA attention and hands each layer's post-rotary q, k, v
+and attention parameters to a callback, so that attention rows can be recomputed without the
+full pattern.
 """

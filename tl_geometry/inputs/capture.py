@@ -1,0 +1,260 @@
+"""Run a model's Hugging Face forward with SDPA attention and hand over each layer's q, k, v.
+
+Instead of the full ``[batch, head, query, key]`` pattern, each layer's attention inputs are
+captured as the model's attention function receives them: post-rotary (and, on Gemma-3,
+post-q/k-norm) queries and keys, and the values, together with the layer's attention
+parameters (scale, sliding window, softcap, sinks). With them,
+:func:`tl_geometry.functional.attention_rows` recomputes any rows of the pattern in float64.
+
+How: a custom attention function is registered with transformers (``AttentionInterface``,
+with the SDPA mask builder under the same name) and set as the model's attention
+implementation for the duration of one forward of the *base* model (no LM head, so no logits).
+The function passes the layer's tensors to your callback and then delegates to transformers'
+own SDPA attention, which never forms the ``[query, key]`` matrix on its fused paths. A model
+wrapped by TransformerLens's ``TransformerBridge`` has its modules replaced by bridge
+components that reimplement attention eagerly; they are swapped back to the original Hugging
+Face modules for the forward. Everything (modules, attention implementation, registrations) is
+restored in a ``finally``, also when the callback raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_names = itertools.count()
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """One layer's attention parameters, as its attention function received them.
+
+    ``scale`` multiplies ``⟨q, k⟩`` (``1/√d_head`` on Llama and Qwen2, Gemma-3's
+    ``query_pre_attn_scalar ** -0.5``); ``window`` is the sliding window of the layer (key ``i``
+    visible to query ``t`` iff ``t − window < i ≤ t``), ``None`` on global layers; ``softcap``
+    caps the scaled logits as ``softcap · tanh(x / softcap)``; ``sinks`` holds one extra
+    softmax logit per query head (GPT-OSS), ``None`` elsewhere.
+    """
+
+    scale: float
+    window: int | None
+    softcap: float | None
+    sinks: Tensor | None
+    n_heads: int
+    n_kv_heads: int
+
+    def row_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``attention_rows`` / ``attention_row_blocks`` for this layer.
+
+        >>> p = AttentionParams(0.125, 512, None, None, n_heads=4, n_kv_heads=1)
+        >>> p.row_kwargs()
+        {'scale': 0.125, 'window': 512, 'softcap': None, 'sinks': None}
+        """
+        return {"scale": self.scale, "window": self.window, "softcap": self.softcap,
+                "sinks": self.sinks}
+
+
+@dataclass(frozen=True)
+class LayerCapture:
+    """One layer's attention inputs: ``q`` ``[batch, pos, head, d]``, ``k`` and ``v``
+    ``[batch, pos, kv_head, d]`` (the layout of TransformerLens's ``hook_rot_q`` /
+    ``hook_rot_k`` / ``hook_v``), in the model's dtype and on its device.
+
+    ``q`` and ``k`` are what the attention multiplies (after rotary embeddings and any q/k
+    norm); query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``. The tensors are
+    views of the forward's own: read them, or clone what you keep beyond the callback.
+    """
+
+    layer: int
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    params: AttentionParams
+
+
+def _unwrapped(model: Any) -> Any:
+    """The Hugging Face model: ``model`` itself, or a ``TransformerBridge``'s ``original_model``."""
+    return getattr(model, "original_model", model)
+
+
+@contextlib.contextmanager
+def _original_modules(module: torch.nn.Module) -> Iterator[None]:
+    """Swap every bridge component under ``module`` for the HF module it wraps, then restore.
+
+    A bridge component keeps the module it replaced as ``original_component``; the HF module's
+    own forward (and so its attention function) then runs, and no TransformerLens hook fires.
+    """
+    swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
+
+    def unwrap(parent: torch.nn.Module) -> None:
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
+            original = getattr(child, "original_component", None)
+            if isinstance(original, torch.nn.Module) and original is not child:
+                swapped.append((parent, name, child))
+                parent._modules[name] = original
+                child = original
+            unwrap(child)
+
+    try:
+        unwrap(module)
+        yield
+    finally:
+        for parent, name, child in reversed(swapped):
+            parent._modules[name] = child
+
+
+def _configs(model: torch.nn.Module) -> list[Any]:
+    """Every distinct config object of the model's modules and their sub-configs."""
+    found: dict[int, Any] = {}
+    pending = [getattr(m, "config", None) for m in model.modules()]
+    while pending:
+        config = pending.pop()
+        if config is None or id(config) in found or not hasattr(config, "_attn_implementation"):
+            continue
+        found[id(config)] = config
+        pending.extend(getattr(config, key, None) for key in getattr(config, "sub_configs", {}))
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def _attention_implementation(model: torch.nn.Module, function: Callable[..., Any]) -> Iterator[None]:
+    """Register ``function`` (with SDPA's masks) and make it every config's attention, then undo."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    name = f"tl_geometry_capture_{next(_names)}"
+    configs = _configs(model)
+    saved = [config._attn_implementation_internal for config in configs]
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    try:
+        # The internal attribute: the public setter would also rewrite sub-configs' choices.
+        for config in configs:
+            config._attn_implementation_internal = name
+        yield
+    finally:
+        for config, implementation in zip(configs, saved):
+            config._attn_implementation_internal = implementation
+        AttentionInterface._global_mapping.pop(name, None)
+        AttentionMaskInterface._global_mapping.pop(name, None)
+
+
+def _delegate(module: torch.nn.Module, softcap: float | None, sinks: Tensor | None) -> Callable[..., Any]:
+    """The attention that computes the layer's output: SDPA, or the model's eager attention
+    where SDPA cannot express the layer (softcapping, sinks), which then holds ``[query, key]``."""
+    if softcap is None and sinks is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise NotImplementedError(f"{type(module).__name__} uses softcapping or attention sinks but "
+                                  "its module has no eager_attention_forward to compute them.")
+
+    def eager_with_additive_mask(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                                 mask: Tensor | None, **kwargs: Any) -> Any:
+        return eager(module, query, key, value, _additive(mask, query, key), **kwargs)
+
+    return eager_with_additive_mask
+
+
+def _additive(mask: Tensor | None, query: Tensor, key: Tensor) -> Tensor:
+    """SDPA's mask (boolean, True = visible; or ``None`` = plain causal) as the additive float
+    mask that eager attention adds to its logits."""
+    lowest = torch.finfo(query.dtype).min
+    if mask is None:
+        n_query, n_key = query.shape[2], key.shape[2]
+        causal = torch.ones(n_query, n_key, dtype=torch.bool, device=query.device).tril(n_key - n_query)
+        mask = causal[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    return torch.where(mask, zero, lowest)
+
+
+def _params(module: Any, query: Tensor, key: Tensor, kwargs: dict[str, Any]) -> AttentionParams:
+    """The layer's parameters from what its attention function was given (and the module)."""
+    scaling = kwargs.get("scaling")
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    softcap = kwargs.get("softcap", getattr(module, "attn_logit_softcapping", None))
+    sinks = kwargs.get("s_aux", getattr(module, "sinks", None))
+    return AttentionParams(
+        scale=float(scaling) if scaling is not None else query.shape[-1] ** -0.5,
+        window=int(window) if window else None,
+        softcap=float(softcap) if softcap else None,
+        sinks=sinks.detach() if isinstance(sinks, Tensor) else None,
+        n_heads=query.shape[1],
+        n_kv_heads=key.shape[1],
+    )
+
+
+def capture_attention(
+    model: Any,
+    tokens: Tensor,
+    on_layer: Callable[[LayerCapture], object],
+    *,
+    attention_mask: Tensor | None = None,
+) -> None:
+    """Run the base model on ``tokens`` ``[batch, pos]`` with SDPA; call ``on_layer`` per layer.
+
+    ``on_layer`` runs inside the forward, as soon as the layer's q/k/v exist, so that it can
+    analyse the layer and let go of it: peak memory holds one layer's q/k/v (plus the forward's
+    own activations), never a ``[query, key]`` pattern and never logits. ``model`` is a
+    transformers causal LM or a TransformerLens ``TransformerBridge`` around one;
+    ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model. The model is
+    left exactly as it was, also when ``on_layer`` raises. Recompute rows with
+    ``key_mask=attention_mask.bool()`` when there is padding. TransformerLens hooks do not fire
+    during the capture (the bridge components are out of the forward).
+
+    Example::
+
+        rows = {}
+        def on_layer(c):
+            last = torch.full((c.q.shape[0], 1), c.q.shape[1] - 1)
+            rows[c.layer] = attention_rows(c.q, c.k, last, **c.params.row_kwargs())
+        capture_attention(model, tokens, on_layer)
+    """
+    hf_model = _unwrapped(model)
+    base = getattr(hf_model, "base_model", hf_model)  # the decoder stack, without the LM head
+
+    def attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                  mask: Tensor | None, **kwargs: Any) -> Any:
+        # query [batch, head, pos, d], key/value [batch, kv_head, pos, d] (transformers' layout).
+        params = _params(module, query, key, kwargs)
+        layer = getattr(module, "layer_idx", None)
+        on_layer(LayerCapture(
+            layer=int(layer) if layer is not None else -1,
+            q=query.transpose(1, 2), k=key.transpose(1, 2), v=value.transpose(1, 2),
+            params=params,
+        ))
+        return _delegate(module, params.softcap, params.sinks)(module, query, key, value, mask,
+                                                              **kwargs)
+
+    with (_original_modules(hf_model), _attention_implementation(hf_model, attention),
+          torch.no_grad()):
+        device = base.get_input_embeddings().weight.device  # the first layer's, under a device map
+        mask = attention_mask.to(device) if attention_mask is not None else None
+        base(input_ids=tokens.to(device), attention_mask=mask, use_cache=False)
+
+
+def capture_all(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None) -> list[LayerCapture]:
+    """Every layer's :class:`LayerCapture` (cloned), in layer order: for small inputs and tests.
+
+    This holds all layers' q/k/v at once; long inputs should use :func:`capture_attention`.
+    """
+    layers: list[LayerCapture] = []
+
+    def keep(c: LayerCapture) -> None:
+        layers.append(LayerCapture(c.layer, c.q.clone(), c.k.clone(), c.v.clone(), c.params))
+
+    capture_attention(model, tokens, keep, attention_mask=attention_mask)
+    return sorted(layers, key=lambda c: c.layer)
