@@ -10,6 +10,7 @@ indices, so the random baseline is the same) and the accumulators are all-reduce
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -28,8 +29,14 @@ from ..engine import (
 from ..engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
+from ..inputs.capture import LayerCapture, capture_attention
 from ..result import HeadAnalysis
 from .progress import progress_bar
+from .recompute import RecomputedRows, can_recompute, pattern_bytes
+
+#: With ``attention="auto"``, one layer's pattern for one batch above this size is recomputed.
+AUTO_RECOMPUTE_BYTES = 1 << 30
+ATTENTION_SOURCES = ("auto", "pattern", "recompute")
 
 
 def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -87,6 +94,29 @@ class _LayerHooks:
 
         return hook
 
+    def capture(self, model: Any, tokens: Tensor, mask: Tensor | None) -> None:
+        """One batch by the recompute path: every analysed layer's captured q/k/v to the engine."""
+        seen: set[int] = set()
+
+        def on_layer(c: LayerCapture) -> None:
+            if c.layer not in self.row:
+                return
+            seen.add(c.layer)
+            assert self.mask is not None and self.sink is not None
+            device = c.q.device
+            W = None if self.W is None else self.W[c.layer].to(device)
+            source = RecomputedRows(c, None if mask is None else self.mask)
+            stats = analyze_layer(source, c.v, self.mask.to(device), self.sink.to(device), self.opts,
+                                  layer=c.layer, W_O=W, sequence_offset=self.offset,
+                                  mask_given=self.mask_given)
+            self.acc.add(self.row[c.layer], stats)
+
+        capture_attention(model, tokens, on_layer, attention_mask=mask)
+        missing = sorted(set(self.row) - seen)
+        if missing:
+            raise _cache.CacheError(f"Layers {missing} ran no attention the capture could see: the "
+                                    "model's attention must go through transformers' attention functions.")
+
     def _layer(self, layer: int, pattern: Tensor, v: Tensor) -> None:
         names = (_cache.PATTERN_HOOK.format(layer=layer), _cache.VALUE_HOOK.format(layer=layer))
         pattern, v = _cache.read_layer(dict(zip(names, (pattern, v))), layer, upcast=False)
@@ -138,6 +168,7 @@ def analyze_model(
     shard: tuple[int, int] | None = None,
     progress: bool | None = None,
     backend: Literal["auto", "numba", "torch"] = "auto",
+    attention: Literal["auto", "pattern", "recompute"] = "auto",
 ) -> HeadAnalysis:
     """:func:`analyze_heads` computed inside the forward pass, batch by batch, without a cache.
 
@@ -155,6 +186,16 @@ def analyze_model(
         shard: ``(rank, world_size)``: analyse only this rank's contiguous share of the
             sequences and all-reduce the sums across ranks (``torch.distributed`` must be
             initialised). Every rank returns the merged result.
+        attention: where the attention rows come from. ``"pattern"``: the model's
+            ``hook_pattern`` (eager attention: one layer's ``[batch, head, pos, pos]`` exists in
+            the forward). ``"recompute"``: the Hugging Face forward runs with SDPA and no LM head,
+            each layer's post-rotary queries and keys are captured, and only the rows the
+            analysis reads are recomputed in float64 with the layer's scale, sliding window,
+            softcap and sinks (:mod:`tl_geometry.analyze.recompute`); no tensor of all queries ×
+            all keys and no logits are formed. The numbers equal the pattern path's to the
+            forward's float32 round-off (about 1e-6 in α). ``"auto"``: recompute when one
+            layer's pattern for one batch would exceed :data:`AUTO_RECOMPUTE_BYTES` and the
+            model has a Hugging Face model to capture from, else the pattern.
 
     The other arguments are those of :func:`tl_geometry.analyze_heads`.
 
@@ -185,18 +226,25 @@ def analyze_model(
     device = getattr(cfg, "device", None) or "cpu"
     acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device)
     hooks = _LayerHooks(acc, layer_ids, opts, W, mask_given=mask is not None)
+    recompute = _use_recompute(attention, model, min(batch_size, n_seqs), n_heads, n_pos)
 
     lo, hi = 0, n_seqs
     if shard is not None:
         rank, world = shard
         lo, hi = rank * n_seqs // world, (rank + 1) * n_seqs // world
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks.hooks()):
-        for start in progress_bar(range(lo, hi, batch_size), progress, "analyze_model", "batch"):
+    batches = progress_bar(range(lo, hi, batch_size), progress, "analyze_model", "batch")
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        if not recompute:
+            stack.enter_context(model.hooks(fwd_hooks=hooks.hooks()))
+        for start in batches:
             stop = min(start + batch_size, hi)
             hooks.batch(full_mask[start:stop], start)
             batch_tokens = tokens[start:stop].to(device)
-            kwargs = {} if mask is None else {"attention_mask": full_mask[start:stop].long().to(device)}
-            model(batch_tokens, **kwargs)
+            batch_mask = None if mask is None else full_mask[start:stop].long().to(device)
+            if recompute:
+                hooks.capture(model, batch_tokens, batch_mask)
+            else:
+                model(batch_tokens, **({} if batch_mask is None else {"attention_mask": batch_mask}))
             if hooks.pending:
                 missing = sorted(hooks.pending)
                 raise _cache.CacheError(
@@ -210,8 +258,24 @@ def analyze_model(
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), opts, mask is not None)
     metadata.update(cache_type="streaming", batch_size=batch_size,
-                    world_size=1 if shard is None else shard[1])
+                    world_size=1 if shard is None else shard[1],
+                    attention="recompute" if recompute else "pattern")
     return acc.finish(layer_ids, opts, n_pos, metadata)
+
+
+def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: int) -> bool:
+    """Whether this run recomputes attention rows (see ``analyze_model``'s ``attention``)."""
+    if attention not in ATTENTION_SOURCES:
+        raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_SOURCES))}, "
+                         f"got {attention!r}.")
+    if attention == "pattern":
+        return False
+    possible = can_recompute(model)
+    if attention == "recompute" and not possible:
+        raise ValueError("attention='recompute' needs a Hugging Face model to capture queries and keys "
+                         "from (a transformers model or a TransformerBridge around one); use "
+                         "attention='pattern' for this model.")
+    return possible and (attention == "recompute" or pattern_bytes(batch, n_heads, n_pos) > AUTO_RECOMPUTE_BYTES)
 
 
 def _check_vocabulary(tokens: Tensor, d_vocab: Any) -> None:

@@ -1,7 +1,7 @@
 """``tl-geometry analyze``: load a model, run it on text, print the per-head summary.
 
-Only ``hook_pattern`` and ``hook_v`` are cached (or, with ``--stream`` and under ``torchrun``,
-nothing is: the analysis runs inside the forward pass). The summary gives, per head, the
+Only ``hook_pattern`` and ``hook_v`` are cached (or, with ``--stream``, ``--attention recompute``
+and under ``torchrun``, nothing is: the analysis runs inside the forward pass). The summary gives, per head, the
 taxonomy, the sink figures and F_N of the top-N sets against random subsets.
 """
 
@@ -38,6 +38,7 @@ examples:
   tl-geometry analyze --model gemma3-270m --text corpus.txt --n-seqs 16 --seq-len 256
   tl-geometry analyze --model ./my-hf-folder --n-values 2,4,8 --show-n 2,4 --csv heads.csv
   tl-geometry analyze --bounds --save run.pt        # then HeadAnalysis.load("run.pt")
+  tl-geometry analyze --model gemma3-270m --n-seqs 1 --seq-len 4096 --attention recompute
   torchrun --nproc-per-node 2 -m tl_geometry analyze --n-seqs 64 --save run.pt
 """
 
@@ -70,6 +71,11 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                         help="analyse inside the forward pass: no cache, memory of one layer")
     parser.add_argument("--batch-size", type=positive_int, default=8, metavar="B",
                         help="sequences per forward with --stream or torchrun")
+    parser.add_argument("--attention", choices=("auto", "pattern", "recompute"), default="auto",
+                        help="pattern: cache each layer's attention pattern; recompute: run SDPA "
+                             "attention and recompute only the rows the analysis reads from the "
+                             "captured queries and keys (long contexts; implies --stream); auto: "
+                             "recompute when the patterns would not fit comfortably")
     parser.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
     parser.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
     add_progress_option(parser)
@@ -87,6 +93,20 @@ def _distributed() -> tuple[int, int]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()
+
+
+#: With ``--attention auto``, a cache of patterns above this size is not built: the analysis
+#: streams and recomputes the rows it reads.
+AUTO_CACHE_BYTES = 4 << 30
+
+
+def _recompute(args: argparse.Namespace, model: Any, tokens: Any) -> bool:
+    """Whether ``--attention`` sends the run down the recompute path (which streams)."""
+    if args.attention != "auto":
+        return bool(args.attention == "recompute")
+    cfg = model.cfg
+    n_seqs, n_pos = tokens.shape
+    return bool(cfg.n_layers * n_seqs * cfg.n_heads * n_pos * n_pos * 4 > AUTO_CACHE_BYTES)
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -127,11 +147,11 @@ def run(args: argparse.Namespace) -> int:
     options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
                    shuffle_samples=args.shuffle_samples, seed=args.seed, distance=args.distance, bounds=args.bounds)
     loaded = time.perf_counter()
-    if args.stream or world > 1:
+    if args.stream or world > 1 or _recompute(args, model, tokens):
         # Under torchrun every rank analyses its share of the windows; the sums are all-reduced.
         result = analyze_model(
             model, tokens, batch_size=args.batch_size, shard=(rank, world) if world > 1 else None,
-            progress=progress, **options,
+            progress=progress, attention=args.attention, **options,
         )
         timing = f"streaming analysis on {world} process(es) {time.perf_counter() - loaded:.2f} s"
     else:

@@ -1,0 +1,91 @@
+"""Long contexts: the pattern path against the recompute path, each in a fresh process.
+
+For each model and length T, one window of T tokens of real text (WikiText-2 test when
+../shared/data has it) is analysed at the last query of every layer by
+``analyze_model(attention="pattern")`` (eager attention, ``hook_pattern``) and by
+``analyze_model(attention="recompute")`` (SDPA forward, rows recomputed from the captured queries
+and keys). Each run is a fresh process, so its peak RSS is its own: the model load, the forward
+and the analysis. A plain SDPA forward of the base model (no hooks, no logits) in the same
+process gives the ratio.
+
+    python benchmarks/bench_long_context.py [--models smollm2-135m,gemma3-270m] [--lengths 1024,2048]
+        [--paths pattern,recompute] [--timeout 1800] [--out benchmarks/results/bench_long_context.json]
+
+Lengths above a model's context are skipped. A run that fails or passes ``--timeout`` is
+recorded with its error, so the table says what does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+from _common import RESULTS, ROOT, real_text, write_report
+
+CHILD = r"""
+import json, resource, sys, time, torch
+sys.path.insert(0, {root!r})
+import tl_geometry
+from tl_geometry.inputs.capture import capture_attention
+torch.set_grad_enabled(False)
+name, T, path = {name!r}, {length}, {path!r}
+t0 = time.perf_counter()
+model = tl_geometry.load_model(name)
+if T > model.cfg.n_ctx:
+    print(json.dumps(dict(error=f"above the model's context of {{model.cfg.n_ctx}} tokens")))
+    sys.exit(0)
+text = open({text!r}, encoding="utf-8").read() if {text!r} else None
+tokens = tl_geometry.text_windows(model, text, n_seqs=1, seq_len=T)
+loaded = time.perf_counter()
+capture_attention(model, tokens, lambda c: None)  # the plain SDPA forward: no analysis, no logits
+forward = time.perf_counter()
+result = tl_geometry.analyze_model(model, tokens, attention=path, progress=False)
+done = time.perf_counter()
+assert len(result.layers) == model.cfg.n_layers
+print(json.dumps(dict(load_s=loaded - t0, sdpa_forward_s=forward - loaded, analyze_model_s=done - forward,
+                      peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                      labelled=sum(x is not None for row in result.labels for x in row))))
+"""
+
+
+def run(name: str, length: int, path: str, text: str | None, timeout: float) -> dict:
+    code = CHILD.format(root=str(ROOT), name=name, length=length, path=path, text=text or "")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {timeout:.0f} s"}
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300], "wall_s": time.perf_counter() - start}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "error" in out:
+        return out
+    out["analysis_over_forward"] = out["analyze_model_s"] / out["sdpa_forward_s"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    parser.add_argument("--paths", default="pattern,recompute")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--out", default=str(RESULTS / "bench_long_context.json"))
+    args = parser.parse_args()
+    text, source = real_text()
+    text_path = str(ROOT.parent / "shared" / "data" / "wikitext-2-test.txt") if text is not None else None
+    report: dict = {"text": source, "protocol": "1 window, last query, every layer, defaults", "runs": []}
+    for name in args.models.split(","):
+        for length in map(int, args.lengths.split(",")):
+            for path in args.paths.split(","):
+                row = {"model": name, "T": length, "path": path, **run(name, length, path, text_path, args.timeout)}
+                print(json.dumps(row), file=sys.stderr)
+                report["runs"].append(row)
+    write_report(report, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""``analyze_model(attention="recompute")``: attention rows recomputed from captured queries and
+keys give the pattern path's numbers (to the float32 round-off of two different forwards: eager
+attention with ``hook_pattern`` against SDPA), on real models; and the option is checked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tl_geometry
+
+
+def _compare(a: tl_geometry.HeadAnalysis, b: tl_geometry.HeadAnalysis) -> float:
+    """Votes and labels equal, sink figures to 1e-5; returns the share of score entries that
+    differ by more than 1e-6 (near ties in α flipped by the round-off of the two forwards)."""
+    assert torch.equal(a.vote_counts, b.vote_counts)
+    assert a.labels == b.labels
+    assert torch.equal(torch.isnan(a.scores), torch.isnan(b.scores))
+    torch.testing.assert_close(b.sink, a.sink, rtol=1e-5, atol=1e-5, equal_nan=True)
+    finite = torch.isfinite(a.scores)
+    return float(((a.scores - b.scores).abs() > 1e-6)[finite].double().mean())
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("queries", ["last", "all"])
+def test_recompute_equals_the_pattern_on_smollm2(smollm2, queries):
+    tokens = smollm2.tokens[:2, :32]
+    kwargs = dict(queries=queries, layers=[0, 7, 29], random_samples=4, shuffle_samples=4, progress=False)
+    pattern = tl_geometry.analyze_model(smollm2.model, tokens, attention="pattern", **kwargs)
+    recomputed = tl_geometry.analyze_model(smollm2.model, tokens, attention="recompute", **kwargs)
+    assert pattern.metadata["attention"] == "pattern" and recomputed.metadata["attention"] == "recompute"
+    assert _compare(pattern, recomputed) < 0.02
+
+
+@pytest.mark.real_model
+def test_recompute_sees_gemma3_sliding_window(gemma3):
+    """600 tokens: beyond the 512-key window of Gemma-3's local layers (layer 0), and a global
+    layer (5); the recomputed rows apply the window, so the numbers match the pattern's."""
+    text = tl_geometry.sample_text()
+    tokens = tl_geometry.text_windows(gemma3.model, text, n_seqs=1, seq_len=600)
+    kwargs = dict(layers=[0, 5], random_samples=4, shuffle_samples=4, progress=False)
+    pattern = tl_geometry.analyze_model(gemma3.model, tokens, attention="pattern", **kwargs)
+    recomputed = tl_geometry.analyze_model(gemma3.model, tokens, attention="recompute", **kwargs)
+    assert _compare(pattern, recomputed) < 0.02
+
+
+def test_attention_option_is_checked():
+    with pytest.raises(ValueError, match="attention must be one of"):
+        tl_geometry.analyze_model(_NoHF(), torch.zeros(1, 4, dtype=torch.long), attention="flash")
+    with pytest.raises(ValueError, match="needs a Hugging Face model"):
+        tl_geometry.analyze_model(_NoHF(), torch.zeros(1, 4, dtype=torch.long), attention="recompute")
+
+
+class _NoHF:
+    """A model with TransformerLens's config and nothing to capture from."""
+
+    class cfg:  # noqa: N801 - TransformerLens's attribute name
+        n_layers, n_heads, d_vocab, device = 1, 2, 10, "cpu"

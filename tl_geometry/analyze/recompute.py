@@ -1,0 +1,78 @@
+"""The recompute path of :func:`~tl_geometry.analyze_model`: attention rows from queries and keys.
+
+The model runs with memory-efficient (SDPA) attention and no LM head
+(:func:`tl_geometry.inputs.capture.capture_attention`); each layer's post-rotary ``q`` and ``k``
+and its values reach the engine as an :class:`~tl_geometry.engine.block.AttentionRows` source
+that recomputes, in float64 and with the layer's own scale, window, softcap and sinks
+(:func:`tl_geometry.functional.attention_rows`), only the rows the engine reads: the chosen
+queries' rows for the scores, and every query's rows in blocks for the votes and the checks.
+No tensor of all queries × all keys is formed, and no logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..functional.attention import attention_row_blocks, attention_rows
+from ..inputs.capture import LayerCapture
+
+#: Bytes of float64 rows recomputed at once for the votes and the checks.
+VOTE_BLOCK_BYTES = 1 << 26
+
+
+class RecomputedRows:
+    """:class:`~tl_geometry.engine.block.AttentionRows` recomputed from one layer's capture.
+
+    ``key_mask [batch, pos]`` is False on padding. The rows of a query are exactly softmax rows of
+    the model's attention (to float32 round-off of its own forward: about 1e-6).
+    """
+
+    def __init__(self, capture: LayerCapture, key_mask: Tensor | None) -> None:
+        self.capture = capture
+        self.key_mask = None if key_mask is None else key_mask.to(capture.q.device, torch.bool)
+        self.kwargs = capture.params.row_kwargs()
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        batch, n_pos, n_heads, _ = self.capture.q.shape
+        return batch, n_heads, n_pos
+
+    @property
+    def device(self) -> torch.device:
+        return self.capture.q.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float64
+
+    def _mask(self, b0: int, b1: int) -> Tensor | None:
+        return None if self.key_mask is None else self.key_mask[b0:b1]
+
+    def rows(self, b0: int, b1: int, queries: Tensor) -> tuple[Tensor, Tensor]:
+        c = self.capture
+        rows = attention_rows(c.q[b0:b1], c.k[b0:b1], queries.to(self.device), key_mask=self._mask(b0, b1),
+                              **self.kwargs)
+        return rows, torch.arange(queries.shape[1], device=self.device).expand_as(queries)
+
+    def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]:
+        _, n_heads, n_pos = self.shape
+        block = max(1, VOTE_BLOCK_BYTES // ((b1 - b0) * n_heads * n_pos * 8))
+        c = self.capture
+        yield from attention_row_blocks(c.q[b0:b1], c.k[b0:b1], block=block, key_mask=self._mask(b0, b1),
+                                        **self.kwargs)
+
+
+def pattern_bytes(batch: int, n_heads: int, n_pos: int) -> int:
+    """Bytes of one layer's float32 pattern ``[batch, head, pos, pos]`` (what eager attention and
+    ``hook_pattern`` hold, twice over in the forward: scores and weights)."""
+    return batch * n_heads * n_pos * n_pos * 4
+
+
+def can_recompute(model: Any) -> bool:
+    """Whether ``model`` has a Hugging Face model to capture from (itself or a bridge's)."""
+    hf_model = getattr(model, "original_model", model)
+    return callable(getattr(hf_model, "get_input_embeddings", None)) and hasattr(hf_model, "config")
