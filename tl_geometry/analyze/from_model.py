@@ -28,6 +28,7 @@ from ..engine import (
 from ..engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
+from ..inputs import tokens as _tokens
 from ..result import HeadAnalysis
 from .progress import progress_bar
 
@@ -175,7 +176,7 @@ def analyze_model(
     n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
     if n_layers is None or n_heads is None:
         raise ValueError("model.cfg must give n_layers and n_heads (a TransformerLens model).")
-    _check_vocabulary(tokens, getattr(cfg, "d_vocab", None))
+    _tokens.check_token_ids(tokens, _tokens.model_vocabulary(model), "inputs")
     full_mask = _cache.check_attention_mask(mask, n_seqs, n_pos)
     if mask is None:
         _cache.warn_pad_tokens(tokens, model, (n_seqs, n_heads, n_pos))
@@ -213,10 +214,3 @@ def analyze_model(
                     world_size=1 if shard is None else shard[1])
     return acc.finish(layer_ids, opts, n_pos, metadata)
 
-
-def _check_vocabulary(tokens: Tensor, d_vocab: Any) -> None:
-    """Token ids must index the embedding: a clear error, not an IndexError mid-forward."""
-    low, high = int(tokens.min()), int(tokens.max())
-    if low < 0 or (isinstance(d_vocab, int) and high >= d_vocab):
-        raise ValueError(f"inputs hold token ids from {low} to {high}, outside the model's vocabulary "
-                         f"[0, {d_vocab}): were they made by another tokenizer?")

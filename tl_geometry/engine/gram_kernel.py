@@ -124,7 +124,8 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
             for c in range(d):
                 total_norm += total[c] * total[c]
             total_norm = np.sqrt(total_norm)
-            kappa = sink_norm / (norm_sum / count)
+            # All other values zero (a pruned or dead head): κ has no scale, NaN in every backend.
+            kappa = sink_norm / (norm_sum / count) if norm_sum > 0.0 else np.nan
             mean_cos = cos_sum / count
             cos_mean = (dot_sum / count) / (sink_norm * (total_norm / count) + COSINE_EPS)
             for r in range(group_size):
