@@ -45,8 +45,11 @@ def _zero_cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     one_kv_zero[:, :, 1] = 0
     last_row_zero = p.clone()
     last_row_zero[:, :, -1] = 0
+    only_sink = torch.zeros_like(v)
+    only_sink[:, 0] = v[:, 0]
     return {
         "all values zero": (p, torch.zeros_like(v)),
+        "only the sink has a value": (p, only_sink),
         "one KV head zero": (p, one_kv_zero),
         "last query row zero": (last_row_zero, v),
         "pattern all zero": (torch.zeros_like(p), v),
@@ -56,7 +59,8 @@ def _zero_cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 @pytest.mark.parametrize("case", list(_zero_cases()))
 def test_zero_values_and_zero_rows_give_the_same_numbers_in_both_backends(case):
     """Pruned or dead heads are real: the numba kernels used to raise ZeroDivisionError here.
-    κ and the sink share are NaN where no value has a norm (documented), in both backends."""
+    Both backends give the same numbers: κ = +inf when only the sink has a value (documented),
+    κ and the sink share NaN (0/0) where no value has a norm."""
     pattern, v = _zero_cases()[case]
     cache = {"blocks.0.attn.hook_pattern": pattern, "blocks.0.attn.hook_v": v}
     with warnings.catch_warnings():
@@ -66,9 +70,14 @@ def test_zero_values_and_zero_rows_give_the_same_numbers_in_both_backends(case):
     for key in ("scores", "sink", "group_counts", "vote_counts"):
         a, b = getattr(compiled, key), getattr(twin, key)
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, equal_nan=True, msg=key)
-        assert not torch.isinf(a).any(), key
-    if case == "all values zero":
-        assert compiled.sink[..., 1].isnan().all()  # κ: no scale without a value norm
+    fields = list(_result_io.names()["sink_field"])
+    kappa, share = compiled.sink[fields.index("norm_ratio")], compiled.sink[fields.index("share")]
+    if case == "all values zero":  # no scale without a value norm
+        assert kappa.isnan().all() and share.isnan().all()
+    elif case == "only the sink has a value":
+        assert torch.isposinf(kappa).all() and (share == 1).all()
+    else:
+        assert torch.isfinite(kappa).any()
 
 
 # --- sparsify_pattern: n and weights --------------------------------------------------------------
@@ -134,7 +143,7 @@ def test_token_ids_outside_the_vocabulary_or_meta_are_refused_everywhere(bad):
     entries, good = _entry_points(model)
     tokens = {"too large": good + 40, "negative": good - 41, "meta": good.to("meta")}[bad]
     for name, call in entries.items():
-        with pytest.raises(ValueError, match="outside the model's vocabulary|meta tensor") as info:
+        with pytest.raises(ValueError, match=r"outside the model's vocabulary|meta tensor") as info:
             call(tokens)
         assert "tokens" in str(info.value), name
 

@@ -131,9 +131,8 @@ def sink_geometry(
 
         total = einsum(weight, values, "b q k, b g k d -> b g q d")
     count = upto(torch.ones_like(norms))
-    mean_norm = upto(norms) / count
     fields = torch.stack([
-        torch.where(mean_norm > 0, sink_norm / mean_norm, torch.nan),  # zero values: no κ
+        sink_norm / (upto(norms) / count),
         upto(cos) / count,
         (upto(sink_dots) / count) / (sink_norm * (torch.linalg.vector_norm(total, dim=-1) / count) + COSINE_EPS),
     ], dim=-1)

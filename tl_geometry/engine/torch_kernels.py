@@ -117,7 +117,7 @@ def _score_block(rows, h0, group_size, queries, is_token, sink, real_index, sequ
     sink_norm = (norms * is_sink[:, None]).sum(-1)
     has_other = (ok & (valid.sum(-1) > 1))[:, None]  # SPEC §4 needs a key besides the sink
     sink_fields[..., 0] = torch.where(has_other, mass, torch.nan)
-    sink_fields[..., 4] = torch.where(has_other & (total > 0), mass * sink_norm / total, torch.nan)
+    sink_fields[..., 4] = torch.where(has_other, mass * sink_norm / total, torch.nan)
 
     score = alpha * norms if by_contribution else alpha
     top = _ranks(score, valid[:, None])

@@ -71,11 +71,9 @@ def sink_diagnostics(
     mean_cosine = sink_dot_mean / (sink_norm * mean_sq_norm.sqrt() + COSINE_EPS)
     sink_alpha = torch.where(is_sink, alpha, 0).sum(-1)
     total = torch.where(key_mask, alpha * norms, 0).sum(-1)
-    # Zero values or a zero row leave no scale: κ and the share are NaN, never ±inf.
-    share = torch.where(total > 0, sink_alpha * sink_norm / total, torch.nan)
+    share = sink_alpha * sink_norm / total
     defined = n_others > 0
     nan = torch.tensor(torch.nan, dtype=alpha.dtype, device=alpha.device)
-    norm_ratio = torch.where(mean_other_norm > 0, sink_norm / mean_other_norm, torch.nan)
-    fields = (sink_alpha, norm_ratio, cosine, mean_cosine, share, defined)
+    fields = (sink_alpha, sink_norm / mean_other_norm, cosine, mean_cosine, share, defined)
     *fields, defined = torch.broadcast_tensors(*fields)
     return SinkDiagnostics(*(torch.where(defined, f, nan) for f in fields))
