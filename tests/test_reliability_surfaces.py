@@ -191,7 +191,7 @@ def test_any_changed_byte_in_the_payload_is_refused(saved, tmp_path):
     payload = torch.load(path, weights_only=True)
     flipped = payload["scores"].clone()
     flipped.view(torch.uint8).view(-1)[5] ^= 1  # one bit inside a tensor
-    for change in ({"scores": flipped}, {"layers": [0, 5]}, {"metadata": "{}"}):
+    for change in ({"scores": flipped}, {"layers": [0, 5]}, {"metadata": "{\"model_name\": \"edited\"}"}):
         torch.save({**payload, **change}, tmp_path / "edited.pt")
         with pytest.raises(ResultFileError, match="does not match its checksum"):
             HeadAnalysis.load(tmp_path / "edited.pt")
