@@ -54,5 +54,5 @@ def test_attention_option_is_checked():
 class _NoHF:
     """A model with TransformerLens's config and nothing to capture from."""
 
-    class cfg:  # noqa: N801 - TransformerLens's attribute name
+    class cfg:
         n_layers, n_heads, d_vocab, device = 1, 2, 10, "cpu"

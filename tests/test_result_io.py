@@ -28,8 +28,10 @@ def _same(a: HeadAnalysis, b: HeadAnalysis) -> None:
 
 
 def _rewrite(path: Path, **changes) -> Path:
+    """Edit a saved file and seal it with a fresh checksum, so its contents are what is checked."""
     payload = torch.load(path, weights_only=True)
     payload.update(changes)
+    payload["checksum"] = _result_io.checksum(payload)
     torch.save(payload, path)
     return path
 
@@ -40,7 +42,8 @@ def test_round_trip_is_exact_by_name_and_the_file_is_labelled(tmp_path):
     path = r.save(tmp_path / "sub" / "run.pt")
     _same(HeadAnalysis.load(path), r)
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "tl_geometry.HeadAnalysis/2"
+    assert payload["format"] == "tl_geometry.HeadAnalysis/3"
+    assert payload["checksum"] == _result_io.checksum(payload)
     assert payload["axes"]["scores"] == ["group", "metric", "layer", "head", "n"]
     assert payload["names"]["metric"][:3] == ["precision", "recall", "f_score"]
     assert payload["names"]["group"][:2] == ["top", "random"]
@@ -118,7 +121,9 @@ def test_a_crafted_pickle_is_refused_not_run(tmp_path):
      "bounds and regime come together"),
     (lambda p: {"metadata": "{not json"}, "metadata is not valid JSON"),
     (lambda p: {"metadata": "[1, 2]"}, "metadata is a list, not a dict"),
-    (lambda p: {"format": "tl_geometry.HeadAnalysis/3"}, "newer than this tl_geometry reads"),
+    (lambda p: {"format": "tl_geometry.HeadAnalysis/4"}, "newer than this tl_geometry reads"),
+    (lambda p: {"format": "tl_geometry.HeadAnalysis/0"}, "not a valid version"),
+    (lambda p: {"format": "tl_geometry.HeadAnalysis/-1"}, "not a valid version"),
     (lambda p: {"axes": {**p["axes"], "sink": ["layer", "head", "sink_field"]}}, "axis labels"),
     (lambda p: {"names": {**p["names"], "group": p["names"]["group"][:4]}}, "group axis but the file"),
 ])
@@ -134,6 +139,7 @@ def test_missing_entries_are_named(tmp_path):
     path = fake().save(tmp_path / "r.pt")
     payload = torch.load(path, weights_only=True)
     del payload["sink"], payload["layers"]
+    payload["checksum"] = _result_io.checksum(payload)
     torch.save(payload, path)
     with pytest.raises(ResultFileError, match=r"incomplete: missing \['layers', 'sink'\]"):
         HeadAnalysis.load(path)

@@ -19,6 +19,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..analyze.progress import check_progress
+from ..inputs.tokens import token_digest
 from . import hooks as _hooks
 from . import topn as _topn
 from .topn import SparsifyMode
@@ -163,7 +165,8 @@ def retrieval_capacity(
     _topn.check_sparsify_mode(mode)
     tolerance = _check_tolerance(tolerance)
     _check_batch_size(batch_size)
-    tokens = _hooks.check_tokens(tokens)
+    progress = check_progress(progress)
+    tokens = _hooks.check_tokens(tokens, model=model)
     n_layers, n_heads = _hooks.model_shape(model)
     mask = _topn.scope_mask(n_layers, n_heads, layers, heads)
     _topn.check_pattern_hooks(model, mask.any(1).nonzero().flatten().tolist())
@@ -249,11 +252,12 @@ def capacity_sweep(
     values = check_n_values(n_values)
     _topn.check_sparsify_mode(mode)
     _check_batch_size(batch_size)
+    progress = check_progress(progress)
     if by not in ("head", "layer"):
         raise ValueError(f"by must be 'head' or 'layer', got {by!r}.")
     if by == "layer" and heads is not None:
         raise ValueError('heads limits a by="head" sweep; a layer sweep takes layers.')
-    tokens = _hooks.check_tokens(tokens)
+    tokens = _hooks.check_tokens(tokens, model=model)
     n_layers, n_heads = _hooks.model_shape(model)
     scope = _topn.scope_mask(n_layers, n_heads, layers, heads)
     _topn.check_pattern_hooks(model, scope.any(1).nonzero().flatten().tolist())
@@ -277,6 +281,7 @@ def capacity_sweep(
         loss[i, units[:, 0].repeat(len(values)), units[:, 1].repeat(len(values))] = losses
     else:
         loss[i, units[:, 0].repeat(len(values))] = losses
-    metadata = {"tokens": list(tokens.shape), "replicas": len(n), "forwards": forwards,
+    metadata = {"tokens": list(tokens.shape), "tokens_digest": token_digest(tokens, attention_mask),
+                "replicas": len(n), "forwards": forwards,
                 "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
     return CapacitySweep(values, loss, dense, by, mode, metadata)

@@ -11,6 +11,7 @@ geometrically separable should lose little when the rest is cut: the expected si
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import Tensor
 from ..functional import last_positions, separability, shell_bounds
 from ..functional.stats import spearman
 from ..inputs.cache import CACHE_NAMES_FILTER, check_attention_mask
+from ..inputs.tokens import token_digest
 from . import hooks as _hooks
 from .capacity import CapacitySweep, capacity_sweep
 from .topn import SparsifyMode, check_n
@@ -37,7 +39,7 @@ def head_geometry(
     ``K = N`` (``"shell_kn"``); NaN where ``N`` is out of range. One cached forward
     (``hook_pattern`` and ``hook_v`` only)."""
     check_n(n)
-    tokens = _hooks.check_tokens(tokens)
+    tokens = _hooks.check_tokens(tokens, model=model)
     n_layers, n_heads = _hooks.model_shape(model)
     valid = check_attention_mask(attention_mask, *tokens.shape)
     device = _hooks.model_device(model)
@@ -65,6 +67,17 @@ def head_geometry(
     return out
 
 
+def _why_nan(score: Tensor, increase: Tensor) -> str:
+    """The reason Spearman's ρ of ``score`` against ``increase`` is undefined."""
+    swept = int(torch.isfinite(increase).sum())
+    pairs = int((torch.isfinite(score) & torch.isfinite(increase)).sum())
+    if pairs < 3:
+        return (f"only {pairs} head(s) have both a score and a loss increase ({swept} of "
+                f"{increase.numel()} heads were swept); ρ needs at least 3. Sweep more heads "
+                "(capacity_sweep without heads=, or more of them).")
+    return "the score or the loss increase is the same for every head, so it has no ranking."
+
+
 @dataclass
 class CapacityCorrelation:
     """Per-head geometry against the loss of sparsifying that head alone to ``N`` keys.
@@ -82,7 +95,15 @@ class CapacityCorrelation:
 
     @property
     def rho(self) -> dict[str, float]:
+        """Spearman's ρ per score over the heads with both numbers; NaN where :attr:`notes` says
+        why."""
         return {name: spearman(score, self.loss_increase) for name, score in self.scores.items()}
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """Why each NaN ρ is NaN, by score name (empty when every ρ is a number)."""
+        return {name: _why_nan(score, self.loss_increase) for name, score in self.scores.items()
+                if math.isnan(spearman(score, self.loss_increase))}
 
     def to_pandas(self):
         """One row per head: ``layer, head, n, mode, f_score, shell_k0, shell_kn, loss_increase``."""
@@ -127,11 +148,30 @@ def capacity_correlation(
     if sweep is None:
         sweep = capacity_sweep(model, tokens, (n,), by="head", mode=mode, attention_mask=attention_mask,
                                batch_size=batch_size, progress=progress)
-    elif not isinstance(sweep, CapacitySweep) or sweep.by != "head" or n not in sweep.n_values:
-        raise ValueError(f"sweep must be a by='head' CapacitySweep that contains N={n}.")
-    elif sweep.mode != mode:
-        raise ValueError(f"sweep was run with mode={sweep.mode!r}, not {mode!r}.")
+    else:
+        _check_sweep(sweep, n, mode, _hooks.check_tokens(tokens, model=model), attention_mask)
     scores = head_geometry(model, tokens, n, attention_mask=attention_mask)
     increase = sweep.loss_increase[sweep.n_values.index(n)]
-    return CapacityCorrelation(n, mode, scores, increase, sweep.dense_loss,
-                               {"tokens": list(tokens.shape), "sweep": sweep.metadata})
+    result = CapacityCorrelation(n, mode, scores, increase, sweep.dense_loss,
+                                 {"tokens": list(tokens.shape), "sweep": sweep.metadata})
+    for name, why in result.notes.items():
+        warnings.warn(f"capacity_correlation: rho[{name!r}] is NaN: {why}", UserWarning, stacklevel=2)
+    return result
+
+
+def _check_sweep(sweep: Any, n: int, mode: str, tokens: Tensor, attention_mask: Tensor | None) -> None:
+    """A reused sweep must be a head sweep at ``N``, in ``mode``, of these very tokens: pairing
+    one batch's geometry with another batch's loss would give a meaningless ρ without a word."""
+    if not isinstance(sweep, CapacitySweep) or sweep.by != "head" or n not in sweep.n_values:
+        raise ValueError(f"sweep must be a by='head' CapacitySweep that contains N={n}.")
+    if sweep.mode != mode:
+        raise ValueError(f"sweep was run with mode={sweep.mode!r}, not {mode!r}.")
+    shape = sweep.metadata.get("tokens")
+    if shape is not None and list(shape) != list(tokens.shape):
+        raise ValueError(f"sweep was run on tokens of shape {list(shape)}, these are "
+                         f"{list(tokens.shape)}: pass the same tokens (and mask) to both, or "
+                         "omit sweep= to run one here.")
+    digest = sweep.metadata.get("tokens_digest")
+    if digest is not None and digest != token_digest(tokens, attention_mask):
+        raise ValueError("sweep was run on other tokens (or another attention_mask) than these: "
+                         "pass the same tokens and mask to both, or omit sweep= to run one here.")

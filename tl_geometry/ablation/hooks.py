@@ -20,6 +20,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..inputs.cache import check_attention_mask
+from ..inputs.tokens import check_token_ids, model_vocabulary
 
 Z_HOOK = "blocks.{layer}.attn.hook_z"
 MODES = ("zero", "mean")
@@ -68,7 +69,10 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
 
 
-def check_tokens(tokens: Any, name: str = "tokens") -> Tensor:
+def check_tokens(tokens: Any, name: str = "tokens", model: Any = None) -> Tensor:
+    """``tokens`` must be ``[batch, pos]`` integer ids with data, at least one sequence of two
+    tokens, and (with ``model``) ids inside its vocabulary: the check ``analyze_model`` makes, so
+    no entry point fails with an ``IndexError`` from the embedding."""
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.is_floating_point():
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(
@@ -77,6 +81,7 @@ def check_tokens(tokens: Any, name: str = "tokens") -> Tensor:
         )
     if tokens.shape[0] < 1 or tokens.shape[1] < 2:
         raise ValueError(f"{name} needs at least one sequence of ≥ 2 tokens, got {tuple(tokens.shape)}.")
+    check_token_ids(tokens, model_vocabulary(model), name)
     return tokens
 
 
@@ -143,7 +148,7 @@ def mean_z(
 
     Only sums and counts are kept inside the hook, so no cache is built.
     """
-    tokens = check_tokens(tokens, "reference_tokens")
+    tokens = check_tokens(tokens, "reference_tokens", model)
     valid = check_attention_mask(attention_mask, *tokens.shape)
     _, n_heads = model_shape(model)
     device = model_device(model)

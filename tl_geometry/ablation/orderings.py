@@ -109,7 +109,7 @@ def attention_entropy(
     Query 0 (and a left-padded sequence's first real token) attends only to itself, entropy 0
     for every head, so it is left out. Reduced inside the hooks: no cache is built.
     """
-    tokens = _hooks.check_tokens(tokens)
+    tokens = _hooks.check_tokens(tokens, model=model)
     n_layers, n_heads = _hooks.model_shape(model)
     valid = check_attention_mask(attention_mask, *tokens.shape)
     queries = valid & (valid.cumsum(-1) >= 2)

@@ -11,6 +11,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..analyze.progress import check_progress
 from . import hooks as _hooks
 from .hooks import Mode
 
@@ -106,7 +107,8 @@ def head_sensitivity(
         >>> sens.top(5); sens.critical()                              # doctest: +SKIP
     """
     _hooks.check_mode(mode)
-    tokens = _hooks.check_tokens(tokens)
+    progress = check_progress(progress)
+    tokens = _hooks.check_tokens(tokens, model=model)
     _hooks.check_reference(mode, reference_tokens, reference_attention_mask)
     n_layers, n_heads = _hooks.model_shape(model)
     _hooks.check_hooks(model, range(n_layers))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,11 +12,26 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ..analyze.progress import check_progress
 from . import hooks as _hooks
 from .orderings import Ordering
 
 DEFAULT_RETENTION = (1.0, 0.9, 0.75, 0.5, 0.25)
 COLUMNS = ("ordering", "seed", "retention", "n_removed", "loss", "perplexity")
+
+
+def check_retention(retention: Any) -> tuple[float, ...]:
+    """Fractions of heads to keep: numbers in ``[0, 1]``, each once (a repeat would run the same
+    setting twice and print it as two rows)."""
+    if isinstance(retention, (str, bytes)) or not isinstance(retention, Iterable) or any(
+            isinstance(r, bool) or not isinstance(r, (int, float)) for r in retention):
+        raise ValueError(f"retention must be fractions of heads kept, e.g. (1.0, 0.5), got {retention!r}.")
+    values = tuple(float(r) for r in retention)
+    if not values or any(not 0.0 <= r <= 1.0 for r in values):  # NaN fails too
+        raise ValueError(f"retention must be fractions in [0, 1], got {values}.")
+    if len(set(values)) != len(values):
+        raise ValueError(f"retention lists a fraction twice: {values}; give each once.")
+    return values
 
 
 def heads_kept(retention: float, n_total: int) -> int:
@@ -137,13 +152,12 @@ def sparsification_curve(
         >>> curve.summary()                                                     # doctest: +SKIP
     """
     _hooks.check_mode(mode)
-    tokens = _hooks.check_tokens(tokens)
+    progress = check_progress(progress)
+    tokens = _hooks.check_tokens(tokens, model=model)
     _hooks.check_reference(mode, reference_tokens, reference_attention_mask)
     n_layers, n_heads = _hooks.model_shape(model)
     _hooks.check_hooks(model, range(n_layers))
-    retention = tuple(float(r) for r in retention)
-    if not retention or any(not 0.0 <= r <= 1.0 for r in retention):
-        raise ValueError(f"retention must be fractions in [0, 1], got {retention}.")
+    retention = check_retention(retention)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                    or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")

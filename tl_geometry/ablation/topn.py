@@ -33,14 +33,63 @@ def check_sparsify_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {SPARSIFY_MODES}, got {mode!r}.")
 
 
+#: The largest ``N`` (int64, the dtype of the ranks it is compared with); any ``N`` at least the
+#: number of keys already keeps every key.
+MAX_N = 2**63 - 1
+
+
 def check_n(n: Any, name: str = "n") -> int:
-    """``N`` must be an int ≥ 1 (``N`` keys kept per query)."""
+    """``N`` must be an int in ``1 … MAX_N`` (``N`` keys kept per query): no bool, float, str,
+    ``None`` or tensor (a float ``1.5`` or ``True`` would otherwise be coerced silently)."""
     if isinstance(n, bool) or not isinstance(n, int):
-        raise ValueError(f"{name} must be an int ≥ 1 (keys kept per query), got {n!r}.")
+        raise ValueError(f"{name} must be an int ≥ 1 (keys kept per query), got {n!r} "
+                         f"({type(n).__name__}).")
     if n < 1:
         raise ValueError(f"{name} must be ≥ 1 (keys kept per query), got {n}; N = 0 would remove "
                          "every key. Use ablate_heads to remove a head's output instead.")
+    if n > MAX_N:
+        raise ValueError(f"{name} = {n} is too large: N must be at most 2**63 - 1. Any N at "
+                         "least the number of keys keeps every key.")
     return n
+
+
+def check_n_limit(n: Any, rows: torch.Size) -> Tensor:
+    """``n`` of :func:`sparsify_pattern` as a tensor: an int (:func:`check_n`) or an integer
+    tensor of values ``≥ 1`` that broadcasts against the rows' leading dimensions ``rows``."""
+    if not isinstance(n, Tensor):
+        return torch.tensor(check_n(n))
+    if n.dtype == torch.bool or n.is_floating_point() or n.is_complex():
+        raise ValueError(f"n must be an int or an integer tensor (keys kept per query), got a "
+                         f"{n.dtype} tensor; a fractional N would be truncated silently.")
+    if n.is_meta:
+        raise ValueError("n is a meta tensor (no values); pass an int or a tensor with data.")
+    if n.numel() and int(n.min()) < 1:
+        raise ValueError(f"n must hold values ≥ 1 (keys kept per query), got {int(n.min())}; "
+                         "N = 0 would remove every key.")
+    try:
+        torch.broadcast_shapes(n.shape, rows)
+    except RuntimeError:
+        raise ValueError(f"n has shape {tuple(n.shape)}, which does not broadcast against the "
+                         f"rows {tuple(rows)}; pass an int or one N per row (a replica).") from None
+    return n
+
+
+def check_weights(pattern: Any, name: str = "pattern") -> None:
+    """Attention weights must be a real, finite, non-negative float tensor of rank ≥ 2: a NaN,
+    negative or infinite weight would be ranked and renormalised into a silent wrong answer."""
+    if not isinstance(pattern, Tensor) or not pattern.is_floating_point() or pattern.ndim < 2:
+        what = (f"a {pattern.dtype} tensor of shape {tuple(pattern.shape)}"
+                if isinstance(pattern, Tensor) else type(pattern).__name__)
+        raise ValueError(f"{name} must be a float tensor [..., query, key] of attention weights, "
+                         f"got {what}.")
+    if pattern.is_meta:
+        raise ValueError(f"{name} is a meta tensor (no values); pass the real attention weights.")
+    if not bool(torch.isfinite(pattern).all()):
+        raise ValueError(f"{name} holds NaN or ±inf weights; attention weights must be finite.")
+    if bool((pattern < 0).any()):
+        raise ValueError(f"{name} holds negative weights (min {float(pattern.min()):.3g}); "
+                         "attention weights are ≥ 0. Pass the softmax output (hook_pattern), "
+                         "not the scores.")
 
 
 def check_pattern_hooks(model: Any, layers: Iterable[int]) -> None:
@@ -72,6 +121,10 @@ def scope_mask(
     if layers is not None and heads is not None:
         raise ValueError("Pass layers or heads, not both: layers sparsifies every head of those "
                          "layers, heads only the listed (layer, head) pairs.")
+    if layers is not None and not isinstance(layers, (str, bytes)) and isinstance(layers, Iterable):
+        layers = list(layers)
+        if len(set(layers)) != len(layers):  # as analyze_heads: a repeat is a typo, not a scope
+            raise ValueError(f"layers has duplicates: {layers}; give each layer once.")
     if heads is not None:
         mask = _hooks.head_mask(heads, n_layers, n_heads)
     elif layers is not None:
@@ -102,14 +155,27 @@ def sparsify_pattern(
     keys) compete; masked keys (future, padding) carry weight 0 and are never kept over a valid
     key with positive weight. ``renormalize`` divides the kept weights by their sum; ``delete``
     leaves them as they are. A row that loses no positive weight, in particular a row with
-    ``≤ n`` valid keys, is returned bit for bit unchanged. ``n`` may be a tensor that broadcasts
-    against the rows (one ``N`` per replica). A new tensor is returned.
+    ``≤ n`` valid keys, is returned bit for bit unchanged. ``n`` may be an integer tensor that
+    broadcasts against the rows (one ``N`` per replica). A new tensor is returned.
+
+    Raises ``ValueError`` for an ``n`` that is not an int ``≥ 1`` (no bool, float, str, ``None``;
+    at most ``2**63 - 1``) or an integer tensor of such values, and for weights that are NaN,
+    infinite, negative or on the meta device.
 
     >>> sparsify_pattern(torch.tensor([[1.0, 0.0], [0.25, 0.75]]), 1).tolist()
     [[1.0, 0.0], [0.0, 1.0]]
     >>> sparsify_pattern(torch.tensor([[1.0, 0.0], [0.25, 0.75]]), 1, "delete").tolist()
     [[1.0, 0.0], [0.0, 0.75]]
     """
+    check_weights(pattern)
+    limit = check_n_limit(n, pattern.shape[:-1])
+    check_sparsify_mode(mode)
+    return _sparsify(pattern, limit, mode)
+
+
+def _sparsify(pattern: Tensor, n: Tensor, mode: SparsifyMode) -> Tensor:
+    """:func:`sparsify_pattern` without the checks: the hooks' path, on the model's own softmax
+    output, where a check per forward would cost a device sync."""
     n_query, n_key = pattern.shape[-2:]
     causal = torch.ones(n_query, n_key, dtype=torch.bool, device=pattern.device).tril(n_key - n_query)
     ranks = top_n_ranks(pattern, causal)
@@ -119,8 +185,6 @@ def sparsify_pattern(
     dropped = (~keep & (pattern != 0)).any(-1, keepdim=True)
     if mode == "renormalize":
         kept = kept / kept.sum(-1, keepdim=True)
-    elif mode != "delete":
-        check_sparsify_mode(mode)
     return torch.where(dropped, kept, pattern)
 
 
@@ -147,7 +211,7 @@ def replica_pattern_hook(
         index = touched.to(pattern.device)
         part = stacked.index_select(0, index)
         limits = n.to(pattern.device).index_select(0, index)[:, None, None, None]
-        new = sparsify_pattern(part, limits, mode)
+        new = _sparsify(part, limits, mode)
         chosen = where.to(pattern.device).index_select(0, index)[:, None, :, None, None]
         part = torch.where(chosen, new, part)
         return stacked.index_copy(0, index, part).reshape(pattern.shape)

@@ -29,6 +29,7 @@ from ..engine import (
 from ..engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
+from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
 from ..result import HeadAnalysis
 from .progress import progress_bar
@@ -216,7 +217,7 @@ def analyze_model(
     n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
     if n_layers is None or n_heads is None:
         raise ValueError("model.cfg must give n_layers and n_heads (a TransformerLens model).")
-    _check_vocabulary(tokens, getattr(cfg, "d_vocab", None))
+    _tokens.check_token_ids(tokens, _tokens.model_vocabulary(model), "inputs")
     full_mask = _cache.check_attention_mask(mask, n_seqs, n_pos)
     if mask is None:
         _cache.warn_pad_tokens(tokens, model, (n_seqs, n_heads, n_pos))
@@ -278,9 +279,3 @@ def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: 
     return possible and (attention == "recompute" or pattern_bytes(batch, n_heads, n_pos) > AUTO_RECOMPUTE_BYTES)
 
 
-def _check_vocabulary(tokens: Tensor, d_vocab: Any) -> None:
-    """Token ids must index the embedding: a clear error, not an IndexError mid-forward."""
-    low, high = int(tokens.min()), int(tokens.max())
-    if low < 0 or (isinstance(d_vocab, int) and high >= d_vocab):
-        raise ValueError(f"inputs hold token ids from {low} to {high}, outside the model's vocabulary "
-                         f"[0, {d_vocab}): were they made by another tokenizer?")

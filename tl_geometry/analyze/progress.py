@@ -41,13 +41,19 @@ def auto_progress() -> bool:
     return _in_jupyter_kernel()
 
 
-def progress_bar(items: Iterable[T], progress: bool | None, desc: str, unit: str) -> Iterable[T]:
-    """``items``, wrapped in a progress bar when asked (``None``: :func:`auto_progress`)."""
+def check_progress(progress: Any) -> bool:
+    """``progress`` as a bool: ``True``, ``False`` or ``None`` (:func:`auto_progress`). Anything
+    else (``"yes"``, ``1``) is refused, the same in every function that takes it."""
     if progress is None:
-        progress = auto_progress()
+        return auto_progress()
     if not isinstance(progress, bool):
         raise ValueError(f"progress must be True, False or None (automatic), got {progress!r}.")
-    if not progress:
+    return progress
+
+
+def progress_bar(items: Iterable[T], progress: bool | None, desc: str, unit: str) -> Iterable[T]:
+    """``items``, wrapped in a progress bar when asked (``None``: :func:`auto_progress`)."""
+    if not check_progress(progress):
         return items
     from tqdm.auto import tqdm
 

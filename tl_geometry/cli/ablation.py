@@ -73,6 +73,8 @@ def _fractions(text: str) -> tuple[float, ...]:
     if not values or any(not 0 <= v <= 1 for v in values):
         raise argparse.ArgumentTypeError(f"takes fractions in [0, 1] separated by commas, "
                                          f"e.g. 1,0.75,0.5; got {text!r}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"lists a fraction twice; give each once, got {text!r}")
     return values
 
 

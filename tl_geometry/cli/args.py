@@ -66,6 +66,10 @@ class Parser(argparse.ArgumentParser):
 
 
 # --- argument types: argparse turns their ArgumentTypeError into Parser.error's one line -------
+#: The largest int a tensor (int64) holds: larger values would overflow only after the model load.
+MAX_INT = 2**63 - 1
+
+
 def positive_int(text: str) -> int:
     """An int ≥ 1."""
     try:
@@ -74,6 +78,8 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63 - 1, got {value}")
     return value
 
 
@@ -89,6 +95,9 @@ def int_list(text: str) -> tuple[int, ...]:
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"every N must be ≥ 1 (a selection holds at least one "
                                          f"key); got {text!r}")
+    if any(v > MAX_INT for v in values):  # refused here, not as an int64 overflow after the load
+        raise argparse.ArgumentTypeError(f"every N must be at most 2**63 - 1 (and an N at least "
+                                         f"the window length keeps every key); got {text!r}")
     if len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"lists an N twice; give each once, e.g. "
                                          f"{','.join(map(str, sorted(set(values))))}")

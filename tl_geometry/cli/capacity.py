@@ -17,12 +17,14 @@ of sparsifying that head alone. Writes into ``--out DIR``::
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .args import (
+    UsageError,
     add_model_options,
     check_model,
     check_output_dir,
@@ -56,8 +58,9 @@ def _fraction(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a relative loss increase ≥ 0 such as 0.05, got {text!r}")
+    if not (math.isfinite(value) and value >= 0):  # inf / nan: N* would be meaningless
+        raise argparse.ArgumentTypeError(f"expected a finite relative loss increase ≥ 0 such as "
+                                         f"0.05, got {text!r}")
     return value
 
 
@@ -92,10 +95,24 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     return p
 
 
+def _check_n_fits(args: argparse.Namespace) -> None:
+    """Some N must be shorter than the windows: an N ≥ --seq-len keeps every key and only
+    repeats the dense loss, so a run where no N is shorter would measure nothing."""
+    if not [n for n in args.n_values if n < args.seq_len]:
+        raise UsageError(f"--n-values {','.join(map(str, args.n_values))}: every N is ≥ --seq-len "
+                         f"{args.seq_len}, so every curve point is the dense loss; give an N < "
+                         "--seq-len or longer windows.")
+    if args.head_n >= args.seq_len:
+        raise UsageError(f"--head-n {args.head_n} is ≥ --seq-len {args.seq_len}: the per-head "
+                         "sweep would keep every key; give a smaller --head-n (0 skips it) or "
+                         "longer windows.")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``tl-geometry capacity``; returns the exit status (bad arguments raise ``UsageError``)."""
     check_model(args.model)
     check_windows(args, min_seq_len=3)
+    _check_n_fits(args)
     check_output_dir(args.out, "--out")
     text = read_input_text(args)
     from ..inputs.models import load_model

@@ -63,6 +63,18 @@ def _first_duplicates(values):  # pragma: no cover - compiled
     return first
 
 
+@njit(cache=True, inline="always")
+def _ratio(x, y):  # pragma: no cover - compiled
+    """``x / y`` as IEEE and torch give it (``x/0 = ±inf``, ``0/0 = NaN``): numba's division
+    raises ``ZeroDivisionError`` instead. Every other value zero (a pruned or dead head) makes
+    κ = +inf, the documented answer; all values zero make it NaN."""
+    if y != 0.0:
+        return x / y
+    if x == 0.0 or np.isnan(x):
+        return np.nan
+    return np.inf if x > 0.0 else -np.inf
+
+
 @njit(parallel=True, cache=True)
 def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, group_size,
                                      sink_fields):  # pragma: no cover - compiled
@@ -124,7 +136,7 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
             for c in range(d):
                 total_norm += total[c] * total[c]
             total_norm = np.sqrt(total_norm)
-            kappa = sink_norm / (norm_sum / count)
+            kappa = _ratio(sink_norm, norm_sum / count)
             mean_cos = cos_sum / count
             cos_mean = (dot_sum / count) / (sink_norm * (total_norm / count) + COSINE_EPS)
             for r in range(group_size):

@@ -277,7 +277,9 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, s
     s = sink[b]
     if m > 1:  # SPEC §4 needs a key besides the sink
         sink_mass[b, h, qi, 0] = alpha[s]
-        sink_mass[b, h, qi, 4] = alpha[s] * norms[s] / total
+        # No key contributes (zero values or a zero row): the share is 0/0, NaN as in torch
+        # (numba's division would raise ZeroDivisionError).
+        sink_mass[b, h, qi, 4] = alpha[s] * norms[s] / total if total > 0.0 else np.nan
     top = top_buf[:m]
     rank_keys(keys, score, single, packed, top)  # descending weight, ties → lower index (SPEC §2)
     sink_rank = 0

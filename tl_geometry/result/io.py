@@ -3,18 +3,22 @@
 A file is a ``torch.save`` dict of plain tensors and strings, read back with
 ``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
 
-* ``format``: ``"tl_geometry.HeadAnalysis/2"``;
+* ``format``: ``"tl_geometry.HeadAnalysis/3"``;
 * ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
   named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
-* the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged).
+* the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged);
+* ``checksum``: the SHA-256 of all of the above (:func:`checksum`), so a flipped bit inside a
+  tensor or an edited entry is refused instead of read as true.
 
 On load everything is checked; any problem raises :class:`ResultFileError` naming the file.
-Files of format 1 (tl_geometry 0.1, no axis labels) load with a warning, read with the names that
-format used; saving them again upgrades them.
+Files of format 2 (no checksum) load as before. Files of format 1 (tl_geometry 0.1, no axis
+labels) load with a warning, read with the names that format used; saving them again upgrades
+them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -29,8 +33,11 @@ from torch import Tensor
 
 from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
-FORMAT = "tl_geometry.HeadAnalysis/2"
+FORMAT_VERSION = 3
+FORMAT = f"tl_geometry.HeadAnalysis/{FORMAT_VERSION}"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
+#: The first format version that stores a checksum.
+_CHECKSUM_SINCE = 3
 #: The labels format 1 used (it did not save them): what its axes meant.
 _FORMAT1_NAMES = {
     "group": ("top", "random", "sink_removed", "sink_in", "sink_out"),
@@ -115,11 +122,52 @@ def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
+# --- checksum -----------------------------------------------------------------------------------
+def checksum(payload: dict[str, Any]) -> str:
+    """SHA-256 (hex) of every entry of ``payload`` but ``"checksum"``, by sorted key.
+
+    A tensor enters as its dtype, shape and raw bytes (so a flipped bit, a changed dtype or a
+    reshaped tensor all change the digest); anything else as canonical JSON. Raises
+    ``TypeError`` / ``ValueError`` for an entry that is neither.
+    """
+    digest = hashlib.sha256()
+    for key in sorted(payload):
+        if key == "checksum":
+            continue
+        value = payload[key]
+        digest.update(json.dumps(key).encode())
+        if isinstance(value, Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"tensor {flat.dtype} {list(value.shape)}".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(json.dumps(value, sort_keys=True, allow_nan=True).encode())
+    return digest.hexdigest()
+
+
 # --- save ---------------------------------------------------------------------------------------
+def _writable_path(path: Path) -> Path:
+    """``path`` if a file can be written there; else a ``ValueError`` naming the user's path and
+    the fix (rather than an ``OSError`` about a temporary file or a parent)."""
+    if path.is_dir():
+        raise ValueError(f"cannot save to {path}: it is a folder. Give a file path, e.g. "
+                         f"{path / 'analysis.pt'}.")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"cannot save to {path}: {parent} is a file, not a folder. "
+                                 "Choose a path whose folders are folders.")
+            break
+    return path
+
+
 def save(fields: dict[str, Any], path: str | Path) -> Path:
     """Write ``fields`` (the HeadAnalysis dataclass fields) to ``path``, atomically: the file is
-    written next to its destination and renamed, so an interrupted save leaves no partial file."""
-    path = Path(path)
+    written next to its destination and renamed, so an interrupted save leaves no partial file.
+
+    Raises ``ValueError`` if ``path`` is a folder or lies under a file.
+    """
+    path = _writable_path(Path(path))
     metadata = json.dumps(encode_metadata(fields["metadata"]), allow_nan=True)
     payload: dict[str, Any] = {
         "format": FORMAT,
@@ -131,6 +179,7 @@ def save(fields: dict[str, Any], path: str | Path) -> Path:
     for key in AXES:
         value = fields[key]
         payload[key] = None if value is None else value.detach().cpu()
+    payload["checksum"] = checksum(payload)
     path.parent.mkdir(parents=True, exist_ok=True)
     # open(..., "xb") rather than mkstemp: the file gets the usual umask permissions, not 0600
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -165,22 +214,11 @@ def load(path: str | Path) -> dict[str, Any]:
         what = (f"a {type(payload).__name__}" if not isinstance(payload, dict)
                 else f"a dict of format {fmt!r}" if fmt is not None else "a dict without 'format'")
         raise fail(f"holds {what}, not a saved tl_geometry HeadAnalysis.")
-    version = payload["format"][len(_FORMAT_PREFIX):]
-    if version == "1":
-        warnings.warn(f"{path}: format 1 (tl_geometry 0.1, no axis labels); read with that format's "
-                      "names. Save it again to upgrade.", UserWarning, stacklevel=3)
-        saved_names: dict[str, Any] = dict(_FORMAT1_NAMES)
-    elif version == "2":
-        saved_names = payload.get("names")
-        axes = payload.get("axes")
-        # A file from an earlier 0.2 build may lack an optional field added since (e.g. paired).
-        if not isinstance(axes, dict) or any(
-            axes.get(k) != list(v) for k, v in AXES.items() if k in axes or k not in OPTIONAL
-        ) or set(axes) - set(AXES):
-            raise fail(f"its axis labels {axes!r} differ from this version's {AXES!r}.")
-    else:
-        raise fail(f"format {payload['format']!r} is newer than this tl_geometry reads "
-                   f"({FORMAT}); upgrade tl_geometry.")
+    version = _version(payload["format"], fail)
+    _check_devices(payload, fail)
+    if version >= _CHECKSUM_SINCE:
+        _check_checksum(payload, fail)
+    saved_names = _saved_names(payload, version, path, fail)
     missing = [k for k in ("layers", "metadata", *AXES) if k not in payload and k not in OPTIONAL]
     if missing or not isinstance(saved_names, dict):
         raise fail(f"incomplete: missing {missing or ['names']}.")
@@ -207,6 +245,56 @@ def load(path: str | Path) -> dict[str, Any]:
         if not (fields[key] >= 0).all():  # NaN fails too
             raise fail(f"{key} must hold counts ≥ 0.")
     return fields
+
+
+def _saved_names(payload: dict[str, Any], version: int, path: Path, fail: Any) -> Any:
+    """The axis labels the file was written with (format 1 did not save them: its fixed ones)."""
+    if version == 1:
+        warnings.warn(f"{path}: format 1 (tl_geometry 0.1, no axis labels); read with that format's "
+                      "names. Save it again to upgrade.", UserWarning, stacklevel=4)
+        return dict(_FORMAT1_NAMES)
+    axes = payload.get("axes")
+    # A file from an earlier 0.2 build may lack an optional field added since (e.g. paired).
+    if not isinstance(axes, dict) or any(
+        axes.get(k) != list(v) for k, v in AXES.items() if k in axes or k not in OPTIONAL
+    ) or set(axes) - set(AXES):
+        raise fail(f"its axis labels {axes!r} differ from this version's {AXES!r}.")
+    return payload.get("names")
+
+
+def _version(fmt: str, fail: Any) -> int:
+    """The format version of ``fmt`` (``"tl_geometry.HeadAnalysis/<n>"``): a positive integer
+    this tl_geometry reads, else :class:`ResultFileError` saying which problem it is."""
+    text = fmt[len(_FORMAT_PREFIX):]
+    version = int(text) if text.isascii() and text.isdigit() else 0
+    if version < 1:
+        raise fail(f"format {fmt!r} is not a valid version (a positive integer); the file is "
+                   "damaged or was not written by tl_geometry.")
+    if version > FORMAT_VERSION:
+        raise fail(f"format {fmt!r} is newer than this tl_geometry reads ({FORMAT}); "
+                   "upgrade tl_geometry.")
+    return version
+
+
+def _check_devices(payload: dict[str, Any], fail: Any) -> None:
+    """Refuse tensors without data (``meta``): nothing can be read or checked from them."""
+    for key, value in payload.items():
+        if isinstance(value, Tensor) and (value.is_meta or value.device.type != "cpu"):
+            raise fail(f"{key} is a {value.device.type} tensor with no readable data; save the "
+                       "analysis again from real tensors.")
+
+
+def _check_checksum(payload: dict[str, Any], fail: Any) -> None:
+    """Refuse a payload whose SHA-256 is not the one saved with it (a changed byte anywhere)."""
+    saved = payload.get("checksum")
+    try:
+        actual = checksum(payload)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise fail(f"holds an entry that is not a tensor or plain data ({exc}).") from None
+    if saved != actual:
+        what = "has no checksum" if saved is None else "does not match its checksum"
+        raise fail(f"its contents {what}: the file was changed or damaged after it was saved. "
+                   "Restore a good copy or run the analysis again.")
 
 
 def _align(key: str, value: Tensor, saved: dict[str, Any], fail: Any) -> Tensor:

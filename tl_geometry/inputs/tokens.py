@@ -1,0 +1,50 @@
+"""Token ids checked against the model before a forward: one check for every entry point.
+
+A negative id or one past the vocabulary would otherwise surface as an ``IndexError`` from deep
+inside the embedding, and a ``meta`` tensor as "Cannot copy out of meta tensor"; both are the
+caller's input, so they are refused here with what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def model_vocabulary(model: Any) -> int | None:
+    """``model.cfg.d_vocab`` when the model states it (a positive int), else ``None``."""
+    d_vocab = getattr(getattr(model, "cfg", None), "d_vocab", None)
+    return d_vocab if isinstance(d_vocab, int) and not isinstance(d_vocab, bool) and d_vocab > 0 else None
+
+
+def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens") -> None:
+    """``tokens`` (an integer tensor) must hold data and ids in ``[0, d_vocab)``.
+
+    ``d_vocab`` ``None`` checks only the sign. Raises ``ValueError`` naming ``name``, the range
+    found and the fix.
+    """
+    if tokens.is_meta:
+        raise ValueError(f"{name} is a meta tensor (shape {tuple(tokens.shape)}, no values); pass "
+                         "real token ids, e.g. from tl_geometry.text_windows(model).")
+    if tokens.numel() == 0:
+        return
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or (d_vocab is not None and high >= d_vocab):
+        raise ValueError(f"{name} hold token ids from {low} to {high}, outside the model's "
+                         f"vocabulary [0, {d_vocab if d_vocab is not None else '…'}): were they "
+                         "made by another tokenizer?")
+
+
+def token_digest(tokens: Tensor, attention_mask: Tensor | None = None) -> str:
+    """SHA-256 (hex, 16 characters) of the token ids, their shape and the mask: a cheap
+    fingerprint a result records so that it is never paired with another batch's numbers."""
+    digest = hashlib.sha256(repr(tuple(tokens.shape)).encode())
+    digest.update(tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+    if attention_mask is not None:
+        mask = torch.as_tensor(attention_mask).detach().to("cpu", torch.bool).contiguous()
+        digest.update(b"mask")
+        digest.update(mask.numpy().tobytes())
+    return digest.hexdigest()[:16]
