@@ -466,3 +466,14 @@ def test_cli_maps_a_load_error_after_the_checks_to_one_line(monkeypatch, capsys)
 def test_device_and_device_map_are_exclusive():
     with pytest.raises(ValueError, match=r"device= .* or device_map=.*not both"):
         models.load_model("smollm2-135m", device="cpu", device_map="auto")
+
+
+def test_temporary_folders_of_dead_fillers_are_swept_later(tmp_cache):
+    root = tmp_cache / "weights"
+    old, fresh = root / ".dead.tmp", root / ".busy.tmp"
+    for folder in (old, fresh):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"partial")
+    os.utime(old, (0, 0))
+    weight_cache.store(weight_cache.EntryKey("ef" * 32, 1, "float32"), lambda f: (f / "w").write_text("x"))
+    assert not old.exists() and fresh.exists()  # a live filler's folder is left alone

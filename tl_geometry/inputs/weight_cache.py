@@ -124,7 +124,11 @@ def _sweep(root: Path) -> None:
     """Delete temporary and discarded folders that a killed process left behind."""
     now = time.time()
     for path in root.glob(".*"):
-        if path.suffix in (".tmp", ".stale") and now - path.stat().st_mtime > _STALE_AFTER_S:
+        try:
+            old = now - path.stat().st_mtime > _STALE_AFTER_S
+        except OSError:  # another process removed it meanwhile
+            continue
+        if path.suffix in (".tmp", ".stale") and old:
             shutil.rmtree(path, ignore_errors=True)
 
 
