@@ -299,3 +299,12 @@ def test_device_map_dict_on_cpu_gives_the_same_logits(smollm2):
         _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
     result = tl_geometry.analyze_heads(cache, n_values=(2,), layers=[0], random_samples=1)
     assert result.f_score.shape == (1, 9, 1)
+
+
+def test_recorded_context_lengths_match_the_gguf_files():
+    """The numbers the CLI checks --seq-len against before the load are the files' own."""
+    from tl_geometry.inputs.gguf_header import read_gguf_info
+    from tl_geometry.inputs.models import MODELS, gguf_path
+
+    for name in ("smollm2-135m", "gemma3-270m"):
+        assert read_gguf_info(gguf_path(name)).context_length == MODELS[name].n_ctx
