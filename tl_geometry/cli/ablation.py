@@ -21,6 +21,7 @@ from .args import (
     check_model,
     check_output_dir,
     check_windows,
+    load_cli_model,
     positive_int,
     read_input_text,
     show_progress,
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     Head indices are checked against the model after it loads (its shape is not known before);
     the ``ValueError`` then names the valid range.
     """
-    check_model(args.model)
+    check_model(args.model, args.seq_len)
     check_windows(args, min_seq_len=3)
     if args.command == "prune":
         check_output_dir(args.out, "--out")
@@ -124,10 +125,9 @@ def run(args: argparse.Namespace) -> int:
                                                   seq_len=args.seq_len))
     else:
         text = read_input_text(args)
-    from ..inputs.models import load_model
 
     print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_model(args.model)
+    model = load_cli_model(args)
     return _ablate(model, text, args) if args.command == "ablate" else _prune(model, text, args)
 
 

@@ -22,6 +22,7 @@ from .args import (
     check_output_file,
     check_windows,
     int_list,
+    load_cli_model,
     positive_int,
     read_input_text,
     show_progress,
@@ -111,7 +112,7 @@ def _recompute(args: argparse.Namespace, model: Any, tokens: Any) -> bool:
 
 def check(args: argparse.Namespace) -> str | None:
     """Every check that needs no model; returns the ``--text`` contents (``None``: built-in)."""
-    check_model(args.model)
+    check_model(args.model, args.seq_len)
     check_windows(args, min_seq_len=2)
     if not [n for n in args.n_values if n < args.seq_len]:
         raise UsageError(f"--n-values {','.join(map(str, args.n_values))}: every N is ≥ --seq-len "
@@ -130,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
     from ..analyze.from_cache import analyze_heads
     from ..analyze.from_model import analyze_model
     from ..inputs.cache import CACHE_NAMES_FILTER
-    from ..inputs.models import load_model
     from ..inputs.text import text_windows
 
     rank, world = _distributed()
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: N = {dropped} dropped (not below --seq-len {args.seq_len})", file=log)
     start = time.perf_counter()
     print(f"Loading {args.model} (offline)...", file=log)
-    model = load_model(args.model)
+    model = load_cli_model(args)
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
                    shuffle_samples=args.shuffle_samples, seed=args.seed, distance=args.distance, bounds=args.bounds)

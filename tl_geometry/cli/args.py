@@ -27,6 +27,7 @@ __all__ = [
     "check_output_file",
     "check_windows",
     "int_list",
+    "load_cli_model",
     "positive_int",
     "read_input_text",
     "show_progress",
@@ -134,14 +135,40 @@ def show_progress(args: argparse.Namespace) -> bool:
 
 
 # --- checks before the model load ----------------------------------------------------------------
-def check_model(name: str) -> None:
-    """A built-in name whose package is installed, or a local folder / GGUF file with weights."""
-    from ..inputs.models import ModelNotInstalledError, model_source
+def check_model(name: str, seq_len: int | None = None) -> None:
+    """A built-in name whose package is installed, or a local folder / GGUF file that is whole;
+    and, where the context length can be read without loading (built-ins, GGUF metadata,
+    ``config.json``), a ``--seq-len`` within it."""
+    from ..inputs.models import ModelNotInstalledError, context_length, model_source
 
     try:
         model_source(name)
     except (ValueError, ModelNotInstalledError) as err:
         raise UsageError(f"--model: {err}") from None
+    if seq_len is not None:
+        _check_context(name, seq_len, context_length(name))
+
+
+def _check_context(name: str, seq_len: int, n_ctx: int | None) -> None:
+    if n_ctx is not None and seq_len > n_ctx:
+        raise UsageError(f"--seq-len {seq_len} is longer than {name}'s context length of {n_ctx} "
+                         f"tokens; use --seq-len {n_ctx} or less.")
+
+
+def load_cli_model(args: argparse.Namespace):
+    """``load_model(args.model)``, with its file errors as :class:`UsageError`; then the
+    ``--seq-len`` check against the loaded model's context length, for models whose files did
+    not say it before the load."""
+    from ..inputs import models
+
+    try:
+        model = models.load_model(args.model)
+    except models.ModelLoadError as err:
+        raise UsageError(f"--model: {err}") from None
+    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    if isinstance(n_ctx, int) and getattr(args, "seq_len", None) is not None:
+        _check_context(args.model, args.seq_len, n_ctx)
+    return model
 
 
 def check_windows(args: argparse.Namespace, min_seq_len: int) -> None:

