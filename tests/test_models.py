@@ -155,17 +155,18 @@ def test_local_hf_folder_gives_the_builtin_logits(hf_dir, smollm2):
 
 
 def test_cli_analyses_a_local_hf_folder(hf_dir, tmp_path, monkeypatch, capsys):
+    from tl_geometry.analyze import from_cache
     from tl_geometry.analyze import progress as _progress
     from tl_geometry.cli.main import main
 
     seen = {}
-    analyze = tl_geometry.analyze_heads
+    analyze = from_cache.analyze_heads
 
     def spy(*args, **kwargs):
         seen["progress"] = kwargs.get("progress")
         return analyze(*args, **kwargs)
 
-    monkeypatch.setattr(tl_geometry, "analyze_heads", spy)
+    monkeypatch.setattr(from_cache, "analyze_heads", spy)  # the CLI imports it from there
     monkeypatch.setattr(_progress, "auto_progress", lambda: True)  # as on a terminal
     save, csv = tmp_path / "new" / "run.pt", tmp_path / "other" / "table.csv"
     assert main(["analyze", "--model", str(hf_dir), "--n-seqs", "1", "--seq-len", "12",
