@@ -126,7 +126,8 @@ def analyze_heads(
             if attention_mask is None:
                 _cache.warn_pad_tokens(tokens, model, shape)
             sink = sink_positions(mask)
-            acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=pattern.device)
+            acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=pattern.device,
+                                    n_sequences=batch)
         elif (batch, n_heads, n_pos) != shape:
             raise _cache.CacheError(
                 f"Layer {layer}'s pattern is {tuple(pattern.shape)} but an earlier layer's was "

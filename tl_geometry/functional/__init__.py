@@ -30,23 +30,32 @@ from .sink import SinkDiagnostics, sink_diagnostics
 from .stats import spearman
 from .taxonomy import (
     CLASSES,
+    N_RESAMPLES,
     UNLABELLED,
+    UNSTABLE_BELOW,
     VOTES,
+    bootstrap_resample_weights,
+    bootstrap_stability,
     labels_from_votes,
     source_votes,
     source_winners,
     vote_fractions,
+    vote_margin,
 )
 
 __all__ = [
     "CLASSES",
+    "N_RESAMPLES",
     "UNLABELLED",
+    "UNSTABLE_BELOW",
     "VOTES",
     "Bounds",
     "RegimeDiagnostics",
     "RegimeParams",
     "Separability",
     "SinkDiagnostics",
+    "bootstrap_resample_weights",
+    "bootstrap_stability",
     "causal_key_mask",
     "contribution_norms",
     "distances",
@@ -70,4 +79,5 @@ __all__ = [
     "top_n_ranks",
     "value_dots",
     "vote_fractions",
+    "vote_margin",
 ]

@@ -3,7 +3,8 @@
 A file is a ``torch.save`` dict of plain tensors and strings, read back with
 ``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
 
-* ``format``: ``"tl_geometry.HeadAnalysis/2"``;
+* ``format``: ``"tl_geometry.HeadAnalysis/3"`` (3 adds ``sequence_votes``, the per-sequence
+  vote counts behind the label stability; files of format 2 load with it ``None``);
 * ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
   named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
 * the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged).
@@ -29,7 +30,7 @@ from torch import Tensor
 
 from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
-FORMAT = "tl_geometry.HeadAnalysis/2"
+FORMAT = "tl_geometry.HeadAnalysis/3"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
 #: The labels format 1 used (it did not save them): what its axes meant.
 _FORMAT1_NAMES = {
@@ -170,10 +171,11 @@ def load(path: str | Path) -> dict[str, Any]:
         warnings.warn(f"{path}: format 1 (tl_geometry 0.1, no axis labels); read with that format's "
                       "names. Save it again to upgrade.", UserWarning, stacklevel=3)
         saved_names: dict[str, Any] = dict(_FORMAT1_NAMES)
-    elif version == "2":
+    elif version in ("2", "3"):
         saved_names = payload.get("names")
         axes = payload.get("axes")
-        # A file from an earlier 0.2 build may lack an optional field added since (e.g. paired).
+        # A file from an earlier build may lack an optional field added since (paired in 2,
+        # sequence_votes before 3): it loads with that field None.
         if not isinstance(axes, dict) or any(
             axes.get(k) != list(v) for k, v in AXES.items() if k in axes or k not in OPTIONAL
         ) or set(axes) - set(AXES):
@@ -204,7 +206,7 @@ def load(path: str | Path) -> dict[str, Any]:
     except ValueError as exc:
         raise fail(f"inconsistent contents: {exc}") from None
     for key in COUNT_FIELDS:
-        if not (fields[key] >= 0).all():  # NaN fails too
+        if fields[key] is not None and not (fields[key] >= 0).all():  # NaN fails too
             raise fail(f"{key} must hold counts ≥ 0.")
     return fields
 
