@@ -8,8 +8,8 @@ the sink is inside it; the paired sink effect pools the ratios of those inside (
 Sink diagnostics are averaged per sequence, then over sequences. Taxonomy votes are pooled
 counts over every query after the sink; the per-sequence counts are kept too, each sequence in
 its own row (by its index in the inputs), so that the label stability can resample sequences
-(SPEC §5) and merging by addition stays exact (two shards fill disjoint rows). Batches, streams and processes combine by addition
-(:meth:`Accumulator.merge`), so every front-end shares this code.
+(SPEC §5) and merging by addition stays exact (two shards fill disjoint rows). Batches, streams
+and processes combine by addition (:meth:`Accumulator.merge`), so every front-end shares this code.
 
 Determinism: each per-query figure depends only on its own sequence, so it is the same bit for
 bit whatever the batch, the chunking or the front-end, up to BLAS rounding when padding changes

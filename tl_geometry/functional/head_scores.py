@@ -67,7 +67,7 @@ def sink_rate(pattern: Float[Tensor, "batch head pos pos"]) -> Float[Tensor, " h
     return mean_weight(pattern, t, torch.zeros_like(t))
 
 
-def sink_epsilon(rates: Float[Tensor, "..."], epsilon: float = SINK_EPSILON) -> float:
+def sink_epsilon(rates: Float[Tensor, ...], epsilon: float = SINK_EPSILON) -> float:
     """Sink^ε of a model: the share of its heads with ``sink_rate > ε`` (Gu et al.; SPEC §9).
 
     >>> sink_epsilon(torch.tensor([0.1, 0.5, 0.9, 0.3]))

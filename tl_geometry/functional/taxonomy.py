@@ -132,7 +132,7 @@ def bootstrap_stability(
     """
     n_sequences = sequence_votes.shape[0]
     heads = sequence_votes.shape[1:-1]
-    full = labels_from_votes(sequence_votes.sum(0))
+    full = labels_from_votes(sequence_votes.sum(0).to(torch.float64))
     if n_sequences == 0:
         return torch.full(heads, torch.nan, dtype=torch.float64)
     weights = bootstrap_resample_weights(n_sequences, n_resamples, seed)

@@ -24,8 +24,8 @@ from ..functional.separability import METRIC_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
 from . import headline as _result_headline
-from . import labels as _result_labels
 from . import io as _result_io
+from . import labels as _result_labels
 from . import select as _result_select
 from . import tables as _result_tables
 from . import text as _result_text
