@@ -76,7 +76,9 @@ def sink_epsilon(rates: Float[Tensor, ...], epsilon: float = SINK_EPSILON) -> fl
     return float((rates > epsilon).double().mean())
 
 
-def retrieval_layout(window_length: int, needle: int = NEEDLE_LENGTH, repeated: int = NEEDLE_REPEATED):
+def retrieval_layout(
+    window_length: int, needle: int = NEEDLE_LENGTH, repeated: int = NEEDLE_REPEATED
+) -> tuple[int, Int[Tensor, " q"], Int[Tensor, " q"]]:
     """Positions of a retrieval sequence (SPEC §9) built from a ``window_length``-token window
     (BOS included): the needle starts at ``start = 1 + (window_length − 1) // 2`` (the middle of
     the text), the repeated needle tokens sit at the last ``repeated`` positions. Returns

@@ -108,10 +108,10 @@ def taxonomy_view(result: HeadAnalysis, *, n: int = 2, scores: Any = None) -> Vi
     if unlabelled:
         legend += (f'<span><i class="tlg-swatch" style="background:{CLASS_COLORS[UNLABELLED_NAME]}"></i>'
                    f"{UNLABELLED_NAME}: {unlabelled} (no votes; not in the shares)</span>")
-    shaky = unstable_counts(result)
-    if sum(shaky.values()):
-        legend += (f"<span>unstable (stability &lt; 0.8, marked ?): {sum(shaky.values())} — "
-                   + ", ".join(f"{c} {k}" for c, k in shaky.items()) + "</span>")
+    per_class = unstable_counts(result)
+    if sum(per_class.values()):
+        legend += (f"<span>unstable (stability &lt; 0.8, marked ?): {sum(per_class.values())} — "
+                   + ", ".join(f"{c} {k}" for c, k in per_class.items()) + "</span>")
     inner = f'<div class="tlg-legend">{legend}</div><table class="tlg-grid">{"".join(rows)}</table>'
     caption = (
         '<div class="tlg-caption">Source winner argmax α_j‖v_j‖ per query: Retriever = the current '
