@@ -215,7 +215,8 @@ def test_summary_top_k_legend_and_unknown_model():
     values = [float(gain[r.layers.index(layer), h]) for layer, h in ranked]
     assert values == sorted(values, reverse=True)
     assert len(_head_rows(r.summary(top=None))) == 8
-    assert "Legend: cur/sink/oth" in text and "κ = ‖v_sink‖" in text and "cos = mean signed" in text
+    assert "Legend: Classes" in text and "cur/sink/oth = fractions" in text
+    assert "κ = ‖v_sink‖" in text and "cos = mean signed" in text
     assert "docs/reading.md" in text
     assert "model None" not in text and "model unknown (pass model=" in text
     assert "run settings not recorded" in text  # a hand-built result has no run metadata

@@ -18,7 +18,7 @@ from tl_geometry.result import io as _result_io
 
 def _same(a: HeadAnalysis, b: HeadAnalysis) -> None:
     assert a.layers == b.layers and torch.equal(a.n_values, b.n_values)
-    for key in ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "paired"):
+    for key in ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "paired", "sequence_votes"):
         x, y = getattr(a, key), getattr(b, key)
         if x is None or y is None:
             assert x is None and y is None, key
@@ -42,7 +42,7 @@ def test_round_trip_is_exact_by_name_and_the_file_is_labelled(tmp_path):
     path = r.save(tmp_path / "sub" / "run.pt")
     _same(HeadAnalysis.load(path), r)
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "tl_geometry.HeadAnalysis/3"
+    assert payload["format"] == "tl_geometry.HeadAnalysis/4"
     assert payload["checksum"] == _result_io.checksum(payload)
     assert payload["axes"]["scores"] == ["group", "metric", "layer", "head", "n"]
     assert payload["names"]["metric"][:3] == ["precision", "recall", "f_score"]
@@ -114,14 +114,15 @@ def test_a_crafted_pickle_is_refused_not_run(tmp_path):
     (lambda p: {"n_values": torch.tensor([2.0, 4.0, 8.0])}, "n_values must be a 1-D tensor of distinct ints"),
     (lambda p: {"n_values": torch.tensor([2, 2, 8])}, "distinct ints"),
     (lambda p: {"sink": p["sink"][:3]}, r"sink has 3 entries on its sink_field axis"),
-    (lambda p: {"vote_counts": -p["vote_counts"]}, "vote_counts must hold counts"),
+    (lambda p: {"vote_counts": -p["vote_counts"], "sequence_votes": None}, "vote_counts must hold counts"),
+    (lambda p: {"vote_counts": p["vote_counts"] + 1}, "sequence_votes do not add up"),
     (lambda p: {"vote_counts": p["vote_counts"].flatten()}, "expected axes"),
     (lambda p: {"group_counts": None}, "group_counts is a NoneType, not a tensor"),
     (lambda p: {"bounds": torch.zeros(len(p["names"]["bound_kind"]), len(p["names"]["bound_metric"]), 2, 4, 3)},
      "bounds and regime come together"),
     (lambda p: {"metadata": "{not json"}, "metadata is not valid JSON"),
     (lambda p: {"metadata": "[1, 2]"}, "metadata is a list, not a dict"),
-    (lambda p: {"format": "tl_geometry.HeadAnalysis/4"}, "newer than this tl_geometry reads"),
+    (lambda p: {"format": "tl_geometry.HeadAnalysis/5"}, "newer than this tl_geometry reads"),
     (lambda p: {"format": "tl_geometry.HeadAnalysis/0"}, "not a valid version"),
     (lambda p: {"format": "tl_geometry.HeadAnalysis/-1"}, "not a valid version"),
     (lambda p: {"axes": {**p["axes"], "sink": ["layer", "head", "sink_field"]}}, "axis labels"),
@@ -184,6 +185,9 @@ def _check_filled(loaded: HeadAnalysis, r: HeadAnalysis, labels: dict) -> None:
         if key == "paired" and loaded.paired is None:  # a file from before the paired sink effect
             assert loaded.paired_sink_ratio.isnan().all()
             continue
+        if key == "sequence_votes" and loaded.sequence_votes is None:  # a file from before format 3
+            assert loaded.label_stability.isnan().all()
+            continue
         torch.testing.assert_close(new[key], old[key], rtol=0, atol=0, equal_nan=True, msg=key)
     for kind in set(_result_io.names()["bound_kind"]) - set(labels["bound_kind"]):
         assert loaded.bound(kind).isnan().all(), kind
@@ -196,7 +200,7 @@ def test_format_1_files_load_with_a_warning(tmp_path):
     r = fake(bounds=True, metadata={"model_name": "m", "n_values": [2, 4, 8]})
     path = tmp_path / "old.pt"
     old = _labelled_as(r, _result_io._FORMAT1_NAMES)
-    del old["paired"]  # added in 0.2
+    del old["paired"], old["sequence_votes"]  # added in 0.2 and in format 3
     torch.save({  # what tl_geometry 0.1 wrote
         "format": "tl_geometry.HeadAnalysis/1", "layers": list(r.layers), **old,
         "metadata": '{"model_name": "m", "n_values": [2, 4, 8]}',

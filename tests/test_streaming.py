@@ -14,7 +14,7 @@ import torch
 import tl_geometry
 
 pytestmark = pytest.mark.real_model
-FIELDS = ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime")
+FIELDS = ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "sequence_votes")
 
 
 def _assert_same(a, b, tol=1e-6):

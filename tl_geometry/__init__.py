@@ -37,9 +37,10 @@ from .ablation import (
 )
 from .analyze.from_cache import analyze_heads
 from .analyze.from_model import analyze_model
+from .analyze.head_scores import head_scores
 from .inputs.cache import CACHE_NAMES_FILTER, CacheError
 from .inputs.text import sample_text, text_windows
-from .result import HeadAnalysis, HeadSelection, ResultFileError
+from .result import HeadAnalysis, HeadSelection, ResultFileError, label_agreement
 
 # Exports whose modules are imported on first use, so that `import tl_geometry` stays light:
 # the model loaders pull in transformers, the views and report matplotlib.
@@ -90,7 +91,9 @@ __all__ = [
     "critical_heads",
     "functional",
     "head_orderings",
+    "head_scores",
     "head_sensitivity",
+    "label_agreement",
     "load_model",
     "retrieval_capacity",
     "sample_text",

@@ -147,7 +147,7 @@ class _CacheRun:
         mask = _cache.check_attention_mask(attention_mask, batch, n_pos, device=pattern.device)
         if attention_mask is None:
             _cache.warn_pad_tokens(tokens, model, shape)
-        acc = Accumulator.zeros(n_layers, n_heads, n_sizes, device=pattern.device)
+        acc = Accumulator.zeros(n_layers, n_heads, n_sizes, device=pattern.device, n_sequences=batch)
         return cls(shape, mask, sink_positions(mask), acc)
 
     def check_shape(self, pattern: Tensor, layer: int) -> None:

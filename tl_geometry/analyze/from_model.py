@@ -110,7 +110,7 @@ class _LayerHooks:
             stats = analyze_layer(source, c.v, self.mask.to(device), self.sink.to(device), self.opts,
                                   layer=c.layer, W_O=W, sequence_offset=self.offset,
                                   mask_given=self.mask_given)
-            self.acc.add(self.row[c.layer], stats)
+            self.acc.add(self.row[c.layer], stats, self.offset)
 
         capture_attention(model, tokens, on_layer, attention_mask=mask)
         missing = sorted(set(self.row) - seen)
@@ -128,7 +128,7 @@ class _LayerHooks:
         W = None if self.W is None else self.W[layer].to(pattern.device)
         stats = analyze_layer(pattern, v, mask, sink, self.opts, layer=layer, W_O=W,
                               sequence_offset=self.offset, mask_given=self.mask_given)
-        self.acc.add(self.row[layer], stats)
+        self.acc.add(self.row[layer], stats, self.offset)
 
 
 def _check_shard(shard: Any) -> tuple[int, int] | None:
@@ -225,7 +225,7 @@ def analyze_model(
     shard = _check_shard(shard)
     W = output_weights(model, None, layer_ids) if space == "output" else None
     device = getattr(cfg, "device", None) or "cpu"
-    acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device)
+    acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device, n_sequences=n_seqs)
     hooks = _LayerHooks(acc, layer_ids, opts, W, mask_given=mask is not None)
     recompute = _use_recompute(attention, model, min(batch_size, n_seqs), n_heads, n_pos)
 

@@ -18,6 +18,7 @@ from .args import (
     UsageError,
     add_model_options,
     add_progress_option,
+    check_labels_file,
     check_model,
     check_output_file,
     check_windows,
@@ -40,6 +41,7 @@ examples:
   tl-geometry analyze --model ./my-hf-folder --n-values 2,4,8 --show-n 2,4 --csv heads.csv
   tl-geometry analyze --bounds --save run.pt        # then HeadAnalysis.load("run.pt")
   tl-geometry analyze --model gemma3-270m --n-seqs 1 --seq-len 4096 --attention recompute
+  tl-geometry analyze --labels labels.csv           # one row per head: class, votes, margin, stability
   torchrun --nproc-per-node 2 -m tl_geometry analyze --n-seqs 64 --save run.pt
 """
 
@@ -79,6 +81,9 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                              "recompute when the patterns would not fit comfortably")
     parser.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
     parser.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
+    parser.add_argument("--labels", metavar="FILE",
+                        help="also write the head labels (class, vote fractions, margin, stability; "
+                             "docs/labels.md) as CSV or JSON, by the suffix")
     add_progress_option(parser)
     return parser
 
@@ -120,6 +125,7 @@ def check(args: argparse.Namespace) -> str | None:
                          "give an N < --seq-len or longer windows.")
     check_output_file(args.save, "--save")
     check_output_file(args.csv, "--csv")
+    check_labels_file(args.labels)
     return read_input_text(args)
 
 
@@ -172,4 +178,6 @@ def run(args: argparse.Namespace) -> int:
         Path(args.csv).expanduser().parent.mkdir(parents=True, exist_ok=True)
         result.to_pandas().to_csv(Path(args.csv).expanduser(), index=False)
         print(f"wrote {args.csv}", file=sys.stderr)
+    if args.labels:
+        print(f"wrote {result.export_labels(Path(args.labels).expanduser())}", file=sys.stderr)
     return 0

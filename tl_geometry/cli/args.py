@@ -22,6 +22,7 @@ __all__ = [
     "UsageError",
     "add_model_options",
     "add_progress_option",
+    "check_labels_file",
     "check_model",
     "check_output_dir",
     "check_output_file",
@@ -226,6 +227,16 @@ def check_output_file(path: str | None, flag: str) -> None:
     if target.exists() and not os.access(target, os.W_OK):
         raise UsageError(f"{flag} {path} exists and is read-only; choose another file name.")
     _writable_folder(target.parent, flag, target)
+
+
+def check_labels_file(path: str | None, flag: str = "--labels") -> None:
+    """A label file (``--labels``): a writable ``.csv`` or ``.json`` file (the suffix picks the format)."""
+    if path is None:
+        return
+    if Path(path).suffix.lower() not in (".csv", ".json"):
+        raise UsageError(f"{flag} {path}: the file name must end in .csv or .json (the suffix picks "
+                         f"the format), e.g. {Path(path).with_suffix('.csv')}.")
+    check_output_file(path, flag)
 
 
 def check_output_dir(path: str, flag: str) -> None:

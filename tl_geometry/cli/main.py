@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
-from . import ablation, analyze, capacity, report
+from . import ablation, analyze, capacity, report, scores
 from .args import Parser, show_progress
 
 #: Subcommand → the module of :mod:`tl_geometry.cli` that defines its ``add_parser`` and ``run``.
@@ -26,6 +26,7 @@ COMMANDS: dict[str, ModuleType] = {
     "ablate": ablation,
     "prune": ablation,
     "capacity": capacity,
+    "scores": scores,
 }
 
 DESCRIPTION = """\
@@ -41,6 +42,7 @@ examples:
   tl-geometry analyze --model ./my-model --text corpus.txt
   tl-geometry ablate --heads 3.4,5.0
   tl-geometry prune --out prune-results
+  tl-geometry scores --sort induction --top 10      # head scores others use, Sink^ε
 
 Run "tl-geometry COMMAND --help" for a command's options and examples.
 """

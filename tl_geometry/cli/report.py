@@ -50,6 +50,9 @@ def add_parser(sub: Any, name: str = "report") -> argparse.ArgumentParser:
                         help="output folder (created if needed; must not be a file)")
     report.add_argument("--no-bounds", action="store_true",
                         help="skip the theoretical bounds (docs/math.md, section 6)")
+    report.add_argument("--scores", action="store_true",
+                        help="also compute the head scores others use (induction, previous token, "
+                             "sink rate, ...; docs/labels.md) and compare them with the labels")
     add_progress_option(report)
     return report
 
@@ -92,7 +95,12 @@ def run(args: argparse.Namespace) -> int:
     result.metadata["text"] = args.text or "built-in sample"
     bar.update()
     bar.set_postfix_str(stages[4])
-    index = write_report(result, args.out, cache=cache, tokens=tokens, model=model)
+    scores = None
+    if args.scores:
+        from ..analyze.head_scores import head_scores
+
+        scores = head_scores(model)
+    index = write_report(result, args.out, cache=cache, tokens=tokens, model=model, scores=scores)
     bar.update()
     bar.set_postfix_str("done")
     bar.close()

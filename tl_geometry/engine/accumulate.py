@@ -6,8 +6,10 @@ over sequences; the random and shuffled baselines are first averaged over their 
 The sink-in / sink-out groups pool every (sequence, query) instance of the top-N set by whether
 the sink is inside it; the paired sink effect pools the ratios of those inside (:mod:`.paired`).
 Sink diagnostics are averaged per sequence, then over sequences. Taxonomy votes are pooled
-counts over every query after the sink. Batches, streams and processes combine by addition
-(:meth:`Accumulator.merge`), so every front-end shares this code.
+counts over every query after the sink; the per-sequence counts are kept too, each sequence in
+its own row (by its index in the inputs), so that the label stability can resample sequences
+(SPEC §5) and merging by addition stays exact (two shards fill disjoint rows). Batches, streams
+and processes combine by addition (:meth:`Accumulator.merge`), so every front-end shares this code.
 
 Determinism: each per-query figure depends only on its own sequence, so it is the same bit for
 bit whatever the batch, the chunking or the front-end, up to BLAS rounding when padding changes
@@ -19,12 +21,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 from einops import rearrange
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
@@ -54,9 +56,13 @@ class Accumulator:
     bound_count: Float[Tensor, "layer head kind n bmetric"]
     regime_sum: Float[Tensor, "layer head rfield"]
     regime_count: Float[Tensor, "layer head rfield"]
+    sequence_votes: Int[Tensor, "sequence layer head vote"]
+    """Vote counts of every sequence, row = the sequence's index in the inputs."""
 
     @classmethod
-    def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu") -> Accumulator:
+    def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
+              n_sequences: int = 0) -> Accumulator:
+        """Empty sums for ``n_sequences`` sequences (more rows are added when a batch needs them)."""
         shapes = {
             "seq_sum": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
             "seq_count": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
@@ -72,18 +78,31 @@ class Accumulator:
             "regime_sum": (len(REGIME_FIELDS),),
             "regime_count": (len(REGIME_FIELDS),),
         }
-        return cls(**{name: torch.zeros(n_layers, n_heads, *shape, dtype=COMPUTE_DTYPE, device=device)
-                      for name, shape in shapes.items()})
+        sums = {name: torch.zeros(n_layers, n_heads, *shape, dtype=COMPUTE_DTYPE, device=device)
+                for name, shape in shapes.items()}
+        # int64: exact counts that all_reduce can add like the sums
+        votes = torch.zeros(n_sequences, n_layers, n_heads, 3, dtype=torch.int64, device=device)
+        return cls(**sums, sequence_votes=votes)
 
     def tensors(self) -> Iterator[Tensor]:
         """Every sum and count, in field order (for all-reduce across processes)."""
         return (getattr(self, f.name) for f in fields(self))
 
     def merge(self, other: Accumulator) -> Accumulator:
-        return Accumulator(*(a + b for a, b in zip(self.tensors(), other.tensors())))
+        """Sum of two accumulators (their per-sequence rows padded to the same number)."""
+        n = max(len(self.sequence_votes), len(other.sequence_votes))
+        return Accumulator(*(a + b for a, b in zip(self._rows(n).tensors(), other._rows(n).tensors())))
 
-    def add(self, li: int, stats: LayerStats) -> None:
-        """Add one layer of one batch (row ``li``)."""
+    def _rows(self, n: int) -> Accumulator:
+        """This accumulator with at least ``n`` per-sequence rows (new rows hold no votes)."""
+        votes = self.sequence_votes
+        if len(votes) >= n:
+            return self
+        pad = votes.new_zeros(n - len(votes), *votes.shape[1:])
+        return replace(self, sequence_votes=torch.cat([votes, pad]))
+
+    def add(self, li: int, stats: LayerStats, sequence_offset: int = 0) -> None:
+        """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
         _add_means(self.seq_sum[li], self.seq_count[li], stats.seq_mean.to(self.seq_sum.device))
         self.inst_sum[li] += stats.inst_sum.to(self.inst_sum.device)
         self.inst_count[li] += stats.inst_count.to(self.inst_count.device)
@@ -91,6 +110,10 @@ class Accumulator:
         self.paired_halved[li] += stats.paired_halved.to(self.paired_halved.device)
         _add_means(self.sink_sum[li], self.sink_count[li], stats.sink_mean.to(self.sink_sum.device))
         self.votes[li] += stats.votes.to(self.votes.device)
+        stop = sequence_offset + stats.sequence_votes.shape[0]
+        if stop > len(self.sequence_votes):
+            self.sequence_votes = self._rows(stop).sequence_votes
+        self.sequence_votes[sequence_offset:stop, li] += stats.sequence_votes.to(self.sequence_votes.device)
         if stats.bound_mean is not None:
             _add_means(self.bound_sum[li], self.bound_count[li], stats.bound_mean.to(self.bound_sum.device))
         if stats.regime is not None:
@@ -118,6 +141,8 @@ class Accumulator:
             group_counts=rearrange(counts, "l h g n -> g l h n").cpu().contiguous(),
             sink=rearrange(self.sink_sum / self.sink_count, "l h f -> f l h").cpu().contiguous(),
             vote_counts=self.votes.cpu().clone(),
+            # int32 halves the file; a sequence holds far fewer than 2^31 queries
+            sequence_votes=self.sequence_votes.cpu().to(torch.int32),
             paired=paired_figures(self.paired_hist, self.paired_halved).cpu().contiguous(),
             metadata=metadata,
             bounds=rearrange(self.bound_sum / self.bound_count, "l h k n b -> k b l h n").cpu().contiguous()

@@ -65,6 +65,8 @@ class LayerStats(NamedTuple):
     paired_halved: Float[Tensor, "head n"]
     sink_mean: Float[Tensor, "batch head field"]
     votes: Float[Tensor, "head 3"]
+    sequence_votes: Int[Tensor, "batch head 3"]
+    """Per-sequence vote counts (SPEC §5): the bootstrap of label stability resamples them."""
     bound_mean: Float[Tensor, "batch head kind n bmetric"] | None
     regime: Float[Tensor, "batch head rfield"] | None
 
@@ -354,6 +356,7 @@ def _reduce(
     return LayerStats(
         **reduced._asdict(),
         votes=reduce(votes.to(COMPUTE_DTYPE), "b h vote -> h vote", "sum"),
+        sequence_votes=votes,
         bound_mean=bound_mean,
         regime=regime,
     )

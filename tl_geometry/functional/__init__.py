@@ -32,18 +32,25 @@ from .sink import SinkDiagnostics, sink_diagnostics
 from .stats import spearman
 from .taxonomy import (
     CLASSES,
+    N_RESAMPLES,
     UNLABELLED,
+    UNSTABLE_BELOW,
     VOTES,
+    bootstrap_resample_weights,
+    bootstrap_stability,
     labels_from_votes,
     source_votes,
     source_winners,
     vote_fractions,
+    vote_margin,
 )
 
 __all__ = [
     "CLASSES",
     "NO_QUERY",
+    "N_RESAMPLES",
     "UNLABELLED",
+    "UNSTABLE_BELOW",
     "VOTES",
     "Bounds",
     "RegimeDiagnostics",
@@ -52,6 +59,8 @@ __all__ = [
     "SinkDiagnostics",
     "attention_row_blocks",
     "attention_rows",
+    "bootstrap_resample_weights",
+    "bootstrap_stability",
     "causal_key_mask",
     "contribution_norms",
     "distances",
@@ -76,4 +85,5 @@ __all__ = [
     "value_dots",
     "visible_keys",
     "vote_fractions",
+    "vote_margin",
 ]

@@ -76,3 +76,67 @@ def labels_from_votes(counts: Float[Tensor, "*batch 3"]) -> Int[Tensor, "*batch"
     counts = torch.nan_to_num(counts, nan=0.0)
     voted = counts.sum(-1) > 0
     return torch.where(voted, counts.argmax(-1), UNLABELLED)
+
+
+#: Bootstrap resamples behind a label's stability, and the share below which a label is
+#: "unstable" (SPEC §5).
+N_RESAMPLES = 200
+UNSTABLE_BELOW = 0.8
+
+
+def vote_margin(counts: Float[Tensor, "*batch 3"]) -> Float[Tensor, " *batch"]:
+    """Largest vote fraction minus the second largest (SPEC §5); NaN for a head with no votes.
+
+    A margin near 0 means two classes nearly tie and the label could flip with other text.
+
+    >>> vote_margin(torch.tensor([[6., 3., 1.], [0., 0., 0.]])).tolist()
+    [0.3, nan]
+    """
+    top2 = vote_fractions(counts).topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
+def bootstrap_resample_weights(
+    n_sequences: int, n_resamples: int = N_RESAMPLES, seed: int = 0
+) -> Float[Tensor, "resample sequence"]:
+    """How many times each sequence is drawn in each bootstrap resample (SPEC §5): every
+    resample draws ``n_sequences`` sequences with replacement, from a ``torch.Generator`` seeded
+    with ``seed``, so the same seed gives the same resamples on every machine.
+
+    >>> w = bootstrap_resample_weights(4, 3, seed=0)
+    >>> w.shape, w.sum(-1).tolist()
+    (torch.Size([3, 4]), [4.0, 4.0, 4.0])
+    """
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(n_sequences, (n_resamples, n_sequences), generator=generator)
+    weights = torch.zeros(n_resamples, n_sequences, dtype=torch.float64)
+    return weights.scatter_add_(1, draws, torch.ones_like(weights))
+
+
+def bootstrap_stability(
+    sequence_votes: Int[Tensor, "sequence *head 3"],
+    n_resamples: int = N_RESAMPLES,
+    seed: int = 0,
+) -> Float[Tensor, " *head"]:
+    """Share of bootstrap resamples of the sequences whose plurality label equals the label of
+    all sequences (SPEC §5): 1 = the label never moves, < :data:`UNSTABLE_BELOW` = "unstable".
+    NaN for a head with no votes (no label to keep) and when there is no sequence.
+
+    Resample ``r`` sums the per-sequence vote counts with the weights of
+    :func:`bootstrap_resample_weights`; its label follows :func:`labels_from_votes` (ties and
+    "no vote" alike), so a resample that leaves a head without votes counts as a change.
+
+    >>> votes = torch.tensor([[[5, 0, 0]], [[4, 1, 0]], [[3, 2, 0]]])   # 3 sequences, 1 head
+    >>> bootstrap_stability(votes).tolist()
+    [1.0]
+    """
+    n_sequences = sequence_votes.shape[0]
+    heads = sequence_votes.shape[1:-1]
+    full = labels_from_votes(sequence_votes.sum(0).to(torch.float64))
+    if n_sequences == 0:
+        return torch.full(heads, torch.nan, dtype=torch.float64)
+    weights = bootstrap_resample_weights(n_sequences, n_resamples, seed)
+    flat = sequence_votes.reshape(n_sequences, -1).to(torch.float64)
+    totals = (weights @ flat).reshape(n_resamples, *heads, 3)  # exact: integer sums below 2^53
+    same = (labels_from_votes(totals) == full).to(torch.float64).mean(0)
+    return torch.where(full == UNLABELLED, torch.nan, same)

@@ -2,12 +2,14 @@
 
 ``schema`` holds every name and axis (one source); ``select`` reads by name (``sel``);
 ``headline`` the dense-N rules; ``tables`` and ``text`` the ``DataFrame`` and text forms; ``io``
-the versioned, checked files; ``shortcuts`` the attribute shortcuts, generated from the schema.
+the versioned, checked files; ``shortcuts`` the attribute shortcuts, generated from the schema;
+``labels`` the label confidence, the label export and the agreement with other head scores.
 """
 
 from ..functional.separability import METRIC_NAMES
 from .head_analysis import HeadAnalysis
 from .io import ResultFileError
+from .labels import label_agreement
 from .schema import (
     AXES,
     BOUND_KINDS,
@@ -32,5 +34,6 @@ __all__ = [
     "NoBoundsError",
     "ResultFileError",
     "UnknownNameError",
+    "label_agreement",
     "names",
 ]

@@ -24,6 +24,7 @@ from ..functional.separability import METRIC_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
 from . import headline, io, select, tables, text
+from . import labels as confidence
 from .io import ResultFileError
 from .schema import (
     BOUND_KINDS,
@@ -95,6 +96,9 @@ class HeadAnalysis(Shortcuts):
     paired: Float[Tensor, "pfield layer head n"] | None = None
     """Paired sink effect ``[PAIRED_FIELDS, layer, head, n]`` (SPEC §3; see :meth:`paired_sink`);
     ``None`` only in files of earlier versions."""
+    sequence_votes: Int[Tensor, "sequence layer head 3"] | None = None
+    """Vote counts of each sequence (they add up to ``vote_counts``), behind
+    :attr:`label_stability` (SPEC §5); ``None`` in files of format 2 and earlier."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
@@ -155,6 +159,25 @@ class HeadAnalysis(Shortcuts):
         return vote_fractions(self.vote_counts)
 
     @property
+    def label_margin(self) -> Float[Tensor, "layer head"]:
+        """Vote margin per head (SPEC §5): largest vote fraction minus the second; NaN for a
+        head with no votes. Near 0, two classes nearly tie."""
+        return confidence.label_margin(self)
+
+    @property
+    def label_stability(self) -> Float[Tensor, "layer head"]:
+        """Label stability per head (SPEC §5): the share of 200 bootstrap resamples of the
+        sequences (seed 0) whose plurality label is the head's label; below 0.8 the head is
+        "unstable" (:attr:`unstable`). NaN for an unlabelled head, and for every head of a
+        file of format 2 or earlier (no per-sequence votes)."""
+        return confidence.label_stability(self)
+
+    @property
+    def unstable(self) -> torch.Tensor:
+        """``[layer, head]`` bool: heads whose label stability is below 0.8 (SPEC §5)."""
+        return confidence.unstable(self)
+
+    @property
     def labels(self) -> list[list[str | None]]:
         """Class of every head by plurality vote: ``labels[li][h]`` for layer ``layers[li]``
         (SPEC §5); ``None`` for a head with no votes (shown "unlabelled"; left out of class
@@ -194,6 +217,8 @@ class HeadAnalysis(Shortcuts):
         out.update({f"sink_{f}": (self.sink_diagnostic(f), False) for f in SINK_FIELDS})
         fractions = self.vote_fractions
         out.update({f"vote_{v}": (fractions[..., i], False) for i, v in enumerate(VOTES)})
+        out["label_margin"] = (self.label_margin, False)
+        out["label_stability"] = (self.label_stability, False)
         if self.bounds is not None:
             out.update({f"{k}_{m}": (self.bound(k, m), True) for k in BOUND_KINDS for m in BOUND_METRICS})
             out.update({f"regime_{f}": (self.regime_diagnostic(f), False) for f in REGIME_FIELDS})
@@ -282,10 +307,25 @@ class HeadAnalysis(Shortcuts):
         """Number of heads with no votes, hence no class (SPEC §5)."""
         return sum(row.count(None) for row in self.labels)
 
-    def heads_table(self):
-        """One row per (layer, head): label, vote fractions (``vote_current``, ...) and sink
-        diagnostics (``sink_mass``, ...)."""
-        return tables.heads_table(self)
+    def heads_table(self, scores=None):
+        """One row per (layer, head): label, vote fractions (``vote_current``, ...), label
+        confidence (``label_margin``, ``label_stability``, ``unstable``; SPEC §5) and sink
+        diagnostics (``sink_mass``, ...); with ``scores`` (a :func:`tl_geometry.head_scores`
+        table) its score columns too (``previous_token``, ``induction``, ...).
+
+        >>> result.heads_table(scores=tl_geometry.head_scores(model))   # doctest: +SKIP
+        """
+        return tables.heads_table(self, scores)
+
+    def export_labels(self, path: str | Path, *, scores=None) -> Path:
+        """Write one row per head — ``layer, head, label, vote_current, vote_sink, vote_other,
+        margin, stability`` and, with ``scores`` (a :func:`tl_geometry.head_scores` table), its
+        score columns — as CSV or JSON, chosen by the suffix of ``path`` (``.csv`` / ``.json``).
+        The format is documented in docs/labels.md. Returns the path.
+
+        >>> result.export_labels("labels.csv")    # doctest: +SKIP
+        """
+        return confidence.export_labels(self, path, scores)
 
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
@@ -294,13 +334,20 @@ class HeadAnalysis(Shortcuts):
         the ``separated`` fraction."""
         return tables.to_pandas(self)
 
-    def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True):
+    def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True,
+            label: str | None = None):
         """The ``k`` heads with the largest (or smallest) ``by`` at ``N = n``, as a ``DataFrame``
-        (the :meth:`heads_table` columns plus ``by``).
+        (the :meth:`heads_table` columns plus ``by``); with ``label`` (``"Retriever"``,
+        ``"Mixer"``, ``"Reset"``) only the heads of that class.
 
         ``by`` is a key of :meth:`quantities`: ``f_gain``, ``f_score``, ``sink_removed_f_score``,
-        ``sink_norm_ratio``, ``vote_sink``, ...; a wrong one raises an error listing them all.
+        ``sink_norm_ratio``, ``vote_sink``, ``label_stability``, ...; a wrong one raises an
+        error listing them all.
+
+        >>> result.top(3, by="vote_current", label="Retriever")   # doctest: +SKIP
         """
+        if label is not None:
+            check_name("label", label, CLASSES)
         quantities = self.quantities()
         if by not in quantities:
             if self.bounds is None and by.split("_")[0] in (*BOUND_KINDS, "regime"):
@@ -310,7 +357,11 @@ class HeadAnalysis(Shortcuts):
         if has_n:
             values = values[..., self._n_index(n)]
         flat = torch.nan_to_num(values.flatten(), nan=-torch.inf if largest else torch.inf)
-        order = flat.argsort(descending=largest, stable=True)[:k]
+        order = flat.argsort(descending=largest, stable=True)
+        if label is not None:  # filter before taking k, so that k heads of the class come back
+            of_class = torch.tensor([x == label for row in self.labels for x in row], dtype=torch.bool)
+            order = order[of_class[order]]
+        order = order[:k]
         chosen = self.heads_table().iloc[order.tolist()].copy()
         if by not in chosen.columns:
             chosen.insert(3, by, values.flatten()[order].numpy())

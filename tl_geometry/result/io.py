@@ -3,7 +3,8 @@
 A file is a ``torch.save`` dict of plain tensors and strings, read back with
 ``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
 
-* ``format``: ``"tl_geometry.HeadAnalysis/3"``;
+* ``format``: ``"tl_geometry.HeadAnalysis/4"`` (3 added the checksum, 4 ``sequence_votes``, the
+  per-sequence vote counts behind the label stability: older files load with it ``None``);
 * ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
   named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
 * the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged);
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 FORMAT = f"tl_geometry.HeadAnalysis/{FORMAT_VERSION}"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
 #: The first format version that stores a checksum.
@@ -242,7 +243,7 @@ def load(path: str | Path) -> dict[str, Any]:
     except ValueError as exc:
         raise fail(f"inconsistent contents: {exc}") from None
     for key in COUNT_FIELDS:
-        if not (fields[key] >= 0).all():  # NaN fails too
+        if fields[key] is not None and not (fields[key] >= 0).all():  # NaN fails too
             raise fail(f"{key} must hold counts ≥ 0.")
     return fields
 

@@ -48,12 +48,13 @@ AXES: dict[str, tuple[str, ...]] = {
     "bounds": ("bound_kind", "bound_metric", "layer", "head", "n"),
     "regime": ("regime_field", "layer", "head"),
     "paired": ("paired_field", "layer", "head", "n"),
+    "sequence_votes": ("sequence", "layer", "head", "vote"),
 }
-#: Fields that may be ``None``: the bounds (only with ``analyze_heads(bounds=True)``) and the
-#: paired sink effect (absent from files of earlier versions).
-OPTIONAL = ("bounds", "regime", "paired")
+#: Fields that may be ``None``: the bounds (only with ``analyze_heads(bounds=True)``), the
+#: paired sink effect and the per-sequence votes (absent from files of earlier versions).
+OPTIONAL = ("bounds", "regime", "paired", "sequence_votes")
 #: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
-COUNT_FIELDS = ("group_counts", "vote_counts")
+COUNT_FIELDS = ("group_counts", "vote_counts", "sequence_votes")
 
 
 def names() -> dict[str, tuple[str, ...]]:
@@ -110,6 +111,8 @@ def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
     if not isinstance(scores, Tensor) or scores.ndim != 5:
         raise ValueError(f"scores must be a [group, metric, layer, head, n] tensor, got {_describe(scores)}.")
     size = {"layer": len(layers), "head": scores.shape[3], "n": len(ns)}
+    sequence_votes = fields.get("sequence_votes")
+    size["sequence"] = sequence_votes.shape[0] if isinstance(sequence_votes, Tensor) and sequence_votes.ndim else 0
     size.update({axis: len(labels) for axis, labels in names().items()})
     for key in tensors:
         value = fields[key]
@@ -121,11 +124,24 @@ def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
             raise ValueError(f"{key} has shape {_describe(value)}; expected [{expected}].")
         if not (value.is_floating_point() or key in COUNT_FIELDS):
             raise ValueError(f"{key} must be a floating-point tensor, got {value.dtype}.")
+    if isinstance(sequence_votes, Tensor):
+        _check_sequence_votes(sequence_votes, fields["vote_counts"])
     if not isinstance(fields.get("metadata", {}), dict):
         raise ValueError(f"metadata must be a dict, got a {type(fields['metadata']).__name__}.")
     if (fields["bounds"] is None) != (fields["regime"] is None):
         raise ValueError("bounds and regime come together (analyze_heads(bounds=True)): got only one.")
     return layers, n_values
+
+
+def _check_sequence_votes(sequence_votes: Tensor, vote_counts: Tensor) -> None:
+    """Per-sequence votes must be integer counts that add up to ``vote_counts`` (SPEC §5)."""
+    if sequence_votes.is_floating_point() or sequence_votes.dtype == torch.bool:
+        raise ValueError(f"sequence_votes must hold integer counts, got {sequence_votes.dtype}.")
+    if sequence_votes.numel() and int(sequence_votes.min()) < 0:
+        raise ValueError("sequence_votes must hold counts ≥ 0.")
+    if not torch.equal(sequence_votes.sum(0).double(), vote_counts.double()):
+        raise ValueError("sequence_votes do not add up to vote_counts over the sequences; pass "
+                         "the per-sequence counts of the same run, or sequence_votes=None.")
 
 
 def _describe(value: Any) -> str:

@@ -79,8 +79,10 @@ class HeadSelection(Mapping[str, Any]):
     (``("head", "n")``).
     Quantities without an N axis (sink figures, votes, labels) ignore ``n``.
 
+    Quantities read as keys or attributes: ``s["f_score"]`` is ``s.f_score``.
+
     >>> s = result.sel(layer=5, head=3, n=2)     # doctest: +SKIP
-    >>> float(s["f_score"]), s["label"]           # doctest: +SKIP
+    >>> float(s.f_score), s["label"]              # doctest: +SKIP
     (0.61, 'Mixer')
     """
 
@@ -93,6 +95,19 @@ class HeadSelection(Mapping[str, Any]):
         if key not in self._data:
             raise UnknownNameError(f"no quantity {key!r} in this selection; valid: {', '.join(self._data)}.")
         return self._data[key]
+
+    def __getattr__(self, key: str) -> Any:
+        """``s.f_score`` is ``s["f_score"]`` (xarray-style attribute access)."""
+        if key.startswith("_"):  # private names (and copy/pickle probes) are never quantities
+            raise AttributeError(key)
+        try:
+            return self._data[key]
+        except KeyError:
+            raise AttributeError(f"HeadSelection has no quantity {key!r}; valid: "
+                                 f"{', '.join(self._data)}.") from None
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self._data})
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._data)

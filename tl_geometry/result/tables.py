@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from .headline import headline_n, is_dense
+from .labels import merge_scores, unstable
 from .protocol import AnalysisLike
 from .schema import check_name, names
 
@@ -55,10 +58,11 @@ def best_n_agreement(result: AnalysisLike, kind: str = "shell_n") -> float:
     return float((measured[both] == predicted[both]).double().mean())
 
 
-def heads_table(result: AnalysisLike):
+def heads_table(result: AnalysisLike, scores: Any = None):
     """One row per (layer, head): label (``None`` for an unlabelled head, SPEC §5: a
     ``groupby("label")`` or ``value_counts()`` leaves it out), vote fractions (``vote_current``,
-    ...) and sink diagnostics (``sink_mass``, ...)."""
+    ...), label confidence (``label_margin``, ``label_stability``, ``unstable``), sink
+    diagnostics (``sink_mass``, ...) and, with ``scores``, the head scores (SPEC §9)."""
     import pandas as pd
 
     per_head = {k: v for k, (v, has_n) in result.quantities().items()
@@ -71,7 +75,8 @@ def heads_table(result: AnalysisLike):
     votes = [k for k in per_head if k.startswith("vote_")]  # votes first, as before
     for key in votes + [k for k in per_head if k not in votes]:
         frame[key] = per_head[key].flatten().double().numpy()
-    return frame
+    frame.insert(frame.columns.get_loc("label_stability") + 1, "unstable", unstable(result).flatten().numpy())
+    return frame if scores is None else merge_scores(frame, scores)
 
 
 def to_pandas(result: AnalysisLike):

@@ -13,9 +13,21 @@ from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from .headline import headline_text, n_label
 from .protocol import AnalysisLike
 
+#: What the three classes are (SPEC §5), for every legend: the names are the paper's and are
+#: easy to misread ("Retriever" is not a retrieval head).
+CLASSES_TEXT = (
+    "Classes (SPEC §5): a Retriever is a head whose largest contribution α_j‖v_j‖ is most often "
+    "the current token's own value; it is NOT a retrieval or induction head (those copy from "
+    "earlier context: compare tl_geometry.head_scores). A Mixer's largest contribution is most "
+    "often the sink's; a Reset's is most often another key. Votes count every query t ≥ 1, "
+    "whatever queries= says, and labels depend on the text: margin = largest vote fraction "
+    "minus the second; stab = share of 200 seeded bootstrap resamples of the sequences giving "
+    "the same label; stab < 0.8 = unstable (marked ?, counted apart)."
+)
+
 LEGEND = (
-    "Legend: cur/sink/oth = fractions of source-winner votes (the current token / the sink / "
-    "another key wins; SPEC §5); α_sink = mean attention on the sink; κ = ‖v_sink‖ / mean "
+    "Legend: " + CLASSES_TEXT + " cur/sink/oth = fractions of source-winner votes (the current "
+    "token / the sink / another key wins); α_sink = mean attention on the sink; κ = ‖v_sink‖ / mean "
     "‖v_j‖ over the other keys; cos = mean signed cos(v_sink, v_j); FN top/rnd = F_N of the "
     "top-N keys / of random N-subsets (1 = the selection is geometrically separated from the "
     "rest); F* = chance-corrected F_N; shuffled = the top-N keys with the non-sink values "
@@ -60,7 +72,25 @@ def class_shares_text(result: AnalysisLike) -> str:
     )
     if unlabelled := result.n_unlabelled:
         text += f"; {unlabelled} {UNLABELLED_NAME} (no votes; not in the shares)"
-    return text
+    return text + unstable_text(result)
+
+
+def unstable_counts(result: AnalysisLike) -> dict[str, int]:
+    """Unstable heads (label stability < 0.8, SPEC §5) of each class."""
+    flags = result.unstable.flatten().tolist()
+    labels = [x for row in result.labels for x in row]
+    return {c: sum(1 for label, bad in zip(labels, flags) if bad and label == c) for c in CLASSES}
+
+
+def unstable_text(result: AnalysisLike) -> str:
+    """``; unstable (stability < 0.8): 4 — Retriever 2, Mixer 0, Reset 2`` (counted apart, SPEC
+    §5), or a note that the stability is unknown (a file without per-sequence votes)."""
+    if getattr(result, "sequence_votes", None) is None:
+        return "; label stability unknown (no per-sequence votes in this result: re-run the analysis)"
+    counts = unstable_counts(result)
+    total = sum(counts.values())
+    return (f"; unstable (stability < 0.8): {total}"
+            + (" — " + ", ".join(f"{c} {k}" for c, k in counts.items()) if total else ""))
 
 
 def label_text(label: str | None) -> str:
@@ -147,10 +177,13 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
     f = {n: result.f_score[..., result._n_index(n)] for n in shown}
     r = {n: result.random_f_score[..., result._n_index(n)] for n in shown}
     fractions, labels = result.vote_fractions, result.labels
+    margin, stability, unstable = result.label_margin, result.label_stability, result.unstable
     for flat in order:
         li, h = divmod(flat, result.n_heads)
         votes = "/".join(f"{float(x):.2f}" for x in fractions[li, h])
-        row = (f"{result.layers[li]:>5} {h:>4} {label_text(labels[li][h]):<10} {votes:>14} "
+        mark = "?" if bool(unstable[li, h]) else " "
+        row = (f"{result.layers[li]:>5} {h:>4} {label_text(labels[li][h]):<10}{mark}{votes:>14} "
+               f"{float(margin[li, h]):>6.2f} {float(stability[li, h]):>5.2f} "
                f"{float(result.sink_mass[li, h]):>6.3f} {float(result.sink_norm_ratio[li, h]):>6.3f} "
                f"{float(result.sink_cosine[li, h]):>6.3f}")
         row += "".join(f" {float(f[n][li, h]):>6.3f}/{float(r[n][li, h]):<6.3f}" for n in shown)
@@ -169,7 +202,8 @@ def _percent(x: float) -> str:
 
 
 def _header(result: AnalysisLike, shown: list[int]) -> str:
-    head = f"{'layer':>5} {'head':>4} {'class':<10} {'cur/sink/oth':>14} {'α_sink':>6} {'κ':>6} {'cos':>6}"
+    head = (f"{'layer':>5} {'head':>4} {'class':<10} {'cur/sink/oth':>14} {'margin':>6} {'stab':>5} "
+            f"{'α_sink':>6} {'κ':>6} {'cos':>6}")
     return head + "".join(f" {'F' + n_label(result, n) + ' top/rnd':>13}" for n in shown)
 
 

@@ -6,7 +6,9 @@ came from) into a folder::
     tl_geometry_report/
       index.html          self-contained: circuitsvis's JavaScript once, figures inlined
       analysis.pt         the HeadAnalysis (HeadAnalysis.load)
-      heads.csv           one row per head: class, vote fractions, sink figures
+      heads.csv           one row per head: class, vote fractions, margin, stability, sink figures
+                          (and the head scores when given)
+      labels.csv          one row per head: the label file of HeadAnalysis.export_labels
       metrics.csv         long form: layer, head, N, group, P/R/F, margin, inversions, ...
       class_counts.csv    heads of each class per layer
       sink_effect.csv     per N: the pooled and the paired sink effect on F_N
@@ -32,7 +34,8 @@ import torch
 from ..functional.taxonomy import CLASSES
 from ..result import HeadAnalysis
 from ..result.headline import dense_from, n_label
-from ..result.text import class_shares_text
+from ..result.labels import HIGH_SCORE, check_scores, label_agreement
+from ..result.text import CLASSES_TEXT, class_shares_text, unstable_counts
 from . import _page
 from .attention import attention_view, contribution_view
 from .plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
@@ -40,8 +43,8 @@ from .sink import sink_view
 from .taxonomy import CLASS_COLORS, taxonomy_view
 from .tokens import token_view
 
-__all__ = ["DEFAULT_OUT", "capacity_section", "example_heads", "n_means_table", "sink_effect_section",
-           "write_report"]
+__all__ = ["DEFAULT_OUT", "agreement_section", "capacity_section", "example_heads", "label_confidence_section",
+           "n_means_table", "sink_effect_section", "write_report"]
 
 #: Where write_report (and tl-geometry report) writes by default.
 DEFAULT_OUT = "tl_geometry_report"
@@ -127,6 +130,57 @@ def sink_effect_section(result: HeadAnalysis) -> list[str]:
     ]
 
 
+def label_confidence_section(result: HeadAnalysis) -> list[str]:
+    """How sure the labels are (SPEC §5): the unstable heads (stability < 0.8), counted apart per
+    class, listed with their vote fractions, margin and stability."""
+    table = result.heads_table()
+    columns = ["layer", "head", "label", "vote_current", "vote_sink", "vote_other", "label_margin", "label_stability"]
+    shaky = table[table["unstable"]][columns]
+    counts = unstable_counts(result)
+    if result.sequence_votes is None:
+        body = ('<p class="tlg-caption">This result has no per-sequence votes (a file of format 2 or '
+                "earlier): the stability is unknown. Re-run the analysis to get it.</p>")
+    elif shaky.empty:
+        body = '<p class="tlg-caption">No head is unstable: every label survives ≥ 80 % of the resamples.</p>'
+    else:
+        body = (f'<p class="tlg-caption">{len(shaky)} unstable heads ('
+                + html.escape(", ".join(f"{c} {k}" for c, k in counts.items())) + "), counted apart from "
+                "the stable ones:</p>" + _table(shaky))
+    return [
+        "<h2>Label confidence</h2>",
+        f'<p class="tlg-caption">{html.escape(CLASSES_TEXT)} Median margin '
+        f"{_mean(result.label_margin.nanmedian().reshape(1)):.3f}, median stability "
+        f"{_mean(result.label_stability.nanmedian().reshape(1)):.3f}.</p>",
+        body,
+    ]
+
+
+def agreement_section(result: HeadAnalysis, scores: Any) -> list[str]:
+    """"Do the labels agree with other detectors?" (SPEC §9): the mean of each head score per
+    class, each class's share among the heads above 0.3, Spearman's ρ between the vote fractions
+    and the scores, and the model's Sink^ε."""
+    agreement = label_agreement(result, scores)
+    mean = agreement["mean"].reset_index().rename(columns={"label": "class"})
+    share = agreement["share_high"].reset_index().rename(columns={"index": "score"})
+    rho = agreement["spearman"].reset_index().rename(columns={"index": "vote fraction"})
+    eps = scores.attrs.get("sink_epsilon")
+    sink = "" if eps is None else (
+        f" Sink^ε (share of heads with sink_rate > {scores.attrs.get('epsilon', 0.3)}, Gu et al.): "
+        f"{100 * float(eps):.1f} %.")
+    return [
+        "<h2>Do the labels agree with other detectors?</h2>",
+        '<p class="tlg-caption">Head scores read from attention patterns alone (SPEC §9): '
+        "previous_token, duplicate_token and induction on BOS + R random tokens repeated (TransformerLens "
+        "head_detector's patterns, as a mean weight on the expected key), sink_rate on real text, "
+        "retrieval (after Wu et al.) on a needle repeated at the end of a text window. A Retriever is "
+        "not a retrieval or induction head: read these tables to see where those heads land."
+        f"{html.escape(sink)}</p>",
+        "<h3>Mean score per class</h3>", _table(mean),
+        f"<h3>Share of each class among the heads with a score above {HIGH_SCORE}</h3>", _table(share),
+        "<h3>Spearman's ρ between vote fractions and scores (labelled heads)</h3>", _table(rho),
+    ]
+
+
 def _header(result: HeadAnalysis, files: list[str]) -> str:
     meta = result.metadata
     n_heads = result.n_layers * result.n_heads
@@ -147,6 +201,7 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         "value shuffles per query": meta.get("shuffle_samples", "?"),
         "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_heads}",
         "classes": class_shares_text(result),
+        "what the classes are": CLASSES_TEXT,
     }
     if where:
         groups = (("top", "top-N"), ("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed"))
@@ -239,6 +294,7 @@ def write_report(
     model: Any = None,
     n: int = 4,
     max_tokens: int = 64,
+    scores: Any = None,
 ) -> Path:
     """Write the report folder for ``result`` and return the path of its ``index.html``.
 
@@ -247,19 +303,24 @@ def write_report(
     ``contribution_view``, ``token_view``) of one example head per class, at the last query of
     sequence 0, highlighting its top-``n`` keys; ``tokens`` and ``model`` turn ids into text.
     Existing ``sensitivity.csv`` / ``sparsification.csv`` in ``out_dir`` add an Ablation
-    section, ``capacity.csv`` / ``capacity_heads.csv`` a Retrieval capacity section. The page
-    needs no network: everything is inlined.
+    section, ``capacity.csv`` / ``capacity_heads.csv`` a Retrieval capacity section. With
+    ``scores`` (a :func:`tl_geometry.head_scores` table) the report adds "Do the labels agree
+    with other detectors?", the scores in the taxonomy grid's hover, ``heads.csv`` and
+    ``labels.csv``. The page needs no network: everything is inlined.
 
     >>> write_report(result, "tl_geometry_report", cache=cache, tokens=tokens, model=model)  # doctest: +SKIP
     PosixPath('tl_geometry_report/index.html')
     """
     if not isinstance(result, HeadAnalysis):
         raise TypeError(f"write_report needs a HeadAnalysis (from analyze_heads), got {type(result).__name__}.")
+    if scores is not None:
+        check_scores(scores)  # before anything is written
     out = Path(out_dir)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    _write_tables(result, out)
-    parts: list[_page.View | str] = [*_summary_parts(result), "<h2>Figures</h2>", *_figure_parts(result, figures)]
+    _write_tables(result, out, scores)
+    parts: list[_page.View | str] = [*_summary_parts(result, scores), "<h2>Figures</h2>",
+                                     *_figure_parts(result, figures)]
     parts += _top_heads_parts(result)
     if cache is not None:
         parts += _example_head_parts(result, cache, dict(tokens=tokens, model=model, max_tokens=max_tokens), n)
@@ -274,23 +335,27 @@ def write_report(
 
 
 #: The tables every report writes beside its page, and the ones it reads when they are there.
-TABLE_FILES = ("analysis.pt", "heads.csv", "metrics.csv", "class_counts.csv", "sink_effect.csv")
+TABLE_FILES = ("analysis.pt", "heads.csv", "labels.csv", "metrics.csv", "class_counts.csv", "sink_effect.csv")
 OPTIONAL_FILES = ("sensitivity.csv", "sparsification.csv", "capacity.csv", "capacity_heads.csv")
 
 
-def _write_tables(result: HeadAnalysis, out: Path) -> None:
-    """The saved analysis and its CSV tables (:data:`TABLE_FILES`)."""
+def _write_tables(result: HeadAnalysis, out: Path, scores: Any) -> None:
+    """The saved analysis and its CSV tables (:data:`TABLE_FILES`), with the head scores when given."""
     result.save(out / "analysis.pt")
-    result.heads_table().to_csv(out / "heads.csv", index=False)
+    result.heads_table(scores).to_csv(out / "heads.csv", index=False)
+    result.export_labels(out / "labels.csv", scores=scores)
     result.to_pandas().to_csv(out / "metrics.csv", index=False)
     result.class_counts().to_csv(out / "class_counts.csv")
     result.paired_sink_summary().to_csv(out / "sink_effect.csv", index=False)
 
 
-def _summary_parts(result: HeadAnalysis) -> list[_page.View | str]:
-    """The taxonomy grid, the sink views, the sink effect and the mean-per-N table."""
+def _summary_parts(result: HeadAnalysis, scores: Any) -> list[_page.View | str]:
+    """The taxonomy grid with the label confidence (and, with head scores, their agreement with
+    the labels), the sink views, the sink effect and the mean-per-N table."""
+    agreement = agreement_section(result, scores) if scores is not None else []
     return [
-        taxonomy_view(result), sink_view(result), *sink_effect_section(result),
+        taxonomy_view(result, scores=scores), *label_confidence_section(result), *agreement,
+        sink_view(result), *sink_effect_section(result),
         "<h2>Mean over heads per N</h2>", _table(n_means_table(result)),
         '<p class="tlg-caption">† dense N > (t+1)/4: the precision floor N/(t+1) lifts F; shown, '
         "never headlined. F* = chance-corrected F (SPEC §3). top − shuffled is the net effect of the "

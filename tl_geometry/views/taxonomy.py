@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import html
 import math
+from typing import Any
 
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME, VOTES
 from ..result import HeadAnalysis
-from ..result.text import class_totals, label_text
+from ..result.labels import check_scores
+from ..result.text import CLASSES_TEXT, class_totals, label_text, unstable_counts
 from ._page import View, html_widget
 
 __all__ = ["CLASS_COLORS", "class_color", "taxonomy_view"]
@@ -27,13 +29,17 @@ def _fmt(x: float) -> str:
     return "nan" if not math.isfinite(x) else f"{x:.3f}"
 
 
-def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None) -> str:
-    """Plain-text hover of one head: class, vote fractions, sink figures, F_N (and F*_N) of the
-    top-N set against the value-shuffle null and the random baseline."""
+def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None, scores: Any = None) -> str:
+    """Plain-text hover of one head: class, vote fractions, label margin and stability (SPEC §5),
+    sink figures, F_N (and F*_N) of the top-N set against the value-shuffle null and the random
+    baseline and, with ``scores`` (a :func:`tl_geometry.head_scores` table), the head scores."""
     fr = result.vote_fractions[li, h].tolist()
+    unstable = " — UNSTABLE (< 0.8)" if bool(result.unstable[li, h]) else ""
     lines = [
         f"layer {result.layers[li]} head {h}: {label_text(result.labels[li][h])}",
         "votes " + " / ".join(f"{v} {_fmt(x)}" for v, x in zip(VOTES, fr)),
+        f"label margin {_fmt(float(result.label_margin[li, h]))}, "
+        f"stability {_fmt(float(result.label_stability[li, h]))}{unstable}",
         f"sink: α {_fmt(float(result.sink_mass[li, h]))}, κ {_fmt(float(result.sink_norm_ratio[li, h]))}, "
         f"cos {_fmt(float(result.sink_cosine[li, h]))}, share {_fmt(float(result.sink_share[li, h]))}",
     ]
@@ -43,24 +49,33 @@ def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None) -> str:
                      f"(F* {_fmt(float(result.f_score_cc[li, h, i]))}), "
                      f"shuffled {_fmt(float(result.shuffled_f_score[li, h, i]))}, "
                      f"random {_fmt(float(result.random_f_score[li, h, i]))}")
+    if scores is not None:
+        row = scores[(scores["layer"] == result.layers[li]) & (scores["head"] == h)]
+        if len(row):
+            lines.append("scores: " + ", ".join(f"{c} {_fmt(float(row[c].iloc[0]))}" for c in check_scores(scores)))
     return "\n".join(lines)
 
 
-def taxonomy_view(result: HeadAnalysis, *, n: int = 2) -> View:
+def taxonomy_view(result: HeadAnalysis, *, n: int = 2, scores: Any = None) -> View:
     """Layer × head grid of Retriever / Mixer / Reset, with per-layer counts.
 
     Each cell is coloured by the head's class (plurality of source-winner votes, SPEC §5), its
     opacity by the winning vote fraction; hovering shows the vote fractions (current / sink /
     other), the sink figures (α_sink, κ, signed cosine, share, SPEC §4) and ``F_n`` of the top-N
     set against the random baseline (``n`` defaults to 2, the first non-trivial N; skipped if
-    ``n`` was not analysed). A head with no votes is unlabelled (grey, "—"): counted apart, left
-    out of the class shares (SPEC §5).
+    ``n`` was not analysed), the label margin and stability and, with ``scores`` (a
+    :func:`tl_geometry.head_scores` table), the head scores. An unstable head (stability < 0.8)
+    is marked "?" and outlined. A head with no votes is unlabelled (grey, "—"): counted apart,
+    left out of the class shares (SPEC §5).
 
     >>> view = taxonomy_view(result); view.save("taxonomy.html")  # doctest: +SKIP
     """
     if not isinstance(result, HeadAnalysis):
         raise TypeError(f"taxonomy_view needs a HeadAnalysis (from analyze_heads), got {type(result).__name__}.")
     shown_n = n if n in result.n_values.tolist() else None
+    if scores is not None:
+        check_scores(scores)
+    unstable = result.unstable
     fractions = result.vote_fractions
     labels = result.labels
     unlabelled = result.n_unlabelled
@@ -73,9 +88,12 @@ def taxonomy_view(result: HeadAnalysis, *, n: int = 2) -> View:
             label = label_text(labels[li][h])
             strength = float(fractions[li, h].max())
             alpha = 0.35 + 0.65 * (strength if math.isfinite(strength) else 0.0)
+            shaky = bool(unstable[li, h])
+            outline = ";outline:2px dashed #222" if shaky else ""
             cells.append(
-                f'<td><div style="background:{CLASS_COLORS[label]};opacity:{alpha:.2f}" '
-                f'title="{html.escape(head_tooltip(result, li, h, shown_n))}">{_SHORT[label]}</div></td>'
+                f'<td><div style="background:{CLASS_COLORS[label]};opacity:{alpha:.2f}{outline}" '
+                f'title="{html.escape(head_tooltip(result, li, h, shown_n, scores))}">'
+                f'{_SHORT[label]}{"?" if shaky else ""}</div></td>'
             )
         counts = [labels[li].count(c) for c in CLASSES] + ([labels[li].count(None)] if unlabelled else [])
         rows.append(f"<tr><th>{layer}</th>{''.join(cells)}<th>{' / '.join(map(str, counts))}</th></tr>")
@@ -90,13 +108,18 @@ def taxonomy_view(result: HeadAnalysis, *, n: int = 2) -> View:
     if unlabelled:
         legend += (f'<span><i class="tlg-swatch" style="background:{CLASS_COLORS[UNLABELLED_NAME]}"></i>'
                    f"{UNLABELLED_NAME}: {unlabelled} (no votes; not in the shares)</span>")
+    per_class = unstable_counts(result)
+    if sum(per_class.values()):
+        legend += (f"<span>unstable (stability &lt; 0.8, marked ?): {sum(per_class.values())} — "
+                   + ", ".join(f"{c} {k}" for c, k in per_class.items()) + "</span>")
     inner = f'<div class="tlg-legend">{legend}</div><table class="tlg-grid">{"".join(rows)}</table>'
     caption = (
         '<div class="tlg-caption">Source winner argmax α_j‖v_j‖ per query: Retriever = the current '
         "token wins most often, Mixer = the sink, Reset = other tokens (ties Retriever > Mixer > Reset). "
-        "Opacity: the winning vote fraction. "
+        "Opacity: the winning vote fraction. " + html.escape(CLASSES_TEXT) + " "
         + ("Grey (—): unlabelled, a head with no votes (no query after the sink), left out of the "
            "shares. " if unlabelled else "")
-        + "Hover a cell for votes, sink figures and F_N.</div>"
+        + "Hover a cell for votes, margin, stability, sink figures, F_N"
+        + (" and the head scores" if scores is not None else "") + ".</div>"
     )
     return View("Head taxonomy (layer × head)", [html_widget("TaxonomyGrid", inner), caption])

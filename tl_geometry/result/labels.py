@@ -1,0 +1,178 @@
+"""Label confidence, label export and agreement with other head scores (SPEC §5, §9).
+
+* :func:`label_margin`, :func:`label_stability`: how sure a head's class is — the vote margin
+  and the share of 200 seeded bootstrap resamples of the sequences that keep the label.
+* :func:`export_labels`: one row per head as CSV or JSON (format: docs/labels.md).
+* :func:`label_agreement`: the class × score cross-tab and Spearman's ρ between vote fractions and
+  the scores of :func:`tl_geometry.head_scores`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from ..functional.head_scores import SCORE_NAMES
+from ..functional.stats import spearman
+from ..functional.taxonomy import (
+    CLASSES,
+    N_RESAMPLES,
+    UNSTABLE_BELOW,
+    VOTES,
+    bootstrap_stability,
+    vote_margin,
+)
+from .protocol import AnalysisLike
+
+#: Columns of an exported label file, before the optional score columns (docs/labels.md).
+EXPORT_COLUMNS = ("layer", "head", "label", "vote_current", "vote_sink", "vote_other", "margin", "stability")
+#: Version of the JSON label file (``"format"`` key).
+LABELS_FORMAT = "tl_geometry.labels/1"
+#: Heads above this score count as "high" in the cross-tab (SPEC §9).
+HIGH_SCORE = 0.3
+
+
+def label_margin(result: AnalysisLike) -> Float[Tensor, "layer head"]:
+    """Largest vote fraction minus the second, per head (SPEC §5); NaN without votes."""
+    return vote_margin(result.vote_counts)
+
+
+def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
+    """Share of :data:`N_RESAMPLES` bootstrap resamples of the sequences (seed 0) that give the
+    head its label (SPEC §5); NaN without per-sequence votes (files of format ≤ 2).
+
+    Cached on the result: keyed by the per-sequence tensor and its version counter, so an
+    in-place change of the votes recomputes it.
+    """
+    votes = getattr(result, "sequence_votes", None)
+    if votes is None:
+        return torch.full(tuple(result.vote_counts.shape[:2]), math.nan, dtype=torch.float64)
+    key = (id(votes), votes._version)
+    cached = result.__dict__.get("_stability_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1].clone()
+    value = bootstrap_stability(votes, N_RESAMPLES, seed=0)
+    result.__dict__["_stability_cache"] = (key, value)
+    return value.clone()
+
+
+def unstable(result: AnalysisLike) -> Bool[Tensor, "layer head"]:
+    """Heads whose stability is below 0.8 (SPEC §5); NaN stability (unknown) is not unstable."""
+    return label_stability(result) < UNSTABLE_BELOW
+
+
+def labels_frame(result: AnalysisLike, scores: Any = None):
+    """The export table: :data:`EXPORT_COLUMNS` (label ``None`` for an unlabelled head) and,
+    with ``scores``, the head-score columns matched on (layer, head)."""
+    import pandas as pd
+
+    fractions = result.vote_fractions
+    frame = pd.DataFrame({
+        "layer": torch.tensor(result.layers).repeat_interleave(result.n_heads).numpy(),
+        "head": torch.arange(result.n_heads).repeat(result.n_layers).numpy(),
+        "label": [x for row in result.labels for x in row],
+        **{f"vote_{v}": fractions[..., i].flatten().double().numpy() for i, v in enumerate(VOTES)},
+        "margin": label_margin(result).flatten().double().numpy(),
+        "stability": label_stability(result).flatten().double().numpy(),
+    })
+    return frame if scores is None else merge_scores(frame, scores)
+
+
+def merge_scores(frame: Any, scores: Any):
+    """``frame`` with the score columns of ``scores`` (a :func:`tl_geometry.head_scores` table)
+    joined on ``layer, head``; a clear error when ``scores`` is not one."""
+    columns = check_scores(scores)
+    return frame.merge(scores[["layer", "head", *columns]], on=["layer", "head"], how="left")
+
+
+def check_scores(scores: Any) -> list[str]:
+    """The score columns of a head-score table; ``ValueError`` naming what is missing."""
+    have = set(getattr(scores, "columns", ()))
+    if not {"layer", "head"} <= have:
+        raise ValueError("scores must be a DataFrame with layer and head columns, as "
+                         "tl_geometry.head_scores(model) returns; got "
+                         f"{type(scores).__name__} with columns {sorted(map(str, have))}.")
+    columns = [c for c in SCORE_NAMES if c in have]
+    if not columns:
+        raise ValueError(f"scores has none of the score columns {list(SCORE_NAMES)}; pass "
+                         "tl_geometry.head_scores(model).")
+    return columns
+
+
+def export_labels(result: AnalysisLike, path: str | Path, scores: Any = None) -> Path:
+    """Write :func:`labels_frame` to ``path``: ``.csv`` (header row, empty cell for NaN or no
+    label) or ``.json`` (``{"format", "model", "sink_epsilon", "columns", "heads": [...]}``, NaN
+    → ``null``). Written next to the destination and renamed, so no partial file is left."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".json"):
+        raise ValueError(f"export_labels: {path} must end in .csv or .json (the suffix picks the format).")
+    frame = labels_frame(result, scores)
+    tmp = path.with_name(f".{path.name}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".csv":
+        frame.to_csv(tmp, index=False, na_rep="")
+    else:
+        rows = [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+        payload = {
+            "format": LABELS_FORMAT,
+            "model": result.metadata.get("model"),
+            "n_resamples": N_RESAMPLES,
+            "unstable_below": UNSTABLE_BELOW,
+            "sink_epsilon": _plain(getattr(scores, "attrs", {}).get("sink_epsilon")),
+            "columns": list(frame.columns),
+            "heads": rows,
+        }
+        tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready scalar: NaN → None, NumPy numbers → Python numbers."""
+    if value is None or isinstance(value, str):
+        return value
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def label_agreement(result: AnalysisLike, scores: Any):
+    """Do the labels agree with other detectors? (SPEC §9) Returns a dict of three DataFrames:
+
+    * ``"mean"`` — class × score: the mean score of each class's heads;
+    * ``"share_high"`` — per score, the share of each class among the heads with score > 0.3
+      (and how many heads that is, column ``heads``);
+    * ``"spearman"`` — vote fraction × score: Spearman's ρ over the labelled heads.
+
+    >>> agreement = label_agreement(result, tl_geometry.head_scores(model))  # doctest: +SKIP
+    >>> agreement["share_high"].loc["induction"]                              # doctest: +SKIP
+    """
+    import pandas as pd
+
+    columns = check_scores(scores)
+    frame = labels_frame(result, scores)
+    labelled = frame[frame["label"].notna()]
+    mean = labelled.groupby("label")[columns].mean().reindex(list(CLASSES))
+    share = {}
+    for name in columns:
+        high = labelled[labelled[name] > HIGH_SCORE]
+        counts = high["label"].value_counts().reindex(list(CLASSES), fill_value=0)
+        row = (counts / len(high)) if len(high) else counts * math.nan
+        share[name] = {**row.to_dict(), "heads": len(high)}
+    rho = {f"vote_{v}": {name: spearman(torch.tensor(labelled[f"vote_{v}"].to_numpy()),
+                                         torch.tensor(labelled[name].to_numpy()))
+                         for name in columns} for v in VOTES}
+    return {
+        "mean": mean,
+        "share_high": pd.DataFrame.from_dict(share, orient="index"),
+        "spearman": pd.DataFrame.from_dict(rho, orient="index"),
+    }
