@@ -167,7 +167,7 @@ def test_top_ranks_by_any_quantity_and_lists_the_valid_keys_on_a_wrong_one():
 
 
 def test_a_new_group_or_metric_is_one_tuple_entry(monkeypatch, tmp_path):
-    import tl_geometry.result as result_module
+    from tl_geometry.result import head_analysis as result_module
 
     old = fake(n_values=(2, 4))
     path = old.save(tmp_path / "old.pt")
