@@ -375,6 +375,8 @@ class HeadAnalysis(Shortcuts):
         return text.summary(self, n_values, top)
 
     def __repr__(self) -> str:
+        if "scores" not in vars(self):  # a constructor that failed: nothing to describe
+            return f"<{type(self).__name__} (not constructed)>"
         return text.short_repr(self)
 
     # --- persistence ------------------------------------------------------------------------------

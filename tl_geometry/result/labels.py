@@ -47,19 +47,13 @@ def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     """Share of :data:`N_RESAMPLES` bootstrap resamples of the sequences (seed 0) that give the
     head its label (SPEC §5); NaN without per-sequence votes (files of format ≤ 2).
 
-    Cached on the result: keyed by the per-sequence tensor and its version counter, so an
-    in-place change of the votes recomputes it.
+    Computed on each call, not cached on the result (its fields stay exactly its constructor's
+    arguments): one ``[resample, sequence] @ [sequence, layer·head·vote]`` product.
     """
     votes = getattr(result, "sequence_votes", None)
     if votes is None:
         return torch.full(tuple(result.vote_counts.shape[:2]), math.nan, dtype=torch.float64)
-    key = (id(votes), votes._version)
-    cached = result.__dict__.get("_stability_cache")
-    if cached is not None and cached[0] == key:
-        return cached[1].clone()
-    value = bootstrap_stability(votes, N_RESAMPLES, seed=0)
-    result.__dict__["_stability_cache"] = (key, value)
-    return value.clone()
+    return bootstrap_stability(votes, N_RESAMPLES, seed=0)
 
 
 def unstable(result: AnalysisLike) -> Bool[Tensor, "layer head"]:
