@@ -84,7 +84,7 @@ class _Widgets(HTMLParser):
 def report_dir(smollm2, tmp_path_factory) -> Path:
     """``tl-geometry report`` on small sizes, with the session's already-loaded SmolLM2."""
     out = tmp_path_factory.mktemp("report")
-    args = argparse.Namespace(model="smollm2-135m", text=None, n_seqs=2, seq_len=40, out=str(out),
+    args = argparse.Namespace(model="smollm2-135m", text=None, scores=False, n_seqs=2, seq_len=40, out=str(out),
                               no_bounds=False)
     mp = pytest.MonkeyPatch()
     mp.setattr("tl_geometry.inputs.models.load_model", lambda name: smollm2.model)
