@@ -15,6 +15,7 @@ from torch import Tensor
 from ..functional import head_scores as _scores
 from ..inputs.cache import PATTERN_HOOK
 from ..inputs.text import text_windows
+from ..inputs.tokens import check_token_ids
 
 #: Sequences built when none are passed: random repeated sequences and text windows.
 N_REPEATED, N_WINDOWS, WINDOW_LENGTH = 8, 8, 64
@@ -53,6 +54,7 @@ def head_scores(model: Any, *, repeated: Tensor | None = None, windows: Tensor |
         body = _draw(vocabulary, (N_REPEATED, _scores.REPEAT_LENGTH), generator)
         repeated = torch.cat([torch.full((N_REPEATED, 1), bos), body, body], dim=1)
     repeat = _check_repeated(repeated)
+    check_token_ids(repeated, cfg.d_vocab, "repeated")
     if windows is None:
         windows = text_windows(model, n_seqs=N_WINDOWS, seq_len=WINDOW_LENGTH)
     _check_windows(windows, cfg.d_vocab)
@@ -74,9 +76,10 @@ def head_scores(model: Any, *, repeated: Tensor | None = None, windows: Tensor |
     frame = pd.DataFrame({
         "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
         "head": torch.arange(n_heads).repeat(n_layers).numpy(),
-        **{name: torch.cat(values).cpu().numpy() for name, values in columns.items()},
+        # Under a device map each layer's scores live on its own device: gather them on the CPU.
+        **{name: torch.cat([v.cpu() for v in values]).numpy() for name, values in columns.items()},
     })
-    frame.attrs.update(sink_epsilon=_scores.sink_epsilon(torch.cat(columns["sink_rate"])),
+    frame.attrs.update(sink_epsilon=_scores.sink_epsilon(torch.cat([v.cpu() for v in columns["sink_rate"]])),
                        epsilon=_scores.SINK_EPSILON, repeat=repeat)
     return frame
 

@@ -96,7 +96,7 @@ def score_rows(
     samples: int, shuffles: int, by_contribution: bool, cosine: bool, metrics: Tensor,
     sink_in_top: Tensor, sink_fields: Tensor,
 ) -> None:
-    """:func:`.kernels.score_rows` in torch: same arguments, same outputs (written in place)."""
+    """:func:`.score_kernel.score_rows` in torch: same arguments, same outputs (written in place)."""
     n_cg, n_key = gram.shape[1], gram.shape[-1]
     n_ch = n_cg * group_size
     n_sel = 2 + samples + shuffles

@@ -82,9 +82,10 @@ def retrieval_layout(
     """Positions of a retrieval sequence (SPEC §9) built from a ``window_length``-token window
     (BOS included): the needle starts at ``start = 1 + (window_length − 1) // 2`` (the middle of
     the text), the repeated needle tokens sit at the last ``repeated`` positions. Returns
-    ``(start, queries, keys)``: query ``start + needle + (window_length − 1) + k`` holds needle
-    token ``k``; its expected key ``start + k + 1`` is the position right after that token's
-    earlier occurrence (the source of the token being predicted).
+    ``(start, queries, keys)``: query ``window_length + needle + k`` (after the window, the needle
+    and ``k`` repeats) holds needle token ``k``; its expected key ``start + k + 1`` is the
+    position right after that token's earlier occurrence (the source of the token being
+    predicted).
 
     >>> start, q, k = retrieval_layout(64)
     >>> start, q[:2].tolist(), k[:2].tolist()

@@ -98,7 +98,7 @@ class HeadAnalysis(Shortcuts):
     ``None`` only in files of earlier versions."""
     sequence_votes: Int[Tensor, "sequence layer head 3"] | None = None
     """Vote counts of each sequence (they add up to ``vote_counts``), behind
-    :attr:`label_stability` (SPEC §5); ``None`` in files of format 2 and earlier."""
+    :attr:`label_stability` (SPEC §5); ``None`` in files of format 3 and earlier."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
@@ -169,7 +169,7 @@ class HeadAnalysis(Shortcuts):
         """Label stability per head (SPEC §5): the share of 200 bootstrap resamples of the
         sequences (seed 0) whose plurality label is the head's label; below 0.8 the head is
         "unstable" (:attr:`unstable`). NaN for an unlabelled head, and for every head of a
-        file of format 2 or earlier (no per-sequence votes)."""
+        file of format 3 or earlier (no per-sequence votes)."""
         return confidence.label_stability(self)
 
     @property

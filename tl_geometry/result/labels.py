@@ -45,7 +45,7 @@ def label_margin(result: AnalysisLike) -> Float[Tensor, "layer head"]:
 
 def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     """Share of :data:`N_RESAMPLES` bootstrap resamples of the sequences (seed 0) that give the
-    head its label (SPEC §5); NaN without per-sequence votes (files of format ≤ 2).
+    head its label (SPEC §5); NaN without per-sequence votes (files of format ≤ 3).
 
     Computed on each call, not cached on the result (its fields stay exactly its constructor's
     arguments): one ``[resample, sequence] @ [sequence, layer·head·vote]`` product.
@@ -110,21 +110,25 @@ def export_labels(result: AnalysisLike, path: str | Path, scores: Any = None) ->
     frame = labels_frame(result, scores)
     tmp = path.with_name(f".{path.name}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".csv":
-        frame.to_csv(tmp, index=False, na_rep="")
-    else:
-        rows = [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
-        payload = {
-            "format": LABELS_FORMAT,
-            "model": result.metadata.get("model"),
-            "n_resamples": N_RESAMPLES,
-            "unstable_below": UNSTABLE_BELOW,
-            "sink_epsilon": _plain(getattr(scores, "attrs", {}).get("sink_epsilon")),
-            "columns": list(frame.columns),
-            "heads": rows,
-        }
-        tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    try:
+        if suffix == ".csv":
+            frame.to_csv(tmp, index=False, na_rep="")
+        else:
+            rows = [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+            payload = {
+                "format": LABELS_FORMAT,
+                "model": result.metadata.get("model"),
+                "n_resamples": N_RESAMPLES,
+                "unstable_below": UNSTABLE_BELOW,
+                "sink_epsilon": _plain(getattr(scores, "attrs", {}).get("sink_epsilon")),
+                "columns": list(frame.columns),
+                "heads": rows,
+            }
+            tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave the hidden temporary file behind
+        raise
     return path
 
 

@@ -138,7 +138,7 @@ def label_confidence_section(result: HeadAnalysis) -> list[str]:
     shaky = table[table["unstable"]][columns]
     counts = unstable_counts(result)
     if result.sequence_votes is None:
-        body = ('<p class="tlg-caption">This result has no per-sequence votes (a file of format 2 or '
+        body = ('<p class="tlg-caption">This result has no per-sequence votes (a file of format 3 or '
                 "earlier): the stability is unknown. Re-run the analysis to get it.</p>")
     elif shaky.empty:
         body = '<p class="tlg-caption">No head is unstable: every label survives ≥ 80 % of the resamples.</p>'
