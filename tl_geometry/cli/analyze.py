@@ -110,9 +110,10 @@ def _recompute(args: argparse.Namespace, model: Any, tokens: Any) -> bool:
     """Whether ``--attention`` sends the run down the recompute path (which streams)."""
     if args.attention != "auto":
         return bool(args.attention == "recompute")
-    cfg = model.cfg
+    from ..analyze.recompute import pattern_bytes
+
     n_seqs, n_pos = tokens.shape
-    return bool(cfg.n_layers * n_seqs * cfg.n_heads * n_pos * n_pos * 4 > AUTO_CACHE_BYTES)
+    return model.cfg.n_layers * pattern_bytes(n_seqs, model.cfg.n_heads, n_pos) > AUTO_CACHE_BYTES
 
 
 def check(args: argparse.Namespace) -> str | None:
