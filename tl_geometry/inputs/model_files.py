@@ -96,6 +96,12 @@ def remember_sha256(path: Path, digest: str) -> None:
         pass
 
 
+def hash_file(path: Path) -> str:
+    """The sha256 of a file, read now (no memo): :func:`file_sha256` remembers it."""
+    with path.open("rb") as handle:
+        return _hash_stream(handle)[0]
+
+
 def file_sha256(path: str | Path) -> str:
     """The sha256 of a file, hashed once per (path, size, mtime) and remembered in the cache.
 
@@ -110,8 +116,7 @@ def file_sha256(path: str | Path) -> str:
             return str(saved["sha256"])
     except (OSError, ValueError, AttributeError):
         pass  # no memo yet, or a damaged one: hash again
-    with path.open("rb") as handle:
-        digest, _ = _hash_stream(handle)
+    digest = hash_file(path)
     remember_sha256(path, digest)
     return digest
 

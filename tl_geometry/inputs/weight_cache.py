@@ -24,7 +24,6 @@ few seconds.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .model_files import atomic_write_text, cache_dir, file_sha256, remember_sha256
+from .model_files import atomic_write_text, cache_dir, file_sha256, hash_file, remember_sha256
 
 __all__ = ["ENV", "EntryKey", "enabled", "entry_key", "lookup", "store", "weights_root"]
 
@@ -77,14 +76,6 @@ class EntryKey:
 def entry_key(gguf: Path, dtype: str) -> EntryKey:
     """The key of ``gguf``'s weights in ``dtype``; hashes the file once (remembered by mtime)."""
     return EntryKey(file_sha256(gguf), gguf.stat().st_size, dtype, gguf.name)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _problem(folder: Path, key: EntryKey) -> str | None:
@@ -150,7 +141,7 @@ def _manifest(folder: Path, key: EntryKey) -> str:
     from importlib.metadata import version
 
     files = {
-        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
+        path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": hash_file(path)}
         for path in sorted(folder.rglob("*")) if path.is_file()
     }
     return json.dumps({
