@@ -1,6 +1,6 @@
 """Long contexts: the pattern path against the recompute path, each in a fresh process.
 
-For each model and length T, one window of T tokens of real text (WikiText-2 test when
+For each model and length T, one window (``--n-seqs``) of T tokens of real text (WikiText-2 test when
 ../shared/data has it) is analysed at the last query of every layer by
 ``analyze_model(attention="pattern")`` (eager attention, ``hook_pattern``) and by
 ``analyze_model(attention="recompute")`` (SDPA forward, rows recomputed from the captured queries
@@ -9,7 +9,8 @@ and the analysis. A plain SDPA forward of the base model (no hooks, no logits) i
 process gives the ratio.
 
     python benchmarks/bench_long_context.py [--models smollm2-135m,gemma3-270m] [--lengths 1024,2048]
-        [--paths pattern,recompute] [--timeout 1800] [--out benchmarks/results/bench_long_context.json]
+        [--paths pattern,recompute] [--n-seqs 1] [--timeout 1800]
+        [--out benchmarks/results/bench_long_context.json]
 
 Lengths above a model's context are skipped. A run that fails or passes ``--timeout`` is
 recorded with its error, so the table says what does not fit.
@@ -31,14 +32,14 @@ sys.path.insert(0, {root!r})
 import tl_geometry
 from tl_geometry.inputs.capture import capture_attention
 torch.set_grad_enabled(False)
-name, T, path = {name!r}, {length}, {path!r}
+name, T, path, n_seqs = {name!r}, {length}, {path!r}, {n_seqs}
 t0 = time.perf_counter()
 model = tl_geometry.load_model(name)
 if T > model.cfg.n_ctx:
     print(json.dumps(dict(error=f"above the model's context of {{model.cfg.n_ctx}} tokens")))
     sys.exit(0)
 text = open({text!r}, encoding="utf-8").read() if {text!r} else None
-tokens = tl_geometry.text_windows(model, text, n_seqs=1, seq_len=T)
+tokens = tl_geometry.text_windows(model, text, n_seqs=n_seqs, seq_len=T)
 loaded = time.perf_counter()
 capture_attention(model, tokens, lambda c: None)  # the plain SDPA forward: no analysis, no logits
 forward = time.perf_counter()
@@ -51,8 +52,8 @@ print(json.dumps(dict(load_s=loaded - t0, sdpa_forward_s=forward - loaded, analy
 """
 
 
-def run(name: str, length: int, path: str, text: str | None, timeout: float) -> dict:
-    code = CHILD.format(root=str(ROOT), name=name, length=length, path=path, text=text or "")
+def run(name: str, length: int, path: str, text: str | None, timeout: float, n_seqs: int = 1) -> dict:
+    code = CHILD.format(root=str(ROOT), name=name, length=length, path=path, text=text or "", n_seqs=n_seqs)
     start = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
@@ -72,16 +73,18 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
     parser.add_argument("--paths", default="pattern,recompute")
+    parser.add_argument("--n-seqs", type=int, default=1, help="windows per run (the Qwen models: 8 × 256)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=str(RESULTS / "bench_long_context.json"))
     args = parser.parse_args()
     text, source = real_text()
     text_path = str(ROOT.parent / "shared" / "data" / "wikitext-2-test.txt") if text is not None else None
-    report: dict = {"text": source, "protocol": "1 window, last query, every layer, defaults", "runs": []}
+    report: dict = {"text": source, "protocol": "last query, every layer, defaults", "runs": []}
     for name in args.models.split(","):
         for length in map(int, args.lengths.split(",")):
             for path in args.paths.split(","):
-                row = {"model": name, "T": length, "path": path, **run(name, length, path, text_path, args.timeout)}
+                row = {"model": name, "n_seqs": args.n_seqs, "T": length, "path": path,
+                       **run(name, length, path, text_path, args.timeout, args.n_seqs)}
                 print(json.dumps(row), file=sys.stderr)
                 report["runs"].append(row)
     write_report(report, args.out)

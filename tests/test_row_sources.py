@@ -75,3 +75,24 @@ def test_compact_rows_in_blocks_equal_the_pattern(backend, queries, case_options
     got = analyze_layer(CompactRows(pattern, block=4), case.v, mask, sink, opts, **kwargs)
     for name, a, b in zip(want._fields, want, got):
         torch.testing.assert_close(b, a, equal_nan=True, rtol=0, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("case_options", [{"ties": True, "sink": True}, {"padding": "left", "n_kv": 1}])
+def test_torch_twin_checks_in_query_blocks(monkeypatch, case_options):
+    """The torch twin reads a cached pattern's rows a few queries at a time (never a float64 copy of
+    a whole [head, query, key]); the votes and the validation add up to those of one block."""
+    from tl_geometry.engine import checks
+
+    case = make_case(5, batch=2, n_pos=11, **case_options)
+    opts = check_options(n_values=(1, 2, 4), queries="all", random_samples=3, shuffle_samples=2, seed=1,
+                         distance="euclidean", space="value", rank_by="attention", bounds=False,
+                         backend="torch")
+    mask = (case.attention_mask.bool() if case.attention_mask is not None
+            else torch.ones(case.pattern.shape[0], case.pattern.shape[2], dtype=torch.bool))
+    kwargs = dict(layer=0, mask_given=case.attention_mask is not None)
+    want = analyze_layer(case.pattern, case.v, mask, sink_positions(mask), opts, **kwargs)
+    bytes_per_query = case.pattern.shape[1] * case.pattern.shape[3] * 8
+    monkeypatch.setattr(checks, "TORCH_CHECK_BYTES", 3 * bytes_per_query)  # blocks of 3 queries
+    got = analyze_layer(case.pattern, case.v, mask, sink_positions(mask), opts, **kwargs)
+    for name, a, b in zip(want._fields, want, got):
+        torch.testing.assert_close(b, a, equal_nan=True, rtol=0, atol=0, msg=name)

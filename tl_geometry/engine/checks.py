@@ -36,6 +36,8 @@ from .check_kernel import (
 #: never more, up to half-precision round-off.
 MAX_ROW_SUM = 1.01
 NEGATIVE_TOL = 1e-6
+#: Bytes of one float64 copy of the rows that the torch twin checks at once, per sequence.
+TORCH_CHECK_BYTES = 1 << 25
 
 
 #: Value magnitudes whose squared norms float64 holds without overflow or loss to underflow.
@@ -51,7 +53,8 @@ def check_values(v: Float[Tensor, "batch pos kv d"], is_token: Bool[Tensor, "bat
     """
     name = VALUE_HOOK.format(layer=layer)
     if v.numel() and bool(is_token.all()):  # the common case: one reduction (NaN propagates through amax)
-        size = v.abs().amax(dim=(0, 1, 3)).double()  # 5× faster than an inf-norm here
+        # The contiguous axis first: one strided reduction over (0, 1, 3) is 15× slower.
+        size = v.abs().amax(dim=-1).amax(dim=(0, 1)).double()
         if bool(torch.isfinite(size).all() & (size <= MAX_VALUE).all()
                 & ((size == 0) | (size >= MIN_VALUE)).all()):
             return
@@ -95,7 +98,12 @@ def check_and_vote(
     if not numba:
         out = torch.from_numpy(stats).to(norms.device), torch.from_numpy(votes).to(norms.device)
         for q_start, rows in blocks:
-            torch_kernels.check_and_vote(rows, q_start, is_token, sink, norms, group_size, *out)
+            # The twin holds a few float64 copies of the rows it reads: it reads them in query
+            # blocks, never a whole [head, query, key] at once (the statistics add over blocks).
+            step = max(1, TORCH_CHECK_BYTES // (rows.shape[1] * rows.shape[-1] * 8))
+            for q0 in range(0, rows.shape[2], step):
+                torch_kernels.check_and_vote(rows[:, :, q0 : q0 + step], q_start + q0, is_token, sink, norms,
+                                             group_size, *out)
         return out
     from .check_kernel import check_and_vote as kernel
 
