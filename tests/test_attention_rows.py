@@ -122,7 +122,9 @@ def test_blocks_cover_every_query_once_and_equal_the_rows():
     starts = []
     for start, rows in attention_row_blocks(q, k, block=3, **kwargs):
         starts.append(start)
-        torch.testing.assert_close(rows, everything[:, :, start:start + 3], rtol=0, atol=0)
+        # Only the keys a block can see are summed, so the softmax sums round in another order.
+        torch.testing.assert_close(rows, everything[:, :, start:start + 3], rtol=1e-14, atol=1e-15)
+        assert bool((rows == 0).eq(everything[:, :, start:start + 3] == 0).all())  # zeros stay exact
     assert starts == [0, 3, 6, 9]
     with pytest.raises(ValueError, match="block"):
         next(attention_row_blocks(q, k, block=0, scale=1.0))

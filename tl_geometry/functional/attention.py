@@ -173,7 +173,15 @@ def attention_row_blocks(
     batch, n_pos = q.shape[:2]
     k = k.to(COMPUTE_DTYPE)  # once, not per block (a no-op on float64 keys)
     for start in range(0, n_pos, block):
-        positions = torch.arange(start, min(start + block, n_pos), device=q.device)
-        queries = positions.expand(batch, -1)
-        yield start, attention_rows(q, k, queries, scale=scale, window=window, softcap=softcap,
-                                    sinks=sinks, key_mask=key_mask)
+        stop = min(start + block, n_pos)
+        # Only keys lo … stop − 1 can be visible to these queries (causal, and the window): the
+        # logits of the others are never computed (half the work over a sequence), their
+        # probabilities are exact zeros.
+        lo = 0 if window is None else max(0, start - window + 1)
+        queries = torch.arange(start - lo, stop - lo, device=q.device).expand(batch, -1)
+        visible = attention_rows(q[:, lo:stop], k[:, lo:stop], queries, scale=scale, window=window,
+                                 softcap=softcap, sinks=sinks,
+                                 key_mask=None if key_mask is None else key_mask[:, lo:stop])
+        rows = visible.new_zeros(*visible.shape[:-1], n_pos)
+        rows[..., lo:stop] = visible
+        yield start, rows
