@@ -1,5 +1,6 @@
 """Synthetic attention caches with the hard cases: ties, duplicated vectors, a compressed sink
-aligned against the rest, GQA / MQA shapes, half precision, left and right padding."""
+aligned against the rest, GQA / MQA shapes, half precision, left and right padding, sliding
+windows."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ def make_case(
     sink: bool = False,
     padding: str | None = None,
     dtype: torch.dtype = torch.float32,
+    window: int | None = None,
 ) -> Case:
-    """A causal softmax pattern and value vectors with the requested pathologies."""
+    """A causal softmax pattern and value vectors with the requested pathologies; with
+    ``window``, a sliding-window layer (query ``t`` sees keys ``t − window < i ≤ t``: every other
+    weight is exactly 0)."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(batch, n_heads, n_pos, n_pos, generator=g) * 2
     if ties:  # few distinct logit levels → many exact attention ties in a row
@@ -61,6 +65,8 @@ def make_case(
         else:
             raise ValueError(padding)
     causal = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
+    if window is not None:
+        causal = causal & ~torch.ones(n_pos, n_pos, dtype=torch.bool).tril(-window)
     allowed = causal if mask is None else causal & mask[:, None, None, :]
     pattern = torch.softmax(logits.masked_fill(~allowed, -torch.inf), dim=-1)
     # Fully masked rows (pad queries before the first real token) are NaN after softmax: keep

@@ -374,11 +374,12 @@ def _sequence_layout(mask_row: np.ndarray):
     return positions[0], positions
 
 
-def _key_mask(mask_row: np.ndarray, t: int) -> np.ndarray:
-    """Valid keys of query t: {i : mask[i] == 1 and i <= t}."""
+def _key_mask(mask_row: np.ndarray, t: int, window=None) -> np.ndarray:
+    """Valid keys of query t: {i : mask[i] == 1 and i <= t}, and t - window < i with a sliding
+    window (SPEC section 1: the keys the query can see)."""
     valid = np.zeros(len(mask_row), dtype=bool)
     for i in range(len(mask_row)):
-        if mask_row[i] == 1 and i <= t:
+        if mask_row[i] == 1 and i <= t and (window is None or i > t - window):
             valid[i] = True
     return valid
 
@@ -402,6 +403,8 @@ def ref_analyze(
     W_O=None,
     rank_by="attention",
     shuffles=None,
+    window=None,
+    randoms=None,
 ) -> dict:
     """The whole per-layer analysis for ONE layer, by loops (SPEC sections 1-5).
 
@@ -419,10 +422,17 @@ def ref_analyze(
     * "top": top-N among the valid keys; "sink_removed": the sink deleted from the key set
       (neither selectable nor scored), top-N re-selected among the rest. Aggregation: per
       sequence nan-mean over its chosen queries, then nan-mean over sequences.
-    * "shuffled" (only with ``shuffles``): ``shuffles(b, h, t, keys)`` returns permutations;
-      permutation ``p`` gives the i-th non-sink valid key ``keys[1 + i]`` the value vector of
-      key ``p[i]`` (the sink keeps its own). The top-N set of the real alpha is scored on those
-      values; the mean over permutations is one instance.
+    * "shuffled" (only with ``shuffles``): ``shuffles(b, h, t, listed)`` returns permutations
+      of ``listed``, the non-sink valid keys in position order; permutation ``p`` gives key
+      ``listed[i]`` the value vector of key ``p[i]`` (the sink keeps its own). The top-N set of
+      the real alpha is scored on those values; the mean over permutations is one instance.
+    * "random" (only with ``randoms``): ``randoms(b, h, t, keys)`` returns orderings of the
+      valid keys; the first N keys of each are a random subset, scored around its own
+      aggregate; the mean over orderings is one instance.
+    * ``window`` (SPEC section 1, sliding windows): query t's valid keys are also
+      ``i > t - window``. A query whose valid keys miss the sink has no sink: it is in no
+      sink_in / sink_out group and no paired ratio, its sink_removed metrics and sink
+      diagnostics are NaN, every valid key is shuffled, and it cannot vote "sink".
     * paired sink effect ("paired_ratios"): per (head, N), the list of
       F_N(top) / F_N(sink removed) over the instances whose top-N set holds the sink (inf when
       only the second is 0; instances where both are 0 are left out).
@@ -453,7 +463,7 @@ def ref_analyze(
 
     n_n = len(n_values)
     out: dict = {}
-    for g in GROUPS:
+    for g in (*GROUPS, "random"):
         for m in METRICS:
             out[f"{g}_{m}"] = np.full((n_heads, n_n), np.nan)
     out["paired_ratios"] = [[[] for _ in range(n_n)] for _ in range(n_heads)]
@@ -467,7 +477,7 @@ def ref_analyze(
 
     for h in range(n_heads):
         # per (N, group, metric): list over sequences of that sequence's nan-mean
-        per_seq = {(ni, g, m): [] for ni in range(n_n) for g in ("top", "shuffled", "sink_removed")
+        per_seq = {(ni, g, m): [] for ni in range(n_n) for g in ("top", "shuffled", "sink_removed", "random")
                    for m in METRICS}
         # per (N, group, metric): pooled list of instance values (sink_in / sink_out)
         pooled = {(ni, g, m): [] for ni in range(n_n) for g in ("sink_in", "sink_out")
@@ -484,10 +494,11 @@ def ref_analyze(
 
             # --- separability groups ---
             for ni, n in enumerate(n_values):
-                this_seq = {(g, m): [] for g in ("top", "shuffled", "sink_removed") for m in METRICS}
+                this_seq = {(g, m): [] for g in ("top", "shuffled", "sink_removed", "random") for m in METRICS}
                 for t in chosen:
                     alpha = pattern[b, h, t, :]
-                    valid = _key_mask(mask[b], t)
+                    valid = _key_mask(mask[b], t, window)
+                    sees_sink = bool(valid[sink])
                     scores = _ranking_scores(alpha, values, rank_by)
 
                     # "top"
@@ -496,16 +507,18 @@ def ref_analyze(
                     for m in METRICS:
                         this_seq[("top", m)].append(res[m])
                     n_valid = int(valid.sum())
-                    if 1 <= n < n_valid:
+                    if 1 <= n < n_valid and sees_sink:
                         group = "sink_in" if sel[sink] else "sink_out"
                         for m in METRICS:
                             pooled[(ni, group, m)].append(res[m])
 
-                    # "sink_removed"
+                    # "sink_removed" (a query that cannot see the sink has none: skipped)
                     valid_wo = valid.copy()
                     valid_wo[sink] = False
                     sel_wo = ref_top_n(alpha, valid_wo, n, scores=scores)
                     res_wo = ref_separability(alpha, values, sel_wo, valid_wo, distance)
+                    if not sees_sink:
+                        res_wo = _nan_metrics()
                     for m in METRICS:
                         this_seq[("sink_removed", m)].append(res_wo[m])
 
@@ -519,25 +532,36 @@ def ref_analyze(
 
                     # "shuffled"
                     if shuffles is not None:
-                        keys = _valid_indices(valid)
+                        listed = [k for k in _valid_indices(valid) if k != sink]
                         samples = []
-                        for perm in shuffles(b, h, t, keys):
+                        for perm in shuffles(b, h, t, listed):
                             moved = values.copy()
-                            for i, source in enumerate(perm):
-                                moved[keys[1 + i]] = values[source]
+                            for k, source in zip(listed, perm):
+                                moved[k] = values[source]
                             samples.append(ref_separability(alpha, moved, sel, valid, distance))
                         for m in METRICS:
                             this_seq[("shuffled", m)].append(_plain_mean([x[m] for x in samples]))
 
-                for g in ("top", "shuffled", "sink_removed"):
+                    # "random"
+                    if randoms is not None:
+                        samples = []
+                        for order in randoms(b, h, t, _valid_indices(valid)):
+                            subset = np.zeros(n_pos, dtype=bool)
+                            for k in order[:n]:
+                                subset[k] = True
+                            samples.append(ref_separability(alpha, values, subset, valid, distance))
+                        for m in METRICS:
+                            this_seq[("random", m)].append(_plain_mean([x[m] for x in samples]))
+
+                for g in ("top", "shuffled", "sink_removed", "random"):
                     for m in METRICS:
                         per_seq[(ni, g, m)].append(_nanmean(this_seq[(g, m)]))
 
             # --- sink diagnostics over the chosen queries ---
             this_seq_sink = {k: [] for k in SINK_KEYS}
             for t in chosen:
-                valid = _key_mask(mask[b], t)
-                if not any(valid[j] for j in range(n_pos) if j != sink):
+                valid = _key_mask(mask[b], t, window)
+                if not valid[sink] or not any(valid[j] for j in range(n_pos) if j != sink):
                     continue
                 res = ref_sink(pattern[b, h, t, :], values, valid, sink)
                 for k in SINK_KEYS:
@@ -549,11 +573,11 @@ def ref_analyze(
             for t in valid_queries:
                 if t <= sink:
                     continue
-                valid = _key_mask(mask[b], t)
+                valid = _key_mask(mask[b], t, window)
                 votes[ref_vote(pattern[b, h, t, :], values, valid, t, sink)] += 1
 
         for ni in range(n_n):
-            for g in ("top", "shuffled", "sink_removed"):
+            for g in ("top", "shuffled", "sink_removed", "random"):
                 for m in METRICS:
                     out[f"{g}_{m}"][h, ni] = _nanmean(per_seq[(ni, g, m)])
             for g in ("sink_in", "sink_out"):

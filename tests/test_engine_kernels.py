@@ -57,7 +57,8 @@ def test_first_duplicates_of_distinct_rows_is_empty():
 
 
 def test_reduce_kernel_equals_its_torch_twin():
-    """NaN rows, infinite and zero F ratios, ±inf sink fields, sink in and out of the set."""
+    """NaN rows, infinite and zero F ratios, ±inf sink fields, sink in and out of the set, and
+    queries whose window does not hold the sink (in no sink group)."""
     rng = np.random.default_rng(1)
     b, h, q, n = 3, 4, 9, 5
     metrics = torch.from_numpy(rng.uniform(0, 1, (b, h, q, 4, n, 7)))
@@ -70,19 +71,24 @@ def test_reduce_kernel_equals_its_torch_twin():
     sink[rng.uniform(size=sink.shape) < 0.2] = torch.nan
     sink[0, 0, 0, 1] = torch.inf
     sink[:, 1, :, 3] = torch.nan  # a field never defined
-    compiled = layer._reduce_numba(metrics, inside, sink)
-    twin = layer._reduce_torch(metrics, inside, sink)
+    sees = torch.from_numpy(rng.uniform(size=(b, q)) < 0.8)  # queries whose window holds the sink
+    inside &= sees[:, None, :, None]
+    compiled = layer._reduce_numba(metrics, inside, sink, sees)
+    twin = layer._reduce_torch(metrics, inside, sink, sees)
     for name in compiled._fields:
         torch.testing.assert_close(getattr(compiled, name), getattr(twin, name), equal_nan=True,
                                    rtol=1e-12, atol=1e-12, msg=name)
     assert compiled.paired_hist.shape[-1] == N_BINS and compiled.paired_hist.sum() > 0
     assert compiled.paired_hist[..., 0].sum() > 0 and compiled.paired_hist[..., -1].sum() > 0
+    assert compiled.inst_count.sum() < torch.isfinite(metrics[:, :, :, 0, :, 0]).sum()
 
 
+@pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("queries", ["all", "last", "shuffled"])
-def test_gram_kernel_equals_the_torch_gram_and_sink_geometry(queries):
+def test_gram_kernel_equals_the_torch_gram_and_sink_geometry(queries, window):
     """Duplicates tied in the Gram matrix, and κ and the cosines at the chosen queries, on
-    left-padded sequences (queries in any order, −1 and padded queries NaN)."""
+    left-padded sequences (queries in any order, −1 and padded queries NaN; with a sliding
+    window, NaN where the window does not hold the sink)."""
     rng = np.random.default_rng(2)
     b, g, k, d, group = 3, 2, 12, 5, 2
     values = torch.from_numpy(rng.normal(size=(b, g, k, d)))
@@ -99,12 +105,17 @@ def test_gram_kernel_equals_the_torch_gram_and_sink_geometry(queries):
     gram = values @ values.transpose(-1, -2)
     fields = torch.full((b, g * group, chosen.shape[1], 5), torch.nan, dtype=torch.float64)
     from tl_geometry.engine.gram_kernel import tie_duplicates_and_sink_geometry
+    from tl_geometry.engine.options import NO_WINDOW
 
     tie_duplicates_and_sink_geometry(values.numpy(), real.numpy(), sink.numpy(), chosen.numpy(),
-                                     gram.numpy(), 0, group, fields.numpy())
+                                     gram.numpy(), 0, group, fields.numpy(),
+                                     NO_WINDOW if window is None else window)
     assert torch.equal(gram, layer._gram(values))
-    want = layer.sink_geometry(values, real, sink, chosen).repeat_interleave(group, dim=1)
-    ok = (chosen >= 0) & real.gather(1, chosen.clamp_min(0))
+    sees = chosen - (NO_WINDOW if window is None else window) < sink[:, None]
+    want = layer.sink_geometry(values, real, sink, chosen, sees).repeat_interleave(group, dim=1)
+    ok = (chosen >= 0) & real.gather(1, chosen.clamp_min(0)) & sees
+    if window is not None:
+        assert not sees.all() and sees.any()
     want = torch.where(ok[:, None, :, None], want, torch.nan)
     torch.testing.assert_close(fields[..., 1:4], want, equal_nan=True, rtol=1e-12, atol=1e-12)
     assert fields[..., [0, 4]].isnan().all()  # fields 0 and 4 are score_rows's

@@ -22,13 +22,14 @@ SHUFFLES = 3
 def engine_shuffles(seed: int, layer: int, mask: np.ndarray | None):
     """The engine's value permutations, re-derived from the documented stream (engine/rng.py)."""
 
-    def draw(b: int, h: int, t: int, keys: list[int]) -> list[list[int]]:
+    def draw(b: int, h: int, t: int, listed: list[int]) -> list[list[int]]:
+        """Fisher–Yates shuffles of ``listed`` (the keys the null moves, in position order)."""
         real_index = t if mask is None else int(mask[b, : t + 1].sum()) - 1
         row_key = mix(mix(int(sequence_keys(seed, layer, [b])[0]) + real_index) + h)
         shuffle_key = mix(row_key ^ SHUFFLE_SALT)
         perms = []
         for sample in range(SHUFFLES):
-            perm = list(keys[1:])
+            perm = list(listed)
             m = len(perm)
             for r in range(m - 1):
                 u = mix(shuffle_key + GOLDEN * (sample * SAMPLE_STRIDE + r + 1))

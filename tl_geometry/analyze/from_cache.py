@@ -25,7 +25,9 @@ from ..engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..result import HeadAnalysis
+from . import windows as _windows
 from .progress import progress_bar
+from .windows import Window
 
 __all__ = ["DEFAULT_N_VALUES", "analyze_heads"]
 
@@ -49,6 +51,7 @@ def analyze_heads(
     bounds: bool = False,
     progress: bool | None = None,
     backend: Literal["auto", "numba", "torch"] = "auto",
+    window: Window = None,
 ) -> HeadAnalysis:
     """Geometric separability, sink diagnostics and taxonomy of every head in a cache.
 
@@ -100,6 +103,14 @@ def analyze_heads(
             of the top-N sets, and the regime diagnostics per head (SPEC §6; Euclidean).
         progress: a progress bar over layers; default: on in a terminal or a notebook.
         backend: ``"auto"`` (numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+        window: sliding windows (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees
+            keys ``t − w < i ≤ t``, and only those are candidates (top-N, random subsets,
+            nulls, the chance floor ``N/|T_t|``); a query whose window starts after the sink
+            has no sink (no sink comparisons, no sink vote, no sink diagnostics). ``None`` (no
+            window), an int (every layer), a sequence indexed by model layer or a dict
+            ``{layer: window}`` (``None`` entries and unnamed layers are global), or ``"auto"``:
+            the windows of ``model``'s config. Recorded as ``metadata["window"]``; a pattern
+            with weight outside its declared window is an error.
 
     Returns:
         :class:`HeadAnalysis`.
@@ -113,7 +124,9 @@ def analyze_heads(
                          shuffle_samples=shuffle_samples,
                          seed=seed, distance=distance, space=space, rank_by=rank_by,
                          bounds=bounds, backend=backend)
+    _windows.check(window)
     layer_ids = _cache.resolve_layers(cache, layers)
+    layer_windows = _windows.resolve(window, model, layer_ids)
     W = output_weights(model, W_O, layer_ids) if space == "output" else None
     run: _CacheRun | None = None
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
@@ -123,10 +136,10 @@ def analyze_heads(
         run.check_shape(pattern, layer)
         W_layer = None if W is None else W[layer].to(pattern.device)
         run.acc.add(li, analyze_layer(pattern, v, run.mask, run.sink, opts, layer=layer, W_O=W_layer,
-                                      mask_given=attention_mask is not None))
+                                      mask_given=attention_mask is not None, window=layer_windows[li]))
     assert run is not None  # resolve_layers refuses an empty cache
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None)
-    return run.acc.finish(layer_ids, opts, run.shape[2], metadata)
+    return run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows)
 
 
 @dataclass

@@ -32,8 +32,10 @@ from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
 from ..result import HeadAnalysis
+from . import windows as _windows
 from .progress import progress_bar
 from .recompute import RecomputedRows, can_recompute, pattern_bytes
+from .windows import Window
 
 #: With ``attention="auto"``, one layer's pattern for one batch above this size is recomputed.
 AUTO_RECOMPUTE_BYTES = 1 << 30
@@ -66,9 +68,12 @@ class _LayerHooks:
     """Forward hooks that hand each layer's (pattern, v) to the engine as soon as both fired."""
 
     def __init__(self, acc: Accumulator, layer_ids: list[int], opts: AnalysisOptions,
-                 W: Tensor | None, mask_given: bool) -> None:
+                 W: Tensor | None, mask_given: bool, windows: Sequence[int | None] | None = None,
+                 from_config: bool = False) -> None:
         self.acc, self.opts, self.W, self.mask_given = acc, opts, W, mask_given
         self.row = {layer: i for i, layer in enumerate(layer_ids)}
+        self.windows = list(windows) if windows is not None else [None] * len(layer_ids)
+        self.from_config = from_config  # the windows came from the config: the capture must agree
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.mask: Tensor | None = None
         self.sink: Tensor | None = None
@@ -107,9 +112,13 @@ class _LayerHooks:
             device = c.q.device
             W = None if self.W is None else self.W[c.layer].to(device)
             source = RecomputedRows(c, None if mask is None else self.mask)
+            window = self.windows[self.row[c.layer]]
+            if self.from_config and window != c.params.window:
+                raise ValueError(f"Layer {c.layer}: the model config gives sliding window {window} but its "
+                                 f"attention ran with {c.params.window}; pass window= explicitly.")
             stats = analyze_layer(source, c.v, self.mask.to(device), self.sink.to(device), self.opts,
                                   layer=c.layer, W_O=W, sequence_offset=self.offset,
-                                  mask_given=self.mask_given)
+                                  mask_given=self.mask_given, window=window)
             self.acc.add(self.row[c.layer], stats, self.offset)
 
         capture_attention(model, tokens, on_layer, attention_mask=mask)
@@ -127,7 +136,8 @@ class _LayerHooks:
         mask, sink = self.mask.to(pattern.device), self.sink.to(pattern.device)
         W = None if self.W is None else self.W[layer].to(pattern.device)
         stats = analyze_layer(pattern, v, mask, sink, self.opts, layer=layer, W_O=W,
-                              sequence_offset=self.offset, mask_given=self.mask_given)
+                              sequence_offset=self.offset, mask_given=self.mask_given,
+                              window=self.windows[self.row[layer]])
         self.acc.add(self.row[layer], stats, self.offset)
 
 
@@ -170,6 +180,7 @@ def analyze_model(
     progress: bool | None = None,
     backend: Literal["auto", "numba", "torch"] = "auto",
     attention: Literal["auto", "pattern", "recompute"] = "auto",
+    window: Window = "auto",
 ) -> HeadAnalysis:
     """:func:`analyze_heads` computed inside the forward pass, batch by batch, without a cache.
 
@@ -197,6 +208,10 @@ def analyze_model(
             forward's float32 round-off (about 1e-6 in α). ``"auto"``: recompute when one
             layer's pattern for one batch would exceed :data:`AUTO_RECOMPUTE_BYTES` and the
             model has a Hugging Face model to capture from, else the pattern.
+        window: the sliding window of each layer (SPEC §1, ours; see
+            :func:`tl_geometry.analyze_heads`). ``"auto"`` (default) reads the model's config
+            (``layer_types`` and ``sliding_window``: Gemma-3's local layers see 512 keys);
+            ``None`` treats every layer as global, as before this option.
 
     The other arguments are those of :func:`tl_geometry.analyze_heads`.
 
@@ -207,6 +222,7 @@ def analyze_model(
                          shuffle_samples=shuffle_samples,
                          seed=seed, distance=distance, space=space, rank_by=rank_by,
                          bounds=bounds, backend=backend)
+    _windows.check(window)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     tokens, mask = _as_tokens(model, inputs, attention_mask)
@@ -222,11 +238,13 @@ def analyze_model(
     if mask is None:
         _cache.warn_pad_tokens(tokens, model, (n_seqs, n_heads, n_pos))
     layer_ids = list(range(n_layers)) if layers is None else _cache.check_layer_indices(layers, n_layers)
+    layer_windows = _windows.resolve(window, model, layer_ids)
     shard = _check_shard(shard)
     W = output_weights(model, None, layer_ids) if space == "output" else None
     device = getattr(cfg, "device", None) or "cpu"
     acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device, n_sequences=n_seqs)
-    hooks = _LayerHooks(acc, layer_ids, opts, W, mask_given=mask is not None)
+    hooks = _LayerHooks(acc, layer_ids, opts, W, mask_given=mask is not None, windows=layer_windows,
+                        from_config=window == _windows.AUTO)
     recompute = _use_recompute(attention, model, min(batch_size, n_seqs), n_heads, n_pos)
 
     lo, hi = 0, n_seqs
@@ -261,7 +279,7 @@ def analyze_model(
     metadata.update(cache_type="streaming", batch_size=batch_size,
                     world_size=1 if shard is None else shard[1],
                     attention="recompute" if recompute else "pattern")
-    return acc.finish(layer_ids, opts, n_pos, metadata)
+    return acc.finish(layer_ids, opts, n_pos, metadata, layer_windows)
 
 
 def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: int) -> bool:

@@ -58,6 +58,9 @@ class Accumulator:
     regime_count: Float[Tensor, "layer head rfield"]
     sequence_votes: Int[Tensor, "sequence layer head vote"]
     """Vote counts of every sequence, row = the sequence's index in the inputs."""
+    sink_visible: Float[Tensor, "layer 2"]
+    """Chosen (sequence, query) instances whose sliding window holds the sink, and all of them
+    (SPEC §1): the two are equal on a layer without a window."""
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
@@ -82,7 +85,8 @@ class Accumulator:
                 for name, shape in shapes.items()}
         # int64: exact counts that all_reduce can add like the sums
         votes = torch.zeros(n_sequences, n_layers, n_heads, 3, dtype=torch.int64, device=device)
-        return cls(**sums, sequence_votes=votes)
+        visible = torch.zeros(n_layers, 2, dtype=COMPUTE_DTYPE, device=device)
+        return cls(**sums, sequence_votes=votes, sink_visible=visible)
 
     def tensors(self) -> Iterator[Tensor]:
         """Every sum and count, in field order (for all-reduce across processes)."""
@@ -118,11 +122,18 @@ class Accumulator:
             _add_means(self.bound_sum[li], self.bound_count[li], stats.bound_mean.to(self.bound_sum.device))
         if stats.regime is not None:
             _add_means(self.regime_sum[li], self.regime_count[li], stats.regime.to(self.regime_sum.device))
+        if stats.sink_visible is not None:
+            self.sink_visible[li] += stats.sink_visible.to(self.sink_visible.device)
 
     def finish(
-        self, layers: Sequence[int], opts: AnalysisOptions, n_pos: int, metadata: dict[str, Any]
+        self, layers: Sequence[int], opts: AnalysisOptions, n_pos: int, metadata: dict[str, Any],
+        windows: Sequence[int | None] | None = None,
     ) -> HeadAnalysis:
-        """Means from sums (0/0 → NaN where nothing was defined) as a :class:`HeadAnalysis`."""
+        """Means from sums (0/0 → NaN where nothing was defined) as a :class:`HeadAnalysis`.
+
+        ``windows`` (one per layer, ``None`` for a global one) and the per-layer counts of
+        instances that see the sink are recorded in the metadata (``"window"``,
+        ``"sink_visible"``, ``"instances"``; SPEC §1)."""
         too_big = [int(n) for n in opts.n_values if n >= n_pos]
         if too_big:
             warnings.warn(
@@ -130,6 +141,19 @@ class Accumulator:
                 "below the number of keys); their metrics are NaN.",
                 stacklevel=3,
             )
+        windows = tuple(windows) if windows is not None else (None,) * len(layers)
+        narrow = [w for w in windows if w is not None and w < n_pos]
+        beyond = [int(n) for n in opts.n_values if narrow and min(narrow) <= n < n_pos]
+        if beyond:
+            warnings.warn(
+                f"N = {beyond} do not fit the sliding window of {min(narrow)} keys (N must be below "
+                "the number of keys a query sees); their metrics are NaN on the windowed layers.",
+                stacklevel=3,
+            )
+        visible = self.sink_visible.cpu()
+        metadata = {**metadata, "window": list(windows),
+                    "sink_visible": [int(x) for x in visible[:, 0].tolist()],
+                    "instances": [int(x) for x in visible[:, 1].tolist()]}
         seq_mean = self.seq_sum / self.seq_count
         inst_mean = self.inst_sum / self.inst_count[..., None]
         scores = torch.cat([seq_mean, inst_mean], dim=2)  # groups: SEQUENCE_GROUPS + (in, out)

@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
+from .options import NO_WINDOW
 
 
 @runtime_checkable
@@ -90,7 +91,8 @@ class LayerBlock(NamedTuple):
 
     ``is_token[b, k]`` is False at padding; ``queries[b, i]`` are the chosen query positions (−1:
     none); a value group is a KV head in value space and a query head in output space, and query
-    head ``h`` reads group ``h // group_size``.
+    head ``h`` reads group ``h // group_size``. ``window`` is the layer's sliding window (query
+    ``t`` sees keys ``t − window < i ≤ t``; SPEC §1, ours), ``None`` for a global layer.
     """
 
     source: AttentionRows
@@ -101,6 +103,17 @@ class LayerBlock(NamedTuple):
     W_O: Tensor | None
     group_size: int
     n_groups: int
+    window: int | None = None
+
+    @property
+    def kernel_window(self) -> int:
+        """The window as the kernels read it: :data:`.options.NO_WINDOW` for a global layer."""
+        return NO_WINDOW if self.window is None else self.window
+
+    def sees_sink(self, queries: Int[Tensor, "b q"], sink: Int[Tensor, " b"]) -> Bool[Tensor, "b q"]:
+        """Whether each query's window holds its sequence's sink (``t − window < sink``); a query
+        that does not see it has no sink (SPEC §1, ours). All True on a global layer."""
+        return queries - self.kernel_window < sink[:, None]
 
 
 def group_values(layer: LayerBlock, b0: int, b1: int, n_keys: int) -> Float[Tensor, "b g k d"]:

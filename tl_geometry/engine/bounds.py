@@ -19,6 +19,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
+from ..functional.attention import visible_keys
 from ..functional.bounds import (
     RegimeParams,
     inversion_bounds,
@@ -56,14 +57,15 @@ def layer_bounds(
     kinds = [torch.stack(inversion_bounds(n_values, inversions), dim=-1)]  # [b, h, q, n, 3]
     out = torch.full((batch, n_heads, inversions.shape[2], len(regimes) + len(SHELL_KINDS), len(n_values), 3),
                      torch.nan, dtype=COMPUTE_DTYPE, device=values.device)
-    keys = torch.arange(n_pos, device=values.device)
     norms = torch.linalg.vector_norm(values, dim=-1).repeat_interleave(data.group_size, dim=1)
     step = max(1, BLOCK_ELEMENTS // (n_heads * n_pos))
     for b in range(batch):
         for q0 in range(0, data.queries.shape[1], step):
             t = data.queries[b, q0 : q0 + step]
             ok = data.is_token[b].gather(0, t.clamp_min(0)) & (t >= 0)
-            key_mask = (keys <= t[:, None]) & data.is_token[b] & ok[:, None]  # [q, k]
+            # T_t: the real keys each query sees (its sliding window, SPEC §1), [q, k]
+            key_mask = visible_keys(t[None], n_pos, window=data.window, key_mask=data.is_token[b : b + 1])[0]
+            key_mask &= ok[:, None]
             rows, row_of = data.source.rows(b, b + 1, t[None])
             alpha = rows[0][:, row_of[0].clamp_min(0)].to(COMPUTE_DTYPE)  # [h, q, k]
             alpha = torch.where(key_mask, alpha, 0.0)

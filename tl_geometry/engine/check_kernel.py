@@ -1,8 +1,8 @@
 """Compiled validation and votes (numba, CPU): one read of every real query row of a layer.
 
 :func:`check_and_vote` gathers the statistics :mod:`.checks` turns into errors (non-finite
-entries where keys exist, mass on future or padding keys, negative entries, row sums, rows
-without mass) and the source-winner votes of SPEC §5. Its torch twin is
+entries where keys exist, mass on future or padding keys or on keys outside the layer's sliding
+window, negative entries, row sums, rows without mass) and the source-winner votes of SPEC §5. Its torch twin is
 :func:`.torch_kernels.check_and_vote`. Compiled on first use and cached on disk.
 """
 
@@ -12,22 +12,23 @@ import numpy as np
 from numba import njit, prange
 
 # Indices of the validation statistics written by check_and_vote, per (sequence, head).
-N_STATS = 9
+N_STATS = 10
 (ST_NONFINITE, ST_NONFINITE_Q, ST_NONFINITE_K, ST_FUTURE, ST_PADDING, ST_MIN, ST_ROW_SUM,
- ST_DEAD, ST_DEAD_Q) = range(N_STATS)
+ ST_DEAD, ST_DEAD_Q, ST_WINDOW) = range(N_STATS)
 LEAK_TOL = 1e-4
 
 
 @njit(cache=True)
-def _check_row(row, is_token, t, norms, s):  # pragma: no cover - compiled
+def _check_row(row, is_token, t, lo, norms, s):  # pragma: no cover - compiled
     """Validation statistics of one query row, key by key (any padding, non-finite entry or
-    leak); returns the row's sum and the source winner (−1: none)."""
+    leak); the keys ``lo ≤ k ≤ t`` are the window; returns the row's sum and the source winner
+    (−1: none)."""
     row_sum = 0.0
     best = -1.0
     winner = -1
     for k in range(row.shape[0]):
         x = np.float64(row[k])
-        if k <= t and is_token[k]:
+        if lo <= k <= t and is_token[k]:
             if not np.isfinite(x):
                 if s[ST_NONFINITE] == 0:
                     s[ST_NONFINITE_Q] = t
@@ -47,18 +48,23 @@ def _check_row(row, is_token, t, norms, s):  # pragma: no cover - compiled
                     a = np.inf
                 if k > t:
                     s[ST_FUTURE] = max(s[ST_FUTURE], a)
-                else:
+                elif not is_token[k]:
                     s[ST_PADDING] = max(s[ST_PADDING], a)
+                else:  # a real key before the sliding window
+                    s[ST_WINDOW] = max(s[ST_WINDOW], a)
     return row_sum, winner
 
 
 @njit(parallel=True, cache=True)
-def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, stats, votes):  # pragma: no cover
+def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, stats, votes):  # pragma: no cover
     """Validation statistics ``stats[b, h, :]`` and votes ``votes[b, h, 3]`` of a layer.
 
     ``pattern [b, h, q, k]`` (float32/64) holds the rows of queries ``q_start …`` (all of them,
     or one block), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]`` (‖v‖ of value group
-    ``g = h // group_size``). Only rows of real queries are read. ``stats`` and ``votes`` add up
+    ``g = h // group_size``), ``window`` the layer's sliding window (query ``t`` sees keys
+    ``t − window < k ≤ t``; :data:`.options.NO_WINDOW` for none): weight before it is a leak, and
+    the winner is one of the keys the query sees, so a query that cannot see the sink never
+    votes "sink" (SPEC §1). Only rows of real queries are read. ``stats`` and ``votes`` add up
     over calls (:func:`.checks.new_stats` starts them), so blocks of queries taken in ascending
     order give the statistics of one call over every query.
 
@@ -81,13 +87,14 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, stats, v
             if not is_token[b, t]:
                 continue
             row = pattern[b, h, tq]
+            lo = max(0, t - window + 1)
             fast = dense
             if dense:
                 row_sum = 0.0
                 row_min = 0.0
                 best = -1.0
                 winner = -1
-                for k in range(t + 1):
+                for k in range(lo, t + 1):
                     x = np.float64(row[k])
                     row_sum += x
                     row_min = min(row_min, x)
@@ -96,13 +103,15 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, stats, v
                         best = c
                         winner = k
                 leaks = 0
+                for k in range(lo):  # before the window (none without one)
+                    leaks += not abs(np.float64(row[k])) <= LEAK_TOL
                 for k in range(t + 1, n_k):
                     leaks += not abs(np.float64(row[k])) <= LEAK_TOL
                 fast = np.isfinite(row_sum) and leaks == 0
                 if fast:
                     s[ST_MIN] = min(s[ST_MIN], row_min)
             if not fast:
-                row_sum, winner = _check_row(row, is_token[b], t, nrm, s)
+                row_sum, winner = _check_row(row, is_token[b], t, lo, nrm, s)
             s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
             if abs(row_sum) < 1e-6:
                 if s[ST_DEAD] == 0:

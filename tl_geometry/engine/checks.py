@@ -30,7 +30,9 @@ from .check_kernel import (
     ST_NONFINITE_Q,
     ST_PADDING,
     ST_ROW_SUM,
+    ST_WINDOW,
 )
+from .options import NO_WINDOW
 
 #: Largest row sum accepted: rows may hold less than 1 (learned sink logits, sliding windows),
 #: never more, up to half-precision round-off.
@@ -90,9 +92,11 @@ def check_and_vote(
     group_size: int,
     *,
     numba: bool,
+    window: int = NO_WINDOW,
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
     """Validation statistics and source-winner vote counts of every (sequence, head), from every
-    query's rows given in ascending blocks ``(first query, rows)`` (one block: the pattern)."""
+    query's rows given in ascending blocks ``(first query, rows)`` (one block: the pattern);
+    ``window`` is the layer's sliding window (:data:`.options.NO_WINDOW`: none)."""
     batch, n_heads = is_token.shape[0], norms.shape[1] * group_size
     stats, votes = new_stats(batch, n_heads)
     if not numba:
@@ -103,7 +107,7 @@ def check_and_vote(
             step = max(1, TORCH_CHECK_BYTES // (rows.shape[1] * rows.shape[-1] * 8))
             for q0 in range(0, rows.shape[2], step):
                 torch_kernels.check_and_vote(rows[:, :, q0 : q0 + step], q_start + q0, is_token, sink, norms,
-                                             group_size, *out)
+                                             group_size, *out, window=window)
         return out
     from .check_kernel import check_and_vote as kernel
 
@@ -111,12 +115,13 @@ def check_and_vote(
     for q_start, rows in blocks:
         if rows.dtype not in (torch.float32, torch.float64):
             rows = rows.float()  # the kernel reads float32 or float64 rows
-        kernel(rows.detach().contiguous().numpy(), q_start, *fixed, group_size, stats, votes)  # type: ignore[call-arg]
+        kernel(rows.detach().contiguous().numpy(), q_start, *fixed, group_size, window, stats, votes)  # type: ignore[call-arg]
     return torch.from_numpy(stats), torch.from_numpy(votes)
 
 
-def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool) -> None:
-    """Raise the first problem the statistics show (warn for rows without mass, no mask)."""
+def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, window: int | None = None) -> None:
+    """Raise the first problem the statistics show (warn for rows without mass, no mask);
+    ``window`` is the layer's declared sliding window (``None``: a global layer)."""
     name = PATTERN_HOOK.format(layer=layer)
     s = stats.to("cpu", torch.float64)
     count = int(s[..., ST_NONFINITE].sum())
@@ -141,6 +146,14 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool) -> 
             f"{name} puts attention {_amount(padding)} on padding (keys that attention_mask calls "
             "padding): the forward pass did not mask them. Pass the same attention_mask to the model "
             "(run_with_cache(tokens, attention_mask=mask)), or fix the mask given here."
+        )
+    outside = float(s[..., ST_WINDOW].max())
+    if outside > LEAK_TOL:
+        raise CacheError(
+            f"{name} puts attention {_amount(outside)} on keys outside the declared sliding window "
+            f"of {window} (keys i ≤ t − {window} of query t): this layer is not windowed, or its "
+            "window is wider. Declare the layer's real window (window={layer: w}, None for a "
+            "global layer; analyze_model reads it from the model config with window='auto')."
         )
     low = float(s[..., ST_MIN].min())
     if low < -NEGATIVE_TOL:

@@ -77,7 +77,7 @@ def _ratio(x, y):  # pragma: no cover - compiled
 
 @njit(parallel=True, cache=True)
 def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, group_size,
-                                     sink_fields):  # pragma: no cover - compiled
+                                     sink_fields, window):  # pragma: no cover - compiled
     """Make duplicate rows of ``gram [b, g, k, k]`` identical, in place, and write the sink
     geometry of every chosen query into ``sink_fields[b, h, q, 1:4]`` for the heads ``h0 + …``
     of each value group.
@@ -85,8 +85,10 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
     ``values [b, g, k, d]`` (float64, padding zeroed), ``is_token [b, k]`` (False at padding), ``sink [b]``,
     ``queries [b, Q]`` (−1: none; ascending queries read each key once). Over ``J_t`` = is_token
     keys ``≤ t`` other than the sink: ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)``
-    and ``cos(v_sink, mean v_j)``. Where ``J_t`` is empty or the query is not real the fields
-    are left as they are (NaN, as the caller allocates them).
+    and ``cos(v_sink, mean v_j)``. Where ``J_t`` is empty, the query is not real or its sliding
+    ``window`` (:data:`.options.NO_WINDOW`: none) starts after the sink (it has no sink, SPEC §1)
+    the fields are left as they are (NaN, as the caller allocates them). A query that sees the
+    sink sees every real key up to itself, so ``J_t`` needs no window.
     """
     n_b, n_g, n_k, d = values.shape
     n_q = queries.shape[1]
@@ -130,7 +132,7 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
                     for c in range(d):
                         total[c] += V[k, c]
                 k += 1
-            if count == 0.0:
+            if count == 0.0 or t - window >= s:  # no other key, or the sink is out of the window
                 continue
             total_norm = 0.0
             for c in range(d):

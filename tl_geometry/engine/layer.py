@@ -69,6 +69,8 @@ class LayerStats(NamedTuple):
     """Per-sequence vote counts (SPEC §5): the bootstrap of label stability resamples them."""
     bound_mean: Float[Tensor, "batch head kind n bmetric"] | None
     regime: Float[Tensor, "batch head rfield"] | None
+    sink_visible: Float[Tensor, " seen_all"] | None = None
+    """Chosen (sequence, query) instances whose window holds the sink, and all of them (SPEC §1)."""
 
 
 def _use_numba(device: torch.device, backend: str) -> bool:
@@ -100,14 +102,16 @@ def _gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
 
 def sink_geometry(
     values: Float[Tensor, "b g k d"], is_token: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
-    queries: Int[Tensor, "b q"],
+    queries: Int[Tensor, "b q"], sees_sink: Bool[Tensor, "b q"] | None = None,
 ) -> Float[Tensor, "b g q 3"]:
     """κ, mean cosine to the sink and cosine to the mean, at each query (SPEC §4).
 
     Over ``J_t`` = real keys ``≤ t`` except the sink: sums over ``J_t`` are prefix sums along the
     keys when most queries are chosen (``O(d)`` per query), and masked sums at the few chosen
     queries otherwise (the last-query protocol reads no other position). NaN where ``J_t`` is
-    empty.
+    empty, and where ``sees_sink`` is False: a query whose sliding window starts after the sink
+    has no sink (SPEC §1, ours). A query that sees the sink sees every real key up to itself
+    (the sink is the first), so ``J_t`` needs no window.
     """
     n_key = values.shape[2]
     keys = torch.arange(n_key, device=values.device)
@@ -135,6 +139,8 @@ def sink_geometry(
 
         total = einsum(weight, values, "b q k, b g k d -> b g q d")
     count = upto(torch.ones_like(norms))
+    if sees_sink is not None:
+        count = torch.where(sees_sink[:, None, :], count, 0.0)
     fields = torch.stack([
         sink_norm / (upto(norms) / count),
         upto(cos) / count,
@@ -172,17 +178,21 @@ def analyze_layer(
     W_O: Tensor | None = None,
     sequence_offset: int = 0,
     mask_given: bool,
+    window: int | None = None,
 ) -> LayerStats:
     """Validate one layer of one batch and reduce it to :class:`LayerStats` (SPEC §2–6).
 
     ``pattern`` (a cached ``hook_pattern``, or any :class:`AttentionRows` source) and ``v`` are
     read, never written; ``W_O`` (``[head, d_head, d_model]``) selects output space. Sequence
     ``i`` of the batch is global sequence ``sequence_offset + i`` (the random baseline's stream).
+    ``window`` is the layer's sliding window (SPEC §1, ours): query ``t``'s candidate keys are
+    the real keys ``t − window < i ≤ t``, and a row with weight outside them is an error.
     """
     numba = _use_numba(pattern.device, opts.backend)
     # The kernels read float32 or float64 rows: a half-precision pattern is upcast chunk by chunk.
     source = PatternRows(pattern, upcast=numba) if isinstance(pattern, Tensor) else pattern
-    data = _layer_block(source, v, is_token.to(source.device), sink.to(source.device), opts, layer, W_O)
+    data = _layer_block(source, v, is_token.to(source.device), sink.to(source.device), opts, layer, W_O,
+                        window)
     rows_out = _RowOutputs.empty(data, len(opts.n_values))
     seq_ids = range(sequence_offset, sequence_offset + source.shape[0])
     keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(source.device)
@@ -195,7 +205,7 @@ def analyze_layer(
 
 
 def _layer_block(source: AttentionRows, v: Tensor, is_token: Tensor, sink: Tensor, opts: AnalysisOptions,
-                 layer: int, W_O: Tensor | None) -> LayerBlock:
+                 layer: int, W_O: Tensor | None, window: int | None = None) -> LayerBlock:
     """The checked :class:`LayerBlock` of one layer: values checked, ``W_O`` matched to the
     cache, the chosen queries (each sequence's last real one, or every position)."""
     checks.check_values(v, is_token, layer)
@@ -208,7 +218,7 @@ def _layer_block(source: AttentionRows, v: Tensor, is_token: Tensor, sink: Tenso
         queries = last_positions(is_token)[:, None]
     else:
         queries = torch.arange(n_pos, device=source.device).repeat(batch, 1)
-    return LayerBlock(source, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups)
+    return LayerBlock(source, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups, window)
 
 
 class _RowOutputs(NamedTuple):
@@ -239,9 +249,9 @@ def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer:
     values = group_values(data, b0, b1, data.source.shape[2])
     stats, out.votes[b0:b1] = checks.check_and_vote(
         data.source.blocks(b0, b1), data.is_token[b0:b1], data.sink[b0:b1],
-        torch.linalg.vector_norm(values, dim=-1), data.group_size, numba=numba,
+        torch.linalg.vector_norm(values, dim=-1), data.group_size, numba=numba, window=data.kernel_window,
     )
-    checks.raise_for_stats(stats, layer, b0, mask_given=mask_given)
+    checks.raise_for_stats(stats, layer, b0, mask_given=mask_given, window=data.window)
     return values
 
 
@@ -261,13 +271,14 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
         gram = (chunk @ chunk.transpose(-1, -2)).detach().contiguous()
         tie_duplicates_and_sink_geometry(  # type: ignore[call-arg]
             *(_numpy(x) for x in (chunk, is_token[:, :n_keys], sink, queries)),
-            gram.numpy(), h0, data.group_size, out.sink_fields[b0:b1].numpy())
+            gram.numpy(), h0, data.group_size, out.sink_fields[b0:b1].numpy(), data.kernel_window)
     else:
         gram = _gram(chunk)
     real_index = is_token.long().cumsum(-1) - 1
     for q0, q1 in _query_blocks(data.source, queries, n_keys):
         rows, row_of = data.source.rows(b0, b1, queries[:, q0:q1])
-        args = (rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, sink, real_index,
+        args = (rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, sink, data.kernel_window,
+                real_index,
                 keys[b0:b1], gram, opts.n_values.to(gram.device), opts.random_samples, opts.shuffle_samples,
                 opts.rank_by == "contribution", opts.distance == "cosine")
         outputs = (out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1])
@@ -277,7 +288,7 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
             torch_kernels.score_rows(*args, *outputs)
         del rows, args
     if not numba:
-        geometry = sink_geometry(chunk, is_token[:, :n_keys], sink, queries)
+        geometry = sink_geometry(chunk, is_token[:, :n_keys], sink, queries, data.sees_sink(queries, sink))
         ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
         geometry = torch.where(ok, geometry.repeat_interleave(data.group_size, dim=1), torch.nan)
         out.sink_fields[b0:b1, h0:h1, :, 1:4] = geometry
@@ -311,10 +322,12 @@ class _Reduced(NamedTuple):
     sink_mean: Tensor
 
 
-def _reduce_torch(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor) -> _Reduced:
-    """:class:`_Reduced` with torch operations (any device; the twin of :mod:`.reduce_kernel`)."""
+def _reduce_torch(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees_sink: Tensor) -> _Reduced:
+    """:class:`_Reduced` with torch operations (any device; the twin of :mod:`.reduce_kernel`).
+    Instances whose query does not see the sink (``sees_sink [b, q]`` False) are in neither
+    sink group."""
     top = metrics[:, :, :, _TOP_GROUP]  # [b, h, q, n, metric]
-    defined = torch.isfinite(top[..., 0])
+    defined = torch.isfinite(top[..., 0]) & sees_sink[:, None, :, None]
     groups = torch.stack([sink_in_top & defined, ~sink_in_top & defined], dim=2)  # [b, h, 2, q, n]
     inst_sum = reduce(torch.where(groups[..., None], top[:, :, None], 0.0),
                       "b h io q n m -> h io n m", "sum")
@@ -326,7 +339,7 @@ def _reduce_torch(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor) -> 
                     torch.nanmean(sink_fields, dim=2))
 
 
-def _reduce_numba(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor) -> _Reduced:
+def _reduce_numba(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees_sink: Tensor) -> _Reduced:
     """:class:`_Reduced` from one compiled pass over the rows (CPU)."""
     from .reduce_kernel import reduce_rows
 
@@ -339,8 +352,8 @@ def _reduce_numba(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor) -> 
         paired_halved=torch.zeros(n_heads, n_sizes, dtype=COMPUTE_DTYPE),
         sink_mean=torch.zeros(batch, n_heads, sink_fields.shape[-1], dtype=COMPUTE_DTYPE),
     )
-    reduce_rows(metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(), _TOP_GROUP, _SINK_REMOVED, _F_SCORE,
-                *(x.numpy() for x in out))
+    reduce_rows(metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(), sees_sink.contiguous().numpy(),
+                _TOP_GROUP, _SINK_REMOVED, _F_SCORE, *(x.numpy() for x in out))
     return out
 
 
@@ -349,7 +362,10 @@ def _reduce(
     votes: Tensor, layer: int, *, numba: bool,
 ) -> LayerStats:
     """Per-query rows → per-sequence means, sink-in/out instance sums, paired-sink counts, votes."""
-    reduced = (_reduce_numba if numba else _reduce_torch)(metrics, sink_in_top, sink_fields)
+    queries = data.queries
+    instances = (queries >= 0) & data.is_token.gather(1, queries.clamp_min(0))  # [b, q]
+    sees_sink = data.sees_sink(queries, data.sink) & instances
+    reduced = (_reduce_numba if numba else _reduce_torch)(metrics, sink_in_top, sink_fields, sees_sink)
     bound_mean = regime = None
     if opts.bounds:
         bound_mean, regime = layer_bounds(data, opts, metrics[:, :, :, _TOP_GROUP, :, _INVERSIONS], layer)
@@ -359,4 +375,5 @@ def _reduce(
         sequence_votes=votes,
         bound_mean=bound_mean,
         regime=regime,
+        sink_visible=torch.stack([sees_sink.sum(), instances.sum()]).to(COMPUTE_DTYPE),
     )

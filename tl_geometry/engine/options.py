@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -21,6 +21,9 @@ DEFAULT_RANDOM_SAMPLES = 16
 DEFAULT_SHUFFLE_SAMPLES = 16
 #: Largest selection size accepted: sizes beyond any real context are a typo, not a request.
 MAX_N = 1 << 31
+#: The window the kernels read for a layer without one (every key ``≤ t`` is visible): larger
+#: than any position, so ``max(sink, t − NO_WINDOW + 1)`` is the sink, bit for bit as before.
+NO_WINDOW = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -116,3 +119,57 @@ def check_options(
         seed=int(seed), distance=distance, space=space, rank_by=rank_by,  # type: ignore[arg-type]
         bounds=bounds, backend=backend,  # type: ignore[arg-type]
     )
+
+
+def _window_entry(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value < NO_WINDOW:
+        raise ValueError(f"{name} must be a positive int (keys t − w < i ≤ t are visible) or None "
+                         f"(a global layer), got {value!r}.")
+    return int(value)
+
+
+def check_window(window: object) -> None:
+    """Validate a ``window=`` option before any tensor is read (its layers are checked later,
+    by :func:`layer_windows`): ``None``, one positive int, a sequence indexed by model layer, or
+    a mapping ``{layer: window}``, entries ``None`` or positive ints."""
+    if window is None or isinstance(window, (int, np.integer)):
+        _window_entry("window", window)
+    elif isinstance(window, Mapping):
+        for layer, w in window.items():
+            if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) or layer < 0:
+                raise ValueError(f"window keys must be model layer indices (ints ≥ 0), got {layer!r}.")
+            _window_entry(f"window[{layer}]", w)
+    elif isinstance(window, Sequence) and not isinstance(window, (str, bytes)):
+        for layer, w in enumerate(window):
+            _window_entry(f"window[{layer}]", w)
+    else:
+        raise ValueError("window must be None, a positive int, a sequence with one entry per model "
+                         "layer or a dict {layer: window} (entries None for global layers), got "
+                         f"{window!r}.")
+
+
+def layer_windows(window: object, layers: Sequence[int]) -> tuple[int | None, ...]:
+    """The sliding window of each analysed layer (SPEC §1, ours), ``None`` for a global one.
+
+    ``window`` is ``None`` (no layer has one), an int (every layer has it), a sequence indexed
+    by model layer (it must cover every analysed layer) or a mapping ``{layer: window}`` (a layer
+    it does not name is global). Raises ``ValueError`` naming the problem.
+
+    >>> layer_windows({1: 4}, [0, 1])
+    (None, 4)
+    >>> layer_windows([None, 512, None], [1, 2])
+    (512, None)
+    """
+    check_window(window)
+    if window is None or isinstance(window, (int, np.integer)):
+        return tuple(None if window is None else int(window) for _ in layers)
+    if isinstance(window, Mapping):
+        return tuple(_window_entry(f"window[{layer}]", window.get(layer)) for layer in layers)
+    per_layer = list(window)  # type: ignore[call-overload]
+    short = [layer for layer in layers if layer >= len(per_layer)]
+    if short:
+        raise ValueError(f"window has {len(per_layer)} entries (one per model layer) but layers "
+                         f"{short} are analysed: give one entry per layer, or a dict {{layer: window}}.")
+    return tuple(per_layer[layer] for layer in layers)

@@ -35,10 +35,11 @@ def _nanmean_over_queries(rows, out):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def reduce_rows(metrics, sink_in_top, sink_fields, top, removed, f_score, seq_mean, inst_sum,
+def reduce_rows(metrics, sink_in_top, sink_fields, sees_sink, top, removed, f_score, seq_mean, inst_sum,
                 inst_count, paired_hist, paired_halved, sink_mean):  # pragma: no cover - compiled
     """Reduce ``metrics [b, h, q, group, n, metric]``, ``sink_in_top [b, h, q, n]`` and
     ``sink_fields [b, h, q, field]`` of one layer (groups ``top`` and ``removed`` by index,
+    ``sees_sink [b, q]`` False where the query's window does not hold the sink: in no sink group,
     metric ``f_score`` the F of the paired ratio) into the zero-filled outputs
     ``seq_mean [b, h, group, n, metric]``, ``inst_sum [h, 2, n, metric]``,
     ``inst_count [h, 2, n]``, ``paired_hist [h, n, bin]``, ``paired_halved [h, n]`` and
@@ -53,7 +54,7 @@ def reduce_rows(metrics, sink_in_top, sink_fields, top, removed, f_score, seq_me
                 row = metrics[b, h, q]
                 for ni in range(n_sizes):
                     io = 0 if sink_in_top[b, h, q, ni] else 1
-                    if np.isfinite(row[top, ni, 0]):  # an instance where the top-N set is defined
+                    if sees_sink[b, q] and np.isfinite(row[top, ni, 0]):  # a defined instance with a sink
                         inst_count[h, io, ni] += 1.0
                         for mi in range(n_m):
                             inst_sum[h, io, ni, mi] += row[top, ni, mi]

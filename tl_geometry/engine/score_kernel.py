@@ -200,7 +200,7 @@ QUERY_BLOCK = 16
 
 
 @njit(parallel=True, cache=True)
-def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, real_index, sequence_keys,
+def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, window, real_index, sequence_keys,
                gram, n_values, samples, shuffles, by_contribution, cosine,
                metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
@@ -208,7 +208,11 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, rea
     ``pattern [b, H, r, k]`` holds query ``queries[b, i]``'s row at ``row_of[b, i]`` (the whole
     pattern with ``row_of = queries``, or only the chosen rows); ``queries [b, Q]`` (−1: none),
     ``is_token``, ``sink``, ``real_index``
-    and ``sequence_keys`` are the chunk's sequences; ``gram [b, g, k, k]`` holds value groups
+    and ``sequence_keys`` are the chunk's sequences; ``window`` is the layer's sliding window
+    (:data:`.options.NO_WINDOW` for none): query ``t``'s candidates are the real keys
+    ``max(sink, t − window + 1) … t`` (SPEC §1, ours), and a query whose window starts after the
+    sink has no sink (no sink-removed group, never "sink in S_N", no sink fields, every key
+    shuffled); ``gram [b, g, k, k]`` holds value groups
     ``g0 + g``. Writes ``metrics[b, h, Q, 4, n, 7]`` (groups: top, random mean, shuffled
     mean, sink removed; metrics: :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
     NaN where N does not fit), ``sink_in_top[b, h, Q, n]`` (sink in the top-N set) and, of
@@ -235,14 +239,14 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, rea
         floats = np.zeros((8, n_pos))
         ints = np.empty((4, n_pos), dtype=np.int64)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
-            _score_row(pattern, row_of, cb, h, qi, queries, is_token, sink, real_index, sequence_keys,
+            _score_row(pattern, row_of, cb, h, qi, queries, is_token, sink, window, real_index, sequence_keys,
                        gram[cb, (h // group_size) - g0], n_values, samples, shuffles,
                        by_contribution, cosine, metrics[cb, h, qi], sink_in_top, sink_mass,
                        keys_buf, top_buf, single, packed, floats, ints)
 
 
 @njit(cache=True)
-def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, sequence_keys, gram_bg,
+def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_index, sequence_keys, gram_bg,
                n_values, samples, shuffles, by_contribution, cosine, out, sink_in_top, sink_mass,
                keys_buf, top_buf, single, packed, floats, ints):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
@@ -255,7 +259,8 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, s
         sink_mass[b, h, qi, :] = np.nan
         return
     row = row_of[b, qi]
-    lo = sink[b]
+    lo = max(sink[b], t - window + 1)  # the first key the query sees: the sink without a window
+    sees_sink = lo == sink[b]
     m = 0
     for k in range(lo, t + 1):
         if is_token[b, k]:
@@ -275,25 +280,25 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, s
         total += contribution
         score[j] = -(contribution if by_contribution else alpha[k])
     s = sink[b]
-    if m > 1:  # SPEC §4 needs a key besides the sink
+    if m > 1 and sees_sink:  # SPEC §4 needs a key besides the sink
         sink_mass[b, h, qi, 0] = alpha[s]
         # No key contributes (zero values or a zero row): the share is 0/0, NaN as in torch
         # (numba's division would raise ZeroDivisionError).
         sink_mass[b, h, qi, 4] = alpha[s] * norms[s] / total if total > 0.0 else np.nan
     top = top_buf[:m]
     rank_keys(keys, score, single, packed, top)  # descending weight, ties → lower index (SPEC §2)
-    sink_rank = 0
-    while top[sink_rank] != s:
+    sink_rank = 0 if sees_sink else m  # without the sink in the window, it is in no S_N
+    while sink_rank < m and top[sink_rank] != s:
         sink_rank += 1
     for ni in range(n_sizes):
-        sink_in_top[b, h, qi, ni] = sink_rank < n_values[ni]
+        sink_in_top[b, h, qi, ni] = sees_sink and sink_rank < n_values[ni]
     out[:] = np.nan
     n_top = 0  # largest N of the grid that fits: 1 ≤ N < |keys|
     n_drop = 0  # … with the sink removed: N < |keys| − 1
     for ni in range(n_sizes):
         if n_values[ni] < m:
             n_top = n_values[ni]
-        if n_values[ni] < m - 1:
+        if sees_sink and n_values[ni] < m - 1:
             n_drop = n_values[ni]
     for ni in range(n_sizes):
         if n_values[ni] < m:
@@ -302,7 +307,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, s
                 out[1, ni, :] = 0.0
             if shuffles > 0:
                 out[2, ni, :] = 0.0
-        if n_values[ni] < m - 1:
+        if sees_sink and n_values[ni] < m - 1:
             out[3, ni, :] = 0.0
     _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
                cosine, dots, penalty, buf, sel, out[0])
@@ -329,11 +334,12 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, s
         moved = ints[2]  # π(k)
         order = ints[3][:n_top]
         weights = floats[3]  # α'_{π(k)} = α_k at the keys (the scores are no longer needed)
+        fixed = 1 if sees_sink else 0  # keys[0] is the sink when the window holds it
         for sample in range(shuffles):
-            perm[1:] = keys[1:]  # keys[0] is the sink: it keeps its value
-            fisher_yates(perm[1:], m - 2, shuffle_key, sample)
+            perm[fixed:] = keys[fixed:]  # the sink keeps its value
+            fisher_yates(perm[fixed:], m - fixed - 1, shuffle_key, sample)
             moved[s] = s
-            for j in range(1, m):
+            for j in range(fixed, m):
                 moved[keys[j]] = perm[j]
             for j in range(m):
                 weights[moved[keys[j]]] = alpha[keys[j]]

@@ -14,8 +14,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
+from ..functional.attention import visible_keys
 from ..functional.selection import _inverse_permutation
 from ..functional.separability import chance_corrected
+from .options import NO_WINDOW
 from .rng import SHUFFLE_SALT, torch_mix, torch_swap_index
 
 BLOCK_ELEMENTS = 1 << 22
@@ -25,10 +27,11 @@ _LEAK_TOL = 1e-4
 def check_and_vote(
     rows: Float[Tensor, "batch head query key"], q_start: int, is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"], norms: Float[Tensor, "batch group key"], group_size: int,
-    stats: Float[Tensor, "batch head stat"], votes: Int[Tensor, "batch head 3"],
+    stats: Float[Tensor, "batch head stat"], votes: Int[Tensor, "batch head 3"], window: int = NO_WINDOW,
 ) -> None:
     """:func:`.check_kernel.check_and_vote` in torch, one sequence at a time: the rows of queries
-    ``q_start …`` add to ``stats`` and ``votes`` (written in place)."""
+    ``q_start …`` add to ``stats`` and ``votes`` (written in place); ``window`` is the layer's
+    sliding window (:data:`.options.NO_WINDOW`: none)."""
     from .check_kernel import (
         ST_DEAD,
         ST_DEAD_Q,
@@ -39,6 +42,7 @@ def check_and_vote(
         ST_NONFINITE_Q,
         ST_PADDING,
         ST_ROW_SUM,
+        ST_WINDOW,
     )
 
     batch, _, n_q, n_pos = rows.shape
@@ -46,11 +50,12 @@ def check_and_vote(
     keys = torch.arange(n_pos, device=device)
     positions = q_start + torch.arange(n_q, device=device)
     causal = keys[None, :] <= positions[:, None]  # [q, k]
+    in_window = keys[None, :] > positions[:, None] - window  # [q, k]; all True without a window
     for b in range(batch):
         x = rows[b].to(COMPUTE_DTYPE)  # [h, q, k]
         query_real = is_token[b, q_start : q_start + n_q]
         row_real = query_real[None, :, None]
-        valid = causal & is_token[b][None, :] & row_real
+        valid = causal & in_window & is_token[b][None, :] & row_real
         finite = torch.isfinite(x)
         bad = valid & ~finite
         s = stats[b]
@@ -62,7 +67,10 @@ def check_and_vote(
         leak = (~valid & row_real) & ~(x.abs() <= _LEAK_TOL)
         amount = torch.where(torch.isfinite(x), x.abs(), torch.inf)
         s[:, ST_FUTURE] = torch.maximum(s[:, ST_FUTURE], torch.where(leak & ~causal, amount, 0).amax((-1, -2)))
-        s[:, ST_PADDING] = torch.maximum(s[:, ST_PADDING], torch.where(leak & causal, amount, 0).amax((-1, -2)))
+        padding = causal & ~is_token[b][None, :]
+        s[:, ST_PADDING] = torch.maximum(s[:, ST_PADDING], torch.where(leak & padding, amount, 0).amax((-1, -2)))
+        before = causal & ~in_window & is_token[b][None, :]  # real keys before the window
+        s[:, ST_WINDOW] = torch.maximum(s[:, ST_WINDOW], torch.where(leak & before, amount, 0).amax((-1, -2)))
         good = valid & finite
         s[:, ST_MIN] = torch.minimum(s[:, ST_MIN], torch.where(good, x, 0).amin((-1, -2)).clamp_max(0))
         row_sum = torch.where(good, x, 0).sum(-1)  # [h, q]
@@ -92,7 +100,7 @@ def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
 
 def score_rows(
     rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
-    sink: Tensor, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
+    sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
     samples: int, shuffles: int, by_contribution: bool, cosine: bool, metrics: Tensor,
     sink_in_top: Tensor, sink_fields: Tensor,
 ) -> None:
@@ -104,13 +112,13 @@ def score_rows(
     step = max(1, BLOCK_ELEMENTS // max(per_query, 1))
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
-        _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, real_index,
+        _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, window, real_index,
                      sequence_keys, gram, n_values, samples, shuffles, by_contribution, cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1])
 
 
-def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, real_index, sequence_keys, gram,
+def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, real_index, sequence_keys, gram,
                  n_values, samples, shuffles, by_contribution, cosine, metrics, sink_in_top,
                  sink_fields) -> None:
     device = gram.device
@@ -119,25 +127,27 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, real_ind
     t = queries.clamp_min(0)  # [b, q]
     ok = (queries >= 0) & is_token.gather(1, t)
     keys = torch.arange(n_key, device=device)
-    valid = (keys <= t[..., None]) & is_token[:, None, :n_key] & ok[..., None]  # [b, q, k]
+    # The candidates T_t: real keys the query sees (t − window < i ≤ t; SPEC §1).
+    valid = visible_keys(t, n_key, window=window, key_mask=is_token[:, :n_key]) & ok[..., None]  # [b, q, k]
+    sees_sink = t - window < sink[:, None]  # [b, q]: a query whose window starts after the sink has none
     index = row_of.clamp_min(0)[:, None, :, None].expand(n_b, n_ch, -1, rows.shape[-1])
     alpha = rows[:, h0 : h0 + n_ch].gather(2, index)[..., :n_key].to(COMPUTE_DTYPE)
     alpha = torch.where(valid[:, None], alpha, 0.0)  # [b, h, q, k]
     gdiag = gram.diagonal(dim1=-2, dim2=-1).repeat_interleave(group_size, dim=1)[:, :, None]
     norms = gdiag.clamp_min(0).sqrt()  # [b, h, 1, k]
-    is_sink = keys == sink[:, None, None]  # [b, 1, k]
+    is_sink = (keys == sink[:, None, None]) & sees_sink[..., None]  # [b, q, k]
 
     total = (alpha * norms).sum(-1)
     mass = (alpha * is_sink[:, None]).sum(-1)
     sink_norm = (norms * is_sink[:, None]).sum(-1)
-    has_other = (ok & (valid.sum(-1) > 1))[:, None]  # SPEC §4 needs a key besides the sink
+    has_other = (ok & sees_sink & (valid.sum(-1) > 1))[:, None]  # SPEC §4 needs a key besides the sink
     sink_fields[..., 0] = torch.where(has_other, mass, torch.nan)
     sink_fields[..., 4] = torch.where(has_other, mass * sink_norm / total, torch.nan)
 
     score = alpha * norms if by_contribution else alpha
     top = _ranks(score, valid[:, None])
     sink_rank = (top * is_sink[:, None]).sum(-1)  # [b, h, q]
-    sink_in_top.copy_(sink_rank[..., None] < n_values)
+    sink_in_top.copy_((sink_rank[..., None] < n_values) & sees_sink[:, None, :, None])
     keep = valid & ~is_sink
     dropped = _ranks(score, keep[:, None])
     m = valid.sum(-1)  # [b, q]
@@ -155,6 +165,7 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, real_ind
                         group_size, cosine).mean(3)  # [b, h, q, n, metric]
            for name, (w, rank, keyset) in groups.items()}
     nan = torch.full_like(out["top"], torch.nan)
+    out["sink_removed"] = torch.where(sees_sink[:, None, :, None, None], out["sink_removed"], nan)  # no sink: skipped
     grouped = torch.stack([out.get(g, nan) for g in ("top", "random", "shuffled", "sink_removed")], dim=3)
     metrics.copy_(torch.where(ok[:, None, :, None, None, None], grouped, torch.nan))
 

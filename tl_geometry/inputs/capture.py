@@ -38,7 +38,8 @@ class AttentionParams:
 
     ``scale`` multiplies ``⟨q, k⟩`` (``1/√d_head`` on Llama and Qwen2, Gemma-3's
     ``query_pre_attn_scalar ** -0.5``); ``window`` is the sliding window of the layer (key ``i``
-    visible to query ``t`` iff ``t − window < i ≤ t``), ``None`` on global layers; ``softcap``
+    visible to query ``t`` iff ``t − window < i ≤ t``), ``None`` on global layers (the config's
+    windows, without a forward: :func:`model_windows`); ``softcap``
     caps the scaled logits as ``softcap · tanh(x / softcap)``; ``sinks`` holds one extra
     softmax logit per query head (GPT-OSS), ``None`` elsewhere.
     """
@@ -179,6 +180,41 @@ def _additive(mask: Tensor | None, query: Tensor, key: Tensor) -> Tensor:
         return mask
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
     return torch.where(mask, zero, lowest)
+
+
+def model_windows(model: Any) -> list[int | None] | None:
+    """The sliding window of every layer, from the model's config; ``None`` when it has none.
+
+    The same window the attention function receives (:class:`AttentionParams`; key ``i`` visible
+    to query ``t`` iff ``t − window < i ≤ t``), read without a forward: from the Hugging Face
+    config (of the model, or of a ``TransformerBridge``'s ``original_model``; its text config for
+    multimodal models), where ``layer_types`` names each layer (``"sliding_attention"`` takes
+    ``sliding_window``, any other kind is global: Gemma-2/3, Qwen2/3, GPT-OSS), or, without
+    ``layer_types``, ``sliding_window`` holds for every layer (Mistral); else from a
+    TransformerLens config's ``attn_types`` (``"local"`` takes ``window_size``).
+    Returns ``None`` when the config declares no window at all.
+
+    >>> from types import SimpleNamespace as NS
+    >>> model_windows(NS(config=NS(layer_types=["sliding_attention", "full_attention"], sliding_window=4)))
+    [4, None]
+    """
+    config = getattr(_unwrapped(model), "config", None)
+    if config is not None and callable(getattr(config, "get_text_config", None)):
+        config = config.get_text_config()
+    if config is not None:
+        window = getattr(config, "sliding_window", None)
+        kinds = getattr(config, "layer_types", None)
+        if kinds is not None:
+            windows = [int(window) if kind == "sliding_attention" and window else None for kind in kinds]
+            return windows if any(w is not None for w in windows) else None
+        n_layers = getattr(config, "num_hidden_layers", None)
+        if window and isinstance(n_layers, int) and getattr(config, "use_sliding_window", True) is not False:
+            return [int(window)] * n_layers
+    cfg = getattr(model, "cfg", None)
+    kinds, size = getattr(cfg, "attn_types", None), getattr(cfg, "window_size", None)
+    if kinds is not None and size:
+        return [int(size) if kind == "local" else None for kind in kinds]
+    return None
 
 
 def _params(module: Any, query: Tensor, key: Tensor, kwargs: dict[str, Any]) -> AttentionParams:

@@ -61,6 +61,13 @@ __all__ = [
 Coord = SupportsIndex | Sequence[SupportsIndex] | None
 
 
+def _per_layer(saved: Any, n_layers: int) -> Tensor:
+    """A per-layer count list of the metadata as a float tensor; NaN where it is missing."""
+    if not isinstance(saved, (list, tuple)) or len(saved) != n_layers:
+        return torch.full((n_layers,), torch.nan, dtype=torch.float64)
+    return torch.tensor([float(x) for x in saved], dtype=torch.float64)
+
+
 def _name(prefix: str, name: str) -> str:
     """Attribute / column name of a slice: ``f_score``, ``random_f_score``, ``sink_mass``, ..."""
     return name if prefix == "top" else f"{prefix}_{name}"
@@ -254,6 +261,26 @@ class HeadAnalysis(Shortcuts):
     def _n_index(self, n: int) -> int:
         """Position of the N value ``n`` in ``n_values`` (an error lists the analysed ones)."""
         return select.positions("n", n, self.n_values.tolist())  # type: ignore[return-value]
+
+    # --- sliding windows (SPEC §1, ours) -----------------------------------------------------------
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """The sliding window of each analysed layer (``metadata["window"]``; query ``t`` saw keys
+        ``t − w < i ≤ t``), ``None`` for a global layer, and for every layer of a result made
+        before windows were recorded ("no window")."""
+        return headline.layer_windows(self)
+
+    @property
+    def sink_visible(self) -> Float[Tensor, " layer"]:
+        """Per layer, the chosen (sequence, query) instances whose window held the sink (SPEC §1):
+        the others had no sink, so they are in no sink comparison and never vote "sink". Equal
+        to :attr:`n_instances` on global layers; NaN for results made before it was recorded."""
+        return _per_layer(self.metadata.get("sink_visible"), self.n_layers)
+
+    @property
+    def n_instances(self) -> Float[Tensor, " layer"]:
+        """Per layer, the chosen (sequence, query) instances analysed (NaN where not recorded)."""
+        return _per_layer(self.metadata.get("instances"), self.n_layers)
 
     # --- bounds summaries ---------------------------------------------------------------------------
     @property

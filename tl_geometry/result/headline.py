@@ -10,14 +10,26 @@ import math
 from .protocol import AnalysisLike
 
 
+def layer_windows(result: AnalysisLike) -> tuple[int | None, ...]:
+    """``metadata["window"]``: the sliding window of each layer (SPEC §1, ours), ``None`` for a
+    global one; all ``None`` when the result does not record them (made before the option)."""
+    saved = result.metadata.get("window")
+    n_layers = len(result.layers)
+    if not isinstance(saved, (list, tuple)) or len(saved) != n_layers:
+        return (None,) * n_layers
+    return tuple(None if w is None else int(w) for w in saved)
+
+
 def dense_from(result: AnalysisLike) -> float:
-    """``(t+1)/4`` with ``t + 1 = metadata["n_positions"]``: a larger N is dense (SPEC §3).
-    ``inf`` when the metadata does not record it: then every N ≥ 2 is in the headline range
-    (ours)."""
+    """``|T_t|/4`` with ``|T_t| = metadata["n_positions"]``, or the narrowest sliding window if
+    that is smaller (ours: a windowed query never has more candidates): a larger N is dense
+    (SPEC §3). ``inf`` when the metadata does not record it: then every N ≥ 2 is in the
+    headline range (ours)."""
     n_positions = result.metadata.get("n_positions")
     if not isinstance(n_positions, int | float) or isinstance(n_positions, bool):
         return math.inf
-    return n_positions / 4
+    windows = [w for w in layer_windows(result) if w is not None]
+    return min([n_positions, *windows]) / 4
 
 
 def headline_n(result: AnalysisLike) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
-from .headline import headline_text, n_label
+from .headline import headline_text, layer_windows, n_label
 from .protocol import AnalysisLike
 
 #: What the three classes are (SPEC §5), for every legend: the names are the paper's and are
@@ -140,6 +140,7 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
     if meta.get("distance", "euclidean") == "euclidean":
         lines.append("N=1 is trivial for the Euclidean distance (F_1 = 1); the headline is N ≥ 2.")
     lines += textwrap.wrap(headline_text(result), 100)
+    lines += textwrap.wrap(window_text(result), 100)
     lines += ["", *textwrap.wrap("Classes: " + class_shares_text(result), 100, subsequent_indent="  ")]
     for n in shown:
         lines.append(_group_line(result, f"mean F_{n_label(result, n)}", result._n_index(n)))
@@ -190,6 +191,25 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
         lines.append(row.rstrip())
     lines += ["", *textwrap.wrap(LEGEND, 100)]
     return "\n".join(lines)
+
+
+def window_text(result: AnalysisLike) -> str:
+    """The sliding windows (SPEC §1, ours) and, per windowed layer, how many of its instances
+    could see the sink; empty when no layer has a window."""
+    windows = layer_windows(result)
+    if all(w is None for w in windows):
+        return ""
+    visible, instances = result.metadata.get("sink_visible"), result.metadata.get("instances")
+    known = isinstance(visible, list) and isinstance(instances, list) and len(visible) == len(instances) == len(windows)
+    cells = []
+    for i, (layer, w) in enumerate(zip(result.layers, windows)):
+        if w is not None:
+            counts = f" {visible[i]}/{instances[i]}" if known else ""  # type: ignore[index]
+            cells.append(f"L{layer} (w={w}){counts}")
+    return ("Sliding windows (SPEC §1): candidates are the keys a query sees (t − w < i ≤ t); a query "
+            "whose window starts after the sink has no sink (no sink comparison, no sink vote). "
+            + ("Instances that see the sink: " if known else "Windowed layers: ")
+            + ", ".join(cells) + "; global layers see it always.")
 
 
 def _ratio(bound: Tensor, measured: Tensor, i: int) -> str:

@@ -1,0 +1,304 @@
+"""Sliding-window layers as candidate sets (SPEC §1, ours): only the keys a query sees are
+candidates, and a query whose window starts after the sink has no sink. Both backends against
+the loop reference restricted to the window; a real Gemma-3 run beyond its 512-key window."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from cases import make_case
+from reference import METRICS, ref_analyze, ref_separability, ref_top_n
+
+import tl_geometry
+from tl_geometry.engine.rng import GOLDEN, SAMPLE_STRIDE, SHUFFLE_SALT, mix, sequence_keys
+from tl_geometry.inputs.cache import CacheError
+
+N_VALUES = (1, 2, 3, 5, 8)
+SAMPLES = 3
+WINDOW = 6
+GROUPS = ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out")
+
+
+def _fisher_yates(keys: list[int], row_key: int, samples: int) -> list[list[int]]:
+    """Full Fisher–Yates shuffles of ``keys`` from the documented stream (engine/rng.py); the
+    engine's partial shuffles are prefixes of these."""
+    out = []
+    for sample in range(samples):
+        perm = list(keys)
+        m = len(perm)
+        for r in range(m - 1):
+            u = mix(row_key + GOLDEN * (sample * SAMPLE_STRIDE + r + 1))
+            j = r + (((u >> 32) * (m - r)) >> 32)
+            perm[r], perm[j] = perm[j], perm[r]
+        out.append(perm)
+    return out
+
+
+def _row_key(seed: int, layer: int, mask: np.ndarray | None, b: int, h: int, t: int, offset: int = 0) -> int:
+    real_index = t if mask is None else int(mask[b, : t + 1].sum()) - 1
+    return mix(mix(int(sequence_keys(seed, layer, [offset + b])[0]) + real_index) + h)
+
+
+def engine_randoms(seed: int, layer: int, mask: np.ndarray | None, samples: int = SAMPLES):
+    """The random subsets' orderings of the query's candidate keys (the reference's ``randoms``)."""
+    return lambda b, h, t, keys: _fisher_yates(keys, _row_key(seed, layer, mask, b, h, t), samples)
+
+
+def engine_shuffles(seed: int, layer: int, mask: np.ndarray | None, samples: int = SAMPLES):
+    """The value-shuffle permutations of the non-sink candidates (the reference's ``shuffles``)."""
+    return lambda b, h, t, listed: _fisher_yates(
+        listed, mix(_row_key(seed, layer, mask, b, h, t) ^ SHUFFLE_SALT), samples)
+
+
+def _run(case, backend: str, window, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # N ≥ window is NaN on the windowed layer, as it says
+        return tl_geometry.analyze_heads(
+            case.cache(), n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=SAMPLES,
+            shuffle_samples=SAMPLES, backend=backend, window=window, **options)
+
+
+CASES = [
+    pytest.param({"ties": True, "duplicates": True, "sink": True}, {}, id="ties-last"),
+    pytest.param({"sink": True}, {"queries": "all"}, id="sink-all"),
+    pytest.param({"padding": "left", "n_kv": 1}, {"queries": "all"}, id="left-mqa-all"),
+    pytest.param({"padding": "right", "n_heads": 6, "n_kv": 3}, {"queries": "all", "rank_by": "contribution"},
+                 id="right-gqa-contribution"),
+    pytest.param({"duplicates": True}, {"queries": "all", "distance": "cosine"}, id="cosine-all"),
+]
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("case_options, options", CASES)
+def test_windowed_cache_equals_the_reference(backend, case_options, options):
+    case = make_case(80, batch=3, n_pos=14, window=WINDOW, **case_options)
+    result = _run(case, backend, WINDOW, **options)
+    mask = None if case.attention_mask is None else case.attention_mask.numpy()
+    want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES,
+                       queries=options.get("queries", "last"), attention_mask=mask,
+                       distance=options.get("distance", "euclidean"),
+                       rank_by=options.get("rank_by", "attention"), window=WINDOW,
+                       randoms=engine_randoms(0, 0, mask), shuffles=engine_shuffles(0, 0, mask))
+    for group in GROUPS:
+        for m in METRICS:
+            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
+                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+    np.testing.assert_array_equal(result.count("sink_in")[0].numpy(), want["sink_in_count"])
+    np.testing.assert_array_equal(result.count("sink_out")[0].numpy(), want["sink_out_count"])
+    for field in ("mass", "norm_ratio", "cosine", "mean_cosine", "share"):
+        np.testing.assert_allclose(result.sink_diagnostic(field)[0].numpy(), want[f"sink_{field}"],
+                                   rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=field)
+    np.testing.assert_array_equal(result.vote_counts[0].numpy(), want["vote_counts"])
+    for h, per_n in enumerate(want["paired_ratios"]):
+        assert result.paired_sink("count")[0, h].tolist() == [len(r) for r in per_n]
+    # Some instance of every case loses the sink, and N ≥ the window is NaN on every query.
+    assert result.sink_visible[0] < result.n_instances[0]
+    assert torch.isnan(result.f_score[0, :, N_VALUES.index(8)]).all()
+
+
+@pytest.mark.parametrize("case_options, options", CASES)
+def test_backends_agree_with_a_window(case_options, options):
+    case = make_case(81, batch=3, n_pos=14, window=5, **case_options)
+    compiled, twin = (_run(case, backend, 5, **options) for backend in ("numba", "torch"))
+    for name in ("scores", "sink", "paired", "group_counts"):
+        torch.testing.assert_close(getattr(compiled, name), getattr(twin, name), equal_nan=True,
+                                   rtol=1e-9, atol=1e-9, msg=name)
+    assert torch.equal(compiled.vote_counts, twin.vote_counts)
+    assert compiled.metadata["sink_visible"] == twin.metadata["sink_visible"]
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_a_window_as_wide_as_the_context_changes_nothing(backend):
+    """``window ≥ every query's t + 1`` is the global layer, bit for bit (the same code path)."""
+    case = make_case(82, batch=3, padding="left", sink=True)
+    kwargs = dict(queries="all")
+    none, wide = (_run(case, backend, w, **kwargs) for w in (None, case.pattern.shape[-1]))
+    for name in ("scores", "group_counts", "sink", "paired", "vote_counts", "sequence_votes"):
+        torch.testing.assert_close(getattr(none, name), getattr(wide, name), rtol=0, atol=0, equal_nan=True)
+    assert none.windows == (None,) and wide.windows == (case.pattern.shape[-1],)
+    assert none.sink_visible.tolist() == none.n_instances.tolist() == wide.sink_visible.tolist()
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_a_query_that_cannot_see_the_sink_never_votes_sink(backend):
+    """All values zero: every contribution ties at 0 and the winner is the first key the query
+    sees, the sink only where the window holds it (SPEC §5 ties → lower index)."""
+    case = make_case(83, batch=2, n_pos=10, window=3)
+    case.v.zero_()
+    result = _run(case, backend, 3, queries="all")
+    # Queries 1 and 2 see the sink (key 0); queries 3..9 see neither it nor vote for it.
+    assert result.vote_counts[0, :, 1].tolist() == [2 * 2] * case.pattern.shape[1]
+    assert result.vote_counts[0, :, 2].tolist() == [2 * 7] * case.pattern.shape[1]
+    assert result.sink_visible.tolist() == [2 * 3] and result.n_instances.tolist() == [2 * 10]
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_weight_outside_the_declared_window_is_an_error(backend):
+    case = make_case(84, batch=2, n_pos=10, window=4)
+    with pytest.raises(CacheError, match="outside the declared sliding window of 3"):
+        _run(case, backend, 3)
+    plain = make_case(84, batch=2, n_pos=10)  # a global layer declared windowed
+    with pytest.raises(CacheError, match="outside the declared sliding window"):
+        _run(plain, backend, {0: 4})
+    _run(case, backend, 5)  # a wider window than the pattern's is not an error: α = 0 there
+
+
+def test_windows_per_layer_are_recorded_and_round_trip(tmp_path):
+    local, full = make_case(85, n_pos=12, window=4), make_case(86, n_pos=12)
+    cache = {**local.cache(0), **full.cache(1), **local.cache(2)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = tl_geometry.analyze_heads(cache, n_values=(1, 2), window={0: 4, 2: 4}, random_samples=2)
+    assert result.windows == (4, None, 4)
+    # Last query of 2 sequences: t = 11 sees keys 8..11 on the windowed layers, not the sink.
+    assert result.sink_visible.tolist() == [0, 2, 0] and result.n_instances.tolist() == [2, 2, 2]
+    assert torch.isnan(result.sink_removed_f_score[[0, 2]]).all()
+    assert (result.count("sink_in")[[0, 2]] + result.count("sink_out")[[0, 2]] == 0).all()
+    assert torch.isnan(result.sink_mass[[0, 2]]).all() and torch.isfinite(result.sink_mass[1]).all()
+    text = result.summary()
+    assert "Sliding windows" in text and "L0 (w=4) 0/2" in text and "L2 (w=4) 0/2" in text
+    loaded = tl_geometry.HeadAnalysis.load(result.save(tmp_path / "w.pt"))
+    assert loaded.windows == result.windows and loaded.metadata == result.metadata
+    assert torch.equal(loaded.sink_visible, result.sink_visible)
+    # A result made before the option: no window, counts unknown, nothing in the summary.
+    old = dict(result.metadata)
+    for key in ("window", "sink_visible", "instances"):
+        del old[key]
+    before = tl_geometry.HeadAnalysis(**{**vars(result), "metadata": old})
+    assert before.windows == (None, None, None) and torch.isnan(before.sink_visible).all()
+    assert "Sliding windows" not in before.summary()
+    again = tl_geometry.HeadAnalysis.load(before.save(tmp_path / "old.pt"))
+    assert again.windows == (None, None, None)
+
+
+def test_headline_range_follows_the_narrowest_window():
+    case = make_case(87, n_pos=40, window=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = tl_geometry.analyze_heads(case.cache(), n_values=(2, 4, 8), window=16, random_samples=0)
+    assert result.headline_n == (2, 4)  # |T_t| = 16: N ≤ 4; without the window N ≤ 10
+    with pytest.warns(UserWarning, match="sliding window of 16 keys"):
+        tl_geometry.analyze_heads(case.cache(), n_values=(2, 16), window=16, random_samples=0)
+
+
+@pytest.mark.parametrize("window, message", [
+    (0, "positive int"), (-3, "positive int"), (2.5, "window must be None"), (True, "positive int"),
+    ("local", "window must be 'auto'"), ({"0": 4}, "model layer indices"), ([4, "x"], r"window\[1\]"),
+    ([4], r"window has 1 entries"), ("auto", "pass model="),
+])
+def test_bad_windows_are_refused_before_any_work(window, message):
+    cache = make_case(88).cache(1)
+    before = {k: v.clone() for k, v in cache.items()}
+    with pytest.raises(ValueError, match=message):
+        tl_geometry.analyze_heads(cache, window=window)
+    assert all(torch.equal(cache[k], before[k]) for k in cache)
+
+
+def test_bounds_stay_sound_with_a_window():
+    """The shell certificate and the inversion bound are lower bounds on the windowed F_N too."""
+    case = make_case(89, batch=2, n_pos=14, window=5, sink=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2, 3), queries="all", window=5,
+                                           bounds=True, random_samples=0)
+    for kind in ("inversion", "shell", "shell_n", "certified"):
+        bound, measured = result.bound(kind, "f_score"), result.f_score
+        assert torch.equal(torch.isnan(bound), torch.isnan(measured)), kind
+        assert (bound[~torch.isnan(bound)] <= measured[~torch.isnan(measured)] + 1e-12).all(), kind
+
+
+def test_model_windows_from_configs():
+    from types import SimpleNamespace as NS
+
+    from tl_geometry.inputs.capture import model_windows
+
+    gemma = NS(config=NS(layer_types=["sliding_attention", "full_attention"], sliding_window=512))
+    assert model_windows(gemma) == [512, None]
+    bridge = NS(original_model=gemma, cfg=NS())
+    assert model_windows(bridge) == [512, None]
+    assert model_windows(NS(config=NS(layer_types=["full_attention"] * 3, sliding_window=None))) is None
+    mistral = NS(config=NS(sliding_window=4096, num_hidden_layers=2))
+    assert model_windows(mistral) == [4096, 4096]
+    qwen_off = NS(config=NS(sliding_window=4096, num_hidden_layers=2, use_sliding_window=False))
+    assert model_windows(qwen_off) is None
+    hooked = NS(cfg=NS(attn_types=["global", "local"], window_size=8))
+    assert model_windows(hooked) == [None, 8]
+    assert model_windows(NS(cfg=NS())) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the torch twin's home)")
+def test_cuda_twin_equals_the_compiled_kernels_with_a_window():
+    case = make_case(90, batch=3, n_pos=14, window=5, sink=True, padding="left")
+    on_cpu = _run(case, "numba", 5, queries="all", bounds=True)
+    moved = type(case)(case.pattern.cuda(), case.v.cuda(), case.attention_mask.cuda())
+    on_gpu = _run(moved, "auto", 5, queries="all", bounds=True)
+    for name in ("scores", "sink", "paired", "group_counts", "bounds"):
+        torch.testing.assert_close(getattr(on_gpu, name), getattr(on_cpu, name), equal_nan=True,
+                                   rtol=1e-9, atol=1e-9, msg=name)
+    assert torch.equal(on_gpu.vote_counts, on_cpu.vote_counts)
+    assert on_gpu.metadata["sink_visible"] == on_cpu.metadata["sink_visible"]
+    with pytest.raises(CacheError, match="outside the declared sliding window"):
+        _run(moved, "auto", 3)
+
+
+# --- a real Gemma-3 run beyond the 512-key window ------------------------------------------------
+
+REAL_N = (2, 16)
+REAL_SAMPLES = 2
+
+
+@pytest.mark.real_model
+def test_gemma3_local_layers_score_only_their_window(gemma3):
+    """1 × 600 tokens, a local layer (0, window 512) and a global one (5), the last query: every
+    group equals the reference restricted to the keys the query sees, the local layer's query
+    has no sink, and its chance floor is N/512."""
+    model = gemma3.model
+    tokens = tl_geometry.text_windows(model.tokenizer, n_seqs=1, seq_len=600)
+    layers = [0, 5]
+    result = tl_geometry.analyze_model(model, tokens, layers=layers, n_values=REAL_N, attention="pattern",
+                                       random_samples=REAL_SAMPLES, shuffle_samples=REAL_SAMPLES)
+    assert result.windows == (512, None)
+    assert result.sink_visible.tolist() == [0, 1] and result.n_instances.tolist() == [1, 1]
+    names = [f"blocks.{layer}.attn.{hook}" for layer in layers for hook in ("hook_pattern", "hook_v")]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    t = tokens.shape[1] - 1
+    for li, layer in enumerate(layers):
+        window = result.windows[li]
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, :, t].double().numpy()  # [head, key]
+        v = cache[f"blocks.{layer}.attn.hook_v"][0].double().numpy()  # [pos, kv, d]
+        valid = np.array([window is None or i > t - window for i in range(t + 1)])
+        assert (pattern[:, ~valid] == 0).all()  # the model's own window: exactly zero outside
+        n_heads, n_kv = pattern.shape[0], v.shape[1]
+        randoms = engine_randoms(0, layer, None, REAL_SAMPLES)
+        shuffles = engine_shuffles(0, layer, None, REAL_SAMPLES)
+        keys = [i for i in range(t + 1) if valid[i]]
+        for h in range(n_heads):
+            alpha, values = pattern[h], v[:, h // (n_heads // n_kv)]
+            for ni, n in enumerate(REAL_N):
+                sel = ref_top_n(alpha, valid, n)
+                want = {"top": [ref_separability(alpha, values, sel, valid)]}
+                want["random"] = []
+                for order in randoms(0, h, t, keys):
+                    subset = np.zeros(t + 1, dtype=bool)
+                    subset[order[:n]] = True
+                    want["random"].append(ref_separability(alpha, values, subset, valid))
+                want["shuffled"] = []
+                listed = [k for k in keys if k != 0]
+                for perm in shuffles(0, h, t, listed):
+                    moved = values.copy()
+                    moved[listed] = values[perm]
+                    want["shuffled"].append(ref_separability(alpha, moved, sel, valid))
+                for group, samples in want.items():
+                    for m in ("precision", "recall", "f_score", "inversions", "precision_cc"):
+                        got = result.metric(m, group)[li, h, ni].item()
+                        expected = sum(x[m] for x in samples) / len(samples)
+                        assert math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-6), (layer, h, n, group, m)
+            if window is not None:  # no sink in the window: no sink comparison, no sink figures
+                assert math.isnan(result.sink_mass[li, h]) and math.isnan(result.sink_removed_f_score[li, h, 0])
+    assert (result.count("sink_in")[0] + result.count("sink_out")[0] == 0).all()
+    assert (result.count("sink_in")[1] + result.count("sink_out")[1] == 1).all()

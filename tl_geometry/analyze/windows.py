@@ -1,0 +1,41 @@
+"""The ``window=`` option of both front doors: the sliding window of each analysed layer.
+
+``None`` (no layer has one), one int (every layer), a sequence indexed by model layer or a dict
+``{layer: window}`` are checked by :func:`tl_geometry.engine.options.layer_windows`; ``"auto"``
+reads the model's config (:func:`tl_geometry.inputs.capture.model_windows`): Gemma-2/3's local
+layers, Mistral, GPT-OSS. Query ``t`` of a layer with window ``w`` sees keys ``t − w < i ≤ t``;
+only those are candidates (SPEC §1, ours).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from ..engine.options import check_window, layer_windows
+from ..inputs.capture import model_windows
+
+#: What ``window=`` accepts (``"auto"``: the model's config).
+Window = int | Sequence[int | None] | Mapping[int, int | None] | Literal["auto"] | None
+AUTO = "auto"
+
+
+def check(window: object) -> None:
+    """Validate ``window=`` before any tensor is read (its layers are checked by :func:`resolve`)."""
+    if not (isinstance(window, str) and window == AUTO):
+        if isinstance(window, str):
+            raise ValueError(f"window must be 'auto' (the model's config), None, a positive int, a "
+                             f"sequence per model layer or a dict {{layer: window}}, got {window!r}.")
+        check_window(window)
+
+
+def resolve(window: object, model: Any, layers: Sequence[int]) -> tuple[int | None, ...]:
+    """The window of each of ``layers`` (``None``: global); ``"auto"`` needs ``model``."""
+    check(window)
+    if window == AUTO:
+        if model is None:
+            raise ValueError("window='auto' reads the sliding windows from the model's config: pass "
+                             "model=..., or give the windows (an int, a list per layer or a dict "
+                             "{layer: window}; None for global layers).")
+        window = model_windows(model)
+    return layer_windows(window, layers)
