@@ -277,7 +277,7 @@ def _agreement(best: BestNAgreement) -> str:
     if not best.heads:
         return "undefined (0 heads)"
     return (f"{pct(best.agreement)} (chance {pct(best.chance)}, {100 * best.excess:+.1f} points, "
-            f"p = {best.p_value:.3g}; {best.heads} heads)")
+            f"p = {best.p_value:.3f}; {best.heads} heads)")
 
 
 def _figures(study: Any, figures: Path, keys: int) -> None:

@@ -162,11 +162,12 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
             lines.append("  shell (K=N) vs measured F_N, Spearman ρ across heads within each headline N: "
                          + ", ".join(f"N={int(n)}: {rho:.2f}" for n, rho in zip(rhos.n, rhos.rho)))
         agreement = result.best_n_vs_chance("shell_n")
+        verdict = ("" if agreement.above_chance or not agreement.heads
+                   else "; at or below chance: it predicts nothing" if not agreement.excess > 0
+                   else "; not significantly above chance")
         lines += textwrap.wrap(
             f"  best N over the headline range {list(result.headline_n)}: the shell (K=N) gives the "
-            f"measured one for {agreement.text()}" + ("" if agreement.above_chance or not agreement.heads
-                                                       else "; not above chance: it predicts nothing"),
-            100, subsequent_indent="    ")
+            f"measured one for {agreement.text()}{verdict}", 100, subsequent_indent="    ")
 
     n_heads = result.n_layers * result.n_heads
     # Rank by the first shown N of the headline range; a dense N is never the headline.

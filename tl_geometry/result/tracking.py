@@ -65,7 +65,7 @@ class BestNAgreement(NamedTuple):
         if not self.heads:
             return "undefined (no head with both best Ns)"
         return (f"{100 * self.agreement:.1f} % of {self.heads} heads (chance {100 * self.chance:.1f} %, "
-                f"excess {100 * self.excess:+.1f} points, shuffle p = {self.p_value:.3g})")
+                f"excess {100 * self.excess:+.1f} points, shuffle p = {self.p_value:.3f})")
 
 
 def agreement_vs_chance(
