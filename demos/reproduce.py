@@ -210,11 +210,11 @@ def main(argv: list[str] | None = None) -> Path:
                                            "ablation_seq_len") if getattr(args, k) is not None}
     if sizes:
         config = replace(config, mode="quick" if args.quick else "custom", **sizes)
-    if config.n_windows < 1 or config.seq_len < 32 or config.ablation_windows < 1 \
+    if config.n_windows < 1 or config.seq_len < 32 or config.ablation_windows < 2 \
             or config.ablation_seq_len < 2:
         parser.error("Need --n-windows ≥ 1, --seq-len ≥ 32 (N = 2, 4, 8 in the headline range "
-                     "N ≤ T/4), "
-                     "--ablation-windows ≥ 1 and --ablation-seq-len ≥ 2.")
+                     "N ≤ T/4), --ablation-windows ≥ 2 (a loss change's standard error needs two "
+                     "windows) and --ablation-seq-len ≥ 2.")
     out = args.out or ROOT / ("build/reproduce-quick" if args.quick else "docs")
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     unknown = sorted(set(models) - set(MODELS))

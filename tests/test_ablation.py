@@ -253,7 +253,8 @@ def test_batched_sensitivity_equals_one_head_at_a_time(tiny, tokens, mode):
 def test_sensitivity_table(tiny, tokens):
     sens = tl_geometry.head_sensitivity(tiny, tokens, progress=False)
     table = sens.to_pandas()
-    assert list(table.columns) == ["layer", "head", "loss", "loss_increase", "critical"]
+    assert list(table.columns) == ["layer", "head", "loss", "loss_increase", "loss_increase_se", "ci_low",
+                                   "ci_high", "critical", "outlier"]
     assert len(table) == 12 and not table["loss"].isna().any()
     torch.testing.assert_close(torch.tensor(table["loss_increase"].values).reshape(3, 4),
                                sens.loss - sens.base_loss)
@@ -261,17 +262,99 @@ def test_sensitivity_table(tiny, tokens):
     assert tl_geometry.head_sensitivity(tiny, tokens, batch_heads=12, progress=False).loss.allclose(sens.loss)
 
 
-def test_critical_heads_rule():
+def _fake_sensitivity(increase, window_spread, base_loss=3.0, n_windows=4):
+    """A HeadSensitivity whose head ``(l, h)`` raises the loss of every window by ``increase[l, h]``
+    give or take ``window_spread[l, h]`` (alternating signs: the mean change is ``increase``)."""
+    increase = torch.as_tensor(increase, dtype=torch.float64)
+    spread = torch.as_tensor(window_spread, dtype=torch.float64)
+    signs = torch.tensor([(-1.0) ** b for b in range(n_windows)], dtype=torch.float64)
+    base_windows = torch.full((n_windows,), base_loss, dtype=torch.float64)
+    window_loss = base_windows + increase[..., None] + spread[..., None] * signs
+    return tl_geometry.HeadSensitivity(base_loss, base_loss + increase, "zero", {}, window_loss,
+                                       base_windows, torch.full((n_windows,), 10.0))
+
+
+def test_critical_rule_needs_size_and_an_interval_above_zero():
+    # dense loss 3 → threshold max(0.1, 0.15) = 0.15 nats.
+    increase = [[0.20, 0.20, 0.14, 0.01], [1.00, -0.5, 0.16, float("nan")]]
+    spread = [[0.01, 0.50, 0.00, 0.00], [0.01, 0.01, 0.01, 0.00]]
+    sens = _fake_sensitivity(increase, spread)
+    # sd of (±spread) over 4 windows = spread·sqrt(4/3); SE = sd / 2; t(0.975, 3) = 3.182.
+    se = torch.tensor(spread, dtype=torch.float64) * (4 / 3) ** 0.5 / 2
+    torch.testing.assert_close(sens.loss_increase_se[:, :3], se[:, :3])
+    assert critical_heads(sens) == [(1, 0), (0, 0), (1, 2)]  # largest first
+    # (0, 1): large but within noise (0.2 − 3.182 · 0.289 < 0); (0, 2): below 0.15; (0, 3): tiny;
+    # (1, 1): negative; (1, 3): not scored.
+    low, _ = sens.interval()
+    assert low[0, 1] < 0 < low[0, 0]
+    # The MAD flag is reported, not the criterion: an outlier of the sweep that is small in nats
+    # is not critical.
+    flat = _fake_sensitivity([[0.010, 0.011, 0.012, 0.09]], [[0.001] * 4])
+    assert flat.outliers() == [(0, 3)] and flat.critical() == []
+    table = flat.to_pandas()
+    assert table["outlier"].tolist() == [False, False, False, True] and not table["critical"].any()
+    # A larger dense loss raises the threshold: 5 % of 4.4 is 0.22.
+    assert critical_heads(_fake_sensitivity(increase, spread, base_loss=4.4)) == [(1, 0)]
+    assert critical_heads(sens, min_nats=0.5) == [(1, 0)]
+    with pytest.raises(ValueError, match="min_nats must be a number"):
+        critical_heads(sens, min_nats=-1)
+    with pytest.raises(ValueError, match="level must be in"):
+        critical_heads(sens, level=95)
+    with pytest.raises(ValueError, match="takes a HeadSensitivity"):
+        critical_heads(torch.zeros(3, 4))
+    from tl_geometry.ablation import mad_outliers
+
     x = torch.tensor([[0.01, 0.02, 0.015, 0.012], [0.011, 2.0, 0.013, 0.5], [float("nan"), 0.014, -3.0, 0.016]])
-    assert critical_heads(x) == [(1, 1), (1, 3)]  # largest first; the negative outlier is not critical
-    assert critical_heads(x, k=1e6) == []
-    flat = torch.full((2, 3), 0.1)
-    flat[1, 2] = 0.3
-    assert critical_heads(flat) == [(1, 2)]  # MAD = 0: anything above the median
+    assert mad_outliers(x) == [(1, 1), (1, 3)] and mad_outliers(x, k=1e6) == []
     with pytest.raises(ValueError, match="k must be a number"):
-        critical_heads(x, k=-1)
-    with pytest.raises(ValueError, match="HeadSensitivity or a \\[layer, head\\] tensor"):
-        critical_heads(torch.zeros(3))
+        mad_outliers(x, k=-1)
+
+
+def test_no_window_spread_without_windows():
+    one = _fake_sensitivity([[1.0, 2.0]], [[0.0, 0.0]], n_windows=1)
+    assert one.loss_increase_se.isnan().all() and one.critical() == []  # no SE: nothing is critical
+    bare = tl_geometry.HeadSensitivity(3.0, torch.tensor([[4.0, 5.0]], dtype=torch.float64))
+    assert bare.loss_increase_se.isnan().all() and bare.critical() == [] and bare.n_windows == 0
+
+
+def test_sensitivity_standard_errors_match_per_window_references(tiny, tokens):
+    """Each window's loss from the batched sweep equals an ablated forward on that window alone,
+    and the SE is the sample sd of the paired per-window changes over sqrt(n) (equal windows)."""
+    heads = [(0, 1), (2, 3)]
+    sens = tl_geometry.head_sensitivity(tiny, tokens, heads=heads, batch_heads=2, progress=False)
+    n = tokens.shape[0]
+    dense = torch.tensor([_loss(tiny, tokens[b: b + 1]) for b in range(n)], dtype=torch.float64)
+    torch.testing.assert_close(sens.base_window_loss, dense, rtol=1e-6, atol=1e-7)
+    for layer, head in heads:
+        with tl_geometry.ablate_heads(tiny, [(layer, head)]):
+            ablated = torch.tensor([_loss(tiny, tokens[b: b + 1]) for b in range(n)], dtype=torch.float64)
+        torch.testing.assert_close(sens.window_loss[layer, head], ablated, rtol=1e-6, atol=1e-7)
+        d = ablated - dense
+        assert sens.loss_increase[layer, head].item() == pytest.approx(d.mean().item(), abs=1e-6)
+        assert sens.loss_increase_se[layer, head].item() == pytest.approx(d.std().item() / n ** 0.5, rel=1e-4)
+    assert sens.loss_increase_se.isnan().sum() == 12 - len(heads)
+
+
+def test_padded_windows_weight_the_standard_error(tiny, tokens):
+    from tl_geometry.functional.uncertainty import paired_window_se
+
+    mask = torch.ones_like(tokens)
+    mask[0, 6:] = 0  # window 0 has 5 predictions, the others 11
+    sens = tl_geometry.head_sensitivity(tiny, tokens, attention_mask=mask, heads=[(1, 2)], progress=False)
+    assert sens.window_weight.tolist() == [5.0, 11.0, 11.0]
+    d = sens.window_loss[1, 2] - sens.base_window_loss
+    w = sens.window_weight
+    assert sens.loss_increase[1, 2].item() == pytest.approx(((w * d).sum() / w.sum()).item(), abs=1e-6)
+    mean = (w * d).sum() / w.sum()
+    expected = (3 / 2 * (w**2 * (d - mean) ** 2).sum()).sqrt() / w.sum()
+    assert sens.loss_increase_se[1, 2].item() == pytest.approx(expected.item(), rel=1e-9)
+    assert paired_window_se(torch.tensor([1.0, 5.0]), torch.tensor([0.0, 3.0])).isnan()  # one used window
+
+
+def test_one_window_warns(tiny, tokens):
+    with pytest.warns(UserWarning, match="no standard error"):
+        sens = tl_geometry.head_sensitivity(tiny, tokens[:1], heads=[(0, 0)], progress=False)
+    assert sens.critical() == []
 
 
 def test_sensitivity_bad_input(tiny, tokens):
@@ -294,6 +377,66 @@ def test_sensitivity_bad_input(tiny, tokens):
         tl_geometry.head_sensitivity(tiny, tokens, attention_mask=lonely, progress=False)
     with pytest.raises(ValueError, match="attention_mask has shape"):  # before any forward
         tl_geometry.head_sensitivity(tiny, tokens, attention_mask=lonely[:, 1:], progress=False)
+
+
+# --- a set of heads against random sets ----------------------------------------------------------
+
+
+def test_random_head_sets_keep_the_size_and_the_layers():
+    from tl_geometry.ablation import random_head_sets
+
+    chosen = torch.zeros(3, 4, dtype=torch.bool)
+    chosen[0, 1] = chosen[2, 0] = chosen[2, 3] = True
+    anywhere = random_head_sets(chosen, 200, seed=1)
+    assert anywhere.shape == (200, 3, 4) and (anywhere.sum(dim=(1, 2)) == 3).all()
+    assert not (anywhere.sum(-1) == chosen.sum(-1)).all(-1).all()  # not tied to the layers
+    assert anywhere.double().mean(0).min() > 0.1  # every head gets drawn (expected 0.25)
+    same = random_head_sets(chosen, 200, same_layers=True, seed=1)
+    assert (same.sum(-1) == chosen.sum(-1)).all()  # per layer: 1, 0, 2 heads
+    assert torch.equal(same, random_head_sets(chosen, 200, same_layers=True, seed=1))  # seeded
+    assert not torch.equal(same, random_head_sets(chosen, 200, same_layers=True, seed=2))
+
+
+def test_p_value_and_z_arithmetic():
+    from tl_geometry.ablation import AblationVsRandom
+    from tl_geometry.functional.uncertainty import empirical_p, null_z
+
+    null = torch.tensor([0.1, 0.6, 0.5, 0.2])
+    assert empirical_p(0.5, null) == pytest.approx(3 / 5)  # 0.6 and 0.5 are ≥ 0.5, plus the set itself
+    assert empirical_p(0.7, null) == pytest.approx(1 / 5)  # never 0
+    mean, sd, z = null_z(0.9, null)
+    assert mean == pytest.approx(0.35) and sd == pytest.approx(null.double().std().item())
+    assert z == pytest.approx((0.9 - 0.35) / sd)
+    assert math.isnan(null_z(1.0, torch.tensor([0.2]))[2]) and math.isnan(null_z(1.0, torch.ones(3))[2])
+    cmp = AblationVsRandom([(0, 1)], 2.0, 2.9, 0.05, torch.zeros(4, 2, 3, dtype=torch.bool),
+                           2.0 + null.double(), torch.full((4,), 0.01, dtype=torch.float64))
+    assert cmp.loss_increase == pytest.approx(0.9) and cmp.p_value == pytest.approx(0.2)
+    assert cmp.random_mean == pytest.approx(0.35) and cmp.z == pytest.approx(z)
+    table = cmp.to_pandas()
+    assert table["set"].tolist() == ["chosen"] + ["random"] * 4 and table["sample"].isna().tolist()[0]
+
+
+def test_ablation_vs_random_matches_one_ablation_per_set(tiny, tokens):
+    cmp = tl_geometry.ablation_vs_random(tiny, tokens, [(0, 1), (2, 2)], n_random=5, seed=7, batch_size=2,
+                                         progress=False)
+    base = _loss(tiny, tokens)
+    assert cmp.base_loss == base and cmp.n_random == 5 and cmp.metadata["n_windows"] == 3
+    with tl_geometry.ablate_heads(tiny, [(0, 1), (2, 2)]):
+        assert cmp.loss == pytest.approx(_loss(tiny, tokens), rel=1e-6)
+    for r in (0, 4):  # the reference: one ablated forward per random set
+        with tl_geometry.ablate_heads(tiny, cmp.random_sets[r]):
+            assert cmp.random_loss[r].item() == pytest.approx(_loss(tiny, tokens), rel=1e-6)
+    assert cmp.p_value == (1 + int((cmp.random_increase >= cmp.loss_increase).sum())) / 6
+    assert math.isfinite(cmp.loss_increase_se) and cmp.loss_increase_se > 0
+    again = tl_geometry.ablation_vs_random(tiny, tokens, [(0, 1), (2, 2)], n_random=5, seed=7, progress=False)
+    assert torch.equal(again.random_sets, cmp.random_sets)
+    assert torch.allclose(again.random_loss, cmp.random_loss, rtol=1e-6)
+    with pytest.raises(ValueError, match="heads is empty"):
+        tl_geometry.ablation_vs_random(tiny, tokens, [], progress=False)
+    with pytest.raises(ValueError, match="n_random must be a positive int"):
+        tl_geometry.ablation_vs_random(tiny, tokens, [(0, 0)], n_random=0, progress=False)
+    with pytest.raises(ValueError, match="out of range"):
+        tl_geometry.ablation_vs_random(tiny, tokens, [(5, 0)], progress=False)
 
 
 # --- orderings and sparsification ---------------------------------------------------------------
@@ -351,7 +494,8 @@ def test_sparsification_curve(tiny, tokens):
     curve = tl_geometry.sparsification_curve(tiny, tokens, orders, (1.0, 0.75, 0.5, 0.0),
                                              batch_size=3, progress=False)
     table = curve.to_pandas()
-    assert list(table.columns) == ["ordering", "seed", "retention", "n_removed", "loss", "perplexity"]
+    assert list(table.columns) == ["ordering", "seed", "retention", "n_removed", "loss", "perplexity",
+                                   "loss_increase", "loss_increase_se"]
     assert table["n_removed"].tolist() == [0, 3, 6, 12] * 3
     assert table["seed"].isna().tolist() == [False] * 8 + [True] * 4
     base = _loss(tiny, tokens)
@@ -363,6 +507,18 @@ def test_sparsification_curve(tiny, tokens):
             assert row["loss"] == pytest.approx(_loss(tiny, tokens), rel=1e-6)
     summary = curve.summary()
     assert list(summary.index) == ["random", "weight_norm"] and "±" in summary.loc["random", 0.5]
+    # Each loss change carries its SE over the 3 windows: the sd of the paired per-window changes / √3.
+    n = tokens.shape[0]
+    dense = torch.tensor([_loss(tiny, tokens[b: b + 1]) for b in range(n)], dtype=torch.float64)
+    assert (table.loc[table["n_removed"] == 0, "loss_increase_se"] == 0).all()
+    for i, row in table[table["n_removed"] > 0].head(2).iterrows():
+        order = next(o for o in orders if o.name == row["ordering"] and (o.seed == row["seed"] or o.seed is None))
+        with tl_geometry.ablate_heads(tiny, list(order.heads[: row["n_removed"]])):
+            ablated = torch.tensor([_loss(tiny, tokens[b: b + 1]) for b in range(n)], dtype=torch.float64)
+        torch.testing.assert_close(curve.window_loss[i], ablated, rtol=1e-6, atol=1e-7)
+        d = ablated - dense
+        assert row["loss_increase"] == pytest.approx(row["loss"] - base)
+        assert row["loss_increase_se"] == pytest.approx(d.std().item() / n ** 0.5, rel=1e-4)
     assert heads_kept(0.75, 270) == 203 and heads_kept(0.25, 270) == 68 and heads_kept(0.5, 3) == 2
 
 
@@ -451,4 +607,28 @@ def test_real_oracle_beats_random_at_three_quarters(smollm2):
     table = curve.to_pandas().set_index("ordering")
     oracle, random_mean = table.loc["oracle", "loss"], table.loc["random", "loss"].mean()
     assert oracle <= random_mean, (oracle, random_mean)
-    assert sens.critical()  # a few heads stand out on real text
+    assert sens.outliers()  # a few heads stand out on real text (the MAD flag)
+    # Two windows give an SE (t = 12.7 at 95 %): every critical head is large and above noise.
+    assert sens.loss_increase_se.isfinite().all()
+    low, _ = sens.interval()
+    threshold = max(0.1, 0.05 * sens.base_loss)
+    assert all(sens.loss_increase[l, h] >= threshold and low[l, h] > 0 for l, h in sens.critical())
+
+
+@pytest.mark.real_model
+def test_real_ablation_vs_random_same_layers(smollm2):
+    """SmolLM2, 3 × 40 tokens: two layer-1 heads against 4 random pairs of layer-1 heads."""
+    model, tokens = smollm2.model, smollm2.tokens
+    heads = [(1, 5), (1, 4)]
+    cmp = tl_geometry.ablation_vs_random(model, tokens, heads, n_random=4, same_layers=True, seed=3,
+                                         progress=False)
+    assert cmp.heads == [(1, 4), (1, 5)] and cmp.random_sets.shape == (4, 30, 9)
+    assert (cmp.random_sets.sum(-1)[:, 1] == 2).all() and cmp.random_sets.sum() == 8  # layer 1 only
+    with torch.no_grad():
+        base = float(model(tokens, return_type="loss"))
+        with tl_geometry.ablate_heads(model, heads):
+            ablated = float(model(tokens, return_type="loss"))
+    assert cmp.base_loss == base and cmp.loss_increase == pytest.approx(ablated - base, abs=1e-4)
+    assert math.isfinite(cmp.loss_increase_se) and cmp.random_increase_se.isfinite().all()
+    assert cmp.p_value == (1 + int((cmp.random_increase >= cmp.loss_increase).sum())) / 5
+    assert "random sets of 2 heads from the same layers" in cmp.summary()

@@ -165,6 +165,15 @@ def test_ablate_heads_out_of_range_is_one_line_after_the_load(monkeypatch, capsy
                        "the model has 3 layers (0..2).")
 
 
+def test_ablate_prints_the_standard_error_and_the_random_sets(monkeypatch, capsys):
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    assert cli.main(["ablate", "--heads", "1.2,2.0", "--n-seqs", "3", "--seq-len", "10",
+                     "--n-random", "3", "--same-layers"]) == 0
+    out = capsys.readouterr().out
+    assert "SE over 3 windows" in out and "3 random sets of 2 heads from the same layers" in out
+    assert "empirical p = " in out
+
+
 # --- help ----------------------------------------------------------------------------------------
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -53,9 +53,11 @@ def test_report_without_cache_has_no_token_views(analysed, tmp_path):
 
 def test_ablation_section_appears_when_prune_left_its_tables(analysed, tmp_path):
     _, result = analysed
-    pd.DataFrame({"layer": [0, 1, 1], "head": [2, 0, 3], "loss": [3.1, 9.0, 3.2],
-                  "loss_increase": [0.1, 6.0, 0.2], "critical": [False, True, False]}
-                 ).to_csv(tmp_path / "sensitivity.csv", index=False)
+    old = pd.DataFrame({"layer": [0, 1, 1], "head": [2, 0, 3], "loss": [3.1, 9.0, 3.2],
+                        "loss_increase": [0.1, 6.0, 0.2], "critical": [False, True, False]})
+    assert "not determined" in tl_geometry.views.report.critical_text(old)  # no SE: no rule
+    old.assign(loss_increase_se=[0.01, 0.5, 0.3], outlier=[False, True, True]
+               ).to_csv(tmp_path / "sensitivity.csv", index=False)
     pd.DataFrame({"ordering": ["random", "random", "taxonomy", "taxonomy"], "seed": [0, 0, 0, 0],
                   "retention": [1.0, 0.5, 1.0, 0.5], "n_removed": [0, 4, 0, 4],
                   "loss": [3.0, 4.0, 3.0, 3.4], "perplexity": [20.1, 54.6, 20.1, 30.0]}

@@ -117,17 +117,38 @@ def test_claim4_rule_on_a_bound_that_tracks_and_one_that_does_not():
     good = measured * 0.8
     best = torch.tensor([[2.0, 4.0], [2.0, 8.0]])  # the measured best N of each head
     fit = certificates.fit(good, measured, ns, hl, best, best)
-    assert fit.rho == pytest.approx(1.0) and fit.tracks
-    assert fit.ratio_2 == pytest.approx(0.8) and fit.agree == 1.0 and fit.predicts and fit.heads == 4
+    assert fit.rhos == pytest.approx({2: 1.0, 4: 1.0, 8: 1.0}) and fit.tracks  # within each N
+    assert fit.ratio_2 == pytest.approx(0.8) and fit.agree == 1.0 and fit.heads == 4
+    assert fit.chance == pytest.approx(0.5 * 0.5 + 0.25 * 0.25 + 0.25 * 0.25)
+    # Four heads: a perfect agreement still happens in 1/6 of the shuffles (p ≈ 0.17): not shown
+    # to exceed chance.
+    assert not fit.predicts and fit.best.p_value > 0.05
     empty = torch.zeros_like(measured)  # the regime envelope on real heads: sound and empty
     fit0 = certificates.fit(empty, measured, ns, hl, torch.full_like(best, math.nan), best)
-    assert math.isnan(fit0.rho) and not fit0.tracks and fit0.heads == 0 and not fit0.predicts
-    half = certificates.fit(good, measured, ns, hl, torch.tensor([[2.0, 2.0], [4.0, 8.0]]), best)
-    assert half.agree == 0.5 and half.predicts  # at least half the heads (ours)
+    assert math.isnan(fit0.rho_min) and not fit0.tracks and fit0.heads == 0 and not fit0.predicts
     assert certificates.count_violations(good, measured) == (0, 16)
     above = good.clone()
     above[0, 0, 1] = 0.95
     assert certificates.count_violations(above, measured) == (1, 16)
+
+
+def test_claim4_tracks_is_read_within_each_n_and_predicts_against_chance():
+    """A bound that falls with N like every measured curve but orders the heads at random looks
+    good pooled over (head, N); within each N it does not track. A bound that always names the
+    most common best N agrees often, and exactly as often as chance."""
+    g = torch.Generator().manual_seed(0)
+    ns, hl = [1, 2, 4, 8], [1, 2, 3]
+    level = torch.tensor([1.0, 0.9, 0.6, 0.3])
+    measured = level + 0.05 * torch.rand(5, 8, 4, generator=g)
+    shuffled_heads = level + 0.05 * torch.rand(5, 8, 4, generator=g)
+    best = torch.where(torch.rand(5, 8, generator=g) < 0.8, 2.0, 4.0)
+    fit = certificates.fit(shuffled_heads, measured, ns, hl, torch.full_like(best, 2.0), best)
+    assert stats.spearman(shuffled_heads[..., hl], measured[..., hl]) > 0.8  # the pooled ρ would pass
+    assert fit.rho_min < 0.5 and not fit.tracks
+    assert fit.agree == pytest.approx(float((best == 2).double().mean()))
+    assert fit.chance == pytest.approx(fit.agree) and not fit.predicts  # at chance: predicts nothing
+    many = certificates.fit(measured * 0.9, measured, ns, hl, best, best)
+    assert many.tracks and many.predicts and many.best.p_value < 0.01 and many.best.excess > 0
 
 
 def test_run_time_line_is_honest_about_reused_steps():
@@ -159,7 +180,8 @@ def test_missing_wikitext_names_the_option(tmp_path):
         corpora.wikitext(tmp_path / "nope.txt")
 
 
-@pytest.mark.parametrize("argv", [["--seq-len", "16"], ["--n-windows", "0"], ["--models", "gpt2"]])
+@pytest.mark.parametrize("argv", [["--seq-len", "16"], ["--n-windows", "0"], ["--models", "gpt2"],
+                                  ["--ablation-windows", "1"]])
 def test_cli_rejects_bad_sizes(argv, capsys):
     with pytest.raises(SystemExit):
         reproduce.main(argv)
@@ -305,7 +327,9 @@ def test_claims_read_the_new_measures(tmp_path):
         for kind in ("shell", "shell_n"):
             r.bounds[BOUND_KINDS.index(kind), 2] = r.scores[top, f] * 0.9  # tracks, same best N
     sound = claim4(study, tmp_path)
-    assert "tracks the measured F_N (ρ ≥ 0.5, K = 0 and K = N) on 4/4" in sound.because
+    assert ("tracks the measured F_N across heads (ρ ≥ 0.5 within every headline N, K = 0 and K = N) "
+            "on 4/4") in sound.because
+    assert "more often than chance (shuffle p ≤ 0.05) on 4/4" in sound.because
     assert "never violated on 4/4" in sound.because and sound.verdict != NOT_HELD
     r = study.analyses["m1", "c1"]
     r.bounds[BOUND_KINDS.index("shell"), 2, 0, 0, 1] = r.scores[top, f, 0, 0, 1] + 0.01
@@ -339,3 +363,49 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     whole = load_run(tmp_path, study.config)
     assert whole is not None and whole.seconds == 75.0 and whole.reused
     assert load_run(tmp_path, QUICK) is None  # other options (12 windows here, QUICK has 3)
+
+
+def _ablation_tables(increase: list[float], se: list[float] | None, base_loss: float = 3.0) -> dict:
+    """One model's claim-6 tables: a 2 × 2 head sweep and curves where the taxonomy order wins."""
+    import pandas as pd
+
+    from tl_geometry.functional.uncertainty import confidence_interval, critical_mask
+
+    sens = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "loss_increase": increase})
+    sens["loss"] = base_loss + sens.loss_increase
+    if se is not None:
+        x, s = torch.tensor(increase, dtype=torch.float64), torch.tensor(se, dtype=torch.float64)
+        low, high = confidence_interval(x, s, n_windows=4)
+        sens = sens.assign(loss_increase_se=se, ci_low=low.numpy(), ci_high=high.numpy(),
+                           critical=critical_mask(x, low, base_loss).numpy())
+    else:
+        sens["critical"] = [False, True, False, False]  # an old table's MAD flag: not the rule
+    rows = []
+    for name, losses in (("taxonomy", [3.0, 3.1, 3.2, 5.0, 6.0]), ("weight_norm", [3.0, 3.5, 3.9, 4.0, 5.0]),
+                         ("entropy", [3.0, 3.5, 3.9, 4.0, 5.0]), ("random", [3.0, 3.4, 3.8, 4.5, 5.5])):
+        rows += [{"ordering": name, "seed": 0 if name == "random" else None, "retention": r, "loss": x}
+                 for r, x in zip((1.0, 0.9, 0.75, 0.5, 0.25), losses)]
+    return {"sensitivity": sens, "curve": pd.DataFrame(rows), "base_loss": base_loss,
+            "held_out_base_loss": base_loss}
+
+
+def test_claim6_reads_the_critical_rule_with_standard_errors(tmp_path):
+    from _reproduce.ablation import claim6
+
+    study = _fake_study()
+    # Head (0, 1) is large and above noise; (1, 0) is large but noisy; (1, 1) is small.
+    study.ablation = {m: _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.005, 0.05, 0.3, 0.001])
+                      for m in ("m1", "m2")}
+    claim = claim6(study, tmp_path)
+    assert claim.verdict == HELD and "critical single heads found for 2/2" in claim.because
+    page = document.page(["# fake"], [claim], "results")
+    row = next(line for line in page.splitlines() if "L0H1 (+0.50 ± 0.05)" in line)
+    assert row.startswith("| m1 | 3.000 | 0.150 | L0H1 |") and "L1H0" not in row  # the noisy head is not critical
+    study.ablation = {m: _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.2, 0.3, 0.3, 0.1]) for m in ("m1", "m2")}
+    noisy = claim6(study, tmp_path)
+    assert noisy.verdict == PARTLY and "found for 0/2" in noisy.because
+    assert any("no single head is critical" in note for note in noisy.disagreements)
+    study.ablation = {m: _ablation_tables([0.01, 0.5, 0.4, 0.12], None) for m in ("m1", "m2")}
+    old = claim6(study, tmp_path)  # tables saved before the rule: the MAD flag is not read
+    assert "found for 0/2 (not determined for m1, m2" in old.because
+    assert any("no standard errors" in note for note in old.disagreements)

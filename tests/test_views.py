@@ -144,6 +144,8 @@ def test_taxonomy_and_sink_views_cover_every_head(result):
     assert "κ" in cells[0][1] and "F score of 2 keys: top" in cells[0][1]
     sink = views.sink_view(result).fragment()
     assert sink.count("<td><div") == 4 * N_LAYERS * N_HEADS
+    # κ and c_sink are counted once per KV head (SPEC §4): 2 query heads share each here.
+    assert f"Over the {N_LAYERS * N_KV} KV heads" in sink and "of KV heads have a smaller" in sink
 
 
 def test_views_leave_the_cache_untouched(cache, result):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import functional
 from ._version import __version__ as __version__
 from .ablation import (
+    AblationVsRandom,
     CapacityCorrelation,
     CapacitySweep,
     HeadAblation,
@@ -26,6 +27,7 @@ from .ablation import (
     SparsificationCurve,
     TopNAttention,
     ablate_heads,
+    ablation_vs_random,
     capacity_correlation,
     capacity_sweep,
     critical_heads,
@@ -70,6 +72,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CACHE_NAMES_FILTER",
+    "AblationVsRandom",
     "CacheError",
     "CapacityCorrelation",
     "CapacitySweep",
@@ -84,6 +87,7 @@ __all__ = [
     "SparsificationCurve",
     "TopNAttention",
     "ablate_heads",
+    "ablation_vs_random",
     "analyze_heads",
     "analyze_model",
     "capacity_correlation",

@@ -17,6 +17,7 @@ import pandas as pd
 
 import tl_geometry
 from tl_geometry import ablation as api
+from tl_geometry.functional.uncertainty import critical_threshold
 
 from . import plots
 from .corpora import Corpus
@@ -94,6 +95,7 @@ def claim6(study, figures: Path):
                      "not measured in this run (no ablation study was run).")
     checks: dict[str, list[bool]] = {"moderate": [], "not_uniform": [], "critical": []}
     loss_rows, crit_rows, notes = [], [], []
+    undetermined: list[str] = []  # models whose saved sensitivity table has no standard errors
     for model, tables in study.ablation.items():
         curve, sens = tables["curve"], tables["sensitivity"]
         orderings = list(dict.fromkeys(curve.ordering))
@@ -108,8 +110,14 @@ def claim6(study, figures: Path):
         moderate = all(_loss(curve, "taxonomy", r) < _loss(curve, "random", r) for r in MODERATE)
         not_uniform = any(_loss(curve, b, r) <= _loss(curve, "taxonomy", r)
                           for b in BASELINES for r in AGGRESSIVE)
-        critical = sens[sens.critical].sort_values("loss_increase", ascending=False)
+        # SPEC §7: critical = large (≥ max(0.1 nats, 5 % of the dense loss)) and above noise
+        # (95 % interval over the windows above 0). A table saved without standard errors
+        # cannot tell: no head counts as critical, and the page says why.
+        determined = "loss_increase_se" in sens
+        critical = (sens[sens.critical.astype(bool)] if determined else sens.iloc[:0]).sort_values(
+            "loss_increase", ascending=False)
         worst = sens.sort_values("loss_increase", ascending=False).iloc[0]
+        worst_se = float(worst.loss_increase_se) if determined else math.nan
         for r in (r for r in MODERATE if not _loss(curve, "taxonomy", r) < _loss(curve, "random", r)):
             notes.append(f"{model}: at retention {r:g} the taxonomy order's loss is "
                          f"{fmt(_loss(curve, 'taxonomy', r))} vs {fmt(_loss(curve, 'random', r))} "
@@ -128,17 +136,26 @@ def claim6(study, figures: Path):
                          f"L{int(worst.layer)}H{int(worst['head'])}, adds "
                          f"{fmt(float(worst.loss_increase), 2)} nats (the paper's Gemma-7B layer 0 "
                          "head 12 broke it alone).")
-        if critical.empty:
+        if not determined:
+            notes.append(f"{model}: the saved sensitivity table has no standard errors over "
+                         "windows, so SPEC §7's critical-head rule cannot be applied; re-run the "
+                         "ablation study.")
+        elif critical.empty:
             notes.append(f"{model}: no single head is critical (largest loss increase "
-                         f"{fmt(float(worst.loss_increase))}).")
+                         f"{fmt(float(worst.loss_increase))} ± {fmt(worst_se)} SE; threshold "
+                         f"{fmt(critical_threshold(tables['base_loss']))} nats and a 95 % interval "
+                         "above 0).")
         checks["moderate"].append(moderate)
         checks["not_uniform"].append(not_uniform)
         checks["critical"].append(len(critical) > 0)
+        undetermined += [] if determined else [model]
         crit_rows.append([
-            model, fmt(tables["base_loss"]), f"L{int(worst.layer)}H{int(worst['head'])}",
-            fmt(float(worst.loss_increase)), fmt(float(sens.loss_increase.median())),
-            str(len(critical)),
-            ", ".join(f"L{int(r.layer)}H{int(r.head)} (+{r.loss_increase:.2f})"
+            model, fmt(tables["base_loss"]), fmt(critical_threshold(tables["base_loss"])),
+            f"L{int(worst.layer)}H{int(worst['head'])}",
+            f"{fmt(float(worst.loss_increase))} ± {fmt(worst_se)}",
+            fmt(float(sens.loss_increase.median())),
+            str(len(critical)) if determined else "not determined",
+            ", ".join(f"L{int(r.layer)}H{int(r.head)} (+{r.loss_increase:.2f} ± {r.loss_increase_se:.2f})"
                       for r in critical.head(5).itertuples()) or "none",
         ])
 
@@ -163,9 +180,12 @@ def claim6(study, figures: Path):
     because = (f"taxonomy order below the random orders' mean loss at retention 0.9 and 0.75 for "
                f"{sum(checks['moderate'])}/{n} models; a single-metric order at least as good at "
                f"retention 0.5 or 0.25 for {sum(checks['not_uniform'])}/{n}; critical single heads "
-               f"found for {sum(checks['critical'])}/{n} (largest single-head loss increase: "
+               f"found for {sum(checks['critical'])}/{n}"
+               + (f" (not determined for {', '.join(undetermined)}: no standard errors saved)"
+                  if undetermined else "")
+               + "; largest single-head loss increase: "
                + ", ".join(f"{m} {fmt(float(t['sensitivity'].loss_increase.max()), 2)} nats"
-                           for m, t in study.ablation.items()) + ").")
+                           for m, t in study.ablation.items()) + ".")
     retentions = sorted(set(next(iter(study.ablation.values()))["curve"].retention), reverse=True)
     return Claim(
         6, "Head removal guided by the taxonomy", statement,
@@ -175,17 +195,20 @@ def claim6(study, figures: Path):
         "a lower loss than the mean of the random orders at retention 0.9 and 0.75. (b) *Not "
         "uniformly better under aggressive pruning*: at retention 0.5 or 0.25, weight magnitude "
         "or attention entropy gives a loss no higher than the taxonomy's. (c) *Single heads can "
-        "be critical*: the sensitivity sweep flags at least one outlier head (loss increase above "
-        "median + 3.5 · 1.4826 · MAD, tl_geometry's rule). Held: (a), (b), (c) for both models; "
-        "not held: neither (a) nor (c) for any model; else partly held.",
+        "be critical*: at least one head is critical by SPEC §7's rule (ours): its single-head "
+        "loss increase is at least max(0.1 nats, 5 % of the dense loss) and the lower end of its "
+        "95 % interval over the ablation windows (Student t on the paired per-window changes) is "
+        "above 0; a robust outlier of the sweep alone (median + k · MAD) does not count. Held: "
+        "(a), (b), (c) for both models; not held: neither (a) nor (c) for any model; else partly "
+        "held.",
         result, because,
         blocks=[
             "Loss (nats) on held-out windows after removing heads in each order:",
             table(["model", "ordering"] + [f"r={r:g}" for r in retentions], loss_rows,
                   "ll" + "r" * len(retentions)),
             "Single-head sensitivity (ablation windows):",
-            table(["model", "base loss", "worst head", "its Δloss", "median Δloss",
-                   "critical heads", "largest"], crit_rows),
+            table(["model", "base loss", "critical from (nats)", "worst head",
+                   "its Δloss ± SE", "median Δloss", "critical heads", "largest"], crit_rows),
         ],
         figures=[("claim6_sparsification.png",
                   "Held-out loss against the fraction of heads kept; dotted: unablated.")],

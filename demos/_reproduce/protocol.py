@@ -50,7 +50,9 @@ class StudyConfig:
 
 
 FULL = StudyConfig()
-QUICK = StudyConfig(mode="quick", n_windows=3, seq_len=48, ablation_windows=1,
+# Two ablation windows, not one: every loss change carries its standard error over windows, and
+# the critical-head rule needs one (SPEC §7).
+QUICK = StudyConfig(mode="quick", n_windows=3, seq_len=48, ablation_windows=2,
                     ablation_seq_len=16, random_orderings=2)
 
 

@@ -10,12 +10,12 @@ computed, plotted and shaded, never used by a verdict.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
+
+from tl_geometry.result.tracking import agreement_vs_chance
 
 from .document import HELD, NOT_HELD, PARTLY
 
@@ -76,14 +76,8 @@ def small_n(result: Any, default_keys: int | None = None) -> list[tuple[int, int
 
 def agreement(a: Tensor, b: Tensor) -> tuple[float, float, int]:
     """``(share, chance, count)`` for two per-head best-N tensors: the share of heads where both
-    are defined and equal, the share expected if the two were independent with the same
-    distributions (``Σ_n p_a(n) p_b(n)``), and the number of heads where both are defined."""
-    a, b = a.flatten(), b.flatten()
-    keep = torch.isfinite(a) & torch.isfinite(b)
-    a, b = a[keep], b[keep]
-    count = int(keep.sum())
-    if not count:
-        return math.nan, math.nan, 0
-    values = torch.unique(torch.cat([a, b]))
-    chance = sum(float((a == v).double().mean() * (b == v).double().mean()) for v in values)
-    return float((a == b).double().mean()), chance, count
+    are defined and equal, the share expected if one were shuffled across those heads
+    (``Σ_n p_a(n) p_b(n)``, SPEC §6d), and the number of heads where both are defined — the
+    library's :func:`tl_geometry.result.tracking.agreement_vs_chance`."""
+    best = agreement_vs_chance(a, b)
+    return best.agreement, best.chance, best.heads

@@ -2,8 +2,10 @@
 
 ``ablate_heads`` gives TransformerLens hooks on ``blocks.{l}.attn.hook_z`` that remove exactly
 the listed query heads (GQA-safe); ``head_sensitivity`` scores every head alone in batched
-forwards; ``critical_heads`` flags outliers; ``head_orderings`` and ``sparsification_curve``
-compare removal orders on held-out text. The method is in ``docs/ablation.md``.
+forwards, each loss increase with its standard error over windows; ``critical_heads`` applies
+SPEC §7's rule (large and above noise); ``ablation_vs_random`` compares a set of heads with
+random sets of the same size; ``head_orderings`` and ``sparsification_curve`` compare removal
+orders on held-out text. The method is in ``docs/ablation.md``.
 ``top_n_attention`` keeps only each query's top-N keys on ``hook_pattern``;
 ``retrieval_capacity``, ``capacity_sweep`` and ``capacity_correlation`` measure what that costs
 (``docs/capacity.md``).
@@ -13,6 +15,7 @@ compare removal orders on held-out text. The method is in ``docs/ablation.md``.
 """
 
 from ..functional.stats import spearman
+from ..functional.uncertainty import CRITICAL_LEVEL, CRITICAL_MIN_FRACTION, CRITICAL_MIN_NATS
 from .capacity import (
     DEFAULT_N_VALUES,
     CapacitySweep,
@@ -34,17 +37,22 @@ from .orderings import (
     weight_norm_order,
     weight_norms,
 )
-from .sensitivity import CRITICAL_K, HeadSensitivity, critical_heads, head_sensitivity
+from .random_sets import AblationVsRandom, ablation_vs_random, random_head_sets
+from .sensitivity import CRITICAL_K, HeadSensitivity, critical_heads, head_sensitivity, mad_outliers
 from .sparsification import DEFAULT_RETENTION, SparsificationCurve, heads_kept, sparsification_curve
 from .topn import SPARSIFY_MODES, TopNAttention, sparsify_pattern, top_n_attention
 
 __all__ = [
     "CRITICAL_K",
+    "CRITICAL_LEVEL",
+    "CRITICAL_MIN_FRACTION",
+    "CRITICAL_MIN_NATS",
     "DEFAULT_N_VALUES",
     "DEFAULT_RETENTION",
     "MODES",
     "ORDERINGS",
     "SPARSIFY_MODES",
+    "AblationVsRandom",
     "CapacityCorrelation",
     "CapacitySweep",
     "HeadAblation",
@@ -54,6 +62,7 @@ __all__ = [
     "SparsificationCurve",
     "TopNAttention",
     "ablate_heads",
+    "ablation_vs_random",
     "attention_entropy",
     "capacity_correlation",
     "capacity_sweep",
@@ -63,7 +72,9 @@ __all__ = [
     "head_orderings",
     "head_sensitivity",
     "heads_kept",
+    "mad_outliers",
     "oracle_order",
+    "random_head_sets",
     "random_order",
     "retrieval_capacity",
     "sparsification_curve",

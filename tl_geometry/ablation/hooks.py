@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -333,6 +333,24 @@ def model_loss(model: Any, tokens: Tensor, attention_mask: Tensor | None = None)
     return float(model(tokens.to(device), return_type="loss", **kwargs))
 
 
+class WindowLosses(NamedTuple):
+    """Per-window losses of some replicas of one batch (SPEC §7 uncertainty, ours).
+
+    ``loss[r, b]`` is the mean next-token loss of replica ``r`` over the valid predictions of
+    window ``b`` (float64; NaN for a window with none), ``weight[b]`` the number of those
+    predictions. The replica's loss over the whole batch is the weighted mean, :attr:`total`.
+    """
+
+    loss: Float[Tensor, "replica window"]
+    weight: Float[Tensor, " window"]
+
+    @property
+    def total(self) -> Float[Tensor, " replica"]:
+        """``Σ_b w_b L_b / Σ_b w_b``: the mean over every valid prediction of the batch."""
+        w = self.weight.double()
+        return torch.where(w > 0, self.loss * w, 0.0).sum(-1) / w.sum()
+
+
 @torch.no_grad()
 def replica_losses(
     model: Any,
@@ -351,6 +369,23 @@ def replica_losses(
     mean over its valid predictions of the per-token loss, summed in float64. ``progress`` (a
     tqdm bar or ``None``) is advanced by the number of replicas done.
     """
+    return replica_window_losses(model, tokens, remove, fill=fill, attention_mask=attention_mask,
+                                 per_forward=per_forward, progress=progress).total
+
+
+@torch.no_grad()
+def replica_window_losses(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    remove: Bool[Tensor, "replica layer head"],
+    *,
+    fill: dict[int, Tensor] | None = None,
+    attention_mask: Tensor | None = None,
+    per_forward: int | None = None,
+    progress: Any = None,
+) -> WindowLosses:
+    """:func:`replica_losses` per window: the loss of every replica on every window of
+    ``tokens`` (:class:`WindowLosses`), from the same batched forwards."""
     _, n_heads = model_shape(model)
 
     def hooks_for(start: int, stop: int) -> HookList:
@@ -360,8 +395,18 @@ def replica_losses(
                  replica_hook(layer, chunk[:, layer], None if fill is None else fill[layer], n_heads))
                 for layer in layers]
 
-    return stacked_losses(model, tokens, remove.shape[0], hooks_for, attention_mask=attention_mask,
-                          per_forward=per_forward, progress=progress)
+    return stacked_window_losses(model, tokens, remove.shape[0], hooks_for,
+                                 attention_mask=attention_mask, per_forward=per_forward,
+                                 progress=progress)
+
+
+@torch.no_grad()
+def window_losses(model: Any, tokens: Int[Tensor, "batch pos"],
+                  attention_mask: Tensor | None = None) -> WindowLosses:
+    """The unablated model's loss on every window (one replica, no hooks): the dense side of
+    every paired loss change."""
+    return stacked_window_losses(model, tokens, 1, lambda start, stop: [],
+                                 attention_mask=attention_mask, per_forward=1)
 
 
 @torch.no_grad()
@@ -380,16 +425,35 @@ def stacked_losses(
     Replicas are stacked along the batch axis; ``hooks_for(start, stop)`` gives the hooks that
     treat replicas ``start:stop`` (each hook tells its replicas apart by batch row). The loss of
     a replica is the mean over its valid predictions of the per-token loss, summed in float64.
-    ``progress`` (a tqdm bar or ``None``) is advanced by the number of replicas done.
+    ``progress`` (a tqdm bar or ``None``) is advanced by the number of replicas done. Per
+    window: :func:`stacked_window_losses`.
     """
+    return stacked_window_losses(model, tokens, n_rep, hooks_for, attention_mask=attention_mask,
+                                 per_forward=per_forward, progress=progress).total
+
+
+@torch.no_grad()
+def stacked_window_losses(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    n_rep: int,
+    hooks_for: Callable[[int, int], HookList],
+    *,
+    attention_mask: Tensor | None = None,
+    per_forward: int | None = None,
+    progress: Any = None,
+) -> WindowLosses:
+    """:func:`stacked_losses` per window: ``loss[r, b]`` is replica ``r``'s mean per-token loss
+    over the valid predictions of window ``b`` (summed in float64), ``weight[b]`` their number.
+    Keeping the windows apart is what gives every loss change its standard error (SPEC §7)."""
     batch, n_pos = tokens.shape
     per_forward = per_forward or replicas_per_forward(model, batch, n_pos)
     device = model_device(model)
     targets = valid_targets(tokens, attention_mask).to(device)
-    n_targets = targets.sum().double()
+    weight = targets.sum(-1).double()  # [window]
     mask = None if attention_mask is None else (
         check_attention_mask(attention_mask, batch, n_pos).long().to(device))
-    out = torch.empty(n_rep, dtype=torch.float64)
+    sums = torch.empty(n_rep, batch, dtype=torch.float64)
     for start in range(0, n_rep, per_forward):
         stop = min(n_rep, start + per_forward)
         k = stop - start
@@ -399,7 +463,9 @@ def stacked_losses(
                               loss_per_token=True, **kwargs)
         # where, not a product: a padded position's loss may be NaN, and NaN · 0 is NaN.
         per_token = torch.where(targets, per_token.double().reshape(k, batch, n_pos - 1), 0.0)
-        out[start:stop] = (per_token.sum(dim=(1, 2)) / n_targets).cpu()
+        sums[start:stop] = per_token.sum(-1).cpu()
         if progress is not None:
             progress.update(k)
-    return out
+    weight = weight.cpu()
+    loss = torch.where(weight > 0, sums / weight.clamp_min(1), torch.nan)
+    return WindowLosses(loss, weight)

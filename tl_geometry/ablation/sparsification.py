@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,11 +13,13 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..analyze.progress import check_progress
+from ..functional.uncertainty import paired_window_se
 from . import hooks as _hooks
 from .orderings import Ordering
 
 DEFAULT_RETENTION = (1.0, 0.9, 0.75, 0.5, 0.25)
-COLUMNS = ("ordering", "seed", "retention", "n_removed", "loss", "perplexity")
+COLUMNS = ("ordering", "seed", "retention", "n_removed", "loss", "perplexity", "loss_increase",
+           "loss_increase_se")
 
 
 def check_retention(retention: Any) -> tuple[float, ...]:
@@ -44,17 +46,25 @@ class SparsificationCurve:
     """Loss and perplexity after removing the first heads of each order, per retention.
 
     ``rows`` holds one dict per (ordering, seed, retention) with the keys of :data:`COLUMNS`;
-    ``base_loss`` is the unablated loss of the same tokens.
+    ``base_loss`` is the unablated loss of the same tokens. ``loss_increase = loss − base_loss``
+    and ``loss_increase_se``, its standard error over windows (SPEC §7, ours: the per-window
+    changes are paired, :func:`~tl_geometry.functional.uncertainty.paired_window_se`; NaN with
+    fewer than 2 windows; 0 for a row that removes nothing). ``window_loss[i, b]`` is row ``i``'s
+    loss on window ``b``, ``base_window_loss[b]`` and ``window_weight[b]`` the dense loss and
+    the number of valid predictions of window ``b`` (``None`` for an object built without them).
     """
 
     rows: list[dict[str, Any]]
     base_loss: float
     mode: str = "zero"
     metadata: dict[str, Any] = field(default_factory=dict)
+    window_loss: Tensor | None = None
+    base_window_loss: Tensor | None = None
+    window_weight: Tensor | None = None
 
     def to_pandas(self):
-        """``ordering, seed, retention, n_removed, loss, perplexity``; seed is empty (<NA>)
-        for deterministic orders."""
+        """``ordering, seed, retention, n_removed, loss, perplexity, loss_increase,
+        loss_increase_se``; seed is empty (<NA>) for deterministic orders."""
         import pandas as pd
 
         table = pd.DataFrame(self.rows, columns=list(COLUMNS))
@@ -140,7 +150,9 @@ def sparsification_curve(
     ``perplexity = exp(loss)`` are measured. ``r = 1`` removes nothing and is the model's own
     unablated loss, exactly. The ablated settings are stacked ``batch_size`` at a time along the
     batch axis (default: by memory budget), so all curves take few forwards. ``tokens`` should be
-    held out from the text the orders were computed on.
+    held out from the text the orders were computed on. Every loss is also kept per window,
+    with one more (unablated) forward, so each ``loss_increase`` has its standard error over
+    windows (``loss_increase_se``, SPEC §7).
 
     Args:
         order: an :class:`Ordering` or list of them (:func:`head_orderings`), a dict
@@ -178,7 +190,8 @@ def sparsification_curve(
                 mask[flat[:n_removed]] = True
                 masks.append(mask.reshape(n_layers, n_heads))
     base = _hooks.model_loss(model, tokens, attention_mask)
-    losses = iter(())
+    dense = _hooks.window_losses(model, tokens, attention_mask)
+    ablated: Iterator[tuple[float, Tensor, float]] = iter(())
     if masks:
         fill = None
         if mode == "mean":
@@ -191,15 +204,24 @@ def sparsification_curve(
 
             bar = tqdm(total=len(masks), desc="sparsification", unit="setting")
         try:
-            losses = iter(_hooks.replica_losses(
+            windows = _hooks.replica_window_losses(
                 model, tokens, torch.stack(masks), fill=fill, attention_mask=attention_mask,
-                per_forward=batch_size, progress=bar).tolist())
+                per_forward=batch_size, progress=bar)
         finally:
             if bar is not None:
                 bar.close()
+        se = paired_window_se(windows.loss - dense.loss, dense.weight)
+        ablated = iter(zip(windows.total.tolist(), windows.loss, se.tolist()))
+    window_loss = []
     for row in rows:
-        row["loss"] = next(losses) if row["n_removed"] else base
-        row["perplexity"] = math.exp(row["loss"])
+        # Retention 1 removes nothing: the model's own loss, exactly, and no change to err on.
+        loss, per_window, se_row = next(ablated) if row["n_removed"] else (base, dense.loss[0], 0.0)
+        row["loss"] = loss
+        row["perplexity"] = math.exp(loss)
+        row["loss_increase"] = loss - base
+        row["loss_increase_se"] = se_row
+        window_loss.append(per_window)
     metadata = {"tokens": list(tokens.shape), "n_heads_total": n_total, "forwards_of_settings": len(masks),
                 "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
-    return SparsificationCurve(rows, base, mode, metadata)
+    return SparsificationCurve(rows, base, mode, metadata, torch.stack(window_loss), dense.loss[0],
+                               dense.weight)

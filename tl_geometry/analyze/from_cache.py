@@ -139,6 +139,7 @@ def analyze_heads(
                                       mask_given=attention_mask is not None, window=layer_windows[li]))
     assert run is not None  # resolve_layers refuses an empty cache
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None)
+    metadata["n_kv_heads"] = int(v.shape[2])  # the unit of value-only figures (SPEC §4)
     return run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows)
 
 

@@ -78,6 +78,7 @@ class _LayerHooks:
         self.mask: Tensor | None = None
         self.sink: Tensor | None = None
         self.offset = 0
+        self.n_kv: int | None = None  # KV heads seen in v: the unit of value-only figures (SPEC §4)
 
     def batch(self, mask: Tensor, offset: int) -> None:
         self.mask, self.sink, self.offset = mask, sink_positions(mask), offset
@@ -111,6 +112,7 @@ class _LayerHooks:
             assert self.mask is not None and self.sink is not None
             device = c.q.device
             W = None if self.W is None else self.W[c.layer].to(device)
+            self.n_kv = int(c.v.shape[2])
             source = RecomputedRows(c, None if mask is None else self.mask)
             window = self.windows[self.row[c.layer]]
             if self.from_config and window != c.params.window:
@@ -130,6 +132,7 @@ class _LayerHooks:
     def _layer(self, layer: int, pattern: Tensor, v: Tensor) -> None:
         names = (_cache.PATTERN_HOOK.format(layer=layer), _cache.VALUE_HOOK.format(layer=layer))
         pattern, v = _cache.read_layer(dict(zip(names, (pattern, v))), layer, upcast=False)
+        self.n_kv = int(v.shape[2])
         assert self.mask is not None and self.sink is not None
         if pattern.shape[0] != self.mask.shape[0] or pattern.shape[-1] != self.mask.shape[1]:
             raise ValueError(f"Layer {layer}: pattern {tuple(pattern.shape)} does not match the batch.")
@@ -276,7 +279,8 @@ def analyze_model(
         for tensor in acc.tensors():
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), opts, mask is not None)
-    metadata.update(cache_type="streaming", batch_size=batch_size,
+    metadata.update(n_kv_heads=hooks.n_kv or getattr(cfg, "n_key_value_heads", None) or n_heads,
+                    cache_type="streaming", batch_size=batch_size,
                     world_size=1 if shard is None else shard[1],
                     attention="recompute" if recompute else "pattern")
     return acc.finish(layer_ids, opts, n_pos, metadata, layer_windows)

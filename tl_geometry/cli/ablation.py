@@ -30,11 +30,14 @@ from .args import (
 ABLATE = """\
 Print the loss of a model on real text with and without some heads. A head's output z (hook_z,
 one slice per query head, so one query head at a time even under grouped-query attention) is
-replaced by zeros or by its mean over the windows. Definitions: docs/math.md, section 7.
+replaced by zeros or by its mean over the windows. The loss change comes with its standard error
+over the windows; with --n-random it is compared with random sets of as many heads (z and an
+empirical p). Definitions: docs/math.md, section 7; docs/ablation.md.
 
 examples:
   tl-geometry ablate --heads 3.4,5.0                 # layer 3 head 4 and layer 5 head 0
   tl-geometry ablate --heads 0.3 --mode mean --text corpus.txt
+  tl-geometry ablate --heads 1.5,1.4 --n-random 50 --same-layers
 """
 
 PRUNE = """\
@@ -93,6 +96,12 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
         ablate.add_argument("--heads", type=_heads, required=True, metavar="L.H,...",
                             help="heads to ablate, e.g. 3.4,5.0 (layer 3 head 4 and layer 5 head 0)")
         _common(ablate, n_seqs=4, seq_len=128)
+        ablate.add_argument("--n-random", type=positive_int, default=None, metavar="K",
+                            help="also ablate K random sets of as many heads and report z and an "
+                                 "empirical p (default: none)")
+        ablate.add_argument("--same-layers", action="store_true",
+                            help="draw the random sets from the same layers, as many heads per layer")
+        ablate.add_argument("--seed", type=int, default=0, help="seed of the random sets")
         return ablate
     prune = sub.add_parser(name, help="head sensitivity, removal orders and sparsification curves",
                            description=PRUNE)
@@ -134,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
 def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
     import torch
 
-    from ..ablation import ablate_heads
+    from ..ablation import ablate_heads, ablation_vs_random
+    from ..ablation import hooks as _hooks
+    from ..functional.uncertainty import paired_window_se
     from ..inputs.text import text_windows
 
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
@@ -142,13 +153,21 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
                                         reference_tokens=tokens if args.mode == "mean" else None)
     with torch.no_grad():
         base = float(model(tokens, return_type="loss"))
+        dense = _hooks.window_losses(model, tokens)
         with ablation:
             ablated = float(model(tokens, return_type="loss"))
+            per_window = _hooks.window_losses(model, tokens)
+    se = float(paired_window_se(per_window.loss - dense.loss, dense.weight)[0])
     heads = ", ".join(f"L{layer}H{head}" for layer, head in ablation.heads)
     print(f"{tokens.shape[0]} × {tokens.shape[1]} tokens of {args.text or 'the built-in sample'}")
     print(f"loss without ablation  {base:.4f}  (perplexity {math.exp(base):.2f})")
     print(f"loss, {args.mode}-ablated {heads}: {ablated:.4f}  (perplexity {math.exp(ablated):.2f}, "
-          f"Δ {ablated - base:+.4f})")
+          f"Δ {ablated - base:+.4f} ± {se:.4f} SE over {tokens.shape[0]} windows)")
+    if args.n_random:
+        cmp = ablation_vs_random(model, tokens, args.heads, n_random=args.n_random,
+                                 same_layers=args.same_layers, seed=args.seed, mode=args.mode,
+                                 progress=False)
+        print(cmp.summary())
     return 0
 
 
@@ -193,7 +212,10 @@ def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
           f"of {args.text or 'the built-in sample'}; {args.mode} ablation; unablated loss "
           f"{sens.base_loss:.4f} (scoring), {curve.base_loss:.4f} (held out)")
     critical = sens.critical()
-    print(f"\ncritical heads (Δ loss > median + 3.5·1.4826·MAD): {len(critical)}")
+    threshold = max(0.1, 0.05 * sens.base_loss)
+    print(f"\ncritical heads (Δ loss ≥ {threshold:.3f} nats = max(0.1, 5% of the dense loss), and "
+          f"the 95% interval over {sens.n_windows} windows above 0): {len(critical)}"
+          + (" — " + ", ".join(f"L{layer}H{head}" for layer, head in critical) if critical else ""))
     top = sens.top(10)
     print(top.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print("\nheld-out loss by ordering (rows) and retention (columns):")

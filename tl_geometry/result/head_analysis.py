@@ -23,7 +23,7 @@ from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
-from . import headline, io, select, tables, text
+from . import headline, io, select, tables, text, tracking, units
 from . import labels as confidence
 from .io import ResultFileError
 from .schema import (
@@ -210,6 +210,46 @@ class HeadAnalysis(Shortcuts):
     def n_heads(self) -> int:
         return self.scores.shape[3]
 
+    # --- statistical unit of value-only figures (SPEC §4) -------------------------------------------
+    @property
+    def kv_group_size(self) -> int:
+        """Query heads per KV head (``n_heads // n_kv``, from ``metadata["n_kv_heads"]``; for a
+        file without it, inferred from the value-only figures), or 1 in output space, where the
+        values are per query head. A value-only figure is identical inside such a group."""
+        return units.kv_group_size(self)
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Value groups per layer: the KV heads in value space, the query heads in output space.
+        The unit over which value-only figures (κ, c_sink, cos(v_sink, mean v), the regime
+        diagnostics) are counted, medianed and shared (SPEC §4)."""
+        return self.n_heads // self.kv_group_size
+
+    def kv_heads(self, values: str | Tensor) -> Tensor:
+        """A value-only figure per KV head: ``[layer, head, ...]`` → ``[layer, kv, ...]``
+        (SPEC §4, statistical unit). ``values`` is a tensor or a key of :meth:`quantities`
+        (``"sink_norm_ratio"``, ``"sink_cosine"``, ``"sink_mean_cosine"``, ``"regime_kappa"``,
+        ...). Raises ``ValueError`` when the query heads of one group disagree: then the figure
+        reads α and stays per query head.
+
+        >>> kappa = result.kv_heads("sink_norm_ratio")       # [layer, kv]   # doctest: +SKIP
+        >>> float(kappa.nanmedian()), result.n_layers * result.n_kv_heads   # doctest: +SKIP
+        """
+        name = "values"
+        if isinstance(values, str):
+            quantities = self.quantities()
+            if values not in quantities:
+                raise UnknownNameError(f"kv_heads({values!r}): unknown key; value-only keys: "
+                                       f"{', '.join(k for k in units.value_only_names() if k in quantities)}.")
+            name, values = values, quantities[values][0]
+        return units.kv_values(self, values, name)
+
+    def kv_heads_table(self):
+        """One row per (layer, KV head) with every value-only figure, as a ``DataFrame``:
+        ``layer, kv_head, query_heads, sink_norm_ratio, sink_cosine, sink_mean_cosine`` (and,
+        with bounds, ``regime_*``). Count and share value-only figures over these rows."""
+        return units.kv_heads_table(self)
+
     # --- selection by coordinates ------------------------------------------------------------------
     def quantities(self) -> dict[str, tuple[Tensor, bool]]:
         """Every per-head quantity by name, as ``(values, has_n_axis)``: the metrics of every group,
@@ -309,8 +349,27 @@ class HeadAnalysis(Shortcuts):
     def best_n_agreement(self, kind: str = "shell_n") -> float:
         """Fraction of heads whose bound-predicted best N (``kind``: ``shell``, ``shell_n``,
         ``predicted``) equals the measured one, over the heads where both are defined (NaN if
-        none)."""
+        none). Read it next to its chance level: :meth:`best_n_vs_chance`."""
         return tables.best_n_agreement(self, kind)
+
+    def best_n_vs_chance(self, kind: str = "shell_n", *, n_shuffles: int = tracking.N_SHUFFLES,
+                         seed: int = 0) -> tracking.BestNAgreement:
+        """The best-N agreement of bound ``kind`` next to its chance rate (SPEC §6d, "Reading
+        'tracks'", ours): ``agreement``, ``chance`` (the exact expected agreement when the
+        bound's best Ns are shuffled across the same heads, ``Σ_n p_measured(n) p_bound(n)``),
+        ``excess`` (= agreement − chance), and the p-value over ``n_shuffles`` seeded shuffles.
+        An agreement at or below chance predicts nothing (``above_chance`` is False).
+
+        >>> result.best_n_vs_chance("shell_n").text()    # doctest: +SKIP
+        '64.8 % of 270 heads (chance 58.2 %, excess +6.6 points, shuffle p = 0.012)'
+        """
+        return tracking.best_n_vs_chance(self, kind, n_shuffles=n_shuffles, seed=seed)
+
+    def rho_by_n(self, kind: str = "shell_n", metric: str = "f_score"):
+        """Spearman's ρ across heads between bound ``kind`` and the measured ``metric``, **within
+        each headline N** (SPEC §6d; never pooled over N, which inflates ρ through the shared
+        decline with N), as a ``DataFrame`` ``n, rho, heads``."""
+        return tracking.rho_by_n(self, kind, metric)
 
     # --- tables -----------------------------------------------------------------------------------
     def paired_sink_summary(self):

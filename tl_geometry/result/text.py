@@ -12,6 +12,7 @@ from torch import Tensor
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from .headline import headline_text, layer_windows, n_label
 from .protocol import AnalysisLike
+from .units import kv_group_size, kv_values
 
 #: What the three classes are (SPEC §5), for every legend: the names are the paper's and are
 #: easy to misread ("Retriever" is not a retrieval head).
@@ -142,6 +143,7 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
     lines += textwrap.wrap(headline_text(result), 100)
     lines += textwrap.wrap(window_text(result), 100)
     lines += ["", *textwrap.wrap("Classes: " + class_shares_text(result), 100, subsequent_indent="  ")]
+    lines += textwrap.wrap(value_geometry_text(result), 100, subsequent_indent="  ")
     for n in shown:
         lines.append(_group_line(result, f"mean F_{n_label(result, n)}", result._n_index(n)))
     if headline := result.headline_n:
@@ -156,11 +158,17 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
         lines.append("  shell certificate (SPEC §6d), mean F̲_N / mean F_N, K=0 | K=N: " + ", ".join(
             f"N={n_label(result, n)}: {_ratio(result.shell_f_score, result.f_score, result._n_index(n))}"
             f" | {_ratio(result.shell_n_f_score, result.f_score, result._n_index(n))}" for n in shown))
-        best = result.best_n()
-        both = best.measured_best_n.notna() & best.shell_n_best_n.notna()
-        lines.append(f"  best N over the headline range {list(result.headline_n)}: the shell (K=N) "
-                     f"predicts the measured one for {_percent(result.best_n_agreement('shell_n'))} "
-                     f"of the {int(both.sum())} heads where both are defined")
+        rhos = result.rho_by_n("shell_n")
+        if len(rhos):
+            lines.append("  shell (K=N) vs measured F_N, Spearman ρ across heads within each headline N: "
+                         + ", ".join(f"N={int(n)}: {rho:.2f}" for n, rho in zip(rhos.n, rhos.rho)))
+        agreement = result.best_n_vs_chance("shell_n")
+        verdict = ("" if agreement.above_chance or not agreement.heads
+                   else "; at or below chance: it predicts nothing" if not agreement.excess > 0
+                   else "; not significantly above chance")
+        lines += textwrap.wrap(
+            f"  best N over the headline range {list(result.headline_n)}: the shell (K=N) gives the "
+            f"measured one for {agreement.text()}{verdict}", 100, subsequent_indent="    ")
 
     n_heads = result.n_layers * result.n_heads
     # Rank by the first shown N of the headline range; a dense N is never the headline.
@@ -210,6 +218,27 @@ def window_text(result: AnalysisLike) -> str:
             "whose window starts after the sink has no sink (no sink comparison, no sink vote). "
             + ("Instances that see the sink: " if known else "Windowed layers: ")
             + ", ".join(cells) + "; global layers see it always.")
+def _median_and_share(x: Tensor, below: float) -> tuple[float, float]:
+    finite = x[x.isfinite()].double()
+    if not finite.numel():
+        return math.nan, math.nan
+    return float(finite.quantile(0.5)), float((finite < below).double().mean())
+
+
+def value_geometry_text(result: AnalysisLike) -> str:
+    """The sink's value geometry (SPEC §4) summarised over its statistical unit: κ, c_sink and
+    cos(v_sink, mean v) read only the values, so under GQA/MQA their medians and shares are over
+    the KV heads (each group once), not over the query heads that share them."""
+    group = kv_group_size(result)
+    n_units = result.n_layers * (result.n_heads // group)
+    unit = (f"over the {n_units} KV heads, not the {result.n_layers * result.n_heads} query heads "
+            "that share them" if group > 1 else f"over the {n_units} heads")
+    kappa, kappa_below = _median_and_share(kv_values(result, result.sink_norm_ratio, "sink_norm_ratio"), 1.0)
+    cos, cos_below = _median_and_share(kv_values(result, result.sink_cosine, "sink_cosine"), 0.0)
+    mean_cos, _ = _median_and_share(kv_values(result, result.sink_mean_cosine, "sink_mean_cosine"), 0.0)
+    return (f"Sink value geometry (value-only figures, {unit}): median κ {kappa:.3f} "
+            f"(κ < 1 for {_percent(kappa_below)}), median c_sink {cos:+.3f} (negative for "
+            f"{_percent(cos_below)}), median cos(v_sink, mean v) {mean_cos:+.3f}.")
 
 
 def _ratio(bound: Tensor, measured: Tensor, i: int) -> str:

@@ -35,7 +35,7 @@ from ..functional.taxonomy import CLASSES
 from ..result import HeadAnalysis
 from ..result.headline import dense_from, n_label
 from ..result.labels import HIGH_SCORE, check_scores, label_agreement
-from ..result.text import CLASSES_TEXT, class_shares_text, unstable_counts
+from ..result.text import CLASSES_TEXT, class_shares_text, unstable_counts, value_geometry_text
 from . import _page
 from .attention import attention_view, contribution_view
 from .plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
@@ -199,7 +199,10 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         "distance / space": f"{meta.get('distance', '?')} / {meta.get('space', '?')}",
         "random subsets per query": meta.get("random_samples", "?"),
         "value shuffles per query": meta.get("shuffle_samples", "?"),
-        "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_heads}",
+        "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_heads}"
+                 + (f" query heads sharing {result.n_layers * result.n_kv_heads} KV heads"
+                    if result.kv_group_size > 1 else ""),
+        "sink value geometry": value_geometry_text(result),
         "classes": class_shares_text(result),
         "what the classes are": CLASSES_TEXT,
     }
@@ -223,6 +226,21 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
     )
 
 
+def critical_text(sens: Any) -> str:
+    """The report's line on critical heads from a ``sensitivity.csv`` table (SPEC §7): the heads
+    whose loss increase is ≥ max(0.1 nats, 5 % of the dense loss) with a 95 % interval over the
+    windows above 0. A table without standard errors (``loss_increase_se``) cannot apply the rule."""
+    if "loss_increase_se" not in sens or "critical" not in sens:
+        return ("Critical heads: not determined — this sensitivity.csv has no loss_increase_se "
+                "column (no standard errors over windows); re-run tl-geometry prune.")
+    critical = sens[sens["critical"].astype(bool)].sort_values("loss_increase", ascending=False)
+    names = ", ".join(f"L{r.layer}H{r.head}" for r in critical.itertuples()) or "none"
+    return (f"Critical heads: {names}. Rule (SPEC §7): loss increase ≥ max(0.1 nats, 5 % of the "
+            "dense loss) and the lower end of its 95 % interval over windows (Student t on the "
+            "paired per-window changes) above 0; a robust outlier of the sweep (column outlier: "
+            "median + 3.5 · 1.4826 · MAD) is shown, not used.")
+
+
 def _ablation(out: Path, figures: Path) -> list[str]:
     import pandas as pd
 
@@ -231,10 +249,8 @@ def _ablation(out: Path, figures: Path) -> list[str]:
     if sens_path.is_file():
         sens = pd.read_csv(sens_path)
         top = sens.sort_values("loss_increase", ascending=False).head(12)
-        critical = sens[sens["critical"].astype(bool)] if "critical" in sens else sens.iloc[:0]
-        names = ", ".join(f"L{r.layer}H{r.head}" for r in critical.itertuples()) or "none"
         parts.append("<h3>Single-head ablation: largest loss increase</h3>" + _table(top, 4)
-                     + f'<p class="tlg-caption">Critical heads: {html.escape(names)}.</p>')
+                     + f'<p class="tlg-caption">{html.escape(critical_text(sens))}</p>')
     if sparse_path.is_file():
         sparse = pd.read_csv(sparse_path)
         paths = save_figure(ablation_plot(sparse), figures / "ablation")

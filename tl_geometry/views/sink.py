@@ -71,6 +71,8 @@ def sink_view(result: HeadAnalysis) -> View:
     sink attention mass α_sink, value-norm ratio κ = ‖v_sink‖ / mean_{j≠sink}‖v_j‖ (colour on a
     log scale around 1), the signed mean cosine c_sink = mean_{j≠sink} cos(v_sink, v_j) (never
     clipped) and the sink's share of Σ α_j‖v_j‖ (SPEC §4). Hover a cell for the head's details.
+    The caption's medians and shares of κ and c_sink are over KV heads: under GQA/MQA the query
+    heads of one group share those value-only figures (SPEC §4, statistical unit).
 
     >>> sink_view(result).save("sink.html")  # doctest: +SKIP
     """
@@ -83,12 +85,21 @@ def sink_view(result: HeadAnalysis) -> View:
         (result.sink_share, "sink share of Σ α‖v‖", _sequential, 1.0),
     ]
     inner = "".join(_heatmap(result, v, name, color, scale) for v, name, color, scale in maps)
-    kappa = result.sink_norm_ratio[result.sink_norm_ratio.isfinite()]  # percentages of scored heads
-    cos = result.sink_cosine[result.sink_cosine.isfinite()]
-    kappa_text = (f"median κ {float(kappa.nanmedian()):.3f} ({100 * float((kappa < 1).double().mean()):.0f}% "
-                  "of heads have a smaller sink value norm)") if kappa.numel() else "no head has a defined κ"
-    cos_text = (f"mean signed cosine {float(cos.mean()):+.3f} ({100 * float((cos < 0).double().mean()):.0f}% "
-                "negative)") if cos.numel() else "no head has a defined sink cosine"
-    summary = f'<div class="tlg-caption">Over all heads: {kappa_text}, {cos_text}.</div>'
+    # κ and c_sink read only the values: one measurement per KV head (SPEC §4, statistical unit),
+    # however many query heads share it. Percentages are of the KV heads with a defined figure.
+    kappa = result.kv_heads("sink_norm_ratio")
+    cos = result.kv_heads("sink_cosine")
+    kappa, cos = kappa[kappa.isfinite()], cos[cos.isfinite()]
+    unit = "KV heads" if result.kv_group_size > 1 else "heads"
+    kappa_text = (f"median κ {float(kappa.double().quantile(0.5)):.3f} "
+                  f"({100 * float((kappa < 1).double().mean()):.0f}% of {unit} have a smaller sink "
+                  "value norm)") if kappa.numel() else f"no {unit[:-1]} has a defined κ"
+    cos_text = (f"median signed cosine {float(cos.double().quantile(0.5)):+.3f} "
+                f"({100 * float((cos < 0).double().mean()):.0f}% negative)") if cos.numel() else (
+                f"no {unit[:-1]} has a defined sink cosine")
+    over = (f"the {result.n_layers * result.n_kv_heads} KV heads (κ and c_sink read only the values, "
+            f"shared by {result.kv_group_size} query heads each)" if result.kv_group_size > 1
+            else f"all {result.n_layers * result.n_heads} heads")
+    summary = f'<div class="tlg-caption">Over {html.escape(over)}: {kappa_text}, {cos_text}.</div>'
 
     return View("Attention-sink diagnostics per layer", [summary, html_widget("SinkHeatmaps", inner)])

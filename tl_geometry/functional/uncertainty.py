@@ -1,0 +1,157 @@
+"""Uncertainty of loss changes over windows, and a set of heads against random sets (SPEC §7, ours).
+
+Pure arithmetic: tensors (or floats) in, tensors (or floats) out.
+
+* :func:`paired_window_se` — the standard error of a loss change from its per-window changes
+  (paired: the same windows with and without the ablation);
+* :func:`t_quantile` / :func:`confidence_interval` — the Student-t interval of a mean over windows;
+* :func:`critical_mask` — SPEC §7's critical-head rule: an increase of at least
+  ``max(0.1 nats, 5 % of the dense loss)`` whose 95 % interval lies above 0;
+* :func:`null_z` / :func:`empirical_p` — an observed loss change against a null sample (random
+  head sets of the same size).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+#: SPEC §7: a critical head raises the loss by at least this many nats ...
+CRITICAL_MIN_NATS = 0.1
+#: ... or by this fraction of the dense (unablated) loss, whichever is larger ...
+CRITICAL_MIN_FRACTION = 0.05
+#: ... and the lower end of its interval at this level is above 0.
+CRITICAL_LEVEL = 0.95
+
+
+def paired_window_se(
+    difference: Float[Tensor, "*set window"], weight: Float[Tensor, " window"]
+) -> Float[Tensor, "*set"]:
+    """Standard error of a loss change over windows, from its per-window changes (ours).
+
+    A loss is the mean over every valid prediction of every window, i.e. the mean of the
+    per-window losses ``L_b`` weighted by their numbers of predictions ``w_b``. The change
+    ``Δ = Σ_b w_b d_b / Σ_b w_b`` (``d_b`` = change of window ``b``: ablated minus dense, the same
+    windows on both sides, so paired) has the standard error of a weighted mean over ``n``
+    windows with weight ``w_b > 0``:
+
+        ``SE = sqrt( n/(n−1) · Σ_b w_b² (d_b − Δ)² ) / Σ_b w_b``
+
+    With equal weights (windows of one length, no padding) this is ``sd(d) / sqrt(n)``
+    (sample sd, ``n − 1``). Windows with ``w_b = 0`` (no valid prediction) are left out; NaN
+    with fewer than 2 windows (no spread to estimate), and where a used ``d_b`` is NaN.
+
+    >>> paired_window_se(torch.tensor([1.0, 2.0, 3.0]), torch.ones(3))   # sd 1, n 3
+    tensor(0.5774, dtype=torch.float64)
+    """
+    d, w = difference.double(), weight.double().to(difference.device)
+    used = w > 0
+    n = int(used.sum())
+    if n < 2:
+        return torch.full(d.shape[:-1], math.nan, dtype=torch.float64, device=d.device)
+    w = torch.where(used, w, 0.0)
+    d = torch.where(used, d, 0.0)  # an unused window's NaN loss must not reach the sums
+    total = w.sum()
+    mean = (w * d).sum(-1, keepdim=True) / total
+    spread = (w.square() * (d - mean).square()).sum(-1)
+    return (n / (n - 1) * spread).sqrt() / total
+
+
+def _t_two_sided(t: float, df: int) -> float:
+    """``P(|T| < t)`` for Student's t with an integer ``df`` ≥ 1 (Abramowitz & Stegun 26.7.3-4:
+    exact finite sums in ``θ = atan(t / sqrt(df))``)."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2 == 0:
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term, total = 1.0, 1.0
+    for k in range(1, (df - 1) // 2):
+        term *= c2 * (2 * k) / (2 * k + 1)
+        total += term
+    return 2 / math.pi * (theta + s * math.cos(theta) * total)
+
+
+def t_quantile(level: float, df: int) -> float:
+    """The two-sided Student-t critical value: ``t`` with ``P(|T_df| < t) = level``.
+
+    ``df = n − 1`` for a mean over ``n`` windows; exact for every integer ``df`` (bisection on
+    the closed-form distribution function; ``df > 1000`` uses the normal quantile, within
+    0.1 %). ``t_quantile(0.95, 3) ≈ 3.182``, ``t_quantile(0.95, 30) ≈ 2.042``; NaN for ``df < 1``.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), e.g. 0.95, got {level!r}.")
+    if df < 1:
+        return math.nan
+    if df > 1000:
+        return float(torch.special.ndtri(torch.tensor(0.5 + level / 2, dtype=torch.float64)))
+    low, high = 0.0, 1.0
+    while _t_two_sided(high, df) < level:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        if _t_two_sided(mid, df) < level:
+            low = mid
+        else:
+            high = mid
+        if high - low < 1e-12 * high:
+            break
+    return (low + high) / 2
+
+
+def confidence_interval(
+    estimate: Float[Tensor, "*set"], se: Float[Tensor, "*set"], n_windows: int,
+    level: float = CRITICAL_LEVEL,
+) -> tuple[Float[Tensor, "*set"], Float[Tensor, "*set"]]:
+    """``estimate ∓ t_{level, n−1} · se``: the Student-t interval of a mean over ``n_windows``
+    windows (ours; with ≥ 30 windows it is within 4 % of ``± 1.96 se``). NaN where ``se`` is."""
+    half = t_quantile(level, n_windows - 1) * se.double()
+    return estimate.double() - half, estimate.double() + half
+
+
+def critical_threshold(dense_loss: float, min_nats: float = CRITICAL_MIN_NATS,
+                       min_fraction: float = CRITICAL_MIN_FRACTION) -> float:
+    """``max(min_nats, min_fraction · dense_loss)``: the smallest loss increase that can make a
+    head critical (SPEC §7: 0.1 nats or 5 % of the dense loss, whichever is larger)."""
+    return max(min_nats, min_fraction * dense_loss)
+
+
+def critical_mask(
+    increase: Float[Tensor, "*head"], low: Float[Tensor, "*head"], dense_loss: float,
+    min_nats: float = CRITICAL_MIN_NATS, min_fraction: float = CRITICAL_MIN_FRACTION,
+) -> Bool[Tensor, "*head"]:
+    """SPEC §7's critical heads: ``increase ≥ max(min_nats, min_fraction · dense_loss)`` **and**
+    ``low > 0``, with ``low`` the lower end of the increase's interval. NaN (an unscored head,
+    or no standard error) is never critical."""
+    threshold = critical_threshold(dense_loss, min_nats, min_fraction)
+    return (increase.double() >= threshold) & (low.double() > 0)
+
+
+def null_z(observed: float, null: Float[Tensor, " sample"]) -> tuple[float, float, float]:
+    """``(mean, sd, z)`` of ``observed`` against a null sample: the null's mean, its sample sd
+    (``n − 1``) and ``z = (observed − mean) / sd``. ``sd`` is NaN for fewer than 2 samples and
+    ``z`` NaN where ``sd`` is NaN or 0."""
+    x = null.double().flatten()
+    x = x[~x.isnan()]
+    mean = float(x.mean()) if x.numel() else math.nan
+    sd = float(x.std(correction=1)) if x.numel() >= 2 else math.nan
+    z = (observed - mean) / sd if sd > 0 else math.nan
+    return mean, sd, z
+
+
+def empirical_p(observed: float, null: Float[Tensor, " sample"]) -> float:
+    """One-sided empirical p-value ``(1 + #{null ≥ observed}) / (1 + n)`` (never 0: the observed
+    set counts as one draw of the null). NaN samples are left out; NaN for a NaN ``observed``."""
+    x = null.double().flatten()
+    x = x[~x.isnan()]
+    if math.isnan(observed):
+        return math.nan
+    return (1 + int((x >= observed).sum())) / (1 + x.numel())
