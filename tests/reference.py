@@ -392,6 +392,33 @@ def _ranking_scores(alpha: np.ndarray, values: np.ndarray, rank_by: str):
     raise ValueError(f"unknown rank_by {rank_by!r}")
 
 
+def ref_null_values(values, listed, drawn, kind="values") -> np.ndarray:
+    """The values of one permutation of a null of SPEC section 3: key ``listed[i]`` draws key
+    ``drawn[i]``; every other key keeps its value.
+
+    * "values" and "unselected": it takes ``v_drawn``;
+    * "norms": it keeps its direction and takes the norm of ``v_drawn``;
+    * "directions": it keeps its norm and takes the direction of ``v_drawn``.
+
+    A zero vector has no direction: a key whose own value ("norms") or drawn value
+    ("directions") is zero gets the zero vector.
+    """
+    values = _f64(values)
+    moved = values.copy()
+    for k, src in zip(listed, drawn):
+        if kind in ("values", "unselected"):
+            moved[k] = values[src]
+        elif kind == "norms":
+            own = _norm(values[k])
+            moved[k] = values[k] / own * _norm(values[src]) if own > 0 else 0.0
+        elif kind == "directions":
+            other = _norm(values[src])
+            moved[k] = values[src] / other * _norm(values[k]) if other > 0 else 0.0
+        else:
+            raise ValueError(f"unknown shuffle {kind!r}")
+    return moved
+
+
 def ref_analyze(
     pattern,
     v,
@@ -402,6 +429,7 @@ def ref_analyze(
     W_O=None,
     rank_by="attention",
     shuffles=None,
+    shuffle="values",
 ) -> dict:
     """The whole per-layer analysis for ONE layer, by loops (SPEC sections 1-5).
 
@@ -419,10 +447,12 @@ def ref_analyze(
     * "top": top-N among the valid keys; "sink_removed": the sink deleted from the key set
       (neither selectable nor scored), top-N re-selected among the rest. Aggregation: per
       sequence nan-mean over its chosen queries, then nan-mean over sequences.
-    * "shuffled" (only with ``shuffles``): ``shuffles(b, h, t, keys)`` returns permutations;
-      permutation ``p`` gives the i-th non-sink valid key ``keys[1 + i]`` the value vector of
-      key ``p[i]`` (the sink keeps its own). The top-N set of the real alpha is scored on those
-      values; the mean over permutations is one instance.
+    * "shuffled" (only with ``shuffles``): ``shuffles(b, h, t, listed)`` returns permutations
+      of ``listed``, the keys that the null moves in position order: the non-sink valid keys,
+      or for ``shuffle="unselected"`` those outside the top-N set. Permutation ``p`` makes key
+      ``listed[i]`` draw key ``p[i]`` (the sink keeps its own value), and ``ref_null_values``
+      builds the values of the null ``shuffle``. The top-N set of the real alpha is scored on
+      those values; the mean over permutations is one instance.
     * paired sink effect ("paired_ratios"): per (head, N), the list of
       F_N(top) / F_N(sink removed) over the instances whose top-N set holds the sink (inf when
       only the second is 0; instances where both are 0 are left out).
@@ -519,12 +549,11 @@ def ref_analyze(
 
                     # "shuffled"
                     if shuffles is not None:
-                        keys = _valid_indices(valid)
+                        listed = [k for k in _valid_indices(valid) if k != sink
+                                  and not (shuffle == "unselected" and sel[k])]
                         samples = []
-                        for perm in shuffles(b, h, t, keys):
-                            moved = values.copy()
-                            for i, source in enumerate(perm):
-                                moved[keys[1 + i]] = values[source]
+                        for perm in shuffles(b, h, t, listed):
+                            moved = ref_null_values(values, listed, perm, shuffle)
                             samples.append(ref_separability(alpha, moved, sel, valid, distance))
                         for m in METRICS:
                             this_seq[("shuffled", m)].append(_plain_mean([x[m] for x in samples]))

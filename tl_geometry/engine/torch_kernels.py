@@ -16,6 +16,7 @@ from torch import Tensor
 from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.selection import _inverse_permutation
 from ..functional.separability import chance_corrected
+from .options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .rng import SHUFFLE_SALT, torch_mix, torch_swap_index
 
 BLOCK_ELEMENTS = 1 << 22
@@ -93,7 +94,7 @@ def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
 def score_rows(
     rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
     sink: Tensor, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
-    samples: int, shuffles: int, by_contribution: bool, cosine: bool, metrics: Tensor,
+    samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool, cosine: bool, metrics: Tensor,
     sink_in_top: Tensor, sink_fields: Tensor,
 ) -> None:
     """:func:`.score_kernel.score_rows` in torch: same arguments, same outputs (written in place)."""
@@ -105,13 +106,13 @@ def score_rows(
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
         _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, real_index,
-                     sequence_keys, gram, n_values, samples, shuffles, by_contribution, cosine,
+                     sequence_keys, gram, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1])
 
 
 def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, real_index, sequence_keys, gram,
-                 n_values, samples, shuffles, by_contribution, cosine, metrics, sink_in_top,
+                 n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, metrics, sink_in_top,
                  sink_fields) -> None:
     device = gram.device
     n_b, n_cg, n_key = gram.shape[0], gram.shape[1], gram.shape[-1]
@@ -144,16 +145,20 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, real_ind
     row_key = torch_mix(torch_mix(sequence_keys[:, None] + real_index.gather(1, t))[:, None]
                         + torch.arange(h0, h0 + n_ch, device=device)[:, None])  # [b, h, q]
     whole = alpha[:, :, :, None]  # one weight row for every selection: [b, h, q, 1, k]
-    groups = {"top": (whole, top[:, :, :, None], valid)}
+    # name → (weights, ranks, candidate keys, the unselected null's value sources or None)
+    groups: dict[str, tuple[Tensor, Tensor, Tensor, Tensor | None]] = {"top": (whole, top[:, :, :, None], valid, None)}
     if samples > 0:
-        groups["random"] = (whole, _random_ranks(valid, m, row_key, samples, n_values), valid)
-    if shuffles > 0:
-        weights, rank = _shuffled(alpha, top, keep, row_key, shuffles)
-        groups["shuffled"] = (weights, rank, valid)
-    groups["sink_removed"] = (whole, dropped[:, :, :, None], keep)
+        groups["random"] = (whole, _random_ranks(valid, m, row_key, samples, n_values), valid, None)
+    if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
+        source = _unselected_sources(top, keep, row_key, shuffles, n_values)
+        groups["shuffled"] = (whole, top[:, :, :, None], valid, source)
+    elif shuffles > 0:
+        weights, rank = _shuffled(alpha, top, keep, row_key, shuffles, shuffle_kind, norms)
+        groups["shuffled"] = (weights, rank, valid, None)
+    groups["sink_removed"] = (whole, dropped[:, :, :, None], keep, None)
     out = {name: _score(w, gram, gdiag, rank, keyset[:, None, :, None, None], n_values,
-                        group_size, cosine).mean(3)  # [b, h, q, n, metric]
-           for name, (w, rank, keyset) in groups.items()}
+                        group_size, cosine, source).mean(3)  # [b, h, q, n, metric]
+           for name, (w, rank, keyset, source) in groups.items()}
     nan = torch.full_like(out["top"], torch.nan)
     grouped = torch.stack([out.get(g, nan) for g in ("top", "random", "shuffled", "sink_removed")], dim=3)
     metrics.copy_(torch.where(ok[:, None, :, None, None, None], grouped, torch.nan))
@@ -188,11 +193,15 @@ def _random_ranks(valid: Tensor, m: Tensor, row_key: Tensor, samples: int, n_val
     return rank[..., :n_key]
 
 
-def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int) -> tuple[Tensor, Tensor]:
+def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, shuffle_kind: int,
+              norms: Tensor) -> tuple[Tensor, Tensor]:
     """Weights ``[b, h, q, sample, k]`` and ranks of the value-shuffle null, as in the kernel.
 
     Key ``k`` takes the value of ``π(k)``, a full Fisher–Yates shuffle of the non-sink valid
-    keys (``keep``); equivalently weight ``α_k`` sits on key ``π(k)``, ranked as ``k``.
+    keys (``keep``); equivalently weight ``α_k`` sits on key ``π(k)``, ranked as ``k``. The norms
+    and directions nulls rescale the weights (``norms [b, h, 1, k]`` = ‖v‖), as
+    :func:`.score_kernel._null_weights` does: the norms null keeps ``α_k ‖v_π(k)‖/‖v_k‖`` on
+    ``k`` itself, the directions null puts ``α_k ‖v_k‖/‖v_π(k)‖`` on ``π(k)``.
     """
     n_b, n_h, n_q, n_key = alpha.shape
     device = alpha.device
@@ -212,16 +221,58 @@ def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffle
     moved = torch.cat([keys, keys.new_tensor([n_key])]).expand(*perm.shape[:-1], n_key + 1).clone()
     moved.scatter_(-1, listed[:, None, :, None, :].expand_as(perm), perm)
     moved = moved[..., :n_key]
+    placed = alpha[:, :, :, None].expand_as(moved)  # the weight that moves with key k
+    if shuffle_kind != NULL_VALUES:
+        own = norms[:, :, :, None].expand(moved.shape)
+        drawn = own.gather(-1, moved)
+        if shuffle_kind == NULL_NORMS:  # k keeps its place: no scatter, the ranks are the top-N's
+            return placed * _ratio(drawn, own), top[:, :, :, None].expand_as(moved)
+        placed = placed * _ratio(own, drawn)
     weights = torch.zeros_like(alpha)[:, :, :, None].expand_as(moved).clone()
-    weights.scatter_(-1, moved, alpha[:, :, :, None].expand_as(moved))
+    weights.scatter_(-1, moved, placed)
     rank = torch.empty_like(moved).scatter_(-1, moved, top[:, :, :, None].expand_as(moved))
     return weights, rank
 
 
-def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine) -> Tensor:
+def _ratio(num: Tensor, den: Tensor) -> Tensor:
+    """``num / den``, 0 where ``den`` is 0 (:func:`.score_kernel._ratio`)."""
+    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)
+
+
+def _unselected_sources(top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, n_values: Tensor) -> Tensor:
+    """``source [b, h, q, sample, n, k]``: the key whose value key ``k`` holds in the unselected
+    null (SPEC §3, ours), as in :func:`.score_kernel._run_unselected`.
+
+    For each N, ``U_N`` = the non-sink valid keys outside ``S_N`` (rank ≥ N), in position order,
+    gets a full Fisher–Yates shuffle from the value-shuffle stream of each sample; every other
+    key is its own source.
+    """
+    n_b, n_h, n_q, n_key = top.shape
+    device = top.device
+    keys = torch.arange(n_key, device=device)
+    unselected = keep[:, None, :, None, :] & (top[:, :, :, None, :] >= n_values[:, None])  # [b, h, q, n, k]
+    listed = torch.sort(torch.where(unselected, keys, n_key), dim=-1).values
+    perm = listed[:, :, :, None].expand(n_b, n_h, n_q, shuffles, len(n_values), n_key).clone()
+    m = unselected.sum(-1)[:, :, :, None, :]  # [b, h, q, 1, n]
+    shuffle_key = torch_mix(row_key ^ SHUFFLE_SALT)[..., None, None]
+    sample = torch.arange(shuffles, device=device)[:, None]
+    for r in range(int(m.max()) - 1 if m.numel() else 0):
+        j = torch_swap_index(shuffle_key, sample, r, m).clamp_max(n_key - 1)
+        live = r < m - 1
+        a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
+        perm[..., r] = torch.where(live, b, a)
+        perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
+    source = torch.cat([keys, keys.new_tensor([n_key])]).expand(*perm.shape[:-1], n_key + 1).clone()
+    source.scatter_(-1, listed[:, :, :, None].expand_as(perm), perm)
+    return source[..., :n_key]
+
+
+def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, source=None) -> Tensor:
     """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not fit.
 
-    ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys.
+    ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys. With ``source
+    [b, h, q, sample, n, k]`` (the unselected null), key ``k`` holds the value of key
+    ``source[k]`` (the selected keys their own): its ``⟨v, s⟩`` and ``‖v‖²`` are read there.
     """
     n = n_values[:, None]
     selected = rank[..., None, :] < n  # [b, h, q, sel, n, k]
@@ -232,6 +283,9 @@ def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine) -> Te
     sq_s = (weights * dots).sum(-1, keepdim=True)
     a = alpha[..., None, :]
     g = gdiag[:, :, :, None, None, :]
+    if source is not None:  # S_N keeps its values: s_N and ‖s_N‖² are the top-N set's
+        dots = dots.expand(*source.shape).gather(-1, source)
+        g = g.expand(*source.shape).gather(-1, source)
     if cosine:
         e = 1 - a * dots / (a * g.clamp_min(0).sqrt() * sq_s.clamp_min(0).sqrt() + COSINE_EPS)
     else:
