@@ -276,11 +276,12 @@ def test_the_default_null_is_the_values_null_and_leaves_the_other_groups_alone()
                   shuffle_samples=3)
     default = tl_geometry.analyze_heads(case.cache(), **kwargs)
     assert default.metadata["shuffle"] == "values" == default.shuffle
+    assert "shuffled = the" not in default.summary()
     _same(tl_geometry.analyze_heads(case.cache(), shuffle="values", **kwargs).scores, default.scores)
     others = [g for g in tl_geometry.result.GROUPS if g != "shuffled"]
     for kind in KINDS:
         r = tl_geometry.analyze_heads(case.cache(), shuffle=kind, **kwargs)
-        assert r.metadata["shuffle"] == kind
+        assert r.metadata["shuffle"] == kind and f"shuffled = the {kind} null" in r.summary()
         for group in others:
             _same(r.metric("f_score", group), default.metric("f_score", group))
         assert not torch.equal(r.shuffled_f_score.nan_to_num(), default.shuffled_f_score.nan_to_num())

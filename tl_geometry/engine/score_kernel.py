@@ -1,7 +1,8 @@
 """Compiled scoring loop of the engine (numba, CPU): one pass per row, nothing materialised.
 
 :func:`score_rows` scores every chosen query of every head: the top-N set, the top-N with the
-sink removed, ``R`` random subsets and ``S`` value shuffles, for every N (SPEC §2–3). It has a
+sink removed, ``R`` random subsets and ``S`` permutations of one of the nulls of SPEC §3 (values,
+norms, directions or unselected), for every N (SPEC §2–3). It has a
 pure-torch twin in :mod:`.torch_kernels` (for CUDA and other devices, and as a second
 implementation the tests compare); validation and votes are :mod:`.check_kernel`'s.
 
