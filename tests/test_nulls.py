@@ -21,22 +21,28 @@ SHUFFLES = 3
 
 
 def engine_shuffles(seed: int, layer: int, mask: np.ndarray | None):
-    """The engine's value permutations, re-derived from the documented stream (engine/rng.py)."""
+    """The engine's value permutations, re-derived from the documented stream (engine/rng.py).
+
+    Sample ``s`` draws ``σ``, a Fisher–Yates shuffle of the query's non-sink real keys; a null
+    that moves only some of them (``listed``, in position order: the unselected null's keys
+    outside the top-N set) gives them each other's values in ``σ``'s order.
+    """
 
     def draw(b: int, h: int, t: int, listed: list[int]) -> list[list[int]]:
-        """Fisher–Yates shuffles of ``listed`` (the keys the null moves, in position order)."""
-        real_index = t if mask is None else int(mask[b, : t + 1].sum()) - 1
+        real = [i for i in range(t + 1) if mask is None or mask[b, i]]
+        real_index = len(real) - 1
         row_key = mix(mix(int(sequence_keys(seed, layer, [b])[0]) + real_index) + h)
         shuffle_key = mix(row_key ^ SHUFFLE_SALT)
+        moved = set(listed)
         perms = []
         for sample in range(SHUFFLES):
-            perm = list(listed)
+            perm = real[1:]  # the sink keeps its value
             m = len(perm)
             for r in range(m - 1):
                 u = mix(shuffle_key + GOLDEN * (sample * SAMPLE_STRIDE + r + 1))
                 j = r + (((u >> 32) * (m - r)) >> 32)
                 perm[r], perm[j] = perm[j], perm[r]
-            perms.append(perm)
+            perms.append([k for k in perm if k in moved])
         return perms
 
     return draw

@@ -222,10 +222,10 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 
 
 @njit(cache=True)
-def _run_unselected(top, n_max, keys, s, alpha, gram, gdiag, norms, n_values, cosine, shuffles,
+def _run_unselected(top, n_max, keys, contiguous, alpha, gram, gdiag, norms, n_values, cosine, shuffles,
                     shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
-                    listed, perm, out):  # pragma: no cover - compiled
-    """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the mean
+                    listed, drawn, out):  # pragma: no cover - compiled
+    """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
     over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
     non-sink keys outside ``S_N`` take each other's values.
 
@@ -233,11 +233,20 @@ def _run_unselected(top, n_max, keys, s, alpha, gram, gdiag, norms, n_values, co
     along ``top``; an unselected key ``j`` that takes ``v_π(j)`` has
     ``E_j = α_j(α_j G[π(j), π(j)] − 2⟨v_π(j), s_N⟩)``: the arrays ``moved_*`` hold the moved
     ``⟨v, s⟩``, ``G_kk`` and ``‖v‖`` and :func:`_score` reads them in place of the real ones.
-    ``π`` is the Fisher–Yates shuffle of ``U_N`` (the non-sink keys outside ``S_N``, in position
-    order) from the value-shuffle stream of each sample. Per N and sample this is O(|keys|) on
-    top of the scoring, no pass over ``G``.
+
+    ``π`` comes from the value-shuffle null's permutation ``σ`` of each sample (the shuffle of
+    the non-sink keys, ``keys[0]`` being the sink): the ``c``-th key of ``U_N`` (the non-sink
+    keys outside ``S_N``) in position order (``listed``) takes the value of the ``c``-th key of
+    ``U_N`` in ``σ``'s order (``drawn``), a uniform permutation of ``U_N``. One Fisher–Yates
+    shuffle per sample, as for the values null, then two branch-free O(|keys|) passes per N and
+    sample on top of the scoring; no pass over ``G``.
     """
     m = keys.shape[0]
+    lo, hi = keys[0], keys[m - 1] + 1
+    sigma = np.empty((shuffles, m - 1), dtype=np.int64)
+    for sample in range(shuffles):
+        sigma[sample] = keys[1:]
+        fisher_yates(sigma[sample], m - 2, shuffle_key, sample)
     for j in range(m):
         dots[keys[j]] = 0.0
         penalty[keys[j]] = 0.0
@@ -246,25 +255,33 @@ def _run_unselected(top, n_max, keys, s, alpha, gram, gdiag, norms, n_values, co
     for r in range(n_max):
         i = top[r]
         a = alpha[i]
-        penalty[i] = np.inf
-        for j in range(m):
-            k = keys[j]
-            dots[k] += a * gram[i, k]
-        while ni < n_sizes and n_values[ni] == r + 1:
-            u = 0
+        penalty[i] = np.inf  # selected: +inf, as _score expects
+        if contiguous:  # no padding inside the row: a loop that vectorises
+            for k in range(lo, hi):
+                dots[k] += a * gram[i, k]
+        else:
             for j in range(m):
                 k = keys[j]
+                dots[k] += a * gram[i, k]
+        while ni < n_sizes and n_values[ni] == r + 1:
+            u = 0
+            for j in range(m):  # the real values, and U_N in position order (appended when kept)
+                k = keys[j]
                 moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[k], gdiag[k], norms[k]
-                if k != s and penalty[k] == 0.0:  # U_N: not the sink, not selected
-                    listed[u] = k
-                    u += 1
+                listed[u] = k
+                u += (j > 0) & (penalty[k] == 0.0)
             for sample in range(shuffles):
-                drawn = perm[:u]
-                drawn[:] = listed[:u]
-                fisher_yates(drawn, u - 1, shuffle_key, sample)
-                for c in range(u):
+                c = 0
+                for k in sigma[sample]:  # U_N in σ's order
+                    drawn[c] = k
+                    c += penalty[k] == 0.0
+                for c in range(u):  # _score reads ‖v‖ for the cosine distance, G_kk for the Euclidean
                     k, src = listed[c], drawn[c]
-                    moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
+                    moved_dots[k] = dots[src]
+                    if cosine:
+                        moved_norms[k] = norms[src]
+                    else:
+                        moved_gdiag[k] = gdiag[src]
                 _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
                        cosine, buf, sel, out[ni])
             ni += 1
@@ -404,7 +421,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, s
         _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
                    n_values, cosine, dots, penalty, buf, sel, out[1])
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
-        _run_unselected(top, n_top, keys, s, alpha, gram_bg, gdiag, norms, n_values, cosine, shuffles,
+        _run_unselected(top, n_top, keys, contiguous, alpha, gram_bg, gdiag, norms, n_values, cosine, shuffles,
                         mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3], floats[8],
                         floats[9], ints[2], ints[3], out[2])
     elif shuffles > 0:

@@ -203,21 +203,10 @@ def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffle
     :func:`.score_kernel._null_weights` does: the norms null keeps ``α_k ‖v_π(k)‖/‖v_k‖`` on
     ``k`` itself, the directions null puts ``α_k ‖v_k‖/‖v_π(k)‖`` on ``π(k)``.
     """
-    n_b, n_h, n_q, n_key = alpha.shape
-    device = alpha.device
-    keys = torch.arange(n_key, device=device)
-    listed = torch.sort(torch.where(keep, keys, n_key), dim=-1).values  # [b, q, k]
-    perm = listed[:, None, :, None, :].expand(n_b, n_h, n_q, shuffles, n_key).clone()
-    m = keep.sum(-1)[:, None, :, None]  # [b, 1, q, 1]
-    shuffle_key = torch_mix(row_key ^ SHUFFLE_SALT)[..., None]
-    sample = torch.arange(shuffles, device=device)
-    for r in range(int(m.max()) - 1 if m.numel() else 0):
-        j = torch_swap_index(shuffle_key, sample, r, m).clamp_max(n_key - 1)
-        live = r < m - 1
-        a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
-        perm[..., r] = torch.where(live, b, a)
-        perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
+    n_key = alpha.shape[-1]
+    listed, perm = _value_permutations(keep, row_key, shuffles, alpha.shape[1])
     # moved[k] = π(k): identity off the listed keys; position n_key absorbs the unused slots.
+    keys = torch.arange(n_key, device=alpha.device)
     moved = torch.cat([keys, keys.new_tensor([n_key])]).expand(*perm.shape[:-1], n_key + 1).clone()
     moved.scatter_(-1, listed[:, None, :, None, :].expand_as(perm), perm)
     moved = moved[..., :n_key]
@@ -239,31 +228,46 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)
 
 
-def _unselected_sources(top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, n_values: Tensor) -> Tensor:
-    """``source [b, h, q, sample, n, k]``: the key whose value key ``k`` holds in the unselected
-    null (SPEC §3, ours), as in :func:`.score_kernel._run_unselected`.
-
-    For each N, ``U_N`` = the non-sink valid keys outside ``S_N`` (rank ≥ N), in position order,
-    gets a full Fisher–Yates shuffle from the value-shuffle stream of each sample; every other
-    key is its own source.
-    """
-    n_b, n_h, n_q, n_key = top.shape
-    device = top.device
+def _value_permutations(keep: Tensor, row_key: Tensor, shuffles: int, n_h: int) -> tuple[Tensor, Tensor]:
+    """``(listed [b, q, k], σ [b, h, q, sample, k])``: the non-sink valid keys (``keep``) in
+    position order, and their full Fisher–Yates shuffle of each sample from the value-shuffle
+    stream (the kernel's); the slots past each row's keys hold ``k`` (= ``n_key``)."""
+    n_b, n_q, n_key = keep.shape
+    device = keep.device
     keys = torch.arange(n_key, device=device)
-    unselected = keep[:, None, :, None, :] & (top[:, :, :, None, :] >= n_values[:, None])  # [b, h, q, n, k]
-    listed = torch.sort(torch.where(unselected, keys, n_key), dim=-1).values
-    perm = listed[:, :, :, None].expand(n_b, n_h, n_q, shuffles, len(n_values), n_key).clone()
-    m = unselected.sum(-1)[:, :, :, None, :]  # [b, h, q, 1, n]
-    shuffle_key = torch_mix(row_key ^ SHUFFLE_SALT)[..., None, None]
-    sample = torch.arange(shuffles, device=device)[:, None]
+    listed = torch.sort(torch.where(keep, keys, n_key), dim=-1).values  # [b, q, k]
+    perm = listed[:, None, :, None, :].expand(n_b, n_h, n_q, shuffles, n_key).clone()
+    m = keep.sum(-1)[:, None, :, None]  # [b, 1, q, 1]
+    shuffle_key = torch_mix(row_key ^ SHUFFLE_SALT)[..., None]
+    sample = torch.arange(shuffles, device=device)
     for r in range(int(m.max()) - 1 if m.numel() else 0):
         j = torch_swap_index(shuffle_key, sample, r, m).clamp_max(n_key - 1)
         live = r < m - 1
         a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
         perm[..., r] = torch.where(live, b, a)
         perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
-    source = torch.cat([keys, keys.new_tensor([n_key])]).expand(*perm.shape[:-1], n_key + 1).clone()
-    source.scatter_(-1, listed[:, :, :, None].expand_as(perm), perm)
+    return listed, perm
+
+
+def _unselected_sources(top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, n_values: Tensor) -> Tensor:
+    """``source [b, h, q, sample, n, k]``: the key whose value key ``k`` holds in the unselected
+    null (SPEC §3, ours), as in :func:`.score_kernel._run_unselected`.
+
+    For each N, ``U_N`` = the non-sink valid keys outside ``S_N`` (rank ≥ N): its ``c``-th key in
+    position order takes the value of its ``c``-th key in the order of the value-shuffle
+    permutation ``σ`` of the sample; every other key is its own source.
+    """
+    n_h, n_key = top.shape[1], top.shape[-1]
+    keys = torch.arange(n_key, device=top.device)
+    _, sigma = _value_permutations(keep, row_key, shuffles, n_h)  # [b, h, q, sample, k]
+    at = torch.full((*sigma.shape[:-1], n_key + 1), n_key, dtype=sigma.dtype, device=top.device)
+    at.scatter_(-1, sigma, keys.expand_as(sigma))  # at[k] = k's place in σ (n_key off σ)
+    unselected = keep[:, None, :, None, :] & (top[:, :, :, None, :] >= n_values[:, None])  # [b, h, q, n, k]
+    place = torch.where(unselected[:, :, :, None], at[:, :, :, :, None, :n_key], n_key + 1)  # [b, h, q, s, n, k]
+    drawn = place.sort(dim=-1, stable=True).indices  # U_N in σ's order first
+    listed = torch.sort(torch.where(unselected, keys, n_key), dim=-1).values  # U_N in position order first
+    source = torch.cat([keys, keys.new_tensor([n_key])]).expand(*place.shape[:-1], n_key + 1).clone()
+    source.scatter_(-1, listed[:, :, :, None].expand_as(drawn), drawn)  # the rest lands on slot n_key
     return source[..., :n_key]
 
 

@@ -25,7 +25,7 @@ from ..functional.taxonomy import CLASSES, VOTES
 PAIRED_FIELDS: tuple[str, ...] = ("ratio", "halved", "count")
 
 #: Selection groups scored per (layer, head, N) (SPEC §3): the top-N set, the random baseline,
-#: the value-shuffle null (same α and top-N set, non-sink values permuted), the top-N
+#: a null of :data:`SHUFFLE_KINDS` (same α and top-N set; by default the non-sink values permuted), the top-N
 #: re-selected with the sink removed, and the top-N instances with the sink inside / outside
 #: the set.
 GROUPS: tuple[str, ...] = ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out")
