@@ -224,7 +224,7 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 @njit(cache=True)
 def _run_unselected(top, n_max, keys, contiguous, alpha, gram, gdiag, norms, n_values, cosine, shuffles,
                     shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
-                    listed, drawn, out):  # pragma: no cover - compiled
+                    listed, drawn, sigma, out):  # pragma: no cover - compiled
     """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
     over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
     non-sink keys outside ``S_N`` take each other's values.
@@ -238,15 +238,15 @@ def _run_unselected(top, n_max, keys, contiguous, alpha, gram, gdiag, norms, n_v
     the non-sink keys, ``keys[0]`` being the sink): the ``c``-th key of ``U_N`` (the non-sink
     keys outside ``S_N``) in position order (``listed``) takes the value of the ``c``-th key of
     ``U_N`` in ``σ``'s order (``drawn``), a uniform permutation of ``U_N``. One Fisher–Yates
-    shuffle per sample, as for the values null, then two branch-free O(|keys|) passes per N and
-    sample on top of the scoring; no pass over ``G``.
+    shuffle per sample, as for the values null (row ``sample`` of the scratch ``sigma``), then
+    two branch-free O(|keys|) passes per N and sample on top of the scoring (their iterations
+    independent of each other); no pass over ``G``.
     """
     m = keys.shape[0]
     lo, hi = keys[0], keys[m - 1] + 1
-    sigma = np.empty((shuffles, m - 1), dtype=np.int64)
     for sample in range(shuffles):
-        sigma[sample] = keys[1:]
-        fisher_yates(sigma[sample], m - 2, shuffle_key, sample)
+        sigma[sample, : m - 1] = keys[1:]
+        fisher_yates(sigma[sample, : m - 1], m - 2, shuffle_key, sample)
     for j in range(m):
         dots[keys[j]] = 0.0
         penalty[keys[j]] = 0.0
@@ -272,16 +272,12 @@ def _run_unselected(top, n_max, keys, contiguous, alpha, gram, gdiag, norms, n_v
                 u += (j > 0) & (penalty[k] == 0.0)
             for sample in range(shuffles):
                 c = 0
-                for k in sigma[sample]:  # U_N in σ's order
+                for k in sigma[sample, : m - 1]:  # U_N in σ's order
                     drawn[c] = k
                     c += penalty[k] == 0.0
-                for c in range(u):  # _score reads ‖v‖ for the cosine distance, G_kk for the Euclidean
+                for c in range(u):
                     k, src = listed[c], drawn[c]
-                    moved_dots[k] = dots[src]
-                    if cosine:
-                        moved_norms[k] = norms[src]
-                    else:
-                        moved_gdiag[k] = gdiag[src]
+                    moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
                 _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
                        cosine, buf, sel, out[ni])
             ni += 1
@@ -328,8 +324,9 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, rea
         top_buf = np.empty(n_pos, dtype=np.int64)
         packed = np.empty(n_pos, dtype=np.uint64)
         single = np.empty(n_pos, dtype=np.float32)
-        floats = np.zeros((10, n_pos))
-        ints = np.empty((4, n_pos), dtype=np.int64)
+        floats = np.zeros((10 if shuffle_kind == NULL_UNSELECTED else 8, n_pos))  # 8, 9: the unselected null's
+        # Rows 4 … hold the unselected null's permutations (one per sample).
+        ints = np.empty((4 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
             _score_row(pattern, row_of, cb, h, qi, queries, is_token, sink, real_index, sequence_keys,
                        gram[cb, (h // group_size) - g0], n_values, samples, shuffles, shuffle_kind,
@@ -423,7 +420,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, real_index, s
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
         _run_unselected(top, n_top, keys, contiguous, alpha, gram_bg, gdiag, norms, n_values, cosine, shuffles,
                         mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3], floats[8],
-                        floats[9], ints[2], ints[3], out[2])
+                        floats[9], ints[2], ints[3], ints[4:], out[2])
     elif shuffles > 0:
         shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
         moved = ints[2]  # π(k)
