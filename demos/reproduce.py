@@ -41,7 +41,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from _reproduce import ablation, capacity, corpora, document
 from _reproduce.claims import CLAIMS
 from _reproduce.protocol import FULL, MODELS, QUICK, StudyConfig
-from _reproduce.study import Step, Study, load_run, run_study, save_run
+from _reproduce.study import DECOMPOSITION_NULLS, Step, Study, load_run, run_study, save_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = "results"  # figures directory, next to the page
@@ -62,6 +62,7 @@ def reproduce(
     models: tuple[str, ...] = MODELS,
     cache_dir: str | Path | None = None,
     reuse: bool = False,
+    nulls: tuple[str, ...] = DECOMPOSITION_NULLS,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Path:
@@ -72,8 +73,9 @@ def reproduce(
     (default ``../shared/data/wikitext-2-test.txt``); only the quick mode falls back to the
     built-in sample text when it is missing, and says so on the page. The analyses and tables
     are saved in ``cache_dir`` (default ``out_dir/results``, beside the figures); with ``reuse``
-    the ones saved there with the same options are loaded instead of recomputed. Returns the
-    page's path.
+    the ones saved there with the same options are loaded instead of recomputed. ``nulls``: the
+    decomposition nulls of SPEC §3 analysed beside each run (claim 1 splits the value-shuffle
+    null's net effect over them). Returns the page's path.
     """
     start = time.perf_counter()
     try:
@@ -89,7 +91,7 @@ def reproduce(
     figures = out_dir / FIGURES
     cache = Path(figures if cache_dir is None else cache_dir)
     study = run_study(load, texts, config, models=models, cache_dir=cache, reuse=reuse,
-                      ablation_corpus=held_out, progress=progress, log=log)
+                      ablation_corpus=held_out, nulls=nulls, progress=progress, log=log)
     figures.mkdir(parents=True, exist_ok=True)
     claims = [claim(study, figures) for claim in CLAIMS]
     claims.append(ablation.claim6(study, figures))
@@ -148,7 +150,8 @@ def _header(study: Study, seconds: float, whole: Step | None = None) -> list[str
         lines.append(f"- **Retrieval capacity (claim 7):** {capacity.describe(config)}")
     lines += [
         "- **Saved results:** one `HeadAnalysis.save` file per model × corpus "
-        "(`results/<model>__<corpus>.pt`, `tl_geometry.HeadAnalysis.load` reads it) and the "
+        "(`results/<model>__<corpus>.pt`, `tl_geometry.HeadAnalysis.load` reads it), one per "
+        "decomposition null (`results/<model>__<corpus>__<null>.pt`) when they were run, and the "
         "ablation and capacity tables (`results/<model>__ablation.*`, `__capacity.*`), beside "
         "this page.",
         "- **Reproduce:** `python demos/reproduce.py` (full mode; `--reuse` re-renders and "
@@ -202,6 +205,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--reuse", action="store_true",
                         help="load the analyses and tables saved beside the page by an earlier "
                              "run with the same options")
+    parser.add_argument("--no-nulls", action="store_true",
+                        help="skip the decomposition nulls (norms, directions, unselected; three more "
+                             "analyses per model × corpus, without bounds)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 
@@ -224,7 +230,8 @@ def main(argv: list[str] | None = None) -> Path:
     import tl_geometry
 
     return reproduce(tl_geometry.load_model, config, out, wikitext=args.wikitext, models=models,
-                     reuse=args.reuse, progress=not args.no_progress)
+                     reuse=args.reuse, nulls=() if args.no_nulls else DECOMPOSITION_NULLS,
+                     progress=not args.no_progress)
 
 
 if __name__ == "__main__":

@@ -393,6 +393,33 @@ def _ranking_scores(alpha: np.ndarray, values: np.ndarray, rank_by: str):
     raise ValueError(f"unknown rank_by {rank_by!r}")
 
 
+def ref_null_values(values, listed, drawn, kind="values") -> np.ndarray:
+    """The values of one permutation of a null of SPEC section 3: key ``listed[i]`` draws key
+    ``drawn[i]``; every other key keeps its value.
+
+    * "values" and "unselected": it takes ``v_drawn``;
+    * "norms": it keeps its direction and takes the norm of ``v_drawn``;
+    * "directions": it keeps its norm and takes the direction of ``v_drawn``.
+
+    A zero vector has no direction: a key whose own value ("norms") or drawn value
+    ("directions") is zero gets the zero vector.
+    """
+    values = _f64(values)
+    moved = values.copy()
+    for k, src in zip(listed, drawn):
+        if kind in ("values", "unselected"):
+            moved[k] = values[src]
+        elif kind == "norms":
+            own = _norm(values[k])
+            moved[k] = values[k] / own * _norm(values[src]) if own > 0 else 0.0
+        elif kind == "directions":
+            other = _norm(values[src])
+            moved[k] = values[src] / other * _norm(values[k]) if other > 0 else 0.0
+        else:
+            raise ValueError(f"unknown shuffle {kind!r}")
+    return moved
+
+
 def ref_analyze(
     pattern,
     v,
@@ -405,6 +432,7 @@ def ref_analyze(
     shuffles=None,
     window=None,
     randoms=None,
+    shuffle="values",
 ) -> dict:
     """The whole per-layer analysis for ONE layer, by loops (SPEC sections 1-5).
 
@@ -422,10 +450,12 @@ def ref_analyze(
     * "top": top-N among the valid keys; "sink_removed": the sink deleted from the key set
       (neither selectable nor scored), top-N re-selected among the rest. Aggregation: per
       sequence nan-mean over its chosen queries, then nan-mean over sequences.
-    * "shuffled" (only with ``shuffles``): ``shuffles(b, h, t, listed)`` returns permutations
-      of ``listed``, the non-sink valid keys in position order; permutation ``p`` gives key
-      ``listed[i]`` the value vector of key ``p[i]`` (the sink keeps its own). The top-N set of
-      the real alpha is scored on those values; the mean over permutations is one instance.
+    * "shuffled" (only with ``shuffles``): ``shuffles(b, h, t, domain)`` returns permutations
+      ``σ`` of ``domain``, the non-sink valid keys in position order. The null moves ``listed``:
+      the whole domain, or for ``shuffle="unselected"`` the keys outside the top-N set; key
+      ``listed[i]`` draws the ``i``-th key of ``listed`` in ``σ``'s order (the sink keeps its own
+      value), and ``ref_null_values`` builds the values of the null ``shuffle``. The top-N set
+      of the real alpha is scored on those values; the mean over permutations is one instance.
     * "random" (only with ``randoms``): ``randoms(b, h, t, keys)`` returns orderings of the
       valid keys; the first N keys of each are a random subset, scored around its own
       aggregate; the mean over orderings is one instance.
@@ -532,12 +562,12 @@ def ref_analyze(
 
                     # "shuffled"
                     if shuffles is not None:
-                        listed = [k for k in _valid_indices(valid) if k != sink]
+                        domain = [k for k in _valid_indices(valid) if k != sink]
+                        listed = [k for k in domain if not (shuffle == "unselected" and sel[k])]
                         samples = []
-                        for perm in shuffles(b, h, t, listed):
-                            moved = values.copy()
-                            for k, source in zip(listed, perm):
-                                moved[k] = values[source]
+                        for sigma in shuffles(b, h, t, domain):
+                            perm = [k for k in sigma if k in set(listed)]
+                            moved = ref_null_values(values, listed, perm, shuffle)
                             samples.append(ref_separability(alpha, moved, sel, valid, distance))
                         for m in METRICS:
                             this_seq[("shuffled", m)].append(_plain_mean([x[m] for x in samples]))

@@ -87,6 +87,7 @@ BAD = {
     "retention-range": ("prune --retention 1,1.5", "fractions in [0, 1]"),
     "n-random-0": ("prune --n-random 0", "must be ≥ 1"),
     "unknown-option": ("analyze --sequences 4", "unrecognized arguments"),
+    "unknown-shuffle": ("analyze --shuffle keys", "invalid choice: 'keys'"),
     "no-command": ("", "required: COMMAND"),
 }
 
@@ -203,6 +204,11 @@ def test_defaults_parse_to_the_documented_values():
     assert args.n_values == (1, 2, 4, 8, 16, 32, 64) and args.show_n == (2, 4, 8)
     assert args.model == models.DEFAULT_MODEL and args.progress is True
     assert cli.build_parser().parse_args(["analyze", "--no-progress"]).progress is False
+    assert args.shuffle == "values"
+    from tl_geometry.cli.analyze import SHUFFLE_CHOICES
+    from tl_geometry.result.schema import SHUFFLE_KINDS
+
+    assert SHUFFLE_CHOICES == SHUFFLE_KINDS
     prune = cli.build_parser().parse_args(["prune"])
     assert prune.retention == (1.0, 0.9, 0.75, 0.5, 0.25)
 
@@ -339,3 +345,13 @@ def test_a_model_folder_transformers_cannot_read_is_one_line(tmp_path, capsys):
     # The weights file is checked before transformers reads it: the message names the file.
     assert lines[-1].startswith(f"tl-geometry analyze: error: --model: Weights file {folder}")
     assert len(lines) == 1
+
+
+def test_analyze_shuffle_picks_the_null_and_the_file_records_it(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    path = tmp_path / "norms.pt"
+    argv = ["analyze", "--n-seqs", "2", "--seq-len", "10", "--n-values", "2,3", "--no-progress"]
+    assert cli.main([*argv, "--shuffle", "norms", "--save", str(path)]) == 0
+    assert tl_geometry.HeadAnalysis.load(path).shuffle == "norms"
+    assert cli.main([*argv, "--save", str(path)]) == 0
+    assert tl_geometry.HeadAnalysis.load(path).metadata["shuffle"] == "values"

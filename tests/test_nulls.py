@@ -12,6 +12,7 @@ from cases import make_case
 from reference import METRICS, ref_analyze
 
 import tl_geometry
+from tl_geometry import HeadAnalysis
 from tl_geometry.engine import paired
 from tl_geometry.engine.rng import GOLDEN, SAMPLE_STRIDE, SHUFFLE_SALT, mix, sequence_keys
 
@@ -20,13 +21,18 @@ SHUFFLES = 3
 
 
 def engine_shuffles(seed: int, layer: int, mask: np.ndarray | None):
-    """The engine's value permutations, re-derived from the documented stream (engine/rng.py)."""
+    """The engine's value permutations, re-derived from the documented stream (engine/rng.py).
+
+    Sample ``s`` draws ``σ``, a Fisher–Yates shuffle of the keys it is given (the null's domain:
+    the query's non-sink visible keys, in position order); a null that moves only some of them
+    (the unselected null's keys outside the top-N set) takes them in ``σ``'s order.
+    """
 
     def draw(b: int, h: int, t: int, listed: list[int]) -> list[list[int]]:
-        """Fisher–Yates shuffles of ``listed`` (the keys the null moves, in position order)."""
         real_index = t if mask is None else int(mask[b, : t + 1].sum()) - 1
         row_key = mix(mix(int(sequence_keys(seed, layer, [b])[0]) + real_index) + h)
         shuffle_key = mix(row_key ^ SHUFFLE_SALT)
+        moved = set(listed)
         perms = []
         for sample in range(SHUFFLES):
             perm = list(listed)
@@ -35,7 +41,7 @@ def engine_shuffles(seed: int, layer: int, mask: np.ndarray | None):
                 u = mix(shuffle_key + GOLDEN * (sample * SAMPLE_STRIDE + r + 1))
                 j = r + (((u >> 32) * (m - r)) >> 32)
                 perm[r], perm[j] = perm[j], perm[r]
-            perms.append(perm)
+            perms.append([k for k in perm if k in moved])
         return perms
 
     return draw
@@ -94,9 +100,10 @@ def test_random_and_shuffle_streams_are_independent_and_seeded():
                            base.shuffled_f_score)
 
 
-def test_shuffled_is_batch_and_chunk_independent(monkeypatch):
+@pytest.mark.parametrize("shuffle", ["values", "norms", "directions", "unselected"])
+def test_shuffled_is_batch_and_chunk_independent(monkeypatch, shuffle):
     case = make_case(73, batch=4, padding="left")
-    kwargs = dict(n_values=(1, 2, 4), queries="all", attention_mask=case.attention_mask)
+    kwargs = dict(n_values=(1, 2, 4), queries="all", attention_mask=case.attention_mask, shuffle=shuffle)
     whole = tl_geometry.analyze_heads(case.cache(), **kwargs)
     from tl_geometry.engine import layer
 
@@ -140,3 +147,156 @@ def test_bad_shuffle_samples_are_refused_before_any_work(bad):
     with pytest.raises(ValueError, match="shuffle_samples must be a non-negative int"):
         tl_geometry.analyze_heads(cache, shuffle_samples=bad)
     assert all(torch.equal(cache[k], before[k]) for k in cache)
+
+
+# --- the decomposition nulls: norms, directions, unselected (SPEC §3) -------------------------
+
+KINDS = ("norms", "directions", "unselected")
+
+
+def _zero_values(case):
+    """``case`` with a zero value vector at one non-sink key of every sequence and KV head:
+    the zero rule of the norms and directions nulls (a zero vector has no direction)."""
+    v = case.v.clone()
+    v[:, 3] = 0.0
+    return type(case)(case.pattern, v, case.attention_mask)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("shuffle", KINDS)
+@pytest.mark.parametrize("options, case_options", [
+    ({}, {"ties": True, "duplicates": True, "sink": True}),
+    ({"queries": "all"}, {"padding": "left", "n_kv": 1, "zero": True}),
+    ({"queries": "all", "distance": "cosine"}, {"padding": "right", "n_heads": 6, "n_kv": 3}),
+    ({"queries": "all", "rank_by": "contribution"}, {"duplicates": True, "zero": True}),
+])
+def test_each_null_equals_the_reference(backend, shuffle, options, case_options):
+    case_options = dict(case_options)
+    zero = case_options.pop("zero", False)
+    case = make_case(75, batch=3, **case_options)
+    if zero:
+        case = _zero_values(case)
+    result = tl_geometry.analyze_heads(
+        case.cache(), n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=0,
+        shuffle_samples=SHUFFLES, shuffle=shuffle, backend=backend, **options)
+    assert result.metadata["shuffle"] == shuffle == result.shuffle
+    mask = None if case.attention_mask is None else case.attention_mask.numpy()
+    want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES,
+                       queries=options.get("queries", "last"), attention_mask=mask,
+                       distance=options.get("distance", "euclidean"),
+                       rank_by=options.get("rank_by", "attention"),
+                       shuffles=engine_shuffles(0, 0, mask), shuffle=shuffle)
+    for group in ("top", "shuffled"):
+        for m in METRICS:
+            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
+                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+
+
+def _one_query_cache(values: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+    """One sequence, one head per KV head, random causal attention; ``values [pos, head, d]``."""
+    n_pos, n_heads = values.shape[:2]
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, n_heads, n_pos, n_pos, generator=g, dtype=torch.float64) * 2
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
+    pattern = torch.softmax(logits.masked_fill(~causal, -torch.inf), dim=-1)
+    return {"blocks.0.attn.hook_pattern": pattern, "blocks.0.attn.hook_v": values[None]}
+
+
+def _null_equals_top(cache, shuffle: str, backend: str, n_values, **kwargs) -> HeadAnalysis:
+    """The ``shuffle`` null's metrics equal the top-N set's (up to the round-off of the mean
+    over the permutations: five equal numbers need not average to themselves bit for bit)."""
+    result = tl_geometry.analyze_heads(cache, n_values=n_values, random_samples=0, shuffle_samples=5,
+                                       shuffle=shuffle, backend=backend, **kwargs)
+    for m in METRICS:
+        top, null = result.metric(m, "top"), result.metric(m, "shuffled")
+        assert torch.isfinite(top).any()
+        torch.testing.assert_close(null, top, rtol=1e-12, atol=1e-12, equal_nan=True, msg=m)
+    return result
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_norms_null_is_top_n_when_every_non_sink_norm_is_equal(backend):
+    # Signed permutations of (1, 2, 2, 4): every norm is 5 exactly, the directions differ.
+    rng = np.random.default_rng(0)
+    n_pos, n_heads = 14, 3
+    base = np.array([1.0, 2.0, 2.0, 4.0])
+    v = np.stack([[rng.permutation(base) * rng.choice([-1.0, 1.0], 4) for _ in range(n_heads)]
+                  for _ in range(n_pos)])
+    v[0] *= 0.1  # the sink keeps its own (short) value
+    cache = _one_query_cache(torch.from_numpy(v), 1)
+    for queries in ("last", "all"):
+        _null_equals_top(cache, "norms", backend, (1, 2, 3, 5, 8), queries=queries)
+    # The values null, which moves the directions too, differs.
+    values = tl_geometry.analyze_heads(cache, n_values=(2, 3, 5, 8), random_samples=0, shuffle_samples=5,
+                                       backend=backend, queries="all")
+    assert not torch.equal(values.shuffled_f_score, values.f_score)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_directions_null_is_top_n_when_every_non_sink_value_is_parallel(backend):
+    rng = np.random.default_rng(1)
+    n_pos, n_heads = 14, 3
+    u = rng.normal(size=(n_heads, 6))
+    v = rng.uniform(0.2, 3.0, (n_pos, n_heads, 1)) * u[None]
+    v[0] = rng.normal(size=(n_heads, 6))  # the sink's value points anywhere
+    cache = _one_query_cache(torch.from_numpy(v), 2)
+    for distance in ("euclidean", "cosine"):
+        _null_equals_top(cache, "directions", backend, (1, 2, 3, 5, 8), queries="all",
+                         distance=distance)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_unselected_null_is_top_n_when_the_unselected_values_are_equal(backend):
+    rng = np.random.default_rng(2)
+    n_pos, n_heads = 12, 4
+    cache = _one_query_cache(torch.zeros(n_pos, n_heads, 5, dtype=torch.float64), 3)
+    alpha = cache["blocks.0.attn.hook_pattern"][0, :, -1]  # [head, key]
+    v = np.repeat(rng.normal(size=(1, n_heads, 5)), n_pos, axis=0)  # one value per head …
+    for h in range(n_heads):  # … except at the top-2 keys of the last query and at the sink
+        for k in [*torch.sort(alpha[h], descending=True, stable=True).indices[:2].tolist(), 0]:
+            v[k, h] = rng.normal(size=5)
+    cache["blocks.0.attn.hook_v"] = torch.from_numpy(v)[None]
+    # U_N holds only equal values at every N ≥ 2 (the top-2 keys and the sink are never in it).
+    result = _null_equals_top(cache, "unselected", backend, (2, 3, 5))
+    assert result.f_score.lt(1).any()  # not a trivially separable selection
+    # The values null also moves the selected keys' values: it does not equal the top-N set.
+    values = tl_geometry.analyze_heads(cache, n_values=(2, 3, 5), random_samples=0, shuffle_samples=5,
+                                       backend=backend)
+    assert not torch.allclose(values.shuffled_f_score, values.f_score)
+
+
+@pytest.mark.parametrize("bad", ["value", "keys", "", None, 3])
+def test_unknown_shuffle_kind_is_refused_before_any_work(bad):
+    case = make_case(76)
+    cache = case.cache()
+    before = {k: v.clone() for k, v in cache.items()}
+    with pytest.raises(ValueError, match=r"shuffle must be 'values' .*'norms' .*'directions' .*'unselected'"):
+        tl_geometry.analyze_heads(cache, shuffle=bad)
+    assert all(torch.equal(cache[k], before[k]) for k in cache)
+
+
+def test_the_default_null_is_the_values_null_and_leaves_the_other_groups_alone():
+    case = make_case(77, batch=2, padding="left")
+    kwargs = dict(n_values=(1, 2, 4), queries="all", attention_mask=case.attention_mask, random_samples=3,
+                  shuffle_samples=3)
+    default = tl_geometry.analyze_heads(case.cache(), **kwargs)
+    assert default.metadata["shuffle"] == "values" == default.shuffle
+    assert "shuffled = the" not in default.summary()
+    _same(tl_geometry.analyze_heads(case.cache(), shuffle="values", **kwargs).scores, default.scores)
+    others = [g for g in tl_geometry.result.GROUPS if g != "shuffled"]
+    for kind in KINDS:
+        r = tl_geometry.analyze_heads(case.cache(), shuffle=kind, **kwargs)
+        assert r.metadata["shuffle"] == kind and f"shuffled = the {kind} null" in r.summary()
+        for group in others:
+            _same(r.metric("f_score", group), default.metric("f_score", group))
+        assert not torch.equal(r.shuffled_f_score.nan_to_num(), default.shuffled_f_score.nan_to_num())
+
+
+def test_the_null_kind_survives_a_file_and_old_files_read_as_values(tmp_path):
+    case = make_case(78)
+    r = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2), shuffle="directions", shuffle_samples=2)
+    loaded = HeadAnalysis.load(r.save(tmp_path / "directions.pt"))
+    assert loaded.metadata["shuffle"] == "directions" == loaded.shuffle
+    old = {k: v for k, v in r.metadata.items() if k != "shuffle"}  # a file written before the option
+    loaded = HeadAnalysis.load(HeadAnalysis(**{**vars(r), "metadata": old}).save(tmp_path / "old.pt"))
+    assert "shuffle" not in loaded.metadata and loaded.shuffle == "values"  # metadata round-trips as is

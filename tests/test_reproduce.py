@@ -79,12 +79,17 @@ def test_claim1_rule_reads_the_headline_range_and_the_shuffled_null():
     run = separability.TopVsRandom(ns, [1, 2, 3], top=[1.0, 0.6, 0.5, 0.4, 0.9],
                                    shuffled=[1.0, 0.58, 0.4, 0.38, 0.9], random=[1.0, 0.2, 0.1, 0.1, 0.1])
     assert run.consistent and run.geometric and run.small and run.best == 2
-    assert run.geometry[2] == pytest.approx(0.1) and run.magnitudes[2] == pytest.approx(0.3)
+    assert run.geometry[2] == pytest.approx(0.1) and run.ranking[2] == pytest.approx(0.3)
     # Dense N (16 here) never enters the rule, whatever it shows.
     assert run.best == 2 and run.max_geometry == pytest.approx(0.1)
     # The shuffled null matching the top set everywhere: the geometry carries nothing.
     flat = separability.TopVsRandom(ns, [1, 2, 3], top=run.top, shuffled=run.top, random=run.random)
     assert flat.consistent and not flat.geometric
+    assert flat.lowering == [] and flat.min_geometry == 0.0
+    # A negative gap is read too: geometry lowers separability there, never "equal".
+    lower = separability.TopVsRandom(ns, [1, 2, 3], top=run.top, shuffled=[1.0, 0.7, 0.52, 0.41, 0.0],
+                                     random=run.random)
+    assert not lower.geometric and lower.lowering == [2] and lower.min_geometry == pytest.approx(-0.1)
     # Below random at one headline N, or peaking at N = 8: (a) resp. (c) fail.
     worse = separability.TopVsRandom(ns, [1, 2, 3], top=[1.0, 0.3, 0.5, 0.6, 0.0],
                                      shuffled=[0.0] * 5, random=[0.0, 0.35, 0.1, 0.1, 0.0])
@@ -310,7 +315,15 @@ def test_claims_read_the_new_measures(tmp_path):
     assert claim1(study, tmp_path).verdict == HELD
     for r in study.analyses.values():
         r.scores[shuffled, cc] = r.scores[top, cc]  # the geometry carries nothing
-    assert claim1(study, tmp_path).verdict == PARTLY
+    nil = claim1(study, tmp_path)
+    assert nil.verdict == PARTLY and "the geometry's net effect is nil" in " ".join(nil.disagreements)
+    for r in study.analyses.values():
+        r.scores[shuffled, cc] = r.scores[top, cc] + 0.1  # the geometry lowers separability
+    lowered = claim1(study, tmp_path)
+    notes = " ".join(lowered.disagreements)
+    assert lowered.verdict == PARTLY and "geometry lowers separability at N = 2" in notes
+    assert "matches the top-N set" not in notes and "(and lowers it by ≥ 0.05 at some headline N on 4/4)" \
+        in lowered.because
 
     for r in study.analyses.values():
         r.paired[PAIRED_FIELDS.index("ratio")] = 0.4
@@ -409,3 +422,48 @@ def test_claim6_reads_the_critical_rule_with_standard_errors(tmp_path):
     old = claim6(study, tmp_path)  # tables saved before the rule: the MAD flag is not read
     assert "found for 0/2 (not determined for m1, m2" in old.because
     assert any("no standard errors" in note for note in old.disagreements)
+def test_claim1_splits_the_net_effect_over_the_decomposition_nulls(tmp_path):
+    from _reproduce.separability import claim1
+
+    from tl_geometry import HeadAnalysis
+    from tl_geometry.result import GROUPS, METRIC_NAMES
+
+    study = _fake_study()
+    assert not any("net effect decomposed" in str(b) for b in claim1(study, tmp_path).blocks)
+    shuffled, cc = GROUPS.index("shuffled"), METRIC_NAMES.index("f_score_cc")
+    for key, r in study.analyses.items():
+        nulls = {}
+        for i, kind in enumerate(("norms", "directions", "unselected")):
+            scores = r.scores.clone()
+            scores[shuffled, cc] = r.scores[0, cc] - 0.1 * (i + 1)  # top − null = 0.1, 0.2, 0.3
+            nulls[kind] = HeadAnalysis(**{**vars(r), "scores": scores,
+                                          "metadata": {**r.metadata, "shuffle": kind}})
+        study.nulls[key] = nulls
+    text = "\n".join(map(str, claim1(study, tmp_path).blocks))
+    assert "The net effect decomposed" in text
+    assert "| top − values | top − norms | top − directions | top − unselected |" in text
+    assert "| m2 | c2 | 8 |" in text and "| 0.100 | 0.200 | 0.300 |" in text
+    assert "| m1 | c1 | 16 |" not in text  # dense N stay out
+
+
+def test_run_study_analyses_and_reuses_the_decomposition_nulls(tmp_path, monkeypatch):
+    from _reproduce import study as study_module
+
+    calls = []
+
+    def fake_analyze(model, corpus, config, *, progress=True, shuffle="values"):
+        calls.append(shuffle)
+        r = _fake_study().analyses["m1", "c1"]
+        r.metadata["shuffle"] = shuffle
+        return r
+
+    monkeypatch.setattr(study_module, "analyze", fake_analyze)
+    corpus = corpora.Corpus("c1", "text", "a fake corpus")
+    kwargs = dict(models=("m1",), cache_dir=tmp_path, nulls=study_module.DECOMPOSITION_NULLS, log=lambda _: None)
+    first = study_module.run_study({"m1": object()}, [corpus], QUICK, **kwargs)
+    assert calls == ["values", "norms", "directions", "unselected"]
+    assert {k: r.shuffle for k, r in first.nulls["m1", "c1"].items()} == {
+        "norms": "norms", "directions": "directions", "unselected": "unselected"}
+    assert (tmp_path / "m1__c1__unselected.pt").exists() and "analyze m1 c1 norms" in first.steps
+    again = study_module.run_study({}, [corpus], QUICK, reuse=True, **kwargs)  # no model is loaded
+    assert len(calls) == 4 and again.reused and set(again.nulls["m1", "c1"]) == set(first.nulls["m1", "c1"])

@@ -36,6 +36,15 @@ def test_streaming_equals_cache_analysis(smollm2, queries):
     assert streamed.metadata["cache_type"] == "streaming"
 
 
+@pytest.mark.parametrize("shuffle", ["norms", "unselected"])
+def test_streaming_takes_the_null_of_the_cache_analysis(smollm2, shuffle):
+    options = dict(n_values=(1, 2, 4, 8), random_samples=0, shuffle_samples=3, shuffle=shuffle, layers=[0, 29])
+    cached = tl_geometry.analyze_heads(smollm2.cache, **options)
+    streamed = tl_geometry.analyze_model(smollm2.model, smollm2.tokens, batch_size=2, **options)
+    _assert_same(cached, streamed)
+    assert streamed.shuffle == cached.shuffle == shuffle
+
+
 def test_streaming_texts_with_padding_equal_masked_cache(smollm2):
     model = smollm2.model
     texts = ["The river rose slowly through the night.", "Bread needs flour, water, salt and time to rise well."]

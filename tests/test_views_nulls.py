@@ -12,7 +12,9 @@ from result_fakes import fake
 
 import tl_geometry
 from tl_geometry import HeadAnalysis, views
+from tl_geometry.result import null_decomposition
 from tl_geometry.result import schema as _result_schema
+from tl_geometry.result.headline import EQUAL, LOWERS, RAISES, geometry_reading
 from tl_geometry.views.report import n_means_table, sink_effect_section
 
 
@@ -93,7 +95,7 @@ def test_report_tables_hold_f_star_shuffled_and_both_sink_comparisons():
     r = paired_fake()
     table = n_means_table(r)
     assert list(table.columns) == ["N", "F top-N", "F* top-N", "F shuffled", "F random", "F sink removed",
-                                   "top − shuffled", "shuffled − random"]
+                                   "top − shuffled", "shuffled − random", "geometry"]
     assert np.allclose(table["top − shuffled"], table["F top-N"] - table["F shuffled"])
     assert math.isclose(table["F shuffled"][0], float(r.shuffled_f_score[..., 0].mean()))
     section = "".join(sink_effect_section(r))
@@ -112,3 +114,79 @@ def test_report_of_a_real_analysis_has_the_sink_effect_and_its_csv(tmp_path):
     has = (r.paired_sink_count > 0).sum(dim=(0, 1))
     assert csv.paired_heads.tolist() == has.tolist()
     assert "Sink effect on F_N: pooled and paired" in page and "sink_effect.csv" in page
+
+
+# --- reading the top − null gap with both signs, and its decomposition (SPEC §3) ---------------
+
+def test_a_gap_is_read_with_both_signs():
+    assert geometry_reading(0.05) == geometry_reading(0.3) == RAISES
+    assert geometry_reading(-0.05) == geometry_reading(-0.3) == LOWERS  # never "equal"
+    assert geometry_reading(0.049) == geometry_reading(-0.049) == geometry_reading(0.0) == EQUAL
+    assert geometry_reading(math.nan) == "undefined"
+
+
+def _with_shuffled_f(result: HeadAnalysis, gap: list[float]) -> HeadAnalysis:
+    """``result`` with F_N(shuffled) = F_N(top) − gap[i] at every head."""
+    scores = result.scores.clone()
+    g_top, g_shuffled = (_result_schema.GROUPS.index(g) for g in ("top", "shuffled"))
+    f = _result_schema.names()["metric"].index("f_score")
+    scores[g_shuffled, f] = scores[g_top, f] - torch.tensor(gap, dtype=scores.dtype)
+    return HeadAnalysis(**{**vars(result), "scores": scores})
+
+
+def test_report_table_reads_a_negative_gap_as_geometry_lowering_separability():
+    r = _with_shuffled_f(paired_fake(), [-0.2, 0.0, 0.1])
+    assert n_means_table(r)["geometry"].tolist() == [LOWERS, EQUAL, RAISES]
+
+
+@pytest.fixture(scope="module")
+def four_nulls():
+    from test_views import synthetic_cache
+
+    cache = synthetic_cache(n_pos=20)
+    return {kind: tl_geometry.analyze_heads(cache, n_values=(1, 2, 4, 8), random_samples=0, shuffle_samples=3,
+                                            shuffle=kind)
+            for kind in ("values", "norms", "directions", "unselected")}
+
+
+def test_decomposition_is_the_mean_gap_per_null(four_nulls):
+    table = null_decomposition(four_nulls)
+    assert list(table.columns) == ["n", "dense", "top", "top − values", "top − norms", "top − directions",
+                                   "top − unselected", "reading"]
+    assert table.n.tolist() == [1, 2, 4, 8] and table.dense.tolist() == [False, False, False, True]
+    top = four_nulls["values"].f_score_cc
+    for kind, r in four_nulls.items():
+        want = (top - r.shuffled_f_score_cc).nanmean(dim=(0, 1))
+        np.testing.assert_allclose(table[f"top − {kind}"], want.numpy(), rtol=1e-12)
+    assert table.reading.tolist() == [geometry_reading(x) for x in table["top − values"]]
+    raw = null_decomposition({"norms": four_nulls["norms"]}, metric="f_score")  # any subset, any metric
+    assert list(raw.columns) == ["n", "dense", "top", "top − norms"]
+    np.testing.assert_allclose(raw["top"], four_nulls["norms"].f_score.nanmean(dim=(0, 1)).numpy())
+
+
+def test_decomposition_refuses_results_it_cannot_compare(four_nulls):
+    with pytest.raises(ValueError, match="needs a mapping"):
+        null_decomposition({})
+    with pytest.raises(ValueError, match="unknown null 'keys'"):
+        null_decomposition({"keys": four_nulls["values"]})
+    with pytest.raises(ValueError, match=r"results\['norms'\] was made with shuffle='values'"):
+        null_decomposition({"norms": four_nulls["values"]})
+    other = HeadAnalysis(**{**vars(four_nulls["norms"]), "metadata": {**four_nulls["norms"].metadata, "seed": 1}})
+    with pytest.raises(ValueError, match="do not share"):
+        null_decomposition({"values": four_nulls["values"], "norms": other})
+
+
+def test_report_shows_the_decomposition_when_given_the_other_nulls(four_nulls, tmp_path):
+    import pandas as pd
+
+    nulls = {k: v for k, v in four_nulls.items() if k != "values"}
+    page = tl_geometry.write_report(four_nulls["values"], tmp_path, nulls=nulls).read_text()
+    assert "Decomposing the top − shuffled gap" in page and "F*(top) − F*(unselected)" in page
+    assert "null_decomposition.csv" in page
+    csv = pd.read_csv(tmp_path / "null_decomposition.csv")
+    np.testing.assert_allclose(csv["top − norms"], null_decomposition(four_nulls)["top − norms"])
+    plain = tl_geometry.write_report(four_nulls["values"], tmp_path / "plain").read_text()
+    assert "Decomposing" not in plain and "the values null" in plain
+    with pytest.raises(ValueError, match="was made with shuffle='norms'"):
+        tl_geometry.write_report(four_nulls["values"], tmp_path / "bad", nulls={"directions": nulls["norms"]})
+    assert not (tmp_path / "bad").exists()  # refused before anything is written

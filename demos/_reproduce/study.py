@@ -2,9 +2,11 @@
 
 Each analysis is :func:`tl_geometry.analyze_model` (streaming: no cache is kept) on BOS + real
 text windows, at the last query of each window, with N = 1, 2, 4, … below the window length,
-16 random permutations and the bounds of SPEC §6. Results are saved next to the page (one
-:meth:`~tl_geometry.HeadAnalysis.save` file per model × corpus, CSV/JSON tables for the ablation
-and capacity studies) with their options, how long they took, on how many threads and when, so
+16 random permutations and the bounds of SPEC §6; beside it, one analysis per decomposition null of
+SPEC §3 (norms, directions, unselected: same seed, no bounds, no random baseline), which split
+the value-shuffle null's net effect. Results are saved next to the page (one
+:meth:`~tl_geometry.HeadAnalysis.save` file per model × corpus and per null, CSV/JSON tables for
+the ablation and capacity studies) with their options, how long they took, on how many threads and when, so
 that ``--reuse`` re-renders the page from them and says honestly how long the run took.
 """
 
@@ -25,6 +27,10 @@ import tl_geometry
 from . import ablation as _ablation
 from .corpora import Corpus
 from .protocol import MODELS, StudyConfig, windows
+
+#: The decomposition nulls of SPEC §3 analysed beside each main analysis (whose ``shuffled``
+#: group is the values null).
+DECOMPOSITION_NULLS = ("norms", "directions", "unselected")
 
 #: Bytes allowed for one batch's logits (the forward pass computes them; Gemma's vocabulary is
 #: 262k, so at 1024 tokens one window's logits alone take 1 GiB).
@@ -65,6 +71,8 @@ class Study:
     config: StudyConfig
     corpora: dict[str, Corpus]
     analyses: dict[tuple[str, str], tl_geometry.HeadAnalysis]
+    #: (model, corpus) → decomposition null → its analysis (SPEC §3); empty when not run.
+    nulls: dict[tuple[str, str], dict[str, tl_geometry.HeadAnalysis]] = field(default_factory=dict)
     ablation: dict[str, dict[str, Any]] = field(default_factory=dict)  # model → tables
     capacity: dict[str, dict[str, Any]] = field(default_factory=dict)  # model → claim 7's tables
     steps: dict[str, Step] = field(default_factory=dict)  # step name → how it was computed
@@ -94,19 +102,22 @@ def batch_size(model: Any, seq_len: int) -> int:
     return max(1, min(16, LOGITS_BUDGET // (seq_len * d_vocab * 4)))
 
 
-def analyze(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool = True):
-    """The head analysis of ``model`` on ``config.n_windows`` windows of ``corpus``."""
+def analyze(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool = True, shuffle: str = "values"):
+    """The head analysis of ``model`` on ``config.n_windows`` windows of ``corpus``; with another
+    ``shuffle`` than ``"values"``, that decomposition null's analysis (SPEC §3: same windows and
+    seed, so the same top-N sets; no bounds and no random baseline, which it does not read)."""
     tokens = windows(model, corpus, config.n_windows, config.seq_len)
+    main = shuffle == "values"
     return tl_geometry.analyze_model(
         model, tokens, batch_size=batch_size(model, config.seq_len), n_values=config.n_values,
-        queries="last", random_samples=config.random_samples, seed=config.seed, bounds=True,
-        progress=progress,
+        queries="last", random_samples=config.random_samples if main else 0, seed=config.seed,
+        bounds=main, shuffle=shuffle, progress=progress,
     )
 
 
-def analysis_path(cache: Path, model: str, corpus: str) -> Path:
-    """Where the analysis of ``model`` on ``corpus`` is saved."""
-    return cache / f"{model}__{corpus}.pt"
+def analysis_path(cache: Path, model: str, corpus: str, shuffle: str = "values") -> Path:
+    """Where the analysis of ``model`` on ``corpus`` (or of one decomposition null) is saved."""
+    return cache / (f"{model}__{corpus}.pt" if shuffle == "values" else f"{model}__{corpus}__{shuffle}.pt")
 
 
 def run_study(
@@ -118,11 +129,13 @@ def run_study(
     cache_dir: str | Path | None = None,
     reuse: bool = False,
     ablation_corpus: Corpus | None = None,
+    nulls: Sequence[str] = (),
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Study:
-    """Analyse every model on every corpus, then run the ablation and capacity studies on
-    ``ablation_corpus``.
+    """Analyse every model on every corpus (and, for each of ``nulls``, e.g.
+    :data:`DECOMPOSITION_NULLS`, that null's analysis), then run the ablation and capacity
+    studies on ``ablation_corpus``.
 
     ``load`` maps a model name to a loaded model (a dict of preloaded models, as the tests pass,
     or a loader such as :func:`tl_geometry.load_model`); each model is loaded once. With
@@ -141,27 +154,32 @@ def run_study(
             study.steps[f"load {name}"] = Step.now(time.perf_counter() - start)
         return models_loaded[name]
 
+    def analysis(name: str, corpus: Corpus, shuffle: str) -> tl_geometry.HeadAnalysis:
+        what = "" if shuffle == "values" else f" ({shuffle} null)"
+        step = f"analyze {name} {corpus.name}" + ("" if shuffle == "values" else f" {shuffle}")
+        path = None if cache is None else analysis_path(cache, name, corpus.name, shuffle)
+        if reuse and path is not None and path.exists():
+            saved = tl_geometry.HeadAnalysis.load(path)
+            if saved.metadata.get("reproduce_options") == options:
+                log(f"{name} on {corpus.name}{what}: reusing {path}")
+                study.steps[step] = Step.saved(_analysis_record(saved.metadata))
+                return saved
+        model = model_of(name)
+        log(f"{name} on {corpus.name}{what}: {config.n_windows} windows × {config.seq_len} tokens")
+        start = time.perf_counter()
+        result = analyze(model, corpus, config, progress=progress, shuffle=shuffle)
+        study.steps[step] = Step.now(time.perf_counter() - start)
+        result.metadata["reproduce_options"] = options
+        result.metadata.update({f"reproduce_{k}": v for k, v in study.steps[step].record().items()})
+        if path is not None:
+            result.save(path)
+        return result
+
     for name in models:
         for corpus in corpora:
-            step = f"analyze {name} {corpus.name}"
-            path = None if cache is None else analysis_path(cache, name, corpus.name)
-            if reuse and path is not None and path.exists():
-                saved = tl_geometry.HeadAnalysis.load(path)
-                if saved.metadata.get("reproduce_options") == options:
-                    log(f"{name} on {corpus.name}: reusing {path}")
-                    study.analyses[name, corpus.name] = saved
-                    study.steps[step] = Step.saved(_analysis_record(saved.metadata))
-                    continue
-            model = model_of(name)
-            log(f"{name} on {corpus.name}: {config.n_windows} windows × {config.seq_len} tokens")
-            start = time.perf_counter()
-            result = analyze(model, corpus, config, progress=progress)
-            study.steps[step] = Step.now(time.perf_counter() - start)
-            result.metadata["reproduce_options"] = options
-            result.metadata.update({f"reproduce_{k}": v for k, v in study.steps[step].record().items()})
-            if path is not None:
-                result.save(path)
-            study.analyses[name, corpus.name] = result
+            study.analyses[name, corpus.name] = analysis(name, corpus, "values")
+            for kind in nulls:
+                study.nulls.setdefault((name, corpus.name), {})[kind] = analysis(name, corpus, kind)
         if ablation_corpus is not None:
             _capacity_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
             _ablation_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)

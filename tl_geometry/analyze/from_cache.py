@@ -39,6 +39,7 @@ def analyze_heads(
     queries: Literal["last", "all"] = "last",
     random_samples: int = DEFAULT_RANDOM_SAMPLES,
     shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES,
+    shuffle: Literal["values", "norms", "directions", "unselected"] = "values",
     seed: int = 0,
     attention_mask: Tensor | None = None,
     layers: Sequence[int] | None = None,
@@ -82,6 +83,13 @@ def analyze_heads(
             baseline off (its metrics are NaN).
         shuffle_samples: value permutations per (query, head) for the value-shuffle null
             (same α, same top-N set, the non-sink keys' values permuted); 0 turns it off.
+        shuffle: which null the ``shuffled`` group is (SPEC §3; recorded as
+            ``metadata["shuffle"]``): ``"values"`` (default) permutes the non-sink values;
+            ``"norms"`` gives each non-sink key a permuted norm and keeps its direction;
+            ``"directions"`` keeps its norm and gives it a permuted direction;
+            ``"unselected"`` permutes only the values of the non-sink keys outside ``S_N``.
+            Runs with the same seed use the same permutations, so ``F(top) − F(null)`` of the
+            four decompose the net effect of the geometry (:func:`tl_geometry.result.null_decomposition`).
         seed: seed of the random baseline and the shuffle; the same seed gives the same
             numbers, whatever the batch size, chunking, device or front-end.
         attention_mask: ``[batch, pos]``, 1 for real tokens: required for padded batches (left
@@ -121,7 +129,7 @@ def analyze_heads(
         >>> print(result.summary())  # doctest: +SKIP
     """
     opts = check_options(n_values=n_values, queries=queries, random_samples=random_samples,
-                         shuffle_samples=shuffle_samples,
+                         shuffle_samples=shuffle_samples, shuffle=shuffle,
                          seed=seed, distance=distance, space=space, rank_by=rank_by,
                          bounds=bounds, backend=backend)
     _windows.check(window)

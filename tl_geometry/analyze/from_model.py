@@ -173,6 +173,7 @@ def analyze_model(
     queries: Literal["last", "all"] = "last",
     random_samples: int = DEFAULT_RANDOM_SAMPLES,
     shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES,
+    shuffle: Literal["values", "norms", "directions", "unselected"] = "values",
     seed: int = 0,
     layers: Sequence[int] | None = None,
     distance: Literal["euclidean", "cosine"] = "euclidean",
@@ -222,7 +223,7 @@ def analyze_model(
         >>> result = tl_geometry.analyze_model(model, tokens, batch_size=4)  # doctest: +SKIP
     """
     opts = check_options(n_values=n_values, queries=queries, random_samples=random_samples,
-                         shuffle_samples=shuffle_samples,
+                         shuffle_samples=shuffle_samples, shuffle=shuffle,
                          seed=seed, distance=distance, space=space, rank_by=rank_by,
                          bounds=bounds, backend=backend)
     _windows.check(window)

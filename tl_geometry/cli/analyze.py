@@ -42,8 +42,14 @@ examples:
   tl-geometry analyze --bounds --save run.pt        # then HeadAnalysis.load("run.pt")
   tl-geometry analyze --model gemma3-270m --n-seqs 1 --seq-len 4096 --attention recompute
   tl-geometry analyze --labels labels.csv           # one row per head: class, votes, margin, stability
+  tl-geometry analyze --shuffle norms --save norms.pt  # a decomposition null (same seed, same permutations)
   torchrun --nproc-per-node 2 -m tl_geometry analyze --n-seqs 64 --save run.pt
 """
+
+
+#: ``--shuffle``'s choices: :data:`tl_geometry.result.schema.SHUFFLE_KINDS` (spelled out here so
+#: that building the parser imports no torch; a test holds the two equal).
+SHUFFLE_CHOICES = ("values", "norms", "directions", "unselected")
 
 
 def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
@@ -62,6 +68,11 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument("--shuffle-samples", type=positive_int, default=16, metavar="R",
                         help="value permutations per query and head for the value-shuffle null "
                              "(same attention and top-N set, values shuffled)")
+    parser.add_argument("--shuffle", choices=SHUFFLE_CHOICES, default="values",
+                        help="which null the 'shuffled' group is: values (the non-sink values "
+                             "permuted), norms or directions (only their norms or only their "
+                             "directions permuted), unselected (only the values outside the top-N "
+                             "set permuted); docs/math.md, section 3")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline and the shuffle")
     parser.add_argument("--distance", choices=("euclidean", "cosine"), default="euclidean",
                         help="distance between contributions and their aggregate")
@@ -152,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_cli_model(args)
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
-                   shuffle_samples=args.shuffle_samples, seed=args.seed, distance=args.distance, bounds=args.bounds)
+                   shuffle_samples=args.shuffle_samples, shuffle=args.shuffle, seed=args.seed,
+                   distance=args.distance, bounds=args.bounds)
     loaded = time.perf_counter()
     if args.stream or world > 1 or _recompute(args, model, tokens):
         # Under torchrun every rank analyses its share of the windows; the sums are all-reduced.

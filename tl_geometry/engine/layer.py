@@ -34,7 +34,7 @@ from ..functional.separability import METRIC_NAMES
 from . import checks, torch_kernels
 from .block import AttentionRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
-from .options import AnalysisOptions
+from .options import SHUFFLE_KINDS, AnalysisOptions
 from .paired import N_BINS, paired_counts
 from .rng import sequence_keys
 
@@ -280,7 +280,7 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
         args = (rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, sink, data.kernel_window,
                 real_index,
                 keys[b0:b1], gram, opts.n_values.to(gram.device), opts.random_samples, opts.shuffle_samples,
-                opts.rank_by == "contribution", opts.distance == "cosine")
+                SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution", opts.distance == "cosine")
         outputs = (out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1])
         if numba:
             score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))

@@ -46,6 +46,7 @@ def run_metadata(model: Any, source: Any, shape: tuple[int, int, int], opts: Ana
         "queries": opts.queries,
         "random_samples": opts.random_samples,
         "shuffle_samples": opts.shuffle_samples,
+        "shuffle": opts.shuffle,
         "seed": opts.seed,
         "distance": opts.distance,
         "space": opts.space,

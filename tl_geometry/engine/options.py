@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..result.schema import SHUFFLE_KINDS, ShuffleKind
+
 Queries = Literal["last", "all"]
 Distance = Literal["euclidean", "cosine"]
 Space = Literal["value", "output"]
@@ -19,6 +21,11 @@ Backend = Literal["auto", "numba", "torch"]
 DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_RANDOM_SAMPLES = 16
 DEFAULT_SHUFFLE_SAMPLES = 16
+#: The null of the ``shuffled`` group (SPEC §3): the non-sink values permuted.
+DEFAULT_SHUFFLE: ShuffleKind = "values"
+#: How the kernels number the nulls: their positions in :data:`SHUFFLE_KINDS`.
+NULL_VALUES, NULL_NORMS, NULL_DIRECTIONS, NULL_UNSELECTED = (
+    SHUFFLE_KINDS.index(kind) for kind in ("values", "norms", "directions", "unselected"))
 #: Largest selection size accepted: sizes beyond any real context are a typo, not a request.
 MAX_N = 1 << 31
 #: The window the kernels read for a layer without one (every key ``≤ t`` is visible): larger
@@ -34,6 +41,7 @@ class AnalysisOptions:
     queries: Queries = "last"
     random_samples: int = DEFAULT_RANDOM_SAMPLES
     shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES
+    shuffle: ShuffleKind = DEFAULT_SHUFFLE
     seed: int = 0
     distance: Distance = "euclidean"
     space: Space = "value"
@@ -49,6 +57,14 @@ def _choice(name: str, value: object, literal: object, notes: dict[str, str] | N
         named = [repr(c) + (f" ({notes[c]})" if notes and c in notes else "") for c in choices]
         listed = ", ".join(named[:-1]) + " or " + named[-1]
         raise ValueError(f"{name} must be {listed}, got {value!r}.")
+
+
+_SHUFFLE_NOTES = {
+    "values": "the default: non-sink values permuted",
+    "norms": "each key keeps its direction, takes a permuted norm",
+    "directions": "each key keeps its norm, takes a permuted direction",
+    "unselected": "only the values outside the top-N set permuted",
+}
 
 
 def _flag(name: str, value: object) -> bool:
@@ -92,6 +108,7 @@ def check_options(
     queries: object = "last",
     random_samples: object = DEFAULT_RANDOM_SAMPLES,
     shuffle_samples: object = DEFAULT_SHUFFLE_SAMPLES,
+    shuffle: object = DEFAULT_SHUFFLE,
     seed: object = 0,
     distance: object = "euclidean",
     space: object = "value",
@@ -105,6 +122,7 @@ def check_options(
     _choice("space", space, Space, {"value": "α·v", "output": "α·v·W_O"})
     _choice("rank_by", rank_by, RankBy)
     _choice("backend", backend, Backend)
+    _choice("shuffle", shuffle, ShuffleKind, _SHUFFLE_NOTES)
     bounds = _flag("bounds", bounds)
     if bounds and distance != "euclidean":
         raise ValueError("bounds=True needs distance='euclidean': the bounds are Euclidean "
@@ -115,7 +133,7 @@ def check_options(
         raise ValueError(f"seed must be an int, got {seed!r}.")
     return AnalysisOptions(
         n_values=n_value_tensor(n_values), queries=queries, random_samples=samples,  # type: ignore[arg-type]
-        shuffle_samples=shuffles,
+        shuffle_samples=shuffles, shuffle=shuffle,  # type: ignore[arg-type]
         seed=int(seed), distance=distance, space=space, rank_by=rank_by,  # type: ignore[arg-type]
         bounds=bounds, backend=backend,  # type: ignore[arg-type]
     )

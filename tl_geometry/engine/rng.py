@@ -13,7 +13,9 @@ the query's valid keys (in position order); the swap index of step ``r`` over ``
 
 The value-shuffle null (SPEC §3) draws a full Fisher–Yates shuffle of the query's non-sink
 valid keys from the same row key mixed with :data:`SHUFFLE_SALT`, so its stream is independent of
-the random subsets' and equally reproducible (ours).
+the random subsets' and equally reproducible (ours). The norms and directions nulls use the same
+permutations; the unselected null reads its permutation of the non-sink keys outside the top-N
+set off the same one: in position order, they take the values of those keys in its order (ours).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Compiled scoring loop of the engine (numba, CPU): one pass per row, nothing materialised.
 
 :func:`score_rows` scores every chosen query of every head: the top-N set, the top-N with the
-sink removed, ``R`` random subsets and ``S`` value shuffles, for every N (SPEC §2–3). It has a
+sink removed, ``R`` random subsets and ``S`` permutations of one of the nulls of SPEC §3 (values,
+norms, directions or unselected), for every N (SPEC §2–3). It has a
 pure-torch twin in :mod:`.torch_kernels` (for CUDA and other devices, and as a second
 implementation the tests compare); validation and votes are :mod:`.check_kernel`'s.
 
@@ -25,6 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..functional._types import COSINE_EPS
+from .options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .order_kernel import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
 
 
@@ -194,6 +196,94 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
             ni += 1
 
 
+@njit(cache=True)
+def _ratio(num, den):
+    """``num / den``, 0 where ``den`` is 0 (a zero vector has no direction: it stays zero);
+    exactly 1 where the two are equal and non-zero."""
+    return num / den if den > 0.0 else 0.0
+
+
+@njit(cache=True)
+def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: no cover - compiled
+    """Weights on the unmoved values for the norms and directions nulls (SPEC §3, ours).
+
+    Key ``k`` draws key ``π(k) = moved[k]``. Norms null: ``v'_k = ‖v_π(k)‖ v_k/‖v_k‖`` is the
+    unmoved ``v_k`` with weight ``α_k ‖v_π(k)‖/‖v_k‖`` (selection ``S_N``); directions null:
+    ``v'_k = ‖v_k‖ v_π(k)/‖v_π(k)‖`` is ``v_π(k)`` with weight ``α_k ‖v_k‖/‖v_π(k)‖`` at
+    ``π(k)`` (selection ``π(S_N)``). A key whose own or drawn value is zero gets weight 0.
+    """
+    for j in range(keys.shape[0]):
+        k = keys[j]
+        src = moved[k]
+        if shuffle_kind == NULL_NORMS:
+            weights[k] = alpha[k] * _ratio(norms[src], norms[k])
+        else:
+            weights[src] = alpha[k] * _ratio(norms[k], norms[src])
+
+
+@njit(cache=True)
+def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, norms, n_values, cosine, shuffles,
+                    shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
+                    listed, drawn, sigma, out):  # pragma: no cover - compiled
+    """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
+    over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
+    non-sink keys outside ``S_N`` take each other's values.
+
+    ``S_N`` keeps its values, so ``s_N`` and ``⟨v_k, s_N⟩`` are the top-N set's, accumulated once
+    along ``top``; an unselected key ``j`` that takes ``v_π(j)`` has
+    ``E_j = α_j(α_j G[π(j), π(j)] − 2⟨v_π(j), s_N⟩)``: the arrays ``moved_*`` hold the moved
+    ``⟨v, s⟩``, ``G_kk`` and ``‖v‖`` and :func:`_score` reads them in place of the real ones.
+
+    ``π`` comes from the value-shuffle null's permutation ``σ`` of each sample (the shuffle of
+    the non-sink keys, ``keys[0]`` being the sink where ``fixed`` is 1, and every visible key where
+    the query's window does not hold the sink, ``fixed`` 0): the ``c``-th key of ``U_N`` (the non-sink
+    keys outside ``S_N``) in position order (``listed``) takes the value of the ``c``-th key of
+    ``U_N`` in ``σ``'s order (``drawn``), a uniform permutation of ``U_N``. One Fisher–Yates
+    shuffle per sample, as for the values null (row ``sample`` of the scratch ``sigma``), then
+    two branch-free O(|keys|) passes per N and sample on top of the scoring (their iterations
+    independent of each other); no pass over ``G``.
+    """
+    m = keys.shape[0]
+    lo, hi = keys[0], keys[m - 1] + 1
+    for sample in range(shuffles):
+        sigma[sample, : m - fixed] = keys[fixed:]
+        fisher_yates(sigma[sample, : m - fixed], m - fixed - 1, shuffle_key, sample)
+    for j in range(m):
+        dots[keys[j]] = 0.0
+        penalty[keys[j]] = 0.0
+    ni = 0
+    n_sizes = n_values.shape[0]
+    for r in range(n_max):
+        i = top[r]
+        a = alpha[i]
+        penalty[i] = np.inf  # selected: +inf, as _score expects
+        if contiguous:  # no padding inside the row: a loop that vectorises
+            for k in range(lo, hi):
+                dots[k] += a * gram[i, k]
+        else:
+            for j in range(m):
+                k = keys[j]
+                dots[k] += a * gram[i, k]
+        while ni < n_sizes and n_values[ni] == r + 1:
+            u = 0
+            for j in range(m):  # the real values, and U_N in position order (appended when kept)
+                k = keys[j]
+                moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[k], gdiag[k], norms[k]
+                listed[u] = k
+                u += (j >= fixed) & (penalty[k] == 0.0)
+            for sample in range(shuffles):
+                c = 0
+                for k in sigma[sample, : m - fixed]:  # U_N in σ's order
+                    drawn[c] = k
+                    c += penalty[k] == 0.0
+                for c in range(u):
+                    k, src = listed[c], drawn[c]
+                    moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
+                _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
+                       cosine, buf, sel, out[ni])
+            ni += 1
+
+
 #: Chosen queries of one (sequence, head) per parallel task: the task's scratch arrays are
 #: allocated once for all of them.
 QUERY_BLOCK = 16
@@ -201,7 +291,7 @@ QUERY_BLOCK = 16
 
 @njit(parallel=True, cache=True)
 def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, window, real_index, sequence_keys,
-               gram, n_values, samples, shuffles, by_contribution, cosine,
+               gram, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
@@ -222,6 +312,9 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
     The value-shuffle null (SPEC §3) gives key ``k`` the value of key ``π(k)`` (``π`` permutes
     the non-sink keys). Its distances are those of weights ``α'_{π(k)} = α_k`` on the *unmoved*
     values with the selection ``π(S_N)``, so it reuses the Gram matrix and :func:`_run_order`.
+    ``shuffle_kind`` (:data:`.options.NULL_VALUES` …) picks the null; the others are rescaled weights on
+    the same unmoved values (:func:`_null_weights`), or, for the unselected null, the top-N
+    aggregate with moved unselected keys (:func:`_run_unselected`).
     """
     n_cb, n_cg, n_pos = gram.shape[0], gram.shape[1], gram.shape[2]
     n_ch = n_cg * group_size
@@ -236,18 +329,19 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
         top_buf = np.empty(n_pos, dtype=np.int64)
         packed = np.empty(n_pos, dtype=np.uint64)
         single = np.empty(n_pos, dtype=np.float32)
-        floats = np.zeros((8, n_pos))
-        ints = np.empty((4, n_pos), dtype=np.int64)
+        floats = np.zeros((10 if shuffle_kind == NULL_UNSELECTED else 8, n_pos))  # 8, 9: the unselected null's
+        # Rows 4 … hold the unselected null's permutations (one per sample).
+        ints = np.empty((4 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
             _score_row(pattern, row_of, cb, h, qi, queries, is_token, sink, window, real_index, sequence_keys,
-                       gram[cb, (h // group_size) - g0], n_values, samples, shuffles,
+                       gram[cb, (h // group_size) - g0], n_values, samples, shuffles, shuffle_kind,
                        by_contribution, cosine, metrics[cb, h, qi], sink_in_top, sink_mass,
                        keys_buf, top_buf, single, packed, floats, ints)
 
 
 @njit(cache=True)
 def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_index, sequence_keys, gram_bg,
-               n_values, samples, shuffles, by_contribution, cosine, out, sink_in_top, sink_mass,
+               n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top, sink_mass,
                keys_buf, top_buf, single, packed, floats, ints):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
     group's Gram matrix is ``gram_bg``, with the task's scratch arrays."""
@@ -329,22 +423,29 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
         fisher_yates(perm, n_top, row_key, sample)
         _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
                    n_values, cosine, dots, penalty, buf, sel, out[1])
-    if shuffles > 0:
+    fixed = 1 if sees_sink else 0  # keys[0] is the sink when the window holds it: it keeps its value
+    if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
+        _run_unselected(top, n_top, keys, fixed, contiguous, alpha, gram_bg, gdiag, norms, n_values, cosine, shuffles,
+                        mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3], floats[8],
+                        floats[9], ints[2], ints[3], ints[4:], out[2])
+    elif shuffles > 0:
         shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
         moved = ints[2]  # π(k)
         order = ints[3][:n_top]
         weights = floats[3]  # α'_{π(k)} = α_k at the keys (the scores are no longer needed)
-        fixed = 1 if sees_sink else 0  # keys[0] is the sink when the window holds it
         for sample in range(shuffles):
             perm[fixed:] = keys[fixed:]  # the sink keeps its value
             fisher_yates(perm[fixed:], m - fixed - 1, shuffle_key, sample)
             moved[s] = s
             for j in range(fixed, m):
                 moved[keys[j]] = perm[j]
-            for j in range(m):
-                weights[moved[keys[j]]] = alpha[keys[j]]
+            if shuffle_kind == NULL_VALUES:
+                for j in range(m):
+                    weights[moved[keys[j]]] = alpha[keys[j]]
+            else:
+                _null_weights(shuffle_kind, keys, moved, alpha, norms, weights)
             for r in range(n_top):
-                order[r] = moved[top[r]]
+                order[r] = top[r] if shuffle_kind == NULL_NORMS else moved[top[r]]
             _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
                        n_values, cosine, dots, penalty, buf, sel, out[2])
     for ni in range(n_sizes):

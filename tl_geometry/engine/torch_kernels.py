@@ -17,7 +17,7 @@ from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.attention import visible_keys
 from ..functional.selection import _inverse_permutation
 from ..functional.separability import chance_corrected
-from .options import NO_WINDOW
+from .options import NO_WINDOW, NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .rng import SHUFFLE_SALT, torch_mix, torch_swap_index
 
 BLOCK_ELEMENTS = 1 << 22
@@ -101,7 +101,7 @@ def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
 def score_rows(
     rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
     sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
-    samples: int, shuffles: int, by_contribution: bool, cosine: bool, metrics: Tensor,
+    samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool, cosine: bool, metrics: Tensor,
     sink_in_top: Tensor, sink_fields: Tensor,
 ) -> None:
     """:func:`.score_kernel.score_rows` in torch: same arguments, same outputs (written in place)."""
@@ -113,13 +113,13 @@ def score_rows(
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
         _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, window, real_index,
-                     sequence_keys, gram, n_values, samples, shuffles, by_contribution, cosine,
+                     sequence_keys, gram, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1])
 
 
 def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, real_index, sequence_keys, gram,
-                 n_values, samples, shuffles, by_contribution, cosine, metrics, sink_in_top,
+                 n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, metrics, sink_in_top,
                  sink_fields) -> None:
     device = gram.device
     n_b, n_cg, n_key = gram.shape[0], gram.shape[1], gram.shape[-1]
@@ -154,16 +154,20 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     row_key = torch_mix(torch_mix(sequence_keys[:, None] + real_index.gather(1, t))[:, None]
                         + torch.arange(h0, h0 + n_ch, device=device)[:, None])  # [b, h, q]
     whole = alpha[:, :, :, None]  # one weight row for every selection: [b, h, q, 1, k]
-    groups = {"top": (whole, top[:, :, :, None], valid)}
+    # name → (weights, ranks, candidate keys, the unselected null's value sources or None)
+    groups: dict[str, tuple[Tensor, Tensor, Tensor, Tensor | None]] = {"top": (whole, top[:, :, :, None], valid, None)}
     if samples > 0:
-        groups["random"] = (whole, _random_ranks(valid, m, row_key, samples, n_values), valid)
-    if shuffles > 0:
-        weights, rank = _shuffled(alpha, top, keep, row_key, shuffles)
-        groups["shuffled"] = (weights, rank, valid)
-    groups["sink_removed"] = (whole, dropped[:, :, :, None], keep)
+        groups["random"] = (whole, _random_ranks(valid, m, row_key, samples, n_values), valid, None)
+    if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
+        source = _unselected_sources(top, keep, row_key, shuffles, n_values)
+        groups["shuffled"] = (whole, top[:, :, :, None], valid, source)
+    elif shuffles > 0:
+        weights, rank = _shuffled(alpha, top, keep, row_key, shuffles, shuffle_kind, norms)
+        groups["shuffled"] = (weights, rank, valid, None)
+    groups["sink_removed"] = (whole, dropped[:, :, :, None], keep, None)
     out = {name: _score(w, gram, gdiag, rank, keyset[:, None, :, None, None], n_values,
-                        group_size, cosine).mean(3)  # [b, h, q, n, metric]
-           for name, (w, rank, keyset) in groups.items()}
+                        group_size, cosine, source).mean(3)  # [b, h, q, n, metric]
+           for name, (w, rank, keyset, source) in groups.items()}
     nan = torch.full_like(out["top"], torch.nan)
     out["sink_removed"] = torch.where(sees_sink[:, None, :, None, None], out["sink_removed"], nan)  # no sink: skipped
     grouped = torch.stack([out.get(g, nan) for g in ("top", "random", "shuffled", "sink_removed")], dim=3)
@@ -199,14 +203,47 @@ def _random_ranks(valid: Tensor, m: Tensor, row_key: Tensor, samples: int, n_val
     return rank[..., :n_key]
 
 
-def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int) -> tuple[Tensor, Tensor]:
+def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, shuffle_kind: int,
+              norms: Tensor) -> tuple[Tensor, Tensor]:
     """Weights ``[b, h, q, sample, k]`` and ranks of the value-shuffle null, as in the kernel.
 
     Key ``k`` takes the value of ``π(k)``, a full Fisher–Yates shuffle of the non-sink valid
-    keys (``keep``); equivalently weight ``α_k`` sits on key ``π(k)``, ranked as ``k``.
+    keys (``keep``); equivalently weight ``α_k`` sits on key ``π(k)``, ranked as ``k``. The norms
+    and directions nulls rescale the weights (``norms [b, h, 1, k]`` = ‖v‖), as
+    :func:`.score_kernel._null_weights` does: the norms null keeps ``α_k ‖v_π(k)‖/‖v_k‖`` on
+    ``k`` itself, the directions null puts ``α_k ‖v_k‖/‖v_π(k)‖`` on ``π(k)``.
     """
-    n_b, n_h, n_q, n_key = alpha.shape
-    device = alpha.device
+    n_key = alpha.shape[-1]
+    listed, perm = _value_permutations(keep, row_key, shuffles, alpha.shape[1])
+    # moved[k] = π(k): identity off the listed keys; position n_key absorbs the unused slots.
+    keys = torch.arange(n_key, device=alpha.device)
+    moved = torch.cat([keys, keys.new_tensor([n_key])]).expand(*perm.shape[:-1], n_key + 1).clone()
+    moved.scatter_(-1, listed[:, None, :, None, :].expand_as(perm), perm)
+    moved = moved[..., :n_key]
+    placed = alpha[:, :, :, None].expand_as(moved)  # the weight that moves with key k
+    if shuffle_kind != NULL_VALUES:
+        own = norms[:, :, :, None].expand(moved.shape)
+        drawn = own.gather(-1, moved)
+        if shuffle_kind == NULL_NORMS:  # k keeps its place: no scatter, the ranks are the top-N's
+            return placed * _ratio(drawn, own), top[:, :, :, None].expand_as(moved)
+        placed = placed * _ratio(own, drawn)
+    weights = torch.zeros_like(alpha)[:, :, :, None].expand_as(moved).clone()
+    weights.scatter_(-1, moved, placed)
+    rank = torch.empty_like(moved).scatter_(-1, moved, top[:, :, :, None].expand_as(moved))
+    return weights, rank
+
+
+def _ratio(num: Tensor, den: Tensor) -> Tensor:
+    """``num / den``, 0 where ``den`` is 0 (:func:`.score_kernel._ratio`)."""
+    return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)
+
+
+def _value_permutations(keep: Tensor, row_key: Tensor, shuffles: int, n_h: int) -> tuple[Tensor, Tensor]:
+    """``(listed [b, q, k], σ [b, h, q, sample, k])``: the non-sink valid keys (``keep``) in
+    position order, and their full Fisher–Yates shuffle of each sample from the value-shuffle
+    stream (the kernel's); the slots past each row's keys hold ``k`` (= ``n_key``)."""
+    n_b, n_q, n_key = keep.shape
+    device = keep.device
     keys = torch.arange(n_key, device=device)
     listed = torch.sort(torch.where(keep, keys, n_key), dim=-1).values  # [b, q, k]
     perm = listed[:, None, :, None, :].expand(n_b, n_h, n_q, shuffles, n_key).clone()
@@ -219,20 +256,37 @@ def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffle
         a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
         perm[..., r] = torch.where(live, b, a)
         perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
-    # moved[k] = π(k): identity off the listed keys; position n_key absorbs the unused slots.
-    moved = torch.cat([keys, keys.new_tensor([n_key])]).expand(*perm.shape[:-1], n_key + 1).clone()
-    moved.scatter_(-1, listed[:, None, :, None, :].expand_as(perm), perm)
-    moved = moved[..., :n_key]
-    weights = torch.zeros_like(alpha)[:, :, :, None].expand_as(moved).clone()
-    weights.scatter_(-1, moved, alpha[:, :, :, None].expand_as(moved))
-    rank = torch.empty_like(moved).scatter_(-1, moved, top[:, :, :, None].expand_as(moved))
-    return weights, rank
+    return listed, perm
 
 
-def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine) -> Tensor:
+def _unselected_sources(top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, n_values: Tensor) -> Tensor:
+    """``source [b, h, q, sample, n, k]``: the key whose value key ``k`` holds in the unselected
+    null (SPEC §3, ours), as in :func:`.score_kernel._run_unselected`.
+
+    For each N, ``U_N`` = the non-sink valid keys outside ``S_N`` (rank ≥ N): its ``c``-th key in
+    position order takes the value of its ``c``-th key in the order of the value-shuffle
+    permutation ``σ`` of the sample; every other key is its own source.
+    """
+    n_h, n_key = top.shape[1], top.shape[-1]
+    keys = torch.arange(n_key, device=top.device)
+    _, sigma = _value_permutations(keep, row_key, shuffles, n_h)  # [b, h, q, sample, k]
+    at = torch.full((*sigma.shape[:-1], n_key + 1), n_key, dtype=sigma.dtype, device=top.device)
+    at.scatter_(-1, sigma, keys.expand_as(sigma))  # at[k] = k's place in σ (n_key off σ)
+    unselected = keep[:, None, :, None, :] & (top[:, :, :, None, :] >= n_values[:, None])  # [b, h, q, n, k]
+    place = torch.where(unselected[:, :, :, None], at[:, :, :, :, None, :n_key], n_key + 1)  # [b, h, q, s, n, k]
+    drawn = place.sort(dim=-1, stable=True).indices  # U_N in σ's order first
+    listed = torch.sort(torch.where(unselected, keys, n_key), dim=-1).values  # U_N in position order first
+    source = torch.cat([keys, keys.new_tensor([n_key])]).expand(*place.shape[:-1], n_key + 1).clone()
+    source.scatter_(-1, listed[:, :, :, None].expand_as(drawn), drawn)  # the rest lands on slot n_key
+    return source[..., :n_key]
+
+
+def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, source=None) -> Tensor:
     """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not fit.
 
-    ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys.
+    ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys. With ``source
+    [b, h, q, sample, n, k]`` (the unselected null), key ``k`` holds the value of key
+    ``source[k]`` (the selected keys their own): its ``⟨v, s⟩`` and ``‖v‖²`` are read there.
     """
     n = n_values[:, None]
     selected = rank[..., None, :] < n  # [b, h, q, sel, n, k]
@@ -243,6 +297,9 @@ def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine) -> Te
     sq_s = (weights * dots).sum(-1, keepdim=True)
     a = alpha[..., None, :]
     g = gdiag[:, :, :, None, None, :]
+    if source is not None:  # S_N keeps its values: s_N and ‖s_N‖² are the top-N set's
+        dots = dots.expand(*source.shape).gather(-1, source)
+        g = g.expand(*source.shape).gather(-1, source)
     if cosine:
         e = 1 - a * dots / (a * g.clamp_min(0).sqrt() * sq_s.clamp_min(0).sqrt() + COSINE_EPS)
     else:

@@ -3,7 +3,8 @@
 ``schema`` holds every name and axis (one source); ``select`` reads by name (``sel``);
 ``headline`` the dense-N rules; ``tables`` and ``text`` the ``DataFrame`` and text forms; ``io``
 the versioned, checked files; ``shortcuts`` the attribute shortcuts, generated from the schema;
-``labels`` the label confidence, the label export and the agreement with other head scores.
+``labels`` the label confidence, the label export and the agreement with other head scores;
+``null_decomposition`` the table of top − null gaps over the nulls of SPEC §3.
 """
 
 from ..functional.separability import METRIC_NAMES
@@ -21,6 +22,7 @@ from .schema import (
     names,
 )
 from .select import HeadSelection
+from .tables import null_decomposition
 
 __all__ = [
     "AXES",
@@ -36,4 +38,5 @@ __all__ = [
     "UnknownNameError",
     "label_agreement",
     "names",
+    "null_decomposition",
 ]

@@ -330,6 +330,13 @@ class HeadAnalysis(Shortcuts):
         return certified.double().mean(dim=(0, 1))
 
     @property
+    def shuffle(self) -> str:
+        """Which null the ``shuffled`` group is (SPEC §3): ``"values"``, ``"norms"``,
+        ``"directions"`` or ``"unselected"`` (``metadata["shuffle"]``; ``"values"`` for results
+        made before the option)."""
+        return headline.shuffle_kind(self)
+
+    @property
     def headline_n(self) -> tuple[int, ...]:
         """The analysed N values in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3), with
         ``t + 1 = metadata["n_positions"]``; larger N are "dense" (computed, never headlined).

@@ -1,6 +1,8 @@
 """The headline range of N (SPEC §3): ``2 ≤ N ≤ (t+1)/4``; a larger N is *dense*, where the
 precision floor ``N/(t+1)`` lifts P_N and F_N for reasons that are not geometry. Computed,
-plotted and shaded, never headlined. One source for tables, text, plots and the report.
+plotted and shaded, never headlined. One source for tables, text, plots and the report; so is
+the reading of a top − null gap (:func:`geometry_reading`, both signs) and which null a
+result's ``shuffled`` group is (:func:`shuffle_kind`).
 """
 
 from __future__ import annotations
@@ -57,3 +59,32 @@ def n_label(result: AnalysisLike, n: int) -> str:
     """``"8"``, or ``"64†"`` for a dense N."""
     return f"{n}†" if is_dense(result, n) else str(n)
 
+
+
+#: (ours) The size of ``F(top) − F(null)`` below which a verdict calls the two equal; the gap
+#: has two signs and both are read (SPEC §3, corrected reading).
+GEOMETRY_GAP = 0.05
+
+#: The three readings of a top − null gap, by :func:`geometry_reading`.
+RAISES, LOWERS, EQUAL = "geometry raises separability", "geometry lowers separability", "equal"
+
+
+def geometry_reading(gap: float, threshold: float = GEOMETRY_GAP) -> str:
+    """What a gap ``F(top) − F(null)`` says (SPEC §3): ``≥ threshold`` → :data:`RAISES` (the
+    selected values cohere more than chance), ``≤ −threshold`` → :data:`LOWERS` (attended but
+    unselected keys carry values aligned with the selection and crowd the ball), in between →
+    :data:`EQUAL`; ``"undefined"`` for NaN. A negative gap is geometry too, never "equal"."""
+    if math.isnan(gap):
+        return "undefined"
+    if gap >= threshold:
+        return RAISES
+    if gap <= -threshold:
+        return LOWERS
+    return EQUAL
+
+
+def shuffle_kind(result: AnalysisLike) -> str:
+    """Which null the result's ``shuffled`` group is (SPEC §3): ``metadata["shuffle"]``;
+    ``"values"`` for results made before the option (the only null there was)."""
+    kind = result.metadata.get("shuffle", "values")
+    return kind if isinstance(kind, str) else "values"

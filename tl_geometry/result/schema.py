@@ -9,7 +9,7 @@ format (which saves these labels) and the shape checks follow.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -25,10 +25,15 @@ from ..functional.taxonomy import CLASSES, VOTES
 PAIRED_FIELDS: tuple[str, ...] = ("ratio", "halved", "count")
 
 #: Selection groups scored per (layer, head, N) (SPEC §3): the top-N set, the random baseline,
-#: the value-shuffle null (same α and top-N set, non-sink values permuted), the top-N
+#: a null of :data:`SHUFFLE_KINDS` (same α and top-N set; by default the non-sink values permuted), the top-N
 #: re-selected with the sink removed, and the top-N instances with the sink inside / outside
 #: the set.
 GROUPS: tuple[str, ...] = ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out")
+#: The nulls that the ``shuffled`` group can be (SPEC §3; ``analyze_heads(shuffle=...)``, saved as
+#: ``metadata["shuffle"]``): the non-sink values permuted (``"values"``, the default), only their
+#: norms or only their directions permuted, or only the values outside the top-N set.
+ShuffleKind = Literal["values", "norms", "directions", "unselected"]
+SHUFFLE_KINDS: tuple[str, ...] = get_args(ShuffleKind)
 #: Kinds of lower bound on the top-N sets (SPEC §6): inversion certificates, certified regime
 #: bounds (observed extremes), the predicted envelope (typical values) and the shell
 #: certificate (§6d) with budget K = 0 (``shell``, norm-only) and K = N (``shell_n``).

@@ -47,7 +47,8 @@ _DOCS: dict[str, str] = {
     "precision_cc": "Chance-corrected precision P*_N = (P_N − N/(t+1)) / (1 − N/(t+1)) (SPEC §3, ours)",
     "f_score_cc": "Chance-corrected F*_N: harmonic mean of P*_N and R_N (SPEC §3, ours)",
     "random_f_score": "Random N-subset baseline of F_N",
-    "shuffled_f_score": "F_N of the top-N set with the non-sink values shuffled (value-shuffle null, SPEC §3)",
+    "shuffled_f_score": "F_N of the top-N set under the null of ``shuffle`` (default: the non-sink values "
+                        "shuffled; SPEC §3)",
     "sink_removed_f_score": "F_N of the top-N set re-selected without the sink",
     "paired_sink_ratio": "Per head, median F_N(with sink) / F_N(sink removed) over instances holding the sink",
     "paired_sink_halved": "Per head, fraction of those instances where the sink halves F_N (ratio ≤ 1/2)",

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .headline import headline_n, is_dense
+from .headline import geometry_reading, headline_n, is_dense, shuffle_kind
 from .labels import merge_scores, unstable
 from .protocol import AnalysisLike
-from .schema import check_name, names
+from .schema import SHUFFLE_KINDS, check_name, names
 
 #: Bound kinds whose F̲_N predicts a best N, and their ``best_n()`` columns.
 BEST_N_KINDS = {"shell": "shell_best_n", "shell_n": "shell_n_best_n", "predicted": "predicted_best_n"}
@@ -150,4 +151,66 @@ def paired_sink_summary(result: AnalysisLike):
             "paired_median_ratio": med_ratio, "paired_median_halved": med_halved,
             "paired_heads": int(has.sum()), "paired_instances": int(np.nan_to_num(count[..., i]).sum()),
         })
+    return pd.DataFrame(rows)
+
+
+def null_decomposition(results: Mapping[str, AnalysisLike], metric: str = "f_score_cc"):
+    """Per analysed N, the mean over heads of ``metric(top) − metric(null)`` for each null of
+    SPEC §3, as a ``DataFrame``: the net effect of the value geometry and its parts.
+
+    ``results`` maps a null (``"values"``, ``"norms"``, ``"directions"``, ``"unselected"``) to
+    the analysis made with it, ``analyze_heads(..., shuffle=kind)``, on the same inputs with the
+    same options and seed: then the top-N sets are the same and the norms and directions nulls
+    draw the values null's permutations. Columns: ``n``; ``dense`` (N > (t+1)/4: shown, never
+    headlined); ``top`` (mean ``metric`` of the top-N set); ``top − <kind>`` for each null given,
+    in that order (the mean over heads of each head's gap); and, with the values null,
+    ``reading``: the net gap read with both signs (:func:`~.headline.geometry_reading`).
+
+    How to read a gap (docs/math.md §3): ``top − values`` is the net effect, positive where the
+    selected values cohere more than chance and negative where attended but unselected keys
+    carry values aligned with the selection; ``top − norms`` is what the real pairing of keys
+    with norms carries (directions kept), ``top − directions`` what the real pairing with
+    directions carries (norms kept), ``top − unselected`` what the real values outside the
+    selection do to it (the selection's own values kept): negative where they crowd the ball.
+
+    Raises ``ValueError`` for an unknown null, a result made with another null than its key,
+    or results that do not share the top-N scores (not the same inputs and options).
+    """
+    import pandas as pd
+
+    if not isinstance(results, Mapping) or not results:
+        raise ValueError("null_decomposition needs a mapping {kind: HeadAnalysis} with at least one "
+                         f"of {list(SHUFFLE_KINDS)}, e.g. {{'values': r, 'norms': analyze_heads(..., "
+                         "shuffle='norms')}}.")
+    check_name("metric", metric, names()["metric"])
+    for kind, result in results.items():
+        check_name("null", kind, SHUFFLE_KINDS)
+        if shuffle_kind(result) != kind:
+            raise ValueError(f"results[{kind!r}] was made with shuffle={shuffle_kind(result)!r}; "
+                             f"pass the analysis made with analyze_heads(..., shuffle={kind!r}).")
+    kinds = [k for k in SHUFFLE_KINDS if k in results]
+    first = results[kinds[0]]
+    top = first.metric(metric, "top")
+    for kind in kinds[1:]:
+        other = results[kind]
+        same = (other.layers == first.layers and torch.equal(other.n_values, first.n_values)
+                and other.metric(metric, "top").shape == top.shape
+                and all(other.metadata.get(k) == first.metadata.get(k) for k in ("seed", "shuffle_samples")))
+        if not same or not torch.allclose(other.metric(metric, "top"), top, rtol=1e-9, atol=1e-12,
+                                          equal_nan=True):
+            raise ValueError(f"results[{kind!r}] and results[{kinds[0]!r}] do not share their top-N "
+                             "scores, N, layers, seed or permutation count: analyse the same inputs "
+                             "with the same options, changing only shuffle=.")
+
+    def mean(x: Tensor) -> float:
+        return float(x.nanmean()) if bool(x.isfinite().any()) else float("nan")
+
+    rows = []
+    for i, n in enumerate(first.n_values.tolist()):
+        row: dict[str, Any] = {"n": n, "dense": is_dense(first, n), "top": mean(top[..., i])}
+        for kind in kinds:
+            row[f"top − {kind}"] = mean((top - results[kind].metric(metric, "shuffled"))[..., i])
+        if "values" in results:
+            row["reading"] = geometry_reading(row["top − values"])
+        rows.append(row)
     return pd.DataFrame(rows)

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
-from .headline import headline_text, layer_windows, n_label
+from .headline import headline_text, layer_windows, n_label, shuffle_kind
 from .protocol import AnalysisLike
 from .units import kv_group_size, kv_values
 
@@ -133,6 +133,8 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
     parts = [f"{meta['n_sequences']} sequences × {meta['n_positions']} positions"] \
         if "n_sequences" in meta and "n_positions" in meta else []
     parts += [f"{k}={meta[k]}" for k in ("queries", "distance", "space") if meta.get(k) is not None]
+    if (kind := shuffle_kind(result)) != "values":  # the shuffled group is another null (SPEC §3)
+        parts.append(f"shuffled = the {kind} null")
     lines = [
         f"tl_geometry head analysis — {_model(meta)}",
         f"layers {_layers(result.layers)} × {result.n_heads} heads "

@@ -12,6 +12,7 @@ came from) into a folder::
       metrics.csv         long form: layer, head, N, group, P/R/F, margin, inversions, ...
       class_counts.csv    heads of each class per layer
       sink_effect.csv     per N: the pooled and the paired sink effect on F_N
+      null_decomposition.csv  per N: F*(top) − F*(null) for each null (when write_report gets nulls=)
       figures/*.png|svg   F_N (and F*_N) against N by class, F_N by layer, sink per layer, class counts
 
 The ``tl-geometry report`` command lives in :mod:`tl_geometry.cli.report`.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,10 @@ import torch
 
 from ..functional.taxonomy import CLASSES
 from ..result import HeadAnalysis
-from ..result.headline import dense_from, n_label
+from ..result.headline import GEOMETRY_GAP, dense_from, geometry_reading, n_label
 from ..result.labels import HIGH_SCORE, check_scores, label_agreement
+from ..result.schema import SHUFFLE_KINDS
+from ..result.tables import null_decomposition
 from ..result.text import CLASSES_TEXT, class_shares_text, unstable_counts, value_geometry_text
 from . import _page
 from .attention import attention_view, contribution_view
@@ -44,7 +48,7 @@ from .taxonomy import CLASS_COLORS, taxonomy_view
 from .tokens import token_view
 
 __all__ = ["DEFAULT_OUT", "agreement_section", "capacity_section", "example_heads", "label_confidence_section",
-           "n_means_table", "sink_effect_section", "write_report"]
+           "n_means_table", "null_decomposition_section", "sink_effect_section", "write_report"]
 
 #: Where write_report (and tl-geometry report) writes by default.
 DEFAULT_OUT = "tl_geometry_report"
@@ -88,8 +92,13 @@ _PER_N = (("F top-N", "f_score", "top"), ("F* top-N", "f_score_cc", "top"),
 
 def n_means_table(result: HeadAnalysis):
     """Mean over heads, per analysed N, of F_N (and F*_N) for each selection group, with the
-    value-shuffle split of SPEC §3: ``top − shuffled`` (what the value geometry carries) and
-    ``shuffled − random`` (what attention magnitudes alone explain). Dense N (N > (t+1)/4) are
+    split of SPEC §3 (corrected reading): ``top − shuffled`` is the net effect of the value
+    geometry and has two signs — positive where the selected values cohere more than chance,
+    negative where attended but unselected keys carry values aligned with the selection and
+    crowd the ball; ``shuffled − random`` is what the attention ranking achieves on values with
+    the real norm distribution but no coupling (not "attention magnitudes alone"). ``geometry``
+    reads the first gap with both signs (:func:`~tl_geometry.result.headline.geometry_reading`:
+    ≤ −0.05 is "geometry lowers separability", never "equal"). Dense N (N > (t+1)/4) are
     marked ``†``: shown, never headlined."""
     import pandas as pd
 
@@ -99,8 +108,32 @@ def n_means_table(result: HeadAnalysis):
         row.update({head: _mean(result.metric(m, g)[..., i]) for head, m, g in _PER_N})
         row["top − shuffled"] = row["F top-N"] - row["F shuffled"]
         row["shuffled − random"] = row["F shuffled"] - row["F random"]
+        row["geometry"] = geometry_reading(row["top − shuffled"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def null_decomposition_section(result: HeadAnalysis, nulls: Mapping[str, HeadAnalysis]) -> list[str]:
+    """The decomposition of the top − shuffled gap over the nulls of SPEC §3: per N, the mean
+    over heads of F*(top) − F*(null) for each null in ``nulls`` and in ``result`` (a mapping
+    kind → analysis, :func:`~tl_geometry.result.null_decomposition`); dense N marked †."""
+    table = null_decomposition({result.shuffle: result, **nulls}, "f_score_cc")
+    gaps = {f"top − {kind}": f"F*(top) − F*({kind})" for kind in SHUFFLE_KINDS}
+    shown = table.assign(n=[n_label(result, n) for n in table.n]).drop(columns="dense").rename(
+        columns={"n": "N", "top": "F* top-N", **gaps})
+    return [
+        "<h2>Decomposing the top − shuffled gap</h2>", _table(shown),
+        '<p class="tlg-caption">Per N, the mean over heads of F*(top) − F*(null) for each null (same '
+        "attention, same top-N set, same seed; SPEC §3). values: every non-sink value permuted — the "
+        "net effect of the geometry, of either sign. norms: each key keeps its direction and takes a "
+        "permuted norm — what the real pairing of keys with norms carries. directions: each key keeps "
+        "its norm and takes a permuted direction — what the real pairing with directions carries. "
+        "unselected: only the values outside the top-N set permuted — what the real unselected values "
+        "do to the selection; negative where attended but unselected keys carry values aligned with "
+        f"it and crowd the ball. A gap ≥ {GEOMETRY_GAP} reads \"geometry raises separability\", one ≤ "
+        f"−{GEOMETRY_GAP} \"geometry lowers separability\" (never \"equal\"). † dense N, not "
+        "headlined.</p>",
+    ]
 
 
 def sink_effect_section(result: HeadAnalysis) -> list[str]:
@@ -198,7 +231,7 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
             + " (dense N, marked †, are shown and shaded, never headlined)"),
         "distance / space": f"{meta.get('distance', '?')} / {meta.get('space', '?')}",
         "random subsets per query": meta.get("random_samples", "?"),
-        "value shuffles per query": meta.get("shuffle_samples", "?"),
+        "value shuffles per query": f"{meta.get('shuffle_samples', '?')} (the {result.shuffle} null)",
         "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_heads}"
                  + (f" query heads sharing {result.n_layers * result.n_kv_heads} KV heads"
                     if result.kv_group_size > 1 else ""),
@@ -311,6 +344,7 @@ def write_report(
     n: int = 4,
     max_tokens: int = 64,
     scores: Any = None,
+    nulls: Mapping[str, HeadAnalysis] | None = None,
 ) -> Path:
     """Write the report folder for ``result`` and return the path of its ``index.html``.
 
@@ -322,7 +356,9 @@ def write_report(
     section, ``capacity.csv`` / ``capacity_heads.csv`` a Retrieval capacity section. With
     ``scores`` (a :func:`tl_geometry.head_scores` table) the report adds "Do the labels agree
     with other detectors?", the scores in the taxonomy grid's hover, ``heads.csv`` and
-    ``labels.csv``. The page needs no network: everything is inlined.
+    ``labels.csv``. With ``nulls`` (``{kind: analysis}`` of the same inputs made with other
+    ``shuffle=`` nulls, SPEC §3) the report adds the decomposition of the top − shuffled gap
+    and ``null_decomposition.csv``. The page needs no network: everything is inlined.
 
     >>> write_report(result, "tl_geometry_report", cache=cache, tokens=tokens, model=model)  # doctest: +SKIP
     PosixPath('tl_geometry_report/index.html')
@@ -331,18 +367,22 @@ def write_report(
         raise TypeError(f"write_report needs a HeadAnalysis (from analyze_heads), got {type(result).__name__}.")
     if scores is not None:
         check_scores(scores)  # before anything is written
+    decomposition = null_decomposition_section(result, nulls) if nulls else []  # checked here too
     out = Path(out_dir)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     _write_tables(result, out, scores)
-    parts: list[_page.View | str] = [*_summary_parts(result, scores), "<h2>Figures</h2>",
+    if nulls:
+        null_decomposition({result.shuffle: result, **nulls}).to_csv(out / "null_decomposition.csv", index=False)
+    parts: list[_page.View | str] = [*_summary_parts(result, scores), *decomposition, "<h2>Figures</h2>",
                                      *_figure_parts(result, figures)]
     parts += _top_heads_parts(result)
     if cache is not None:
         parts += _example_head_parts(result, cache, dict(tokens=tokens, model=model, max_tokens=max_tokens), n)
     parts += _ablation(out, figures)
     parts += capacity_section(out, figures)
-    files = [*TABLE_FILES, *(name for name in OPTIONAL_FILES if (out / name).is_file())]
+    files = [*TABLE_FILES, *(["null_decomposition.csv"] if nulls else []),
+             *(name for name in OPTIONAL_FILES if (out / name).is_file())]
     page = _page.page_html(parts, title=f"tl_geometry report — {result.metadata.get('model_name', '')}",
                            header=_header(result, files))
     index = out / "index.html"
@@ -377,7 +417,9 @@ def _summary_parts(result: HeadAnalysis, scores: Any) -> list[_page.View | str]:
         "never headlined. F* = chance-corrected F (SPEC §3). top − shuffled is the net effect of the "
         "value geometry, of either sign: positive where the selected values cohere, negative where "
         "attended but unselected keys carry values aligned with the selection; shuffled − random is "
-        "what the attention ranking achieves on values with the real norms but no coupling.</p>",
+        "what the attention ranking achieves on values with the real norms but no coupling. geometry "
+        f"reads the gap with both signs: ≥ {GEOMETRY_GAP} raises, ≤ −{GEOMETRY_GAP} lowers "
+        f"separability, in between equal. Shuffled here is the {result.shuffle} null.</p>",
     ]
 
 
