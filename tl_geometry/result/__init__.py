@@ -3,10 +3,12 @@
 ``schema`` holds every name and axis (one source); ``select`` reads by name (``sel``);
 ``headline`` the dense-N rules; ``tables`` and ``text`` the ``DataFrame`` and text forms; ``io``
 the versioned, checked files; ``shortcuts`` the attribute shortcuts, generated from the schema;
-``labels`` the label confidence, the label export and the agreement with other head scores.
+``labels`` the label confidence, the label export and the agreement with other head scores;
+``budgets`` the certified top-N budgets (SPEC §10).
 """
 
-from ..functional.separability import METRIC_NAMES
+from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
+from .budgets import NO_BUDGET, truncation_budgets
 from .head_analysis import HeadAnalysis
 from .io import ResultFileError
 from .labels import label_agreement
@@ -16,6 +18,7 @@ from .schema import (
     BOUND_METRICS,
     GROUPS,
     PAIRED_FIELDS,
+    PERCENTILE,
     NoBoundsError,
     UnknownNameError,
     names,
@@ -28,7 +31,10 @@ __all__ = [
     "BOUND_METRICS",
     "GROUPS",
     "METRIC_NAMES",
+    "NO_BUDGET",
     "PAIRED_FIELDS",
+    "PERCENTILE",
+    "TRUNCATION_NAMES",
     "HeadAnalysis",
     "HeadSelection",
     "NoBoundsError",
@@ -36,4 +42,5 @@ __all__ = [
     "UnknownNameError",
     "label_agreement",
     "names",
+    "truncation_budgets",
 ]
