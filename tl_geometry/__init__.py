@@ -25,6 +25,7 @@ from .ablation import (
     RetrievalCapacity,
     SparsificationCurve,
     TopNAttention,
+    TopNPolicy,
     ablate_heads,
     capacity_correlation,
     capacity_sweep,
@@ -40,7 +41,13 @@ from .analyze.from_model import analyze_model
 from .analyze.head_scores import head_scores
 from .inputs.cache import CACHE_NAMES_FILTER, CacheError
 from .inputs.text import sample_text, text_windows
-from .result import HeadAnalysis, HeadSelection, ResultFileError, label_agreement
+from .result import (
+    HeadAnalysis,
+    HeadSelection,
+    ResultFileError,
+    label_agreement,
+    truncation_budgets,
+)
 
 # Exports whose modules are imported on first use, so that `import tl_geometry` stays light:
 # the model loaders pull in transformers, the views and report matplotlib.
@@ -83,6 +90,7 @@ __all__ = [
     "RetrievalCapacity",
     "SparsificationCurve",
     "TopNAttention",
+    "TopNPolicy",
     "ablate_heads",
     "analyze_heads",
     "analyze_model",
@@ -100,6 +108,7 @@ __all__ = [
     "sparsification_curve",
     "text_windows",
     "top_n_attention",
+    "truncation_budgets",
     "views",
     "write_report",
 ]

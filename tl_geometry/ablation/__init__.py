@@ -6,7 +6,7 @@ forwards; ``critical_heads`` flags outliers; ``head_orderings`` and ``sparsifica
 compare removal orders on held-out text. The method is in ``docs/ablation.md``.
 ``top_n_attention`` keeps only each query's top-N keys on ``hook_pattern``;
 ``retrieval_capacity``, ``capacity_sweep`` and ``capacity_correlation`` measure what that costs
-(``docs/capacity.md``).
+(``docs/capacity.md``); a ``TopNPolicy`` gives every head its own N (SPEC §10).
 
     with tl_geometry.ablate_heads(model, [(3, 4)]):
         loss = model(tokens, return_type="loss")
@@ -34,6 +34,7 @@ from .orderings import (
     weight_norm_order,
     weight_norms,
 )
+from .policy import KEEP_ALL, TopNPolicy
 from .sensitivity import CRITICAL_K, HeadSensitivity, critical_heads, head_sensitivity
 from .sparsification import DEFAULT_RETENTION, SparsificationCurve, heads_kept, sparsification_curve
 from .topn import SPARSIFY_MODES, TopNAttention, sparsify_pattern, top_n_attention
@@ -42,6 +43,7 @@ __all__ = [
     "CRITICAL_K",
     "DEFAULT_N_VALUES",
     "DEFAULT_RETENTION",
+    "KEEP_ALL",
     "MODES",
     "ORDERINGS",
     "SPARSIFY_MODES",
@@ -53,6 +55,7 @@ __all__ = [
     "RetrievalCapacity",
     "SparsificationCurve",
     "TopNAttention",
+    "TopNPolicy",
     "ablate_heads",
     "attention_entropy",
     "capacity_correlation",
