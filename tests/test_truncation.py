@@ -216,24 +216,31 @@ def test_identity_and_edge_cases():
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
-def test_engine_edge_cases_zero_output_and_empty_tail(backend):
+def test_engine_edge_cases_zero_output_empty_tail_and_nothing_kept(backend):
     """A zero output gives a NaN error (not a crash, not 0); a tail of exact zeros gives exactly
-    τ = 0 and error 0; a random subset of zero-weight keys has τ = 1 and error 1."""
+    τ = 0 and error 0; a random subset of zero-weight keys (τ = 1) counts with error 1."""
     n_pos = 6
     pattern = torch.zeros(1, 2, n_pos, n_pos, dtype=torch.float64)
     for t in range(n_pos):
         pattern[0, :, t, : t + 1] = 1 / (t + 1)
     pattern[0, 0, -1] = torch.tensor([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])  # head 0: two keys only
+    pattern[0, 1, -1] = torch.tensor([0.0, 0.0, 0.25, 0.75, 0.0, 0.0])  # head 1: two others
     v = torch.randn(1, n_pos, 1, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    v[0, 1] = -v[0, 0]  # head 1 (uniform) reads the same values; head 0's output is 0
-    result = tl_geometry.analyze_heads({"blocks.0.attn.hook_pattern": pattern, "blocks.0.attn.hook_v": v},
-                                       n_values=(1, 2, 3), random_samples=4, shuffle_samples=0, backend=backend)
+    v[0, 1] = -v[0, 0]  # both heads read these values; head 0's output is exactly 0
+    cache = {"blocks.0.attn.hook_pattern": pattern, "blocks.0.attn.hook_v": v}
+    result = tl_geometry.analyze_heads(cache, n_values=(1, 2, 3), random_samples=SAMPLES, shuffle_samples=0,
+                                       backend=backend)
     assert result.tail_mass[0, 0].tolist() == [0.5, 0.0, 0.0]
     assert result.truncation_error[0, 0].isnan().all()  # o = 0
-    assert not result.truncation_error[0, 1].isnan().any()
-    # Random 1-subsets of head 0 fall on a zero-weight key 4 times in 6 on average: τ = 1, error
-    # (NaN here, o = 0); head 1 keeps a uniform share.
-    assert result.random_tail_mass[0, 1, 0].item() == pytest.approx(5 / 6)
+    assert result.tail_mass[0, 1, 1:].tolist() == [0.0, 0.0]  # the two keys with weight kept
+    assert result.truncation_error[0, 1, 1:].tolist() == [0.0, 0.0]
+    want = ref_analyze(pattern.numpy(), v.numpy(), (1, 2, 3), randoms=engine_randoms(0, 0, None))
+    for m in TRUNCATION:
+        np.testing.assert_allclose(result.metric(m, "random")[0].numpy(), want[f"random_{m}"], rtol=1e-9,
+                                   atol=1e-12, equal_nan=True, err_msg=m)
+    # Some random 1-subsets of head 1 hold no weight at all: their τ = 1 and error 1 are in the mean.
+    orders = engine_randoms(0, 0, None)(0, 1, n_pos - 1, list(range(n_pos)))
+    assert any(pattern[0, 1, -1, order[0]] == 0 for order in orders)
 
 
 # --- budgets --------------------------------------------------------------------------------------
