@@ -26,8 +26,8 @@ import torch
 from _common import RESULTS, ROOT, real_text, write_report
 
 sys.path.insert(0, str(ROOT))
-import tl_geometry  # noqa: E402
-from tl_geometry.result.schema import GROUPS  # noqa: E402
+import tl_geometry
+from tl_geometry.result.schema import GROUPS
 
 TOLERANCE = 1e-6
 

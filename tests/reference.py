@@ -1,6 +1,6 @@
 """Slow, literal NumPy reference for the tl_geometry metrics (tests only).
 
-This module re-implements ``/work/shared/SPEC.md`` sections 1-5 with plain Python loops in
+This module re-implements ``/work/shared/SPEC.md`` sections 1-5 and 10 with plain Python loops in
 float64, so that the vectorised torch implementation in ``tl_geometry`` can be checked against
 something that is obviously correct. It deliberately imports neither torch nor tl_geometry: only
 numpy and the standard library. Clarity beats speed everywhere; nothing here is vectorised
@@ -29,7 +29,8 @@ import numpy as np
 EPS = 1e-12  # the eta of the cosine distance / cosine similarity (SPEC section 3)
 
 METRICS = ("precision", "recall", "f_score", "margin", "inversions", "precision_cc", "f_score_cc")
-GROUPS = ("top", "shuffled", "sink_removed", "sink_in", "sink_out")
+TRUNCATION = ("tail_mass", "truncation_error")  # SPEC section 10
+GROUPS = ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out")
 SINK_KEYS = ("mass", "norm_ratio", "cosine", "mean_cosine", "share")
 VOTES = ("current", "sink", "other")
 LABELS = ("Retriever", "Mixer", "Reset")  # same order as VOTES; also the tie-break order
@@ -93,7 +94,7 @@ def _plain_mean(xs) -> float:
 
 
 def _nan_metrics() -> dict:
-    return dict.fromkeys(METRICS, math.nan)
+    return dict.fromkeys(METRICS + TRUNCATION, math.nan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +236,49 @@ def ref_separability(alpha, values, selected, valid, distance="euclidean") -> di
         "precision_cc": float(precision_cc),
         "f_score_cc": float(f_score_cc),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC section 10: certified top-N truncation
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_truncation(alpha, values, selected, valid, candidates=None) -> dict:
+    """Tail mass and relative output error of the renormalised selection (SPEC section 10).
+
+    ``valid``: the query's keys T_t (the output and the tail are over them); ``candidates``: the
+    keys the selection was drawn from (default ``valid``; the sink-removed group leaves the
+    sink out), which fix whether N is in range::
+
+        o    = sum_{i in T_t} alpha_i v_i
+        tau  = sum_{i in T_t, i not in S} alpha_i
+        o_N  = (sum_{i in S} alpha_i v_i) / (1 - tau)     (o_N = 0 when 1 - tau <= 0: nothing kept)
+        truncation_error = ||o - o_N|| / ||o||              (NaN when o = 0)
+
+    Both NaN when N = |S| is outside ``1 <= N < #candidates``.
+    """
+    alpha = _f64(alpha)
+    values = _f64(values)
+    selected = _bool(selected)
+    valid = _bool(valid)
+    candidates = valid if candidates is None else _bool(candidates)
+    n = sum(1 for i in range(len(selected)) if selected[i])
+    if not (1 <= n < len(_valid_indices(candidates))):
+        return {"tail_mass": math.nan, "truncation_error": math.nan}
+
+    o = np.zeros(values.shape[1], dtype=np.float64)
+    kept = np.zeros(values.shape[1], dtype=np.float64)
+    tail = 0.0
+    for i in _valid_indices(valid):
+        o = o + alpha[i] * values[i]
+        if selected[i]:
+            kept = kept + alpha[i] * values[i]
+        else:
+            tail += float(alpha[i])
+    o_n = kept / (1.0 - tail) if 1.0 - tail > 0 else np.zeros_like(kept)
+    norm_o = _norm(o)
+    error = _norm(o - o_n) / norm_o if norm_o > 0 else math.nan
+    return {"tail_mass": tail, "truncation_error": error}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +478,7 @@ def ref_analyze(
     randoms=None,
     shuffle="values",
 ) -> dict:
-    """The whole per-layer analysis for ONE layer, by loops (SPEC sections 1-5).
+    """The whole per-layer analysis for ONE layer, by loops (SPEC sections 1-5 and 10).
 
     ``pattern``: ``[batch, head, query, key]``; ``v``: ``[batch, pos, kv_head, d_head]``;
     ``attention_mask``: ``[batch, pos]`` of 0/1 or None (all ones); ``W_O``: optional
@@ -463,6 +507,8 @@ def ref_analyze(
       ``i > t - window``. A query whose valid keys miss the sink has no sink: it is in no
       sink_in / sink_out group and no paired ratio, its sink_removed metrics and sink
       diagnostics are NaN, every valid key is shuffled, and it cannot vote "sink".
+    * every group also gets the truncation figures of ``ref_truncation`` (SPEC section 10):
+      metrics ``METRICS + TRUNCATION``.
     * paired sink effect ("paired_ratios"): per (head, N), the list of
       F_N(top) / F_N(sink removed) over the instances whose top-N set holds the sink (inf when
       only the second is 0; instances where both are 0 are left out).
@@ -492,9 +538,11 @@ def ref_analyze(
         mask = np.asarray(attention_mask).astype(np.int64)
 
     n_n = len(n_values)
+    every = METRICS + TRUNCATION
+    scored = ("top", "random", "shuffled", "sink_removed")
     out: dict = {}
-    for g in (*GROUPS, "random"):
-        for m in METRICS:
+    for g in GROUPS:
+        for m in every:
             out[f"{g}_{m}"] = np.full((n_heads, n_n), np.nan)
     out["paired_ratios"] = [[[] for _ in range(n_n)] for _ in range(n_heads)]
     out["sink_in_count"] = np.zeros((n_heads, n_n), dtype=np.int64)
@@ -507,11 +555,10 @@ def ref_analyze(
 
     for h in range(n_heads):
         # per (N, group, metric): list over sequences of that sequence's nan-mean
-        per_seq = {(ni, g, m): [] for ni in range(n_n) for g in ("top", "shuffled", "sink_removed", "random")
-                   for m in METRICS}
+        per_seq = {(ni, g, m): [] for ni in range(n_n) for g in scored for m in every}
         # per (N, group, metric): pooled list of instance values (sink_in / sink_out)
         pooled = {(ni, g, m): [] for ni in range(n_n) for g in ("sink_in", "sink_out")
-                  for m in METRICS}
+                  for m in every}
         sink_per_seq = {k: [] for k in SINK_KEYS}
         votes = dict.fromkeys(VOTES, 0)
 
@@ -524,7 +571,7 @@ def ref_analyze(
 
             # --- separability groups ---
             for ni, n in enumerate(n_values):
-                this_seq = {(g, m): [] for g in ("top", "shuffled", "sink_removed", "random") for m in METRICS}
+                this_seq = {(g, m): [] for g in scored for m in every}
                 for t in chosen:
                     alpha = pattern[b, h, t, :]
                     valid = _key_mask(mask[b], t, window)
@@ -533,23 +580,26 @@ def ref_analyze(
 
                     # "top"
                     sel = ref_top_n(alpha, valid, n, scores=scores)
-                    res = ref_separability(alpha, values, sel, valid, distance)
-                    for m in METRICS:
+                    res = {**ref_separability(alpha, values, sel, valid, distance),
+                           **ref_truncation(alpha, values, sel, valid)}
+                    for m in every:
                         this_seq[("top", m)].append(res[m])
                     n_valid = int(valid.sum())
                     if 1 <= n < n_valid and sees_sink:
                         group = "sink_in" if sel[sink] else "sink_out"
-                        for m in METRICS:
+                        for m in every:
                             pooled[(ni, group, m)].append(res[m])
 
-                    # "sink_removed" (a query that cannot see the sink has none: skipped)
+                    # "sink_removed": the tail and the output keep the sink (a query that cannot
+                    # see the sink has none: skipped)
                     valid_wo = valid.copy()
                     valid_wo[sink] = False
                     sel_wo = ref_top_n(alpha, valid_wo, n, scores=scores)
-                    res_wo = ref_separability(alpha, values, sel_wo, valid_wo, distance)
+                    res_wo = {**ref_separability(alpha, values, sel_wo, valid_wo, distance),
+                              **ref_truncation(alpha, values, sel_wo, valid, candidates=valid_wo)}
                     if not sees_sink:
                         res_wo = _nan_metrics()
-                    for m in METRICS:
+                    for m in every:
                         this_seq[("sink_removed", m)].append(res_wo[m])
 
                     # paired sink effect
@@ -560,7 +610,7 @@ def ref_analyze(
                         elif f_with > 0:
                             out["paired_ratios"][h][ni].append(math.inf)
 
-                    # "shuffled"
+                    # "shuffled": the output too is made of the shuffled values
                     if shuffles is not None:
                         domain = [k for k in _valid_indices(valid) if k != sink]
                         listed = [k for k in domain if not (shuffle == "unselected" and sel[k])]
@@ -568,23 +618,26 @@ def ref_analyze(
                         for sigma in shuffles(b, h, t, domain):
                             perm = [k for k in sigma if k in set(listed)]
                             moved = ref_null_values(values, listed, perm, shuffle)
-                            samples.append(ref_separability(alpha, moved, sel, valid, distance))
-                        for m in METRICS:
+                            # SPEC section 10's figures are the values null's only (NaN otherwise).
+                            cut = (ref_truncation(alpha, moved, sel, valid) if shuffle == "values"
+                                   else dict.fromkeys(TRUNCATION, math.nan))
+                            samples.append({**ref_separability(alpha, moved, sel, valid, distance), **cut})
+                        for m in every:
                             this_seq[("shuffled", m)].append(_plain_mean([x[m] for x in samples]))
 
                     # "random"
-                    if randoms is not None:
+                    if randoms is not None and 1 <= n < int(valid.sum()):
                         samples = []
-                        for order in randoms(b, h, t, _valid_indices(valid)):
+                        for ordering in randoms(b, h, t, _valid_indices(valid)):
                             subset = np.zeros(n_pos, dtype=bool)
-                            for k in order[:n]:
-                                subset[k] = True
-                            samples.append(ref_separability(alpha, values, subset, valid, distance))
-                        for m in METRICS:
+                            subset[list(ordering[:n])] = True
+                            samples.append({**ref_separability(alpha, values, subset, valid, distance),
+                                            **ref_truncation(alpha, values, subset, valid)})
+                        for m in every:
                             this_seq[("random", m)].append(_plain_mean([x[m] for x in samples]))
 
-                for g in ("top", "shuffled", "sink_removed", "random"):
-                    for m in METRICS:
+                for g in scored:
+                    for m in every:
                         per_seq[(ni, g, m)].append(_nanmean(this_seq[(g, m)]))
 
             # --- sink diagnostics over the chosen queries ---
@@ -607,11 +660,11 @@ def ref_analyze(
                 votes[ref_vote(pattern[b, h, t, :], values, valid, t, sink)] += 1
 
         for ni in range(n_n):
-            for g in ("top", "shuffled", "sink_removed", "random"):
-                for m in METRICS:
+            for g in scored:
+                for m in every:
                     out[f"{g}_{m}"][h, ni] = _nanmean(per_seq[(ni, g, m)])
             for g in ("sink_in", "sink_out"):
-                for m in METRICS:
+                for m in every:
                     out[f"{g}_{m}"][h, ni] = _plain_mean(pooled[(ni, g, m)])
                 out[f"{g}_count"][h, ni] = len(pooled[(ni, g, "f_score")])
 

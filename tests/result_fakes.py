@@ -48,4 +48,5 @@ def fake(layers=(3, 5), n_heads: int = 4, n_values=(2, 4, 8), *, bounds: bool = 
         metadata=dict(metadata or {}),
         bounds=coded("bounds") / 1e5 if bounds else None, regime=coded("regime") if bounds else None,
         paired=coded("paired"), sequence_votes=sequence_votes if per_sequence else None,
+        truncation_p90=coded("truncation_p90") / 1e5,
     )

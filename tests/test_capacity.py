@@ -265,7 +265,7 @@ def test_correlation_geometry_matches_analyze_heads(tokens):
     assert (geometry["shell_k0"] <= geometry["shell_kn"] + 1e-12).all()
     assert (geometry["shell_kn"] <= geometry["f_score"] + 1e-12).all()
     corr = capacity_correlation(model, tokens, 2)
-    assert set(corr.rho) == {"f_score", "shell_k0", "shell_kn"}
+    assert set(corr.rho) == {"f_score", "shell_k0", "shell_kn", "tail_mass", "truncation_error"}
     assert all(math.isnan(r) or -1 <= r <= 1 for r in corr.rho.values())
     assert len(corr.to_pandas()) == 12 and isinstance(corr.plot(), Figure)
     with pytest.raises(ValueError, match="contains N=3"):

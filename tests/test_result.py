@@ -194,7 +194,7 @@ def test_constructor_checks_shapes_against_the_names():
     fields = dict(vars(r))
     fields["scores"] = r.scores[:4]  # one group short, and group_counts agrees: a shape mismatch
     fields["group_counts"] = r.group_counts[:4]
-    with pytest.raises(ValueError, match=r"scores has shape \[4, 7, 2, 4, 3\]; expected \[group=6"):
+    with pytest.raises(ValueError, match=r"scores has shape \[4, 9, 2, 4, 3\]; expected \[group=6"):
         HeadAnalysis(**fields)
     with pytest.raises(ValueError, match="distinct"):
         HeadAnalysis(**{**vars(r), "layers": (3, 3)})

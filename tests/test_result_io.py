@@ -42,7 +42,7 @@ def test_round_trip_is_exact_by_name_and_the_file_is_labelled(tmp_path):
     path = r.save(tmp_path / "sub" / "run.pt")
     _same(HeadAnalysis.load(path), r)
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "tl_geometry.HeadAnalysis/4"
+    assert payload["format"] == "tl_geometry.HeadAnalysis/5"
     assert payload["checksum"] == _result_io.checksum(payload)
     assert payload["axes"]["scores"] == ["group", "metric", "layer", "head", "n"]
     assert payload["names"]["metric"][:3] == ["precision", "recall", "f_score"]
@@ -122,7 +122,7 @@ def test_a_crafted_pickle_is_refused_not_run(tmp_path):
      "bounds and regime come together"),
     (lambda p: {"metadata": "{not json"}, "metadata is not valid JSON"),
     (lambda p: {"metadata": "[1, 2]"}, "metadata is a list, not a dict"),
-    (lambda p: {"format": "tl_geometry.HeadAnalysis/5"}, "newer than this tl_geometry reads"),
+    (lambda p: {"format": "tl_geometry.HeadAnalysis/6"}, "newer than this tl_geometry reads"),
     (lambda p: {"format": "tl_geometry.HeadAnalysis/0"}, "not a valid version"),
     (lambda p: {"format": "tl_geometry.HeadAnalysis/-1"}, "not a valid version"),
     (lambda p: {"axes": {**p["axes"], "sink": ["layer", "head", "sink_field"]}}, "axis labels"),
@@ -152,7 +152,7 @@ def test_axes_are_read_by_name_so_a_reordered_or_renamed_metric_is_never_misread
     payload = torch.load(path, weights_only=True)
     names = payload["names"]["metric"]
     order = [names.index(m) for m in ("recall", "precision", "f_score", "margin", "inversions",
-                                      "f_score_cc", "precision_cc")]
+                                      "f_score_cc", "precision_cc", "truncation_error", "tail_mass")]
     _rewrite(path, scores=payload["scores"][:, order],
              names={**payload["names"], "metric": [names[i] for i in order]})
     _same(HeadAnalysis.load(path), r)  # a file listing its metrics in another order reads the same
@@ -188,6 +188,9 @@ def _check_filled(loaded: HeadAnalysis, r: HeadAnalysis, labels: dict) -> None:
         if key == "sequence_votes" and loaded.sequence_votes is None:  # a file from before format 3
             assert loaded.label_stability.isnan().all()
             continue
+        if key == "truncation_p90" and loaded.truncation_p90 is None:  # a file from before format 5
+            assert loaded.p90_tail_mass.isnan().all()
+            continue
         torch.testing.assert_close(new[key], old[key], rtol=0, atol=0, equal_nan=True, msg=key)
     for kind in set(_result_io.names()["bound_kind"]) - set(labels["bound_kind"]):
         assert loaded.bound(kind).isnan().all(), kind
@@ -200,7 +203,7 @@ def test_format_1_files_load_with_a_warning(tmp_path):
     r = fake(bounds=True, metadata={"model_name": "m", "n_values": [2, 4, 8]})
     path = tmp_path / "old.pt"
     old = _labelled_as(r, _result_io._FORMAT1_NAMES)
-    del old["paired"], old["sequence_votes"]  # added in 0.2 and in format 3
+    del old["paired"], old["sequence_votes"], old["truncation_p90"]  # added in 0.2, in formats 3 and 5
     torch.save({  # what tl_geometry 0.1 wrote
         "format": "tl_geometry.HeadAnalysis/1", "layers": list(r.layers), **old,
         "metadata": '{"model_name": "m", "n_values": [2, 4, 8]}',

@@ -26,6 +26,7 @@ from .ablation import (
     RetrievalCapacity,
     SparsificationCurve,
     TopNAttention,
+    TopNPolicy,
     ablate_heads,
     ablation_vs_random,
     capacity_correlation,
@@ -42,7 +43,13 @@ from .analyze.from_model import analyze_model
 from .analyze.head_scores import head_scores
 from .inputs.cache import CACHE_NAMES_FILTER, CacheError
 from .inputs.text import sample_text, text_windows
-from .result import HeadAnalysis, HeadSelection, ResultFileError, label_agreement
+from .result import (
+    HeadAnalysis,
+    HeadSelection,
+    ResultFileError,
+    label_agreement,
+    truncation_budgets,
+)
 
 # Exports whose modules are imported on first use, so that `import tl_geometry` stays light:
 # the model loaders pull in transformers, the views and report matplotlib.
@@ -86,6 +93,7 @@ __all__ = [
     "RetrievalCapacity",
     "SparsificationCurve",
     "TopNAttention",
+    "TopNPolicy",
     "ablate_heads",
     "ablation_vs_random",
     "analyze_heads",
@@ -104,6 +112,7 @@ __all__ = [
     "sparsification_curve",
     "text_windows",
     "top_n_attention",
+    "truncation_budgets",
     "views",
     "write_report",
 ]

@@ -8,7 +8,7 @@ random sets of the same size; ``head_orderings`` and ``sparsification_curve`` co
 orders on held-out text. The method is in ``docs/ablation.md``.
 ``top_n_attention`` keeps only each query's top-N keys on ``hook_pattern``;
 ``retrieval_capacity``, ``capacity_sweep`` and ``capacity_correlation`` measure what that costs
-(``docs/capacity.md``).
+(``docs/capacity.md``); a ``TopNPolicy`` gives every head its own N (SPEC §10).
 
     with tl_geometry.ablate_heads(model, [(3, 4)]):
         loss = model(tokens, return_type="loss")
@@ -37,6 +37,7 @@ from .orderings import (
     weight_norm_order,
     weight_norms,
 )
+from .policy import KEEP_ALL, TopNPolicy
 from .random_sets import AblationVsRandom, ablation_vs_random, random_head_sets
 from .sensitivity import CRITICAL_K, HeadSensitivity, critical_heads, head_sensitivity, mad_outliers
 from .sparsification import DEFAULT_RETENTION, SparsificationCurve, heads_kept, sparsification_curve
@@ -49,6 +50,7 @@ __all__ = [
     "CRITICAL_MIN_NATS",
     "DEFAULT_N_VALUES",
     "DEFAULT_RETENTION",
+    "KEEP_ALL",
     "MODES",
     "ORDERINGS",
     "SPARSIFY_MODES",
@@ -61,6 +63,7 @@ __all__ = [
     "RetrievalCapacity",
     "SparsificationCurve",
     "TopNAttention",
+    "TopNPolicy",
     "ablate_heads",
     "ablation_vs_random",
     "attention_entropy",

@@ -1,11 +1,15 @@
 """Does a head's geometry predict what top-N sparsification costs?
 
-Per head: the measured ``F_N`` (SPEC §3) and the shell certificate ``F̲_N`` (SPEC §6d, budgets
-``K = 0`` and ``K = N``) of the top-``N`` set at the last query of each sequence, averaged over
-sequences; next to it the loss increase when that head alone keeps only its top-``N`` keys
-(:func:`~tl_geometry.capacity_sweep`). Spearman's ρ between each geometric score and the loss
-increase, over all heads, is the number reported per model. A head whose top-``N`` keys are
-geometrically separable should lose little when the rest is cut: the expected sign is ρ < 0.
+Per head: the measured ``F_N`` (SPEC §3), the shell certificate ``F̲_N`` (SPEC §6d, budgets
+``K = 0`` and ``K = N``), the tail mass ``τ_N`` and the relative output error
+``‖o − o_N‖/‖o‖`` of the renormalised top-``N`` set (SPEC §10) at the last query of each
+sequence, averaged over sequences; next to them the loss increase when that head alone keeps
+only its top-``N`` keys (:func:`~tl_geometry.capacity_sweep`). Spearman's ρ between each
+predictor and the loss increase, over all heads, is the number reported per model (SPEC §10:
+which per-head quantity predicts the loss best). A head whose top-``N`` keys are geometrically
+separable should lose little when the rest is cut: the expected sign is ρ < 0 for ``F_N`` and
+its certificates; a head that leaves more attention (``τ_N``) or more of its output (the
+relative error) outside the top-``N`` should lose more: ρ > 0 for those two.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..functional import last_positions, separability, shell_bounds
+from ..functional import last_positions, separability, shell_bounds, truncation
 from ..functional.stats import spearman
 from ..inputs.cache import CACHE_NAMES_FILTER, check_attention_mask
 from ..inputs.tokens import token_digest
@@ -27,7 +31,9 @@ from . import hooks as _hooks
 from .capacity import CapacitySweep, capacity_sweep
 from .topn import SparsifyMode, check_n
 
-SCORES = ("f_score", "shell_k0", "shell_kn")
+SCORES = ("f_score", "shell_k0", "shell_kn", "tail_mass", "truncation_error")
+#: The sign of ρ (predictor, loss increase) that a useful predictor has.
+EXPECTED_SIGN = {"f_score": -1, "shell_k0": -1, "shell_kn": -1, "tail_mass": 1, "truncation_error": 1}
 
 
 @torch.no_grad()
@@ -35,9 +41,10 @@ def head_geometry(
     model: Any, tokens: Int[Tensor, "batch pos"], n: int, *, attention_mask: Tensor | None = None,
 ) -> dict[str, Float[Tensor, "layer head"]]:
     """Per head, the mean over sequences (at each one's last valid query) of the measured
-    ``F_N`` (``"f_score"``) and of the shell certificate with ``K = 0`` (``"shell_k0"``) and
-    ``K = N`` (``"shell_kn"``); NaN where ``N`` is out of range. One cached forward
-    (``hook_pattern`` and ``hook_v`` only)."""
+    ``F_N`` (``"f_score"``), of the shell certificate with ``K = 0`` (``"shell_k0"``) and
+    ``K = N`` (``"shell_kn"``), of the tail mass ``τ_N`` (``"tail_mass"``) and of the relative
+    output error of the renormalised top-``N`` (``"truncation_error"``, SPEC §10); NaN where
+    ``N`` is out of range. One cached forward (``hook_pattern`` and ``hook_v`` only)."""
     check_n(n)
     tokens = _hooks.check_tokens(tokens, model=model)
     n_layers, n_heads = _hooks.model_shape(model)
@@ -57,10 +64,13 @@ def head_geometry(
         alpha = pattern[torch.arange(batch), :, last].reshape(batch, n_kv, n_heads // n_kv, n_pos)
         values = v.permute(0, 2, 1, 3).unsqueeze(2)  # [batch, kv, 1, key, d]: shared by the group
         mask = key_mask[:, None, None, :]
+        cut = truncation(alpha, values, n, key_mask=mask)
         scores = {
             "f_score": separability(alpha, values, n, key_mask=mask).f_score,
             "shell_k0": shell_bounds(alpha, values, n, k=0, key_mask=mask).f_score,
             "shell_kn": shell_bounds(alpha, values, n, k=n, key_mask=mask).f_score,
+            "tail_mass": cut.tail_mass,
+            "truncation_error": cut.truncation_error,
         }
         for name, score in scores.items():
             out[name][layer] = score.reshape(batch, n_heads).nanmean(0)
@@ -80,10 +90,11 @@ def _why_nan(score: Tensor, increase: Tensor) -> str:
 
 @dataclass
 class CapacityCorrelation:
-    """Per-head geometry against the loss of sparsifying that head alone to ``N`` keys.
+    """Per-head predictors against the loss of sparsifying that head alone to ``N`` keys.
 
-    ``scores[name]`` is ``[layer, head]`` for ``name`` in :data:`SCORES`; ``loss_increase`` is
-    ``[layer, head]``; ``rho[name]`` Spearman's ρ of that score against the loss increase.
+    ``scores[name]`` is ``[layer, head]`` for ``name`` in :data:`SCORES` (``F_N``, its shell
+    certificates, the tail mass ``τ_N`` and the relative truncation error); ``loss_increase`` is
+    ``[layer, head]``; ``rho[name]`` Spearman's ρ of that predictor against the loss increase.
     """
 
     n: int
@@ -105,8 +116,26 @@ class CapacityCorrelation:
         return {name: _why_nan(score, self.loss_increase) for name, score in self.scores.items()
                 if math.isnan(spearman(score, self.loss_increase))}
 
+    def summary(self) -> str:
+        """The predictors ranked by how well they order the heads' loss increases: per
+        predictor, Spearman's ρ, the sign a useful predictor has, and ``|ρ|`` when the sign is
+        right (0 when it is wrong, or NaN), as text."""
+        lines = [f"Per-head predictors of the loss of top-{self.n} ({self.mode}) on one head alone "
+                 f"(Spearman ρ over {int(torch.isfinite(self.loss_increase).sum())} heads):"]
+        rows = []
+        for name, rho in self.rho.items():
+            sign = EXPECTED_SIGN.get(name, 0)
+            strength = abs(rho) if (sign == 0 or rho * sign > 0) else (math.nan if math.isnan(rho) else 0.0)
+            rows.append((strength, name, rho, sign))
+        rows.sort(key=lambda r: -r[0] if not math.isnan(r[0]) else math.inf)
+        for strength, name, rho, sign in rows:
+            expected = {1: "ρ > 0", -1: "ρ < 0"}.get(sign, "")
+            lines.append(f"  {name:<17} ρ = {rho:+.3f}   expected {expected}, strength {strength:.3f}")
+        return "\n".join(lines)
+
     def to_pandas(self):
-        """One row per head: ``layer, head, n, mode, f_score, shell_k0, shell_kn, loss_increase``."""
+        """One row per head: ``layer, head, n, mode``, every predictor of :data:`SCORES`
+        (``f_score, shell_k0, shell_kn, tail_mass, truncation_error``), ``loss_increase``."""
         import pandas as pd
 
         n_layers, n_heads = self.loss_increase.shape
@@ -134,15 +163,17 @@ def capacity_correlation(
     batch_size: int | None = None,
     progress: bool = False,
 ) -> CapacityCorrelation:
-    """Spearman ρ, over heads, between ``F_N`` (and its shell certificate) and the loss increase
-    when that head alone keeps its top-``N`` keys.
+    """Spearman ρ, over heads, between each predictor — ``F_N``, its shell certificates, the tail
+    mass ``τ_N`` and the relative truncation error (SPEC §10) — and the loss increase when that
+    head alone keeps its top-``N`` keys. :meth:`CapacityCorrelation.summary` ranks them.
 
     ``sweep`` reuses a head :func:`~tl_geometry.capacity_sweep` that contains ``N`` (and was run
     on the same ``tokens`` and ``mode``); otherwise one is run.
 
     Examples:
         >>> corr = tl_geometry.capacity_correlation(model, tokens, 4)     # doctest: +SKIP
-        >>> corr.rho                   # {'f_score': ..., 'shell_k0': ..., 'shell_kn': ...}  # doctest: +SKIP
+        >>> corr.rho           # {'f_score': ..., 'shell_k0': ..., 'tail_mass': ..., ...}  # doctest: +SKIP
+        >>> print(corr.summary())                                           # doctest: +SKIP
     """
     check_n(n)
     if sweep is None:

@@ -8,11 +8,15 @@ time, also under GQA / MQA, where several query heads share ``hook_v``).
 
 Every hook returns a new tensor: writing into the hook's activation in place would also rewrite
 any copy the caller caches from the same hook point.
+
+``N`` is one number for every head in scope, or a per-head policy (:mod:`.policy`: a
+``[layer, head]`` tensor, a ``{(layer, head): N}`` dict or a :class:`~.policy.TopNPolicy`) that
+the same hook applies head by head.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -21,6 +25,7 @@ from torch import Tensor
 
 from ..functional.selection import top_n_ranks
 from . import hooks as _hooks
+from .policy import TopNPolicy, as_policy
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 SPARSIFY_MODES = ("renormalize", "delete")
@@ -195,12 +200,13 @@ def _check_pattern(pattern: Tensor, n_heads: int, name: str) -> None:
 
 
 def replica_pattern_hook(
-    layer: int, n: Int[Tensor, " replica"], where: Bool[Tensor, "replica head"], mode: SparsifyMode,
+    layer: int, n: Int[Tensor, "replica ..."], where: Bool[Tensor, "replica head"], mode: SparsifyMode,
     n_heads: int,
 ) -> Callable[..., Tensor]:
     """Hook for a batch of ``R`` stacked copies of the input: in copy ``r`` the heads
-    ``where[r]`` keep their top-``n[r]`` keys. Only the copies with a head in this layer are
-    sorted; one ``torch.where``, no head loop."""
+    ``where[r]`` keep their top-``n[r]`` keys (``n [R]``), or head ``h`` its top-``n[r, h]``
+    (``n [R, head]``: a per-head policy). Only the copies with a head in this layer are sorted;
+    one ``torch.where``, no head loop."""
     name = PATTERN_HOOK.format(layer=layer)
     touched = where.any(1).nonzero().flatten()
 
@@ -210,7 +216,9 @@ def replica_pattern_hook(
         stacked = pattern.reshape(n_rep, pattern.shape[0] // n_rep, *pattern.shape[1:])
         index = touched.to(pattern.device)
         part = stacked.index_select(0, index)
-        limits = n.to(pattern.device).index_select(0, index)[:, None, None, None]
+        limits = n.to(pattern.device).index_select(0, index)
+        # One N per copy, or per (copy, head); heads left alone (N = 0) are never chosen below.
+        limits = limits[:, None, None, None] if limits.ndim == 1 else limits.clamp_min(1)[:, None, :, None]
         new = _sparsify(part, limits, mode)
         chosen = where.to(pattern.device).index_select(0, index)[:, None, :, None, None]
         part = torch.where(chosen, new, part)
@@ -225,32 +233,36 @@ class TopNAttention(_hooks.HookContext):
         model.run_with_hooks(tokens, fwd_hooks=sparsified, return_type="loss")
         with sparsified: loss = model(tokens, return_type="loss")    # hooks removed on any exit
 
-    Attributes: ``model``, ``n``, ``mode``, ``mask`` (``[layer, head]`` bool: the heads
-    sparsified) and ``layers``.
+    Attributes: ``model``, ``n`` (an int, or the :class:`~.policy.TopNPolicy`), ``mode``,
+    ``mask`` (``[layer, head]`` bool: the heads sparsified) and ``layers``.
     """
 
     _made_by = "top_n_attention(model, n)"
 
-    def __init__(self, model: Any, n: int, mode: SparsifyMode, mask: Tensor) -> None:
+    def __init__(self, model: Any, n: int | TopNPolicy, mode: SparsifyMode, mask: Tensor) -> None:
         _, n_heads = _hooks.model_shape(model)
         self.layers = mask.any(1).nonzero().flatten().tolist()
-        limit = torch.tensor([n])
+
+        def limit(layer: int) -> Tensor:  # [1] (one N) or [1, head] (a policy's row)
+            return n.n[layer][None] if isinstance(n, TopNPolicy) else torch.tensor([n])
+
         super().__init__(
             (PATTERN_HOOK.format(layer=layer),
-             replica_pattern_hook(layer, limit, mask[layer][None], mode, n_heads))
+             replica_pattern_hook(layer, limit(layer), mask[layer][None], mode, n_heads))
             for layer in self.layers
         )
         self.model, self.n, self.mode, self.mask = model, n, mode, mask
         self._contexts: list[Any] = []
 
     def __repr__(self) -> str:
-        return (f"TopNAttention(n={self.n}, mode={self.mode!r}, layers={self.layers}, "
+        n = self.n if isinstance(self.n, int) else "policy"
+        return (f"TopNAttention(n={n}, mode={self.mode!r}, layers={self.layers}, "
                 f"heads={int(self.mask.sum())})")
 
 
 def top_n_attention(
     model: Any,
-    n: int,
+    n: int | TopNPolicy | Int[Tensor, "layer head"] | Mapping[tuple[int, int], int],
     mode: SparsifyMode = "renormalize",
     *,
     layers: Iterable[int] | None = None,
@@ -258,22 +270,42 @@ def top_n_attention(
 ) -> TopNAttention:
     """Hooks that keep only each query's top-``n`` attention weights (:func:`sparsify_pattern`).
 
-    Scope: every head of the model (default), every head of ``layers``, or the ``(layer, head)``
-    pairs (or ``[n_layers, n_heads]`` bool mask) ``heads``. One hook per layer in scope, on
-    ``blocks.{l}.attn.hook_pattern``; heads outside the scope are left bit for bit unchanged.
-    ``n`` at least the sequence length changes nothing. The hooks return new tensors and are
-    removed when the ``with`` block or ``run_with_hooks`` call ends, also on an exception.
+    ``n`` is one ``N`` for every head in scope, or a per-head policy (SPEC §10): a
+    :class:`~tl_geometry.TopNPolicy`, an integer ``[n_layers, n_heads]`` tensor, or a
+    ``{(layer, head): N}`` dict, in which heads not listed keep every key; ``N = 0`` in a tensor
+    or policy also keeps every key. A policy is applied by the same hook as a uniform ``N``, head
+    by head, and is its own scope (no ``layers`` / ``heads`` with it).
+
+    Scope of a uniform ``N``: every head of the model (default), every head of ``layers``, or the
+    ``(layer, head)`` pairs (or ``[n_layers, n_heads]`` bool mask) ``heads``. One hook per layer in
+    scope, on ``blocks.{l}.attn.hook_pattern``; heads outside the scope are left bit for bit
+    unchanged. ``N`` at least the sequence length changes nothing. The hooks return new tensors
+    and are removed when the ``with`` block or ``run_with_hooks`` call ends, also on an exception.
 
     Examples:
         >>> with tl_geometry.top_n_attention(model, 8, "renormalize", layers=[0, 1]):  # doctest: +SKIP
         ...     loss = model(tokens, return_type="loss")
+        >>> policy = tl_geometry.TopNPolicy.from_result(result, eps=0.05)          # doctest: +SKIP
+        >>> with tl_geometry.top_n_attention(model, policy):                       # doctest: +SKIP
+        ...     loss = model(tokens, return_type="loss")
     """
-    check_n(n)
     check_sparsify_mode(mode)
     n_layers, n_heads = _hooks.model_shape(model)
-    mask = scope_mask(n_layers, n_heads, layers, heads)
+    limit: int | TopNPolicy
+    if isinstance(n, (TopNPolicy, Tensor, Mapping)):
+        if layers is not None or heads is not None:
+            raise ValueError("A per-head policy is its own scope: pass layers / heads only with a "
+                             "uniform N (leave a head out of the policy, or give it N = 0, to keep "
+                             "it dense).")
+        limit = as_policy(n, n_layers, n_heads)
+        mask = limit.mask
+        if not mask.any():
+            raise ValueError("The policy sparsifies no head (every N is 0: every key kept).")
+    else:
+        limit = check_n(n)  # an int ≥ 1: a bool, float, str or None is refused
+        mask = scope_mask(n_layers, n_heads, layers, heads)
     check_pattern_hooks(model, mask.any(1).nonzero().flatten().tolist())
-    return TopNAttention(model, n, mode, mask)
+    return TopNAttention(model, limit, mode, mask)
 
 
 # --- batched losses -----------------------------------------------------------------------------
@@ -281,7 +313,7 @@ def top_n_attention(
 def sparsified_losses(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
-    n: Int[Tensor, " replica"],
+    n: Int[Tensor, "replica ..."],
     masks: Bool[Tensor, "replica layer head"],
     mode: SparsifyMode,
     *,
@@ -289,7 +321,8 @@ def sparsified_losses(
     per_forward: int | None = None,
     progress: Any = None,
 ) -> Float[Tensor, " replica"]:
-    """Mean next-token loss with the heads ``masks[r]`` sparsified to ``n[r]`` keys, per ``r``.
+    """Mean next-token loss with the heads ``masks[r]`` sparsified to ``n[r]`` keys, per ``r``
+    (``n [R]``), or head ``(l, h)`` to ``n[r, l, h]`` keys (``n [R, layer, head]``: policies).
 
     ``per_forward`` copies of the batch go through one forward, each with its own ``N`` and
     heads; the loss of a copy is the mean over its valid predictions (float64 sums), as in
@@ -300,8 +333,12 @@ def sparsified_losses(
     def hooks_for(start: int, stop: int) -> _hooks.HookList:
         chunk, limits = masks[start:stop], n[start:stop]
         layers = chunk.any(dim=(0, 2)).nonzero().flatten().tolist()
+
+        def at(layer: int) -> Tensor:  # [R] or, for per-head limits, [R, head]
+            return limits[:, layer] if limits.ndim == 3 else limits
+
         return [(PATTERN_HOOK.format(layer=layer),
-                 replica_pattern_hook(layer, limits, chunk[:, layer], mode, n_heads)) for layer in layers]
+                 replica_pattern_hook(layer, at(layer), chunk[:, layer], mode, n_heads)) for layer in layers]
 
     return _hooks.stacked_losses(model, tokens, len(n), hooks_for, attention_mask=attention_mask,
                                  per_forward=per_forward, progress=progress)

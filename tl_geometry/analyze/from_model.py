@@ -246,7 +246,9 @@ def analyze_model(
     shard = _check_shard(shard)
     W = output_weights(model, None, layer_ids) if space == "output" else None
     device = getattr(cfg, "device", None) or "cpu"
-    acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device, n_sequences=n_seqs)
+    # Every rank sizes its per-sequence rows alike, so that all_reduce adds like shapes.
+    acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device, n_sequences=n_seqs,
+                            n_queries=1 if opts.queries == "last" else n_pos)
     hooks = _LayerHooks(acc, layer_ids, opts, W, mask_given=mask is not None, windows=layer_windows,
                         from_config=window == _windows.AUTO)
     recompute = _use_recompute(attention, model, min(batch_size, n_seqs), n_heads, n_pos)

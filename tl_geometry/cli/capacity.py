@@ -3,11 +3,12 @@
 Loads a model, cuts its text into windows, and for each mode (``renormalize``, ``delete``):
 the loss with every head keeping only each query's top-N keys for every ``--n-values`` N, and
 ``N*`` (smallest N within ``--tolerance`` of the dense loss); then the per-head sweep at
-``--head-n`` and Spearman's ρ between each head's F_N (and its shell certificate) and the loss
-of sparsifying that head alone. Writes into ``--out DIR``::
+``--head-n`` and Spearman's ρ between each head's F_N (its shell certificates, its tail mass and
+relative truncation error) and the loss of sparsifying that head alone. Writes into ``--out DIR``::
 
     capacity.csv          n, mode, scope, tolerance, loss, dense_loss, relative_increase, ...
-    capacity_heads.csv    layer, head, n, mode, f_score, shell_k0, shell_kn, loss_increase
+    capacity_heads.csv    layer, head, n, mode, f_score, shell_k0, shell_kn, tail_mass,
+                          truncation_error, loss_increase
     capacity.png|svg      loss against N per mode, N* marked
     capacity_heads.png    per head: geometry against loss increase, ρ in the titles
     capacity.html         the "Retrieval capacity" section (also added by ``tl-geometry report

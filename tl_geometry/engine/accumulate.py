@@ -11,6 +11,14 @@ its own row (by its index in the inputs), so that the label stability can resamp
 (SPEC §5) and merging by addition stays exact (two shards fill disjoint rows). Batches, streams
 and processes combine by addition (:meth:`Accumulator.merge`), so every front-end shares this code.
 
+Percentiles (SPEC §10; the storage is ours): the 90th percentile over instances of the top-N set's
+tail mass ``τ_N`` and relative truncation error cannot be merged from sums, and a histogram would
+only approximate it, so the per-instance values themselves are kept, each sequence in its own row
+like the votes (``truncation_rows``: 16 bytes × |N grid| per sequence, chosen query, layer and
+head), and the nearest-rank percentile is taken once, in :meth:`Accumulator.finish`: exact, the
+same whatever the batching, and mergeable by addition (a row is written by one batch of one
+process; every other holds 0 there).
+
 Determinism: each per-query figure depends only on its own sequence, so it is the same bit for
 bit whatever the batch, the chunking or the front-end, up to BLAS rounding when padding changes
 a sequence's length. Means over sequences are float64 sums whose order follows the batches, so
@@ -31,12 +39,16 @@ from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
 from ..functional.regime import REGIME_FIELDS
-from ..functional.separability import METRIC_NAMES
+from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
-from ..result import BOUND_KINDS, BOUND_METRICS, HeadAnalysis
+from ..functional.stats import nearest_rank_percentile
+from ..result import BOUND_KINDS, BOUND_METRICS, PERCENTILE, HeadAnalysis
 from .layer import SEQUENCE_GROUPS, LayerStats
 from .options import AnalysisOptions
 from .paired import N_BINS, paired_figures
+
+#: Where the truncation figures (SPEC §10) start on the metric axis.
+_TRUNCATION_START = METRIC_NAMES.index(TRUNCATION_NAMES[0])
 
 
 @dataclass
@@ -61,11 +73,16 @@ class Accumulator:
     sink_visible: Float[Tensor, "layer 2"]
     """Chosen (sequence, query) instances whose sliding window holds the sink, and all of them
     (SPEC §1): the two are equal on a layer without a window."""
+    truncation_rows: Float[Tensor, "sequence q layer head n tmetric"]
+    """The top-N set's τ_N and relative truncation error at each chosen query of every sequence
+    (row = the sequence's index; NaN where undefined), for the exact percentiles (SPEC §10)."""
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
-              n_sequences: int = 0) -> Accumulator:
-        """Empty sums for ``n_sequences`` sequences (more rows are added when a batch needs them)."""
+              n_sequences: int = 0, n_queries: int = 0) -> Accumulator:
+        """Empty sums for ``n_sequences`` sequences (more rows are added when a batch needs them)
+        with ``n_queries`` chosen queries each (1 for the last query, the number of positions for
+        all; 0: set by the first batch). Processes that all-reduce their sums must pass both."""
         shapes = {
             "seq_sum": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
             "seq_count": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
@@ -86,7 +103,9 @@ class Accumulator:
         # int64: exact counts that all_reduce can add like the sums
         votes = torch.zeros(n_sequences, n_layers, n_heads, 3, dtype=torch.int64, device=device)
         visible = torch.zeros(n_layers, 2, dtype=COMPUTE_DTYPE, device=device)
-        return cls(**sums, sequence_votes=votes, sink_visible=visible)
+        rows = torch.zeros(n_sequences, n_queries, n_layers, n_heads, n_sizes, len(TRUNCATION_NAMES),
+                           dtype=COMPUTE_DTYPE, device=device)
+        return cls(**sums, sequence_votes=votes, sink_visible=visible, truncation_rows=rows)
 
     def tensors(self) -> Iterator[Tensor]:
         """Every sum and count, in field order (for all-reduce across processes)."""
@@ -95,19 +114,31 @@ class Accumulator:
     def merge(self, other: Accumulator) -> Accumulator:
         """Sum of two accumulators (their per-sequence rows padded to the same number)."""
         n = max(len(self.sequence_votes), len(other.sequence_votes))
-        return Accumulator(*(a + b for a, b in zip(self._rows(n).tensors(), other._rows(n).tensors())))
+        q = max(self.truncation_rows.shape[1], other.truncation_rows.shape[1]) or None
+        return Accumulator(*(a + b for a, b in zip(self._rows(n, q).tensors(), other._rows(n, q).tensors())))
 
-    def _rows(self, n: int) -> Accumulator:
-        """This accumulator with at least ``n`` per-sequence rows (new rows hold no votes)."""
-        votes = self.sequence_votes
-        if len(votes) >= n:
-            return self
-        pad = votes.new_zeros(n - len(votes), *votes.shape[1:])
-        return replace(self, sequence_votes=torch.cat([votes, pad]))
+    def _rows(self, n: int, n_queries: int | None = None) -> Accumulator:
+        """This accumulator with at least ``n`` per-sequence rows (new rows hold no votes), and
+        ``n_queries`` chosen queries per row where it had none yet."""
+        votes, rows = self.sequence_votes, self.truncation_rows
+        if n_queries is not None and rows.shape[1] != n_queries:
+            if rows.shape[1]:
+                raise ValueError(f"a batch has {n_queries} chosen queries per sequence, the earlier "
+                                 f"ones {rows.shape[1]}: one analysis chooses its queries one way.")
+            rows = rows.new_zeros(rows.shape[0], n_queries, *rows.shape[2:])
+        if len(votes) < n:
+            votes = torch.cat([votes, votes.new_zeros(n - len(votes), *votes.shape[1:])])
+        if len(rows) < n:
+            rows = torch.cat([rows, rows.new_zeros(n - len(rows), *rows.shape[1:])])
+        return replace(self, sequence_votes=votes, truncation_rows=rows)
 
     def add(self, li: int, stats: LayerStats, sequence_offset: int = 0) -> None:
         """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
-        _add_means(self.seq_sum[li], self.seq_count[li], stats.seq_mean.to(self.seq_sum.device))
+        seq_mean = stats.seq_mean.to(self.seq_sum.device)
+        # SPEC §3's metrics and the truncation figures summed apart (see layer._reduce_torch).
+        for part in (slice(None, _TRUNCATION_START), slice(_TRUNCATION_START, None)):
+            _add_means(self.seq_sum[li][..., part], self.seq_count[li][..., part],
+                       seq_mean[..., part].contiguous())
         self.inst_sum[li] += stats.inst_sum.to(self.inst_sum.device)
         self.inst_count[li] += stats.inst_count.to(self.inst_count.device)
         self.paired_hist[li] += stats.paired_hist.to(self.paired_hist.device)
@@ -115,9 +146,10 @@ class Accumulator:
         _add_means(self.sink_sum[li], self.sink_count[li], stats.sink_mean.to(self.sink_sum.device))
         self.votes[li] += stats.votes.to(self.votes.device)
         stop = sequence_offset + stats.sequence_votes.shape[0]
-        if stop > len(self.sequence_votes):
-            self.sequence_votes = self._rows(stop).sequence_votes
+        grown = self._rows(stop, stats.truncation_rows.shape[1])
+        self.sequence_votes, self.truncation_rows = grown.sequence_votes, grown.truncation_rows
         self.sequence_votes[sequence_offset:stop, li] += stats.sequence_votes.to(self.sequence_votes.device)
+        self.truncation_rows[sequence_offset:stop, :, li] += stats.truncation_rows.to(self.truncation_rows.device)
         if stats.bound_mean is not None:
             _add_means(self.bound_sum[li], self.bound_count[li], stats.bound_mean.to(self.bound_sum.device))
         if stats.regime is not None:
@@ -156,6 +188,7 @@ class Accumulator:
                     "instances": [int(x) for x in visible[:, 1].tolist()]}
         seq_mean = self.seq_sum / self.seq_count
         inst_mean = self.inst_sum / self.inst_count[..., None]
+        instances = rearrange(self.truncation_rows, "s q l h n m -> (s q) m l h n")
         scores = torch.cat([seq_mean, inst_mean], dim=2)  # groups: SEQUENCE_GROUPS + (in, out)
         counts = torch.cat([self.seq_count[..., 0], self.inst_count], dim=2)
         return HeadAnalysis(
@@ -173,6 +206,7 @@ class Accumulator:
             if opts.bounds else None,
             regime=rearrange(self.regime_sum / self.regime_count, "l h f -> f l h").cpu().contiguous()
             if opts.bounds else None,
+            truncation_p90=nearest_rank_percentile(instances, PERCENTILE).cpu().contiguous(),
         )
 
 

@@ -8,10 +8,11 @@ no more than a fraction of the pattern's size is held at once (:func:`_chunk_pla
 2. :func:`check_and_vote`: validation and the source-winner votes in one read of the rows;
 3. the Gram matrices ``G = V Vᵀ`` of the chunk's groups, rows and columns of bit-identical
    value vectors made identical (exact ties stay exact, SPEC §3);
-4. :func:`score_rows`: every selection of every chosen query (SPEC §2–3);
+4. :func:`score_rows`: every selection of every chosen query (SPEC §2–3, §10);
 5. the sink geometry (κ, cosines, SPEC §4) from running sums along the keys;
 
-then the per-query rows are reduced over queries (:func:`_reduce`).
+then the per-query rows are reduced over queries (:func:`_reduce`); the top-N set's truncation
+figures (SPEC §10) are also handed on per query, for their exact percentiles.
 
 Everything stays on the cache's device. CPU tensors take numba kernels: :mod:`.check_kernel`
 (2), :mod:`.gram_kernel` (the ties of 3, and 5), :mod:`.score_kernel` (4), :mod:`.reduce_kernel`
@@ -24,13 +25,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
-from einops import einsum, reduce
+from einops import einsum, rearrange, reduce
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.heads import first_duplicate, last_positions
-from ..functional.separability import METRIC_NAMES
+from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from . import checks, torch_kernels
 from .block import AttentionRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
@@ -42,6 +43,8 @@ from .rng import sequence_keys
 SEQUENCE_GROUPS = ("top", "random", "shuffled", "sink_removed")
 _TOP_GROUP, _SINK_REMOVED = SEQUENCE_GROUPS.index("top"), SEQUENCE_GROUPS.index("sink_removed")
 _F_SCORE, _INVERSIONS = METRIC_NAMES.index("f_score"), METRIC_NAMES.index("inversions")
+#: The truncation metrics (SPEC §10), contiguous on the metric axis.
+_TRUNCATION = slice(METRIC_NAMES.index(TRUNCATION_NAMES[0]), METRIC_NAMES.index(TRUNCATION_NAMES[-1]) + 1)
 
 #: Bytes of chunk tensors (Gram blocks, values, upcast pattern rows) per byte of pattern.
 CHUNK_FRACTION = 0.25
@@ -69,6 +72,9 @@ class LayerStats(NamedTuple):
     """Per-sequence vote counts (SPEC §5): the bootstrap of label stability resamples them."""
     bound_mean: Float[Tensor, "batch head kind n bmetric"] | None
     regime: Float[Tensor, "batch head rfield"] | None
+    truncation_rows: Float[Tensor, "batch q head n tmetric"]
+    """The top-N set's truncation figures (SPEC §10) at every chosen query, NaN where
+    undefined: kept per instance, so that their percentiles over all batches are exact."""
     sink_visible: Float[Tensor, " seen_all"] | None = None
     """Chosen (sequence, query) instances whose window holds the sink, and all of them (SPEC §1)."""
 
@@ -275,12 +281,14 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
     else:
         gram = _gram(chunk)
     real_index = is_token.long().cumsum(-1) - 1
+    # The kernel reads the vectors too (SPEC §10's output errors): laid out once for every block.
+    vectors = chunk.contiguous() if numba else chunk
     for q0, q1 in _query_blocks(data.source, queries, n_keys):
         rows, row_of = data.source.rows(b0, b1, queries[:, q0:q1])
         args = (rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, sink, data.kernel_window,
-                real_index,
-                keys[b0:b1], gram, opts.n_values.to(gram.device), opts.random_samples, opts.shuffle_samples,
-                SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution", opts.distance == "cosine")
+                real_index, keys[b0:b1], gram, vectors, opts.n_values.to(gram.device), opts.random_samples,
+                opts.shuffle_samples, SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution",
+                opts.distance == "cosine")
         outputs = (out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1])
         if numba:
             score_rows(*(_numpy(x) for x in args), *(x.numpy() for x in outputs))
@@ -329,14 +337,18 @@ def _reduce_torch(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, see
     top = metrics[:, :, :, _TOP_GROUP]  # [b, h, q, n, metric]
     defined = torch.isfinite(top[..., 0]) & sees_sink[:, None, :, None]
     groups = torch.stack([sink_in_top & defined, ~sink_in_top & defined], dim=2)  # [b, h, 2, q, n]
-    inst_sum = reduce(torch.where(groups[..., None], top[:, :, None], 0.0),
-                      "b h io q n m -> h io n m", "sum")
     inst_count = reduce(groups.to(COMPUTE_DTYPE), "b h io q n -> h io n", "sum")
+    # SPEC §3's metrics and the truncation figures are summed apart, each part laid out as a
+    # tensor of its own: torch's reductions may order their sums by the layout, and the first
+    # part's sums stay what they were before the truncation figures joined it.
+    parts = [metrics[..., : _TRUNCATION.start].contiguous(), metrics[..., _TRUNCATION].contiguous()]
+    inst_sum = torch.cat([reduce(torch.where(groups[..., None], part[:, :, None, :, _TOP_GROUP], 0.0),
+                                 "b h io q n m -> h io n m", "sum") for part in parts], dim=-1)
     removed = metrics[:, :, :, _SINK_REMOVED, :, _F_SCORE]
     paired_hist, paired_halved = paired_counts(top[..., _F_SCORE], removed, sink_in_top)
     # nanmean: ±inf kept (κ = ∞ is a value), NaN where no query is defined.
-    return _Reduced(torch.nanmean(metrics, dim=2), inst_sum, inst_count, paired_hist, paired_halved,
-                    torch.nanmean(sink_fields, dim=2))
+    seq_mean = torch.cat([torch.nanmean(part, dim=2) for part in parts], dim=-1)
+    return _Reduced(seq_mean, inst_sum, inst_count, paired_hist, paired_halved, torch.nanmean(sink_fields, dim=2))
 
 
 def _reduce_numba(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees_sink: Tensor) -> _Reduced:
@@ -376,4 +388,5 @@ def _reduce(
         bound_mean=bound_mean,
         regime=regime,
         sink_visible=torch.stack([sees_sink.sum(), instances.sum()]).to(COMPUTE_DTYPE),
+        truncation_rows=rearrange(metrics[:, :, :, _TOP_GROUP, :, _TRUNCATION], "b h q n m -> b q h n m"),
     )

@@ -16,6 +16,12 @@ margin. Keys that are not candidates carry a +∞ penalty, so the passes over th
 data-dependent branches; inversions are counted only when some key contaminates. Each parallel task is a block of
 :data:`QUERY_BLOCK` queries of one (sequence, head) that shares its scratch arrays.
 
+The truncation figures (SPEC §10) are computed in the analysis space itself, from the value
+vectors: the output ``o = Σ_k α_k v_k`` once per query (once per permutation of the value-shuffle
+null, whose output is another vector), ``s_N`` grown along each order between two N of the grid,
+and ``‖o − s_N/(1 − τ_N)‖`` directly, so a small tail is not lost to cancellation. Cost:
+``O(|keys|·d)`` per query and permutation, ``O(max N·d)`` per order, ``O(d)`` per N.
+
 Compiled on first use and cached on disk (``cache=True``), so only the first call of a fresh
 install pays the compilation.
 """
@@ -69,13 +75,61 @@ def _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine):
 
 
 @njit(cache=True)
-def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, out):
-    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[0:7]``.
+def _output(keys, weights, values, o):  # pragma: no cover - compiled
+    """``o = Σ_k w_k v_k`` over the row's keys, written into ``o``; returns ``(‖o‖², Σ_k w_k)``."""
+    o[:] = 0.0
+    total = 0.0
+    for j in range(keys.shape[0]):
+        k = keys[j]
+        w = weights[k]
+        total += w
+        row = values[k]
+        for c in range(o.shape[0]):
+            o[c] += w * row[c]
+    sq_o = 0.0
+    for c in range(o.shape[0]):
+        sq_o += o[c] * o[c]
+    return sq_o, total
+
+
+@njit(cache=True)
+def _truncation(vecs, sq_o, tail, out):  # pragma: no cover - compiled
+    """Add the tail mass ``τ_N`` and the relative error ``‖o − o_N‖/‖o‖`` of the renormalised
+    selection ``o_N = s_N/(1 − τ_N)`` (SPEC §10) to ``out[7]`` and ``out[8]``; ``vecs[0]`` is
+    ``o``, ``vecs[1]`` is ``s_N``. ``o = 0`` gives NaN; ``τ_N ≥ 1`` (nothing kept to
+    renormalise: ``o_N = 0``) gives 1.
+    """
+    if np.isnan(tail):  # not computed for this selection (the decomposition nulls)
+        out[7] += np.nan
+        out[8] += np.nan
+        return
+    tail = max(tail, 0.0)  # Σ α − Σ_{S_N} α: a rounding below 0 is an empty tail
+    out[7] += tail
+    if not sq_o > 0.0:
+        out[8] += np.nan
+    elif tail >= 1.0:
+        out[8] += 1.0
+    else:
+        o, s = vecs[0], vecs[1]
+        c = 1.0 / (1.0 - tail)
+        e = 0.0
+        for i in range(o.shape[0]):
+            x = o[i] - c * s[i]
+            e += x * x
+        out[8] += np.sqrt(e / sq_o)
+
+
+@njit(cache=True)
+def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, out,
+           vecs, sq_o, tail):
+    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[0:7]``, and
+    τ_N (``tail``) and the relative truncation error (SPEC §10) to ``out[7:9]``.
 
     ``keys`` are the row's valid keys; ``penalty`` is +inf at the keys that are not candidates
     (the first ``n`` of ``order``, and ``excluded`` ≥ 0, the sink of the sink-removed group)
     and 0 elsewhere. Adding it to E leaves the candidates' E bit for bit (x + 0 = x) and sends
     the others past every comparison, so the passes over the keys carry no branches.
+    ``vecs`` holds the output ``o`` and ``s_N`` in the analysis space, ``sq_o = ‖o‖²``.
     """
     sq_s = 0.0
     for r in range(n):
@@ -142,14 +196,17 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
         # (E_min − E_max)/(D_min + D_max) = D_min − D_max without subtracting near-equal roots.
         out[3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
     out[4] += inversions
+    _truncation(vecs, sq_o, tail, out)
 
 
 @njit(cache=True)
 def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, norms, n_values,
-               cosine, dots, penalty, buf, sel, out):  # pragma: no cover - compiled
+               cosine, dots, penalty, buf, sel, out, values, vecs, sq_o, total):  # pragma: no cover - compiled
     """Accumulate ``⟨v_k, s_N⟩`` along ``order`` and add the scores of every N ≤ ``n_max``.
 
     ``out[i]`` must hold zeros (or a running sum over random samples) for every such N.
+    ``vecs[0]`` holds the output ``o`` under ``alpha`` (``sq_o = ‖o‖²``, ``total = Σ α``);
+    ``s_N = vecs[1]`` is grown here from ``values`` (SPEC §10).
     """
     m = keys.shape[0]
     lo = keys[0]
@@ -161,6 +218,10 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
     span = dots[lo:hi]
     ni = 0
     n_sizes = n_values.shape[0]
+    s_vec = vecs[1]
+    s_vec[:] = 0.0
+    head = 0.0  # Σ_{S_N} α
+    grown = 0  # keys of order in s_vec
     r = 0
     while r < n_max:
         stop = min(n_values[ni], n_max) if ni < n_sizes else n_max  # the next N of the grid
@@ -191,8 +252,15 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
                     dots[k] += a * gram[i, k]
                 r += 1
         while ni < n_sizes and n_values[ni] == r:
+            while grown < r:  # s_N = Σ_{S_N} α_i v_i, for the truncation figures
+                i = order[grown]
+                head += alpha[i]
+                row = values[i]
+                for c in range(s_vec.shape[0]):
+                    s_vec[c] += alpha[i] * row[c]
+                grown += 1
             _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
-                   buf, sel, out[ni])
+                   buf, sel, out[ni], vecs, sq_o, total - head)
             ni += 1
 
 
@@ -224,7 +292,7 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 @njit(cache=True)
 def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, norms, n_values, cosine, shuffles,
                     shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
-                    listed, drawn, sigma, out):  # pragma: no cover - compiled
+                    listed, drawn, sigma, out, vecs):  # pragma: no cover - compiled
     """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
     over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
     non-sink keys outside ``S_N`` take each other's values.
@@ -280,7 +348,7 @@ def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, nor
                     k, src = listed[c], drawn[c]
                     moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
                 _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
-                       cosine, buf, sel, out[ni])
+                       cosine, buf, sel, out[ni], vecs, np.nan, np.nan)
             ni += 1
 
 
@@ -291,7 +359,7 @@ QUERY_BLOCK = 16
 
 @njit(parallel=True, cache=True)
 def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, window, real_index, sequence_keys,
-               gram, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
+               gram, values, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
@@ -302,9 +370,10 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
     (:data:`.options.NO_WINDOW` for none): query ``t``'s candidates are the real keys
     ``max(sink, t − window + 1) … t`` (SPEC §1, ours), and a query whose window starts after the
     sink has no sink (no sink-removed group, never "sink in S_N", no sink fields, every key
-    shuffled); ``gram [b, g, k, k]`` holds value groups
-    ``g0 + g``. Writes ``metrics[b, h, Q, 4, n, 7]`` (groups: top, random mean, shuffled
-    mean, sink removed; metrics: :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
+    shuffled); ``gram [b, g, k, k]`` holds value groups ``g0 + g`` and ``values [b, g, k, d]``
+    their vectors (for the truncation figures of SPEC §10). Writes ``metrics[b, h, Q, 4, n, 9]``
+    (groups: top, random mean, shuffled mean, sink removed; metrics:
+    :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
     NaN where N does not fit), ``sink_in_top[b, h, Q, n]`` (sink in the top-N set) and, of
     ``sink_mass[b, h, Q, 5]`` (the fields of SPEC §4), field 0 (α_sink) and field 4 (the
     sink's share of Σ α_j‖v_j‖).
@@ -332,19 +401,21 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
         floats = np.zeros((10 if shuffle_kind == NULL_UNSELECTED else 8, n_pos))  # 8, 9: the unselected null's
         # Rows 4 … hold the unselected null's permutations (one per sample).
         ints = np.empty((4 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
+        vecs = np.zeros((2, values.shape[-1]))  # o and s_N in the analysis space (SPEC §10)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
             _score_row(pattern, row_of, cb, h, qi, queries, is_token, sink, window, real_index, sequence_keys,
                        gram[cb, (h // group_size) - g0], n_values, samples, shuffles, shuffle_kind,
                        by_contribution, cosine, metrics[cb, h, qi], sink_in_top, sink_mass,
-                       keys_buf, top_buf, single, packed, floats, ints)
+                       keys_buf, top_buf, single, packed, floats, ints,
+                       values[cb, (h // group_size) - g0], vecs)
 
 
 @njit(cache=True)
 def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_index, sequence_keys, gram_bg,
                n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top, sink_mass,
-               keys_buf, top_buf, single, packed, floats, ints):  # pragma: no cover - compiled
+               keys_buf, top_buf, single, packed, floats, ints, values_bg, vecs):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
-    group's Gram matrix is ``gram_bg``, with the task's scratch arrays."""
+    group's Gram matrix is ``gram_bg`` and vectors ``values_bg``, with the task's scratch arrays."""
     n_sizes = n_values.shape[0]
     n_metrics = out.shape[-1]
     t = queries[b, qi]
@@ -403,8 +474,10 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
                 out[2, ni, :] = 0.0
         if sees_sink and n_values[ni] < m - 1:
             out[3, ni, :] = 0.0
+    # The output o once per query: the top-N, sink-removed and random selections share α.
+    sq_o, total = _output(keys, alpha, values_bg, vecs[0]) if n_top > 0 else (0.0, 0.0)
     _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
-               cosine, dots, penalty, buf, sel, out[0])
+               cosine, dots, penalty, buf, sel, out[0], values_bg, vecs, sq_o, total)
     perm = ints[0][:m]
     if n_drop > 0:
         dropped = ints[1][: m - 1]
@@ -414,7 +487,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
                 dropped[c] = top[j]
                 c += 1
         _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out[3])
+                   n_values, cosine, dots, penalty, buf, sel, out[3], values_bg, vecs, sq_o, total)
     if n_top == 0:
         return
     row_key = mix(mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
@@ -422,12 +495,12 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
         perm[:] = keys
         fisher_yates(perm, n_top, row_key, sample)
         _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out[1])
+                   n_values, cosine, dots, penalty, buf, sel, out[1], values_bg, vecs, sq_o, total)
     fixed = 1 if sees_sink else 0  # keys[0] is the sink when the window holds it: it keeps its value
-    if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
+    if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:  # SPEC §10 figures: the values null only (NaN)
         _run_unselected(top, n_top, keys, fixed, contiguous, alpha, gram_bg, gdiag, norms, n_values, cosine, shuffles,
                         mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3], floats[8],
-                        floats[9], ints[2], ints[3], ints[4:], out[2])
+                        floats[9], ints[2], ints[3], ints[4:], out[2], vecs)
     elif shuffles > 0:
         shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
         moved = ints[2]  # π(k)
@@ -446,8 +519,12 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
                 _null_weights(shuffle_kind, keys, moved, alpha, norms, weights)
             for r in range(n_top):
                 order[r] = top[r] if shuffle_kind == NULL_NORMS else moved[top[r]]
+            if shuffle_kind == NULL_VALUES:  # the shuffled values make another output o'
+                sq_w, total_w = _output(keys, weights, values_bg, vecs[0])
+            else:  # the SPEC §10 figures are the values null's only: NaN for the others
+                sq_w, total_w = np.nan, np.nan
             _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, penalty, buf, sel, out[2])
+                       n_values, cosine, dots, penalty, buf, sel, out[2], values_bg, vecs, sq_w, total_w)
     for ni in range(n_sizes):
         if n_values[ni] < m:
             for f in range(n_metrics):

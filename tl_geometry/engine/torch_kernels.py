@@ -16,9 +16,12 @@ from torch import Tensor
 from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.attention import visible_keys
 from ..functional.selection import _inverse_permutation
-from ..functional.separability import chance_corrected
+from ..functional.separability import Separability, chance_corrected
 from .options import NO_WINDOW, NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .rng import SHUFFLE_SALT, torch_mix, torch_swap_index
+
+#: Metrics before the truncation figures of SPEC §10 (the last two).
+_N_SEPARABILITY = len(Separability._fields)
 
 BLOCK_ELEMENTS = 1 << 22
 _LEAK_TOL = 1e-4
@@ -100,11 +103,15 @@ def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
 
 def score_rows(
     rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
-    sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, n_values: Tensor,
-    samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool, cosine: bool, metrics: Tensor,
+    sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, values: Tensor,
+    n_values: Tensor, samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool, cosine: bool,
+    metrics: Tensor,
     sink_in_top: Tensor, sink_fields: Tensor,
 ) -> None:
-    """:func:`.score_kernel.score_rows` in torch: same arguments, same outputs (written in place)."""
+    """:func:`.score_kernel.score_rows` in torch: same arguments, same outputs (written in place).
+
+    The truncation figures (SPEC §10) come from the Gram matrix here (:func:`_truncation`), not
+    from ``values`` as in the kernel: two computations that the tests hold to each other."""
     n_cg, n_key = gram.shape[1], gram.shape[-1]
     n_ch = n_cg * group_size
     n_sel = 2 + samples + shuffles
@@ -165,9 +172,13 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
         weights, rank = _shuffled(alpha, top, keep, row_key, shuffles, shuffle_kind, norms)
         groups["shuffled"] = (weights, rank, valid, None)
     groups["sink_removed"] = (whole, dropped[:, :, :, None], keep, None)
-    out = {name: _score(w, gram, gdiag, rank, keyset[:, None, :, None, None], n_values,
-                        group_size, cosine, source).mean(3)  # [b, h, q, n, metric]
+    # [b, h, q, n, metric]; each part averaged over the selections on its own, so that adding
+    # the truncation figures leaves the reduction of the others as it was, bit for bit.
+    out = {name: torch.cat([part.mean(3) for part in _score(w, gram, gdiag, rank, keyset[:, None, :, None, None],
+                                                            n_values, group_size, cosine, source)], dim=-1)
            for name, (w, rank, keyset, source) in groups.items()}
+    if "shuffled" in out and shuffle_kind != NULL_VALUES:  # SPEC §10 figures: the values null only
+        out["shuffled"][..., _N_SEPARABILITY:] = torch.nan
     nan = torch.full_like(out["top"], torch.nan)
     out["sink_removed"] = torch.where(sees_sink[:, None, :, None, None], out["sink_removed"], nan)  # no sink: skipped
     grouped = torch.stack([out.get(g, nan) for g in ("top", "random", "shuffled", "sink_removed")], dim=3)
@@ -281,8 +292,9 @@ def _unselected_sources(top: Tensor, keep: Tensor, row_key: Tensor, shuffles: in
     return source[..., :n_key]
 
 
-def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, source=None) -> Tensor:
-    """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not fit.
+def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, source=None) -> tuple[Tensor, Tensor]:
+    """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not
+    fit: SPEC §3's, and the truncation figures of SPEC §10 (a second tensor).
 
     ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys. With ``source
     [b, h, q, sample, n, k]`` (the unselected null), key ``k`` holds the value of key
@@ -326,5 +338,30 @@ def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, sourc
     n_keys = keyset.sum(-1)  # [b, 1, q, 1, 1]
     precision_cc, f_score_cc = chance_corrected(precision, recall, nf, n_keys.to(COMPUTE_DTYPE))
     out = torch.stack([precision, recall, f_score, margin, inversions, precision_cc, f_score_cc], dim=-1)
+    if source is None:
+        cut = torch.stack(_truncation(alpha, gram, dots, selected, sq_s.squeeze(-1), group_size), dim=-1)
+    else:  # the unselected null: SPEC §10's figures are the values null's only
+        cut = torch.full((*out.shape[:-1], 2), torch.nan, dtype=out.dtype, device=out.device)
     defined = n.squeeze(-1) < n_keys  # [b, 1, q, 1, n]: 1 ≤ N < |keys|
-    return torch.where(defined[..., None], out, torch.nan)
+    return torch.where(defined[..., None], out, torch.nan), torch.where(defined[..., None], cut, torch.nan)
+
+
+def _truncation(alpha, gram, dots, selected, sq_s, group_size) -> tuple[Tensor, Tensor]:
+    """``τ_N`` and ``‖o − o_N‖/‖o‖`` (SPEC §10) of every (selection, N), ``[b, h, q, sel, n]``,
+    from the same tail sums as :func:`.score_kernel._truncation`.
+
+    ``alpha [b, h, q, sel or 1, k]`` is 0 off the row's keys, so the tail is every key with a
+    weight outside the selection (the sink too, in the sink-removed group).
+    """
+    grouped = rearrange(alpha, "b (g r) q s k -> b g (r q s) k", r=group_size)
+    o_dots = rearrange(grouped @ gram, "b g (r q s) k -> b (g r) q s k", r=group_size,
+                       q=alpha.shape[2], s=alpha.shape[3])  # ⟨v_k, o⟩
+    sq_o = (alpha * o_dots).sum(-1)[..., None]  # ‖o‖², [b, h, q, sel, 1]
+    in_tail = alpha[..., None, :] * ~selected  # [b, h, q, sel, n, k]
+    tail = in_tail.sum(-1)
+    t_s = (in_tail * dots).sum(-1)  # ⟨t, s_N⟩ with t = o − s_N
+    t_t = (in_tail * (o_dots[..., None, :] - dots)).sum(-1)  # ‖t‖²
+    r = tail / (1 - tail)
+    error = ((t_t - 2 * r * t_s + r * r * sq_s).clamp_min(0) / sq_o).sqrt()
+    error = torch.where(tail >= 1, 1.0, error)  # nothing kept: o_N = 0
+    return tail, torch.where(sq_o > 0, error, torch.nan)

@@ -2,7 +2,8 @@
 
 The pipeline's mathematics (``../SPEC``): KV-head mapping and contributions (§1), top-N and
 random selections (§2–3), separability (§3), sink diagnostics (§4) and the source-winner
-taxonomy (§5), bounds (§6: inversion certificates, regime bounds, the shell certificate), and
+taxonomy (§5), bounds (§6: inversion certificates, regime bounds, the shell certificate), the
+truncation figures (§10: tail mass and relative output error of the renormalised top-N), and
 attention rows recomputed from post-rotary queries and keys for chosen queries only.
 Every function is vectorised over heads, queries and selections.
 """
@@ -44,6 +45,7 @@ from .taxonomy import (
     vote_fractions,
     vote_margin,
 )
+from .truncation import Truncation, truncation
 
 __all__ = [
     "CLASSES",
@@ -57,6 +59,7 @@ __all__ = [
     "RegimeParams",
     "Separability",
     "SinkDiagnostics",
+    "Truncation",
     "attention_row_blocks",
     "attention_rows",
     "bootstrap_resample_weights",
@@ -82,6 +85,7 @@ __all__ = [
     "spearman",
     "top_n_mask",
     "top_n_ranks",
+    "truncation",
     "value_dots",
     "visible_keys",
     "vote_fractions",

@@ -47,8 +47,11 @@ class Separability(NamedTuple):
     """Harmonic mean of ``P*`` and ``R`` (0 when either is 0; ours)."""
 
 
-#: Metric names in storage order (the result's ``metric`` axis).
-METRIC_NAMES: tuple[str, ...] = Separability._fields
+#: The truncation figures of SPEC §10 (:mod:`.truncation`, ours): tail mass ``τ_N`` and the
+#: relative output error of the renormalised selection, scored by the engine for every selection.
+TRUNCATION_NAMES: tuple[str, ...] = ("tail_mass", "truncation_error")
+#: Metric names in storage order (the result's ``metric`` axis): SPEC §3's, then SPEC §10's.
+METRIC_NAMES: tuple[str, ...] = Separability._fields + TRUNCATION_NAMES
 
 
 def chance_corrected(

@@ -5,9 +5,11 @@
 the versioned, checked files; ``shortcuts`` the attribute shortcuts, generated from the schema;
 ``labels`` the label confidence, the label export and the agreement with other head scores;
 ``null_decomposition`` the table of top − null gaps over the nulls of SPEC §3.
+``budgets`` the certified top-N budgets (SPEC §10).
 """
 
-from ..functional.separability import METRIC_NAMES
+from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
+from .budgets import NO_BUDGET, truncation_budgets
 from .head_analysis import HeadAnalysis
 from .io import ResultFileError
 from .labels import label_agreement
@@ -17,6 +19,7 @@ from .schema import (
     BOUND_METRICS,
     GROUPS,
     PAIRED_FIELDS,
+    PERCENTILE,
     NoBoundsError,
     UnknownNameError,
     names,
@@ -30,7 +33,10 @@ __all__ = [
     "BOUND_METRICS",
     "GROUPS",
     "METRIC_NAMES",
+    "NO_BUDGET",
     "PAIRED_FIELDS",
+    "PERCENTILE",
+    "TRUNCATION_NAMES",
     "HeadAnalysis",
     "HeadSelection",
     "NoBoundsError",
@@ -39,4 +45,5 @@ __all__ = [
     "label_agreement",
     "names",
     "null_decomposition",
+    "truncation_budgets",
 ]

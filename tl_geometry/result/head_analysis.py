@@ -20,7 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..functional.regime import REGIME_FIELDS
-from ..functional.separability import METRIC_NAMES
+from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
 from . import headline, io, select, tables, text, tracking, units
@@ -32,6 +32,7 @@ from .schema import (
     GROUPS,
     NO_BOUNDS,
     PAIRED_FIELDS,
+    PERCENTILE,
     NoBoundsError,
     UnknownNameError,
     check_fields,
@@ -47,8 +48,10 @@ __all__ = [
     "GROUPS",
     "METRIC_NAMES",
     "PAIRED_FIELDS",
+    "PERCENTILE",
     "REGIME_FIELDS",
     "SINK_FIELDS",
+    "TRUNCATION_NAMES",
     "VOTES",
     "HeadAnalysis",
     "HeadSelection",
@@ -106,6 +109,9 @@ class HeadAnalysis(Shortcuts):
     sequence_votes: Int[Tensor, "sequence layer head 3"] | None = None
     """Vote counts of each sequence (they add up to ``vote_counts``), behind
     :attr:`label_stability` (SPEC §5); ``None`` in files of format 3 and earlier."""
+    truncation_p90: Float[Tensor, "tmetric layer head n"] | None = None
+    """90th percentile over instances of the top-N set's ``[TRUNCATION_NAMES, layer, head, n]``
+    (SPEC §10; see :meth:`truncation_percentile`); ``None`` in files of format 4 and earlier."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
@@ -113,8 +119,10 @@ class HeadAnalysis(Shortcuts):
     # --- accessors: one per named axis ------------------------------------------------------------
     def metric(self, name: str, group: str = "top") -> Float[Tensor, "layer head n"]:
         """Mean of metric ``name`` (``precision``, ``recall``, ``f_score``, ``margin``,
-        ``inversions``) over the instances of ``group`` (``top``, ``random``, ``sink_removed``,
-        ``sink_in``, ``sink_out``; SPEC §3), ``[layer, head, n]``; NaN where none was defined."""
+        ``inversions``, ``precision_cc``, ``f_score_cc``; SPEC §3 — or ``tail_mass`` and
+        ``truncation_error``, SPEC §10) over the instances of ``group`` (``top``, ``random``,
+        ``shuffled``, ``sink_removed``, ``sink_in``, ``sink_out``), ``[layer, head, n]``; NaN
+        where none was defined."""
         return self.scores[check_name("group", group, GROUPS), check_name("metric", name, METRIC_NAMES)]
 
     def count(self, group: str = "top") -> Float[Tensor, "layer head n"]:
@@ -136,6 +144,17 @@ class HeadAnalysis(Shortcuts):
         if self.paired is None:
             return torch.full_like(self.scores[0, 0], torch.nan)
         return self.paired[i]
+
+    def truncation_percentile(self, name: str = "tail_mass") -> Float[Tensor, "layer head n"]:
+        """90th percentile (nearest rank, :data:`PERCENTILE`) over every (sequence, chosen query)
+        where ``N`` is defined of the top-N set's ``name`` — ``"tail_mass"`` (``τ_N``) or
+        ``"truncation_error"`` (``‖o − o_N‖/‖o‖``) — SPEC §10, ``[layer, head, n]``. At least 90 %
+        of those instances are at or below it. NaN where no instance is defined (and for files
+        of format 4 and earlier, which lack it)."""
+        i = check_name("truncation metric", name, TRUNCATION_NAMES)
+        if self.truncation_p90 is None:
+            return torch.full_like(self.scores[0, 0], torch.nan)
+        return self.truncation_p90[i]
 
     def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
         """Mean lower bound ``[layer, head, n]`` of ``kind`` (``inversion``, ``certified``,
@@ -260,6 +279,7 @@ class HeadAnalysis(Shortcuts):
             out.update({_name(g, m): (self.metric(m, g), True) for m in METRIC_NAMES})
         out["f_gain"] = (self.f_gain, True)
         out.update({f"paired_sink_{f}": (self.paired_sink(f), True) for f in PAIRED_FIELDS})
+        out.update({f"p90_{m}": (self.truncation_percentile(m), True) for m in TRUNCATION_NAMES})
         out.update({_name(g, "count"): (self.count(g), True) for g in GROUPS})
         out.update({f"sink_{f}": (self.sink_diagnostic(f), False) for f in SINK_FIELDS})
         fractions = self.vote_fractions

@@ -3,8 +3,11 @@
 A file is a ``torch.save`` dict of plain tensors and strings, read back with
 ``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
 
-* ``format``: ``"tl_geometry.HeadAnalysis/4"`` (3 added the checksum, 4 ``sequence_votes``, the
-  per-sequence vote counts behind the label stability: older files load with it ``None``);
+* ``format``: ``"tl_geometry.HeadAnalysis/5"`` (3 added the checksum, 4 ``sequence_votes``, the
+  per-sequence vote counts behind the label stability: older files load with it ``None``; 5 the
+  truncation metrics ``tail_mass`` and ``truncation_error`` on the metric axis and
+  ``truncation_p90``, their 90th percentiles (SPEC §10): older files load with those metrics NaN,
+  without a warning, and ``truncation_p90`` ``None``);
 * ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
   named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
 * the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged);
@@ -34,7 +37,7 @@ from torch import Tensor
 
 from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 FORMAT = f"tl_geometry.HeadAnalysis/{FORMAT_VERSION}"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
 #: The first format version that stores a checksum.
@@ -50,6 +53,9 @@ _FORMAT1_NAMES = {
     "regime_field": ("norm_cv", "kappa", "a", "decay", "b", "fit_mae"),
     "class": ("Retriever", "Mixer", "Reset"),
 }
+#: Labels that a format version added to a named axis: a file of an earlier version lacks them
+#: by construction, so they are filled (NaN) without a warning.
+_ADDED_IN: dict[str, dict[str, int]] = {"metric": {"tail_mass": 5, "truncation_error": 5}}
 #: Tensors in metadata up to this many elements are stored as (nested) lists.
 MAX_METADATA_TENSOR = 10_000
 _TUPLE, _ITEMS = "__tuple__", "__items__"
@@ -237,7 +243,7 @@ def load(path: str | Path) -> dict[str, Any]:
         elif not isinstance(value, Tensor):
             raise fail(f"{key} is a {type(value).__name__}, not a tensor.")
         else:
-            fields[key] = _align(key, value, saved_names, fail)
+            fields[key] = _align(key, value, saved_names, fail, version)
     try:
         fields["layers"], fields["n_values"] = check_fields(fields)
     except ValueError as exc:
@@ -298,9 +304,11 @@ def _check_checksum(payload: dict[str, Any], fail: Any) -> None:
                    "Restore a good copy or run the analysis again.")
 
 
-def _align(key: str, value: Tensor, saved: dict[str, Any], fail: Any) -> Tensor:
+def _align(key: str, value: Tensor, saved: dict[str, Any], fail: Any,
+           version: int = FORMAT_VERSION) -> Tensor:
     """``value`` with its named axes re-ordered to this version's labels, by name: a label the
-    file lacks is filled (NaN, or 0 for counts) with a warning; one it has extra is dropped."""
+    file lacks is filled (NaN, or 0 for counts) with a warning — none for a label added by a
+    format after the file's (:data:`_ADDED_IN`); one it has extra is dropped."""
     if value.ndim != len(AXES[key]):
         raise fail(f"{key} has shape {list(value.shape)}; expected axes {list(AXES[key])}.")
     for dim, axis in enumerate(AXES[key]):
@@ -316,7 +324,9 @@ def _align(key: str, value: Tensor, saved: dict[str, Any], fail: Any) -> Tensor:
             continue
         lacking = [x for x in current if x not in labels]
         extra = [x for x in labels if x not in current]
-        if lacking or extra:
+        added_since = _ADDED_IN.get(axis, {})
+        unexpected = [x for x in lacking if added_since.get(x, 0) <= version]
+        if unexpected or extra:
             warnings.warn(f"{key}: the file's {axis} labels differ from this version's; "
                           f"filled {lacking or 'none'}, dropped {extra or 'none'}.",
                           UserWarning, stacklevel=4)

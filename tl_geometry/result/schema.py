@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..functional.regime import REGIME_FIELDS
-from ..functional.separability import METRIC_NAMES
+from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import CLASSES, VOTES
 
@@ -42,6 +42,12 @@ BOUND_KINDS: tuple[str, ...] = ("inversion", "certified", "predicted", "shell", 
 #: where the bound certifies P = R = 1 (γ_N > 0); for ``inversion`` that is the measured fraction.
 BOUND_METRICS: tuple[str, ...] = ("precision", "recall", "f_score", "separated")
 
+#: The percentile of the truncation figures over instances (SPEC §10): ``truncation_p90`` holds,
+#: per (layer, head, N), the nearest-rank 90th percentile over every (sequence, chosen query)
+#: of the top-N set's tail mass and relative truncation error (ours: an observed value, with at
+#: least 90 % of the instances at or below it).
+PERCENTILE = 0.9
+
 #: Axis labels of every tensor field, in storage order; ``layer``, ``head`` and ``n`` are
 #: coordinates (model layer index, head index, N value), the others are named by :func:`names`.
 AXES: dict[str, tuple[str, ...]] = {
@@ -54,10 +60,12 @@ AXES: dict[str, tuple[str, ...]] = {
     "regime": ("regime_field", "layer", "head"),
     "paired": ("paired_field", "layer", "head", "n"),
     "sequence_votes": ("sequence", "layer", "head", "vote"),
+    "truncation_p90": ("truncation_metric", "layer", "head", "n"),
 }
 #: Fields that may be ``None``: the bounds (only with ``analyze_heads(bounds=True)``), the
-#: paired sink effect and the per-sequence votes (absent from files of earlier versions).
-OPTIONAL = ("bounds", "regime", "paired", "sequence_votes")
+#: paired sink effect, the per-sequence votes and the truncation percentiles (absent from files
+#: of earlier versions).
+OPTIONAL = ("bounds", "regime", "paired", "sequence_votes", "truncation_p90")
 #: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
 COUNT_FIELDS = ("group_counts", "vote_counts", "sequence_votes")
 
@@ -68,6 +76,7 @@ def names() -> dict[str, tuple[str, ...]]:
         "group": GROUPS, "metric": tuple(METRIC_NAMES), "sink_field": tuple(SINK_FIELDS),
         "vote": tuple(VOTES), "bound_kind": BOUND_KINDS, "bound_metric": BOUND_METRICS,
         "regime_field": tuple(REGIME_FIELDS), "class": tuple(CLASSES), "paired_field": PAIRED_FIELDS,
+        "truncation_metric": tuple(TRUNCATION_NAMES),
     }
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, overload
 from torch import Tensor
 
 from ..functional.regime import REGIME_FIELDS
-from ..functional.separability import METRIC_NAMES
+from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
 from .schema import BOUND_KINDS, BOUND_METRICS, GROUPS, PAIRED_FIELDS
 
@@ -51,6 +51,10 @@ _DOCS: dict[str, str] = {
                         "shuffled; SPEC §3)",
     "sink_removed_f_score": "F_N of the top-N set re-selected without the sink",
     "paired_sink_ratio": "Per head, median F_N(with sink) / F_N(sink removed) over instances holding the sink",
+    "tail_mass": "Top-N tail mass τ_N = Σ_{j∉S_N} α_j, mean over instances (SPEC §10)",
+    "truncation_error": "Top-N relative output error ‖o − o_N‖/‖o‖ of the renormalised top-N, mean (SPEC §10)",
+    "p90_tail_mass": "90th percentile over instances of the top-N tail mass τ_N (SPEC §10)",
+    "p90_truncation_error": "90th percentile over instances of the top-N relative output error (SPEC §10)",
     "paired_sink_halved": "Per head, fraction of those instances where the sink halves F_N (ratio ≤ 1/2)",
     "sink_mass": "Mean attention on the sink",
     "sink_norm_ratio": "κ = ‖v_sink‖ / mean_{j≠sink} ‖v_j‖ (SPEC §4)",
@@ -67,14 +71,15 @@ _DOCS: dict[str, str] = {
 
 def shortcut_slices() -> dict[str, tuple[str, ...]]:
     """Every shortcut name → its accessor and key, in schema order: ``<metric>`` (top-N group),
-    ``<group>_<metric>``, ``paired_sink_<field>``, ``sink_<field>``, ``<kind>_<metric>`` and
-    ``regime_<field>``."""
+    ``<group>_<metric>``, ``paired_sink_<field>``, ``p90_<truncation metric>``, ``sink_<field>``,
+    ``<kind>_<metric>`` and ``regime_<field>``."""
     out: dict[str, tuple[str, ...]] = {}
     for group in GROUPS:
         for metric in METRIC_NAMES:
             out[metric if group == "top" else f"{group}_{metric}"] = (
                 ("metric", metric) if group == "top" else ("metric", metric, group))
     out.update({f"paired_sink_{f}": ("paired_sink", f) for f in PAIRED_FIELDS})
+    out.update({f"p90_{m}": ("truncation_percentile", m) for m in TRUNCATION_NAMES})
     out.update({f"sink_{f}": ("sink_diagnostic", f) for f in SINK_FIELDS})
     out.update({f"{k}_{m}": ("bound", k, m) for k in BOUND_KINDS for m in BOUND_METRICS})
     out.update({f"regime_{f}": ("regime_diagnostic", f) for f in REGIME_FIELDS})

@@ -12,7 +12,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 SCORE_LABELS = {"f_score": "measured F_N", "shell_k0": "shell certificate, K = 0",
-                "shell_kn": "shell certificate, K = N"}
+                "shell_kn": "shell certificate, K = N", "tail_mass": "tail mass τ_N",
+                "truncation_error": "relative error ‖o − o_N‖/‖o‖"}
 
 
 def _axes(ax: Any, size: tuple[float, float]) -> tuple[Figure, Any]:
@@ -83,8 +84,9 @@ def capacity_sweep_plot(sweep: Any, n: int | None = None) -> Figure:
 
 
 def correlation_plot(table: Any) -> Figure:
-    """Per head, each geometric score (measured F_N, shell certificates) against the loss
-    increase of sparsifying that head alone; Spearman ρ in each title. ``table`` is
+    """Per head, each predictor (measured F_N, shell certificates, tail mass, relative truncation
+    error) against the loss increase of sparsifying that head alone; Spearman ρ in each title
+    (predictors the table lacks, e.g. an older CSV, are left out). ``table`` is
     ``CapacityCorrelation.to_pandas()`` (``capacity_heads.csv``)."""
     import torch
 

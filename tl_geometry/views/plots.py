@@ -114,8 +114,10 @@ _METRIC_TITLES = {"precision": ("Precision", "precision"), "recall": ("Recall", 
                   "f_score": ("F score", "F score"), "margin": ("Margin γ", "margin γ"),
                   "inversions": ("Inversions", "inversions"),
                   "precision_cc": ("Chance-corrected precision P*", "P*"),
-                  "f_score_cc": ("Chance-corrected F score F*", "F*")}
-_UNIT_RANGE = ("precision", "recall", "f_score", "precision_cc", "f_score_cc")
+                  "f_score_cc": ("Chance-corrected F score F*", "F*"),
+                  "tail_mass": ("Tail mass τ", "τ"),
+                  "truncation_error": ("Relative truncation error ‖o − o_N‖/‖o‖", "relative error")}
+_UNIT_RANGE = ("precision", "recall", "f_score", "precision_cc", "f_score_cc", "tail_mass")
 
 
 def f_curves_plot(result: HeadAnalysis, *, by: str = "class", metric: str = "f_score") -> PlotFigure:

@@ -315,7 +315,8 @@ def capacity_section(out: Path, figures: Path) -> list[str]:
                   f"{tol:.0%} of the dense loss).</p>", _table(curve, 4)]
     if heads_path.is_file():
         heads = pd.read_csv(heads_path)
-        names = [c for c in ("f_score", "shell_k0", "shell_kn") if c in heads]
+        names = [c for c in ("f_score", "shell_k0", "shell_kn", "tail_mass", "truncation_error")
+                 if c in heads]
         rows = [{"mode": mode, "N": int(part["n"].iloc[0]),
                  **{f"ρ({name}, Δ loss)": spearman(torch.tensor(part[name].to_numpy(float)),
                                                    torch.tensor(part["loss_increase"].to_numpy(float)))
@@ -324,7 +325,8 @@ def capacity_section(out: Path, figures: Path) -> list[str]:
                   _table(pd.DataFrame(rows), 3)]
         for mode, part in heads.groupby("mode", sort=True):
             paths = save_figure(correlation_plot(part), figures / f"capacity_heads_{mode}", dpi=90)
-            parts.append(_figure(paths[0], f"{mode}: F_N and shell certificates against Δ loss, per head."))
+            parts.append(_figure(paths[0], f"{mode}: F_N, shell certificates, tail mass and relative "
+                                           "truncation error against Δ loss, per head."))
     return (["<h2>Retrieval capacity</h2>", *parts]) if parts else []
 
 

@@ -1,0 +1,346 @@
+"""Certified top-N truncation (SPEC §10): the tail mass and relative output error of every
+selection the engine scores, their exact 90th percentiles, the certified budgets and the result
+file that holds them — checked against the loop reference (tests/reference.py) on synthetic GQA
+caches, on both backends."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import jaxtyping
+import numpy as np
+import pytest
+import torch
+from cases import make_case
+from reference import METRICS, TRUNCATION, ref_analyze, ref_top_n, ref_truncation
+from result_fakes import fake
+from test_nulls import engine_shuffles
+
+import tl_geometry
+from tl_geometry.engine import Accumulator, analyze_layer, check_options
+from tl_geometry.engine.rng import GOLDEN, SAMPLE_STRIDE, mix, sequence_keys
+from tl_geometry.functional import Truncation, truncation
+from tl_geometry.functional.separability import TRUNCATION_NAMES
+from tl_geometry.functional.stats import nearest_rank_percentile
+from tl_geometry.result import NO_BUDGET, HeadAnalysis, truncation_budgets
+from tl_geometry.result import io as _result_io
+
+N_VALUES = (1, 2, 3, 5, 8)
+SAMPLES = 3
+CASES = [
+    {"ties": True, "duplicates": True, "sink": True},
+    {"padding": "left", "n_kv": 1},
+    {"padding": "right", "n_heads": 6, "n_kv": 3},
+]
+
+
+def engine_randoms(seed: int, layer: int, mask: np.ndarray | None):
+    """The engine's random orderings of the valid keys (partial Fisher–Yates, engine/rng.py)."""
+
+    def draw(b: int, h: int, t: int, keys: list[int]) -> list[list[int]]:
+        real_index = t if mask is None else int(mask[b, : t + 1].sum()) - 1
+        row_key = mix(mix(int(sequence_keys(seed, layer, [b])[0]) + real_index) + h)
+        orders = []
+        for sample in range(SAMPLES):
+            perm, m = list(keys), len(keys)
+            for r in range(m - 1):  # the first N keys are fixed after N steps: prefixes nest
+                u = mix(row_key + GOLDEN * (sample * SAMPLE_STRIDE + r + 1))
+                j = r + (((u >> 32) * (m - r)) >> 32)
+                perm[r], perm[j] = perm[j], perm[r]
+            orders.append(perm)
+        return orders
+
+    return draw
+
+
+def _mask(case) -> np.ndarray | None:
+    return None if case.attention_mask is None else case.attention_mask.numpy()
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("queries", ["last", "all"])
+@pytest.mark.parametrize("case_options", CASES)
+def test_every_group_equals_the_reference(backend, queries, case_options):
+    """tail_mass and truncation_error of the top-N, random, shuffled and sink-removed selections
+    and of the sink-in / sink-out instances, to 1e-6 (and the random group's P/R/F too)."""
+    case = make_case(75, batch=3, **case_options)
+    result = tl_geometry.analyze_heads(
+        case.cache(), n_values=N_VALUES, attention_mask=case.attention_mask, queries=queries,
+        random_samples=SAMPLES, shuffle_samples=SAMPLES, backend=backend)
+    mask = _mask(case)
+    want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES, queries=queries,
+                       attention_mask=mask, shuffles=engine_shuffles(0, 0, mask),
+                       randoms=engine_randoms(0, 0, mask))
+    for group in ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out"):
+        for m in TRUNCATION:
+            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
+                                       rtol=1e-6, atol=1e-6, equal_nan=True, err_msg=f"{group} {m}")
+        assert not np.isnan(want[f"{group}_tail_mass"]).all(), group  # the comparison compared
+    for m in METRICS:  # the random group has no other reference
+        np.testing.assert_allclose(result.metric(m, "random")[0].numpy(), want[f"random_{m}"],
+                                   rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"random {m}")
+    # The shuffled null keeps α and the top-N set: its tail is the top-N set's.
+    torch.testing.assert_close(result.shuffled_tail_mass, result.tail_mass, equal_nan=True, rtol=0, atol=1e-15)
+
+
+def _instances(case, n_values, queries):
+    """Per head and N, every (sequence, chosen query)'s reference τ_N and error of the top-N set."""
+    pattern, v = case.pattern.double().numpy(), case.v.double().numpy()
+    batch, n_heads, n_pos, _ = pattern.shape
+    mask = np.ones((batch, n_pos), dtype=int) if case.attention_mask is None else case.attention_mask.numpy()
+    group = n_heads // v.shape[2]
+    out = {(h, ni, m): [] for h in range(n_heads) for ni in range(len(n_values)) for m in TRUNCATION}
+    for b in range(batch):
+        real = [t for t in range(n_pos) if mask[b, t]]
+        for t in (real if queries == "all" else real[-1:]):
+            valid = np.array([bool(mask[b, i]) and i <= t for i in range(n_pos)])
+            for h in range(n_heads):
+                alpha = pattern[b, h, t]
+                for ni, n in enumerate(n_values):
+                    sel = ref_top_n(alpha, valid, n)
+                    res = ref_truncation(alpha, v[b, :, h // group], sel, valid)
+                    for m in TRUNCATION:
+                        if not math.isnan(res[m]):
+                            out[(h, ni, m)].append(res[m])
+    return out
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("queries", ["last", "all"])
+@pytest.mark.parametrize("case_options", CASES[:2])
+def test_percentiles_are_the_exact_nearest_rank_90th(backend, queries, case_options):
+    case = make_case(76, batch=4, **case_options)
+    result = tl_geometry.analyze_heads(case.cache(), n_values=N_VALUES, attention_mask=case.attention_mask,
+                                       queries=queries, random_samples=0, shuffle_samples=0, backend=backend)
+    instances = _instances(case, N_VALUES, queries)
+    for (h, ni, m), values in instances.items():
+        got = result.truncation_percentile(m)[0, h, ni].item()
+        if not values:
+            assert math.isnan(got)
+            continue
+        want = float(np.quantile(values, 0.9, method="inverted_cdf"))
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-6), (h, ni, m)
+        assert sum(x <= got + 1e-9 for x in values) >= 0.9 * len(values)  # the certificate's meaning
+    assert torch.equal(result.p90_tail_mass, result.truncation_percentile("tail_mass"))
+
+
+def test_percentiles_do_not_depend_on_batching_and_merge_exactly():
+    """Batches added one by one, and two accumulators merged, give the same bits as one batch."""
+    case = make_case(77, batch=5, padding="left")
+    opts = check_options(n_values=N_VALUES, queries="all", random_samples=2, shuffle_samples=0)
+    mask = case.attention_mask.bool()
+    sink = mask.long().argmax(-1)
+
+    def run(parts: list[tuple[int, int]]) -> Accumulator:
+        acc = Accumulator.zeros(1, case.pattern.shape[1], len(N_VALUES), n_sequences=5)
+        for b0, b1 in parts:
+            acc.add(0, analyze_layer(case.pattern[b0:b1], case.v[b0:b1], mask[b0:b1], sink[b0:b1], opts,
+                                     layer=0, sequence_offset=b0, mask_given=True), b0)
+        return acc
+
+    whole = run([(0, 5)]).finish([0], opts, 12, {})
+    batched = run([(0, 2), (2, 3), (3, 5)]).finish([0], opts, 12, {})
+    merged = run([(0, 2)]).merge(run([(2, 5)])).finish([0], opts, 12, {})
+    assert not whole.truncation_p90.isnan().all()
+    for other in (batched, merged):
+        assert torch.equal(other.truncation_p90.isnan(), whole.truncation_p90.isnan())
+        torch.testing.assert_close(other.truncation_p90, whole.truncation_p90, rtol=0, atol=0, equal_nan=True)
+    direct = tl_geometry.analyze_heads(case.cache(), n_values=N_VALUES, queries="all", random_samples=2,
+                                       shuffle_samples=0, attention_mask=case.attention_mask)
+    torch.testing.assert_close(direct.truncation_p90, whole.truncation_p90, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_batch_with_another_query_count_is_refused():
+    case = make_case(78, batch=2)
+    mask, sink = torch.ones(2, 12, dtype=torch.bool), torch.zeros(2, dtype=torch.long)
+    acc = Accumulator.zeros(1, 4, 2, n_sequences=2, n_queries=1)
+    stats = analyze_layer(case.pattern, case.v, mask, sink, check_options(n_values=(1, 2), queries="all"),
+                          layer=0, mask_given=False)
+    with pytest.raises(ValueError, match="12 chosen queries per sequence, the earlier ones 1"):
+        acc.add(0, stats)
+
+
+# --- the functional form ------------------------------------------------------------------------
+
+
+def test_functional_truncation_equals_the_reference_and_the_engine():
+    case = make_case(79, batch=3, n_heads=4, n_kv=2, padding="right")
+    result = tl_geometry.analyze_heads(case.cache(), n_values=(2, 5), attention_mask=case.attention_mask,
+                                       random_samples=0, shuffle_samples=0)
+    mask = case.attention_mask.bool()
+    last = mask.long().cumsum(-1).argmax(-1)
+    key_mask = mask & (torch.arange(12)[None, :] <= last[:, None])
+    alpha = case.pattern[torch.arange(3), :, last]  # [batch, head, key]
+    values = case.v.double().permute(0, 2, 1, 3).repeat_interleave(2, dim=1)  # [batch, head, key, d]
+    for ni, n in enumerate((2, 5)):
+        got = truncation(alpha, values, n, key_mask=key_mask[:, None, :])
+        assert isinstance(got, Truncation) and Truncation._fields == TRUNCATION_NAMES
+        for b in range(3):
+            for h in range(4):
+                sel = ref_top_n(alpha[b, h].double().numpy(), key_mask[b].numpy(), n)
+                want = ref_truncation(alpha[b, h].double().numpy(), values[b, h].numpy(), sel, key_mask[b].numpy())
+                for m in TRUNCATION:
+                    assert getattr(got, m)[b, h].item() == pytest.approx(want[m], rel=1e-9, abs=1e-12, nan_ok=True)
+        for m in TRUNCATION:  # one query per sequence: the engine's mean is the mean over sequences
+            torch.testing.assert_close(getattr(got, m).nanmean(0), result.metric(m)[0, :, ni],
+                                       rtol=1e-9, atol=1e-12, equal_nan=True)
+
+
+def test_identity_and_edge_cases():
+    torch.manual_seed(0)
+    alpha = torch.softmax(torch.randn(6, 10, dtype=torch.float64), -1)
+    values = torch.randn(6, 10, 3, dtype=torch.float64)
+    for n in range(1, 10):
+        sel = tl_geometry.functional.top_n_mask(alpha, n)
+        tau = (alpha * ~sel).sum(-1, keepdim=True)
+        mu_h = ((alpha * sel)[..., None] * values).sum(-2) / (1 - tau)
+        mu_t = ((alpha * ~sel)[..., None] * values).sum(-2) / tau
+        o = (alpha[..., None] * values).sum(-2)
+        # SPEC §10: o − o_N = τ_N (μ_T − μ_H)
+        want = torch.linalg.vector_norm(tau * (mu_t - mu_h), dim=-1) / torch.linalg.vector_norm(o, dim=-1)
+        got = truncation(alpha, values, n)
+        torch.testing.assert_close(got.truncation_error, want, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got.tail_mass, tau.squeeze(-1), rtol=0, atol=1e-15)
+    a = torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64)
+    v = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
+    zero = truncation(a, v, 1)  # o = 0: no relative error
+    assert zero.tail_mass.item() == 0.5 and math.isnan(zero.truncation_error.item())
+    nothing = truncation(torch.tensor([0.0, 0.0, 0.5, 0.5]), v, 2,
+                         selected=torch.tensor([True, True, False, False]))  # τ = 1: nothing kept
+    assert nothing.tail_mass.item() == 1.0 and nothing.truncation_error.item() == 1.0
+    out = truncation(a, v, 4)  # N = |T_t|: undefined
+    assert math.isnan(out.tail_mass.item()) and math.isnan(out.truncation_error.item())
+    whole = truncation(torch.tensor([0.7, 0.3, 0.0]), v[:3], 2)  # an empty tail: exact zeros
+    assert whole.tail_mass.item() == 0.0 and whole.truncation_error.item() == 0.0
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_engine_edge_cases_zero_output_empty_tail_and_nothing_kept(backend):
+    """A zero output gives a NaN error (not a crash, not 0); a tail of exact zeros gives exactly
+    τ = 0 and error 0; a random subset of zero-weight keys (τ = 1) counts with error 1."""
+    n_pos = 6
+    pattern = torch.zeros(1, 2, n_pos, n_pos, dtype=torch.float64)
+    for t in range(n_pos):
+        pattern[0, :, t, : t + 1] = 1 / (t + 1)
+    pattern[0, 0, -1] = torch.tensor([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])  # head 0: two keys only
+    pattern[0, 1, -1] = torch.tensor([0.0, 0.0, 0.25, 0.75, 0.0, 0.0])  # head 1: two others
+    v = torch.randn(1, n_pos, 1, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    v[0, 1] = -v[0, 0]  # both heads read these values; head 0's output is exactly 0
+    cache = {"blocks.0.attn.hook_pattern": pattern, "blocks.0.attn.hook_v": v}
+    result = tl_geometry.analyze_heads(cache, n_values=(1, 2, 3), random_samples=SAMPLES, shuffle_samples=0,
+                                       backend=backend)
+    assert result.tail_mass[0, 0].tolist() == [0.5, 0.0, 0.0]
+    assert result.truncation_error[0, 0].isnan().all()  # o = 0
+    assert result.tail_mass[0, 1, 1:].tolist() == [0.0, 0.0]  # the two keys with weight kept
+    assert result.truncation_error[0, 1, 1:].tolist() == [0.0, 0.0]
+    want = ref_analyze(pattern.numpy(), v.numpy(), (1, 2, 3), randoms=engine_randoms(0, 0, None))
+    for m in TRUNCATION:
+        np.testing.assert_allclose(result.metric(m, "random")[0].numpy(), want[f"random_{m}"], rtol=1e-9,
+                                   atol=1e-12, equal_nan=True, err_msg=m)
+    # Some random 1-subsets of head 1 hold no weight at all: their τ = 1 and error 1 are in the mean.
+    orders = engine_randoms(0, 0, None)(0, 1, n_pos - 1, list(range(n_pos)))
+    assert any(pattern[0, 1, -1, order[0]] == 0 for order in orders)
+
+
+# --- budgets --------------------------------------------------------------------------------------
+
+
+def _with_p90(values: list[list[list[float]]], n_values=(2, 4, 8)) -> HeadAnalysis:
+    r = fake(layers=(3, 5), n_heads=2, n_values=n_values)
+    p90 = torch.full((2, 2, 2, len(n_values)), torch.nan, dtype=torch.float64)
+    p90[0] = torch.tensor(values, dtype=torch.float64)
+    return HeadAnalysis(**{**vars(r), "truncation_p90": p90})
+
+
+def test_truncation_budgets_are_the_smallest_certified_n(monkeypatch):
+    r = _with_p90([[[0.3, 0.04, 0.01], [0.05, 0.02, 0.0]],
+                   [[0.5, 0.2, 0.1], [math.nan, math.nan, math.nan]]])
+    budgets = truncation_budgets(r)  # ε = 0.05: ≤ counts
+    assert budgets.dtype == torch.int64 and budgets.shape == (2, 2)
+    assert budgets.tolist() == [[4, 2], [NO_BUDGET, NO_BUDGET]]
+    assert truncation_budgets(r, eps=0.2).tolist() == [[4, 2], [4, NO_BUDGET]]
+    assert truncation_budgets(r, eps=0.0).tolist() == [[NO_BUDGET, 8], [NO_BUDGET, NO_BUDGET]]
+    assert torch.equal(tl_geometry.truncation_budgets(r, 0.01), truncation_budgets(r, eps=0.01))
+    unsorted = _with_p90([[[0.04, 0.3, 0.01], [0.02, 0.05, 0.0]], [[0.2, 0.5, 0.1]] * 2], n_values=(4, 2, 8))
+    assert truncation_budgets(unsorted).tolist() == [[4, 2], [NO_BUDGET, NO_BUDGET]]
+    monkeypatch.setattr(jaxtyping.config, "jaxtyping_disable", True)  # the errors users get
+    for bad in (-0.1, 1.5, math.nan, "0.05", True):
+        with pytest.raises(ValueError, match="eps must be a tail mass in"):
+            truncation_budgets(r, eps=bad)
+    with pytest.raises(ValueError, match="no truncation percentiles"):
+        truncation_budgets(HeadAnalysis(**{**vars(fake()), "truncation_p90": None}))
+
+
+def test_budgets_of_a_real_analysis_certify_what_they_say():
+    case = make_case(80, batch=6, n_pos=16)
+    result = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2, 4, 8), queries="all",
+                                       random_samples=0, shuffle_samples=0)
+    budgets = truncation_budgets(result, eps=0.2)
+    instances = _instances(case, (1, 2, 4, 8), "all")
+    for h in range(4):
+        k = int(budgets[0, h])
+        if k == NO_BUDGET:
+            continue
+        values = instances[(h, (1, 2, 4, 8).index(k), "tail_mass")]
+        assert sum(x <= 0.2 for x in values) >= 0.9 * len(values)
+
+
+# --- the file -----------------------------------------------------------------------------------
+
+
+def test_files_keep_the_percentiles_and_format_4_files_load_quietly(tmp_path):
+    case = make_case(81, batch=3)
+    result = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2, 4), random_samples=2, shuffle_samples=2)
+    path = result.save(tmp_path / "r.pt")
+    loaded = HeadAnalysis.load(path)
+    torch.testing.assert_close(loaded.truncation_p90, result.truncation_p90, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(loaded.scores, result.scores, rtol=0, atol=0, equal_nan=True)
+    payload = torch.load(path, weights_only=True)
+    assert payload["format"] == "tl_geometry.HeadAnalysis/5"
+    assert payload["names"]["truncation_metric"] == ["tail_mass", "truncation_error"]
+    # What format 4 wrote: no truncation metrics, no percentiles.
+    names = payload["names"]["metric"]
+    keep = [i for i, m in enumerate(names) if m not in TRUNCATION]
+    old = {**payload, "format": "tl_geometry.HeadAnalysis/4", "scores": payload["scores"][:, keep],
+           "names": {**payload["names"], "metric": [names[i] for i in keep]},
+           "axes": {k: v for k, v in payload["axes"].items() if k != "truncation_p90"}}
+    del old["truncation_p90"], old["names"]["truncation_metric"]
+    old["checksum"] = _result_io.checksum(old)
+    torch.save(old, tmp_path / "old.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the metrics format 5 added are expected to be missing
+        four = HeadAnalysis.load(tmp_path / "old.pt")
+    assert four.truncation_p90 is None and four.p90_tail_mass.isnan().all()
+    assert four.tail_mass.isnan().all() and four.random_truncation_error.isnan().all()
+    assert torch.equal(four.f_score, result.f_score)
+    with pytest.raises(ValueError, match="no truncation percentiles"):
+        truncation_budgets(four)
+    # A format-5 file that lacks them is damaged or foreign: that still warns.
+    five = {**old, "format": "tl_geometry.HeadAnalysis/5"}
+    five["checksum"] = _result_io.checksum(five)
+    torch.save(five, tmp_path / "five.pt")
+    with pytest.warns(UserWarning, match="filled"):
+        HeadAnalysis.load(tmp_path / "five.pt")
+
+
+def test_names_and_shortcuts():
+    r = fake()
+    assert tl_geometry.result.METRIC_NAMES[-2:] == TRUNCATION_NAMES == ("tail_mass", "truncation_error")
+    for group in ("", "random_", "shuffled_", "sink_removed_", "sink_in_", "sink_out_"):
+        assert hasattr(HeadAnalysis, f"{group}tail_mass") and hasattr(HeadAnalysis, f"{group}truncation_error")
+    assert torch.equal(r.p90_truncation_error, r.truncation_p90[1])
+    old = HeadAnalysis(**{**vars(r), "truncation_p90": None})  # a file of format 4
+    assert old.p90_truncation_error.isnan().all()  # NaN, not an error
+    with pytest.raises(ValueError, match="unknown truncation metric 'f_score'"):
+        r.truncation_percentile("f_score")
+    assert "p90_tail_mass" in r.quantities() and "tail_mass" in r.to_pandas()
+
+
+def test_nearest_rank_percentile():
+    x = torch.tensor([[3.0, math.nan], [1.0, math.nan], [2.0, math.nan]] + [[float(i), 1.0] for i in range(4, 11)])
+    got = nearest_rank_percentile(x, 0.9)
+    assert got[0].item() == 9.0 and got[1].item() == 1.0  # ⌈0.9·10⌉ = 9th of 1…10; all of [1]*7
+    assert nearest_rank_percentile(torch.empty(0, 2), 0.9).isnan().all()
+    with pytest.raises(ValueError, match=r"q must be in \(0, 1\]"):
+        nearest_rank_percentile(x, 0.0)
