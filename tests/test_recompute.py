@@ -8,17 +8,26 @@ import pytest
 import torch
 
 import tl_geometry
+from tl_geometry.functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 
 
 def _compare(a: tl_geometry.HeadAnalysis, b: tl_geometry.HeadAnalysis) -> float:
-    """Votes and labels equal, sink figures to 1e-5; returns the share of score entries that
-    differ by more than 1e-6 (near ties in α flipped by the round-off of the two forwards)."""
+    """Votes and labels equal, sink figures to 1e-5; returns the share of separability entries
+    that differ by more than 1e-6 (near ties in α flipped by the round-off of the two forwards).
+    The truncation figures (SPEC §10) are sums of α themselves, so they carry that round-off
+    everywhere: the share of them off by more than 1e-4 is held apart."""
     assert torch.equal(a.vote_counts, b.vote_counts)
     assert a.labels == b.labels
     assert torch.equal(torch.isnan(a.scores), torch.isnan(b.scores))
     torch.testing.assert_close(b.sink, a.sink, rtol=1e-5, atol=1e-5, equal_nan=True)
+    n_sep = len(METRIC_NAMES) - len(TRUNCATION_NAMES)
+    diff = (a.scores - b.scores).abs()
     finite = torch.isfinite(a.scores)
-    return float(((a.scores - b.scores).abs() > 1e-6)[finite].double().mean())
+    separability, truncation = diff[:, :n_sep], diff[:, n_sep:]
+    # Measured: 3.4 % of them beyond 1e-4 on SmolLM2 2 × 640 (a relative error amplifies where
+    # ‖o‖ is small).
+    assert float((truncation > 1e-4)[finite[:, n_sep:]].double().mean()) < 0.05
+    return float((separability > 1e-6)[finite[:, :n_sep]].double().mean())
 
 
 @pytest.mark.real_model
