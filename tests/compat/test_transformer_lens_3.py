@@ -74,10 +74,16 @@ def test_analysis_equal_on_both_lines(tl3, tl4):
     assert torch.equal(ours.group_counts, theirs.group_counts)
     torch.testing.assert_close(ours.sink, theirs.sink, rtol=1e-4, atol=1e-5, equal_nan=True)
     torch.testing.assert_close(ours.margin, theirs.margin, rtol=1e-3, atol=1e-4, equal_nan=True)
-    a, b = ours.scores, theirs.scores
-    assert torch.equal(a.isnan(), b.isnan())
+    assert torch.equal(ours.scores.isnan(), theirs.scores.isnan())
+    # The truncation figures of SPEC §10 (the last two metrics) are sums of α: they carry the
+    # forwards' ~1e-5 everywhere, so they are held to 1e-3 instead of 1e-6.
+    n_sep = ours.scores.shape[1] - 2
+    a, b = ours.scores[:, :n_sep], theirs.scores[:, :n_sep]
     close = torch.isclose(a, b, rtol=1e-6, atol=1e-6) | a.isnan()
     assert close.float().mean() > 0.995, f"{(~close).sum()} of {close.numel()} entries differ"
+    a, b = ours.scores[:, n_sep:], theirs.scores[:, n_sep:]
+    close = torch.isclose(a, b, rtol=1e-3, atol=1e-3) | a.isnan()
+    assert close.float().mean() > 0.99, f"{(~close).sum()} of {close.numel()} truncation entries differ"
     for metric in ("precision", "recall", "f_score"):
         for group in ("top", "random", "sink_removed"):
             diff = (ours.metric(metric, group) - theirs.metric(metric, group)).abs().nan_to_num(0)
