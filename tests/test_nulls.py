@@ -10,41 +10,14 @@ import pytest
 import torch
 from cases import make_case
 from reference import METRICS, ref_analyze
+from streams import engine_shuffles
 
 import tl_geometry
 from tl_geometry import HeadAnalysis
 from tl_geometry.engine import paired
-from tl_geometry.engine.rng import GOLDEN, SAMPLE_STRIDE, SHUFFLE_SALT, mix, sequence_keys
 
 N_VALUES = (1, 2, 3, 5, 8)
 SHUFFLES = 3
-
-
-def engine_shuffles(seed: int, layer: int, mask: np.ndarray | None):
-    """The engine's value permutations, re-derived from the documented stream (engine/rng.py).
-
-    Sample ``s`` draws ``σ``, a Fisher–Yates shuffle of the keys it is given (the null's domain:
-    the query's non-sink visible keys, in position order); a null that moves only some of them
-    (the unselected null's keys outside the top-N set) takes them in ``σ``'s order.
-    """
-
-    def draw(b: int, h: int, t: int, listed: list[int]) -> list[list[int]]:
-        real_index = t if mask is None else int(mask[b, : t + 1].sum()) - 1
-        row_key = mix(mix(int(sequence_keys(seed, layer, [b])[0]) + real_index) + h)
-        shuffle_key = mix(row_key ^ SHUFFLE_SALT)
-        moved = set(listed)
-        perms = []
-        for sample in range(SHUFFLES):
-            perm = list(listed)
-            m = len(perm)
-            for r in range(m - 1):
-                u = mix(shuffle_key + GOLDEN * (sample * SAMPLE_STRIDE + r + 1))
-                j = r + (((u >> 32) * (m - r)) >> 32)
-                perm[r], perm[j] = perm[j], perm[r]
-            perms.append([k for k in perm if k in moved])
-        return perms
-
-    return draw
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
