@@ -214,6 +214,24 @@ def test_cuda_twin_equals_the_compiled_kernels_with_a_window():
         _run(moved, "auto", 3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bounds_with_sampled_pairs_equal_the_cpu(monkeypatch):
+    """Beyond MAX_PAIRS key pairs the regime fit samples pairs on the CPU (a CPU generator); on a
+    CUDA cache the sampled lags must follow the cosines to the GPU (a real-model run crashed here)."""
+    from tl_geometry.functional import bounds as functional_bounds
+
+    monkeypatch.setattr(functional_bounds, "MAX_PAIRS", 20)
+    case = make_case(91, batch=2, n_pos=14, sink=True, padding="left")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "pair cosines are sampled"
+        on_cpu = _run(case, "numba", None, bounds=True)
+        moved = type(case)(case.pattern.cuda(), case.v.cuda(), case.attention_mask.cuda())
+        on_gpu = _run(moved, "auto", None, bounds=True)
+    for name in ("scores", "bounds"):
+        torch.testing.assert_close(getattr(on_gpu, name), getattr(on_cpu, name), equal_nan=True,
+                                   rtol=1e-9, atol=1e-9, msg=name)
+
+
 # --- a real Gemma-3 run beyond the 512-key window ------------------------------------------------
 
 REAL_N = (2, 16)

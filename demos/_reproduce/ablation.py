@@ -58,7 +58,7 @@ def save(tables: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tables["sensitivity"].to_csv(path.with_suffix(".sensitivity.csv"), index=False)
     tables["curve"].to_csv(path.with_suffix(".curve.csv"), index=False)
-    keys = ("base_loss", "held_out_base_loss", "options", "seconds", "threads", "date")
+    keys = ("base_loss", "held_out_base_loss", "options", "seconds", "threads", "date", "accelerator")
     path.with_suffix(".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 

@@ -58,7 +58,7 @@ def save(tables: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tables["curve"].to_csv(path.with_suffix(".curve.csv"), index=False)
     tables["heads"].to_csv(path.with_suffix(".heads.csv"), index=False)
-    keys = ("rho", "seq_len", "seconds", "options", "threads", "date")
+    keys = ("rho", "seq_len", "seconds", "options", "threads", "date", "accelerator")
     path.with_suffix(".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 

@@ -14,7 +14,9 @@ import tl_geometry
 
 from .corpora import Corpus
 
-MODELS = ("smollm2-135m", "gemma3-270m")
+#: The full study's models, smallest first. Qwen2.5-Coder-0.5B is installed on request
+#: (``bash scripts/dev.sh setup --models qwen``); ``--models`` picks a subset.
+MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 #: Characters of text tokenized per token needed (generous: English averages about 4.5).
 CHARS_PER_TOKEN = 12
 

@@ -36,6 +36,10 @@ DECOMPOSITION_NULLS = ("norms", "directions", "unselected")
 #: 262k, so at 1024 tokens one window's logits alone take 1 GiB).
 LOGITS_BUDGET = 1 << 30
 
+#: The GPU this process runs the models on (``reproduce.py --device cuda`` sets it), recorded
+#: with every step it computes; None on the CPU.
+ACCELERATOR: str | None = None
+
 
 @dataclass
 class Step:
@@ -45,19 +49,22 @@ class Step:
     threads: int | None = None  # torch CPU threads of the run that computed it (None: unrecorded)
     date: str | None = None  # when it was computed, UTC "YYYY-MM-DD HH:MM" (None: unrecorded)
     reused: bool = False  # loaded from an earlier run's saved results
+    accelerator: str | None = None  # the GPU the models ran on (None: the CPU)
 
     @classmethod
     def now(cls, seconds: float) -> Step:
         """A step computed by this process, just now."""
-        return cls(seconds, torch.get_num_threads(), _utc_now())
+        return cls(seconds, torch.get_num_threads(), _utc_now(), accelerator=ACCELERATOR)
 
     @classmethod
     def saved(cls, record: Mapping[str, Any]) -> Step:
-        """A step loaded from a saved record (``seconds``, ``threads``, ``date``)."""
-        return cls(float(record["seconds"]), record.get("threads"), record.get("date"), reused=True)
+        """A step loaded from a saved record (``seconds``, ``threads``, ``date``, ``accelerator``)."""
+        return cls(float(record["seconds"]), record.get("threads"), record.get("date"), reused=True,
+                   accelerator=record.get("accelerator"))
 
     def record(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "threads": self.threads, "date": self.date}
+        return {"seconds": self.seconds, "threads": self.threads, "date": self.date,
+                "accelerator": self.accelerator}
 
 
 def _utc_now() -> str:
@@ -210,7 +217,7 @@ def load_run(cache: Path, config: StudyConfig) -> Step | None:
 
 def _analysis_record(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The saved step record of an analysis (``reproduce_seconds``, ``_threads``, ``_date``)."""
-    return {k: metadata.get(f"reproduce_{k}") for k in ("seconds", "threads", "date")}
+    return {k: metadata.get(f"reproduce_{k}") for k in ("seconds", "threads", "date", "accelerator")}
 
 
 def _ablation_step(study: Study, name: str, model_of: Callable[[str], Any], corpus: Corpus,

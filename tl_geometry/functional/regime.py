@@ -64,13 +64,13 @@ def diagnostics_from_pairs(stats: PairStats) -> RegimeDiagnostics:
     # [0, key): sum the pairs' weights and cosines per lag once, then fit on [grid, lag] instead
     # of exponentiating every (λ, pair).
     n_lag = stats.norms.shape[-1]
-    index = lag.to(torch.long).expand(cos.shape)
+    index = lag.to(device=cos.device, dtype=torch.long).expand(cos.shape)  # lag may be a CPU sample
     w = pair_ok.to(COMPUTE_DTYPE)
     y = torch.where(pair_ok, cos, 0)
     zeros = torch.zeros((*cos.shape[:-1], n_lag), dtype=COMPUTE_DTYPE, device=cos.device)
     w_lag = zeros.scatter_add(-1, index, w)  # [*batch, lag]
     wy_lag = zeros.scatter_add(-1, index, y)
-    grid = DECAY_GRID.to(lag.device)
+    grid = DECAY_GRID.to(cos.device)
     x = torch.exp(-grid[:, None] * torch.arange(n_lag, dtype=COMPUTE_DTYPE, device=cos.device))
     sw = w.sum(-1, keepdim=True)  # [*batch, 1]
     sy = y.sum(-1, keepdim=True)
