@@ -254,9 +254,9 @@ def main(argv: list[str] | None = None) -> Path:
     import functools
 
     import torch
+    from _reproduce import study as study_module
 
     import tl_geometry
-    from _reproduce import study as study_module
 
     if args.device is not None and torch.device(args.device).type == "cuda":
         study_module.ACCELERATOR = torch.cuda.get_device_name(torch.device(args.device))
