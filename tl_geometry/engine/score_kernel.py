@@ -162,11 +162,21 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     inversions = 0
     if contaminating > 0:
         fr = buf[:m]
+        # Every E_i of the selection is ≤ E_max, so only the contaminating keys (E_j ≤ E_max)
+        # can count. When N passes over all m keys cost more than one pass that moves those
+        # keys to the front (large N, few contaminating keys), count over them alone.
+        if n * (m - contaminating) > 4 * m:
+            packed = 0
+            for j in range(m):
+                f = fr[j]
+                fr[packed] = f
+                packed += f <= e_max
+            fr = fr[:packed]
         r = 0
         while r + 4 <= n:  # four selected keys per pass over the keys
             x0, x1, x2, x3 = sel[r], sel[r + 1], sel[r + 2], sel[r + 3]
             c = 0
-            for j in range(m):
+            for j in range(fr.shape[0]):
                 f = fr[j]
                 c += ((f <= x0) + (f <= x1)) + ((f <= x2) + (f <= x3))
             inversions += c
@@ -174,7 +184,7 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
         while r < n:
             x = sel[r]
             c = 0
-            for j in range(m):
+            for j in range(fr.shape[0]):
                 c += fr[j] <= x
             inversions += c
             r += 1
