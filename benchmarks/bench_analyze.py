@@ -1,27 +1,30 @@
 """Benchmark analyze_heads against the forward pass that produced its cache, and the loop reference.
 
-SmolLM2-135M on 8 sequences × 128 tokens of real text (WikiText-2 test from ../shared/data when
-present, else the built-in sample). Times, in one process: ``run_with_cache`` keeping only
-``hook_pattern`` and ``hook_v``; ``analyze_heads`` with ``queries="last"`` and ``"all"``, each
-with and without the value-shuffle null, and ``"all"`` without either baseline; and the NumPy
-per-query loop reference (tests/reference.py) on one layer, scaled to the whole model, with the largest difference
-between the two. Peak resident memory of each phase is read from /proc (VmHWM, reset before
-each phase); the extra memory of one long layer (T = 2048, 4 heads), measured in a fresh
-process, is reported against the size of its pattern.
+For each built-in model (``--models``; default: SmolLM2-135M, Gemma-3-270M, and
+Qwen2.5-Coder-0.5B when its weights are installed), on real text (WikiText-2 test from
+../shared/data when present, else the built-in sample), times in one process: ``run_with_cache``
+keeping only ``hook_pattern`` and ``hook_v``; ``analyze_heads`` at the last query (8 × 128 tokens)
+with every default, then with one part switched off or swapped at a time — no value-shuffle
+null, no baseline at all, and each decomposition null of SPEC §3 (``shuffle="norms" |
+"directions" | "unselected"``) in place of the values null; and at all queries (4 × 128 tokens)
+with every default, without the null and without either baseline. Every time is reported as a
+ratio to the forward pass of the same tokens, timed just before it.
 
-    python benchmarks/bench_analyze.py [--n-seqs 8] [--seq-len 128] [--repeats 3] [--skip-all]
+For SmolLM2 it also times the NumPy per-query loop reference (tests/reference.py) on one layer,
+scaled to the whole model, with the largest difference between the two, and the extra memory of
+one long layer (T = 2048, 4 heads), measured in a fresh process against the size of its pattern.
+Peak resident memory of each phase is read from /proc (VmHWM, reset before each phase).
 
-Targets (issue 12, reported, not enforced): last-query analysis ≤ 0.10× the forward pass,
-all-query ≤ 5× (≤ 1× with ``random_samples=0``), extra memory ≤ 2× the pattern at T = 2048.
-They were set before the value-shuffle null (16 more permutations per query) joined the
-defaults, so the report gives both: with the null (defaults) and without (``shuffle_samples=0``).
+    python benchmarks/bench_analyze.py [--models smollm2-135m,gemma3-270m] [--repeats 3] [--skip-all]
+
+Targets (issue 26, reported, not enforced): every default on, the last query ≤ 0.05× the forward
+(8 × 128) and all queries ≤ 2× (4 × 128); extra memory ≤ 1× the pattern at T = 2048.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -98,86 +101,105 @@ def _in_fresh_process(fn):
 
 
 def _timed(fn, repeats: int) -> tuple[float, list[float], float | None, object]:
+    """Minimum time over ``repeats`` runs (the least disturbed: this machine's speed drifts),
+    every run's time, the peak resident memory over them, and the last output."""
     times, out = [], None
     _reset_peak()
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), times, _peak_mib(), out
+    return min(times), times, _peak_mib(), out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n-seqs", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-all", action="store_true", help="skip the all-query analysis")
-    parser.add_argument("--out", default=str(RESULTS / "bench_analyze.json"))
-    args = parser.parse_args()
+#: (name, queries, options): every setting timed per model; "defaults" first at each query set.
+SETTINGS = (
+    ("defaults", "last", {}),
+    ("no_shuffle", "last", {"shuffle_samples": 0}),
+    ("no_baselines", "last", {"random_samples": 0, "shuffle_samples": 0}),
+    ("null_norms", "last", {"shuffle": "norms"}),
+    ("null_directions", "last", {"shuffle": "directions"}),
+    ("null_unselected", "last", {"shuffle": "unselected"}),
+    ("defaults", "all", {}),
+    ("no_shuffle", "all", {"shuffle_samples": 0}),
+    ("no_baselines", "all", {"random_samples": 0, "shuffle_samples": 0}),
+)
 
+
+def _installed(name: str) -> bool:
+    from tl_geometry.inputs.models import gguf_path
+
+    try:
+        gguf_path(name)
+    except (FileNotFoundError, ImportError, ValueError):
+        return False
+    return True
+
+
+def _bench_model(name: str, text: str | None, args: argparse.Namespace) -> dict:
+    """Every setting of :data:`SETTINGS` on one model, each against its own forward pass."""
+    import tl_geometry
+
+    model = tl_geometry.load_model(name)
+    sizes = {"last": args.n_seqs, "all": args.all_n_seqs}
+    n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
+    out: dict = {"n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
+                 "seq_len": args.seq_len, "n_seqs": sizes, "n_values": list(n_values)}
+    for queries, n_seqs in sizes.items():
+        if queries == "all" and args.skip_all:
+            continue
+        tokens = tl_geometry.text_windows(model, text, n_seqs=n_seqs, seq_len=args.seq_len)
+
+        def forward(tokens=tokens):
+            with torch.no_grad():
+                return model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)[1]
+
+        forward()  # warm-up
+        fwd, fwd_times, fwd_peak, cache = _timed(forward, args.repeats)
+        cache = dict(cache.items())
+        out[f"forward_{queries}_s"] = fwd
+        out[f"forward_{queries}_runs_s"] = fwd_times
+        out[f"forward_{queries}_peak_rss_mib"] = fwd_peak
+        out[f"cache_{queries}_mib"] = round(sum(t.numel() * t.element_size() for t in cache.values())
+                                            / 2**20, 1)
+        for setting, q, options in SETTINGS:
+            if q != queries:
+                continue
+            # Warm-up on one layer: each setting's kernels are loaded before it is timed.
+            tl_geometry.analyze_heads(cache, n_values=n_values, queries=queries, layers=[0],
+                                      progress=False, **options)
+            best, runs, peak, _ = _timed(lambda c=cache, o=options: tl_geometry.analyze_heads(
+                c, n_values=n_values, queries=queries, progress=False, **o), args.repeats)
+            key = f"{queries}_{setting}"
+            out[key] = {"s": best, "runs_s": runs, "over_forward": best / fwd, "peak_rss_mib": peak,
+                        "options": options}
+            print(f"{name}: {key} {best:.3f} s, {best / fwd:.3f}× the forward ({fwd:.2f} s)",
+                  file=sys.stderr, flush=True)
+        del cache
+    return out
+
+
+def _reference_check(args: argparse.Namespace, text: str | None) -> dict:
+    """The loop reference against the engine on SmolLM2's first layer (last query)."""
     from reference import ref_analyze
 
     import tl_geometry
 
     model = tl_geometry.load_model("smollm2-135m")
-    text, text_name = real_text()
     tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
-
-    def forward():
-        with torch.no_grad():
-            return model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)[1]
-
-    forward()  # warm-up
-    fwd, fwd_times, fwd_peak, cache = _timed(forward, args.repeats)
-    cache_mib = sum(t.numel() * t.element_size() for t in cache.values()) / 2**20
-    last, last_times, last_peak, _ = _timed(
-        lambda: tl_geometry.analyze_heads(cache, n_values=n_values, queries="last"), args.repeats
-    )
-    # The issue-12 configuration: the random baseline, without the value-shuffle null (0.2).
-    last_random, last_random_times, _, _ = _timed(lambda: tl_geometry.analyze_heads(
-        cache, n_values=n_values, queries="last", shuffle_samples=0), args.repeats)
-    report = {
-        "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine()},
-        "input": {"model": "smollm2-135m", "text": text_name,
-                  "n_seqs": args.n_seqs, "seq_len": args.seq_len, "n_values": list(n_values),
-                  "random_samples": 16, "shuffle_samples": 16, "cache_mib": round(cache_mib, 1)},
-        "forward_s": fwd, "forward_runs_s": fwd_times, "forward_peak_rss_mib": fwd_peak,
-        "analyze_last_s": last, "analyze_last_runs_s": last_times, "analyze_last_peak_rss_mib": last_peak,
-        "last_over_forward": last / fwd,
-        "analyze_last_no_shuffle_s": last_random, "analyze_last_no_shuffle_runs_s": last_random_times,
-        "last_no_shuffle_over_forward": last_random / fwd,
-        # Best run over best run: this machine's speed drifts between runs, and the fastest run
-        # of each is the least disturbed.
-        "best_last_over_best_forward": min(last_times[1:] or last_times) / min(fwd_times),
-        "best_last_no_shuffle_over_best_forward": min(last_random_times) / min(fwd_times),
-    }
-    if not args.skip_all:
-        every, _, every_peak, _ = _timed(
-            lambda: tl_geometry.analyze_heads(cache, n_values=n_values, queries="all"), 1
-        )
-        random_only, _, _, _ = _timed(lambda: tl_geometry.analyze_heads(
-            cache, n_values=n_values, queries="all", shuffle_samples=0), 1)
-        bare, _, _, _ = _timed(lambda: tl_geometry.analyze_heads(
-            cache, n_values=n_values, queries="all", random_samples=0, shuffle_samples=0), 1)
-        report.update({"analyze_all_s": every, "analyze_all_peak_rss_mib": every_peak,
-                       "all_over_forward": every / fwd,
-                       "analyze_all_no_shuffle_s": random_only,
-                       "all_no_shuffle_over_forward": random_only / fwd,
-                       "analyze_all_no_random_s": bare,
-                       "all_no_random_over_forward": bare / fwd})
-
-    # Loop reference: one layer, last queries, top-N / sink-removed / sink / votes; the
-    # vectorised code does the same work plus a random baseline (random_samples=1 here).
-    layer = {k: cache[k] for k in ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_v")}
-    pattern = layer["blocks.0.attn.hook_pattern"].double().numpy()
-    v = layer["blocks.0.attn.hook_v"].double().numpy()
+    names = ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_v")
+    with torch.no_grad():
+        cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)[1]
+    layer = {k: cache[k] for k in names}
+    pattern = layer[names[0]].double().numpy()
+    v = layer[names[1]].double().numpy()
+    # The loop reference does top-N / sink-removed / sink / votes; the engine the same work plus
+    # one random subset.
     loop, _, _, want = _timed(lambda: ref_analyze(pattern, v, n_values, queries="last"), 1)
     vec, _, _, got = _timed(
         lambda: tl_geometry.analyze_heads(layer, n_values=n_values, queries="last", random_samples=1,
-                                          shuffle_samples=0),
+                                          shuffle_samples=0, progress=False),
         args.repeats,
     )
     diff = max(
@@ -186,14 +208,46 @@ def main() -> None:
         for m in ("precision", "recall", "f_score", "margin", "inversions", "precision_cc", "f_score_cc")
     )
     n_layers = model.cfg.n_layers
-    report.update({
-        "reference_loop_one_layer_s": loop, "vectorised_one_layer_s": vec,
-        "reference_loop_scaled_to_model_s": loop * n_layers,
-        "vectorised_speedup_over_loop": loop / vec,
-        "max_abs_difference_to_reference": diff,
+    return {"reference_loop_one_layer_s": loop, "vectorised_one_layer_s": vec,
+            "reference_loop_scaled_to_model_s": loop * n_layers,
+            "vectorised_speedup_over_loop": loop / vec, "max_abs_difference_to_reference": diff}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=None,
+                        help="comma-separated built-in names (default: every installed one)")
+    parser.add_argument("--n-seqs", type=int, default=8, help="sequences for the last query")
+    parser.add_argument("--all-n-seqs", type=int, default=4, help="sequences for all queries")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-all", action="store_true", help="skip the all-query analysis")
+    parser.add_argument("--out", default=str(RESULTS / "bench_analyze.json"))
+    args = parser.parse_args()
+
+    from tl_geometry.inputs.models import MODELS
+
+    if args.models:
+        names = [m.strip() for m in args.models.split(",") if m.strip()]
+    else:  # the built-in models that are installed, smallest first; the 1.5B on request
+        names = [m for m in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+                 if m in MODELS and _installed(m)]
+    text, text_name = real_text()
+    report = {
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine()},
+        "input": {"text": text_name, "random_samples": 16, "shuffle_samples": 16,
+                  "defaults": "queries per setting; 16 random subsets, 16 value shuffles, N < seq_len "
+                              "from 1, 2, 4, …, 64, bounds off"},
         "arithmetic": "float64 (E-form comparisons; numba kernels on CPU)",
-        "long_layer_memory": _in_fresh_process(_long_layer_memory),
-    })
+        "timing": "minimum over --repeats runs, analysis over the forward pass of the same "
+                  "tokens in the same process",
+        "models": {},
+    }
+    for name in names:
+        report["models"][name] = _bench_model(name, text, args)
+    report.update(_reference_check(args, text))
+    report["long_layer_memory"] = _in_fresh_process(_long_layer_memory)
     write_report(report, args.out)
 
 

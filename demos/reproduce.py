@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # demos/_reproduce, wh
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from _reproduce import ablation, capacity, corpora, document
+from _reproduce import ablation, capacity, corpora, document, sizes
 from _reproduce.claims import CLAIMS
 from _reproduce.protocol import FULL, MODELS, QUICK, StudyConfig
 from _reproduce.study import DECOMPOSITION_NULLS, Step, Study, load_run, run_study, save_run
@@ -71,6 +71,7 @@ def reproduce(
     nulls: tuple[str, ...] = DECOMPOSITION_NULLS,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    command: str = "python demos/reproduce.py",
 ) -> Path:
     """Run the study and write ``out_dir/results.md`` and ``out_dir/results/*.png``.
 
@@ -82,7 +83,8 @@ def reproduce(
     are saved in ``cache_dir`` (default ``out_dir/results``, beside the figures); with ``reuse``
     the ones saved there with the same options are loaded instead of recomputed. ``nulls``: the
     decomposition nulls of SPEC §3 analysed beside each run (claim 1 splits the value-shuffle
-    null's net effect over them). Returns the page's path.
+    null's net effect over them). ``command`` is the command line the page names to reproduce
+    it. Returns the page's path.
     """
     if models is None:  # a dict of loaded models names its own; a loader takes every model
         models = tuple(load) if isinstance(load, Mapping) else MODELS
@@ -102,22 +104,23 @@ def reproduce(
     study = run_study(load, texts, config, models=models, cache_dir=cache, reuse=reuse,
                       ablation_corpus=held_out, nulls=nulls, progress=progress, log=log)
     figures.mkdir(parents=True, exist_ok=True)
-    claims = [claim(study, figures) for claim in CLAIMS]
-    claims.append(ablation.claim6(study, figures))
-    claims.append(capacity.claim7(study, figures))
+    every = (*CLAIMS, ablation.claim6, capacity.claim7)
+    claims = [claim(study, figures) for claim in every]
+    by_size = sizes.section(claims, sizes.per_model(study, every)) if len(study.models) > 1 else []
     seconds = time.perf_counter() - start
     if not study.reused:
         save_run(cache, config, seconds)
     whole = load_run(cache, config) if study.reused else None
     path = out_dir / "results.md"
-    path.write_text(document.page(_header(study, seconds, whole), claims, FIGURES), encoding="utf-8")
+    path.write_text(document.page(_header(study, seconds, whole, command), claims, FIGURES, by_size), encoding="utf-8")
     log(f"wrote {path} ({seconds / 60:.1f} min)")
     for c in claims:
         log(f"  claim {c.number}: {c.verdict} — {c.because}")
     return path
 
 
-def _header(study: Study, seconds: float, whole: Step | None = None) -> list[str]:
+def _header(study: Study, seconds: float, whole: Step | None = None,
+            command: str = "python demos/reproduce.py") -> list[str]:
     """Title and the record of the run: mode, sizes, time, date, versions, corpora, models."""
     from importlib.metadata import version
 
@@ -163,9 +166,9 @@ def _header(study: Study, seconds: float, whole: Step | None = None) -> list[str
         "decomposition null (`results/<model>__<corpus>__<null>.pt`) when they were run, and the "
         "ablation and capacity tables (`results/<model>__ablation.*`, `__capacity.*`), beside "
         "this page.",
-        "- **Reproduce:** `python demos/reproduce.py` (full mode; `--reuse` re-renders and "
-        "re-checks this page from the saved results; `--quick` for the CI run; `--n-windows`, "
-        "`--seq-len` for other sizes).",
+        f"- **Reproduce:** `{command}` (this page's run; `--reuse` re-renders and re-checks it "
+        "from the saved results; `python demos/reproduce.py` alone runs the full protocol, "
+        "`--quick` the CI run, `--n-windows`, `--seq-len` other sizes).",
         "",
     ]
     return lines
@@ -263,7 +266,17 @@ def main(argv: list[str] | None = None) -> Path:
     load = functools.partial(tl_geometry.load_model, device=args.device)
     return reproduce(load, config, out, wikitext=args.wikitext, models=models,
                      reuse=args.reuse, nulls=() if args.no_nulls else DECOMPOSITION_NULLS,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, command=_command(argv))
+
+
+def _command(argv: list[str] | None) -> str:
+    """The command line that computes this run again (without the options that only re-render
+    or quieten it)."""
+    import shlex
+
+    args = sys.argv[1:] if argv is None else argv
+    kept = [a for a in args if a not in ("--reuse", "--no-progress")]
+    return " ".join(["python demos/reproduce.py", *map(shlex.quote, kept)])
 
 
 if __name__ == "__main__":

@@ -193,6 +193,12 @@ def test_cli_rejects_bad_sizes(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+def test_page_names_the_command_that_computes_it_again():
+    assert reproduce._command(["--reuse", "--n-windows", "16", "--out", "docs/sizes", "--no-progress"]) \
+        == "python demos/reproduce.py --n-windows 16 --out docs/sizes"
+    assert reproduce._command([]) == "python demos/reproduce.py"
+
+
 @pytest.mark.real_model
 def test_quick_mode_writes_a_complete_page(smollm2, gemma3, tmp_path):
     committed = ROOT / "docs" / "results.md"
@@ -220,6 +226,7 @@ def test_quick_mode_writes_a_complete_page(smollm2, gemma3, tmp_path):
     # every pair of cosines (a certificate too): never violated.
     respected = re.findall(r"\| (\d+)/(\d+) \|", text)
     assert respected and all(a == b for a, b in respected)
+    assert "## How the claims move with model size" in text and "| 135M (smollm2-135m) |" in text
     assert (committed.read_bytes() if committed.exists() else None) == before  # tests never write docs/
     assert any(line.startswith("wrote") for line in lines)
 
@@ -295,6 +302,34 @@ def test_every_claim_renders_on_fake_analyses(tmp_path):
     page = document.page(["# fake"], claims, "results")
     assert "(ours)" in page and "headline" in page
     assert len(list(tmp_path.glob("*.png"))) == 7  # claims 1–5 (claim 4: three figures)
+
+
+def test_size_section_decides_every_claim_per_model(tmp_path):
+    """Each claim is decided again on one model's runs alone (the pooled page is unchanged) and
+    the section reads its direction across sizes by the rule it prints."""
+    from _reproduce import ablation, capacity, sizes
+    from _reproduce.claims import CLAIMS
+
+    study = _fake_study()
+    every = (*CLAIMS, ablation.claim6, capacity.claim7)
+    pooled = [claim(study, tmp_path) for claim in every]
+    by_model = sizes.per_model(study, every)
+    assert list(by_model) == ["m1", "m2"] and all(len(c) == 7 for c in by_model.values())
+    one = sizes.one_model(study, "m2")
+    assert set(one.analyses) == {("m2", "c1"), ("m2", "c2")} and study.models == ["m1", "m2"]
+    # Claim 1 on m1 alone is claim 1 on a study holding m1's runs only.
+    alone = Study(study.config, study.corpora, {k: v for k, v in study.analyses.items() if k[0] == "m1"})
+    assert by_model["m1"][0].because == CLAIMS[0](alone, tmp_path).because
+    section = "\n".join(sizes.section(pooled, by_model))
+    assert section.startswith("## How the claims move with model size")
+    assert section.count("- **Claim ") == 7 and "| m1 (m1) | m2 (m2) |" in section
+    page = document.page(["# fake"], pooled, "results", sizes.section(pooled, by_model))
+    assert page.index("## Where our models disagree") < page.index("## How the claims move") \
+        < page.index("## Claim 1:")
+    assert [sizes.direction(v) for v in ([HELD, HELD, HELD], [HELD, PARTLY, NOT_HELD],
+                                         [NOT_HELD, PARTLY, PARTLY], [HELD, NOT_HELD, HELD])] == [
+        "keeps the same verdict at every size", "weakens as size grows", "strengthens as size grows",
+        "moves without a trend"]
 
 
 def test_claims_read_the_new_measures(tmp_path):
@@ -376,6 +411,32 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     whole = load_run(tmp_path, study.config)
     assert whole is not None and whole.seconds == 75.0 and whole.reused
     assert load_run(tmp_path, QUICK) is None  # other options (12 windows here, QUICK has 3)
+
+
+def test_dotted_model_names_keep_their_ablation_and_capacity_tables_apart(tmp_path):
+    """``qwen2.5-coder-0.5b``'s tables: ``with_suffix`` would cut the name at ``.5b`` and write
+    both studies to ``qwen2.5-coder-0.json``; each must load back as it was saved."""
+    import pandas as pd
+    from _reproduce import ablation, capacity
+
+    abl = {"sensitivity": pd.DataFrame({"layer": [0], "loss_increase": [0.5]}),
+           "curve": pd.DataFrame({"ordering": ["taxonomy"], "loss": [3.0]}),
+           "base_loss": 3.0, "options": "a"}
+    cap = {"curve": pd.DataFrame({"n": [4], "mode": ["renormalize"]}),
+           "heads": pd.DataFrame({"layer": [0], "f_score": [0.9]}),
+           "rho": {"f_score": -0.1}, "seq_len": 128, "options": "c"}
+    ablation.save(abl, tmp_path / "qwen2.5-coder-0.5b__ablation")
+    capacity.save(cap, tmp_path / "qwen2.5-coder-0.5b__capacity")
+    got_abl = ablation.load(tmp_path / "qwen2.5-coder-0.5b__ablation")
+    got_cap = capacity.load(tmp_path / "qwen2.5-coder-0.5b__capacity")
+    assert got_abl is not None and got_cap is not None
+    assert got_abl["options"] == "a" and got_abl["curve"].equals(abl["curve"])
+    assert got_cap["options"] == "c" and got_cap["rho"] == {"f_score": -0.1}
+    assert got_cap["curve"].equals(cap["curve"]) and got_cap["heads"].equals(cap["heads"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"qwen2.5-coder-0.5b__{s}" for s in ("ablation.curve.csv", "ablation.json",
+                                             "ablation.sensitivity.csv", "capacity.curve.csv",
+                                             "capacity.heads.csv", "capacity.json")]
 
 
 def _ablation_tables(increase: list[float], se: list[float] | None, base_loss: float = 3.0) -> dict:

@@ -22,7 +22,7 @@ from tl_geometry.functional.uncertainty import critical_threshold
 from . import plots
 from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
-from .protocol import StudyConfig, windows
+from .protocol import StudyConfig, beside, windows
 
 MODERATE = (0.9, 0.75)  # retentions where the taxonomy should be "a useful coarse signal"
 AGGRESSIVE = (0.5, 0.25)  # where it should not beat every single-metric baseline
@@ -56,21 +56,21 @@ def save(tables: dict[str, Any], path: Path) -> None:
     import json
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tables["sensitivity"].to_csv(path.with_suffix(".sensitivity.csv"), index=False)
-    tables["curve"].to_csv(path.with_suffix(".curve.csv"), index=False)
+    tables["sensitivity"].to_csv(beside(path, ".sensitivity.csv"), index=False)
+    tables["curve"].to_csv(beside(path, ".curve.csv"), index=False)
     keys = ("base_loss", "held_out_base_loss", "options", "seconds", "threads", "date", "accelerator")
-    path.with_suffix(".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
+    beside(path, ".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 
 def load(path: Path) -> dict[str, Any] | None:
     """Tables written by :func:`save`, or None when absent."""
     import json
 
-    if not path.with_suffix(".json").exists():
+    if not beside(path, ".json").exists():
         return None
-    out = json.loads(path.with_suffix(".json").read_text())
-    out["sensitivity"] = pd.read_csv(path.with_suffix(".sensitivity.csv"))
-    out["curve"] = pd.read_csv(path.with_suffix(".curve.csv"))
+    out = json.loads(beside(path, ".json").read_text())
+    out["sensitivity"] = pd.read_csv(beside(path, ".sensitivity.csv"))
+    out["curve"] = pd.read_csv(beside(path, ".curve.csv"))
     return out
 
 
@@ -141,10 +141,12 @@ def claim6(study, figures: Path):
                          "windows, so SPEC §7's critical-head rule cannot be applied; re-run the "
                          "ablation study.")
         elif critical.empty:
+            low = float(worst.ci_low) if "ci_low" in sens else math.nan
             notes.append(f"{model}: no single head is critical (largest loss increase "
-                         f"{fmt(float(worst.loss_increase))} ± {fmt(worst_se)} SE; threshold "
-                         f"{fmt(critical_threshold(tables['base_loss']))} nats and a 95 % interval "
-                         "above 0).")
+                         f"{fmt(float(worst.loss_increase))} ± {fmt(worst_se)} SE, 95 % interval "
+                         f"from {fmt(low)} (Student t over {study.config.ablation_windows} windows); the rule "
+                         f"needs ≥ {fmt(critical_threshold(tables['base_loss']))} nats and an "
+                         "interval above 0).")
         checks["moderate"].append(moderate)
         checks["not_uniform"].append(not_uniform)
         checks["critical"].append(len(critical) > 0)

@@ -22,7 +22,7 @@ from tl_geometry import ablation as api
 
 from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
-from .protocol import StudyConfig, windows
+from .protocol import StudyConfig, beside, windows
 
 TOLERANCE = 0.05  # N*: within 5 % of the dense loss (the rule)
 HEAD_N = 4  # the per-head sweep's N
@@ -56,18 +56,18 @@ def run(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool = Tru
 
 def save(tables: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tables["curve"].to_csv(path.with_suffix(".curve.csv"), index=False)
-    tables["heads"].to_csv(path.with_suffix(".heads.csv"), index=False)
+    tables["curve"].to_csv(beside(path, ".curve.csv"), index=False)
+    tables["heads"].to_csv(beside(path, ".heads.csv"), index=False)
     keys = ("rho", "seq_len", "seconds", "options", "threads", "date", "accelerator")
-    path.with_suffix(".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
+    beside(path, ".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 
 def load(path: Path) -> dict[str, Any] | None:
-    if not path.with_suffix(".json").exists():
+    if not beside(path, ".json").exists():
         return None
-    out = json.loads(path.with_suffix(".json").read_text())
-    out["curve"] = pd.read_csv(path.with_suffix(".curve.csv"))
-    out["heads"] = pd.read_csv(path.with_suffix(".heads.csv"))
+    out = json.loads(beside(path, ".json").read_text())
+    out["curve"] = pd.read_csv(beside(path, ".curve.csv"))
+    out["heads"] = pd.read_csv(beside(path, ".heads.csv"))
     return out
 
 

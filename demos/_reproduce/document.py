@@ -65,9 +65,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], align: str | 
     return "\n".join(lines)
 
 
-def page(header: Sequence[str], claims: Sequence[Claim], figure_dir: str) -> str:
-    """The results page: ``header`` paragraphs, a verdict table, the disagreements, then one
-    section per claim with its rule, tables and figures (``figure_dir`` relative to the page)."""
+def page(header: Sequence[str], claims: Sequence[Claim], figure_dir: str,
+         sections: Sequence[str] = ()) -> str:
+    """The results page: ``header`` paragraphs, a verdict table, the disagreements, ``sections``
+    (Markdown lines, e.g. the size comparison), then one section per claim with its rule, tables
+    and figures (``figure_dir`` relative to the page)."""
     out = list(header)
     out += ["## Verdicts", "", table(
         ["claim", "verdict", "numbers"],
@@ -79,6 +81,7 @@ def page(header: Sequence[str], claims: Sequence[Claim], figure_dir: str) -> str
     if not disagree:
         out.append("- Nowhere: every claim held under the rules below.")
     out.append("")
+    out += sections
     for c in claims:
         out += [f"## Claim {c.number}: {c.title}", "", f"> {c.paper}", "",
                 f"**Rule.** {c.rule}", "", f"**Verdict: {c.verdict}.** {c.because}", ""]

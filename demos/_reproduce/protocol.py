@@ -8,6 +8,7 @@ study runs the ablation study, so :mod:`.ablation` takes them from here, not fro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import tl_geometry
@@ -17,6 +18,8 @@ from .corpora import Corpus
 #: The full study's models, smallest first. Qwen2.5-Coder-0.5B is installed on request
 #: (``bash scripts/dev.sh setup --models qwen``); ``--models`` picks a subset.
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+#: Each model's size in parameters, as its makers name it (the page's size comparison reads it).
+SIZES = {"smollm2-135m": "135M", "gemma3-270m": "270M", "qwen2.5-coder-0.5b": "0.5B"}
 #: Characters of text tokenized per token needed (generous: English averages about 4.5).
 CHARS_PER_TOKEN = 12
 
@@ -56,6 +59,13 @@ FULL = StudyConfig()
 # the critical-head rule needs one (SPEC §7).
 QUICK = StudyConfig(mode="quick", n_windows=3, seq_len=48, ablation_windows=2,
                     ablation_seq_len=16, random_orderings=2)
+
+
+def beside(stem: Path, suffix: str) -> Path:
+    """A saved table's file: ``stem`` (e.g. ``results/<model>__ablation``) with ``suffix``
+    appended. Not ``with_suffix``: a model's name holds dots (``qwen2.5-coder-0.5b``), which
+    would cut the name, and two studies' tables would overwrite each other."""
+    return stem.with_name(stem.name + suffix)
 
 
 def windows(model: Any, corpus: Corpus, n_windows: int, seq_len: int):

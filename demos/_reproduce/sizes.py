@@ -1,0 +1,79 @@
+"""How the claims move with model size: every claim's rule applied to one model at a time.
+
+The page's verdicts pool the runs of every model. Here each claim is decided again on the runs of
+one model alone (its corpora, its ablation and capacity tables), by the same rule, so that a
+verdict can be read against size: 135M → 270M → 0.5B. One model per size, each of another family
+(Llama, Gemma-3, Qwen2), so size is confounded with architecture and training data; the page says
+so, and calls a change a trend only when it runs one way across every size (ours).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .document import HELD, NOT_HELD, PARTLY, Claim, table
+from .protocol import SIZES
+
+#: Verdicts from weakest to strongest, to read a direction across sizes.
+_STRENGTH = {NOT_HELD: 0, PARTLY: 1, HELD: 2}
+
+
+def one_model(study: Any, model: str) -> Any:
+    """The study restricted to ``model``: its analyses, nulls, ablation and capacity tables."""
+    return dataclasses.replace(
+        study,
+        analyses={k: v for k, v in study.analyses.items() if k[0] == model},
+        nulls={k: v for k, v in study.nulls.items() if k[0] == model},
+        ablation={k: v for k, v in study.ablation.items() if k == model},
+        capacity={k: v for k, v in study.capacity.items() if k == model},
+    )
+
+
+def per_model(study: Any, claims: Sequence[Callable[[Any, Path], Claim]]) -> dict[str, list[Claim]]:
+    """Model → each claim decided on that model's runs alone (figures drawn to a scratch folder
+    and dropped: the page shows the pooled ones)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return {model: [claim(one_model(study, model), Path(scratch)) for claim in claims]
+                for model in study.models}
+
+
+def direction(verdicts: Sequence[str]) -> str:
+    """How a claim's verdict moves as size grows (ours): the same at every size, weakens or
+    strengthens when every step goes one way, else without a trend."""
+    levels = [_STRENGTH[v] for v in verdicts]
+    if len(set(levels)) == 1:
+        return "keeps the same verdict at every size"
+    steps = [b - a for a, b in itertools.pairwise(levels)]
+    if all(s <= 0 for s in steps):
+        return "weakens as size grows"
+    if all(s >= 0 for s in steps):
+        return "strengthens as size grows"
+    return "moves without a trend"
+
+
+def section(pooled: Sequence[Claim], by_model: dict[str, list[Claim]]) -> list[str]:
+    """The page's size section: a verdict table (claims × models, smallest first) and, per
+    claim, how its verdict moves and each model's numbers under the rule."""
+    models = list(by_model)
+    size = [SIZES.get(m, m) for m in models]
+    header = ["claim"] + [f"{s} ({m})" for s, m in zip(size, models)]
+    rows = [[f"{c.number}. {c.title}"] + [f"**{by_model[m][i].verdict}**" for m in models]
+            for i, c in enumerate(pooled)]
+    out = ["## How the claims move with model size", "",
+           f"Each claim's rule applied again to the runs of one model alone ({' → '.join(size)} "
+           "parameters). One model per size, each of another family, so size is confounded with "
+           "architecture and training data, and so few sizes are not a trend test: a claim is "
+           "said to weaken or strengthen only when its verdict moves one way at every step (ours).",
+           "", table(header, rows, "l" + "l" * len(models)), ""]
+    for i, c in enumerate(pooled):
+        verdicts = [by_model[m][i].verdict for m in models]
+        numbers = " ".join(f"*{s}:* **{by_model[m][i].verdict}**; {by_model[m][i].because}"
+                           for s, m in zip(size, models))
+        out.append(f"- **Claim {c.number}** {direction(verdicts)}. {numbers}")
+    out.append("")
+    return out
