@@ -28,6 +28,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from _common import RESULTS, ROOT, real_text, write_report
@@ -127,22 +128,26 @@ SETTINGS = (
 
 
 def _installed(name: str) -> bool:
-    from tl_geometry.inputs.models import gguf_path
+    """Whether a built-in model's weight packages are installed (loads and assembles nothing)."""
+    from tl_geometry.inputs.models import ModelNotInstalledError, model_source
 
     try:
-        gguf_path(name)
-    except (FileNotFoundError, ImportError, ValueError):
+        model_source(name)
+    except ModelNotInstalledError:
         return False
     return True
 
 
-def _bench_model(name: str, text: str | None, args: argparse.Namespace) -> dict:
+def _n_values(seq_len: int) -> tuple[int, ...]:
+    return tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < seq_len)
+
+
+def _bench_model(name: str, model: Any, text: str | None, args: argparse.Namespace) -> dict:
     """Every setting of :data:`SETTINGS` on one model, each against its own forward pass."""
     import tl_geometry
 
-    model = tl_geometry.load_model(name)
     sizes = {"last": args.n_seqs, "all": args.all_n_seqs}
-    n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
+    n_values = _n_values(args.seq_len)
     out: dict = {"n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
                  "seq_len": args.seq_len, "n_seqs": sizes, "n_values": list(n_values)}
     for queries, n_seqs in sizes.items():
@@ -179,15 +184,14 @@ def _bench_model(name: str, text: str | None, args: argparse.Namespace) -> dict:
     return out
 
 
-def _reference_check(args: argparse.Namespace, text: str | None) -> dict:
+def _reference_check(model: Any, args: argparse.Namespace, text: str | None) -> dict:
     """The loop reference against the engine on SmolLM2's first layer (last query)."""
     from reference import ref_analyze
 
     import tl_geometry
 
-    model = tl_geometry.load_model("smollm2-135m")
     tokens = tl_geometry.text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
-    n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
+    n_values = _n_values(args.seq_len)
     names = ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_v")
     with torch.no_grad():
         cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)[1]
@@ -225,6 +229,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "bench_analyze.json"))
     args = parser.parse_args()
 
+    import tl_geometry
     from tl_geometry.inputs.models import MODELS
 
     if args.models:
@@ -244,9 +249,13 @@ def main() -> None:
                   "tokens in the same process",
         "models": {},
     }
+    smollm2 = None  # kept for the reference check; the other models are freed one by one
     for name in names:
-        report["models"][name] = _bench_model(name, text, args)
-    report.update(_reference_check(args, text))
+        model = tl_geometry.load_model(name)
+        report["models"][name] = _bench_model(name, model, text, args)
+        smollm2 = model if name == "smollm2-135m" else smollm2
+        del model
+    report.update(_reference_check(smollm2 or tl_geometry.load_model("smollm2-135m"), args, text))
     report["long_layer_memory"] = _in_fresh_process(_long_layer_memory)
     write_report(report, args.out)
 
