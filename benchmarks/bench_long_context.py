@@ -6,7 +6,9 @@ For each model and length T, one window (``--n-seqs``) of T tokens of real text 
 ``analyze_model(attention="recompute")`` (SDPA forward, rows recomputed from the captured queries
 and keys). Each run is a fresh process, so its peak RSS is its own: the model load, the forward
 and the analysis. A plain SDPA forward of the base model (no hooks, no logits) in the same
-process gives the ratio.
+process gives the ratio. ``engine_s`` is the time spent in the engine alone (every layer's rows
+read or recomputed, checked, voted and scored; the forward excluded): the recompute path's
+against the pattern path's is issue 26's bound (≤ 1.5× at T = 1024).
 
     python benchmarks/bench_long_context.py [--models smollm2-135m,gemma3-270m] [--lengths 1024,2048]
         [--paths pattern,recompute] [--n-seqs 1] [--timeout 1800]
@@ -43,10 +45,21 @@ tokens = tl_geometry.text_windows(model, text, n_seqs=n_seqs, seq_len=T)
 loaded = time.perf_counter()
 capture_attention(model, tokens, lambda c: None)  # the plain SDPA forward: no analysis, no logits
 forward = time.perf_counter()
+from tl_geometry.analyze import from_model
+engine = [0.0]  # the engine's share: every layer's rows read (or recomputed), checked, voted and scored
+_analyze_layer = from_model.analyze_layer
+def timed_layer(*args, **kwargs):
+    start = time.perf_counter()
+    try:
+        return _analyze_layer(*args, **kwargs)
+    finally:
+        engine[0] += time.perf_counter() - start
+from_model.analyze_layer = timed_layer
 result = tl_geometry.analyze_model(model, tokens, attention=path, progress=False)
 done = time.perf_counter()
 assert len(result.layers) == model.cfg.n_layers
 print(json.dumps(dict(load_s=loaded - t0, sdpa_forward_s=forward - loaded, analyze_model_s=done - forward,
+                      engine_s=engine[0],
                       peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                       labelled=sum(x is not None for row in result.labels for x in row))))
 """

@@ -20,7 +20,8 @@ that test it and a verdict (held / partly held / not held) by a rule stated on t
 The analyses (one :meth:`tl_geometry.HeadAnalysis.save` file per model × corpus), the
 ablation and capacity tables and the run's wall time (``run.json``) are saved beside the page,
 in ``<out>/results/``, so that
-``--reuse`` re-renders (and re-checks) the page without recomputing them. The study code lives
+``--reuse`` re-renders (and re-checks) the page without recomputing them (an analysis saved
+before sliding windows were read is recomputed for a model that has them). The study code lives
 in ``demos/_reproduce/``.
 """
 

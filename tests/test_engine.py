@@ -166,3 +166,22 @@ def test_long_rows_count_inversions_as_the_torch_twin(options):
     twin = tl_geometry.analyze_heads(case.cache(), backend="torch", **kwargs)
     torch.testing.assert_close(compiled.scores, twin.scores, rtol=1e-9, atol=1e-9, equal_nan=True)
     assert (compiled.scores[:, METRIC_NAMES.index("inversions")].nan_to_num(0) > 0).any()
+
+
+@pytest.mark.parametrize("stop", [0, 3, 4, 9, 16])
+def test_rows_added_four_at_a_time_round_as_one_at_a_time(stop):
+    """The kernel adds weighted value rows (the outputs and s_N of SPEC §10) four per pass;
+    every component is still summed row after row, so the sums are the plain loop's bit for bit."""
+    from tl_geometry.engine.score_kernel import _add_rows
+
+    rng = np.random.default_rng(stop)
+    values = rng.standard_normal((20, 7)) * 10.0 ** rng.integers(-8, 8, size=(20, 1))
+    weights = rng.random(20)
+    index = rng.permutation(20)
+    vec = rng.standard_normal(7)
+    want, want_total = vec.copy(), 0.5
+    for j in range(1, stop):
+        want += weights[index[j]] * values[index[j]]
+        want_total += weights[index[j]]
+    total = _add_rows(index, 1, stop, weights, values, vec, 0.5)
+    assert np.array_equal(vec, want) and total == want_total

@@ -398,7 +398,7 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     options = json.dumps(asdict(study.config), sort_keys=True)
     for (model, corpus), r in study.analyses.items():
         r.metadata.update(reproduce_options=options, reproduce_seconds=12.0, reproduce_threads=2,
-                          reproduce_date="2026-01-02 03:04")
+                          reproduce_date="2026-01-02 03:04", window=None)
         r.save(analysis_path(tmp_path, model, corpus))
     again = run_study({}, list(study.corpora.values()), study.config, models=("m1", "m2"),
                       cache_dir=tmp_path, reuse=True, log=lambda _: None)  # no model is loaded
@@ -515,7 +515,7 @@ def test_run_study_analyses_and_reuses_the_decomposition_nulls(tmp_path, monkeyp
     def fake_analyze(model, corpus, config, *, progress=True, shuffle="values"):
         calls.append(shuffle)
         r = _fake_study().analyses["m1", "c1"]
-        r.metadata["shuffle"] = shuffle
+        r.metadata.update(shuffle=shuffle, window=None)
         return r
 
     monkeypatch.setattr(study_module, "analyze", fake_analyze)
@@ -528,3 +528,57 @@ def test_run_study_analyses_and_reuses_the_decomposition_nulls(tmp_path, monkeyp
     assert (tmp_path / "m1__c1__unselected.pt").exists() and "analyze m1 c1 norms" in first.steps
     again = study_module.run_study({}, [corpus], QUICK, reuse=True, **kwargs)  # no model is loaded
     assert len(calls) == 4 and again.reused and set(again.nulls["m1", "c1"]) == set(first.nulls["m1", "c1"])
+
+
+def test_claim1_takes_each_gap_against_its_own_run_when_the_nulls_come_from_another_forward(tmp_path):
+    """Nulls analysed in a later run (another machine's float32 forward: a few near-tied top-N
+    sets differ) cannot share the main analysis's top-N scores: each gap is then read against
+    its own run's top-N set, and the page says by how much the two runs' F∗(top) differ."""
+    from _reproduce.separability import claim1
+
+    from tl_geometry import HeadAnalysis
+    from tl_geometry.result import GROUPS, METRIC_NAMES
+
+    study = _fake_study()
+    shuffled, cc = GROUPS.index("shuffled"), METRIC_NAMES.index("f_score_cc")
+    for key, r in study.analyses.items():
+        nulls = {}
+        for i, kind in enumerate(("norms", "directions", "unselected")):
+            scores = r.scores.clone()
+            scores[0, cc] += 2e-5  # another forward: the top-N scores moved by a near-tie
+            scores[shuffled, cc] = scores[0, cc] - 0.1 * (i + 1)
+            nulls[kind] = HeadAnalysis(**{**vars(r), "scores": scores,
+                                          "metadata": {**r.metadata, "shuffle": kind}})
+        study.nulls[key] = nulls
+    text = "\n".join(map(str, claim1(study, tmp_path).blocks))
+    assert "| top − values | top − norms | top − directions | top − unselected |" in text
+    assert "| m2 | c2 | 8 |" in text and "| 0.100 | 0.200 | 0.300 |" in text
+    assert "each gap is taken against its own run's top-N set" in text and "up to 2.0e-05" in text
+
+
+def test_run_study_recomputes_an_analysis_saved_before_sliding_windows(tmp_path, monkeypatch):
+    """A saved analysis that records no windows predates SPEC §1's candidate sets: reused for a
+    model without sliding windows (nothing changed there), recomputed for one with them."""
+    from types import SimpleNamespace as NS
+
+    from _reproduce import study as study_module
+
+    calls = []
+
+    def fake_analyze(model, corpus, config, *, progress=True, shuffle="values"):
+        calls.append(model.name)
+        r = _fake_study().analyses["m1", "c1"]
+        r.metadata.pop("window", None)  # as the engine saved it before windows were read
+        return r
+
+    monkeypatch.setattr(study_module, "analyze", fake_analyze)
+    corpus = corpora.Corpus("c1", "text", "a fake corpus")
+    models = {"plain": NS(name="plain", config=NS(sliding_window=None, layer_types=["full_attention"] * 2)),
+              "local": NS(name="local", config=NS(sliding_window=4,
+                                                  layer_types=["sliding_attention", "full_attention"]))}
+    kwargs = dict(models=tuple(models), cache_dir=tmp_path, log=lambda _: None)
+    study_module.run_study(models, [corpus], QUICK, **kwargs)
+    assert calls == ["plain", "local"]
+    again = study_module.run_study(models, [corpus], QUICK, reuse=True, **kwargs)
+    assert calls == ["plain", "local", "local"]  # only the windowed model's analysis is redone
+    assert again.steps["analyze plain c1"].reused and not again.steps["analyze local c1"].reused

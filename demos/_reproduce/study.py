@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 import tl_geometry
+from tl_geometry.inputs.capture import model_windows
 
 from . import ablation as _ablation
 from .corpora import Corpus
@@ -147,7 +148,8 @@ def run_study(
     ``load`` maps a model name to a loaded model (a dict of preloaded models, as the tests pass,
     or a loader such as :func:`tl_geometry.load_model`); each model is loaded once. With
     ``cache_dir``, results are saved there, and with ``reuse`` loaded back when their options
-    match.
+    match and they read today's candidate sets (:func:`_same_windows`: an analysis saved before
+    sliding windows were read is recomputed for a model that has them).
     """
     study = Study(config, {c.name: c for c in corpora}, {})
     cache = Path(cache_dir) if cache_dir is not None else None
@@ -168,9 +170,12 @@ def run_study(
         if reuse and path is not None and path.exists():
             saved = tl_geometry.HeadAnalysis.load(path)
             if saved.metadata.get("reproduce_options") == options:
-                log(f"{name} on {corpus.name}{what}: reusing {path}")
-                study.steps[step] = Step.saved(_analysis_record(saved.metadata))
-                return saved
+                if _same_windows(saved, lambda: model_of(name)):
+                    log(f"{name} on {corpus.name}{what}: reusing {path}")
+                    study.steps[step] = Step.saved(_analysis_record(saved.metadata))
+                    return saved
+                log(f"{name} on {corpus.name}{what}: {path} was saved before sliding windows were read "
+                    "(SPEC §1); recomputing")
         model = model_of(name)
         log(f"{name} on {corpus.name}{what}: {config.n_windows} windows × {config.seq_len} tokens")
         start = time.perf_counter()
@@ -192,6 +197,20 @@ def run_study(
             _ablation_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
         models_loaded.clear()  # one model in memory at a time
     return study
+
+
+def _same_windows(saved: tl_geometry.HeadAnalysis, model: Callable[[], Any]) -> bool:
+    """Whether a saved analysis read the candidate sets the study reads now (SPEC §1).
+
+    An analysis saved before sliding windows were read records none (no ``"window"`` in its
+    metadata); it is still right for a model without them (the engine's numbers are unchanged
+    there, bit for bit), and is recomputed for a model whose config declares them (``model()``
+    loads it to read the config).
+    """
+    if "window" in saved.metadata:
+        return True
+    declared = model_windows(model())
+    return declared is None or all(w is None for w in declared)
 
 
 def options_of(config: StudyConfig) -> str:
