@@ -269,16 +269,18 @@ def decomposition_blocks(study: Any) -> list[str]:
 
 def _split_gaps(main: Any, nulls: dict[str, Any]) -> tuple[Any, float | None]:
     """:func:`~tl_geometry.result.null_decomposition` of the main analysis and its nulls, and
-    ``None``; or, where the nulls do not share the main analysis's top-N scores (another run's
-    forward), the net gap from the main analysis and each null's gap against its own top-N
-    scores, with the largest per-head difference of F∗(top) between the two runs."""
+    ``None``; or, where the nulls do not share the main analysis's top-N scores but were made
+    with the same layers, N, seed and permutation count (another run's forward), the net gap
+    from the main analysis and each null's gap against its own top-N scores, with the largest
+    per-head difference of F∗(top) between the two runs. Any other mismatch is raised."""
     try:
         return null_decomposition({main.shuffle: main, **nulls}), None
     except ValueError:
-        pass
-    net = null_decomposition({main.shuffle: main})
+        other = next(iter(nulls.values()))
+        if not (other.layers == main.layers and torch.equal(other.n_values, main.n_values)
+                and all(other.metadata.get(k) == main.metadata.get(k) for k in ("seed", "shuffle_samples"))):
+            raise
+    net = null_decomposition({main.shuffle: main}).drop(columns="reading", errors="ignore")
     own = null_decomposition(dict(nulls))
-    differ = float(next(iter(nulls.values())).metric("f_score_cc", "top")
-                   .sub(main.metric("f_score_cc", "top")).abs().nan_to_num(0.0).max())
-    gaps = [c for c in own.columns if c.startswith("top − ")]
-    return net.drop(columns=[c for c in net.columns if c == "reading"]).join(own[gaps]), differ
+    differ = float(other.metric("f_score_cc", "top").sub(main.metric("f_score_cc", "top")).abs().nan_to_num(0.0).max())
+    return net.join(own[[c for c in own.columns if c.startswith("top − ")]]), differ
