@@ -229,6 +229,9 @@ def test_quick_mode_writes_a_complete_page(smollm2, gemma3, tmp_path):
     assert "## How the claims move with model size" in text and "| 135M (smollm2-135m) |" in text
     assert (committed.read_bytes() if committed.exists() else None) == before  # tests never write docs/
     assert any(line.startswith("wrote") for line in lines)
+    # Each model × corpus ran one forward for its analysis and the three decomposition nulls.
+    together = [line for line in lines if "(values, norms, directions, unselected): 3 windows" in line]
+    assert len(together) == len(models) * 2
 
 
 def test_reproduce_modules_import_each_other_without_a_cycle():
@@ -413,6 +416,26 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     assert load_run(tmp_path, QUICK) is None  # other options (12 windows here, QUICK has 3)
 
 
+def test_reuse_counts_a_forward_shared_by_the_nulls_once(tmp_path):
+    """Analyses computed from one forward record it (``reproduce_together``): reused, the
+    forward is one step, named after every analysis it made."""
+    from _reproduce.study import DECOMPOSITION_NULLS, analysis_path, options_of, run_study
+
+    study = _fake_study()
+    kinds = ["values", *DECOMPOSITION_NULLS]
+    for (model, corpus), r in study.analyses.items():
+        for kind in kinds:
+            r.metadata.update(reproduce_options=options_of(study.config), reproduce_seconds=30.0,
+                              reproduce_threads=2, reproduce_date="2026-01-02 03:04", window=None,
+                              reproduce_together=kinds)
+            r.save(analysis_path(tmp_path, model, corpus, kind))
+    again = run_study({}, list(study.corpora.values()), study.config, models=("m1", "m2"),
+                      cache_dir=tmp_path, reuse=True, nulls=DECOMPOSITION_NULLS, log=lambda _: None)
+    assert set(again.nulls["m1", "c1"]) == set(DECOMPOSITION_NULLS)
+    name = "analyze m1 c1 (+ norms, directions, unselected nulls)"
+    assert again.steps[name].seconds == 30.0 and len(again.steps) == len(study.analyses)
+
+
 def test_dotted_model_names_keep_their_ablation_and_capacity_tables_apart(tmp_path):
     """``qwen2.5-coder-0.5b``'s tables: ``with_suffix`` would cut the name at ``.5b`` and write
     both studies to ``qwen2.5-coder-0.json``; each must load back as it was saved."""
@@ -512,22 +535,29 @@ def test_run_study_analyses_and_reuses_the_decomposition_nulls(tmp_path, monkeyp
 
     calls = []
 
-    def fake_analyze(model, corpus, config, *, progress=True, shuffle="values"):
-        calls.append(shuffle)
-        r = _fake_study().analyses["m1", "c1"]
-        r.metadata.update(shuffle=shuffle, window=None)
-        return r
+    def fake_analyze(model, corpus, config, *, progress=True, kinds=("values",)):
+        calls.append(list(kinds))
+        out = {}
+        for kind in kinds:
+            out[kind] = r = _fake_study().analyses["m1", "c1"]
+            r.metadata.update(shuffle=kind, window=None)
+        return out
 
     monkeypatch.setattr(study_module, "analyze", fake_analyze)
     corpus = corpora.Corpus("c1", "text", "a fake corpus")
     kwargs = dict(models=("m1",), cache_dir=tmp_path, nulls=study_module.DECOMPOSITION_NULLS, log=lambda _: None)
     first = study_module.run_study({"m1": object()}, [corpus], QUICK, **kwargs)
-    assert calls == ["values", "norms", "directions", "unselected"]
+    assert calls == [["values", "norms", "directions", "unselected"]]  # one forward for all four
     assert {k: r.shuffle for k, r in first.nulls["m1", "c1"].items()} == {
         "norms": "norms", "directions": "directions", "unselected": "unselected"}
-    assert (tmp_path / "m1__c1__unselected.pt").exists() and "analyze m1 c1 norms" in first.steps
+    assert (tmp_path / "m1__c1__unselected.pt").exists()
+    assert "analyze m1 c1 (+ norms, directions, unselected nulls)" in first.steps
     again = study_module.run_study({}, [corpus], QUICK, reuse=True, **kwargs)  # no model is loaded
-    assert len(calls) == 4 and again.reused and set(again.nulls["m1", "c1"]) == set(first.nulls["m1", "c1"])
+    assert len(calls) == 1 and again.reused and set(again.nulls["m1", "c1"]) == set(first.nulls["m1", "c1"])
+    # Only what is missing is computed again.
+    (tmp_path / "m1__c1__directions.pt").unlink()
+    third = study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
+    assert calls[1:] == [["directions"]] and "analyze m1 c1 directions" in third.steps
 
 
 def test_claim1_takes_each_gap_against_its_own_run_when_the_nulls_come_from_another_forward(tmp_path):
@@ -565,11 +595,11 @@ def test_run_study_recomputes_an_analysis_saved_before_sliding_windows(tmp_path,
 
     calls = []
 
-    def fake_analyze(model, corpus, config, *, progress=True, shuffle="values"):
+    def fake_analyze(model, corpus, config, *, progress=True, kinds=("values",)):
         calls.append(model.name)
         r = _fake_study().analyses["m1", "c1"]
         r.metadata.pop("window", None)  # as the engine saved it before windows were read
-        return r
+        return {"values": r}
 
     monkeypatch.setattr(study_module, "analyze", fake_analyze)
     corpus = corpora.Corpus("c1", "text", "a fake corpus")

@@ -45,6 +45,34 @@ def test_streaming_takes_the_null_of_the_cache_analysis(smollm2, shuffle):
     assert streamed.shuffle == cached.shuffle == shuffle
 
 
+def test_every_null_from_one_forward_equals_its_own_run(smollm2, monkeypatch):
+    """analyze_model_nulls: one forward pass, each null bit for bit its own analyze_model run
+    (the random baseline and bounds on the values analysis alone)."""
+    options = dict(n_values=(1, 2, 4), shuffle_samples=3, layers=[0, 13], batch_size=2)
+    forward = type(smollm2.model).__call__
+    calls = []
+    monkeypatch.setattr(type(smollm2.model), "__call__", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    together = tl_geometry.analyze_model_nulls(smollm2.model, smollm2.tokens, random_samples=2, bounds=True,
+                                               **options)
+    assert len(calls) == -(-smollm2.tokens.shape[0] // 2)  # one forward per batch, not per null
+    assert list(together) == ["values", "norms", "directions", "unselected"]
+    monkeypatch.setattr(type(smollm2.model), "__call__", forward)
+    for kind, result in together.items():
+        main = kind == "values"
+        alone = tl_geometry.analyze_model(smollm2.model, smollm2.tokens, shuffle=kind, bounds=main,
+                                          random_samples=2 if main else 0, **options)
+        _assert_same(result, alone, tol=0)
+        assert result.shuffle == kind and (result.bounds is not None) == main
+
+
+@pytest.mark.parametrize("nulls,match", [
+    ("norms", "sequence"), ((), "non-empty"), (("values", "sizes"), "unknown"), (("norms", "norms"), "duplicates"),
+])
+def test_analyze_model_nulls_refuses_bad_null_lists(smollm2, nulls, match):
+    with pytest.raises(ValueError, match=match):
+        tl_geometry.analyze_model_nulls(smollm2.model, smollm2.tokens, nulls=nulls)
+
+
 def test_streaming_texts_with_padding_equal_masked_cache(smollm2):
     model = smollm2.model
     texts = ["The river rose slowly through the night.", "Bread needs flour, water, salt and time to rise well."]

@@ -39,7 +39,7 @@ from .ablation import (
     top_n_attention,
 )
 from .analyze.from_cache import analyze_heads
-from .analyze.from_model import analyze_model
+from .analyze.from_model import analyze_model, analyze_model_nulls
 from .analyze.head_scores import head_scores
 from .inputs.cache import CACHE_NAMES_FILTER, CacheError
 from .inputs.text import sample_text, text_windows
@@ -98,6 +98,7 @@ __all__ = [
     "ablation_vs_random",
     "analyze_heads",
     "analyze_model",
+    "analyze_model_nulls",
     "capacity_correlation",
     "capacity_sweep",
     "critical_heads",

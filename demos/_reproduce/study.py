@@ -2,9 +2,9 @@
 
 Each analysis is :func:`tl_geometry.analyze_model` (streaming: no cache is kept) on BOS + real
 text windows, at the last query of each window, with N = 1, 2, 4, … below the window length,
-16 random permutations and the bounds of SPEC §6; beside it, one analysis per decomposition null of
-SPEC §3 (norms, directions, unselected: same seed, no bounds, no random baseline), which split
-the value-shuffle null's net effect. Results are saved next to the page (one
+16 random permutations and the bounds of SPEC §6; beside it, from the same forward pass, one
+analysis per decomposition null of SPEC §3 (norms, directions, unselected: same seed, no bounds,
+no random baseline), which split the value-shuffle null's net effect. Results are saved next to the page (one
 :meth:`~tl_geometry.HeadAnalysis.save` file per model × corpus and per null, CSV/JSON tables for
 the ablation and capacity studies) with their options, how long they took, on how many threads and when, so
 that ``--reuse`` re-renders the page from them and says honestly how long the run took.
@@ -110,16 +110,18 @@ def batch_size(model: Any, seq_len: int) -> int:
     return max(1, min(16, LOGITS_BUDGET // (seq_len * d_vocab * 4)))
 
 
-def analyze(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool = True, shuffle: str = "values"):
-    """The head analysis of ``model`` on ``config.n_windows`` windows of ``corpus``; with another
-    ``shuffle`` than ``"values"``, that decomposition null's analysis (SPEC §3: same windows and
-    seed, so the same top-N sets; no bounds and no random baseline, which it does not read)."""
+def analyze(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool = True,
+            kinds: Sequence[str] = ("values",)) -> dict[str, tl_geometry.HeadAnalysis]:
+    """The head analysis of ``model`` on ``config.n_windows`` windows of ``corpus`` for each null
+    in ``kinds``, all from one forward pass (:func:`tl_geometry.analyze_model_nulls`):
+    ``"values"`` is the main analysis, with the bounds and the random baseline; every other
+    kind is that decomposition null's analysis (SPEC §3: same windows and seed, so the same
+    top-N sets; no bounds and no random baseline, which it does not read)."""
     tokens = windows(model, corpus, config.n_windows, config.seq_len)
-    main = shuffle == "values"
-    return tl_geometry.analyze_model(
-        model, tokens, batch_size=batch_size(model, config.seq_len), n_values=config.n_values,
-        queries="last", random_samples=config.random_samples if main else 0, seed=config.seed,
-        bounds=main, shuffle=shuffle, progress=progress,
+    return tl_geometry.analyze_model_nulls(
+        model, tokens, nulls=kinds, batch_size=batch_size(model, config.seq_len), n_values=config.n_values,
+        queries="last", random_samples=config.random_samples, seed=config.seed, bounds=True,
+        progress=progress,
     )
 
 
@@ -163,40 +165,64 @@ def run_study(
             study.steps[f"load {name}"] = Step.now(time.perf_counter() - start)
         return models_loaded[name]
 
-    def analysis(name: str, corpus: Corpus, shuffle: str) -> tl_geometry.HeadAnalysis:
-        what = "" if shuffle == "values" else f" ({shuffle} null)"
-        step = f"analyze {name} {corpus.name}" + ("" if shuffle == "values" else f" {shuffle}")
-        path = None if cache is None else analysis_path(cache, name, corpus.name, shuffle)
-        if reuse and path is not None and path.exists():
-            saved = tl_geometry.HeadAnalysis.load(path)
-            if saved.metadata.get("reproduce_options") == options:
-                if _same_windows(saved, lambda: model_of(name)):
-                    log(f"{name} on {corpus.name}{what}: reusing {path}")
-                    study.steps[step] = Step.saved(_analysis_record(saved.metadata))
-                    return saved
-                log(f"{name} on {corpus.name}{what}: {path} was saved before sliding windows were read "
-                    "(SPEC §1); recomputing")
-        model = model_of(name)
-        log(f"{name} on {corpus.name}{what}: {config.n_windows} windows × {config.seq_len} tokens")
-        start = time.perf_counter()
-        result = analyze(model, corpus, config, progress=progress, shuffle=shuffle)
-        study.steps[step] = Step.now(time.perf_counter() - start)
-        result.metadata["reproduce_options"] = options
-        result.metadata.update({f"reproduce_{k}": v for k, v in study.steps[step].record().items()})
-        if path is not None:
-            result.save(path)
+    def saved(name: str, corpus: Corpus, kind: str) -> tl_geometry.HeadAnalysis | None:
+        """The analysis saved by an earlier run with these options and today's windows, or None."""
+        what = "" if kind == "values" else f" ({kind} null)"
+        path = None if cache is None else analysis_path(cache, name, corpus.name, kind)
+        if not (reuse and path is not None and path.exists()):
+            return None
+        result = tl_geometry.HeadAnalysis.load(path)
+        if result.metadata.get("reproduce_options") != options:
+            return None
+        if not _same_windows(result, lambda: model_of(name)):
+            log(f"{name} on {corpus.name}{what}: {path} was saved before sliding windows were read "
+                "(SPEC §1); recomputing")
+            return None
+        log(f"{name} on {corpus.name}{what}: reusing {path}")
+        together = result.metadata.get("reproduce_together", [kind])
+        if together[0] == kind:  # an analysis computed with others counts its forward once
+            study.steps[_step_name(name, corpus.name, together)] = Step.saved(_analysis_record(result.metadata))
         return result
+
+    def analyses(name: str, corpus: Corpus) -> dict[str, tl_geometry.HeadAnalysis]:
+        """The main analysis and each null's: the saved ones reused, the others from one forward."""
+        kinds = ("values", *nulls)
+        found = {kind: result for kind in kinds if (result := saved(name, corpus, kind)) is not None}
+        missing = [kind for kind in kinds if kind not in found]
+        if not missing:
+            return found
+        model = model_of(name)
+        log(f"{name} on {corpus.name} ({', '.join(missing)}): {config.n_windows} windows × {config.seq_len} tokens")
+        start = time.perf_counter()
+        computed = analyze(model, corpus, config, progress=progress, kinds=missing)
+        step = study.steps[_step_name(name, corpus.name, missing)] = Step.now(time.perf_counter() - start)
+        for kind, result in computed.items():
+            result.metadata.update(reproduce_options=options, reproduce_together=missing)
+            result.metadata.update({f"reproduce_{k}": v for k, v in step.record().items()})
+            if cache is not None:
+                result.save(analysis_path(cache, name, corpus.name, kind))
+        return {kind: found[kind] if kind in found else computed[kind] for kind in kinds}
 
     for name in models:
         for corpus in corpora:
-            study.analyses[name, corpus.name] = analysis(name, corpus, "values")
-            for kind in nulls:
-                study.nulls.setdefault((name, corpus.name), {})[kind] = analysis(name, corpus, kind)
+            found = analyses(name, corpus)
+            study.analyses[name, corpus.name] = found.pop("values")
+            if nulls:
+                study.nulls[name, corpus.name] = found
         if ablation_corpus is not None:
             _capacity_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
             _ablation_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
         models_loaded.clear()  # one model in memory at a time
     return study
+
+
+def _step_name(model: str, corpus: str, kinds: Sequence[str]) -> str:
+    """A step's name: ``analyze <model> <corpus>`` and the nulls computed in its forward."""
+    name = f"analyze {model} {corpus}"
+    extra = [kind for kind in kinds if kind != "values"]
+    if "values" not in kinds:
+        return f"{name} {', '.join(extra)}"
+    return name + (f" (+ {', '.join(extra)} nulls)" if extra else "")
 
 
 def _same_windows(saved: tl_geometry.HeadAnalysis, model: Callable[[], Any]) -> bool:

@@ -32,6 +32,7 @@ from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
 from ..result import HeadAnalysis
+from ..result.schema import SHUFFLE_KINDS
 from . import windows as _windows
 from .progress import progress_bar
 from .recompute import RecomputedRows, can_recompute, pattern_bytes
@@ -65,12 +66,13 @@ def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[
 
 
 class _LayerHooks:
-    """Forward hooks that hand each layer's (pattern, v) to the engine as soon as both fired."""
+    """Forward hooks that hand each layer's (pattern, v) to the engine as soon as both fired,
+    once per analysis in ``runs`` (accumulator, options): one forward serves them all."""
 
-    def __init__(self, acc: Accumulator, layer_ids: list[int], opts: AnalysisOptions,
+    def __init__(self, runs: Sequence[tuple[Accumulator, AnalysisOptions]], layer_ids: list[int],
                  W: Tensor | None, mask_given: bool, windows: Sequence[int | None] | None = None,
                  from_config: bool = False) -> None:
-        self.acc, self.opts, self.W, self.mask_given = acc, opts, W, mask_given
+        self.runs, self.W, self.mask_given = list(runs), W, mask_given
         self.row = {layer: i for i, layer in enumerate(layer_ids)}
         self.windows = list(windows) if windows is not None else [None] * len(layer_ids)
         self.from_config = from_config  # the windows came from the config: the capture must agree
@@ -118,10 +120,7 @@ class _LayerHooks:
             if self.from_config and window != c.params.window:
                 raise ValueError(f"Layer {c.layer}: the model config gives sliding window {window} but its "
                                  f"attention ran with {c.params.window}; pass window= explicitly.")
-            stats = analyze_layer(source, c.v, self.mask.to(device), self.sink.to(device), self.opts,
-                                  layer=c.layer, W_O=W, sequence_offset=self.offset,
-                                  mask_given=self.mask_given, window=window)
-            self.acc.add(self.row[c.layer], stats, self.offset)
+            self._analyze(c.layer, source, c.v, self.mask.to(device), self.sink.to(device), W, window)
 
         capture_attention(model, tokens, on_layer, attention_mask=mask)
         missing = sorted(set(self.row) - seen)
@@ -138,10 +137,15 @@ class _LayerHooks:
             raise ValueError(f"Layer {layer}: pattern {tuple(pattern.shape)} does not match the batch.")
         mask, sink = self.mask.to(pattern.device), self.sink.to(pattern.device)
         W = None if self.W is None else self.W[layer].to(pattern.device)
-        stats = analyze_layer(pattern, v, mask, sink, self.opts, layer=layer, W_O=W,
-                              sequence_offset=self.offset, mask_given=self.mask_given,
-                              window=self.windows[self.row[layer]])
-        self.acc.add(self.row[layer], stats, self.offset)
+        self._analyze(layer, pattern, v, mask, sink, W, self.windows[self.row[layer]])
+
+    def _analyze(self, layer: int, rows: Any, v: Tensor, mask: Tensor, sink: Tensor, W: Tensor | None,
+                 window: int | None) -> None:
+        """One layer of one batch, read (rows: a pattern or recomputed rows) by every analysis."""
+        for acc, opts in self.runs:
+            stats = analyze_layer(rows, v, mask, sink, opts, layer=layer, W_O=W, sequence_offset=self.offset,
+                                  mask_given=self.mask_given, window=window)
+            acc.add(self.row[layer], stats, self.offset)
 
 
 def _check_shard(shard: Any) -> tuple[int, int] | None:
@@ -226,6 +230,85 @@ def analyze_model(
                          shuffle_samples=shuffle_samples, shuffle=shuffle,
                          seed=seed, distance=distance, space=space, rank_by=rank_by,
                          bounds=bounds, backend=backend)
+    return _analyze_model(model, inputs, [opts], batch_size=batch_size, attention_mask=attention_mask,
+                          layers=layers, shard=shard, progress=progress, attention=attention,
+                          window=window)[0]
+
+
+def analyze_model_nulls(
+    model: Any,
+    inputs: Tensor | str | Sequence[str],
+    *,
+    nulls: Sequence[str] = SHUFFLE_KINDS,
+    batch_size: int = 8,
+    attention_mask: Tensor | None = None,
+    n_values: Sequence[int] = DEFAULT_N_VALUES,
+    queries: Literal["last", "all"] = "last",
+    random_samples: int = DEFAULT_RANDOM_SAMPLES,
+    shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES,
+    seed: int = 0,
+    layers: Sequence[int] | None = None,
+    distance: Literal["euclidean", "cosine"] = "euclidean",
+    space: Literal["value", "output"] = "value",
+    rank_by: Literal["attention", "contribution"] = "attention",
+    bounds: bool = False,
+    shard: tuple[int, int] | None = None,
+    progress: bool | None = None,
+    backend: Literal["auto", "numba", "torch"] = "auto",
+    attention: Literal["auto", "pattern", "recompute"] = "auto",
+    window: Window = "auto",
+) -> dict[str, HeadAnalysis]:
+    """One analysis per null of SPEC §3 (``shuffle=`` kind), all from one forward pass.
+
+    The nulls decompose the value-shuffle gap F*(top) − F*(values) (read them with
+    :func:`tl_geometry.result.null_decomposition`); each needs the same attention and the same
+    top-N sets, so one forward serves every null. ``result[kind]`` equals
+    ``analyze_model(model, inputs, shuffle=kind, ...)`` with the same arguments, bit for bit,
+    except that the random baseline and the bounds, which no null changes, are computed once:
+    ``random_samples`` and ``bounds`` apply to the ``"values"`` analysis, and every other null
+    runs with ``random_samples=0, bounds=False``.
+
+    Args:
+        nulls: the kinds to analyse, each once, from ``"values"``, ``"norms"``,
+            ``"directions"`` and ``"unselected"`` (default: all four).
+
+    The other arguments are those of :func:`analyze_model`.
+
+    Examples:
+        >>> by_null = tl_geometry.analyze_model_nulls(model, tokens)  # doctest: +SKIP
+        >>> null_decomposition(by_null)  # doctest: +SKIP
+    """
+    kinds = _check_nulls(nulls)
+    runs = [check_options(n_values=n_values, queries=queries, shuffle_samples=shuffle_samples, shuffle=kind,
+                          random_samples=random_samples if kind == "values" else 0,
+                          bounds=bounds if kind == "values" else False,
+                          seed=seed, distance=distance, space=space, rank_by=rank_by, backend=backend)
+            for kind in kinds]
+    results = _analyze_model(model, inputs, runs, batch_size=batch_size, attention_mask=attention_mask,
+                             layers=layers, shard=shard, progress=progress, attention=attention,
+                             window=window)
+    return dict(zip(kinds, results))
+
+
+def _check_nulls(nulls: Any) -> list[str]:
+    """The requested nulls as a list, each a known kind and given once."""
+    if isinstance(nulls, str) or not isinstance(nulls, Sequence) or not nulls:
+        raise ValueError(f"nulls must be a non-empty sequence of {list(SHUFFLE_KINDS)}, got {nulls!r}.")
+    unknown = [kind for kind in nulls if kind not in SHUFFLE_KINDS]
+    if unknown:
+        raise ValueError(f"nulls holds unknown kinds {unknown}; choose from {list(SHUFFLE_KINDS)}.")
+    if len(set(nulls)) != len(nulls):
+        raise ValueError(f"nulls has duplicates: {list(nulls)}; give each kind once.")
+    return list(nulls)
+
+
+def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, batch_size: int,
+                   attention_mask: Tensor | None, layers: Sequence[int] | None,
+                   shard: tuple[int, int] | None, progress: bool | None, attention: Any,
+                   window: Window) -> list[HeadAnalysis]:
+    """The forward passes of :func:`analyze_model`, each layer analysed once per options in
+    ``runs`` (validated options that share ``n_values``, ``queries`` and ``space``)."""
+    opts = runs[0]
     _windows.check(window)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
@@ -244,13 +327,13 @@ def analyze_model(
     layer_ids = list(range(n_layers)) if layers is None else _cache.check_layer_indices(layers, n_layers)
     layer_windows = _windows.resolve(window, model, layer_ids)
     shard = _check_shard(shard)
-    W = output_weights(model, None, layer_ids) if space == "output" else None
+    W = output_weights(model, None, layer_ids) if opts.space == "output" else None
     device = getattr(cfg, "device", None) or "cpu"
     # Every rank sizes its per-sequence rows alike, so that all_reduce adds like shapes.
-    acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device, n_sequences=n_seqs,
-                            n_queries=1 if opts.queries == "last" else n_pos)
-    hooks = _LayerHooks(acc, layer_ids, opts, W, mask_given=mask is not None, windows=layer_windows,
-                        from_config=window == _windows.AUTO)
+    accs = [Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device, n_sequences=n_seqs,
+                              n_queries=1 if opts.queries == "last" else n_pos) for _ in runs]
+    hooks = _LayerHooks(list(zip(accs, runs)), layer_ids, W, mask_given=mask is not None,
+                        windows=layer_windows, from_config=window == _windows.AUTO)
     recompute = _use_recompute(attention, model, min(batch_size, n_seqs), n_heads, n_pos)
 
     lo, hi = 0, n_seqs
@@ -279,14 +362,18 @@ def analyze_model(
     if shard is not None:
         import torch.distributed as dist
 
-        for tensor in acc.tensors():
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), opts, mask is not None)
-    metadata.update(n_kv_heads=hooks.n_kv or getattr(cfg, "n_key_value_heads", None) or n_heads,
-                    cache_type="streaming", batch_size=batch_size,
-                    world_size=1 if shard is None else shard[1],
-                    attention="recompute" if recompute else "pattern")
-    return acc.finish(layer_ids, opts, n_pos, metadata, layer_windows)
+        for acc in accs:
+            for tensor in acc.tensors():
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    results = []
+    for acc, run in zip(accs, runs):
+        metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None)
+        metadata.update(n_kv_heads=hooks.n_kv or getattr(cfg, "n_key_value_heads", None) or n_heads,
+                        cache_type="streaming", batch_size=batch_size,
+                        world_size=1 if shard is None else shard[1],
+                        attention="recompute" if recompute else "pattern")
+        results.append(acc.finish(layer_ids, run, n_pos, metadata, layer_windows))
+    return results
 
 
 def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: int) -> bool:
