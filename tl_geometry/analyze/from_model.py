@@ -276,7 +276,7 @@ def analyze_model_nulls(
 
     Examples:
         >>> by_null = tl_geometry.analyze_model_nulls(model, tokens)  # doctest: +SKIP
-        >>> null_decomposition(by_null)  # doctest: +SKIP
+        >>> tl_geometry.result.null_decomposition(by_null)  # doctest: +SKIP
     """
     kinds = _check_nulls(nulls)
     runs = [check_options(n_values=n_values, queries=queries, shuffle_samples=shuffle_samples, shuffle=kind,
