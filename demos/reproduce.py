@@ -205,8 +205,14 @@ def run_time(study: Study, seconds: float, threads: int, whole: Step | None = No
     fresh = [k for k, s in steps.items() if not s.reused]
     total = sum(s.seconds for s in steps.values())
     if whole is not None:
-        origin += (f"; that run took {whole.seconds / 60:.1f} min in all on {whole.threads} CPU "
-                   "threads, model loading included")
+        later = [s for s in reused if s.date and whole.date and s.date > whole.date]
+        if later:  # steps saved by later runs (a model or a null added since)
+            origin += (f"; the run recorded on {whole.date} UTC took {whole.seconds / 60:.1f} min in all "
+                       f"on {whole.threads} CPU threads, model loading included, and {len(later)} of "
+                       "the steps were computed by later runs")
+        else:
+            origin += (f"; that run took {whole.seconds / 60:.1f} min in all on {whole.threads} CPU "
+                       "threads, model loading included")
     return (f"{total / 60:.1f} min for the analyses, ablation and capacity studies ({timings}); "
             f"{len(reused)} of {len(steps)} steps were loaded from saved results ({origin}) and "
             f"this page was re-rendered from them in {seconds / 60:.1f} min"

@@ -170,6 +170,12 @@ def test_run_time_line_is_honest_about_reused_steps():
     whole = Step(500.0, 2, "2025-12-31 09:00", reused=True)
     assert ("that run took 8.3 min in all on 2 CPU threads, model loading included"
             in reproduce.run_time(study, 70.0, 4, whole))
+    # Steps saved after the recorded run (a model added later) are not "that run"'s.
+    study.steps["analyze m2 c"] = Step(90.0, 2, "2026-01-02 08:00", reused=True)
+    line = reproduce.run_time(study, 70.0, 4, whole)
+    assert "that run took" not in line and ("the run recorded on 2025-12-31 09:00 UTC took 8.3 min in all on "
+                                            "2 CPU threads, model loading included, and 1 of the steps were "
+                                            "computed by later runs") in line
 
 
 def test_stdlib_corpus_is_deterministic_and_long_enough():

@@ -4,7 +4,7 @@ The page's verdicts pool the runs of every model. Here each claim is decided aga
 one model alone (its corpora, its ablation and capacity tables), by the same rule, so that a
 verdict can be read against size: 135M → 270M → 0.5B. One model per size, each of another family
 (Llama, Gemma-3, Qwen2), so size is confounded with architecture and training data; the page says
-so, and calls a change a trend only when it runs one way across every size (ours).
+so, and calls a change a trend only when no step between two sizes goes the other way (ours).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def per_model(study: Any, claims: Sequence[Callable[[Any, Path], Claim]]) -> dic
 
 
 def direction(verdicts: Sequence[str]) -> str:
-    """How a claim's verdict moves as size grows (ours): the same at every size, weakens or
-    strengthens when every step goes one way, else without a trend."""
+    """How a claim's verdict moves as size grows (ours): the same at every size; weakens
+    (strengthens) when it moves and no step from one size to the next goes up (down); else
+    without a trend."""
     levels = [_STRENGTH[v] for v in verdicts]
     if len(set(levels)) == 1:
         return "keeps the same verdict at every size"
@@ -68,7 +69,8 @@ def section(pooled: Sequence[Claim], by_model: dict[str, list[Claim]]) -> list[s
            f"Each claim's rule applied again to the runs of one model alone ({' → '.join(size)} "
            "parameters). One model per size, each of another family, so size is confounded with "
            "architecture and training data, and so few sizes are not a trend test: a claim is "
-           "said to weaken or strengthen only when its verdict moves one way at every step (ours).",
+           "said to weaken (strengthen) only when its verdict moves and no step from one size to "
+           "the next goes the other way (ours).",
            "", table(header, rows, "l" + "l" * len(models)), ""]
     for i, c in enumerate(pooled):
         verdicts = [by_model[m][i].verdict for m in models]
