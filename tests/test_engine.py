@@ -178,10 +178,10 @@ def test_rows_added_four_at_a_time_round_as_one_at_a_time(stop):
     values = rng.standard_normal((20, 7)) * 10.0 ** rng.integers(-8, 8, size=(20, 1))
     weights = rng.random(20)
     index = rng.permutation(20)
-    vec = rng.standard_normal(7)
-    want, want_total = vec.copy(), 0.5
+    vecs = rng.standard_normal((2, 7))
+    want, want_total = vecs.copy(), 0.5
     for j in range(1, stop):
-        want += weights[index[j]] * values[index[j]]
+        want[1] += weights[index[j]] * values[index[j]]
         want_total += weights[index[j]]
-    total = _add_rows(index, 1, stop, weights, values, vec, 0.5)
-    assert np.array_equal(vec, want) and total == want_total
+    total = _add_rows(index, 1, stop, weights, values, vecs, 1, 0.5)
+    assert np.array_equal(vecs, want) and total == want_total

@@ -6,12 +6,33 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from numba import njit
 
 from tl_geometry.engine import layer
+from tl_geometry.engine.borrow import borrow
 from tl_geometry.engine.gram_kernel import _first_duplicates
 from tl_geometry.engine.order_kernel import rank_keys
 from tl_geometry.engine.paired import N_BINS
 from tl_geometry.functional.heads import first_duplicate
+
+
+@njit
+def _through_borrowed(array, rows):  # pragma: no cover - compiled
+    view = borrow(array)
+    for i in range(rows):  # writes go to the caller's memory; slices of the view work as usual
+        view[i, :] = view[i, :] * 2.0 + i
+    return view[1:].sum(), view.shape, view.strides
+
+
+def test_a_borrowed_view_is_the_array_itself():
+    """The scoring kernel passes its arrays borrowed (no reference counting): a borrowed view
+    reads and writes the same memory, with the same shape and strides, also for a strided view."""
+    base = np.arange(24.0).reshape(4, 6)
+    for array in (base.copy(), base.copy()[:, ::2]):
+        want = array * 2.0 + np.arange(4)[:, None]
+        total, shape, strides = _through_borrowed(array, 4)
+        assert np.array_equal(array, want) and total == want[1:].sum()
+        assert shape == array.shape and strides == array.strides
 
 
 def _ranked(score: np.ndarray) -> np.ndarray:

@@ -22,6 +22,11 @@ null, whose output is another vector), ``s_N`` grown along each order between tw
 and ``‖o − s_N/(1 − τ_N)‖`` directly, so a small tail is not lost to cancellation. Cost:
 ``O(|keys|·d)`` per query and permutation, ``O(max N·d)`` per order, ``O(d)`` per N.
 
+The helpers of the per-N work are inlined (``inline="always"``) and every array below
+:func:`score_rows` is a borrowed view (:mod:`.borrow`): numba's reference counting (an atomic
+update per array and call) had cost a quarter of the kernel's time. Loops over a key range run on
+unsigned indices, which numba does not wrap around, so they vectorise.
+
 Compiled on first use and cached on disk (``cache=True``), so only the first call of a fresh
 install pays the compilation.
 """
@@ -32,36 +37,38 @@ import numpy as np
 from numba import njit, prange
 
 from ..functional._types import COSINE_EPS
+from .borrow import borrow
 from .options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .order_kernel import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _free_keys(lo, hi, alpha, dots, gdiag, norms, penalty, norm_s, cosine, e_max, buf):
     """``buf[k − lo]`` = E (Euclidean) or D (cosine) of key ``k`` plus its penalty (+inf for
-    keys that are not candidates), for ``lo ≤ k < hi``; returns the smallest and how many are
-    ``≤ e_max``."""
-    a, d, g, v, p, fr = alpha[lo:hi], dots[lo:hi], gdiag[lo:hi], norms[lo:hi], penalty[lo:hi], buf[: hi - lo]
-    n = fr.shape[0]
+    keys that are not candidates), for ``0 ≤ lo ≤ k < hi``; returns the smallest and how many
+    are ``≤ e_max``."""
+    # Unsigned indices: numba adds no wraparound for negative ones, so the loops vectorise.
+    ulo, uhi = np.uint64(lo), np.uint64(hi)
     if cosine:  # one vectorised pass for the keys …
-        for k in range(n):
-            fr[k] = 1.0 - a[k] * d[k] / (a[k] * v[k] * norm_s + COSINE_EPS) + p[k]
+        for k in range(ulo, uhi):
+            buf[k - ulo] = 1.0 - alpha[k] * dots[k] / (alpha[k] * norms[k] * norm_s + COSINE_EPS) + penalty[k]
     else:
-        for k in range(n):
-            fr[k] = a[k] * (a[k] * g[k] - 2.0 * d[k]) + p[k]
+        for k in range(ulo, uhi):
+            buf[k - ulo] = alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k]) + penalty[k]
     # … then the minimum and the count. LLVM leaves a float min reduction serial (one min's
     # latency per key); four independent chains run four times as many per cycle.
+    n = hi - lo
     m0 = m1 = m2 = m3 = np.inf
     contaminating = 0
     k = 0
     while k + 4 <= n:
-        m0, m1, m2, m3 = min(m0, fr[k]), min(m1, fr[k + 1]), min(m2, fr[k + 2]), min(m3, fr[k + 3])
-        contaminating += ((fr[k] <= e_max) + (fr[k + 1] <= e_max)
-                          + (fr[k + 2] <= e_max) + (fr[k + 3] <= e_max))
+        m0, m1, m2, m3 = min(m0, buf[k]), min(m1, buf[k + 1]), min(m2, buf[k + 2]), min(m3, buf[k + 3])
+        contaminating += ((buf[k] <= e_max) + (buf[k + 1] <= e_max)
+                          + (buf[k + 2] <= e_max) + (buf[k + 3] <= e_max))
         k += 4
     while k < n:
-        m0 = min(m0, fr[k])
-        contaminating += fr[k] <= e_max
+        m0 = min(m0, buf[k])
+        contaminating += buf[k] <= e_max
         k += 1
     return min(min(m0, m1), min(m2, m3)), contaminating
 
@@ -74,10 +81,10 @@ def _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine):
     return alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k])
 
 
-@njit(cache=True)
-def _add_rows(index, start, stop, weights, values, vec, total):  # pragma: no cover - compiled
-    """``vec += Σ_j w_k v_k`` over ``k = index[j]``, ``start ≤ j < stop``, with ``w_k = weights[k]``;
-    returns ``total + Σ_j w_k``.
+@njit(cache=True, inline="always")
+def _add_rows(index, start, stop, weights, values, vecs, row, total):  # pragma: no cover - compiled
+    """``vecs[row] += Σ_j w_k v_k`` over ``k = index[j]``, ``start ≤ j < stop``, with
+    ``w_k = weights[k]`` and ``v_k = values[k]``; returns ``total + Σ_j w_k``.
 
     Four rows per pass over the components, each component still summed one row after another
     in ``j``'s order: every sum rounds exactly as the plain loop's, with a quarter of its loads
@@ -88,64 +95,64 @@ def _add_rows(index, start, stop, weights, values, vec, total):  # pragma: no co
         k0, k1, k2, k3 = index[j], index[j + 1], index[j + 2], index[j + 3]
         w0, w1, w2, w3 = weights[k0], weights[k1], weights[k2], weights[k3]
         total = (((total + w0) + w1) + w2) + w3
-        r0, r1, r2, r3 = values[k0], values[k1], values[k2], values[k3]
-        for c in range(vec.shape[0]):
-            vec[c] = (((vec[c] + w0 * r0[c]) + w1 * r1[c]) + w2 * r2[c]) + w3 * r3[c]
+        for c in range(vecs.shape[1]):
+            vecs[row, c] = ((((vecs[row, c] + w0 * values[k0, c]) + w1 * values[k1, c])
+                             + w2 * values[k2, c]) + w3 * values[k3, c])
         j += 4
     while j < stop:
         k = index[j]
         w = weights[k]
         total += w
-        row = values[k]
-        for c in range(vec.shape[0]):
-            vec[c] += w * row[c]
+        for c in range(vecs.shape[1]):
+            vecs[row, c] += w * values[k, c]
         j += 1
     return total
 
 
 @njit(cache=True)
-def _output(keys, weights, values, o):  # pragma: no cover - compiled
-    """``o = Σ_k w_k v_k`` over the row's keys, written into ``o``; returns ``(‖o‖², Σ_k w_k)``."""
-    o[:] = 0.0
-    total = _add_rows(keys, 0, keys.shape[0], weights, values, o, 0.0)
+def _output(keys, weights, values, vecs):  # pragma: no cover - compiled
+    """``o = Σ_k w_k v_k`` over the row's keys, written into ``vecs[0]``; returns
+    ``(‖o‖², Σ_k w_k)``."""
+    for c in range(vecs.shape[1]):
+        vecs[0, c] = 0.0
+    total = _add_rows(keys, 0, keys.shape[0], weights, values, vecs, 0, 0.0)
     sq_o = 0.0
-    for c in range(o.shape[0]):
-        sq_o += o[c] * o[c]
+    for c in range(vecs.shape[1]):
+        sq_o += vecs[0, c] * vecs[0, c]
     return sq_o, total
 
 
-@njit(cache=True)
-def _truncation(vecs, sq_o, tail, out):  # pragma: no cover - compiled
+@njit(cache=True, inline="always")
+def _truncation(vecs, sq_o, tail, out, grp, ni):  # pragma: no cover - compiled
     """Add the tail mass ``τ_N`` and the relative error ``‖o − o_N‖/‖o‖`` of the renormalised
-    selection ``o_N = s_N/(1 − τ_N)`` (SPEC §10) to ``out[7]`` and ``out[8]``; ``vecs[0]`` is
-    ``o``, ``vecs[1]`` is ``s_N``. ``o = 0`` gives NaN; ``τ_N ≥ 1`` (nothing kept to
-    renormalise: ``o_N = 0``) gives 1.
+    selection ``o_N = s_N/(1 − τ_N)`` (SPEC §10) to ``out[grp, ni, 7]`` and ``out[grp, ni, 8]``;
+    ``vecs[0]`` is ``o``, ``vecs[1]`` is ``s_N``. ``o = 0`` gives NaN; ``τ_N ≥ 1`` (nothing kept
+    to renormalise: ``o_N = 0``) gives 1.
     """
     if np.isnan(tail):  # not computed for this selection (the decomposition nulls)
-        out[7] += np.nan
-        out[8] += np.nan
+        out[grp, ni, 7] += np.nan
+        out[grp, ni, 8] += np.nan
         return
     tail = max(tail, 0.0)  # Σ α − Σ_{S_N} α: a rounding below 0 is an empty tail
-    out[7] += tail
+    out[grp, ni, 7] += tail
     if not sq_o > 0.0:
-        out[8] += np.nan
+        out[grp, ni, 8] += np.nan
     elif tail >= 1.0:
-        out[8] += 1.0
+        out[grp, ni, 8] += 1.0
     else:
-        o, s = vecs[0], vecs[1]
         c = 1.0 / (1.0 - tail)
         e = 0.0
-        for i in range(o.shape[0]):
-            x = o[i] - c * s[i]
+        for i in range(vecs.shape[1]):
+            x = vecs[0, i] - c * vecs[1, i]
             e += x * x
-        out[8] += np.sqrt(e / sq_o)
+        out[grp, ni, 8] += np.sqrt(e / sq_o)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, out,
-           vecs, sq_o, tail):
-    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[0:7]``, and
-    τ_N (``tail``) and the relative truncation error (SPEC §10) to ``out[7:9]``.
+           grp, ni, vecs, sq_o, tail):
+    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[grp, ni, 0:7]``,
+    and τ_N (``tail``) and the relative truncation error (SPEC §10) to ``out[grp, ni, 7:9]``.
 
     ``keys`` are the row's valid keys; ``penalty`` is +inf at the keys that are not candidates
     (the first ``n`` of ``order``, and ``excluded`` ≥ 0, the sink of the sink-removed group)
@@ -165,7 +172,7 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     m = keys.shape[0]
     lo = keys[0]
     hi = keys[m - 1] + 1
-    if hi - lo == m:  # no padding inside the row: plain slices, the loop vectorises
+    if hi - lo == m:  # no padding inside the row: one contiguous range, the loop vectorises
         e_min, contaminating = _free_keys(lo, hi, alpha, dots, gdiag, norms, penalty, norm_s,
                                           cosine, e_max, buf)
     else:
@@ -183,77 +190,83 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     # GInv = Σ_{i∈S} |{j∉S : E_j ≤ E_i}| (buf holds +inf at the non-candidates, never counted).
     inversions = 0
     if contaminating > 0:
-        fr = buf[:m]
-        # Every E_i of the selection is ≤ E_max, so only the contaminating keys (E_j ≤ E_max)
-        # can count. When N passes over all m keys cost more than one pass that moves those
-        # keys to the front (large N, few contaminating keys), count over them alone.
+        # buf[:count] holds the keys' E. Every E_i of the selection is ≤ E_max, so only the
+        # contaminating keys (E_j ≤ E_max) can count. When N passes over all m keys cost more
+        # than one pass that moves those keys to the front (large N, few contaminating keys),
+        # count over them alone.
+        count = m
         if n * (m - contaminating) > 4 * m:
-            packed = 0
+            count = 0
             for j in range(m):
-                f = fr[j]
-                fr[packed] = f
-                packed += f <= e_max
-            fr = fr[:packed]
+                f = buf[j]
+                buf[count] = f
+                count += f <= e_max
         r = 0
         while r + 4 <= n:  # four selected keys per pass over the keys
             x0, x1, x2, x3 = sel[r], sel[r + 1], sel[r + 2], sel[r + 3]
             c = 0
-            for j in range(fr.shape[0]):
-                f = fr[j]
+            for j in range(count):
+                f = buf[j]
                 c += ((f <= x0) + (f <= x1)) + ((f <= x2) + (f <= x3))
             inversions += c
             r += 4
         while r < n:
             x = sel[r]
             c = 0
-            for j in range(fr.shape[0]):
-                c += fr[j] <= x
+            for j in range(count):
+                c += buf[j] <= x
             inversions += c
             r += 1
     precision = n / (n + contaminating)
     recall = recalled / n
-    out[0] += precision
-    out[1] += recall
-    out[2] += 2 * precision * recall / (precision + recall) if recalled > 0 else 0.0
+    out[grp, ni, 0] += precision
+    out[grp, ni, 1] += recall
+    out[grp, ni, 2] += 2 * precision * recall / (precision + recall) if recalled > 0 else 0.0
     # Chance-corrected precision (SPEC §3): the floor N/|keys| is P when every key contaminates.
     floor = n / (m - (excluded >= 0))
     p_cc = (precision - floor) / (1.0 - floor)
-    out[5] += p_cc
-    out[6] += 2 * p_cc * recall / (p_cc + recall) if p_cc > 0 and recalled > 0 else 0.0
+    out[grp, ni, 5] += p_cc
+    out[grp, ni, 6] += 2 * p_cc * recall / (p_cc + recall) if p_cc > 0 and recalled > 0 else 0.0
     if cosine:
-        out[3] += e_min - e_max
+        out[grp, ni, 3] += e_min - e_max
     else:
         d_min = np.sqrt(max(e_min + sq_s, 0.0))
         d_max = np.sqrt(max(e_max + sq_s, 0.0))
         # (E_min − E_max)/(D_min + D_max) = D_min − D_max without subtracting near-equal roots.
-        out[3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
-    out[4] += inversions
-    _truncation(vecs, sq_o, tail, out)
+        out[grp, ni, 3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
+    out[grp, ni, 4] += inversions
+    _truncation(vecs, sq_o, tail, out, grp, ni)
 
 
 @njit(cache=True)
 def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, norms, n_values,
-               cosine, dots, penalty, buf, sel, out, values, vecs, sq_o, total):  # pragma: no cover - compiled
-    """Accumulate ``⟨v_k, s_N⟩`` along ``order`` and add the scores of every N ≤ ``n_max``.
+               cosine, dots, penalty, buf, sel, out, grp, values, vecs, sq_o, total):  # pragma: no cover - compiled
+    """Accumulate ``⟨v_k, s_N⟩`` along ``order`` and add the scores of every N ≤ ``n_max`` to
+    ``out[grp]``.
 
-    ``out[i]`` must hold zeros (or a running sum over random samples) for every such N.
+    ``out[grp, i]`` must hold zeros (or a running sum over random samples) for every such N.
     ``vecs[0]`` holds the output ``o`` under ``alpha`` (``sq_o = ‖o‖²``, ``total = Σ α``);
     ``s_N = vecs[1]`` is grown here from ``values`` (SPEC §10).
+
+    The row's arrays arrive borrowed (:mod:`.borrow`), and the per-N helpers are inlined into
+    this function, so nothing here updates a reference count.
     """
     m = keys.shape[0]
     lo = keys[0]
     hi = keys[m - 1] + 1
-    dots[lo:hi] = 0.0
-    penalty[lo:hi] = 0.0
+    # Unsigned indices: numba adds no wraparound for negative ones, so the loops vectorise.
+    ulo, uhi = np.uint64(lo), np.uint64(hi)
+    for k in range(ulo, uhi):
+        dots[k] = 0.0
+        penalty[k] = 0.0
     if excluded >= 0:
         penalty[excluded] = np.inf
-    span = dots[lo:hi]
     ni = 0
     n_sizes = n_values.shape[0]
-    s_vec = vecs[1]
-    s_vec[:] = 0.0
+    for c in range(vecs.shape[1]):
+        vecs[1, c] = 0.0
     head = 0.0  # Σ_{S_N} α
-    grown = 0  # keys of order in s_vec
+    grown = 0  # keys of order in s_N
     r = 0
     while r < n_max:
         stop = min(n_values[ni], n_max) if ni < n_sizes else n_max  # the next N of the grid
@@ -262,17 +275,15 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
                 i0, i1, i2, i3 = order[r], order[r + 1], order[r + 2], order[r + 3]
                 a0, a1, a2, a3 = alpha[i0], alpha[i1], alpha[i2], alpha[i3]
                 penalty[i0] = penalty[i1] = penalty[i2] = penalty[i3] = np.inf
-                g0, g1, g2, g3 = gram[i0, lo:hi], gram[i1, lo:hi], gram[i2, lo:hi], gram[i3, lo:hi]
-                for k in range(span.shape[0]):
-                    span[k] += (a0 * g0[k] + a1 * g1[k]) + (a2 * g2[k] + a3 * g3[k])
+                for k in range(ulo, uhi):
+                    dots[k] += (a0 * gram[i0, k] + a1 * gram[i1, k]) + (a2 * gram[i2, k] + a3 * gram[i3, k])
                 r += 4
             while r < stop:
                 i = order[r]
                 a = alpha[i]
                 penalty[i] = np.inf
-                row = gram[i, lo:hi]
-                for k in range(span.shape[0]):
-                    span[k] += a * row[k]
+                for k in range(ulo, uhi):
+                    dots[k] += a * gram[i, k]
                 r += 1
         else:
             while r < stop:
@@ -285,10 +296,10 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
                 r += 1
         while ni < n_sizes and n_values[ni] == r:
             # s_N = Σ_{S_N} α_i v_i, for the truncation figures
-            head = _add_rows(order, grown, r, alpha, values, s_vec, head)
+            head = _add_rows(order, grown, r, alpha, values, vecs, 1, head)
             grown = r
             _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
-                   buf, sel, out[ni], vecs, sq_o, total - head)
+                   buf, sel, out, grp, ni, vecs, sq_o, total - head)
             ni += 1
 
 
@@ -376,7 +387,7 @@ def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, nor
                     k, src = listed[c], drawn[c]
                     moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
                 _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
-                       cosine, buf, sel, out[ni], vecs, np.nan, np.nan)
+                       cosine, buf, sel, out, 2, ni, vecs, np.nan, np.nan)
             ni += 1
 
 
@@ -431,11 +442,14 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
         ints = np.empty((4 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
         vecs = np.zeros((2, values.shape[-1]))  # o and s_N in the analysis space (SPEC §10)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
+            # Borrowed views (:mod:`.borrow`): the arrays passed down to every order and N count
+            # no references; the arrays they borrow from stay referenced through the loop.
             _score_row(pattern, row_of, cb, h, qi, queries, is_token, sink, window, real_index, sequence_keys,
-                       gram[cb, (h // group_size) - g0], n_values, samples, shuffles, shuffle_kind,
-                       by_contribution, cosine, metrics[cb, h, qi], sink_in_top, sink_mass,
-                       keys_buf, top_buf, single, packed, floats, ints,
-                       values[cb, (h // group_size) - g0], vecs)
+                       borrow(gram[cb, (h // group_size) - g0]), borrow(n_values), samples, shuffles,
+                       shuffle_kind, by_contribution, cosine, borrow(metrics[cb, h, qi]), sink_in_top,
+                       sink_mass, borrow(keys_buf), borrow(top_buf), borrow(single), borrow(packed),
+                       borrow(floats), borrow(ints), borrow(values[cb, (h // group_size) - g0]),
+                       borrow(vecs))
 
 
 @njit(cache=True)
@@ -503,9 +517,9 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
         if sees_sink and n_values[ni] < m - 1:
             out[3, ni, :] = 0.0
     # The output o once per query: the top-N, sink-removed and random selections share α.
-    sq_o, total = _output(keys, alpha, values_bg, vecs[0]) if n_top > 0 else (0.0, 0.0)
+    sq_o, total = _output(keys, alpha, values_bg, vecs) if n_top > 0 else (0.0, 0.0)
     _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
-               cosine, dots, penalty, buf, sel, out[0], values_bg, vecs, sq_o, total)
+               cosine, dots, penalty, buf, sel, out, 0, values_bg, vecs, sq_o, total)
     perm = ints[0][:m]
     if n_drop > 0:
         dropped = ints[1][: m - 1]
@@ -515,7 +529,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
                 dropped[c] = top[j]
                 c += 1
         _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out[3], values_bg, vecs, sq_o, total)
+                   n_values, cosine, dots, penalty, buf, sel, out, 3, values_bg, vecs, sq_o, total)
     if n_top == 0:
         return
     row_key = mix(mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
@@ -523,12 +537,12 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
         perm[:] = keys
         fisher_yates(perm, n_top, row_key, sample)
         _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out[1], values_bg, vecs, sq_o, total)
+                   n_values, cosine, dots, penalty, buf, sel, out, 1, values_bg, vecs, sq_o, total)
     fixed = 1 if sees_sink else 0  # keys[0] is the sink when the window holds it: it keeps its value
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:  # SPEC §10 figures: the values null only (NaN)
         _run_unselected(top, n_top, keys, fixed, contiguous, alpha, gram_bg, gdiag, norms, n_values, cosine, shuffles,
                         mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3], floats[8],
-                        floats[9], ints[2], ints[3], ints[4:], out[2], vecs)
+                        floats[9], ints[2], ints[3], ints[4:], out, vecs)
     elif shuffles > 0:
         shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
         moved = ints[2]  # π(k)
@@ -548,11 +562,11 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
             for r in range(n_top):
                 order[r] = top[r] if shuffle_kind == NULL_NORMS else moved[top[r]]
             if shuffle_kind == NULL_VALUES:  # the shuffled values make another output o'
-                sq_w, total_w = _output(keys, weights, values_bg, vecs[0])
+                sq_w, total_w = _output(keys, weights, values_bg, vecs)
             else:  # the SPEC §10 figures are the values null's only: NaN for the others
                 sq_w, total_w = np.nan, np.nan
             _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, penalty, buf, sel, out[2], values_bg, vecs, sq_w, total_w)
+                       n_values, cosine, dots, penalty, buf, sel, out, 2, values_bg, vecs, sq_w, total_w)
     for ni in range(n_sizes):
         if n_values[ni] < m:
             for f in range(n_metrics):
