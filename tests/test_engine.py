@@ -44,6 +44,25 @@ def test_torch_twin_equals_numba_kernels(options, case_options):
                                    rtol=1e-5, atol=1e-5, equal_nan=True, err_msg=m)
 
 
+@pytest.mark.parametrize("shuffle", ["values", "norms", "directions", "unselected"])
+@pytest.mark.parametrize("case_options", [
+    {"ties": True, "duplicates": True, "sink": True, "padding": "left"},
+    {"dtype": torch.bfloat16, "n_heads": 6, "n_kv": 3, "padding": "right"},
+])
+def test_kernel_reads_narrow_values_in_float32_bit_for_bit(shuffle, case_options):
+    """A float32 or narrower cache's values reach the compiled kernel in float32 (widened there
+    before any arithmetic); every figure equals that of the same cache in float64, exactly."""
+    case = make_case(71, batch=3, **case_options)
+    kwargs = dict(n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=5, shuffle=shuffle,
+                  backend="numba")
+    for queries in ("last", "all"):
+        narrow = tl_geometry.analyze_heads(case.cache(), queries=queries, **kwargs)
+        wide = tl_geometry.analyze_heads({k: v.double() for k, v in case.cache().items()}, queries=queries,
+                                         **kwargs)
+        for name in ("scores", "sink", "vote_counts", "group_counts"):
+            assert torch.equal(getattr(narrow, name).nan_to_num(-7.0), getattr(wide, name).nan_to_num(-7.0)), name
+
+
 def _near_tie_cache(seed: int) -> tuple[dict[str, torch.Tensor], np.ndarray, np.ndarray]:
     """One query whose unselected keys tie, up to ~1e-15 relative, with a selected key.
 

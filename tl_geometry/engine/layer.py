@@ -261,6 +261,16 @@ def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer:
     return values
 
 
+def _kernel_vectors(data: LayerBlock, chunk: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k d"]:
+    """The value vectors as the compiled kernel reads them: float32 where every entry is a
+    float32 number (values read from a float32 or narrower cache, not mapped by ``W_O``),
+    float64 otherwise. The kernel widens each entry exactly before any arithmetic, so its sums
+    are the same bit for bit; float32 halves what the outputs and ``s_N`` read per order."""
+    if data.W_O is None and data.v.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return chunk.to(torch.float32).contiguous()
+    return chunk.contiguous()
+
+
 def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: Tensor, out: _RowOutputs,
                  b0: int, b1: int, g0: int, g1: int, *, numba: bool) -> None:
     """Gram matrices, every selection's scores (SPEC §2–3) and the sink geometry (SPEC §4) of
@@ -282,7 +292,7 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
         gram = _gram(chunk)
     real_index = is_token.long().cumsum(-1) - 1
     # The kernel reads the vectors too (SPEC §10's output errors): laid out once for every block.
-    vectors = chunk.contiguous() if numba else chunk
+    vectors = _kernel_vectors(data, chunk) if numba else chunk
     for q0, q1 in _query_blocks(data.source, queries, n_keys):
         rows, row_of = data.source.rows(b0, b1, queries[:, q0:q1])
         args = (rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, sink, data.kernel_window,
