@@ -500,8 +500,12 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
     for ni in range(n_sizes):
         sink_in_top[b, h, qi, ni] = sees_sink and sink_rank < n_values[ni]
     out[:] = np.nan
-    n_top = 0  # largest N of the grid that fits: 1 ≤ N < |keys|
-    n_drop = 0  # … with the sink removed: N < |keys| − 1
+    # int64 values, not literals, for every argument of _run_order: numba compiles a call once
+    # per literal it is given, and these keep all four calls on one compiled specialisation.
+    n_top = np.int64(0)  # largest N of the grid that fits: 1 ≤ N < |keys|
+    n_drop = np.int64(0)  # … with the sink removed: N < |keys| − 1
+    no_key, top_group, random_group, shuffled_group, dropped_group = (
+        np.int64(-1), np.int64(0), np.int64(1), np.int64(2), np.int64(3))
     for ni in range(n_sizes):
         if n_values[ni] < m:
             n_top = n_values[ni]
@@ -518,8 +522,8 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
             out[3, ni, :] = 0.0
     # The output o once per query: the top-N, sink-removed and random selections share α.
     sq_o, total = _output(keys, alpha, values_bg, vecs) if n_top > 0 else (0.0, 0.0)
-    _run_order(top, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms, n_values,
-               cosine, dots, penalty, buf, sel, out, 0, values_bg, vecs, sq_o, total)
+    _run_order(top, n_top, keys, contiguous, no_key, alpha, gram_bg, gdiag, norms, n_values,
+               cosine, dots, penalty, buf, sel, out, top_group, values_bg, vecs, sq_o, total)
     perm = ints[0][:m]
     if n_drop > 0:
         dropped = ints[1][: m - 1]
@@ -529,15 +533,15 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
                 dropped[c] = top[j]
                 c += 1
         _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out, 3, values_bg, vecs, sq_o, total)
+                   n_values, cosine, dots, penalty, buf, sel, out, dropped_group, values_bg, vecs, sq_o, total)
     if n_top == 0:
         return
     row_key = mix(mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
     for sample in range(samples):
         perm[:] = keys
         fisher_yates(perm, n_top, row_key, sample)
-        _run_order(perm, n_top, keys, contiguous, -1, alpha, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out, 1, values_bg, vecs, sq_o, total)
+        _run_order(perm, n_top, keys, contiguous, no_key, alpha, gram_bg, gdiag, norms,
+                   n_values, cosine, dots, penalty, buf, sel, out, random_group, values_bg, vecs, sq_o, total)
     fixed = 1 if sees_sink else 0  # keys[0] is the sink when the window holds it: it keeps its value
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:  # SPEC §10 figures: the values null only (NaN)
         _run_unselected(top, n_top, keys, fixed, contiguous, alpha, gram_bg, gdiag, norms, n_values, cosine, shuffles,
@@ -565,8 +569,9 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
                 sq_w, total_w = _output(keys, weights, values_bg, vecs)
             else:  # the SPEC §10 figures are the values null's only: NaN for the others
                 sq_w, total_w = np.nan, np.nan
-            _run_order(order, n_top, keys, contiguous, -1, weights, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, penalty, buf, sel, out, 2, values_bg, vecs, sq_w, total_w)
+            _run_order(order, n_top, keys, contiguous, no_key, weights, gram_bg, gdiag, norms,
+                       n_values, cosine, dots, penalty, buf, sel, out, shuffled_group, values_bg, vecs, sq_w,
+                       total_w)
     for ni in range(n_sizes):
         if n_values[ni] < m:
             for f in range(n_metrics):
