@@ -351,7 +351,7 @@ def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, nor
     independent of each other); no pass over ``G``.
     """
     m = keys.shape[0]
-    lo, hi = keys[0], keys[m - 1] + 1
+    ulo, uhi = np.uint64(keys[0]), np.uint64(keys[m - 1] + 1)  # unsigned: the loop vectorises
     for sample in range(shuffles):
         sigma[sample, : m - fixed] = keys[fixed:]
         fisher_yates(sigma[sample, : m - fixed], m - fixed - 1, shuffle_key, sample)
@@ -365,7 +365,7 @@ def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, nor
         a = alpha[i]
         penalty[i] = np.inf  # selected: +inf, as _score expects
         if contiguous:  # no padding inside the row: a loop that vectorises
-            for k in range(lo, hi):
+            for k in range(ulo, uhi):
                 dots[k] += a * gram[i, k]
         else:
             for j in range(m):
