@@ -12,7 +12,13 @@ import math
 import pytest
 import torch
 
-from tl_geometry.functional import NO_QUERY, attention_row_blocks, attention_rows, visible_keys
+from tl_geometry.functional import (
+    NO_QUERY,
+    attention_row_block,
+    attention_row_blocks,
+    attention_rows,
+    visible_keys,
+)
 from tl_geometry.functional.attention import _check
 
 
@@ -128,6 +134,19 @@ def test_blocks_cover_every_query_once_and_equal_the_rows():
     assert starts == [0, 3, 6, 9]
     with pytest.raises(ValueError, match="block"):
         next(attention_row_blocks(q, k, block=0, scale=1.0))
+
+
+def test_one_block_is_that_block_bit_for_bit():
+    """``attention_row_block`` computes one block alone, exactly as ``attention_row_blocks`` does:
+    the votes re-read from it settle exact ties as the whole pass would."""
+    q, k = _qk(4, n_pos=11)
+    kwargs = {"scale": 0.7, "window": 5}
+    for start, rows in attention_row_blocks(q, k, block=4, **kwargs):
+        one = attention_row_block(q, k, start, min(start + 4, 11), **kwargs)
+        assert torch.equal(one, rows)
+    for start, stop in [(-1, 2), (3, 3), (5, 12)]:
+        with pytest.raises(ValueError, match="must lie in"):
+            attention_row_block(q, k, start, stop, scale=1.0)
 
 
 def test_low_precision_inputs_are_computed_in_float64_and_not_modified():

@@ -45,6 +45,23 @@ def test_recompute_equals_the_pattern_on_smollm2(smollm2, queries, seq_len):
 
 
 @pytest.mark.real_model
+def test_votes_from_queries_and_keys_equal_the_recomputed_rows_on_smollm2(smollm2, monkeypatch):
+    """The recompute path votes from the logits (``engine.key_votes``); reading every float64 row
+    instead gives the same result, bit for bit."""
+    from tl_geometry.engine import key_votes
+
+    tokens = tl_geometry.text_windows(smollm2.model, tl_geometry.sample_text(), n_seqs=2, seq_len=256)
+    kwargs = dict(attention="recompute", layers=[0, 7, 29], random_samples=2, shuffle_samples=2, progress=False)
+    from_keys = tl_geometry.analyze_model(smollm2.model, tokens, **kwargs)
+    monkeypatch.setattr(key_votes, "check_and_vote", lambda *args: None)
+    from_rows = tl_geometry.analyze_model(smollm2.model, tokens, **kwargs)
+    assert torch.equal(from_keys.vote_counts, from_rows.vote_counts)
+    assert from_keys.labels == from_rows.labels
+    torch.testing.assert_close(from_keys.scores, from_rows.scores, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(from_keys.sink, from_rows.sink, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.real_model
 def test_recompute_sees_gemma3_sliding_window(gemma3):
     """900 tokens: beyond the 512-key window of Gemma-3's local layers (layer 0), and a global
     layer (5); the recomputed rows apply the window, so the numbers match the pattern's. One

@@ -5,7 +5,9 @@ The model runs with memory-efficient (SDPA) attention and no LM head
 and its values reach the engine as an :class:`~tl_geometry.engine.block.AttentionRows` source
 that recomputes, in float64 and with the layer's own scale, window, softcap and sinks
 (:func:`tl_geometry.functional.attention_rows`), only the rows the engine reads: the chosen
-queries' rows for the scores, and every query's rows in blocks for the votes and the checks.
+queries' rows for the scores, and every query's rows in blocks for the votes and the checks
+where the engine cannot read the votes from the queries and keys themselves
+(:meth:`RecomputedRows.query_keys`, :mod:`tl_geometry.engine.key_votes`: no softcap, no sinks).
 No tensor of all queries × all keys is formed, and no logits.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..engine.block import QueryKeys
 from ..functional.attention import attention_row_blocks, attention_rows
 from ..inputs.capture import LayerCapture
 
@@ -61,12 +64,24 @@ class RecomputedRows:
                               **self.kwargs)
         return rows, torch.arange(queries.shape[1], device=self.device).expand_as(queries)
 
-    def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]:
-        _, n_heads, n_pos = self.shape
-        block = max(1, VOTE_BLOCK_BYTES // ((b1 - b0) * n_heads * n_pos * 8))
+    def query_keys(self, b0: int, b1: int) -> QueryKeys | None:
+        """The queries and keys of sequences ``b0:b1``, for votes read from the logits
+        (:mod:`tl_geometry.engine.key_votes`); ``None`` with a softcap or sink logits."""
         c = self.capture
-        yield from attention_row_blocks(c.q[b0:b1], c.k[b0:b1], block=block, key_mask=self._mask(b0, b1),
-                                        **self.kwargs)
+        if c.params.softcap is not None or c.params.sinks is not None:
+            return None
+        return QueryKeys(c.q[b0:b1], c.k[b0:b1], c.params.scale, c.params.window, self._mask(b0, b1),
+                         self._block(b0, b1))
+
+    def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]:
+        c = self.capture
+        yield from attention_row_blocks(c.q[b0:b1], c.k[b0:b1], block=self._block(b0, b1),
+                                        key_mask=self._mask(b0, b1), **self.kwargs)
+
+    def _block(self, b0: int, b1: int) -> int:
+        """Queries per block of :meth:`blocks`: :data:`VOTE_BLOCK_BYTES` of float64 rows."""
+        _, n_heads, n_pos = self.shape
+        return max(1, VOTE_BLOCK_BYTES // ((b1 - b0) * n_heads * n_pos * 8))
 
 
 def pattern_bytes(batch: int, n_heads: int, n_pos: int) -> int:

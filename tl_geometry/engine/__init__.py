@@ -2,9 +2,10 @@
 
 ``options`` validates the options; ``layer`` does one layer's work (fused validation and votes,
 Gram matrices, selections and scores, sink geometry) through the compiled ``check_kernel`` and
-``score_kernel`` or their ``torch_kernels`` twins; ``accumulate`` sums layers, batches and processes and finishes the
-:class:`~tl_geometry.HeadAnalysis`. ``analyze_heads`` (a cache) and ``analyze_model`` (forward
-hooks) are thin front-ends over it.
+``score_kernel`` or their ``torch_kernels`` twins (with recomputed rows, the votes come from the
+queries and keys: ``key_votes`` and ``vote_kernel``); ``accumulate`` sums layers, batches and
+processes and finishes the :class:`~tl_geometry.HeadAnalysis`. ``analyze_heads`` (a cache) and
+``analyze_model`` (forward hooks) are thin front-ends over it.
 """
 
 from .accumulate import Accumulator

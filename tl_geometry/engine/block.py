@@ -5,7 +5,9 @@ sequences, and the value vectors of each value group read from them.
 Attention rows come from an :class:`AttentionRows` source, so that the engine never needs more
 of them than it reads: :class:`PatternRows` serves them from a cached ``hook_pattern``
 (``[batch, head, query, key]``, no copy); a source that recomputes rows from queries and keys
-serves only the chosen queries' rows, and every query's rows in blocks for the votes.
+serves only the chosen queries' rows, and every query's rows in blocks for the votes; when it
+also gives its queries and keys (:class:`KeyedRows`), the votes come from them without any row
+(:mod:`.key_votes`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,30 @@ class AttentionRows(Protocol):
     def rows(self, b0: int, b1: int, queries: Tensor) -> tuple[Tensor, Tensor]: ...
 
     def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]: ...
+
+
+class QueryKeys(NamedTuple):
+    """What one layer's rows are computed from: post-rotary ``q [b, pos, head, d]`` and
+    ``k [b, pos, kv_head, d]``, the logit scale, the sliding window (``None``: a global layer)
+    and the key mask (False on padding; ``None``: no padding); ``block`` is the number of queries
+    per block in which the source's ``blocks`` computes every query's rows (float64 sums are
+    only reproducible within one shape of computation)."""
+
+    q: Float[Tensor, "batch pos head d"]
+    k: Float[Tensor, "batch pos kv d"]
+    scale: float
+    window: int | None
+    key_mask: Bool[Tensor, "batch pos"] | None
+    block: int
+
+
+@runtime_checkable
+class KeyedRows(Protocol):
+    """An :class:`AttentionRows` source whose rows are plain softmax rows of ``scale·⟨q, k⟩``:
+    ``query_keys(b0, b1)`` gives their :class:`QueryKeys`, or ``None`` where the rows need more
+    (a softcap, sink logits), so that the votes are read from the rows."""
+
+    def query_keys(self, b0: int, b1: int) -> QueryKeys | None: ...
 
 
 class PatternRows:

@@ -55,6 +55,19 @@ def _check_row(row, is_token, t, lo, norms, s):  # pragma: no cover - compiled
     return row_sum, winner
 
 
+@njit(cache=True, inline="always")
+def _tally(s, votes_bh, t, sink, row_sum, winner):  # pragma: no cover - compiled
+    """Add query ``t``'s row sum to the statistics ``s`` and its winner's vote (self, sink,
+    other; none at or before the sink) to ``votes_bh``."""
+    s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
+    if abs(row_sum) < 1e-6:
+        if s[ST_DEAD] == 0:
+            s[ST_DEAD_Q] = t
+        s[ST_DEAD] += 1
+    if t > sink and winner >= 0:
+        votes_bh[0 if winner == t else (1 if winner == sink else 2)] += 1
+
+
 @njit(parallel=True, cache=True)
 def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, stats, votes):  # pragma: no cover
     """Validation statistics ``stats[b, h, :]`` and votes ``votes[b, h, 3]`` of a layer.
@@ -78,6 +91,7 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
         h = bh % n_h
         g = h // group_size
         s = stats[b, h]
+        vote = votes[b, h]
         dense = True
         for k in range(n_k):
             dense &= is_token[b, k]
@@ -112,10 +126,27 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
                     s[ST_MIN] = min(s[ST_MIN], row_min)
             if not fast:
                 row_sum, winner = _check_row(row, is_token[b], t, lo, nrm, s)
-            s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
-            if abs(row_sum) < 1e-6:
-                if s[ST_DEAD] == 0:
-                    s[ST_DEAD_Q] = t
-                s[ST_DEAD] += 1
-            if t > sink[b] and winner >= 0:
-                votes[b, h, 0 if winner == t else (1 if winner == sink[b] else 2)] += 1
+            _tally(s, vote, t, sink[b], row_sum, winner)
+
+
+@njit(cache=True)
+def check_and_vote_rows(rows, positions, take, is_token, sink, norms, group_size, window, stats,
+                        votes):  # pragma: no cover - compiled
+    """:func:`check_and_vote` for chosen rows only: ``rows [b, h, j, k]`` holds query
+    ``positions[b, j]``'s row, and row ``j`` of head ``h`` is read where ``take[b, h, j]``.
+
+    The rows a margin test could not settle (:mod:`.vote_kernel`): each is read key by key
+    (:func:`_check_row`), as the pattern path reads a row that leaks, so its statistics and its
+    vote are those of :func:`check_and_vote` on the same row.
+    """
+    n_b, n_h, n_j, _ = rows.shape
+    for b in range(n_b):
+        for h in range(n_h):
+            for j in range(n_j):
+                t = positions[b, j]
+                if t < 0 or not take[b, h, j] or not is_token[b, t]:
+                    continue
+                lo = max(0, t - window + 1)
+                row_sum, winner = _check_row(rows[b, h, j], is_token[b], t, lo, norms[b, h // group_size],
+                                             stats[b, h])
+                _tally(stats[b, h], votes[b, h], t, sink[b], row_sum, winner)

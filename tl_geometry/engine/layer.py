@@ -32,8 +32,8 @@ from torch import Tensor
 from ..functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ..functional.heads import first_duplicate, last_positions
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
-from . import checks, torch_kernels
-from .block import AttentionRows, LayerBlock, PatternRows, group_values
+from . import checks, key_votes, torch_kernels
+from .block import AttentionRows, KeyedRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
 from .options import SHUFFLE_KINDS, AnalysisOptions
 from .paired import N_BINS, paired_counts
@@ -251,12 +251,18 @@ class _RowOutputs(NamedTuple):
 def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer: int, *, numba: bool,
                     mask_given: bool) -> Tensor:
     """Validate sequences ``b0:b1`` and count their votes (SPEC §5) in one read of every query's
-    rows; returns the value groups' vectors ``[b, g, k, d]``."""
+    rows, or of the queries and keys that recomputed rows come from (:mod:`.key_votes`); returns
+    the value groups' vectors ``[b, g, k, d]``."""
     values = group_values(data, b0, b1, data.source.shape[2])
-    stats, out.votes[b0:b1] = checks.check_and_vote(
-        data.source.blocks(b0, b1), data.is_token[b0:b1], data.sink[b0:b1],
-        torch.linalg.vector_norm(values, dim=-1), data.group_size, numba=numba, window=data.kernel_window,
-    )
+    is_token, sink, norms = data.is_token[b0:b1], data.sink[b0:b1], torch.linalg.vector_norm(values, dim=-1)
+    found = None
+    if numba and isinstance(data.source, KeyedRows):  # recomputed rows: votes from the logits
+        found = key_votes.check_and_vote(data.source.query_keys(b0, b1), is_token, sink, norms,
+                                         data.group_size, data.window)
+    if found is None:
+        found = checks.check_and_vote(data.source.blocks(b0, b1), is_token, sink, norms, data.group_size,
+                                      numba=numba, window=data.kernel_window)
+    stats, out.votes[b0:b1] = found
     checks.raise_for_stats(stats, layer, b0, mask_given=mask_given, window=data.window)
     return values
 

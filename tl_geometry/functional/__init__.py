@@ -8,7 +8,13 @@ attention rows recomputed from post-rotary queries and keys for chosen queries o
 Every function is vectorised over heads, queries and selections.
 """
 
-from .attention import NO_QUERY, attention_row_blocks, attention_rows, visible_keys
+from .attention import (
+    NO_QUERY,
+    attention_row_block,
+    attention_row_blocks,
+    attention_rows,
+    visible_keys,
+)
 from .bounds import (
     Bounds,
     RegimeParams,
@@ -60,6 +66,7 @@ __all__ = [
     "Separability",
     "SinkDiagnostics",
     "Truncation",
+    "attention_row_block",
     "attention_row_blocks",
     "attention_rows",
     "bootstrap_resample_weights",

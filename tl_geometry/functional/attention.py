@@ -170,18 +170,42 @@ def attention_row_blocks(
     """
     if block < 1:
         raise ValueError(f"block={block} must be a positive number of queries.")
-    batch, n_pos = q.shape[:2]
     k = k.to(COMPUTE_DTYPE)  # once, not per block (a no-op on float64 keys)
-    for start in range(0, n_pos, block):
-        stop = min(start + block, n_pos)
-        # Only keys lo … stop − 1 can be visible to these queries (causal, and the window): the
-        # logits of the others are never computed (half the work over a sequence), their
-        # probabilities are exact zeros.
-        lo = 0 if window is None else max(0, start - window + 1)
-        queries = torch.arange(start - lo, stop - lo, device=q.device).expand(batch, -1)
-        visible = attention_rows(q[:, lo:stop], k[:, lo:stop], queries, scale=scale, window=window,
-                                 softcap=softcap, sinks=sinks,
-                                 key_mask=None if key_mask is None else key_mask[:, lo:stop])
-        rows = visible.new_zeros(*visible.shape[:-1], n_pos)
-        rows[..., lo:stop] = visible
-        yield start, rows
+    for start in range(0, q.shape[1], block):
+        yield start, attention_row_block(q, k, start, min(start + block, q.shape[1]), scale=scale, window=window,
+                                         softcap=softcap, sinks=sinks, key_mask=key_mask)
+
+
+def attention_row_block(
+    q: Float[Tensor, "batch pos head d"],
+    k: Float[Tensor, "batch pos kv_head d"],
+    start: int,
+    stop: int,
+    *,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: Float[Tensor, " head"] | None = None,
+    key_mask: Bool[Tensor, "batch pos"] | None = None,
+) -> Float[Tensor, "batch head n_query pos"]:
+    """The rows of queries ``start … stop − 1`` over every position, as one block of
+    :func:`attention_row_blocks` (the same computation, so the same numbers bit for bit).
+
+    >>> q = k = torch.zeros(1, 5, 2, 4)
+    >>> tuple(attention_row_block(q, k, 2, 4, scale=0.5).shape)
+    (1, 2, 2, 5)
+    """
+    batch, n_pos = q.shape[:2]
+    if not 0 <= start < stop <= n_pos:
+        raise ValueError(f"queries {start} … {stop - 1} must lie in [0, {n_pos}).")
+    # Only keys lo … stop − 1 can be visible to these queries (causal, and the window): the
+    # logits of the others are never computed (half the work over a sequence), their
+    # probabilities are exact zeros.
+    lo = 0 if window is None else max(0, start - window + 1)
+    queries = torch.arange(start - lo, stop - lo, device=q.device).expand(batch, -1)
+    visible = attention_rows(q[:, lo:stop], k[:, lo:stop], queries, scale=scale, window=window,
+                             softcap=softcap, sinks=sinks,
+                             key_mask=None if key_mask is None else key_mask[:, lo:stop])
+    rows = visible.new_zeros(*visible.shape[:-1], n_pos)
+    rows[..., lo:stop] = visible
+    return rows

@@ -1,0 +1,169 @@
+"""Compiled source-winner votes from queries and keys (numba, CPU): no attention row is formed.
+
+The vote of query ``t`` (SPEC §5) goes to the key that maximises ``α_k‖v_k‖`` among the keys it
+sees. The softmax's denominator is the same for every key of the row, so in exact arithmetic
+that key maximises the *score* ``σ_k = x_k + log‖v_k‖`` (``x_k = scale·⟨q_t, k_k⟩``, the logit),
+and no exponential is needed. :func:`vote_from_keys` computes each row's logits and the three
+category maxima of ``σ`` (the query itself, the sink, every other key), and counts the vote
+where the best category leads the next by more than a proven bound on the error of both
+computations, this one and the float64 rows of :func:`~tl_geometry.functional.attention_rows`
+the votes are defined on (*the margin test*):
+
+- the logits are float64 sums of products of the stored queries and keys (float32 where they
+  are float32 numbers, as every float32, bf16 or fp16 capture is: then each product is exact):
+  ``|x̂ − x| ≤ γ_{d+4} · scale · ‖q_t‖ · max_k‖k_k‖`` with ``γ_n = n·u/(1 − n·u)``,
+  ``u = 2⁻⁵³`` (Cauchy–Schwarz bounds ``Σ|q_i k_i|``), and the rows' own logits are as close;
+- the rows round the exponential, the division and the product with ``‖v‖`` to a relative
+  ``1e-15`` or so: a slack of ``1e-9 · (1 + 2·scale·‖q‖·max‖k‖ + |σ|)`` covers it six orders over;
+- a key whose ``α`` underflows float64 (``x_k − max x < −708``) has no such relative error: the
+  winner must lead the row's largest logit by more than ``log max‖v‖ − 700`` for the vote to count.
+
+A row that fails the test (an exact tie, a tie within the slack, a row whose keys all have zero
+values) is marked ``uncertain`` and counted nowhere: the caller recomputes its float64 row and
+votes as the pattern path does (:func:`.check_kernel.check_and_vote_rows`), so the votes are the
+float64 rows' bit for bit. Compiled on first use and cached on disk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .borrow import borrow
+
+#: Queries of one (sequence, head) per parallel task.
+QUERY_BLOCK = 32
+_U64 = 2.0**-53
+
+
+@njit(cache=True)
+def _logits(qa, qb, qc, qe, kt, lo, hi, xa, xb, xc, xe):  # pragma: no cover - compiled
+    """``x[k] = ⟨q, kt[:, k]⟩`` summed in float64 for ``lo ≤ k < hi``, for four query rows at
+    once (``xa`` from ``qa`` …): each pass over the keys reads four components of each key once
+    for sixteen products, and writes each row's sums once."""
+    d = qa.shape[0]
+    ulo, uhi = np.uint64(lo), np.uint64(hi)  # unsigned: no wraparound, the loops vectorise
+    for k in range(ulo, uhi):
+        xa[k] = xb[k] = xc[k] = xe[k] = 0.0
+    i = 0
+    while i + 4 <= d:
+        a0, a1, a2, a3 = np.float64(qa[i]), np.float64(qa[i + 1]), np.float64(qa[i + 2]), np.float64(qa[i + 3])
+        b0, b1, b2, b3 = np.float64(qb[i]), np.float64(qb[i + 1]), np.float64(qb[i + 2]), np.float64(qb[i + 3])
+        c0, c1, c2, c3 = np.float64(qc[i]), np.float64(qc[i + 1]), np.float64(qc[i + 2]), np.float64(qc[i + 3])
+        e0, e1, e2, e3 = np.float64(qe[i]), np.float64(qe[i + 1]), np.float64(qe[i + 2]), np.float64(qe[i + 3])
+        for k in range(ulo, uhi):
+            k0, k1 = np.float64(kt[i, k]), np.float64(kt[i + 1, k])
+            k2, k3 = np.float64(kt[i + 2, k]), np.float64(kt[i + 3, k])
+            xa[k] += (a0 * k0 + a1 * k1) + (a2 * k2 + a3 * k3)
+            xb[k] += (b0 * k0 + b1 * k1) + (b2 * k2 + b3 * k3)
+            xc[k] += (c0 * k0 + c1 * k1) + (c2 * k2 + c3 * k3)
+            xe[k] += (e0 * k0 + e1 * k1) + (e2 * k2 + e3 * k3)
+        i += 4
+    while i < d:
+        a, b, c, e = np.float64(qa[i]), np.float64(qb[i]), np.float64(qc[i]), np.float64(qe[i])
+        for k in range(ulo, uhi):
+            ki = np.float64(kt[i, k])
+            xa[k] += a * ki
+            xb[k] += b * ki
+            xc[k] += c * ki
+            xe[k] += e * ki
+        i += 1
+
+
+@njit(cache=True, inline="always")
+def _range_max(x, log_norms, scale, lo, hi, best, peak):  # pragma: no cover - compiled
+    """``(max(best, max σ_k), max(peak, max x_k))`` over ``lo ≤ k < hi``, ``x_k = scale·x[k]``,
+    ``σ_k = x_k + log‖v_k‖``; four independent chains (LLVM keeps a float max reduction serial)."""
+    s0 = s1 = s2 = s3 = best
+    p0 = p1 = p2 = p3 = peak
+    k = lo
+    while k + 4 <= hi:
+        a0, a1, a2, a3 = scale * x[k], scale * x[k + 1], scale * x[k + 2], scale * x[k + 3]
+        p0, p1, p2, p3 = max(p0, a0), max(p1, a1), max(p2, a2), max(p3, a3)
+        s0, s1 = max(s0, a0 + log_norms[k]), max(s1, a1 + log_norms[k + 1])
+        s2, s3 = max(s2, a2 + log_norms[k + 2]), max(s3, a3 + log_norms[k + 3])
+        k += 4
+    while k < hi:
+        a = scale * x[k]
+        p0 = max(p0, a)
+        s0 = max(s0, a + log_norms[k])
+        k += 1
+    return max(max(s0, s1), max(s2, s3)), max(max(p0, p1), max(p2, p3))
+
+
+@njit(parallel=True, cache=True)
+def vote_from_keys(q, kt, scale, is_token, sink, log_norms, log_norm_max, key_norm_max, window, kv_size,
+                   group_size, partial, uncertain):  # pragma: no cover - compiled
+    """Source-winner votes of every real query after the sink, from queries and keys.
+
+    ``q [b, pos, head, d]`` and ``kt [b, kv, d, pos]`` (keys transposed, zero at padding) are both
+    float32 or both float64; query head ``h`` reads key head ``h // kv_size`` and value group
+    ``h // group_size``.
+    ``log_norms [b, g, pos]`` is ``log‖v_k‖`` (−inf at padding and at zero values),
+    ``log_norm_max [b, g]`` its maximum, ``key_norm_max [b, kv]`` the largest ``‖k‖`` of the
+    real keys; ``window`` the layer's sliding window (:data:`.options.NO_WINDOW` for none).
+    Adds each counted vote (self, sink, other) to ``partial[task]`` (task = (b, h, block of
+    :data:`QUERY_BLOCK` queries), so that no two tasks write one count) and sets
+    ``uncertain[b, h, t]`` for the rows that fail the margin test (module docstring).
+    """
+    n_b, n_pos, n_h, d = q.shape
+    n_blocks = (n_pos + QUERY_BLOCK - 1) // QUERY_BLOCK
+    gamma = (d + 4) * _U64 / (1.0 - (d + 4) * _U64)
+    for task in prange(n_b * n_h * n_blocks):
+        b = task // (n_h * n_blocks)
+        h = (task // n_blocks) % n_h
+        t0 = (task % n_blocks) * QUERY_BLOCK
+        kh, g = h // kv_size, h // group_size
+        s = sink[b]
+        xs = np.empty((4, n_pos))
+        t1 = min(t0 + QUERY_BLOCK, n_pos)
+        for ta in range(t0, t1, 4):
+            # Borrowed views (:mod:`.borrow`): no reference counting per row. ``xs`` is used here,
+            # so it stays referenced through the loop. The helpers are calls, not inlined: the
+            # parallel loop's dead-code pass would drop writes into a view it cannot trace.
+            qv, xv = borrow(q), borrow(xs)
+            # Four rows per pass (the last ones repeated past the block's end, never read).
+            tb, tc, te = min(ta + 1, t1 - 1), min(ta + 2, t1 - 1), min(ta + 3, t1 - 1)
+            _logits(qv[b, ta, h], qv[b, tb, h], qv[b, tc, h], qv[b, te, h], borrow(kt)[b, kh],
+                    max(0, ta - window + 1), te + 1, xv[0], xv[1], xv[2], xv[3])
+            for t in range(ta, min(ta + 4, t1)):
+                if t <= s or not is_token[b, t]:
+                    continue  # no vote: padding, the sink itself
+                vote = _vote(qv[b, t, h], xv[t - ta], t, max(0, t - window + 1), s, borrow(log_norms)[b, g],
+                             scale, key_norm_max[b, kh], log_norm_max[b, g], gamma)
+                if vote >= 0:
+                    partial[task, vote] += 1
+                else:
+                    uncertain[b, h, t] = True
+
+
+@njit(cache=True)
+def _vote(q_row, x, t, lo, s, ln, scale, key_norm_max, log_norm_max, gamma):  # pragma: no cover - compiled
+    """Query ``t``'s vote from its logits ``x``: 0 (itself), 1 (the sink) or 2 (another key), or
+    −1 where the margin test fails (module docstring)."""
+    q_norm = 0.0
+    for i in range(q_row.shape[0]):
+        q_norm += np.float64(q_row[i]) * np.float64(q_row[i])
+    size = scale * np.sqrt(q_norm) * key_norm_max * (1.0 + 1e-6)  # ≥ |x_k| for every key
+    # σ of the three categories: the query itself, the sink (when the window holds it), the others.
+    own = scale * x[t]
+    by_self = own + ln[t]
+    by_sink = -np.inf
+    if s >= lo:
+        at_sink = scale * x[s]
+        by_sink = at_sink + ln[s]
+        by_other, peak = _range_max(x, ln, scale, lo, s, -np.inf, max(own, at_sink))
+        by_other, peak = _range_max(x, ln, scale, s + 1, t, by_other, peak)
+    else:
+        by_other, peak = _range_max(x, ln, scale, lo, t, -np.inf, own)
+    if by_self >= by_sink and by_self >= by_other:
+        best, second, vote = by_self, max(by_sink, by_other), 0
+    elif by_sink >= by_other:
+        best, second, vote = by_sink, max(by_self, by_other), 1
+    else:
+        best, second, vote = by_other, max(by_self, by_sink), 2
+    bound = 2.0 * gamma * size + 1e-9 * (1.0 + 2.0 * size + abs(best) + abs(second))
+    # NaN or −inf anywhere fails both tests: the row is read in float64.
+    if best - second > bound and best - peak > log_norm_max - 700.0:
+        return vote
+    return -1
