@@ -84,15 +84,16 @@ def t_quantile(level: float, df: int) -> float:
     """The two-sided Student-t critical value: ``t`` with ``P(|T_df| < t) = level``.
 
     ``df = n − 1`` for a mean over ``n`` windows; exact for every integer ``df`` (bisection on
-    the closed-form distribution function; ``df > 1000`` uses the normal quantile, within
-    0.1 %). ``t_quantile(0.95, 3) ≈ 3.182``, ``t_quantile(0.95, 30) ≈ 2.042``; NaN for ``df < 1``.
+    the closed-form distribution function; ``df > 1000`` uses the Cornish–Fisher expansion
+    around the normal quantile ``z`` to the ``df⁻³`` term, within 1e-9 relative there).
+    ``t_quantile(0.95, 3) ≈ 3.182``, ``t_quantile(0.95, 30) ≈ 2.042``; NaN for ``df < 1``.
     """
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), e.g. 0.95, got {level!r}.")
     if df < 1:
         return math.nan
     if df > 1000:
-        return float(torch.special.ndtri(torch.tensor(0.5 + level / 2, dtype=torch.float64)))
+        return _cornish_fisher_t(float(torch.special.ndtri(torch.tensor(0.5 + level / 2, dtype=torch.float64))), df)
     low, high = 0.0, 1.0
     while _t_two_sided(high, df) < level:
         high *= 2
@@ -105,6 +106,16 @@ def t_quantile(level: float, df: int) -> float:
         if high - low < 1e-12 * high:
             break
     return (low + high) / 2
+
+
+def _cornish_fisher_t(z: float, df: int) -> float:
+    """Student-t quantile from the normal quantile ``z`` (Abramowitz & Stegun 26.7.5, three
+    terms): the normal quantile alone is 0.1–0.2 % low near ``df = 1000``."""
+    z2 = z * z
+    g1 = (z2 + 1) * z / 4
+    g2 = ((5 * z2 + 16) * z2 + 3) * z / 96
+    g3 = (((3 * z2 + 19) * z2 + 17) * z2 - 15) * z / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
 
 
 def confidence_interval(
