@@ -20,10 +20,12 @@ holding all queries × all keys, iterate :func:`attention_row_blocks`.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterator
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
 from ._types import COMPUTE_DTYPE
@@ -31,26 +33,143 @@ from ._types import COMPUTE_DTYPE
 #: Value of every probability in the row of a query given as ``-1`` ("no query here").
 NO_QUERY = float("nan")
 
+_QK_LAYOUT = {"q": "[batch, pos, head, d_head]", "k": "[batch, pos, kv_head, d_head]"}
+
+
+def _check_tensor(x: object, name: str, layout: str, ndim: int) -> Tensor:
+    """``x`` itself, once it is a tensor of ``ndim`` axes that holds data."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}; got {type(x).__name__}.")
+    if x.is_meta:
+        raise ValueError(f"{name} is on the meta device: meta tensors hold no data; pass real tensors.")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}; got shape {tuple(x.shape)}. Reshape it "
+                         f"to {layout}: a single sequence still needs its batch axis of 1.")
+    return x
+
+
+def _check_qk(q: Tensor, k: Tensor) -> None:
+    """Raise on ``q`` and ``k`` that cannot be one layer's post-rotary queries and keys."""
+    for name, x in (("q", q), ("k", k)):
+        _check_tensor(x, name, _QK_LAYOUT[name], 4)
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} has dtype {x.dtype}: q and k must be floating point; cast "
+                            "with .float().")
+    if q.device != k.device:
+        raise ValueError(f"q is on {q.device} but k is on {k.device}: move them to one device, "
+                         "e.g. k.to(q.device).")
+    shapes = f"q {tuple(q.shape)} {_QK_LAYOUT['q']}, k {tuple(k.shape)} {_QK_LAYOUT['k']}"
+    for axis, what, fix in ((0, "batch", "pass the keys of the same sequences as the queries"),
+                            (1, "positions", "pass the whole q and k of one forward pass, one key "
+                                             "per position"),
+                            (3, "d_head", "pass the q and k of the same layer")):
+        if q.shape[axis] != k.shape[axis]:
+            raise ValueError(f"q and k differ in {what} ({shapes}): {fix}.")
+    n_heads, n_kv = q.shape[2], k.shape[2]
+    if n_kv <= 0 or n_heads % n_kv:
+        raise ValueError(f"q has {n_heads} heads, k has {n_kv} KV heads: the query heads must be a "
+                         "positive multiple of the KV heads (grouped-query attention).")
+
+
+def _positive_real(value: object, name: str, fix: str) -> float:
+    """``value`` as a float, once it is a finite positive real number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} ({type(value).__name__}) must be a real number: {fix}.")
+    as_float = float(value)
+    if not (math.isfinite(as_float) and as_float > 0):
+        raise ValueError(f"{name}={value!r} must be finite and positive: {fix}.")
+    return as_float
+
+
+def _positive_int(value: object, name: str, what: str) -> int:
+    """``value`` as an int, once it is a positive integer (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}={value!r} ({type(value).__name__}) must be a positive int "
+                        f"number of {what}.")
+    if value < 1:
+        raise ValueError(f"{name}={value} must be a positive number of {what}.")
+    return int(value)
+
+
+def _key_mask(key_mask: object, q: Tensor) -> Tensor | None:
+    """``key_mask`` as a bool tensor (a new one where it was 0/1 of another dtype), once it is
+    one entry per sequence and position of ``q`` on its device."""
+    if key_mask is None:
+        return None
+    layout = "[batch, pos] (True or 1 on real tokens, False or 0 on padding)"
+    mask = _check_tensor(key_mask, "key_mask", "[batch, pos]", 2)
+    if mask.shape != q.shape[:2]:
+        raise ValueError(f"key_mask has shape {tuple(mask.shape)} but q {tuple(q.shape)} has batch "
+                         f"{q.shape[0]} and {q.shape[1]} positions: pass the mask of these "
+                         f"sequences, {layout}.")
+    if mask.device != q.device:
+        raise ValueError(f"key_mask is on {mask.device} but q is on {q.device}: move it, e.g. "
+                         "key_mask.to(q.device).")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.dtype.is_complex:
+        raise TypeError(f"key_mask has dtype {mask.dtype}: pass a boolean (or 0/1) mask, {layout}.")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        bad = mask[(mask != 0) & (mask != 1)][0].item()
+        raise ValueError(f"key_mask holds {bad}, not only 0 and 1: pass a boolean (or 0/1) mask, "
+                         f"{layout}.")
+    return mask != 0  # a new tensor: the caller's mask is left as it is
+
+
+def _validate(
+    q: Tensor, k: Tensor, *, scale: object, window: object, softcap: object, sinks: object,
+    key_mask: object,
+) -> tuple[float, int | None, float | None, Tensor | None]:
+    """Raise ``TypeError`` / ``ValueError`` naming the problem and the fix on anything the
+    rows cannot be computed from; else ``scale``, ``window`` (at most the number of positions,
+    which means the same: no restriction), ``softcap`` and ``key_mask`` (bool) to compute with.
+    O(1), plus one pass over a key mask that is not already bool."""
+    _check_qk(q, k)
+    scale = _positive_real(scale, "scale", "the logit scale, e.g. d_head ** -0.5")
+    if window is not None:
+        window = min(_positive_int(window, "window", "keys (or None for a global layer)"),
+                     max(1, q.shape[1]))
+    if softcap is not None:
+        softcap = _positive_real(softcap, "softcap", "the logit cap (or None for no cap)")
+    if sinks is not None:
+        n_heads = q.shape[2]
+        if not isinstance(sinks, Tensor):
+            raise TypeError(f"sinks must be a tensor of one logit per query head, shape "
+                            f"({n_heads},), or None; got {type(sinks).__name__}.")
+        if sinks.shape != (n_heads,):
+            raise ValueError(f"sinks must hold one logit per query head, shape ({n_heads},); "
+                             f"got {tuple(sinks.shape)}.")
+        if sinks.is_meta:
+            raise ValueError("sinks is on the meta device: meta tensors hold no data; pass real "
+                             "tensors.")
+    return scale, window, softcap, _key_mask(key_mask, q)
+
+
+def _check_queries(queries: object, q: Tensor) -> None:
+    """Raise on ``queries`` that are not ``[batch, n_query]`` positions of ``q`` (or ``-1``)."""
+    queries = _check_tensor(queries, "queries", "[batch, n_query]", 2)
+    if queries.dtype.is_floating_point or queries.dtype.is_complex or queries.dtype == torch.bool:
+        raise TypeError(f"queries has dtype {queries.dtype}: query positions must be integers; "
+                        "cast with .long().")
+    if queries.shape[0] != q.shape[0]:
+        raise ValueError(f"queries has batch {queries.shape[0]} but q {tuple(q.shape)} has batch "
+                         f"{q.shape[0]}: pass one row of query positions per sequence.")
+    if queries.device != q.device:
+        raise ValueError(f"queries is on {queries.device} but q is on {q.device}: move them, e.g. "
+                         "queries.to(q.device).")
+    if queries.numel() and (int(queries.min()) < -1 or int(queries.max()) >= q.shape[1]):
+        raise ValueError(f"queries must lie in [0, {q.shape[1]}) (or be -1 for no query); got "
+                         f"values from {int(queries.min())} to {int(queries.max())}.")
+
 
 def _check(
     q: Tensor, k: Tensor, queries: Tensor, window: int | None, softcap: float | None,
     sinks: Tensor | None,
 ) -> None:
-    """Raise ``ValueError`` on inputs the jaxtyping shapes cannot express."""
-    n_heads, n_kv = q.shape[2], k.shape[2]
-    if n_kv <= 0 or n_heads % n_kv:
-        raise ValueError(f"q has {n_heads} heads, k has {n_kv} KV heads: the query heads must be a "
-                         "positive multiple of the KV heads (grouped-query attention).")
-    if queries.numel() and (int(queries.min()) < -1 or int(queries.max()) >= q.shape[1]):
-        raise ValueError(f"queries must lie in [0, {q.shape[1]}) (or be -1 for no query); got "
-                         f"values from {int(queries.min())} to {int(queries.max())}.")
-    if window is not None and window < 1:
-        raise ValueError(f"window={window} must be a positive number of keys (or None).")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap={softcap} must be positive (or None).")
-    if sinks is not None and sinks.shape != (n_heads,):
-        raise ValueError(f"sinks must hold one logit per query head, shape ({n_heads},); "
-                         f"got {tuple(sinks.shape)}.")
+    """Raise ``ValueError`` / ``TypeError`` on inputs of :func:`attention_rows` (at ``scale=1``,
+    without a key mask) that the rows cannot be computed from, the message naming the fix."""
+    _validate(q, k, scale=1.0, window=window, softcap=softcap, sinks=sinks, key_mask=None)
+    _check_queries(queries, q)
 
 
 def visible_keys(
@@ -105,7 +224,7 @@ def attention_rows(
     window: int | None = None,
     softcap: float | None = None,
     sinks: Float[Tensor, " head"] | None = None,
-    key_mask: Bool[Tensor, "batch pos"] | None = None,
+    key_mask: Shaped[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch head n_query pos"]:
     """Attention probabilities of the chosen queries, recomputed in float64 (formula above).
 
@@ -117,8 +236,14 @@ def attention_rows(
     ``query_pre_attn_scalar ** -0.5``); ``window`` the sliding window of the layer (key ``i``
     visible to query ``t`` iff ``t − window < i ≤ t``); ``softcap`` caps the scaled logits as
     ``softcap · tanh(x / softcap)``; ``sinks`` holds one extra logit per query head that takes
-    part in the softmax's denominator only; ``key_mask`` is False on padding keys. Inputs are
-    never modified.
+    part in the softmax's denominator only; ``key_mask`` is False (or 0) on padding keys. Inputs
+    are never modified.
+
+    Raises ``TypeError`` / ``ValueError``, naming the fix, unless ``q`` and ``k`` are floating
+    tensors of the same batch, positions, ``d_head`` and device, ``queries`` integer positions
+    ``[batch, n_query]``, ``key_mask`` bool or 0/1 ``[batch, pos]``, ``scale`` finite and
+    positive, ``window`` ``None`` or a positive int (one beyond the positions restricts
+    nothing) and ``softcap`` ``None`` or finite and positive.
 
     >>> q = k = torch.tensor([[[[1.0]], [[1.0]], [[1.0]]]])   # batch 1, 3 positions, 1 head, d 1
     >>> attention_rows(q, k, torch.tensor([[2, 0]]), scale=1.0).tolist()
@@ -126,7 +251,23 @@ def attention_rows(
     >>> attention_rows(q, k, torch.tensor([[2]]), scale=1.0, window=2)[0, 0, 0].tolist()
     [0.0, 0.5, 0.5]
     """
-    _check(q, k, queries, window, softcap, sinks)
+    scale, window, softcap, mask = _validate(q, k, scale=scale, window=window, softcap=softcap,
+                                             sinks=sinks, key_mask=key_mask)
+    _check_queries(queries, q)
+    return _rows(q, k, queries, scale, window, softcap, sinks, mask)
+
+
+def _rows(
+    q: Float[Tensor, "batch pos head d"],
+    k: Float[Tensor, "batch pos kv_head d"],
+    queries: Int[Tensor, "batch n_query"],
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    sinks: Float[Tensor, " head"] | None,
+    key_mask: Bool[Tensor, "batch pos"] | None,
+) -> Float[Tensor, "batch head n_query pos"]:
+    """:func:`attention_rows` of validated inputs (``window`` at most the positions)."""
     logits = _logits(q, k, queries, scale)
     if softcap is not None:
         logits.div_(softcap).tanh_().mul_(softcap)
@@ -156,24 +297,41 @@ def attention_row_blocks(
     window: int | None = None,
     softcap: float | None = None,
     sinks: Float[Tensor, " head"] | None = None,
-    key_mask: Bool[Tensor, "batch pos"] | None = None,
+    key_mask: Shaped[Tensor, "batch pos"] | None = None,
 ) -> Iterator[tuple[int, Float[Tensor, "batch head n_query pos"]]]:
     """``(start, rows)`` for the queries ``start … start + block − 1``, over every position.
 
     ``rows`` is :func:`attention_rows` for those queries, ``[batch, head, n, pos]`` with
     ``n = block`` except in the last block (``n = pos − start``). Each block is a new tensor,
     so that peak memory is one block's rows, ``batch × head × block × pos`` float64 values.
+    The inputs are checked as :func:`attention_rows` checks them (and ``block`` must be a
+    positive int) when this is called, before the first block.
 
     >>> q = k = torch.zeros(1, 5, 2, 4)
     >>> [(start, tuple(rows.shape)) for start, rows in attention_row_blocks(q, k, block=2, scale=0.5)]
     [(0, (1, 2, 2, 5)), (2, (1, 2, 2, 5)), (4, (1, 2, 1, 5))]
     """
-    if block < 1:
-        raise ValueError(f"block={block} must be a positive number of queries.")
+    scale, window, softcap, mask = _validate(q, k, scale=scale, window=window, softcap=softcap,
+                                             sinks=sinks, key_mask=key_mask)
+    block = _positive_int(block, "block", "queries")
+    return _blocks(q, k, block, scale, window, softcap, sinks, mask)
+
+
+def _blocks(
+    q: Float[Tensor, "batch pos head d"],
+    k: Float[Tensor, "batch pos kv_head d"],
+    block: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    sinks: Float[Tensor, " head"] | None,
+    key_mask: Bool[Tensor, "batch pos"] | None,
+) -> Iterator[tuple[int, Float[Tensor, "batch head n_query pos"]]]:
+    """:func:`attention_row_blocks` of validated inputs."""
     k = k.to(COMPUTE_DTYPE)  # once, not per block (a no-op on float64 keys)
     for start in range(0, q.shape[1], block):
-        yield start, attention_row_block(q, k, start, min(start + block, q.shape[1]), scale=scale, window=window,
-                                         softcap=softcap, sinks=sinks, key_mask=key_mask)
+        stop = min(start + block, q.shape[1])
+        yield start, _block(q, k, start, stop, scale, window, softcap, sinks, key_mask)
 
 
 def attention_row_block(
@@ -186,26 +344,50 @@ def attention_row_block(
     window: int | None = None,
     softcap: float | None = None,
     sinks: Float[Tensor, " head"] | None = None,
-    key_mask: Bool[Tensor, "batch pos"] | None = None,
+    key_mask: Shaped[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch head n_query pos"]:
     """The rows of queries ``start … stop − 1`` over every position, as one block of
     :func:`attention_row_blocks` (the same computation, so the same numbers bit for bit).
+    The inputs are checked as :func:`attention_rows` checks them; ``start`` and ``stop`` must
+    be ints with ``0 ≤ start < stop ≤ pos``.
 
     >>> q = k = torch.zeros(1, 5, 2, 4)
     >>> tuple(attention_row_block(q, k, 2, 4, scale=0.5).shape)
     (1, 2, 2, 5)
     """
-    batch, n_pos = q.shape[:2]
+    scale, window, softcap, mask = _validate(q, k, scale=scale, window=window, softcap=softcap,
+                                             sinks=sinks, key_mask=key_mask)
+    n_pos = q.shape[1]
+    for name, value in (("start", start), ("stop", stop)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name}={value!r} ({type(value).__name__}) must be an int query "
+                            "position.")
     if not 0 <= start < stop <= n_pos:
-        raise ValueError(f"queries {start} … {stop - 1} must lie in [0, {n_pos}).")
+        raise ValueError(f"queries {start} … {stop - 1} must lie in [0, {n_pos}): pass "
+                         f"0 ≤ start < stop ≤ {n_pos}.")
+    return _block(q, k, int(start), int(stop), scale, window, softcap, sinks, mask)
+
+
+def _block(
+    q: Float[Tensor, "batch pos head d"],
+    k: Float[Tensor, "batch pos kv_head d"],
+    start: int,
+    stop: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    sinks: Float[Tensor, " head"] | None,
+    key_mask: Bool[Tensor, "batch pos"] | None,
+) -> Float[Tensor, "batch head n_query pos"]:
+    """:func:`attention_row_block` of validated inputs."""
+    batch, n_pos = q.shape[:2]
     # Only keys lo … stop − 1 can be visible to these queries (causal, and the window): the
     # logits of the others are never computed (half the work over a sequence), their
     # probabilities are exact zeros.
     lo = 0 if window is None else max(0, start - window + 1)
     queries = torch.arange(start - lo, stop - lo, device=q.device).expand(batch, -1)
-    visible = attention_rows(q[:, lo:stop], k[:, lo:stop], queries, scale=scale, window=window,
-                             softcap=softcap, sinks=sinks,
-                             key_mask=None if key_mask is None else key_mask[:, lo:stop])
+    visible = _rows(q[:, lo:stop], k[:, lo:stop], queries, scale, window, softcap, sinks,
+                    None if key_mask is None else key_mask[:, lo:stop])
     rows = visible.new_zeros(*visible.shape[:-1], n_pos)
     rows[..., lo:stop] = visible
     return rows
