@@ -91,7 +91,8 @@ def test_random_baseline_matches_exact_expectation():
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
 def test_results_do_not_depend_on_chunking(monkeypatch, backend):
-    from tl_geometry.engine import layer, torch_kernels
+    from tl_geometry.engine import layer
+    from tl_geometry.engine.twins import score
 
     case = make_case(30, batch=5, padding="right", sink=True)
     kwargs = dict(n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=3,
@@ -99,7 +100,7 @@ def test_results_do_not_depend_on_chunking(monkeypatch, backend):
     whole = tl_geometry.analyze_heads(case.cache(), **kwargs)
     # One sequence per chunk, then one value group of one sequence, one query per torch block.
     monkeypatch.setattr(layer, "MIN_CHUNK_BYTES", 1)
-    monkeypatch.setattr(torch_kernels, "BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(score, "BLOCK_ELEMENTS", 1)
     for fraction in (1e-3, 1e-9):
         monkeypatch.setattr(layer, "CHUNK_FRACTION", fraction)
         chunked = tl_geometry.analyze_heads(case.cache(), **kwargs)

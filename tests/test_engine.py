@@ -191,7 +191,7 @@ def test_long_rows_count_inversions_as_the_torch_twin(options):
 def test_rows_added_four_at_a_time_round_as_one_at_a_time(stop):
     """The kernel adds weighted value rows (the outputs and s_N of SPEC §10) four per pass;
     every component is still summed row after row, so the sums are the plain loop's bit for bit."""
-    from tl_geometry.engine.score_kernel import _add_rows
+    from tl_geometry.engine.compiled.score import _add_rows
 
     rng = np.random.default_rng(stop)
     values = rng.standard_normal((20, 7)) * 10.0 ** rng.integers(-8, 8, size=(20, 1))

@@ -8,11 +8,13 @@ import pytest
 import torch
 from numba import njit
 
-from tl_geometry.engine import layer
-from tl_geometry.engine.borrow import borrow
-from tl_geometry.engine.gram_kernel import _first_duplicates
-from tl_geometry.engine.order_kernel import rank_keys
+from tl_geometry.engine.backend import NUMBA, TORCH
+from tl_geometry.engine.compiled.borrow import borrow
+from tl_geometry.engine.compiled.gram import _first_duplicates, tie_duplicates_and_sink_geometry
+from tl_geometry.engine.compiled.order import rank_keys
+from tl_geometry.engine.options import NO_WINDOW
 from tl_geometry.engine.paired import N_BINS
+from tl_geometry.engine.twins.gram import sink_geometry, tied_gram
 from tl_geometry.functional.heads import first_duplicate
 
 
@@ -94,8 +96,8 @@ def test_reduce_kernel_equals_its_torch_twin():
     sink[:, 1, :, 3] = torch.nan  # a field never defined
     sees = torch.from_numpy(rng.uniform(size=(b, q)) < 0.8)  # queries whose window holds the sink
     inside &= sees[:, None, :, None]
-    compiled = layer._reduce_numba(metrics, inside, sink, sees)
-    twin = layer._reduce_torch(metrics, inside, sink, sees)
+    compiled = NUMBA.reduce_rows(metrics, inside, sink, sees)
+    twin = TORCH.reduce_rows(metrics, inside, sink, sees)
     for name in compiled._fields:
         torch.testing.assert_close(getattr(compiled, name), getattr(twin, name), equal_nan=True,
                                    rtol=1e-12, atol=1e-12, msg=name)
@@ -125,15 +127,12 @@ def test_gram_kernel_equals_the_torch_gram_and_sink_geometry(queries, window):
     chosen[0, 0] = -1
     gram = values @ values.transpose(-1, -2)
     fields = torch.full((b, g * group, chosen.shape[1], 5), torch.nan, dtype=torch.float64)
-    from tl_geometry.engine.gram_kernel import tie_duplicates_and_sink_geometry
-    from tl_geometry.engine.options import NO_WINDOW
-
     tie_duplicates_and_sink_geometry(values.numpy(), real.numpy(), sink.numpy(), chosen.numpy(),
                                      gram.numpy(), 0, group, fields.numpy(),
                                      NO_WINDOW if window is None else window)
-    assert torch.equal(gram, layer._gram(values))
+    assert torch.equal(gram, tied_gram(values))
     sees = chosen - (NO_WINDOW if window is None else window) < sink[:, None]
-    want = layer.sink_geometry(values, real, sink, chosen, sees).repeat_interleave(group, dim=1)
+    want = sink_geometry(values, real, sink, chosen, sees).repeat_interleave(group, dim=1)
     ok = (chosen >= 0) & real.gather(1, chosen.clamp_min(0)) & sees
     if window is not None:
         assert not sees.all() and sees.any()

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tl_geometry.engine import check_options, checks, key_votes
+from tl_geometry.engine.backend import NUMBA, TORCH
 from tl_geometry.engine.block import AttentionRows, KeyedRows, QueryKeys
 from tl_geometry.engine.layer import analyze_layer
 from tl_geometry.engine.options import NO_WINDOW
@@ -27,7 +28,7 @@ def _rows_votes(qk: QueryKeys, is_token, sink, norms, group_size):
     blocks = attention_row_blocks(qk.q, qk.k, block=qk.block, scale=qk.scale, window=qk.window,
                                   key_mask=qk.key_mask)
     window = NO_WINDOW if qk.window is None else qk.window
-    return checks.check_and_vote(blocks, is_token, sink, norms, group_size, numba=True, window=window)
+    return checks.check_and_vote(blocks, is_token, sink, norms, group_size, NUMBA, window=window)
 
 
 @st.composite
@@ -66,7 +67,7 @@ def layers(draw):
 def test_votes_from_keys_equal_the_float64_rows(case):
     qk, is_token, sink, norms, group = case
     before = [x.clone() for x in (qk.q, qk.k, is_token, sink, norms)]
-    got = key_votes.check_and_vote(qk, is_token, sink, norms, group, qk.window)
+    got = key_votes.check_and_vote(qk, is_token, sink, norms, group, qk.window, NUMBA)
     for x, y in zip(before, (qk.q, qk.k, is_token, sink, norms)):  # the caller's tensors are read only
         torch.testing.assert_close(y, x, rtol=0, atol=0, equal_nan=True)
     want_votes = _rows_votes(qk, is_token, sink, norms, group)[1]
@@ -89,7 +90,7 @@ def test_ties_are_read_from_the_float64_rows(monkeypatch):
     monkeypatch.setattr(key_votes, "_recheck", lambda qk, uncertain, *a: (rechecked.append(int(uncertain.sum())),
                                                                         recheck(qk, uncertain, *a)))
     qk = QueryKeys(q, k, 0.5, None, None, 7)
-    got = key_votes.check_and_vote(qk, is_token, sink, norms, 2, None)
+    got = key_votes.check_and_vote(qk, is_token, sink, norms, 2, None, NUMBA)
     assert got is not None and rechecked and 0 < rechecked[0] < 2 * 29
     assert torch.equal(got[1], _rows_votes(qk, is_token, sink, norms, 2)[1])
 
@@ -111,22 +112,23 @@ def test_a_near_tie_within_float32_round_off_is_settled_in_float64(monkeypatch):
     recheck = key_votes._recheck
     monkeypatch.setattr(key_votes, "_recheck", lambda qk, uncertain, *a: (rechecked.append(int(uncertain.sum())),
                                                                         recheck(qk, uncertain, *a)))
-    got = key_votes.check_and_vote(qk, is_token, torch.tensor([0]), norms, 1, None)
+    got = key_votes.check_and_vote(qk, is_token, torch.tensor([0]), norms, 1, None, NUMBA)
     want = _rows_votes(qk, is_token, torch.tensor([0]), norms, 1)[1]
     assert rechecked == [1]
     assert got is not None and torch.equal(got[1], want)
     assert want[0, 0].tolist() == [1, 0, 1]  # query 2: key 1 wins by 1e-12 in float64, "other"
 
 
-@pytest.mark.parametrize("change", ["window", "mask", "nan_query", "inf_key", "no_keys"])
+@pytest.mark.parametrize("change", ["window", "mask", "nan_query", "inf_key", "no_keys", "torch"])
 def test_the_fast_path_declines_where_its_reasoning_does_not_hold(change):
     """A window or key mask other than the layer's, or a non-finite query or key at a real
-    position: the rows must be read, so that their checks name the problem."""
+    position: the rows must be read, so that their checks name the problem. The torch backend
+    has no vote from keys: it reads the rows too."""
     q, k = torch.randn(1, 6, 2, 4), torch.randn(1, 6, 1, 4)
     is_token = torch.ones(1, 6, dtype=torch.bool)
     norms = torch.ones(1, 1, 6, dtype=torch.float64)
     qk = QueryKeys(q, k, 0.5, None, None, 7)
-    window = None
+    window, backend = None, NUMBA
     if change == "window":
         window = 3
     elif change == "mask":
@@ -135,9 +137,11 @@ def test_the_fast_path_declines_where_its_reasoning_does_not_hold(change):
         q[0, 3, 1, 0] = torch.nan
     elif change == "inf_key":
         k[0, 2, 0, 1] = torch.inf
+    elif change == "torch":
+        backend = TORCH
     else:
         qk = None
-    assert key_votes.check_and_vote(qk, is_token, sink_positions(is_token), norms, 2, window) is None
+    assert key_votes.check_and_vote(qk, is_token, sink_positions(is_token), norms, 2, window, backend) is None
 
 
 class KeyedCompactRows:

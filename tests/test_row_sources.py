@@ -81,7 +81,7 @@ def test_compact_rows_in_blocks_equal_the_pattern(backend, queries, case_options
 def test_torch_twin_checks_in_query_blocks(monkeypatch, case_options):
     """The torch twin reads a cached pattern's rows a few queries at a time (never a float64 copy of
     a whole [head, query, key]); the votes and the validation add up to those of one block."""
-    from tl_geometry.engine import checks
+    from tl_geometry.engine.twins import check
 
     case = make_case(5, batch=2, n_pos=11, **case_options)
     opts = check_options(n_values=(1, 2, 4), queries="all", random_samples=3, shuffle_samples=2, seed=1,
@@ -92,7 +92,7 @@ def test_torch_twin_checks_in_query_blocks(monkeypatch, case_options):
     kwargs = dict(layer=0, mask_given=case.attention_mask is not None)
     want = analyze_layer(case.pattern, case.v, mask, sink_positions(mask), opts, **kwargs)
     bytes_per_query = case.pattern.shape[1] * case.pattern.shape[3] * 8
-    monkeypatch.setattr(checks, "TORCH_CHECK_BYTES", 3 * bytes_per_query)  # blocks of 3 queries
+    monkeypatch.setattr(check, "TORCH_CHECK_BYTES", 3 * bytes_per_query)  # blocks of 3 queries
     got = analyze_layer(case.pattern, case.v, mask, sink_positions(mask), opts, **kwargs)
     for name, a, b in zip(want._fields, want, got):
         torch.testing.assert_close(b, a, equal_nan=True, rtol=0, atol=0, msg=name)

@@ -4,11 +4,13 @@ import-linter's contracts (``pyproject.toml``, run by the lint step) keep the la
 these tests check what a contract cannot state, on the static import graph that grimp builds
 from every import statement (lazy imports inside functions and ``TYPE_CHECKING`` imports
 included): no import cycle at all, no subpackage module importing the package root, and at
-most five modules directly in ``tl_geometry/``.
+most five modules directly in ``tl_geometry/``; and, on the engine's source, that its backend
+is chosen in one place.
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import grimp
@@ -86,3 +88,33 @@ def test_at_most_five_modules_lie_directly_in_the_package():
 def test_every_public_name_is_importable_from_the_root():
     for name in tl_geometry.__all__:
         assert getattr(tl_geometry, name) is not None, name
+
+
+def _engine_trees() -> dict[str, ast.Module]:
+    """The parsed source of every engine module, by its path inside ``engine/``."""
+    engine = PACKAGE / "engine"
+    return {path.relative_to(engine).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+            for path in sorted(engine.rglob("*.py"))}
+
+
+def test_the_engine_chooses_its_backend_in_one_place():
+    """numba or torch is chosen once per layer (``engine.backend.choose_backend``, named by
+    ``engine.layer`` alone) and the orchestration calls the chosen table's entries: only the
+    compiled kernels import numba, so no other module can branch on it."""
+    choosers, numba_importers = set(), set()
+    for name, tree in _engine_trees().items():
+        for node in ast.walk(tree):
+            named = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                     else node.name if isinstance(node, ast.alias) else None)
+            if named == "choose_backend":
+                choosers.add(name)
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                modules = [node.module or ""]
+            else:
+                modules = []
+            if any(m == "numba" or m.startswith("numba.") for m in modules):
+                numba_importers.add(name)
+    assert choosers == {"layer.py"}, choosers
+    assert numba_importers and all(name.startswith("compiled/") for name in numba_importers), numba_importers

@@ -1,11 +1,12 @@
 """The analysis engine: the one place that turns a layer's pattern and values into results.
 
-``options`` validates the options; ``layer`` does one layer's work (fused validation and votes,
-Gram matrices, selections and scores, sink geometry) through the compiled ``check_kernel`` and
-``score_kernel`` or their ``torch_kernels`` twins (with recomputed rows, the votes come from the
-queries and keys: ``key_votes`` and ``vote_kernel``); ``accumulate`` sums layers, batches and
-processes and finishes the :class:`~tl_geometry.HeadAnalysis`. ``analyze_heads`` (a cache) and
-``analyze_model`` (forward hooks) are thin front-ends over it.
+``options`` validates the options; ``layer`` does one layer's work (fused validation and votes
+in ``checks``, Gram matrices, selections and scores, sink geometry; with recomputed rows, the
+votes come from the queries and keys: ``key_votes``) through the :class:`~.backend.Backend`
+that ``backend`` chooses for it: the compiled kernels of ``compiled`` (numba, CPU) or their
+torch twins of ``twins`` (any device), which share ``layout``; ``accumulate`` sums layers,
+batches and processes and finishes the :class:`~tl_geometry.HeadAnalysis`. ``analyze_heads``
+(a cache) and ``analyze_model`` (forward hooks) are thin front-ends over it.
 """
 
 from .accumulate import Accumulator

@@ -43,12 +43,10 @@ from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.stats import nearest_rank_percentile
 from ..result import BOUND_KINDS, BOUND_METRICS, PERCENTILE, HeadAnalysis
-from .layer import SEQUENCE_GROUPS, LayerStats
+from .layer import LayerStats
+from .layout import SEQUENCE_GROUPS, TRUNCATION
 from .options import AnalysisOptions
 from .paired import N_BINS, paired_figures
-
-#: Where the truncation figures (SPEC §10) start on the metric axis.
-_TRUNCATION_START = METRIC_NAMES.index(TRUNCATION_NAMES[0])
 
 
 @dataclass
@@ -135,8 +133,8 @@ class Accumulator:
     def add(self, li: int, stats: LayerStats, sequence_offset: int = 0) -> None:
         """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
         seq_mean = stats.seq_mean.to(self.seq_sum.device)
-        # SPEC §3's metrics and the truncation figures summed apart (see layer._reduce_torch).
-        for part in (slice(None, _TRUNCATION_START), slice(_TRUNCATION_START, None)):
+        # SPEC §3's metrics and the truncation figures summed apart (see twins.reduce.reduce_rows).
+        for part in (slice(None, TRUNCATION.start), slice(TRUNCATION.start, None)):
             _add_means(self.seq_sum[li][..., part], self.seq_count[li][..., part],
                        seq_mean[..., part].contiguous())
         self.inst_sum[li] += stats.inst_sum.to(self.inst_sum.device)

@@ -28,13 +28,11 @@ from ..functional.bounds import (
     regime_bounds,
 )
 from ..functional.regime import diagnostics_from_pairs
+from ..functional.selection import top_n_ranks
 from .block import LayerBlock, group_values
+from .layout import BLOCK_ELEMENTS
 from .options import AnalysisOptions
 from .shell import SHELL_KINDS, shell_block
-from .torch_kernels import _ranks
-
-#: Float64 attention rows ``[head, query, key]`` held at once.
-BLOCK_ELEMENTS = 1 << 22
 
 
 def layer_bounds(
@@ -70,7 +68,7 @@ def layer_bounds(
             alpha = rows[0][:, row_of[0].clamp_min(0)].to(COMPUTE_DTYPE)  # [h, q, k]
             alpha = torch.where(key_mask, alpha, 0.0)
             score = alpha * norms[b][:, None] if opts.rank_by == "contribution" else alpha
-            top = _ranks(score, key_mask)
+            top = top_n_ranks(score, key_mask)
             split = rearrange(alpha, "(g r) q k -> g r q k", r=data.group_size)
             ranks = rearrange(top, "(g r) q k -> g r q k", r=data.group_size)
             for kind, params in enumerate(regimes):

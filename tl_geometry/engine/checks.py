@@ -1,6 +1,6 @@
 """Validation of one layer's pattern and values, fused with the taxonomy votes (SPEC §5).
 
-One read of every real query row gives the statistics of :data:`.check_kernel.N_STATS`; every
+One read of every real query row gives the statistics of :data:`.layout.N_STATS`; every
 statistic is NaN-proof (a NaN anywhere a key does not exist counts as a leak, never as "not
 greater than the tolerance"), and each failure raises a :class:`~tl_geometry.cache.CacheError`
 that names the problem and the fix.
@@ -17,8 +17,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..inputs.cache import PATTERN_HOOK, VALUE_HOOK, CacheError
-from . import torch_kernels
-from .check_kernel import (
+from .backend import Backend
+from .layout import (
     LEAK_TOL,
     N_STATS,
     ST_DEAD,
@@ -38,8 +38,6 @@ from .options import NO_WINDOW
 #: never more, up to half-precision round-off.
 MAX_ROW_SUM = 1.01
 NEGATIVE_TOL = 1e-6
-#: Bytes of one float64 copy of the rows that the torch twin checks at once, per sequence.
-TORCH_CHECK_BYTES = 1 << 25
 
 
 #: Value magnitudes whose squared norms float64 holds without overflow or loss to underflow.
@@ -90,33 +88,18 @@ def check_and_vote(
     sink: Int[Tensor, " batch"],
     norms: Float[Tensor, "batch group key"],
     group_size: int,
+    backend: Backend,
     *,
-    numba: bool,
     window: int = NO_WINDOW,
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
     """Validation statistics and source-winner vote counts of every (sequence, head), from every
     query's rows given in ascending blocks ``(first query, rows)`` (one block: the pattern);
     ``window`` is the layer's sliding window (:data:`.options.NO_WINDOW`: none)."""
     batch, n_heads = is_token.shape[0], norms.shape[1] * group_size
-    stats, votes = new_stats(batch, n_heads)
-    if not numba:
-        out = torch.from_numpy(stats).to(norms.device), torch.from_numpy(votes).to(norms.device)
-        for q_start, rows in blocks:
-            # The twin holds a few float64 copies of the rows it reads: it reads them in query
-            # blocks, never a whole [head, query, key] at once (the statistics add over blocks).
-            step = max(1, TORCH_CHECK_BYTES // (rows.shape[1] * rows.shape[-1] * 8))
-            for q0 in range(0, rows.shape[2], step):
-                torch_kernels.check_and_vote(rows[:, :, q0 : q0 + step], q_start + q0, is_token, sink, norms,
-                                             group_size, *out, window=window)
-        return out
-    from .check_kernel import check_and_vote as kernel
-
-    fixed = [x.detach().contiguous().numpy() for x in (is_token, sink, norms)]
+    stats, votes = (torch.from_numpy(x).to(norms.device) for x in new_stats(batch, n_heads))
     for q_start, rows in blocks:
-        if rows.dtype not in (torch.float32, torch.float64):
-            rows = rows.float()  # the kernel reads float32 or float64 rows
-        kernel(rows.detach().contiguous().numpy(), q_start, *fixed, group_size, window, stats, votes)  # type: ignore[call-arg]
-    return torch.from_numpy(stats), torch.from_numpy(votes)
+        backend.check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, votes)
+    return stats, votes
 
 
 def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, window: int | None = None) -> None:

@@ -3,20 +3,23 @@
 The recompute path (:mod:`tl_geometry.analyze.recompute`) needs every query's row only for the
 source-winner votes and the checks. Rows recomputed from finite queries and keys are exact
 softmax rows: nothing on future, padding or out-of-window keys, no negative entry, a sum of 1 and
-never a row without mass, so the checks have nothing to find. The votes come from
-:func:`.vote_kernel.vote_from_keys`, which compares logits plus ``log‖v‖`` (no ``exp``, no row
-of probabilities) and settles each row by a margin test; the few rows it cannot settle (exact
-ties) are recomputed in float64, in the blocks the rows path computes them in, and read as the
-pattern path reads them (:func:`.check_kernel.check_and_vote_rows`). The votes are those of the
-float64 rows bit for bit.
+never a row without mass, so the checks have nothing to find. The votes come from the
+backend's compiled :func:`.compiled.vote.vote_from_keys`, which compares logits plus ``log‖v‖``
+(no ``exp``, no row of probabilities) and settles each row by a margin test; the few rows it
+cannot settle (exact ties) are recomputed in float64, in the blocks the rows path computes them
+in, and read as the pattern path reads them (:func:`.compiled.check.check_and_vote_rows`). The
+votes are those of the float64 rows bit for bit.
 
 :func:`check_and_vote` declines (returns ``None``, and the caller reads the rows) where that
-reasoning does not hold: a softcap or sink logits (the source gives no :class:`.block.QueryKeys`),
-a non-finite query or key at a real position (the rows' checks then name it), a window or key
-mask that differs from the layer's (the rows' checks then find the leak).
+reasoning does not hold or cannot run: a backend without these kernels (the torch twins), a
+softcap or sink logits (the source gives no :class:`.block.QueryKeys`), a non-finite query or key
+at a real position (the rows' checks then name it), a window or key mask that differs from the
+layer's (the rows' checks then find the leak).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,11 +28,11 @@ from torch import Tensor
 
 from ..functional._types import COMPUTE_DTYPE
 from ..functional.attention import attention_row_block
+from .backend import Backend
 from .block import QueryKeys
-from .check_kernel import check_and_vote_rows
 from .checks import new_stats
+from .layout import VOTE_QUERY_BLOCK
 from .options import NO_WINDOW
-from .vote_kernel import QUERY_BLOCK, vote_from_keys
 
 
 def check_and_vote(
@@ -39,12 +42,15 @@ def check_and_vote(
     norms: Float[Tensor, "batch group key"],
     group_size: int,
     window: int | None,
+    backend: Backend,
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]] | None:
     """Validation statistics and source-winner votes of every (sequence, head) from ``qk`` (CPU),
     as :func:`.checks.check_and_vote` gives them from the float64 rows; ``None`` where the rows
     must be read instead (module docstring). ``norms`` are the value groups' ``‖v‖``; query head
-    ``h`` reads group ``h // group_size``; ``window`` is the layer's declared window."""
-    if qk is None or qk.window != window or not _same_mask(qk.key_mask, is_token):
+    ``h`` reads group ``h // group_size``; ``window`` is the layer's declared window; the
+    kernels are ``backend``'s (:attr:`.backend.Backend.from_keys`)."""
+    kernels = backend.from_keys
+    if kernels is None or qk is None or qk.window != window or not _same_mask(qk.key_mask, is_token):
         return None
     q, k = qk.q.detach(), qk.k.detach()
     padding = ~is_token[:, :, None]
@@ -60,10 +66,10 @@ def check_and_vote(
     key_norm_max = torch.linalg.vector_norm(k, dim=-1, dtype=COMPUTE_DTYPE).masked_fill(padding, 0.0).amax(1)
     log_norms = norms.to(COMPUTE_DTYPE).log().masked_fill(~is_token[:, None, :], -torch.inf)
     kernel_window = NO_WINDOW if window is None else window
-    n_blocks = -(-n_pos // QUERY_BLOCK)
+    n_blocks = -(-n_pos // VOTE_QUERY_BLOCK)
     partial = np.zeros((batch * n_heads * n_blocks, 3), dtype=np.int64)
     uncertain = np.zeros((batch, n_heads, n_pos), dtype=np.bool_)
-    vote_from_keys(
+    kernels.vote_from_keys(
         q.to(dtype).contiguous().numpy(),
         keys.permute(0, 2, 3, 1).contiguous().numpy(),  # [b, kv, d, pos]: one key per lane
         float(qk.scale),
@@ -77,7 +83,8 @@ def check_and_vote(
     stats, votes = new_stats(batch, n_heads)
     votes += partial.reshape(batch, n_heads, n_blocks, 3).sum(2)
     if uncertain.any():
-        _recheck(qk, torch.from_numpy(uncertain), is_token, sink, norms, group_size, kernel_window, stats, votes)
+        _recheck(qk, torch.from_numpy(uncertain), is_token, sink, norms, group_size, kernel_window, stats, votes,
+                 kernels.check_rows)
     return torch.from_numpy(stats), torch.from_numpy(votes)
 
 
@@ -89,7 +96,8 @@ def _same_mask(key_mask: Tensor | None, is_token: Tensor) -> bool:
 
 
 def _recheck(qk: QueryKeys, uncertain: Tensor, is_token: Tensor, sink: Tensor, norms: Tensor,
-             group_size: int, window: int, stats: np.ndarray, votes: np.ndarray) -> None:
+             group_size: int, window: int, stats: np.ndarray, votes: np.ndarray,
+             check_rows: Callable[..., None]) -> None:
     """Add the statistics and votes of the ``uncertain [b, h, pos]`` rows, read from their
     float64 rows. Each is recomputed in the block of ``qk.block`` queries that holds it, as the
     source's ``blocks`` computes it: the same rows bit for bit, so the same winner even where
@@ -104,5 +112,5 @@ def _recheck(qk: QueryKeys, uncertain: Tensor, is_token: Tensor, sink: Tensor, n
             continue
         rows = attention_row_block(q, k, start, stop, scale=qk.scale, window=qk.window, key_mask=qk.key_mask)
         positions = torch.arange(start, stop).expand(batch, -1)
-        check_and_vote_rows(rows.contiguous().numpy(), positions.contiguous().numpy(),  # type: ignore[call-arg]
-                            take.contiguous().numpy(), *fixed, group_size, window, stats, votes)
+        check_rows(rows.contiguous().numpy(), positions.contiguous().numpy(), take.contiguous().numpy(), *fixed,
+                   group_size, window, stats, votes)

@@ -16,7 +16,7 @@ Queries = Literal["last", "all"]
 Distance = Literal["euclidean", "cosine"]
 Space = Literal["value", "output"]
 RankBy = Literal["attention", "contribution"]
-Backend = Literal["auto", "numba", "torch"]
+BackendName = Literal["auto", "numba", "torch"]
 
 DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_RANDOM_SAMPLES = 16
@@ -47,7 +47,7 @@ class AnalysisOptions:
     space: Space = "value"
     rank_by: RankBy = "attention"
     bounds: bool = False
-    backend: Backend = "auto"
+    backend: BackendName = "auto"
 
 
 def _choice(name: str, value: object, literal: object, notes: dict[str, str] | None = None) -> None:
@@ -121,7 +121,7 @@ def check_options(
     _choice("distance", distance, Distance)
     _choice("space", space, Space, {"value": "α·v", "output": "α·v·W_O"})
     _choice("rank_by", rank_by, RankBy)
-    _choice("backend", backend, Backend)
+    _choice("backend", backend, BackendName)
     _choice("shuffle", shuffle, ShuffleKind, _SHUFFLE_NOTES)
     bounds = _flag("bounds", bounds)
     if bounds and distance != "euclidean":

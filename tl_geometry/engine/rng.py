@@ -4,7 +4,7 @@ Every draw is a pure function of ``(seed, layer, sequence, query, head, sample, 
 through the SplitMix64 finaliser, so a key's draws do not depend on batch width, chunking,
 streaming, thread count or device. Sequences are numbered globally and queries by their index
 among the sequence's real tokens, so padding does not move the draws either. The compiled
-kernels (:mod:`.score_kernel`) and the torch twin (:mod:`.torch_kernels`) use the same arithmetic:
+kernels (:mod:`.compiled.order`) and the torch twins (:mod:`.twins.order`) use the same arithmetic:
 64-bit wrap-around, which numpy ``uint64`` and torch ``int64`` share bit for bit.
 
 The size-``N`` random subsets are the first ``N`` keys of a partial Fisher–Yates shuffle of

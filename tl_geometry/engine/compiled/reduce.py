@@ -1,9 +1,9 @@
 """Compiled reduction of one layer's per-query rows (numba, CPU): one read of every row.
 
-:func:`reduce_rows` computes what :func:`.layer._reduce_torch` computes with torch on other
+:func:`reduce_rows` computes what :func:`..twins.reduce.reduce_rows` computes with torch on other
 devices: per-sequence means over the chosen queries (NaN where none is defined), the
 sink-in / sink-out instance sums and counts of the top-N set, the paired-sink ratio histogram
-(:mod:`.paired`) and the per-sequence sink means. Each head is one task, its sums taken in
+(:mod:`..paired`) and the per-sequence sink means. Each head is one task, its sums taken in
 query order. Compiled on first use and cached on disk.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .paired import BINS_PER_OCTAVE, N_BINS, OCTAVES
+from ..paired import BINS_PER_OCTAVE, N_BINS, OCTAVES
 
 _HALF_RANGE = BINS_PER_OCTAVE * OCTAVES
 

@@ -1,6 +1,6 @@
 """Compiled selection orders of the scoring kernel (numba, CPU): the stable ranking of the keys
 (SPEC §2) and the seeded permutations of the random baseline and the value-shuffle null
-(the counter-based stream of :mod:`.rng`, bit for bit). Compiled on first use and cached on disk.
+(the counter-based stream of :mod:`..rng`, bit for bit). Compiled on first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .rng import _C1, _C2, GOLDEN, SAMPLE_STRIDE, SHUFFLE_SALT
+from ..rng import _C1, _C2, GOLDEN, SAMPLE_STRIDE, SHUFFLE_SALT
 
 _U_C1 = np.uint64(_C1)
 _U_C2 = np.uint64(_C2)
@@ -23,7 +23,7 @@ _U_LOW = np.uint64(0xFFFFFFFF)
 
 @njit(cache=True, inline="always")
 def mix(z):  # pragma: no cover - compiled
-    """The SplitMix64 finaliser of a uint64: :func:`.rng.mix`, compiled."""
+    """The SplitMix64 finaliser of a uint64: :func:`..rng.mix`, compiled."""
     z = (z ^ (z >> _S30)) * _U_C1
     z = (z ^ (z >> _S27)) * _U_C2
     return z ^ (z >> _S31)
@@ -31,7 +31,7 @@ def mix(z):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def fisher_yates(perm, steps, row_key, sample):  # pragma: no cover - compiled
-    """The first ``steps`` swaps of the Fisher–Yates shuffle of ``perm`` (stream of :mod:`.rng`)."""
+    """The first ``steps`` swaps of the Fisher–Yates shuffle of ``perm`` (stream of :mod:`..rng`)."""
     m = perm.shape[0]
     base = np.uint64(sample) * _U_STRIDE
     for r in range(steps):

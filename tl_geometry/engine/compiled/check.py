@@ -1,9 +1,10 @@
 """Compiled validation and votes (numba, CPU): one read of every real query row of a layer.
 
-:func:`check_and_vote` gathers the statistics :mod:`.checks` turns into errors (non-finite
-entries where keys exist, mass on future or padding keys or on keys outside the layer's sliding
-window, negative entries, row sums, rows without mass) and the source-winner votes of SPEC §5. Its torch twin is
-:func:`.torch_kernels.check_and_vote`. Compiled on first use and cached on disk.
+:func:`check_and_vote` gathers the statistics (``ST_*`` of :mod:`..layout`) that :mod:`..checks`
+turns into errors (non-finite entries where keys exist, mass on future or padding keys or on keys
+outside the layer's sliding window, negative entries, row sums, rows without mass) and the
+source-winner votes of SPEC §5. Its torch twin is :func:`..twins.check.check_and_vote`. Compiled
+on first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -11,11 +12,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-# Indices of the validation statistics written by check_and_vote, per (sequence, head).
-N_STATS = 10
-(ST_NONFINITE, ST_NONFINITE_Q, ST_NONFINITE_K, ST_FUTURE, ST_PADDING, ST_MIN, ST_ROW_SUM,
- ST_DEAD, ST_DEAD_Q, ST_WINDOW) = range(N_STATS)
-LEAK_TOL = 1e-4
+from ..layout import (
+    LEAK_TOL,
+    ST_DEAD,
+    ST_DEAD_Q,
+    ST_FUTURE,
+    ST_MIN,
+    ST_NONFINITE,
+    ST_NONFINITE_K,
+    ST_NONFINITE_Q,
+    ST_PADDING,
+    ST_ROW_SUM,
+    ST_WINDOW,
+)
 
 
 @njit(cache=True)
@@ -75,10 +84,10 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
     ``pattern [b, h, q, k]`` (float32/64) holds the rows of queries ``q_start …`` (all of them,
     or one block), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]`` (‖v‖ of value group
     ``g = h // group_size``), ``window`` the layer's sliding window (query ``t`` sees keys
-    ``t − window < k ≤ t``; :data:`.options.NO_WINDOW` for none): weight before it is a leak, and
+    ``t − window < k ≤ t``; :data:`..options.NO_WINDOW` for none): weight before it is a leak, and
     the winner is one of the keys the query sees, so a query that cannot see the sink never
     votes "sink" (SPEC §1). Only rows of real queries are read. ``stats`` and ``votes`` add up
-    over calls (:func:`.checks.new_stats` starts them), so blocks of queries taken in ascending
+    over calls (:func:`..checks.new_stats` starts them), so blocks of queries taken in ascending
     order give the statistics of one call over every query.
 
     Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
@@ -135,7 +144,7 @@ def check_and_vote_rows(rows, positions, take, is_token, sink, norms, group_size
     """:func:`check_and_vote` for chosen rows only: ``rows [b, h, j, k]`` holds query
     ``positions[b, j]``'s row, and row ``j`` of head ``h`` is read where ``take[b, h, j]``.
 
-    The rows a margin test could not settle (:mod:`.vote_kernel`): each is read key by key
+    The rows a margin test could not settle (:mod:`.vote`): each is read key by key
     (:func:`_check_row`), as the pattern path reads a row that leaks, so its statistics and its
     vote are those of :func:`check_and_vote` on the same row.
     """

@@ -1,7 +1,7 @@
 """Compiled per-group work on the Gram matrices (numba, CPU): exact duplicates and sink geometry.
 
 :func:`tie_duplicates_and_sink_geometry` does, per (sequence, value group), what
-:func:`.layer._gram` and :func:`.layer.sink_geometry` do in torch for other devices:
+:func:`..twins.gram.tied_gram` and :func:`..twins.gram.sink_geometry` do in torch for other devices:
 
 - rows and columns of ``G = V Vᵀ`` whose value vectors are bit-identical are made identical
   (BLAS may round them apart, which would split exact ties, SPEC §3);
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..functional._types import COSINE_EPS
+from ...functional._types import COSINE_EPS
 
 
 @njit(cache=True)
@@ -86,7 +86,7 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
     ``queries [b, Q]`` (−1: none; ascending queries read each key once). Over ``J_t`` = is_token
     keys ``≤ t`` other than the sink: ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)``
     and ``cos(v_sink, mean v_j)``. Where ``J_t`` is empty, the query is not real or its sliding
-    ``window`` (:data:`.options.NO_WINDOW`: none) starts after the sink (it has no sink, SPEC §1)
+    ``window`` (:data:`..options.NO_WINDOW`: none) starts after the sink (it has no sink, SPEC §1)
     the fields are left as they are (NaN, as the caller allocates them). A query that sees the
     sink sees every real key up to itself, so ``J_t`` needs no window.
     """

@@ -3,8 +3,8 @@
 :func:`score_rows` scores every chosen query of every head: the top-N set, the top-N with the
 sink removed, ``R`` random subsets and ``S`` permutations of one of the nulls of SPEC §3 (values,
 norms, directions or unselected), for every N (SPEC §2–3). It has a
-pure-torch twin in :mod:`.torch_kernels` (for CUDA and other devices, and as a second
-implementation the tests compare); validation and votes are :mod:`.check_kernel`'s.
+pure-torch twin in :mod:`..twins.score` (for CUDA and other devices, and as a second
+implementation the tests compare); validation and votes are :mod:`.check`'s.
 
 Inner products come from the Gram matrix ``G = V Vᵀ`` of the row's value group, accumulated as
 nested prefix sums along each selection order: ``⟨v_k, s_N⟩ = Σ_{r<N} α_{π(r)} G[π(r), k]``, so
@@ -36,10 +36,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..functional._types import COSINE_EPS
+from ...functional._types import COSINE_EPS
+from ..options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .borrow import borrow
-from .options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
-from .order_kernel import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
+from .order import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
 
 
 @njit(cache=True, inline="always")
@@ -406,7 +406,7 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
     pattern with ``row_of = queries``, or only the chosen rows); ``queries [b, Q]`` (−1: none),
     ``is_token``, ``sink``, ``real_index``
     and ``sequence_keys`` are the chunk's sequences; ``window`` is the layer's sliding window
-    (:data:`.options.NO_WINDOW` for none): query ``t``'s candidates are the real keys
+    (:data:`..options.NO_WINDOW` for none): query ``t``'s candidates are the real keys
     ``max(sink, t − window + 1) … t`` (SPEC §1, ours), and a query whose window starts after the
     sink has no sink (no sink-removed group, never "sink in S_N", no sink fields, every key
     shuffled); ``gram [b, g, k, k]`` holds value groups ``g0 + g`` and ``values [b, g, k, d]``
@@ -420,7 +420,7 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
     The value-shuffle null (SPEC §3) gives key ``k`` the value of key ``π(k)`` (``π`` permutes
     the non-sink keys). Its distances are those of weights ``α'_{π(k)} = α_k`` on the *unmoved*
     values with the selection ``π(S_N)``, so it reuses the Gram matrix and :func:`_run_order`.
-    ``shuffle_kind`` (:data:`.options.NULL_VALUES` …) picks the null; the others are rescaled weights on
+    ``shuffle_kind`` (:data:`..options.NULL_VALUES` …) picks the null; the others are rescaled weights on
     the same unmoved values (:func:`_null_weights`), or, for the unselected null, the top-N
     aggregate with moved unselected keys (:func:`_run_unselected`).
     """

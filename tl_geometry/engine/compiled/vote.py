@@ -20,7 +20,7 @@ the votes are defined on (*the margin test*):
 
 A row that fails the test (an exact tie, a tie within the slack, a row whose keys all have zero
 values) is marked ``uncertain`` and counted nowhere: the caller recomputes its float64 row and
-votes as the pattern path does (:func:`.check_kernel.check_and_vote_rows`), so the votes are the
+votes as the pattern path does (:func:`.check.check_and_vote_rows`), so the votes are the
 float64 rows' bit for bit. Compiled on first use and cached on disk.
 """
 
@@ -29,10 +29,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..layout import VOTE_QUERY_BLOCK
 from .borrow import borrow
 
-#: Queries of one (sequence, head) per parallel task.
-QUERY_BLOCK = 32
 _U64 = 2.0**-53
 
 
@@ -101,22 +100,22 @@ def vote_from_keys(q, kt, scale, is_token, sink, log_norms, log_norm_max, key_no
     ``h // group_size``.
     ``log_norms [b, g, pos]`` is ``log‖v_k‖`` (−inf at padding and at zero values),
     ``log_norm_max [b, g]`` its maximum, ``key_norm_max [b, kv]`` the largest ``‖k‖`` of the
-    real keys; ``window`` the layer's sliding window (:data:`.options.NO_WINDOW` for none).
+    real keys; ``window`` the layer's sliding window (:data:`..options.NO_WINDOW` for none).
     Adds each counted vote (self, sink, other) to ``partial[task]`` (task = (b, h, block of
-    :data:`QUERY_BLOCK` queries), so that no two tasks write one count) and sets
+    :data:`..layout.VOTE_QUERY_BLOCK` queries), so that no two tasks write one count) and sets
     ``uncertain[b, h, t]`` for the rows that fail the margin test (module docstring).
     """
     n_b, n_pos, n_h, d = q.shape
-    n_blocks = (n_pos + QUERY_BLOCK - 1) // QUERY_BLOCK
+    n_blocks = (n_pos + VOTE_QUERY_BLOCK - 1) // VOTE_QUERY_BLOCK
     gamma = (d + 4) * _U64 / (1.0 - (d + 4) * _U64)
     for task in prange(n_b * n_h * n_blocks):
         b = task // (n_h * n_blocks)
         h = (task // n_blocks) % n_h
-        t0 = (task % n_blocks) * QUERY_BLOCK
+        t0 = (task % n_blocks) * VOTE_QUERY_BLOCK
         kh, g = h // kv_size, h // group_size
         s = sink[b]
         xs = np.empty((4, n_pos))
-        t1 = min(t0 + QUERY_BLOCK, n_pos)
+        t1 = min(t0 + VOTE_QUERY_BLOCK, n_pos)
         for ta in range(t0, t1, 4):
             # Borrowed views (:mod:`.borrow`): no reference counting per row. ``xs`` is used here,
             # so it stays referenced through the loop. The helpers are calls, not inlined: the

@@ -1,0 +1,163 @@
+"""The one choice between the compiled kernels and their torch twins, and the table of entry
+points the orchestration calls.
+
+:func:`choose_backend` picks a :class:`Backend` once per layer: :data:`NUMBA` (the kernels of
+:mod:`.compiled`) for CPU tensors, :data:`TORCH` (the twins of :mod:`.twins`) on every other
+device or when asked for. Both tables take and write torch tensors with the same arguments, so
+the orchestration (:mod:`.layer`, :mod:`.checks`, :mod:`.key_votes`) never asks which it holds:
+the compiled entries hand the kernels NumPy views of the tensors' own memory (outputs are
+written in place through them, never copied back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..functional._types import COMPUTE_DTYPE
+from .block import LayerBlock
+from .compiled.check import check_and_vote as _check_kernel
+from .compiled.check import check_and_vote_rows
+from .compiled.gram import tie_duplicates_and_sink_geometry
+from .compiled.reduce import reduce_rows as _reduce_kernel
+from .compiled.score import score_rows as _score_kernel
+from .compiled.vote import vote_from_keys
+from .layout import F_SCORE, SINK_REMOVED, TOP_GROUP, Reduced
+from .paired import N_BINS
+from .twins import check as twin_check
+from .twins import gram as twin_gram
+from .twins import reduce as twin_reduce
+from .twins import score as twin_score
+
+
+class FromKeys(NamedTuple):
+    """The compiled kernels of the votes from queries and keys (:mod:`.key_votes`), on NumPy
+    arrays: :func:`.compiled.vote.vote_from_keys` and, for the rows it cannot settle,
+    :func:`.compiled.check.check_and_vote_rows`."""
+
+    vote_from_keys: Callable[..., None]
+    check_rows: Callable[..., None]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The entry points of one backend; each writes its outputs in place.
+
+    ``check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, votes)``
+    adds one block of rows to the validation statistics and votes
+    (:func:`.compiled.check.check_and_vote`); ``gram_and_sink_geometry(values, is_token, sink,
+    queries, h0, group_size, window, sink_fields) → gram`` gives the tied Gram matrices and writes
+    the sink geometry (:func:`.compiled.gram.tie_duplicates_and_sink_geometry`);
+    ``score_vectors(layer, values)`` lays the value vectors out as ``score_rows`` reads them;
+    ``score_rows(...)`` scores every selection (:func:`.compiled.score.score_rows`);
+    ``reduce_rows(metrics, sink_in_top, sink_fields, sees_sink) → Reduced`` reduces over queries
+    (:func:`.compiled.reduce.reduce_rows`).
+    """
+
+    name: str
+    upcast_rows: bool
+    """The kernels read float32 or float64 rows only: a half-precision pattern is upcast."""
+    check_and_vote: Callable[..., None]
+    gram_and_sink_geometry: Callable[..., Tensor]
+    score_vectors: Callable[[LayerBlock, Tensor], Tensor]
+    score_rows: Callable[..., None]
+    reduce_rows: Callable[[Tensor, Tensor, Tensor, Tensor], Reduced]
+    from_keys: FromKeys | None
+    """``None``: no vote from queries and keys; the votes are read from the rows."""
+
+
+def choose_backend(device: torch.device, name: str) -> Backend:
+    """The backend of a layer whose tensors lie on ``device``, for the ``backend`` option
+    ``name``: ``"auto"`` takes the compiled kernels on CPU and the twins elsewhere."""
+    if name == "torch":
+        return TORCH
+    if device.type != "cpu":
+        if name == "numba":
+            raise ValueError(f"backend='numba' runs on CPU tensors; this cache is on {device}. "
+                             "Use backend='auto' (torch on this device) or move the cache.")
+        return TORCH
+    return NUMBA
+
+
+def _numpy(x: Any) -> Any:
+    """NumPy view of a CPU tensor, contiguous so that each kernel compiles for one layout."""
+    return x.detach().contiguous().numpy() if isinstance(x, Tensor) else x
+
+
+def _check_and_vote(rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int,
+                    window: int, stats: Tensor, votes: Tensor) -> None:
+    if rows.dtype not in (torch.float32, torch.float64):
+        rows = rows.float()  # the kernel reads float32 or float64 rows
+    _check_kernel(_numpy(rows), q_start, *(_numpy(x) for x in (is_token, sink, norms)), group_size,  # type: ignore[call-arg]
+                  window, stats.numpy(), votes.numpy())
+
+
+def _gram_and_sink_geometry(values: Tensor, is_token: Tensor, sink: Tensor, queries: Tensor, h0: int,
+                            group_size: int, window: int, sink_fields: Tensor) -> Tensor:
+    # Our own contiguous tensor: the kernel ties it in place, writing through its view.
+    gram = (values @ values.transpose(-1, -2)).detach().contiguous()
+    tie_duplicates_and_sink_geometry(  # type: ignore[call-arg]
+        *(_numpy(x) for x in (values, is_token, sink, queries)), gram.numpy(), h0, group_size,
+        sink_fields.numpy(), window)
+    return gram
+
+
+def _score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
+    """The value vectors as the compiled kernel reads them: float32 where every entry is a
+    float32 number (values read from a float32 or narrower cache, not mapped by ``W_O``),
+    float64 otherwise. The kernel widens each entry exactly before any arithmetic, so its sums
+    are the same bit for bit; float32 halves what the outputs and ``s_N`` read per order."""
+    if data.W_O is None and data.v.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return chunk.to(torch.float32).contiguous()
+    return chunk.contiguous()
+
+
+def _score_rows(*args: Any) -> None:
+    # The last three arguments are the outputs: views into the layer's results, written
+    # through NumPy views of them (never through contiguous copies).
+    *inputs, metrics, sink_in_top, sink_fields = args
+    _score_kernel(*(_numpy(x) for x in inputs),  # type: ignore[call-arg]
+                  metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy())
+
+
+def _reduce_rows(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees_sink: Tensor) -> Reduced:
+    batch, n_heads, _, n_groups, n_sizes, n_metrics = metrics.shape
+    out = Reduced(
+        seq_mean=torch.zeros(batch, n_heads, n_groups, n_sizes, n_metrics, dtype=COMPUTE_DTYPE),
+        inst_sum=torch.zeros(n_heads, 2, n_sizes, n_metrics, dtype=COMPUTE_DTYPE),
+        inst_count=torch.zeros(n_heads, 2, n_sizes, dtype=COMPUTE_DTYPE),
+        paired_hist=torch.zeros(n_heads, n_sizes, N_BINS, dtype=COMPUTE_DTYPE),
+        paired_halved=torch.zeros(n_heads, n_sizes, dtype=COMPUTE_DTYPE),
+        sink_mean=torch.zeros(batch, n_heads, sink_fields.shape[-1], dtype=COMPUTE_DTYPE),
+    )
+    _reduce_kernel(metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(), sees_sink.contiguous().numpy(),
+                   TOP_GROUP, SINK_REMOVED, F_SCORE, *(x.numpy() for x in out))
+    return out
+
+
+#: The compiled kernels (CPU tensors).
+NUMBA = Backend(
+    name="numba",
+    upcast_rows=True,
+    check_and_vote=_check_and_vote,
+    gram_and_sink_geometry=_gram_and_sink_geometry,
+    score_vectors=_score_vectors,
+    score_rows=_score_rows,
+    reduce_rows=_reduce_rows,
+    from_keys=FromKeys(vote_from_keys, check_and_vote_rows),
+)
+#: The torch twins (any device).
+TORCH = Backend(
+    name="torch",
+    upcast_rows=False,
+    check_and_vote=twin_check.check_and_vote,
+    gram_and_sink_geometry=twin_gram.gram_and_sink_geometry,
+    score_vectors=twin_score.score_vectors,
+    score_rows=twin_score.score_rows,
+    reduce_rows=twin_reduce.reduce_rows,
+    from_keys=None,
+)

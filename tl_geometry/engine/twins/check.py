@@ -1,0 +1,102 @@
+"""Validation and votes in torch: the twin of :mod:`..compiled.check`, for every device.
+
+The rows are read one sequence and a few queries at a time (:data:`TORCH_CHECK_BYTES`), so that
+the float64 copies the twin makes stay small; the statistics and votes add up over blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ...functional._types import COMPUTE_DTYPE
+from ..layout import (
+    LEAK_TOL,
+    ST_DEAD,
+    ST_DEAD_Q,
+    ST_FUTURE,
+    ST_MIN,
+    ST_NONFINITE,
+    ST_NONFINITE_K,
+    ST_NONFINITE_Q,
+    ST_PADDING,
+    ST_ROW_SUM,
+    ST_WINDOW,
+)
+
+#: Bytes of one float64 copy of the rows that the twin checks at once, per sequence.
+TORCH_CHECK_BYTES = 1 << 25
+
+
+def check_and_vote(
+    rows: Float[Tensor, "batch head query key"], q_start: int, is_token: Bool[Tensor, "batch pos"],
+    sink: Int[Tensor, " batch"], norms: Float[Tensor, "batch group key"], group_size: int, window: int,
+    stats: Float[Tensor, "batch head stat"], votes: Int[Tensor, "batch head 3"],
+) -> None:
+    """:func:`..compiled.check.check_and_vote` in torch, same arguments: the rows of queries
+    ``q_start …`` add to ``stats`` and ``votes`` (written in place); ``window`` is the layer's
+    sliding window (:data:`..options.NO_WINDOW`: none)."""
+    # A few float64 copies of the rows are held per block, never a whole [head, query, key].
+    step = max(1, TORCH_CHECK_BYTES // (rows.shape[1] * rows.shape[-1] * 8))
+    for q0 in range(0, rows.shape[2], step):
+        _check_block(rows[:, :, q0 : q0 + step], q_start + q0, is_token, sink, norms, group_size, window,
+                     stats, votes)
+
+
+def _check_block(
+    rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int, window: int,
+    stats: Tensor, votes: Tensor,
+) -> None:
+    """One block of :func:`check_and_vote`, one sequence at a time."""
+    batch, _, n_q, n_pos = rows.shape
+    device = rows.device
+    keys = torch.arange(n_pos, device=device)
+    positions = q_start + torch.arange(n_q, device=device)
+    causal = keys[None, :] <= positions[:, None]  # [q, k]
+    in_window = keys[None, :] > positions[:, None] - window  # [q, k]; all True without a window
+    for b in range(batch):
+        x = rows[b].to(COMPUTE_DTYPE)  # [h, q, k]
+        query_real = is_token[b, q_start : q_start + n_q]
+        row_real = query_real[None, :, None]
+        valid = causal & in_window & is_token[b][None, :] & row_real
+        finite = torch.isfinite(x)
+        bad = valid & ~finite
+        s = stats[b]
+        first_q, first_k = _first_index(bad)
+        new = (s[:, ST_NONFINITE] == 0) & bad.any((-1, -2))
+        s[:, ST_NONFINITE_Q] = torch.where(new, first_q + q_start, s[:, ST_NONFINITE_Q])
+        s[:, ST_NONFINITE_K] = torch.where(new, first_k, s[:, ST_NONFINITE_K])
+        s[:, ST_NONFINITE] += bad.sum((-1, -2)).to(COMPUTE_DTYPE)
+        leak = (~valid & row_real) & ~(x.abs() <= LEAK_TOL)
+        amount = torch.where(torch.isfinite(x), x.abs(), torch.inf)
+        s[:, ST_FUTURE] = torch.maximum(s[:, ST_FUTURE], torch.where(leak & ~causal, amount, 0).amax((-1, -2)))
+        padding = causal & ~is_token[b][None, :]
+        s[:, ST_PADDING] = torch.maximum(s[:, ST_PADDING], torch.where(leak & padding, amount, 0).amax((-1, -2)))
+        before = causal & ~in_window & is_token[b][None, :]  # real keys before the window
+        s[:, ST_WINDOW] = torch.maximum(s[:, ST_WINDOW], torch.where(leak & before, amount, 0).amax((-1, -2)))
+        good = valid & finite
+        s[:, ST_MIN] = torch.minimum(s[:, ST_MIN], torch.where(good, x, 0).amin((-1, -2)).clamp_max(0))
+        row_sum = torch.where(good, x, 0).sum(-1)  # [h, q]
+        s[:, ST_ROW_SUM] = torch.maximum(s[:, ST_ROW_SUM], torch.where(query_real, row_sum, 0).amax(-1))
+        dead = query_real & (row_sum.abs() < 1e-6)
+        new = (s[:, ST_DEAD] == 0) & dead.any(-1)
+        first_dead = dead.to(torch.int8).argmax(-1).to(COMPUTE_DTYPE) + q_start
+        s[:, ST_DEAD_Q] = torch.where(new, first_dead, s[:, ST_DEAD_Q])
+        s[:, ST_DEAD] += dead.sum(-1).to(COMPUTE_DTYPE)
+        head_norms = norms[b].repeat_interleave(group_size, dim=0)[:, None, :]  # [h, 1, k]
+        winner = torch.where(good, x * head_norms, -1.0).argmax(-1)  # first maximum: lower index
+        counted = query_real & (positions > sink[b])
+        kind = torch.where(winner == positions, 0, torch.where(winner == sink[b], 1, 2))
+        votes[b] += torch.nn.functional.one_hot(kind, 3).mul(counted[None, :, None]).sum(1)
+
+
+def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
+    """(query, key) of each head's first True in row-major order, −1 where none."""
+    flat = bad.flatten(1)
+    pos = flat.to(torch.int8).argmax(-1)
+    n_key = bad.shape[-1]
+    none = ~flat.any(-1)
+    q = torch.where(none, -1, pos // n_key).to(COMPUTE_DTYPE)
+    k = torch.where(none, -1, pos % n_key).to(COMPUTE_DTYPE)
+    return q, k

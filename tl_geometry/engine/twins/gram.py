@@ -1,0 +1,88 @@
+"""Gram matrices and sink geometry in torch: the twin of :mod:`..compiled.gram`, for every device."""
+
+from __future__ import annotations
+
+import torch
+from einops import einsum
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ...functional._types import COMPUTE_DTYPE, COSINE_EPS
+from ...functional.heads import first_duplicate
+
+
+def gram_and_sink_geometry(
+    values: Float[Tensor, "b g k d"], is_token: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
+    queries: Int[Tensor, "b q"], h0: int, group_size: int, window: int,
+    sink_fields: Float[Tensor, "b head q field"],
+) -> Float[Tensor, "b g k j"]:
+    """:func:`..compiled.gram.tie_duplicates_and_sink_geometry` in torch, same arguments: the
+    tied Gram matrices of value groups ``values`` (heads ``h0 …``), and fields 1–3 of
+    ``sink_fields`` (SPEC §4) at the chosen queries, NaN at −1 and padded queries and where the
+    query's ``window`` does not hold the sink."""
+    gram = tied_gram(values)
+    sees_sink = queries - window < sink[:, None]
+    geometry = sink_geometry(values, is_token, sink, queries, sees_sink)
+    ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
+    geometry = torch.where(ok, geometry.repeat_interleave(group_size, dim=1), torch.nan)
+    sink_fields[:, h0 : h0 + values.shape[1] * group_size, :, 1:4] = geometry
+    return gram
+
+
+def tied_gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
+    """``G = V Vᵀ`` with duplicate rows made bit-identical (BLAS may round them apart)."""
+    gram = values @ values.transpose(-1, -2)  # b g k j; matmul is markedly faster than einsum here
+    dup = first_duplicate(values)
+    if not torch.equal(dup, torch.arange(dup.shape[-1], device=dup.device).expand_as(dup)):
+        gram = gram.gather(-2, dup[..., :, None].expand(gram.shape))
+        gram = gram.gather(-1, dup[..., None, :].expand(gram.shape))
+    return gram
+
+
+def sink_geometry(
+    values: Float[Tensor, "b g k d"], is_token: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
+    queries: Int[Tensor, "b q"], sees_sink: Bool[Tensor, "b q"] | None = None,
+) -> Float[Tensor, "b g q 3"]:
+    """κ, mean cosine to the sink and cosine to the mean, at each query (SPEC §4).
+
+    Over ``J_t`` = real keys ``≤ t`` except the sink: sums over ``J_t`` are prefix sums along the
+    keys when most queries are chosen (``O(d)`` per query), and masked sums at the few chosen
+    queries otherwise (the last-query protocol reads no other position). NaN where ``J_t`` is
+    empty, and where ``sees_sink`` is False: a query whose sliding window starts after the sink
+    has no sink (SPEC §1, ours). A query that sees the sink sees every real key up to itself
+    (the sink is the first), so ``J_t`` needs no window.
+    """
+    n_key = values.shape[2]
+    keys = torch.arange(n_key, device=values.device)
+    others = (is_token & (keys != sink[:, None])).to(COMPUTE_DTYPE)  # [b, k]
+    norms = torch.linalg.vector_norm(values, dim=-1)  # [b, g, k]
+    index = sink[:, None, None, None].expand(-1, values.shape[1], 1, values.shape[-1])
+    v_sink = values.gather(2, index)  # [b, g, 1, d]
+    sink_norm = norms.gather(-1, sink[:, None, None].expand(-1, values.shape[1], 1))
+    sink_dots = (values @ v_sink.transpose(-1, -2)).squeeze(-1)  # [b, g, k]
+    cos = sink_dots / (sink_norm * norms + COSINE_EPS)
+    if 4 * queries.shape[1] >= n_key:  # prefix sums, read at the queries
+        at = queries.clamp_min(0)[:, None, :].expand(-1, values.shape[1], -1)
+        prefix = others[:, None, :]
+
+        def upto(x: Tensor) -> Tensor:  # Σ_{j∈J_t} x_j at every query t, [b, g, q]
+            return (x * prefix).cumsum(-1).gather(-1, at)
+
+        total = (values * prefix[..., None]).cumsum(2)
+        total = total.gather(2, at[..., None].expand(-1, -1, -1, values.shape[-1]))  # [b, g, q, d]
+    else:  # masked sums at the chosen queries only
+        weight = ((keys <= queries[..., None]) * others[:, None, :]).to(COMPUTE_DTYPE)  # [b, q, k]
+
+        def upto(x: Tensor) -> Tensor:
+            return einsum(x, weight, "b g k, b q k -> b g q")
+
+        total = einsum(weight, values, "b q k, b g k d -> b g q d")
+    count = upto(torch.ones_like(norms))
+    if sees_sink is not None:
+        count = torch.where(sees_sink[:, None, :], count, 0.0)
+    fields = torch.stack([
+        sink_norm / (upto(norms) / count),
+        upto(cos) / count,
+        (upto(sink_dots) / count) / (sink_norm * (torch.linalg.vector_norm(total, dim=-1) / count) + COSINE_EPS),
+    ], dim=-1)
+    return torch.where((count > 0)[..., None], fields, torch.nan)

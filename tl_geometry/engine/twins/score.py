@@ -1,0 +1,189 @@
+"""Scoring in torch: the twin of :mod:`..compiled.score`, for every device numba does not serve.
+
+Same inputs, outputs and random stream as the kernel (the tests compare the two against the
+NumPy reference), vectorised over sequences, heads, queries, selections and N instead of looping
+over rows; only the Fisher–Yates steps of :mod:`.order` (at most ``max N``) are a Python loop.
+Work is split over queries so that one block holds about :data:`..layout.BLOCK_ELEMENTS`
+selection weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from ...functional._types import COMPUTE_DTYPE, COSINE_EPS
+from ...functional.attention import visible_keys
+from ...functional.selection import top_n_ranks
+from ...functional.separability import chance_corrected
+from ..block import LayerBlock
+from ..layout import BLOCK_ELEMENTS, SEQUENCE_GROUPS, TRUNCATION
+from ..options import NULL_UNSELECTED, NULL_VALUES
+from ..rng import torch_mix
+from .order import _random_ranks, _shuffled, _unselected_sources
+
+
+def score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
+    """The value vectors as :func:`score_rows` takes them: as they are, for it never reads them
+    (its truncation figures come from the Gram matrix)."""
+    return chunk
+
+
+def score_rows(
+    rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
+    sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, values: Tensor,
+    n_values: Tensor, samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool, cosine: bool,
+    metrics: Tensor,
+    sink_in_top: Tensor, sink_fields: Tensor,
+) -> None:
+    """:func:`..compiled.score.score_rows` in torch: same arguments, same outputs (written in place).
+
+    The truncation figures (SPEC §10) come from the Gram matrix here (:func:`_truncation`), not
+    from ``values`` as in the kernel: two computations that the tests hold to each other."""
+    n_cg, n_key = gram.shape[1], gram.shape[-1]
+    n_ch = n_cg * group_size
+    n_sel = 2 + samples + shuffles
+    per_query = rows.shape[0] * n_ch * n_sel * len(n_values) * n_key
+    step = max(1, BLOCK_ELEMENTS // max(per_query, 1))
+    for q0 in range(0, queries.shape[1], step):
+        q1 = min(queries.shape[1], q0 + step)
+        _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, window, real_index,
+                     sequence_keys, gram, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
+                     metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
+                     sink_fields[:, h0 : h0 + n_ch, q0:q1])
+
+
+def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, real_index, sequence_keys, gram,
+                 n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, metrics, sink_in_top,
+                 sink_fields) -> None:
+    device = gram.device
+    n_b, n_cg, n_key = gram.shape[0], gram.shape[1], gram.shape[-1]
+    n_ch = n_cg * group_size
+    t = queries.clamp_min(0)  # [b, q]
+    ok = (queries >= 0) & is_token.gather(1, t)
+    keys = torch.arange(n_key, device=device)
+    # The candidates T_t: real keys the query sees (t − window < i ≤ t; SPEC §1).
+    valid = visible_keys(t, n_key, window=window, key_mask=is_token[:, :n_key]) & ok[..., None]  # [b, q, k]
+    sees_sink = t - window < sink[:, None]  # [b, q]: a query whose window starts after the sink has none
+    index = row_of.clamp_min(0)[:, None, :, None].expand(n_b, n_ch, -1, rows.shape[-1])
+    alpha = rows[:, h0 : h0 + n_ch].gather(2, index)[..., :n_key].to(COMPUTE_DTYPE)
+    alpha = torch.where(valid[:, None], alpha, 0.0)  # [b, h, q, k]
+    gdiag = gram.diagonal(dim1=-2, dim2=-1).repeat_interleave(group_size, dim=1)[:, :, None]
+    norms = gdiag.clamp_min(0).sqrt()  # [b, h, 1, k]
+    is_sink = (keys == sink[:, None, None]) & sees_sink[..., None]  # [b, q, k]
+
+    total = (alpha * norms).sum(-1)
+    mass = (alpha * is_sink[:, None]).sum(-1)
+    sink_norm = (norms * is_sink[:, None]).sum(-1)
+    has_other = (ok & sees_sink & (valid.sum(-1) > 1))[:, None]  # SPEC §4 needs a key besides the sink
+    sink_fields[..., 0] = torch.where(has_other, mass, torch.nan)
+    sink_fields[..., 4] = torch.where(has_other, mass * sink_norm / total, torch.nan)
+
+    score = alpha * norms if by_contribution else alpha
+    top = top_n_ranks(score, valid[:, None])
+    sink_rank = (top * is_sink[:, None]).sum(-1)  # [b, h, q]
+    sink_in_top.copy_((sink_rank[..., None] < n_values) & sees_sink[:, None, :, None])
+    keep = valid & ~is_sink
+    dropped = top_n_ranks(score, keep[:, None])
+    m = valid.sum(-1)  # [b, q]
+    row_key = torch_mix(torch_mix(sequence_keys[:, None] + real_index.gather(1, t))[:, None]
+                        + torch.arange(h0, h0 + n_ch, device=device)[:, None])  # [b, h, q]
+    whole = alpha[:, :, :, None]  # one weight row for every selection: [b, h, q, 1, k]
+    # name → (weights, ranks, candidate keys, the unselected null's value sources or None)
+    groups: dict[str, tuple[Tensor, Tensor, Tensor, Tensor | None]] = {"top": (whole, top[:, :, :, None], valid, None)}
+    if samples > 0:
+        groups["random"] = (whole, _random_ranks(valid, m, row_key, samples, n_values), valid, None)
+    if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
+        source = _unselected_sources(top, keep, row_key, shuffles, n_values)
+        groups["shuffled"] = (whole, top[:, :, :, None], valid, source)
+    elif shuffles > 0:
+        weights, rank = _shuffled(alpha, top, keep, row_key, shuffles, shuffle_kind, norms)
+        groups["shuffled"] = (weights, rank, valid, None)
+    groups["sink_removed"] = (whole, dropped[:, :, :, None], keep, None)
+    # [b, h, q, n, metric]; each part averaged over the selections on its own, so that adding
+    # the truncation figures leaves the reduction of the others as it was, bit for bit.
+    out = {name: torch.cat([part.mean(3) for part in _score(w, gram, gdiag, rank, keyset[:, None, :, None, None],
+                                                            n_values, group_size, cosine, source)], dim=-1)
+           for name, (w, rank, keyset, source) in groups.items()}
+    if "shuffled" in out and shuffle_kind != NULL_VALUES:  # SPEC §10 figures: the values null only
+        out["shuffled"][..., TRUNCATION] = torch.nan
+    nan = torch.full_like(out["top"], torch.nan)
+    out["sink_removed"] = torch.where(sees_sink[:, None, :, None, None], out["sink_removed"], nan)  # no sink: skipped
+    grouped = torch.stack([out.get(g, nan) for g in SEQUENCE_GROUPS], dim=3)
+    metrics.copy_(torch.where(ok[:, None, :, None, None, None], grouped, torch.nan))
+
+
+def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, source=None) -> tuple[Tensor, Tensor]:
+    """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not
+    fit: SPEC §3's, and the truncation figures of SPEC §10 (a second tensor).
+
+    ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys. With ``source
+    [b, h, q, sample, n, k]`` (the unselected null), key ``k`` holds the value of key
+    ``source[k]`` (the selected keys their own): its ``⟨v, s⟩`` and ``‖v‖²`` are read there.
+    """
+    n = n_values[:, None]
+    selected = rank[..., None, :] < n  # [b, h, q, sel, n, k]
+    weights = alpha[..., None, :] * selected
+    grouped = rearrange(weights, "b (g r) q s n k -> b g (r q s n) k", r=group_size)
+    dots = rearrange(grouped @ gram, "b g (r q s n) k -> b (g r) q s n k", r=group_size,
+                     q=alpha.shape[2], s=rank.shape[3])
+    sq_s = (weights * dots).sum(-1, keepdim=True)
+    a = alpha[..., None, :]
+    g = gdiag[:, :, :, None, None, :]
+    if source is not None:  # S_N keeps its values: s_N and ‖s_N‖² are the top-N set's
+        dots = dots.expand(*source.shape).gather(-1, source)
+        g = g.expand(*source.shape).gather(-1, source)
+    if cosine:
+        e = 1 - a * dots / (a * g.clamp_min(0).sqrt() * sq_s.clamp_min(0).sqrt() + COSINE_EPS)
+    else:
+        e = a * (a * g - 2 * dots)
+    unselected = keyset & ~selected
+    e_max = torch.where(selected, e, -torch.inf).amax(-1)
+    e_min = torch.where(unselected, e, torch.inf).amin(-1)
+    contaminating = (unselected & (e <= e_max[..., None])).sum(-1)
+    recalled = (selected & (e < e_min[..., None])).sum(-1)
+    sorted_out = torch.where(unselected, e, torch.inf).sort(-1).values
+    below = torch.searchsorted(sorted_out, torch.where(selected, e, -torch.inf).contiguous(), right=True)
+    inversions = (below * selected).sum(-1).to(COMPUTE_DTYPE)
+    nf = n.to(COMPUTE_DTYPE).squeeze(-1)
+    precision = nf / (nf + contaminating)
+    recall = recalled / nf
+    f_score = torch.where(recalled > 0, 2 * precision * recall / (precision + recall), 0.0)
+    if cosine:
+        margin = e_min - e_max
+    else:
+        s2 = sq_s.squeeze(-1)
+        d_min = (e_min + s2).clamp_min(0).sqrt()
+        d_max = (e_max + s2).clamp_min(0).sqrt()
+        margin = torch.where(d_min + d_max > 0, (e_min - e_max) / (d_min + d_max), 0.0)
+    n_keys = keyset.sum(-1)  # [b, 1, q, 1, 1]
+    precision_cc, f_score_cc = chance_corrected(precision, recall, nf, n_keys.to(COMPUTE_DTYPE))
+    out = torch.stack([precision, recall, f_score, margin, inversions, precision_cc, f_score_cc], dim=-1)
+    if source is None:
+        cut = torch.stack(_truncation(alpha, gram, dots, selected, sq_s.squeeze(-1), group_size), dim=-1)
+    else:  # the unselected null: SPEC §10's figures are the values null's only
+        cut = torch.full((*out.shape[:-1], 2), torch.nan, dtype=out.dtype, device=out.device)
+    defined = n.squeeze(-1) < n_keys  # [b, 1, q, 1, n]: 1 ≤ N < |keys|
+    return torch.where(defined[..., None], out, torch.nan), torch.where(defined[..., None], cut, torch.nan)
+
+
+def _truncation(alpha, gram, dots, selected, sq_s, group_size) -> tuple[Tensor, Tensor]:
+    """``τ_N`` and ``‖o − o_N‖/‖o‖`` (SPEC §10) of every (selection, N), ``[b, h, q, sel, n]``,
+    from the same tail sums as :func:`..compiled.score._truncation`.
+
+    ``alpha [b, h, q, sel or 1, k]`` is 0 off the row's keys, so the tail is every key with a
+    weight outside the selection (the sink too, in the sink-removed group).
+    """
+    grouped = rearrange(alpha, "b (g r) q s k -> b g (r q s) k", r=group_size)
+    o_dots = rearrange(grouped @ gram, "b g (r q s) k -> b (g r) q s k", r=group_size,
+                       q=alpha.shape[2], s=alpha.shape[3])  # ⟨v_k, o⟩
+    sq_o = (alpha * o_dots).sum(-1)[..., None]  # ‖o‖², [b, h, q, sel, 1]
+    in_tail = alpha[..., None, :] * ~selected  # [b, h, q, sel, n, k]
+    tail = in_tail.sum(-1)
+    t_s = (in_tail * dots).sum(-1)  # ⟨t, s_N⟩ with t = o − s_N
+    t_t = (in_tail * (o_dots[..., None, :] - dots)).sum(-1)  # ‖t‖²
+    r = tail / (1 - tail)
+    error = ((t_t - 2 * r * t_s + r * r * sq_s).clamp_min(0) / sq_o).sqrt()
+    error = torch.where(tail >= 1, 1.0, error)  # nothing kept: o_N = 0
+    return tail, torch.where(sq_o > 0, error, torch.nan)
