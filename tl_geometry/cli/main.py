@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
-from . import ablation, analyze, capacity, report, scores
+from . import ablation, analyze, cache, capacity, report, scores
 from .args import Parser, show_progress
 
 #: Subcommand → the module of :mod:`tl_geometry.cli` that defines its ``add_parser`` and ``run``.
@@ -27,6 +27,7 @@ COMMANDS: dict[str, ModuleType] = {
     "prune": ablation,
     "capacity": capacity,
     "scores": scores,
+    "cache": cache,
 }
 
 DESCRIPTION = """\

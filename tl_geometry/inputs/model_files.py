@@ -2,7 +2,14 @@
 
 Everything written into the cache is written to a temporary name in the same folder and then
 renamed (``os.replace``), so another process, or this one after a crash, sees either no file or
-a whole one, never a partial one.
+a whole one, never a partial one. No file in the cache is ever truncated or overwritten in place:
+a process that has a cached file open or mapped keeps reading the old file, whole.
+
+A file's sha256 is remembered (``<cache>/sha256/``) together with its stamp: resolved path, size,
+mtime, ctime, inode and device. Any write moves the ctime, which ``touch -r``, ``cp -p`` and
+``os.utime`` cannot set back (they restore the mtime only), and a copy or ``rsync -t`` that
+renames a new file into place changes the inode; so a file whose stamp still matches holds what
+was hashed, and any other is hashed again in full.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import importlib.util
 import json
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -21,12 +28,16 @@ from typing import BinaryIO
 __all__ = [
     "ModelLoadError",
     "ModelNotInstalledError",
+    "RecordedDigest",
     "SplitGGUF",
     "assemble",
     "atomic_write_text",
     "cache_dir",
+    "cache_origin",
     "file_sha256",
+    "file_stamp",
     "package_dir",
+    "recorded_digests",
     "remember_sha256",
 ]
 
@@ -45,14 +56,27 @@ class ModelNotInstalledError(ImportError):
     """The package that ships a model's weights is not installed; the message gives the pip line."""
 
 
+def _cache_choice() -> tuple[Path, str]:
+    """The cache folder, and in words how it was chosen."""
+    if os.environ.get("TL_GEOMETRY_CACHE"):
+        return Path(os.environ["TL_GEOMETRY_CACHE"]).expanduser(), "from $TL_GEOMETRY_CACHE"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return (Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "tl_geometry",
+                "$XDG_CACHE_HOME/tl_geometry, as $TL_GEOMETRY_CACHE is not set")
+    return (Path.home() / ".cache" / "tl_geometry",
+            "the default, as neither $TL_GEOMETRY_CACHE nor $XDG_CACHE_HOME is set")
+
+
 def cache_dir() -> Path:
     """The user cache of tl_geometry: ``$TL_GEOMETRY_CACHE``, else ``$XDG_CACHE_HOME/tl_geometry``,
     else ``~/.cache/tl_geometry``. It holds assembled GGUF files, checksums and the weight cache;
     deleting it is always safe (it is rebuilt on the next load)."""
-    base = os.environ.get("TL_GEOMETRY_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    ) / "tl_geometry"
-    return Path(base).expanduser()
+    return _cache_choice()[0]
+
+
+def cache_origin() -> str:
+    """How :func:`cache_dir` was chosen, in words (``"from $TL_GEOMETRY_CACHE"``, ...)."""
+    return _cache_choice()[1]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -79,46 +103,95 @@ def _hash_stream(handle: BinaryIO, sink: BinaryIO | None = None) -> tuple[str, i
     return digest.hexdigest(), n_bytes
 
 
-def _memo_path(path: Path) -> tuple[Path, str]:
-    """Where a file's digest is remembered, and the stamp it is valid for (path, size, mtime)."""
-    stat = path.stat()
-    stamp = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    key = hashlib.sha256(stamp.encode()).hexdigest()[:32]
-    return cache_dir() / "sha256" / f"{key}.json", stamp
+def file_stamp(path: str | Path) -> str:
+    """What a remembered digest of ``path`` is valid for: its resolved path, size, mtime, ctime,
+    inode and device. Raises ``OSError`` when the file cannot be read."""
+    resolved = Path(path).resolve()
+    st = resolved.stat()
+    return "\0".join(map(str, (resolved, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)))
 
 
-def remember_sha256(path: Path, digest: str) -> None:
-    """Record ``digest`` as ``path``'s sha256 while its size and mtime stay as they are now."""
-    memo, stamp = _memo_path(path)
+def _memo_file(stamp: str) -> Path:
+    """Where the digest of the file in ``stamp`` is remembered: one memo per resolved path."""
+    resolved = stamp.split("\0", 1)[0]
+    return cache_dir() / "sha256" / f"{hashlib.sha256(resolved.encode()).hexdigest()[:32]}.json"
+
+
+def _remember(stamp: str, digest: str) -> None:
     try:
-        atomic_write_text(memo, json.dumps({"stamp": stamp, "sha256": digest}))
+        atomic_write_text(_memo_file(stamp), json.dumps({"stamp": stamp, "sha256": digest}))
     except OSError:  # a read-only cache only costs a re-hash next time
         pass
 
 
+def remember_sha256(path: Path, digest: str) -> None:
+    """Record ``digest`` as ``path``'s sha256 while the file stays as it is now (same stamp)."""
+    try:
+        _remember(file_stamp(path), digest)
+    except OSError:
+        pass
+
+
 def hash_file(path: Path) -> str:
-    """The sha256 of a file, read now (no memo): :func:`file_sha256` remembers it."""
-    with path.open("rb") as handle:
+    """The sha256 of a file, read now in full (no memo): :func:`file_sha256` remembers it."""
+    with Path(path).open("rb") as handle:
         return _hash_stream(handle)[0]
 
 
 def file_sha256(path: str | Path) -> str:
-    """The sha256 of a file, hashed once per (path, size, mtime) and remembered in the cache.
+    """The sha256 of a file, hashed once per stamp (:func:`file_stamp`) and remembered in the cache.
 
     A GGUF file of 500 MB takes about 0.4 s to hash; the remembered digest makes the next
-    process skip that. A file rewritten in place gets a new mtime, and so a new hash.
+    process skip that. Any write to the file moves its ctime, even when its mtime is set back
+    afterwards (``touch -r``, ``cp -p``, ``rsync -t``), and a file renamed into place has another
+    inode: either way the whole file is hashed again.
     """
     path = Path(path)
-    memo, stamp = _memo_path(path)
+    stamp = file_stamp(path)
     try:
-        saved = json.loads(memo.read_text(encoding="utf-8"))
+        saved = json.loads(_memo_file(stamp).read_text(encoding="utf-8"))
         if saved.get("stamp") == stamp and isinstance(saved.get("sha256"), str):
             return str(saved["sha256"])
     except (OSError, ValueError, AttributeError):
         pass  # no memo yet, or a damaged one: hash again
     digest = hash_file(path)
-    remember_sha256(path, digest)
+    try:
+        unchanged = file_stamp(path) == stamp
+    except OSError:
+        unchanged = False
+    if unchanged:  # not written to while it was read: the digest is that of this stamp
+        _remember(stamp, digest)
     return digest
+
+
+@dataclass(frozen=True)
+class RecordedDigest:
+    """A remembered digest: ``path`` had ``sha256`` when its stamp was ``stamp``."""
+
+    memo: Path  # the file under ``<cache>/sha256`` that records it
+    path: Path
+    stamp: str
+    sha256: str
+
+    def in_force(self) -> bool:
+        """Whether the file still has this stamp, so that :func:`file_sha256` trusts the digest."""
+        try:
+            return file_stamp(self.path) == self.stamp
+        except OSError:
+            return False
+
+
+def recorded_digests() -> Iterator[RecordedDigest]:
+    """Every readable digest memo in the cache (unreadable ones are only re-hashed next time)."""
+    folder = cache_dir() / "sha256"
+    for memo in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            saved = json.loads(memo.read_text(encoding="utf-8"))
+            stamp, digest = saved["stamp"], saved["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(stamp, str) and isinstance(digest, str) and stamp.count("\0") == 5:
+            yield RecordedDigest(memo, Path(stamp.split("\0", 1)[0]), stamp, digest)
 
 
 def package_dir(package: str, pip: str) -> Path:

@@ -9,14 +9,27 @@ few seconds.
 - **Key.** An entry is named by the GGUF file's sha256 and size and the dtype loaded, so a
   changed file, or another dtype, gets its own entry.
 - **Checked on every load.** A ``manifest.json`` written last records each file's size and
-  sha256. An entry whose manifest is missing or unreadable, or whose files differ from it
-  (partial, truncated, edited), is reported with a warning, removed and rebuilt, never used.
-  Sizes are compared on every load; a file is re-hashed (about 1.4 GB/s) whenever its size or
-  mtime differs from when it was last hashed, so an unchanged entry costs no hashing, and any
-  write to a file (which moves its mtime) is caught.
+  sha256, and the GGUF file it was made from (path, size, sha256). An entry whose manifest is
+  missing or unreadable, or whose files differ from it (partial, truncated, edited), is reported
+  with a warning, removed and rebuilt, never used. Sizes are compared on every load; a file
+  (the GGUF file too) is re-hashed in full (about 1.4 GB/s) whenever its size, mtime, ctime,
+  inode or device differs from when it was last hashed. An unchanged entry costs no hashing, and
+  any write to a file is caught, even one whose mtime is set back afterwards (``touch -r``,
+  ``cp -p``, ``rsync -t``): a write moves the ctime, which those cannot restore.
 - **Atomic.** An entry is written into a temporary folder beside it and renamed into place
   when complete, so a crash or a second process filling the same entry at once never leaves a
   partial entry under the real name; the second rename finds the entry there and keeps it.
+- **Never edited in place.** A model loaded from the cache keeps its ``*.safetensors`` mapped
+  into memory. Truncating a mapped file kills every process holding it with SIGBUS at its next
+  read of a page that is gone, and overwriting it changes that process's weights under it. So
+  nothing here writes into an existing file: every file is written under a temporary name in its
+  folder and renamed into place (``os.replace``), and an entry that is replaced, damaged or
+  cleared is renamed away and its files unlinked, never truncated; a process that holds the old
+  files keeps reading them, whole, until it lets go. Do the same by hand: delete cache files,
+  never edit, truncate or copy over them.
+- **Verify, clear.** :func:`verify` re-hashes everything the cache records a digest of and lists
+  what is stale or corrupt; :func:`usage` and :func:`clear` measure and empty what the cache
+  owns. ``tl-geometry cache info | clear | verify`` runs them.
 - **Off switch.** ``load_model(..., weight_cache=False)`` or ``TL_GEOMETRY_WEIGHT_CACHE=0``.
   Delete ``<cache>/weights`` (or the whole cache folder) to free the space; nothing else
   refers to it.
@@ -35,9 +48,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .model_files import atomic_write_text, cache_dir, file_sha256, hash_file, remember_sha256
+from .model_files import (
+    atomic_write_text,
+    cache_dir,
+    cache_origin,
+    file_sha256,
+    file_stamp,
+    hash_file,
+    recorded_digests,
+    remember_sha256,
+)
 
-__all__ = ["ENV", "EntryKey", "enabled", "entry_key", "lookup", "store", "weights_root"]
+__all__ = [
+    "ENV",
+    "Cleared",
+    "EntryKey",
+    "Problem",
+    "Tally",
+    "Usage",
+    "clear",
+    "enabled",
+    "entry_key",
+    "lookup",
+    "store",
+    "usage",
+    "verify",
+    "weights_root",
+]
 
 ENV = "TL_GEOMETRY_WEIGHT_CACHE"
 MANIFEST = "manifest.json"
@@ -67,6 +104,7 @@ class EntryKey:
     size: int
     dtype: str  # "float32", "bfloat16", ...
     source: str = ""  # the GGUF file's name, recorded for people reading the manifest
+    path: str = ""  # the GGUF file's absolute path, re-hashed by verify()
 
     @property
     def name(self) -> str:
@@ -74,8 +112,9 @@ class EntryKey:
 
 
 def entry_key(gguf: Path, dtype: str) -> EntryKey:
-    """The key of ``gguf``'s weights in ``dtype``; hashes the file once (remembered by mtime)."""
-    return EntryKey(file_sha256(gguf), gguf.stat().st_size, dtype, gguf.name)
+    """The key of ``gguf``'s weights in ``dtype``; hashes the file once per stamp (size, mtime,
+    ctime, inode, device), so any change to the file is seen."""
+    return EntryKey(file_sha256(gguf), gguf.stat().st_size, dtype, gguf.name, str(gguf.absolute()))
 
 
 def _problem(folder: Path, key: EntryKey) -> str | None:
@@ -111,15 +150,18 @@ def _discard(folder: Path) -> None:
     shutil.rmtree(grave, ignore_errors=True)
 
 
+def _is_old(path: Path) -> bool:
+    """Whether ``path`` was last written over a day ago (a temporary of a process that died)."""
+    try:
+        return time.time() - path.lstat().st_mtime > _STALE_AFTER_S
+    except OSError:  # another process removed it meanwhile
+        return False
+
+
 def _sweep(root: Path) -> None:
-    """Delete temporary and discarded folders that a killed process left behind."""
-    now = time.time()
+    """Delete temporary and discarded folders that a killed process left behind (unlinked)."""
     for path in root.glob(".*"):
-        try:
-            old = now - path.stat().st_mtime > _STALE_AFTER_S
-        except OSError:  # another process removed it meanwhile
-            continue
-        if path.suffix in (".tmp", ".stale") and old:
+        if path.suffix in (".tmp", ".stale") and _is_old(path):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -146,7 +188,7 @@ def _manifest(folder: Path, key: EntryKey) -> str:
     }
     return json.dumps({
         "format": FORMAT,
-        "source": {"name": key.source, "sha256": key.sha256, "size": key.size},
+        "source": {"name": key.source, "path": key.path, "sha256": key.sha256, "size": key.size},
         "dtype": key.dtype,
         "transformers": version("transformers"),
         "files": files,
@@ -182,8 +224,244 @@ def store(key: EntryKey, write: Callable[[Path], None]) -> Path:
 
 
 def _remember(folder: Path) -> None:
-    """Remember the digests just computed, under the files' final paths (a rename keeps mtimes),
-    so the next load does not hash them again."""
+    """Remember the digests just computed, under the files' final paths (renaming the folder
+    leaves its files' stamps as they were), so the next load does not hash them again."""
     files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
     for name, want in files.items():
         remember_sha256(folder / name, want["sha256"])
+
+
+# --- verify, usage, clear ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Problem:
+    """What :func:`verify` found wrong with one item of the cache.
+
+    ``kind`` is ``"corrupt"`` (its bytes are not those recorded: a load would remove and rebuild
+    the entry, or, for a remembered digest, trust a wrong one) or ``"stale"`` (whole, but made
+    from a GGUF file that has changed or gone since, so no load uses it again; it only takes
+    space). ``path`` is the entry folder or the file.
+    """
+
+    kind: str
+    path: Path
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.path}: {self.detail}"
+
+
+class _Hashes:
+    """Full sha256 of files, each read once per :func:`verify` (several entries share a source)."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, str] = {}
+
+    def of(self, path: Path) -> str:
+        stamp = file_stamp(path)
+        if stamp not in self._done:
+            self._done[stamp] = hash_file(path)
+        return self._done[stamp]
+
+
+def _entries(root: Path) -> list[Path]:
+    """The entry folders under ``root`` (temporary and discarded ones start with a dot)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _check_entry(folder: Path, hashes: _Hashes) -> list[Problem]:
+    """Everything wrong with the entry in ``folder``, every file re-hashed in full."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        files, source = manifest["files"], manifest["source"]
+        wanted = {str(name): (int(want["size"]), str(want["sha256"])) for name, want in files.items()}
+        key = EntryKey(str(source["sha256"]), int(source["size"]), str(manifest["dtype"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [Problem("corrupt", folder, "incomplete (no readable manifest)")]
+    if manifest.get("format") != FORMAT:
+        return [Problem("stale", folder, f"in cache format {manifest.get('format')!r}, not {FORMAT}")]
+    problems = []
+    if folder.name != key.name:
+        problems.append(Problem("corrupt", folder, f"its manifest is that of entry {key.name}"))
+    for name, (size, sha256) in wanted.items():
+        path = folder / name
+        if not path.is_file():
+            problems.append(Problem("corrupt", path, "missing"))
+        elif path.stat().st_size != size:
+            problems.append(Problem("corrupt", path, f"{path.stat().st_size:,} bytes, not {size:,}"))
+        elif hashes.of(path) != sha256:
+            problems.append(Problem("corrupt", path, "does not match its recorded sha256"))
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_file() and name != MANIFEST and name not in wanted:
+            problems.append(Problem("corrupt", path, "a file the entry's manifest does not list"))
+    origin = source.get("path")
+    if isinstance(origin, str) and origin:  # entries written before paths were recorded: unknown
+        gguf = Path(origin)
+        if not gguf.is_file():
+            problems.append(Problem("stale", folder, f"made from {gguf}, which is gone"))
+        elif gguf.stat().st_size != key.size or hashes.of(gguf) != key.sha256:
+            problems.append(Problem("stale", folder, f"made from {gguf}, which has changed since "
+                                                     "(loading it now makes another entry)"))
+    return problems
+
+
+def verify() -> list[Problem]:
+    """Re-hash, in full, everything the cache records a digest of; list what does not match.
+
+    - Every weight-cache entry's files, against its manifest: a file missing, of another size or
+      sha256, or not listed, or no readable manifest, is ``corrupt``.
+    - The GGUF file each entry was made from, at the path recorded, against the size and sha256
+      recorded: gone or changed since makes the entry ``stale``.
+    - Every remembered file digest (``<cache>/sha256``) whose file still has the stamp recorded
+      with it, so that loads trust it without reading the file: ``corrupt`` when the file's bytes
+      no longer give that digest.
+
+    Nothing is changed: a load removes and rebuilds a corrupt entry it needs, and :func:`clear`
+    removes everything. An empty list means everything checks out.
+    """
+    hashes = _Hashes()
+    problems = []
+    for folder in _entries(weights_root()):
+        problems.extend(_check_entry(folder, hashes))
+    for record in recorded_digests():
+        try:
+            if record.in_force() and hashes.of(record.path) != record.sha256:
+                problems.append(Problem("corrupt", record.path, f"does not match the sha256 remembered "
+                                        f"in {record.memo}, although its size, times and inode do"))
+        except OSError:  # removed meanwhile: the record is no longer used
+            continue
+    return problems
+
+
+@dataclass
+class Tally:
+    """How many items, and how many bytes in all."""
+
+    count: int = 0
+    size: int = 0
+
+
+@dataclass
+class Usage:
+    """What the cache owns, by kind: weight-cache entries, GGUF files assembled from split
+    packages, remembered file digests, and temporaries (of loads running or killed)."""
+
+    root: Path
+    origin: str  # how the root was chosen, in words
+    entries: Tally
+    assembled: Tally
+    digests: Tally
+    temporary: Tally
+
+    @property
+    def total(self) -> int:
+        """Bytes in all."""
+        return sum(t.size for t in (self.entries, self.assembled, self.digests, self.temporary))
+
+
+def _size(path: Path) -> int:
+    """Bytes of a file, or of every file under a folder (what is gone meanwhile counts 0)."""
+    try:
+        if not path.is_dir() or path.is_symlink():
+            return path.lstat().st_size
+        return sum(p.lstat().st_size for p in path.rglob("*") if not p.is_dir())
+    except OSError:
+        return 0
+
+
+#: The built-in models' assembled GGUF files, ``{folder under the cache: file name}``. The model
+#: table fills it when it is imported (it imports this module, so the names are handed down).
+ASSEMBLED: dict[str, str] = {}
+
+
+def _assembled() -> list[Path]:
+    """The folders under the cache where built-in GGUF files are assembled (``<cache>/<model>``)."""
+    return [cache_dir() / name for name in ASSEMBLED if (cache_dir() / name).is_dir()]
+
+
+def _owned() -> list[tuple[str, Path]]:
+    """Every file and entry folder the cache owns, with its kind (a field of :class:`Usage`).
+    Nothing else in the cache folder is touched: it may be shared with other files."""
+    items: list[tuple[str, Path]] = []
+    root = weights_root()
+    if root.is_dir():
+        for path in sorted(root.iterdir()):
+            entry = path.is_dir() and not path.name.startswith(".")
+            items.append(("entries" if entry else "temporary", path))
+    digests = cache_dir() / "sha256"
+    if digests.is_dir():
+        items += [("digests", p) for p in sorted(digests.glob("*.json"))]
+        items += [("temporary", p) for p in sorted(digests.glob(".*.tmp"))]
+    for folder in _assembled():
+        name = ASSEMBLED[folder.name]
+        if (folder / name).is_file():
+            items.append(("assembled", folder / name))
+        items += [("temporary", p) for p in sorted(folder.glob(f".{name}.*.tmp"))]
+    return items
+
+
+def _new_usage() -> Usage:
+    return Usage(cache_dir(), cache_origin(), Tally(), Tally(), Tally(), Tally())
+
+
+def usage() -> Usage:
+    """Where the cache is, how that was chosen, and what it owns (counts and bytes)."""
+    found = _new_usage()
+    for kind, path in _owned():
+        tally = getattr(found, kind)
+        tally.count += 1
+        tally.size += _size(path)
+    return found
+
+
+@dataclass
+class Cleared:
+    """What :func:`clear` removed, what it left alone (temporaries of loads that may still be
+    running), and what it could not remove (one message each)."""
+
+    removed: Usage
+    kept: Usage
+    errors: list[str]
+
+
+def _unlink(path: Path) -> None:
+    """Remove a file, or a folder and its files: unlinked, never truncated. An entry is renamed
+    away first, so that no load finds it half deleted."""
+    if path.is_dir() and not path.is_symlink():
+        if path.name.startswith("."):
+            shutil.rmtree(path)
+        else:
+            _discard(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def clear() -> Cleared:
+    """Empty the cache of what it owns: weight-cache entries, assembled GGUF files, remembered
+    digests, and temporaries over a day old (younger ones may belong to a load still running,
+    and are left alone). Files are unlinked, never truncated: a process that has one open or
+    mapped keeps reading it until it lets go. Anything else in the cache folder stays.
+    """
+    done = Cleared(_new_usage(), _new_usage(), [])
+    for kind, path in _owned():
+        size = _size(path)
+        if kind == "temporary" and path.suffix == ".tmp" and not _is_old(path):
+            into = done.kept
+        else:
+            try:
+                _unlink(path)
+            except OSError as err:
+                done.errors.append(f"{path}: {err.strerror or err}")
+                continue
+            into = done.removed
+        tally = getattr(into, kind)
+        tally.count += 1
+        tally.size += size
+    for folder in (*_assembled(), weights_root(), cache_dir() / "sha256"):
+        try:
+            folder.rmdir()  # only when empty
+        except OSError:
+            pass
+    return done
