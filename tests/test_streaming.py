@@ -49,8 +49,8 @@ def _cache_in_batches(model, tokens, batch_size, mask=None, threads=None) -> dic
             with torch.no_grad():
                 _, cache = model.run_with_cache(tokens[start:start + batch_size],
                                                 names_filter=tl_geometry.CACHE_NAMES_FILTER, **extra)
-            for name in cache.keys():
-                parts.setdefault(name, []).append(cache[name])
+            for name, tensor in cache.items():
+                parts.setdefault(name, []).append(tensor)
     finally:
         torch.set_num_threads(before)
     return {name: torch.cat(chunks) for name, chunks in parts.items()}

@@ -190,7 +190,32 @@ def check_attention_mask(mask: Any, batch: int, n_pos: int, device: Any = "cpu")
     empty = (~mask.any(-1)).nonzero().flatten().tolist()
     if empty:
         raise CacheError(f"attention_mask marks every position of sequence(s) {empty} as padding.")
+    check_contiguous_padding(mask)
     return mask.to(device)
+
+
+def check_contiguous_padding(mask: Tensor) -> None:
+    """Refuse a ``[batch, pos]`` bool mask with a hole: a 0 between two 1s of one row.
+
+    Padding at the start and at the end of a row (left, right or both) is fine. A hole is not:
+    the forward passes disagree on the positions after it (TransformerLens counts real tokens,
+    the Hugging Face forward counts every position), so the same input gives different
+    attention, and the sliding windows and sink rules (SPEC §1) have no single meaning there.
+    """
+    n_pos = mask.shape[-1]
+    first = mask.to(torch.int8).argmax(-1)
+    last = n_pos - 1 - mask.flip(-1).to(torch.int8).argmax(-1)
+    holes = (last - first + 1 != mask.sum(-1)) & mask.any(-1)
+    if holes.any():
+        rows = holes.nonzero().flatten().tolist()
+        b = rows[0]
+        inside = (~mask[b]).nonzero().flatten()
+        p = int(inside[(inside > first[b]) & (inside < last[b])][0])
+        raise CacheError(
+            f"attention_mask has padding inside sequence(s) {rows[:8]}{' …' if len(rows) > 8 else ''} "
+            f"(a 0 between 1s, e.g. sequence {b} at position {p}): padding must be contiguous at the "
+            "start or end of each row; split the sequence or drop the hole."
+        )
 
 
 def warn_pad_tokens(tokens: Any, model: Any, shape: tuple[int, int, int]) -> None:
