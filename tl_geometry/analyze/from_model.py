@@ -31,6 +31,7 @@ from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
+from ..inputs.models import trained_with_bos
 from ..result import HeadAnalysis
 from ..result.schema import SHUFFLE_KINDS
 from . import windows as _windows
@@ -55,13 +56,23 @@ def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[
         if attention_mask is not None:
             raise ValueError("attention_mask is only for token inputs; texts are padded here.")
         tokenizer = model.tokenizer
-        enc = tokenizer(list(inputs), add_special_tokens=False, padding=True, return_tensors="pt")
-        pad_side = getattr(tokenizer, "padding_side", "right")
-        if pad_side != "right":
-            raise ValueError("Texts are padded on the right; set tokenizer.padding_side = 'right'.")
-        bos = torch.full((len(inputs), 1), tokenizer.bos_token_id, dtype=torch.long)
-        ones = torch.ones(len(inputs), 1, dtype=enc["attention_mask"].dtype)
-        return torch.cat([bos, enc["input_ids"]], 1), torch.cat([ones, enc["attention_mask"]], 1)
+        # Each text alone, unpadded: the padding is done below, on the right whatever the
+        # tokenizer's padding_side, and the caller's tokenizer is left as it was.
+        rows = [list(ids) for ids in tokenizer(list(inputs), add_special_tokens=False)["input_ids"]]
+        if trained_with_bos(model):  # BOS first only where the model was trained with it (SPEC §1)
+            rows = [[tokenizer.bos_token_id, *ids] for ids in rows]
+        empty = [i for i, ids in enumerate(rows) if not ids]
+        if empty:
+            raise ValueError(f"texts {empty[:8]} hold no token: drop the empty texts.")
+        n_pos = max(len(ids) for ids in rows)
+        pad = next((i for i in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
+                    if i is not None), 0)  # any id: padded positions are masked everywhere
+        tokens = torch.full((len(rows), n_pos), pad, dtype=torch.long)
+        mask = torch.zeros(len(rows), n_pos, dtype=torch.long)
+        for b, ids in enumerate(rows):
+            tokens[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[b, :len(ids)] = 1
+        return tokens, mask
     raise ValueError("inputs must be a [batch, pos] token tensor, a text, or a list of texts.")
 
 
@@ -201,7 +212,8 @@ def analyze_model(
 
     Args:
         inputs: token ids ``[n, pos]`` (with ``attention_mask`` if padded), a text, or a list
-            of texts (tokenized here, BOS prepended, right-padded, and masked in the forward
+            of texts (tokenized here, BOS prepended where the model was trained with one
+            (:func:`~tl_geometry.inputs.models.trained_with_bos`), right-padded, and masked in the forward
             pass and the analysis alike: the safe way to analyse texts of different lengths).
         shard: ``(rank, world_size)``: analyse only this rank's contiguous share of the
             sequences and all-reduce the sums across ranks (``torch.distributed`` must be

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.out, "--out")
         # Twice the windows: the first half scores the heads, the second half is held out.
         text = read_input_text(argparse.Namespace(text=args.text, n_seqs=2 * args.n_seqs,
-                                                  seq_len=args.seq_len))
+                                                  seq_len=args.seq_len, model=args.model))
     else:
         text = read_input_text(args)
 

@@ -18,6 +18,7 @@ from .args import (
     UsageError,
     add_model_options,
     add_progress_option,
+    check_distinct_paths,
     check_labels_file,
     check_model,
     check_output_file,
@@ -138,6 +139,7 @@ def check(args: argparse.Namespace) -> str | None:
     check_output_file(args.save, "--save")
     check_output_file(args.csv, "--csv")
     check_labels_file(args.labels)
+    check_distinct_paths(args, ("--save", "--csv", "--labels"))
     return read_input_text(args)
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "UsageError",
     "add_model_options",
     "add_progress_option",
+    "check_distinct_paths",
     "check_labels_file",
     "check_model",
     "check_output_dir",
@@ -31,6 +32,7 @@ __all__ = [
     "load_cli_model",
     "positive_int",
     "read_input_text",
+    "seed",
     "show_progress",
 ]
 
@@ -82,6 +84,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
     if value > MAX_INT:
         raise argparse.ArgumentTypeError(f"must be at most 2**63 - 1, got {value}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A seed: a whole number in ``[0, 2**63)`` (a 64-bit generator's range), refused before the load."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}") from None
+    if not 0 <= value <= MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1] (a 64-bit generator seed), "
+                                         f"got {value}")
     return value
 
 
@@ -178,26 +192,56 @@ def check_windows(args: argparse.Namespace, min_seq_len: int) -> None:
                          f"{min_seq_len - 1} text token(s); use --seq-len {min_seq_len} or more.")
 
 
+def _trained_with_bos(model: str | None) -> bool:
+    """Whether ``--model`` starts its windows with BOS, read from its table entry or files without
+    loading it; ``True`` (the smaller need) where that cannot be told here."""
+    if model is None:
+        return True
+    from ..inputs.models import trained_with_bos
+
+    try:
+        return trained_with_bos(model, warn=False)  # the load warns, once, where nothing says
+    except (ValueError, TypeError, OSError):
+        return True
+
+
 def read_input_text(args: argparse.Namespace) -> str | None:
     """The ``--text`` file's contents (``None``: the built-in sample), refused when it cannot work.
 
     A token spans at least one byte of UTF-8 (plus, for SentencePiece, one leading marker), so a
-    file of fewer bytes than the windows need tokens is too short whatever the tokenizer; this is
-    decided here. A longer file that still tokenizes short is caught after the model load.
+    text of fewer bytes than the windows need tokens is too short whatever the tokenizer; this is
+    decided here, for a ``--text`` file and for the built-in sample alike. A window needs
+    ``--seq-len`` − 1 text tokens after BOS, or ``--seq-len`` of them for a model trained without
+    BOS (``args.model``, where given). A longer text that still tokenizes short is caught after
+    the model load.
     """
+    with_bos = _trained_with_bos(getattr(args, "model", None))
+    body = args.seq_len - 1 if with_bos else args.seq_len
+    layout = f"BOS + {body}" if with_bos else f"{body} text tokens, no BOS"
+    need = args.n_seqs * body
     if args.text is None:
+        from ..inputs.text import sample_text
+
+        size = len(sample_text().encode("utf-8"))
+        if size + 1 < need:
+            raise UsageError(
+                f"--n-seqs {args.n_seqs}: the built-in sample text has {size:,} bytes and cannot make "
+                f"the {need:,} tokens of {args.n_seqs} windows of {args.seq_len} ({layout}); use "
+                "fewer --n-seqs or a shorter --seq-len, or pass a longer --text FILE.")
         return None
+    if not str(args.text).strip():
+        raise UsageError("--text is empty; give the path of a UTF-8 plain-text file, or leave "
+                         "--text out for the built-in sample.")
     from ..inputs.text import read_text
 
     try:
         text = read_text(args.text)
     except ValueError as err:
         raise UsageError(f"--text: {err}") from None
-    need = args.n_seqs * (args.seq_len - 1)
     if len(text.encode("utf-8")) + 1 < need:
         raise UsageError(
             f"--text {args.text} is too short: {len(text.encode('utf-8'))} bytes cannot make the "
-            f"{need} tokens of {args.n_seqs} windows of {args.seq_len} (BOS + {args.seq_len - 1}); "
+            f"{need} tokens of {args.n_seqs} windows of {args.seq_len} ({layout}); "
             "use fewer --n-seqs or a shorter --seq-len, or a longer text.")
     return text
 
@@ -217,10 +261,18 @@ def _writable_folder(folder: Path, flag: str, target: Path) -> None:
                          "choose a folder you can write to.") from None
 
 
+def _check_not_empty(path: str, flag: str, example: str) -> None:
+    """An empty path (``--csv ''``) would name the current folder; say so, with an example."""
+    if not str(path).strip():
+        raise UsageError(f"{flag} is empty: give a path, e.g. {flag} {example}.")
+
+
 def check_output_file(path: str | None, flag: str) -> None:
-    """An output file (``--save``, ``--csv``): not a folder, and its folder writable (or creatable)."""
+    """An output file (``--save``, ``--csv``): not empty, not a folder, and its folder writable
+    (or creatable)."""
     if path is None:
         return
+    _check_not_empty(path, flag, "result.csv" if flag == "--csv" else "result.pt")
     target = Path(path).expanduser()
     if target.is_dir():
         raise UsageError(f"{flag} {path} is a folder; give a file name, e.g. {target / 'result'}.")
@@ -233,14 +285,53 @@ def check_labels_file(path: str | None, flag: str = "--labels") -> None:
     """A label file (``--labels``): a writable ``.csv`` or ``.json`` file (the suffix picks the format)."""
     if path is None:
         return
+    _check_not_empty(path, flag, "labels.csv")
     if Path(path).suffix.lower() not in (".csv", ".json"):
+        try:
+            example = str(Path(path).with_suffix(".csv"))
+        except ValueError:  # a path without a file name ("/", ".."): nothing to put a suffix on
+            example = "labels.csv"
         raise UsageError(f"{flag} {path}: the file name must end in .csv or .json (the suffix picks "
-                         f"the format), e.g. {Path(path).with_suffix('.csv')}.")
+                         f"the format), e.g. {example}.")
     check_output_file(path, flag)
+
+
+def check_distinct_paths(args: argparse.Namespace, outputs: tuple[str, ...],
+                         inputs: tuple[str, ...] = ("--text",)) -> None:
+    """The output files of one command (``outputs``, e.g. ``--save``, ``--csv``, ``--labels``)
+    name different files, and none is an input file (``--text``): compared as resolved paths
+    (``~``, ``..`` and symbolic links followed), so that no file is overwritten by another
+    output of the same run, or read and then overwritten."""
+    seen: dict[Path, tuple[str, str]] = {}
+    for flag in (*inputs, *outputs):
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+        if value is None or not str(value).strip():
+            continue
+        path = Path(os.path.realpath(Path(value).expanduser()))
+        if path in seen:
+            other, given = seen[path]
+            if other in inputs:
+                raise UsageError(f"{flag} {value} is the {other} file the command reads; writing it "
+                                 "would overwrite the input. Choose another file name.")
+            same = "" if given == value else f" ({given} and {value})"
+            raise UsageError(f"{other} and {flag} name the same file{same}: one would overwrite the "
+                             f"other. Give each output its own file name, e.g. {flag} "
+                             f"{_other_name(value, flag)}.")
+        seen[path] = (flag, value)
+
+
+def _other_name(value: str, flag: str) -> str:
+    path = Path(value)
+    suffix = {"--save": ".pt", "--csv": ".csv"}.get(flag, path.suffix)
+    try:
+        return str(path.with_name(f"{path.stem}-{flag.removeprefix('--')}{suffix}"))
+    except ValueError:
+        return f"{flag.removeprefix('--')}{suffix}"
 
 
 def check_output_dir(path: str, flag: str) -> None:
     """An output folder (``--out``): an existing folder or a new one, never an existing file."""
+    _check_not_empty(path, flag, "results")
     target = Path(path).expanduser()
     if target.exists() and not target.is_dir():
         raise UsageError(f"{flag} {path} is an existing file; the command writes a folder there. "

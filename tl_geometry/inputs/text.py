@@ -1,4 +1,5 @@
-"""Text inputs: the built-in sample corpus and text → token windows that start with BOS."""
+"""Text inputs: the built-in sample corpus and text → token windows that start as the model was
+trained (with BOS only where it was trained with one)."""
 
 from __future__ import annotations
 
@@ -48,24 +49,38 @@ def read_text(path: str | Path) -> str:
 def text_windows(
     model_or_tokenizer: Any, text: str | None = None, *, n_seqs: int = 8, seq_len: int = 128
 ) -> Tensor:
-    """``[n_seqs, seq_len]`` token windows: BOS followed by consecutive tokens of ``text``.
+    """``[n_seqs, seq_len]`` token windows of consecutive tokens of ``text``, each starting as the
+    model was trained: with BOS only where it was trained with one (SPEC §1).
 
     The text (default: :func:`sample_text`) is tokenized once without special tokens and cut into
-    non-overlapping windows of ``seq_len - 1`` tokens, each prefixed with BOS (SPEC §8).
+    non-overlapping windows: ``seq_len - 1`` tokens after BOS for a model trained with BOS
+    (SmolLM2, Gemma-3), ``seq_len`` text tokens for one trained without (Qwen2.5-Coder). Which
+    it is comes from :func:`tl_geometry.inputs.models.trained_with_bos`: the loader's record on
+    the model or tokenizer (``tl_geometry_bos``), the built-in model table, or the model's
+    files; never the ``add_bos_token`` attribute of a tokenizer converted from a GGUF file.
+    ``model_or_tokenizer`` is a model with a ``tokenizer`` (TransformerLens) or the tokenizer.
     """
+    from .models import trained_with_bos
+
     tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
     if n_seqs < 1 or seq_len < 2:
         raise ValueError(f"Need n_seqs ≥ 1 and seq_len ≥ 2, got {n_seqs} and {seq_len}.")
+    with_bos = trained_with_bos(model_or_tokenizer)
+    bos = tokenizer.bos_token_id if with_bos else None
+    if with_bos and bos is None:
+        raise ValueError("The model was trained with BOS at the start of a sequence but its "
+                         "tokenizer has no BOS token (bos_token_id is None); set "
+                         "tokenizer.bos_token to the model's BOS token.")
     text = sample_text() if text is None else text
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    body = seq_len - 1
+    body = seq_len - 1 if with_bos else seq_len
     if len(ids) < n_seqs * body:
+        start = f"BOS + {body}" if with_bos else f"{body} text tokens, no BOS"
         raise ValueError(
-            f"The text has {len(ids)} tokens; {n_seqs} windows of {seq_len} need "
+            f"The text has {len(ids)} tokens; {n_seqs} windows of {seq_len} ({start}) need "
             f"{n_seqs * body}. Use fewer or shorter windows, or a longer text."
         )
-    bos = tokenizer.bos_token_id
-    if bos is None:
-        raise ValueError("The tokenizer has no BOS token; the sink protocol needs one.")
     windows = torch.tensor(ids[: n_seqs * body], dtype=torch.long).reshape(n_seqs, body)
+    if bos is None:
+        return windows
     return torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), windows], dim=1)
