@@ -25,8 +25,9 @@ from tl_geometry.result import io as _result_io
 from tl_geometry.result.labels import EXPORT_COLUMNS, LABELS_FORMAT
 
 
-def _noisy_votes(seed: int, n_sequences: int = 7, heads: tuple[int, ...] = (3, 5)) -> torch.Tensor:
-    """Per-sequence vote counts ``[sequence, *heads, 3]`` whose labels sometimes move."""
+def _noisy_votes(seed: int, n_sequences: int = 9, heads: tuple[int, ...] = (3, 5)) -> torch.Tensor:
+    """Per-sequence vote counts ``[sequence, *heads, 3]`` whose labels sometimes move (9
+    sequences: at least the 8 units a stability needs, SPEC §5)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 6, (n_sequences, *heads, 3), generator=g)
 
@@ -41,8 +42,10 @@ def _slow_label(counts: list[int]) -> int | None:
 
 def _slow_stability(votes: torch.Tensor, n_resamples: int = 200, seed: int = 0) -> torch.Tensor:
     """The bootstrap of SPEC §5 one resample and one head at a time, from the documented draws
-    (``torch.randint`` of a generator seeded with ``seed``)."""
+    (``torch.randint`` of a generator seeded with ``seed``); none below 8 sequences."""
     n = votes.shape[0]
+    if n < 8:  # too few units (SPEC §5)
+        return torch.full(votes.shape[1:-1], math.nan, dtype=torch.float64)
     draws = torch.randint(n, (n_resamples, n), generator=torch.Generator().manual_seed(seed)).tolist()
     flat = votes.reshape(n, -1, 3).tolist()
     out = []
@@ -93,12 +96,13 @@ def test_margin_matches_a_slow_reference():
 
 
 def test_result_confidence_properties_and_unstable_mark():
-    r = fake()
+    r = _many(fake())
     assert r.label_margin.shape == r.label_stability.shape == (2, 4)
     torch.testing.assert_close(r.label_stability, bootstrap_stability(r.sequence_votes))
+    assert r.label_stability.isfinite().all()
     # lower the evidence for one head until its label is unstable
     votes = r.sequence_votes.clone()
-    votes[:, 0, 1] = torch.tensor([[2, 2, 0], [0, 3, 0], [3, 0, 0]])  # Mixer 5 vs Retriever 5... tie → Retriever
+    votes[:, 0, 1] = torch.tensor([[2, 2, 0], [0, 3, 0], [3, 0, 0]] * 3)  # Mixer 15 vs Retriever 15: tie → Retriever
     shaky = HeadAnalysis(**{**_fields(r), "sequence_votes": votes, "vote_counts": votes.sum(0).double()})
     assert bool(shaky.unstable[0, 1]) and float(shaky.label_stability[0, 1]) < 0.8
     table = shaky.heads_table()
@@ -125,15 +129,20 @@ def test_sequence_votes_must_add_up_to_the_vote_counts():
 
 
 def test_files_keep_the_sequence_votes_and_format_2_still_loads(tmp_path):
-    r = fake()
+    r = _many(fake())
     path = r.save(tmp_path / "r.pt")
     assert torch.load(path, weights_only=True)["format"] == "tl_geometry.HeadAnalysis/5"
     back = HeadAnalysis.load(path)
     assert torch.equal(back.sequence_votes, r.sequence_votes)
     torch.testing.assert_close(back.label_stability, r.label_stability)
     payload = torch.load(path, weights_only=True)
+    # what format 2 held: no checksum (3), per-sequence votes (4) or truncation figures (5)
     payload["format"] = "tl_geometry.HeadAnalysis/2"
-    del payload["sequence_votes"], payload["axes"]["sequence_votes"]
+    del payload["checksum"], payload["sequence_votes"], payload["axes"]["sequence_votes"]
+    del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
+    keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]
+    payload["scores"] = payload["scores"][:, keep]
+    payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]
     old = tmp_path / "old.pt"
     torch.save(payload, old)
     loaded = HeadAnalysis.load(old)
@@ -144,7 +153,7 @@ def test_files_keep_the_sequence_votes_and_format_2_still_loads(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".csv", ".json"])
 def test_export_rows_match_the_result(tmp_path, suffix):
-    r = fake()
+    r = _many(fake())
     path = r.export_labels(tmp_path / f"labels{suffix}")
     if suffix == ".csv":
         rows = pd.read_csv(path)
@@ -203,7 +212,7 @@ def test_top_filters_by_class():
 
 
 def test_selection_attributes_read_like_keys():
-    r = fake()
+    r = _many(fake())
     s = r.sel(layer=5, n=2)
     assert torch.equal(s.f_score, s["f_score"]) and s.label == s["label"]
     assert torch.equal(s.label_stability, s["label_stability"])
@@ -263,6 +272,13 @@ def test_report_has_confidence_and_agreement_sections(tmp_path):
     assert "induction" in pd.read_csv(tmp_path / "rep" / "heads.csv").columns
     without = write_report(r, tmp_path / "plain").read_text()
     assert "Do the labels agree" not in without and "Label confidence" in without
+
+
+def _many(r: HeadAnalysis, times: int = 3) -> HeadAnalysis:
+    """``r`` (the fake's 3 sequences) with its sequences repeated ``times`` times: the same labels
+    from 9 sequences, enough units for a stability (SPEC §5: none below 8)."""
+    votes = r.sequence_votes.repeat(times, 1, 1, 1)
+    return HeadAnalysis(**{**_fields(r), "sequence_votes": votes, "vote_counts": votes.sum(0).double()})
 
 
 def _fields(r: HeadAnalysis) -> dict:

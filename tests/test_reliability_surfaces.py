@@ -204,11 +204,18 @@ def test_any_changed_byte_in_the_payload_is_refused(saved, tmp_path):
 def test_format_2_files_without_a_checksum_still_load(saved, tmp_path):
     r, path = saved
     payload = torch.load(path, weights_only=True)
-    del payload["checksum"]
+    # what format 2 held: none of the checksum (3), sequence_votes (4), truncation figures (5)
+    del payload["checksum"], payload["sequence_votes"], payload["axes"]["sequence_votes"]
+    del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
+    keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]
+    payload["scores"] = payload["scores"][:, keep]
+    payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]
     payload["format"] = "tl_geometry.HeadAnalysis/2"
     torch.save(payload, tmp_path / "v2.pt")
     loaded = HeadAnalysis.load(tmp_path / "v2.pt")
-    assert torch.equal(loaded.scores.nan_to_num(), r.scores.nan_to_num())
+    held = [_result_io.names()["metric"].index(m) for m in payload["names"]["metric"]]
+    assert torch.equal(loaded.scores[:, held].nan_to_num(), r.scores[:, held].nan_to_num())
+    assert loaded.tail_mass.isnan().all() and loaded.sequence_votes is None  # format 2 lacks them
 
 
 def test_a_meta_tensor_in_a_payload_is_a_result_file_error(saved, tmp_path):

@@ -83,7 +83,7 @@ def test_unreadable_files_raise_one_clear_error_naming_the_file(tmp_path):
         assert info.value.__context__ is None or info.value.__suppress_context__, what
     with pytest.raises(FileNotFoundError, match="no such result file"):
         HeadAnalysis.load(tmp_path / "missing.pt")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ResultFileError, match=r"is a folder, not a result file.*Give the result file inside it"):
         HeadAnalysis.load(tmp_path)  # a folder
 
 

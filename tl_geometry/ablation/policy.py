@@ -12,7 +12,9 @@ analysis' certified budgets (:func:`~tl_geometry.truncation_budgets`), and saved
      "metadata": {"eps": 0.05, ...}}             # free-form, JSON values
 
 Heads missing from ``heads`` keep every key. Loading checks the format, the shape and every
-entry, and raises ``ValueError`` naming the problem.
+entry, and raises ``ValueError`` naming the problem. A policy has 1 to :data:`MAX_LAYERS` (4096)
+layers and 1 to :data:`MAX_HEADS` (4096) heads per layer, far above any model's, so a damaged or
+hostile file cannot make it allocate gigabytes.
 """
 
 from __future__ import annotations
@@ -29,12 +31,17 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..result.budgets import DEFAULT_EPS, truncation_budgets
+from ..result.io import _writable_path
 
 POLICY_FORMAT = "tl_geometry.TopNPolicy/1"
 #: ``N`` of a head that keeps every key (it is not sparsified).
 KEEP_ALL = 0
 #: The largest ``N`` (the int64 ranks it is compared with); any ``N`` ≥ the keys keeps every key.
 MAX_N = 2**63 - 1
+#: The most layers and query heads per layer a policy may have: far above any model's, and a
+#: bound on what a policy file can make the loader allocate (4096 × 4096 int64 = 128 MiB).
+MAX_LAYERS = 4096
+MAX_HEADS = 4096
 
 
 def _index(value: Any, what: str) -> int:
@@ -45,6 +52,21 @@ def _index(value: Any, what: str) -> int:
         return operator.index(value)
     except TypeError:
         raise ValueError(f"{what} must be an int, got {value!r} ({type(value).__name__}).") from None
+
+
+def _check_shape(n_layers: Any, n_heads: Any) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` as ints in ``1 … MAX_LAYERS`` and ``1 … MAX_HEADS``; else a
+    ``ValueError`` naming the count, the limit and the fix (before anything is allocated)."""
+    out = []
+    for value, what, limit in (n_layers, "n_layers", MAX_LAYERS), (n_heads, "n_heads", MAX_HEADS):
+        count = _index(value, what)
+        if not 1 <= count <= limit:
+            raise ValueError(f"{what} = {count}: a policy needs n_layers, n_heads ≥ 1 and at most "
+                             f"{MAX_LAYERS} layers and {MAX_HEADS} heads per layer (far above any "
+                             f"model's); give the model's counts, in this order, e.g. "
+                             "TopNPolicy.uniform(n, model.cfg.n_layers, model.cfg.n_heads).")
+        out.append(count)
+    return out[0], out[1]
 
 
 def _check_n(n: int, what: str) -> int:
@@ -74,6 +96,7 @@ class TopNPolicy:
                              f"query (0: every key), got {what}.")
         if n.is_meta:
             raise ValueError("a policy's n is a meta tensor (no values); pass a tensor with data.")
+        _check_shape(*n.shape)
         if n.numel() and int(n.min()) < 0:
             raise ValueError(f"a policy's n holds {int(n.min())}; N ≥ 1 keeps the top-N keys, "
                              f"N = {KEEP_ALL} keeps every key.")
@@ -85,8 +108,10 @@ class TopNPolicy:
     # --- constructors ------------------------------------------------------------------------------
     @classmethod
     def uniform(cls, n: int, n_layers: int, n_heads: int) -> TopNPolicy:
-        """Every head keeps its top-``n`` keys."""
+        """Every head of an ``n_layers × n_heads`` model keeps its top-``n`` keys (note the
+        order: ``n`` first). Counts that are not ints in ``1 … 4096`` raise ``ValueError``."""
         n = _check_n(_index(n, "n"), "n")
+        n_layers, n_heads = _check_shape(n_layers, n_heads)
         return cls(torch.full((n_layers, n_heads), n, dtype=torch.int64), {"uniform": n})
 
     @classmethod
@@ -95,6 +120,7 @@ class TopNPolicy:
         """``{(layer, head): N}``; every head not in ``heads`` keeps every key."""
         if not isinstance(heads, Mapping):
             raise ValueError(f"heads must be a {{(layer, head): N}} dict, got {type(heads).__name__}.")
+        n_layers, n_heads = _check_shape(n_layers, n_heads)
         n = torch.zeros(n_layers, n_heads, dtype=torch.int64)
         for key, value in heads.items():
             if not isinstance(key, tuple) or len(key) != 2:
@@ -117,6 +143,7 @@ class TopNPolicy:
             shape = tuple(budgets.shape) if isinstance(budgets, Tensor) else type(budgets).__name__
             raise ValueError(f"budgets must be a [layer, head] tensor with one row per entry of layers "
                              f"({len(layers)}), got {shape}.")
+        n_layers, _ = _check_shape(n_layers, budgets.shape[1])
         if any(not 0 <= x < n_layers for x in layers) or len(set(layers)) != len(layers):
             raise ValueError(f"layers {layers} must be distinct layers of a {n_layers}-layer model.")
         n = torch.zeros(n_layers, budgets.shape[1], dtype=torch.int64)
@@ -176,17 +203,20 @@ class TopNPolicy:
 
     @classmethod
     def from_json(cls, text: str) -> TopNPolicy:
-        """The policy :meth:`to_json` wrote; ``ValueError`` naming the problem otherwise."""
+        """The policy :meth:`to_json` wrote; ``ValueError`` naming the problem otherwise (invalid
+        or too deeply nested JSON, another format, counts outside ``1 … 4096``, bad entries)."""
         try:
             data = json.loads(text)
+        except RecursionError:
+            raise ValueError("not a policy: its JSON nests too deeply to read (a policy file is a "
+                             "flat object with a list of [layer, head, N] entries); write it with "
+                             "TopNPolicy.save.") from None
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a policy: invalid JSON ({exc}).") from None
         if not isinstance(data, dict) or data.get("format") != POLICY_FORMAT:
             fmt = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"not a policy of format {POLICY_FORMAT!r} (got {fmt!r}).")
-        n_layers, n_heads = (_index(data.get(k), k) for k in ("n_layers", "n_heads"))
-        if n_layers < 1 or n_heads < 1:
-            raise ValueError(f"a policy needs n_layers, n_heads ≥ 1, got {n_layers}, {n_heads}.")
+        n_layers, n_heads = _check_shape(data.get("n_layers"), data.get("n_heads"))
         heads = data.get("heads")
         if not isinstance(heads, list):
             raise ValueError("a policy's heads must be a list of [layer, head, N] entries.")
@@ -202,19 +232,25 @@ class TopNPolicy:
         return cls.from_dict(mapping, n_layers, n_heads, metadata if isinstance(metadata, dict) else {})
 
     def save(self, path: str | Path) -> Path:
-        """Write :meth:`to_json` to ``path`` (folders made as needed); returns the path."""
-        path = Path(path)
+        """Write :meth:`to_json` to ``path`` (folders made as needed); returns the path.
+        ``ValueError`` if ``path`` is a folder or lies under a file."""
+        path = _writable_path(Path(path), "policy.json")
+        text = self.to_json() + "\n"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json() + "\n")
+        path.write_text(text, encoding="utf-8")
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> TopNPolicy:
-        """Read a policy written by :meth:`save` (errors name the file)."""
+        """Read a policy written by :meth:`save` (errors name the file): ``ValueError`` for a
+        folder or a file that is not a policy, ``FileNotFoundError`` if there is none."""
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"{path}: is a folder, not a policy file; give the policy file inside "
+                             f"it, e.g. {path / 'policy.json'}.")
         try:
-            return cls.from_json(path.read_text())
-        except ValueError as exc:
+            return cls.from_json(path.read_text(encoding="utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError too
             raise ValueError(f"{path}: {exc}") from None
 
     def __eq__(self, other: object) -> bool:

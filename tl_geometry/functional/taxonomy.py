@@ -82,6 +82,12 @@ def labels_from_votes(counts: Float[Tensor, "*batch 3"]) -> Int[Tensor, "*batch"
 #: "unstable" (SPEC §5).
 N_RESAMPLES = 200
 UNSTABLE_BELOW = 0.8
+#: The fewest resampling units (sequences) that give a stability (SPEC §5): below it a bootstrap
+#: of so few units says nothing (one sequence always "keeps" its label), so the stability is NaN,
+#: shown as "too few units".
+MIN_UNITS = 8
+#: How a stability withheld for lack of units is shown.
+TOO_FEW_UNITS = "too few units"
 
 
 def vote_margin(counts: Float[Tensor, "*batch 3"]) -> Float[Tensor, " *batch"]:
@@ -120,21 +126,25 @@ def bootstrap_stability(
 ) -> Float[Tensor, " *head"]:
     """Share of bootstrap resamples of the sequences whose plurality label equals the label of
     all sequences (SPEC §5): 1 = the label never moves, < :data:`UNSTABLE_BELOW` = "unstable".
-    NaN for a head with no votes (no label to keep) and when there is no sequence.
+    NaN for a head with no votes (no label to keep), and for every head when there are fewer
+    than :data:`MIN_UNITS` (8) sequences: "too few units" (SPEC §5), since resampling one or a
+    few sequences cannot move a label and would read as a perfectly stable one.
 
     Resample ``r`` sums the per-sequence vote counts with the weights of
     :func:`bootstrap_resample_weights`; its label follows :func:`labels_from_votes` (ties and
     "no vote" alike), so a resample that leaves a head without votes counts as a change.
 
-    >>> votes = torch.tensor([[[5, 0, 0]], [[4, 1, 0]], [[3, 2, 0]]])   # 3 sequences, 1 head
+    >>> votes = torch.tensor([[[5, 0, 0]], [[4, 1, 0]], [[3, 2, 0]]] * 3)   # 9 sequences, 1 head
     >>> bootstrap_stability(votes).tolist()
     [1.0]
+    >>> bootstrap_stability(votes[:3]).tolist()                            # 3 < 8: too few units
+    [nan]
     """
     n_sequences = sequence_votes.shape[0]
     heads = sequence_votes.shape[1:-1]
-    full = labels_from_votes(sequence_votes.sum(0).to(torch.float64))
-    if n_sequences == 0:
+    if n_sequences < MIN_UNITS:
         return torch.full(heads, torch.nan, dtype=torch.float64)
+    full = labels_from_votes(sequence_votes.sum(0).to(torch.float64))
     weights = bootstrap_resample_weights(n_sequences, n_resamples, seed)
     flat = sequence_votes.reshape(n_sequences, -1).to(torch.float64)
     totals = (weights @ flat).reshape(n_resamples, *heads, 3)  # exact: integer sums below 2^53

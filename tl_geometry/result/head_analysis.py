@@ -10,6 +10,7 @@ groups, metrics, sink fields, ... live in one place (:mod:`tl_geometry.result.sc
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,23 @@ def _per_layer(saved: Any, n_layers: int) -> Tensor:
     if not isinstance(saved, (list, tuple)) or len(saved) != n_layers:
         return torch.full((n_layers,), torch.nan, dtype=torch.float64)
     return torch.tensor([float(x) for x in saved], dtype=torch.float64)
+
+
+def _positive_int(value: Any, where: str, what: str) -> int:
+    """``value`` as an int ≥ 1 (NumPy and torch integers too); a ``ValueError`` naming ``where``
+    and the fix for a bool, float, string, ``None`` or a count below 1."""
+    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_") or (
+            isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{where}: {value!r} is a bool; give {what} as an int ≥ 1, e.g. 10.")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{where}: {value!r} ({type(value).__name__}) is not an int; give {what} "
+                         "as an int ≥ 1, e.g. 10.") from None
+    if number < 1:
+        raise ValueError(f"{where}: {number} is below 1; give {what} as an int ≥ 1, e.g. 10 "
+                         "(every head: the number of heads, or heads_table()).")
+    return number
 
 
 def _name(prefix: str, name: str) -> str:
@@ -194,13 +212,16 @@ class HeadAnalysis(Shortcuts):
     def label_stability(self) -> Float[Tensor, "layer head"]:
         """Label stability per head (SPEC §5): the share of 200 bootstrap resamples of the
         sequences (seed 0) whose plurality label is the head's label; below 0.8 the head is
-        "unstable" (:attr:`unstable`). NaN for an unlabelled head, and for every head of a
-        file of format 3 or earlier (no per-sequence votes)."""
+        "unstable" (:attr:`unstable`). NaN for an unlabelled head; for every head when fewer
+        than 8 sequences were analysed ("too few units": one sequence resampled always gives
+        itself back, so it would read 1.0); and for every head of a file of format 3 or earlier
+        (no per-sequence votes). A NaN stability is never counted as unstable."""
         return confidence.label_stability(self)
 
     @property
     def unstable(self) -> torch.Tensor:
-        """``[layer, head]`` bool: heads whose label stability is below 0.8 (SPEC §5)."""
+        """``[layer, head]`` bool: heads whose label stability is below 0.8 (SPEC §5); False
+        where the stability is NaN (too few units, unknown, unlabelled)."""
         return confidence.unstable(self)
 
     @property
@@ -434,7 +455,9 @@ class HeadAnalysis(Shortcuts):
         """Write one row per head — ``layer, head, label, vote_current, vote_sink, vote_other,
         margin, stability`` and, with ``scores`` (a :func:`tl_geometry.head_scores` table), its
         score columns — as CSV or JSON, chosen by the suffix of ``path`` (``.csv`` / ``.json``).
-        The format is documented in docs/labels.md. Returns the path.
+        The format is documented in docs/labels.md. Returns the path. The stability is empty
+        (NaN) with fewer than 8 sequences ("too few units"); a ``scores`` table that lacks an
+        analysed head or lists one twice, and a ``path`` that is a folder, are refused.
 
         >>> result.export_labels("labels.csv")    # doctest: +SKIP
         """
@@ -447,7 +470,7 @@ class HeadAnalysis(Shortcuts):
         the ``separated`` fraction."""
         return tables.to_pandas(self)
 
-    def top(self, k: int = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True,
+    def top(self, k: SupportsIndex = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True,
             label: str | None = None):
         """The ``k`` heads with the largest (or smallest) ``by`` at ``N = n``, as a ``DataFrame``
         (the :meth:`heads_table` columns plus ``by``); with ``label`` (``"Retriever"``,
@@ -455,10 +478,16 @@ class HeadAnalysis(Shortcuts):
 
         ``by`` is a key of :meth:`quantities`: ``f_gain``, ``f_score``, ``sink_removed_f_score``,
         ``sink_norm_ratio``, ``vote_sink``, ``label_stability``, ...; a wrong one raises an
-        error listing them all.
+        error listing them all. ``k`` is a positive int (a NumPy int too; not a bool or float):
+        anything else raises a ``ValueError``. Heads whose ``by`` is NaN come last.
 
         >>> result.top(3, by="vote_current", label="Retriever")   # doctest: +SKIP
         """
+        k = _positive_int(k, "top(k=...)", "the number of heads to return")
+        if not isinstance(largest, bool) and type(largest).__name__ not in ("bool", "bool_"):
+            raise ValueError(f"top(largest={largest!r}): give True (the largest first) or False "
+                             "(the smallest first).")
+        largest = bool(largest)
         if label is not None:
             check_name("label", label, CLASSES)
         quantities = self.quantities()
@@ -505,8 +534,10 @@ class HeadAnalysis(Shortcuts):
         """Read an analysis written by :meth:`save` (bit-exact round trip, by name).
 
         Raises :class:`ResultFileError` (a ``ValueError``) naming the file and the problem for a
-        truncated, empty, foreign or inconsistent file; ``FileNotFoundError`` if there is none.
-        Files of format 1 (tl_geometry 0.1) load with a ``UserWarning``.
+        truncated, empty, foreign or inconsistent file, a folder, a file of format ≥ 3 without
+        its checksum, or one that holds what a later format added (a newer file relabelled as
+        older); ``FileNotFoundError`` if there is none. Files of format 1 (tl_geometry 0.1) load
+        with a ``UserWarning``.
         """
         return cls(**io.load(path))
 

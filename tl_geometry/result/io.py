@@ -15,9 +15,12 @@ A file is a ``torch.save`` dict of plain tensors and strings, read back with
   tensor or an edited entry is refused instead of read as true.
 
 On load everything is checked; any problem raises :class:`ResultFileError` naming the file.
-Files of format 2 (no checksum) load as before. Files of format 1 (tl_geometry 0.1, no axis
-labels) load with a warning, read with the names that format used; saving them again upgrades
-them.
+Every file of format 3 or later must carry its checksum. Files of format 2 (no checksum) load as
+before, but only with what format 2 held: a file that calls itself older than the fields it holds
+(a checksum, ``sequence_votes``, ``truncation_p90``, the truncation metrics; :data:`_FIELD_SINCE`)
+is refused, since relabelling a newer file and dropping its checksum would otherwise read edited
+numbers unchecked. Files of format 1 (tl_geometry 0.1, no axis labels) load with a warning, read
+with the names that format used; saving them again upgrades them.
 """
 
 from __future__ import annotations
@@ -56,6 +59,12 @@ _FORMAT1_NAMES = {
 #: Labels that a format version added to a named axis: a file of an earlier version lacks them
 #: by construction, so they are filled (NaN) without a warning.
 _ADDED_IN: dict[str, dict[str, int]] = {"metric": {"tail_mass": 5, "truncation_error": 5}}
+#: Entries of the payload (and of its ``axes`` / ``names``) by the format version that added
+#: them: a file of an earlier version cannot hold them, so one that does was relabelled.
+_FIELD_SINCE: dict[str, int] = {
+    "axes": 2, "names": 2, "paired": 2, "paired_field": 2,
+    "checksum": 3, "sequence_votes": 4, "truncation_p90": 5, "truncation_metric": 5,
+}
 #: Tensors in metadata up to this many elements are stored as (nested) lists.
 MAX_METADATA_TENSOR = 10_000
 _TUPLE, _ITEMS = "__tuple__", "__items__"
@@ -153,12 +162,13 @@ def checksum(payload: dict[str, Any]) -> str:
 
 
 # --- save ---------------------------------------------------------------------------------------
-def _writable_path(path: Path) -> Path:
+def _writable_path(path: Path, example: str = "analysis.pt") -> Path:
     """``path`` if a file can be written there; else a ``ValueError`` naming the user's path and
-    the fix (rather than an ``OSError`` about a temporary file or a parent)."""
+    the fix (rather than an ``OSError`` about a temporary file or a parent). ``example`` is the
+    file name suggested inside a folder."""
     if path.is_dir():
         raise ValueError(f"cannot save to {path}: it is a folder. Give a file path, e.g. "
-                         f"{path / 'analysis.pt'}.")
+                         f"{path / example}.")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -204,11 +214,17 @@ def save(fields: dict[str, Any], path: str | Path) -> Path:
 def load(path: str | Path) -> dict[str, Any]:
     """Read and check a result file; returns the HeadAnalysis constructor's keyword arguments."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such result file.")
 
     def fail(problem: str) -> ResultFileError:
         return ResultFileError(f"{path}: {problem}")
+
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.pt") if p.is_file())[:3]
+        hint = (f"; it holds {', '.join(inside)}" if inside else "")
+        raise fail(f"is a folder, not a result file{hint}. Give the result file inside it, e.g. "
+                   f"HeadAnalysis.load({str(path / (inside[0] if inside else 'analysis.pt'))!r}).")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such result file.")
 
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -223,6 +239,7 @@ def load(path: str | Path) -> dict[str, Any]:
         raise fail(f"holds {what}, not a saved tl_geometry HeadAnalysis.")
     version = _version(payload["format"], fail)
     _check_devices(payload, fail)
+    _check_fields_of(payload, version, fail)
     if version >= _CHECKSUM_SINCE:
         _check_checksum(payload, fail)
     saved_names = _saved_names(payload, version, path, fail)
@@ -284,11 +301,40 @@ def _version(fmt: str, fail: Any) -> int:
 
 
 def _check_devices(payload: dict[str, Any], fail: Any) -> None:
-    """Refuse tensors without data (``meta``): nothing can be read or checked from them."""
-    for key, value in payload.items():
-        if isinstance(value, Tensor) and (value.is_meta or value.device.type != "cpu"):
-            raise fail(f"{key} is a {value.device.type} tensor with no readable data; save the "
-                       "analysis again from real tensors.")
+    """Refuse tensors without data (``meta``) anywhere in the payload, nested ones and dict keys
+    too: nothing can be read or checked from them."""
+    stack: list[tuple[str, Any]] = [(str(k), v) for k, v in payload.items()]
+    stack += [(f"a key ({type(k).__name__})", k) for k in payload]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, Tensor):
+            if value.is_meta or value.device.type != "cpu":
+                raise fail(f"{where} is a {value.device.type} tensor with no readable data; save the "
+                           "analysis again from real tensors.")
+        elif isinstance(value, dict):
+            stack += [(f"{where}[{k!r}]", v) for k, v in value.items() if not isinstance(k, Tensor)]
+            stack += [(f"a key of {where}", k) for k in value if isinstance(k, Tensor)]
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _check_fields_of(payload: dict[str, Any], version: int, fail: Any) -> None:
+    """Refuse a file that holds entries added by a format after its own (:data:`_FIELD_SINCE`,
+    :data:`_ADDED_IN`): a newer file relabelled as older, whose checksum would go unchecked."""
+    axes, saved = payload.get("axes"), payload.get("names")
+    held = [k for k in payload if isinstance(k, str)]
+    held += [k for k in (axes if isinstance(axes, dict) else ()) if isinstance(k, str)]
+    held += [k for k in (saved if isinstance(saved, dict) else ()) if isinstance(k, str)]
+    later = {k: _FIELD_SINCE[k] for k in held if _FIELD_SINCE.get(k, 0) > version}
+    for axis, added in _ADDED_IN.items():
+        labels = saved.get(axis) if isinstance(saved, dict) else None
+        if isinstance(labels, (list, tuple)):
+            later.update({x: added[x] for x in labels if isinstance(x, str) and added.get(x, 0) > version})
+    if later:
+        what = ", ".join(f"{k} (format {v})" for k, v in sorted(later.items(), key=lambda kv: (kv[1], kv[0])))
+        raise fail(f"says format {version} but holds what later formats added: {what}. A file of "
+                   f"format {version} cannot hold them: it was relabelled or damaged. Restore a good "
+                   "copy or run the analysis again.")
 
 
 def _check_checksum(payload: dict[str, Any], fail: Any) -> None:
@@ -296,8 +342,10 @@ def _check_checksum(payload: dict[str, Any], fail: Any) -> None:
     saved = payload.get("checksum")
     try:
         actual = checksum(payload)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise fail(f"holds an entry that is not a tensor or plain data ({exc}).") from None
+    except Exception as exc:  # an entry torch or json cannot digest: anything may be raised
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise fail(f"holds an entry that is not a tensor or plain data ({detail}); save the "
+                   "analysis again with HeadAnalysis.save.") from None
     if saved != actual:
         what = "has no checksum" if saved is None else "does not match its checksum"
         raise fail(f"its contents {what}: the file was changed or damaged after it was saved. "
@@ -322,6 +370,9 @@ def _align(key: str, value: Tensor, saved: dict[str, Any], fail: Any,
         labels = list(labels)
         if labels == list(current):
             continue
+        if any(not isinstance(x, str) for x in labels) or len(set(labels)) != len(labels):
+            raise fail(f"{key}: the file's {axis} labels {labels!r} are not distinct names, so "
+                       "its entries cannot be told apart. Restore a good copy or run the analysis again.")
         lacking = [x for x in current if x not in labels]
         extra = [x for x in labels if x not in current]
         added_since = _ADDED_IN.get(axis, {})

@@ -1,7 +1,8 @@
 """Label confidence, label export and agreement with other head scores (SPEC §5, §9).
 
 * :func:`label_margin`, :func:`label_stability`: how sure a head's class is — the vote margin
-  and the share of 200 seeded bootstrap resamples of the sequences that keep the label.
+  and the share of 200 seeded bootstrap resamples of the sequences that keep the label (NaN,
+  "too few units", with fewer than 8 sequences).
 * :func:`export_labels`: one row per head as CSV or JSON (format: docs/labels.md).
 * :func:`label_agreement`: the class × score cross-tab and Spearman's ρ between vote fractions and
   the scores of :func:`tl_geometry.head_scores`.
@@ -22,12 +23,15 @@ from ..functional.head_scores import SCORE_NAMES
 from ..functional.stats import spearman
 from ..functional.taxonomy import (
     CLASSES,
+    MIN_UNITS,
     N_RESAMPLES,
+    TOO_FEW_UNITS,
     UNSTABLE_BELOW,
     VOTES,
     bootstrap_stability,
     vote_margin,
 )
+from .io import _writable_path
 from .protocol import AnalysisLike
 
 #: Columns of an exported label file, before the optional score columns (docs/labels.md).
@@ -36,6 +40,8 @@ EXPORT_COLUMNS = ("layer", "head", "label", "vote_current", "vote_sink", "vote_o
 LABELS_FORMAT = "tl_geometry.labels/1"
 #: Heads above this score count as "high" in the cross-tab (SPEC §9).
 HIGH_SCORE = 0.3
+#: How many missing or repeated heads an error about a score table names.
+_SHOWN_HEADS = 5
 
 
 def label_margin(result: AnalysisLike) -> Float[Tensor, "layer head"]:
@@ -45,10 +51,18 @@ def label_margin(result: AnalysisLike) -> Float[Tensor, "layer head"]:
 
 def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     """Share of :data:`N_RESAMPLES` bootstrap resamples of the sequences (seed 0) that give the
-    head its label (SPEC §5); NaN without per-sequence votes (files of format ≤ 3).
+    head its label (SPEC §5). NaN — a documented "no stability", never a guess:
 
-    Computed on each call, not cached on the result (its fields stay exactly its constructor's
-    arguments): one ``[resample, sequence] @ [sequence, layer·head·vote]`` product.
+    * for every head when the result has fewer than :data:`MIN_UNITS` (8) sequences: "too few
+      units" (SPEC §5). Resampling one sequence always gives it back, so its labels would all
+      read 1.0, perfectly stable; analyse at least 8 sequences to get a stability;
+    * for every head of a file without per-sequence votes (format ≤ 3): unknown;
+    * for an unlabelled head (no votes, no label to keep).
+
+    A NaN stability is not "unstable" (:func:`unstable` is False there); :func:`stability_note`
+    says why every stability is NaN. Computed on each call, not cached on the result (its
+    fields stay exactly its constructor's arguments): one ``[resample, sequence] @ [sequence,
+    layer·head·vote]`` product.
     """
     votes = getattr(result, "sequence_votes", None)
     if votes is None:
@@ -56,8 +70,28 @@ def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     return bootstrap_stability(votes, N_RESAMPLES, seed=0)
 
 
+def n_units(result: AnalysisLike) -> int | None:
+    """The resampling units behind the stability: the sequences with per-sequence votes
+    (``None`` for a file without them)."""
+    votes = getattr(result, "sequence_votes", None)
+    return None if votes is None else int(votes.shape[0])
+
+
+def stability_note(result: AnalysisLike) -> str | None:
+    """Why no head has a stability, as shown after "label stability ": ``"not given: too few
+    units (3 sequences; ...)"`` or ``"unknown (...)"``; ``None`` when it was computed (SPEC §5)."""
+    units = n_units(result)
+    if units is None:
+        return "unknown (no per-sequence votes in this result: re-run the analysis)"
+    if units < MIN_UNITS:
+        return (f"not given: {TOO_FEW_UNITS} ({units} sequence{'' if units == 1 else 's'}; the bootstrap needs "
+                f"at least {MIN_UNITS}: analyse {MIN_UNITS} or more sequences to get it)")
+    return None
+
+
 def unstable(result: AnalysisLike) -> Bool[Tensor, "layer head"]:
-    """Heads whose stability is below 0.8 (SPEC §5); NaN stability (unknown) is not unstable."""
+    """Heads whose stability is below 0.8 (SPEC §5); a NaN stability (too few units, unknown,
+    unlabelled) is not unstable."""
     return label_stability(result) < UNSTABLE_BELOW
 
 
@@ -80,15 +114,20 @@ def labels_frame(result: AnalysisLike, scores: Any = None):
 
 def merge_scores(frame: Any, scores: Any):
     """``frame`` with the score columns of ``scores`` (a :func:`tl_geometry.head_scores` table)
-    joined on ``layer, head``; a clear error when ``scores`` is not one."""
+    joined on ``layer, head``; a clear error when ``scores`` is not one, lacks a head of
+    ``frame`` or lists a head twice (:func:`check_score_heads`). Neither argument is changed."""
     columns = check_scores(scores)
+    check_score_heads(scores, zip(frame["layer"].tolist(), frame["head"].tolist()))
     return frame.merge(scores[["layer", "head", *columns]], on=["layer", "head"], how="left")
 
 
 def check_scores(scores: Any) -> list[str]:
-    """The score columns of a head-score table; ``ValueError`` naming what is missing."""
+    """The score columns of a head-score table; ``ValueError`` naming what is missing, or a
+    ``layer`` / ``head`` column that does not hold ints."""
+    import pandas as pd
+
     have = set(getattr(scores, "columns", ()))
-    if not {"layer", "head"} <= have:
+    if not isinstance(scores, pd.DataFrame) or not {"layer", "head"} <= have:
         raise ValueError("scores must be a DataFrame with layer and head columns, as "
                          "tl_geometry.head_scores(model) returns; got "
                          f"{type(scores).__name__} with columns {sorted(map(str, have))}.")
@@ -96,17 +135,67 @@ def check_scores(scores: Any) -> list[str]:
     if not columns:
         raise ValueError(f"scores has none of the score columns {list(SCORE_NAMES)}; pass "
                          "tl_geometry.head_scores(model).")
+    for name in ("layer", "head"):
+        column = scores[name]
+        if isinstance(column, pd.DataFrame):  # two columns of that name
+            raise ValueError(f"scores has {column.shape[1]} columns named {name!r}; keep one, as "
+                             "tl_geometry.head_scores(model) gives.")
+        if not pd.api.types.is_integer_dtype(column) or pd.api.types.is_bool_dtype(column):
+            example = next(iter(column.tolist()), None)
+            raise ValueError(f"scores' {name} column holds {column.dtype} values (e.g. {example!r}), "
+                             f"not {name} indices (ints): compute head_scores on the same model "
+                             f"(tl_geometry.head_scores(model)), or convert the column, e.g. "
+                             f"scores.astype({{{name!r}: int}}).")
     return columns
+
+
+def _heads_text(heads: list[tuple[int, int]]) -> str:
+    shown = ", ".join(f"(layer {layer}, head {head})" for layer, head in heads[:_SHOWN_HEADS])
+    return shown + (f" and {len(heads) - _SHOWN_HEADS} more" if len(heads) > _SHOWN_HEADS else "")
+
+
+def check_score_heads(scores: Any, heads: Any) -> None:
+    """Refuse a head-score table (already through :func:`check_scores`) that lists a head twice
+    or lacks one of ``heads`` (``(layer, head)`` pairs): a merge would repeat those heads or
+    leave their scores NaN without a word. ``ValueError`` naming the first heads and the fix."""
+    seen: set[tuple[int, int]] = set()
+    repeated: dict[tuple[int, int], None] = {}  # in the table's order
+    for pair in zip(scores["layer"].tolist(), scores["head"].tolist()):
+        if pair in seen:
+            repeated[pair] = None
+        seen.add(pair)
+    if repeated:
+        raise ValueError(f"scores lists {len(repeated)} head{'s' if len(repeated) > 1 else ''} more "
+                         f"than once: {_heads_text(list(repeated))}. A head-score table has one row per "
+                         "(layer, head): compute head_scores on the same model "
+                         "(tl_geometry.head_scores(model)), or drop the repeats "
+                         "(scores.drop_duplicates(['layer', 'head'])).")
+    wanted = [(int(layer), int(head)) for layer, head in heads]
+    missing = [pair for pair in wanted if pair not in seen]
+    if missing:
+        raise ValueError(f"scores lacks {len(missing)} of the {len(wanted)} analysed heads: "
+                         f"{_heads_text(missing)}; it is not a head-score table of this model. "
+                         "Compute head_scores on the same model that was analysed "
+                         "(tl_geometry.head_scores(model)).")
 
 
 def export_labels(result: AnalysisLike, path: str | Path, scores: Any = None) -> Path:
     """Write :func:`labels_frame` to ``path``: ``.csv`` (header row, empty cell for NaN or no
     label) or ``.json`` (``{"format", "model", "sink_epsilon", "columns", "heads": [...]}``, NaN
-    → ``null``). Written next to the destination and renamed, so no partial file is left."""
+    → ``null``). Written next to the destination and renamed, so no partial file is left.
+
+    The stability is NaN (empty / ``null``) for every head with fewer than 8 sequences ("too few
+    units", SPEC §5). Raises ``ValueError`` for another suffix, a ``path`` that is a folder or
+    lies under a file, and a ``scores`` table that lacks one of the result's heads or lists one
+    twice (:func:`check_score_heads`)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".json"):
         raise ValueError(f"export_labels: {path} must end in .csv or .json (the suffix picks the format).")
+    try:
+        _writable_path(path, f"labels{suffix}")
+    except ValueError as exc:
+        raise ValueError(f"export_labels: {exc}") from None
     frame = labels_frame(result, scores)
     tmp = path.with_name(f".{path.name}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +239,9 @@ def label_agreement(result: AnalysisLike, scores: Any):
     * ``"share_high"`` — per score, the share of each class among the heads with score > 0.3
       (and how many heads that is, column ``heads``);
     * ``"spearman"`` — vote fraction × score: Spearman's ρ over the labelled heads.
+
+    ``scores`` must cover every analysed head once (:func:`check_score_heads`): a table of
+    another model, or one with a repeated head, raises ``ValueError`` naming the heads.
 
     >>> agreement = label_agreement(result, tl_geometry.head_scores(model))  # doctest: +SKIP
     >>> agreement["share_high"].loc["induction"]                              # doctest: +SKIP

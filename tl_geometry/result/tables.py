@@ -62,8 +62,10 @@ def best_n_agreement(result: AnalysisLike, kind: str = "shell_n") -> float:
 def heads_table(result: AnalysisLike, scores: Any = None):
     """One row per (layer, head): label (``None`` for an unlabelled head, SPEC §5: a
     ``groupby("label")`` or ``value_counts()`` leaves it out), vote fractions (``vote_current``,
-    ...), label confidence (``label_margin``, ``label_stability``, ``unstable``), sink
-    diagnostics (``sink_mass``, ...) and, with ``scores``, the head scores (SPEC §9)."""
+    ...), label confidence (``label_margin``, ``label_stability``, ``unstable``; the stability is
+    NaN with fewer than 8 sequences, "too few units", and ``unstable`` is False wherever it is
+    NaN), sink diagnostics (``sink_mass``, ...) and, with ``scores``, the head scores (SPEC §9;
+    a score table that lacks one of these heads or lists one twice is refused)."""
     import pandas as pd
 
     per_head = {k: v for k, (v, has_n) in result.quantities().items()

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from .headline import headline_text, layer_windows, n_label, shuffle_kind
+from .labels import stability_note
 from .protocol import AnalysisLike
 from .units import kv_group_size, kv_values
 
@@ -23,7 +24,9 @@ CLASSES_TEXT = (
     "often the sink's; a Reset's is most often another key. Votes count every query t ≥ 1, "
     "whatever queries= says, and labels depend on the text: margin = largest vote fraction "
     "minus the second; stab = share of 200 seeded bootstrap resamples of the sequences giving "
-    "the same label; stab < 0.8 = unstable (marked ?, counted apart)."
+    "the same label; stab < 0.8 = unstable (marked ?, counted apart); stab nan = no stability: "
+    "too few units (fewer than 8 sequences), a result without per-sequence votes, or a head "
+    "without votes; never counted as unstable."
 )
 
 LEGEND = (
@@ -77,7 +80,8 @@ def class_shares_text(result: AnalysisLike) -> str:
 
 
 def unstable_counts(result: AnalysisLike) -> dict[str, int]:
-    """Unstable heads (label stability < 0.8, SPEC §5) of each class."""
+    """Unstable heads (label stability < 0.8, SPEC §5) of each class; a head whose stability is
+    NaN (too few units, unknown) is in none."""
     flags = result.unstable.flatten().tolist()
     labels = [x for row in result.labels for x in row]
     return {c: sum(1 for label, bad in zip(labels, flags) if bad and label == c) for c in CLASSES}
@@ -85,9 +89,10 @@ def unstable_counts(result: AnalysisLike) -> dict[str, int]:
 
 def unstable_text(result: AnalysisLike) -> str:
     """``; unstable (stability < 0.8): 4 — Retriever 2, Mixer 0, Reset 2`` (counted apart, SPEC
-    §5), or a note that the stability is unknown (a file without per-sequence votes)."""
-    if getattr(result, "sequence_votes", None) is None:
-        return "; label stability unknown (no per-sequence votes in this result: re-run the analysis)"
+    §5), or a note that no head has a stability: too few units (fewer than 8 sequences) or
+    unknown (a file without per-sequence votes)."""
+    if (note := stability_note(result)) is not None:
+        return f"; label stability {note}"
     counts = unstable_counts(result)
     total = sum(counts.values())
     return (f"; unstable (stability < 0.8): {total}"

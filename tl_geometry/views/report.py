@@ -36,7 +36,13 @@ import torch
 from ..functional.taxonomy import CLASSES
 from ..result import HeadAnalysis
 from ..result.headline import GEOMETRY_GAP, dense_from, geometry_reading, n_label
-from ..result.labels import HIGH_SCORE, check_scores, label_agreement
+from ..result.labels import (
+    HIGH_SCORE,
+    check_score_heads,
+    check_scores,
+    label_agreement,
+    stability_note,
+)
 from ..result.schema import SHUFFLE_KINDS
 from ..result.tables import null_decomposition
 from ..result.text import CLASSES_TEXT, class_shares_text, unstable_counts, value_geometry_text
@@ -165,14 +171,22 @@ def sink_effect_section(result: HeadAnalysis) -> list[str]:
 
 def label_confidence_section(result: HeadAnalysis) -> list[str]:
     """How sure the labels are (SPEC §5): the unstable heads (stability < 0.8), counted apart per
-    class, listed with their vote fractions, margin and stability."""
+    class, listed with their vote fractions, margin and stability; with fewer than 8 sequences,
+    "too few units": no stability is given (NaN) and no head is counted unstable."""
     table = result.heads_table()
     columns = ["layer", "head", "label", "vote_current", "vote_sink", "vote_other", "label_margin", "label_stability"]
     shaky = table[table["unstable"]][columns]
     counts = unstable_counts(result)
+    note = stability_note(result)
+    median = ("" if note is not None  # no stability to take the median of: said below
+              else f", median stability {_mean(result.label_stability.nanmedian().reshape(1)):.3f}")
     if result.sequence_votes is None:
         body = ('<p class="tlg-caption">This result has no per-sequence votes (a file of format 3 or '
                 "earlier): the stability is unknown. Re-run the analysis to get it.</p>")
+    elif note is not None:
+        body = (f'<p class="tlg-caption">Label stability {html.escape(note)}: the bootstrap over so few '
+                "sequences cannot move a label, so no stability is given (NaN in heads.csv and "
+                "labels.csv) and no head is counted unstable.</p>")
     elif shaky.empty:
         body = '<p class="tlg-caption">No head is unstable: every label survives ≥ 80 % of the resamples.</p>'
     else:
@@ -182,8 +196,7 @@ def label_confidence_section(result: HeadAnalysis) -> list[str]:
     return [
         "<h2>Label confidence</h2>",
         f'<p class="tlg-caption">{html.escape(CLASSES_TEXT)} Median margin '
-        f"{_mean(result.label_margin.nanmedian().reshape(1)):.3f}, median stability "
-        f"{_mean(result.label_stability.nanmedian().reshape(1)):.3f}.</p>",
+        f"{_mean(result.label_margin.nanmedian().reshape(1)):.3f}{median}.</p>",
         body,
     ]
 
@@ -367,8 +380,9 @@ def write_report(
     """
     if not isinstance(result, HeadAnalysis):
         raise TypeError(f"write_report needs a HeadAnalysis (from analyze_heads), got {type(result).__name__}.")
-    if scores is not None:
-        check_scores(scores)  # before anything is written
+    if scores is not None:  # before anything is written
+        check_scores(scores)
+        check_score_heads(scores, ((layer, head) for layer in result.layers for head in range(result.n_heads)))
     decomposition = null_decomposition_section(result, nulls) if nulls else []  # checked here too
     out = Path(out_dir)
     figures = out / "figures"

@@ -6,9 +6,9 @@ import html
 import math
 from typing import Any
 
-from ..functional.taxonomy import CLASSES, UNLABELLED_NAME, VOTES
+from ..functional.taxonomy import CLASSES, MIN_UNITS, TOO_FEW_UNITS, UNLABELLED_NAME, VOTES
 from ..result import HeadAnalysis
-from ..result.labels import check_scores
+from ..result.labels import check_scores, n_units, stability_note
 from ..result.text import CLASSES_TEXT, class_totals, label_text, unstable_counts
 from ._page import View, html_widget
 
@@ -35,11 +35,14 @@ def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None, scores: A
     baseline and, with ``scores`` (a :func:`tl_geometry.head_scores` table), the head scores."""
     fr = result.vote_fractions[li, h].tolist()
     unstable = " — UNSTABLE (< 0.8)" if bool(result.unstable[li, h]) else ""
+    units = n_units(result)  # SPEC §5: no stability from fewer than MIN_UNITS sequences
+    stability = ("unknown" if units is None else f"{TOO_FEW_UNITS} ({units} < {MIN_UNITS} sequences)"
+                 if units < MIN_UNITS else _fmt(float(result.label_stability[li, h])))
     lines = [
         f"layer {result.layers[li]} head {h}: {label_text(result.labels[li][h])}",
         "votes " + " / ".join(f"{v} {_fmt(x)}" for v, x in zip(VOTES, fr)),
         f"label margin {_fmt(float(result.label_margin[li, h]))}, "
-        f"stability {_fmt(float(result.label_stability[li, h]))}{unstable}",
+        f"stability {stability}{unstable}",
         f"sink: α {_fmt(float(result.sink_mass[li, h]))}, κ {_fmt(float(result.sink_norm_ratio[li, h]))}, "
         f"cos {_fmt(float(result.sink_cosine[li, h]))}, share {_fmt(float(result.sink_share[li, h]))}",
     ]
@@ -112,6 +115,8 @@ def taxonomy_view(result: HeadAnalysis, *, n: int = 2, scores: Any = None) -> Vi
     if sum(per_class.values()):
         legend += (f"<span>unstable (stability &lt; 0.8, marked ?): {sum(per_class.values())} — "
                    + ", ".join(f"{c} {k}" for c, k in per_class.items()) + "</span>")
+    if (note := stability_note(result)) is not None:
+        legend += f"<span>label stability {html.escape(note)}</span>"
     inner = f'<div class="tlg-legend">{legend}</div><table class="tlg-grid">{"".join(rows)}</table>'
     caption = (
         '<div class="tlg-caption">Source winner argmax α_j‖v_j‖ per query: Retriever = the current '
