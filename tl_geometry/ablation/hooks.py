@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -23,8 +23,8 @@ from ..inputs.cache import check_attention_mask
 from ..inputs.tokens import check_token_ids, model_vocabulary
 
 Z_HOOK = "blocks.{layer}.attn.hook_z"
-MODES = ("zero", "mean")
 Mode = Literal["zero", "mean"]
+MODES: tuple[str, ...] = get_args(Mode)
 HookList = list[tuple[str, Callable[..., Tensor]]]
 
 #: Memory that one batched forward may use for its replicas (logits dominate: 3 copies of

@@ -17,7 +17,7 @@ the same hook applies head by head.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -28,8 +28,8 @@ from . import hooks as _hooks
 from .policy import TopNPolicy, as_policy
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
-SPARSIFY_MODES = ("renormalize", "delete")
 SparsifyMode = Literal["renormalize", "delete"]
+SPARSIFY_MODES: tuple[str, ...] = get_args(SparsifyMode)
 
 
 # --- validation -------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from torch import Tensor
+from typing_extensions import Unpack
 
 from ..engine import (
     DEFAULT_N_VALUES,
@@ -21,7 +22,7 @@ from ..engine import (
     output_weights,
     run_metadata,
 )
-from ..engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
+from ..engine.options import AnalysisArgs, check_option_names
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..result import HeadAnalysis
@@ -35,24 +36,14 @@ __all__ = ["DEFAULT_N_VALUES", "analyze_heads"]
 def analyze_heads(
     cache: Any,
     *,
-    n_values: Sequence[int] = DEFAULT_N_VALUES,
-    queries: Literal["last", "all"] = "last",
-    random_samples: int = DEFAULT_RANDOM_SAMPLES,
-    shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES,
-    shuffle: Literal["values", "norms", "directions", "unselected"] = "values",
-    seed: int = 0,
     attention_mask: Tensor | None = None,
     layers: Sequence[int] | None = None,
-    distance: Literal["euclidean", "cosine"] = "euclidean",
-    space: Literal["value", "output"] = "value",
-    rank_by: Literal["attention", "contribution"] = "attention",
     model: Any = None,
     W_O: Tensor | None = None,
     tokens: Tensor | None = None,
-    bounds: bool = False,
     progress: bool | None = None,
-    backend: Literal["auto", "numba", "torch"] = "auto",
     window: Window = None,
+    **options: Unpack[AnalysisArgs],
 ) -> HeadAnalysis:
     """Geometric separability, sink diagnostics and taxonomy of every head in a cache.
 
@@ -75,42 +66,16 @@ def analyze_heads(
     Args:
         cache: ``ActivationCache`` or ``dict`` with the two hooks of every analysed layer; make
             it with ``names_filter=tl_geometry.CACHE_NAMES_FILTER``.
-        n_values: selection sizes N. A size that a query cannot hold (``N ≥ t + 1``) gives NaN
-            for that query, never a smaller N.
-        queries: ``"last"`` — each sequence's last real query (the paper's protocol); ``"all"``
-            — every real query.
-        random_samples: random permutations per (query, head) for the baseline; 0 turns the
-            baseline off (its metrics are NaN).
-        shuffle_samples: value permutations per (query, head) for the value-shuffle null
-            (same α, same top-N set, the non-sink keys' values permuted); 0 turns it off.
-        shuffle: which null the ``shuffled`` group is (SPEC §3; recorded as
-            ``metadata["shuffle"]``): ``"values"`` (default) permutes the non-sink values;
-            ``"norms"`` gives each non-sink key a permuted norm and keeps its direction;
-            ``"directions"`` keeps its norm and gives it a permuted direction;
-            ``"unselected"`` permutes only the values of the non-sink keys outside ``S_N``.
-            Runs with the same seed use the same permutations, so ``F(top) − F(null)`` of the
-            four decompose the net effect of the geometry (:func:`tl_geometry.result.null_decomposition`).
-        seed: seed of the random baseline and the shuffle; the same seed gives the same
-            numbers, whatever the batch size, chunking, device or front-end.
         attention_mask: ``[batch, pos]``, 1 for real tokens: required for padded batches (left
             or right), and the forward pass must have been run with the same mask. The sink is
             each sequence's first real token.
         layers: layer indices to analyse (default: every layer in the cache).
-        distance: ``"euclidean"`` (default) or ``"cosine"``.
-        space: ``"value"`` (``y = α·v``, default) or ``"output"`` (``y = α·v·W_O[h]``; needs
-            ``model`` or ``W_O``).
-        rank_by: rank keys for the top-N set by ``"attention"`` (α) or ``"contribution"``
-            (α‖v‖), SPEC §2's variant.
         model: optional model, read for ``W_O``, for the tokenizer's pad token (with
             ``tokens``) and for the run's metadata (name, weight processing).
         W_O: ``[layer, head, d_head, d_model]`` output projections for ``space="output"``.
         tokens: the ``[batch, pos]`` token ids the cache was made from; with ``model`` and no
             ``attention_mask``, pad tokens at the ends of sequences raise a warning.
-        bounds: also compute, per (layer, head, N), the inversion certificates, the certified
-            regime bounds, the predicted envelope and the shell certificate (K = 0 and K = N)
-            of the top-N sets, and the regime diagnostics per head (SPEC §6; Euclidean).
         progress: a progress bar over layers; default: on in a terminal or a notebook.
-        backend: ``"auto"`` (numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
         window: sliding windows (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees
             keys ``t − w < i ≤ t``, and only those are candidates (top-N, random subsets,
             nulls, the chance floor ``N/|T_t|``); a query whose window starts after the sink
@@ -120,6 +85,40 @@ def analyze_heads(
             the windows of ``model``'s config. Recorded as ``metadata["window"]``; a pattern
             with weight outside its declared window is an error.
 
+    Other Parameters:
+        n_values: selection sizes N (default ``(1, 2, 4, 8, 16, 32, 64)``). A size that a
+            query cannot hold (``N ≥ t + 1``) gives NaN for that query, never a smaller N.
+        queries: ``"last"`` (default) — each sequence's last real query (the paper's
+            protocol); ``"all"`` — every real query.
+        random_samples: random permutations per (query, head) for the baseline (default 16);
+            0 turns the baseline off (its metrics are NaN).
+        shuffle_samples: value permutations per (query, head) for the value-shuffle null
+            (default 16; same α, same top-N set, the non-sink keys' values permuted); 0 turns
+            it off.
+        shuffle: which null the ``shuffled`` group is (SPEC §3; recorded as
+            ``metadata["shuffle"]``): ``"values"`` (default) permutes the non-sink values;
+            ``"norms"`` gives each non-sink key a permuted norm and keeps its direction;
+            ``"directions"`` keeps its norm and gives it a permuted direction;
+            ``"unselected"`` permutes only the values of the non-sink keys outside ``S_N``.
+            Runs with the same seed use the same permutations, so ``F(top) − F(null)`` of the
+            four decompose the net effect of the geometry (:func:`tl_geometry.result.null_decomposition`).
+        seed: seed of the random baseline and the shuffle (default 0); the same seed gives the
+            same numbers, whatever the batch size, chunking, device or front-end.
+        distance: ``"euclidean"`` (default) or ``"cosine"``.
+        space: ``"value"`` (``y = α·v``, default) or ``"output"`` (``y = α·v·W_O[h]``; needs
+            ``model`` or ``W_O``).
+        rank_by: rank keys for the top-N set by ``"attention"`` (α, default) or
+            ``"contribution"`` (α‖v‖), SPEC §2's variant.
+        bounds: also compute, per (layer, head, N), the inversion certificates, the certified
+            regime bounds, the predicted envelope and the shell certificate (K = 0 and K = N)
+            of the top-N sets, and the regime diagnostics per head (SPEC §6; Euclidean;
+            default False).
+        backend: ``"auto"`` (default: numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+
+    These options are :class:`~tl_geometry.engine.options.AnalysisArgs`, the same keywords for
+    :func:`analyze_model` and :func:`analyze_model_nulls`; their defaults and checks are
+    :func:`~tl_geometry.engine.options.check_options`'.
+
     Returns:
         :class:`HeadAnalysis`.
 
@@ -128,14 +127,12 @@ def analyze_heads(
         >>> result = tl_geometry.analyze_heads(cache, n_values=(1, 2, 4, 8))  # doctest: +SKIP
         >>> print(result.summary())  # doctest: +SKIP
     """
-    opts = check_options(n_values=n_values, queries=queries, random_samples=random_samples,
-                         shuffle_samples=shuffle_samples, shuffle=shuffle,
-                         seed=seed, distance=distance, space=space, rank_by=rank_by,
-                         bounds=bounds, backend=backend)
+    check_option_names(options, "analyze_heads")
+    opts = check_options(**options)
     _windows.check(window)
     layer_ids = _cache.resolve_layers(cache, layers)
     layer_windows = _windows.resolve(window, model, layer_ids)
-    W = output_weights(model, W_O, layer_ids) if space == "output" else None
+    W = output_weights(model, W_O, layer_ids) if opts.space == "output" else None
     run: _CacheRun | None = None
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)

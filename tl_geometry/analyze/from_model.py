@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
+from typing_extensions import Unpack
 
 from ..engine import (
-    DEFAULT_N_VALUES,
     Accumulator,
     AnalysisOptions,
     analyze_layer,
@@ -26,7 +26,7 @@ from ..engine import (
     output_weights,
     run_metadata,
 )
-from ..engine.options import DEFAULT_RANDOM_SAMPLES, DEFAULT_SHUFFLE_SAMPLES
+from ..engine.options import AnalysisArgs, check_option_names
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
@@ -41,7 +41,8 @@ from .windows import Window
 
 #: With ``attention="auto"``, one layer's pattern for one batch above this size is recomputed.
 AUTO_RECOMPUTE_BYTES = 1 << 30
-ATTENTION_SOURCES = ("auto", "pattern", "recompute")
+AttentionSource = Literal["auto", "pattern", "recompute"]
+ATTENTION_SOURCES: tuple[str, ...] = get_args(AttentionSource)
 
 
 def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -184,22 +185,12 @@ def analyze_model(
     *,
     batch_size: int = 8,
     attention_mask: Tensor | None = None,
-    n_values: Sequence[int] = DEFAULT_N_VALUES,
-    queries: Literal["last", "all"] = "last",
-    random_samples: int = DEFAULT_RANDOM_SAMPLES,
-    shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES,
-    shuffle: Literal["values", "norms", "directions", "unselected"] = "values",
-    seed: int = 0,
     layers: Sequence[int] | None = None,
-    distance: Literal["euclidean", "cosine"] = "euclidean",
-    space: Literal["value", "output"] = "value",
-    rank_by: Literal["attention", "contribution"] = "attention",
-    bounds: bool = False,
     shard: tuple[int, int] | None = None,
     progress: bool | None = None,
-    backend: Literal["auto", "numba", "torch"] = "auto",
-    attention: Literal["auto", "pattern", "recompute"] = "auto",
+    attention: AttentionSource = "auto",
     window: Window = "auto",
+    **options: Unpack[AnalysisArgs],
 ) -> HeadAnalysis:
     """:func:`analyze_heads` computed inside the forward pass, batch by batch, without a cache.
 
@@ -233,15 +224,15 @@ def analyze_model(
             (``layer_types`` and ``sliding_window``: Gemma-3's local layers see 512 keys);
             ``None`` treats every layer as global, as before this option.
 
-    The other arguments are those of :func:`tl_geometry.analyze_heads`.
+    The other arguments, and the analysis options (``n_values``, ``queries``, ``seed``, ...:
+    :class:`~tl_geometry.engine.options.AnalysisArgs`), are those of
+    :func:`tl_geometry.analyze_heads`.
 
     Examples:
         >>> result = tl_geometry.analyze_model(model, tokens, batch_size=4)  # doctest: +SKIP
     """
-    opts = check_options(n_values=n_values, queries=queries, random_samples=random_samples,
-                         shuffle_samples=shuffle_samples, shuffle=shuffle,
-                         seed=seed, distance=distance, space=space, rank_by=rank_by,
-                         bounds=bounds, backend=backend)
+    check_option_names(options, "analyze_model")
+    opts = check_options(**options)
     return _analyze_model(model, inputs, [opts], batch_size=batch_size, attention_mask=attention_mask,
                           layers=layers, shard=shard, progress=progress, attention=attention,
                           window=window)[0]
@@ -254,21 +245,12 @@ def analyze_model_nulls(
     nulls: Sequence[str] = SHUFFLE_KINDS,
     batch_size: int = 8,
     attention_mask: Tensor | None = None,
-    n_values: Sequence[int] = DEFAULT_N_VALUES,
-    queries: Literal["last", "all"] = "last",
-    random_samples: int = DEFAULT_RANDOM_SAMPLES,
-    shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES,
-    seed: int = 0,
     layers: Sequence[int] | None = None,
-    distance: Literal["euclidean", "cosine"] = "euclidean",
-    space: Literal["value", "output"] = "value",
-    rank_by: Literal["attention", "contribution"] = "attention",
-    bounds: bool = False,
     shard: tuple[int, int] | None = None,
     progress: bool | None = None,
-    backend: Literal["auto", "numba", "torch"] = "auto",
-    attention: Literal["auto", "pattern", "recompute"] = "auto",
+    attention: AttentionSource = "auto",
     window: Window = "auto",
+    **options: Unpack[AnalysisArgs],
 ) -> dict[str, HeadAnalysis]:
     """One analysis per null of SPEC §3 (``shuffle=`` kind), all from one forward pass.
 
@@ -284,17 +266,17 @@ def analyze_model_nulls(
         nulls: the kinds to analyse, each once, from ``"values"``, ``"norms"``,
             ``"directions"`` and ``"unselected"`` (default: all four).
 
-    The other arguments are those of :func:`analyze_model`.
+    The other arguments and the analysis options (except ``shuffle``, which ``nulls`` sets)
+    are those of :func:`analyze_model`.
 
     Examples:
         >>> by_null = tl_geometry.analyze_model_nulls(model, tokens)  # doctest: +SKIP
         >>> tl_geometry.result.null_decomposition(by_null)  # doctest: +SKIP
     """
+    check_option_names(options, "analyze_model_nulls", refused=("shuffle",))  # nulls= names them
     kinds = _check_nulls(nulls)
-    runs = [check_options(n_values=n_values, queries=queries, shuffle_samples=shuffle_samples, shuffle=kind,
-                          random_samples=random_samples if kind == "values" else 0,
-                          bounds=bounds if kind == "values" else False,
-                          seed=seed, distance=distance, space=space, rank_by=rank_by, backend=backend)
+    runs = [check_options(**{**options, "shuffle": kind} if kind == "values"
+                          else {**options, "shuffle": kind, "random_samples": 0, "bounds": False})
             for kind in kinds]
     results = _analyze_model(model, inputs, runs, batch_size=batch_size, attention_mask=attention_mask,
                              layers=layers, shard=shard, progress=progress, attention=attention,
@@ -372,11 +354,8 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
                     "expose both per-head hooks (attention patterns need eager attention)."
                 )
     if shard is not None:
-        import torch.distributed as dist
-
         for acc in accs:
-            for tensor in acc.tensors():
-                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            acc.all_reduce()
     results = []
     for acc, run in zip(accs, runs):
         metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..ablation.hooks import MODES
 from .args import (
     add_model_options,
     add_progress_option,
@@ -84,7 +85,7 @@ def _fractions(text: str) -> tuple[float, ...]:
 
 def _common(parser: argparse.ArgumentParser, n_seqs: int, seq_len: int) -> None:
     add_model_options(parser, n_seqs=n_seqs, seq_len=seq_len)
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero",
+    parser.add_argument("--mode", choices=MODES, default="zero",
                         help="replace a head's z by zeros or by its mean over the windows")
 
 

@@ -12,8 +12,18 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from ..analyze.from_model import ATTENTION_SOURCES
+from ..engine.options import (
+    DEFAULT_N_VALUES,
+    DEFAULT_RANDOM_SAMPLES,
+    DEFAULT_SHUFFLE,
+    DEFAULT_SHUFFLE_SAMPLES,
+    Distance,
+    Queries,
+    ShuffleKind,
+)
 from .args import (
     UsageError,
     add_model_options,
@@ -48,9 +58,8 @@ examples:
 """
 
 
-#: ``--shuffle``'s choices: :data:`tl_geometry.result.schema.SHUFFLE_KINDS` (spelled out here so
-#: that building the parser imports no torch; a test holds the two equal).
-SHUFFLE_CHOICES = ("values", "norms", "directions", "unselected")
+#: ``--shuffle``'s choices: the analysis option's ``Literal``, one source.
+SHUFFLE_CHOICES: tuple[str, ...] = get_args(ShuffleKind)
 
 
 def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
@@ -58,24 +67,24 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help="per-head geometric analysis of a model on a text",
                             description=DESCRIPTION)
     add_model_options(parser, n_seqs=8, seq_len=128)
-    parser.add_argument("--queries", choices=("last", "all"), default="last",
+    parser.add_argument("--queries", choices=get_args(Queries), default="last",
                         help="analyse each window's last query, or every query (slower, ~50×)")
-    parser.add_argument("--n-values", type=int_list, default="1,2,4,8,16,32,64", metavar="N,N,...",
+    parser.add_argument("--n-values", type=int_list, default=",".join(map(str, DEFAULT_N_VALUES)), metavar="N,N,...",
                         help="selection sizes N, distinct and ≥ 1, separated by commas; an N ≥ "
                              "--seq-len is dropped")
-    parser.add_argument("--random-samples", type=positive_int, default=16, metavar="R",
+    parser.add_argument("--random-samples", type=positive_int, default=DEFAULT_RANDOM_SAMPLES, metavar="R",
                         help="random subsets per query and head for the baseline (more: slower, "
                              "less noisy)")
-    parser.add_argument("--shuffle-samples", type=positive_int, default=16, metavar="R",
+    parser.add_argument("--shuffle-samples", type=positive_int, default=DEFAULT_SHUFFLE_SAMPLES, metavar="R",
                         help="value permutations per query and head for the value-shuffle null "
                              "(same attention and top-N set, values shuffled)")
-    parser.add_argument("--shuffle", choices=SHUFFLE_CHOICES, default="values",
+    parser.add_argument("--shuffle", choices=SHUFFLE_CHOICES, default=DEFAULT_SHUFFLE,
                         help="which null the 'shuffled' group is: values (the non-sink values "
                              "permuted), norms or directions (only their norms or only their "
                              "directions permuted), unselected (only the values outside the top-N "
                              "set permuted); docs/math.md, section 3")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline and the shuffle")
-    parser.add_argument("--distance", choices=("euclidean", "cosine"), default="euclidean",
+    parser.add_argument("--distance", choices=get_args(Distance), default="euclidean",
                         help="distance between contributions and their aggregate")
     parser.add_argument("--bounds", action="store_true",
                         help="add inversion certificates, regime bounds and envelopes "
@@ -86,7 +95,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                         help="analyse inside the forward pass: no cache, memory of one layer")
     parser.add_argument("--batch-size", type=positive_int, default=8, metavar="B",
                         help="sequences per forward with --stream or torchrun")
-    parser.add_argument("--attention", choices=("auto", "pattern", "recompute"), default="auto",
+    parser.add_argument("--attention", choices=ATTENTION_SOURCES, default="auto",
                         help="pattern: cache each layer's attention pattern; recompute: run SDPA "
                              "attention and recompute only the rows the analysis reads from the "
                              "captured queries and keys (long contexts; implies --stream); auto: "

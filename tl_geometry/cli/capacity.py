@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..ablation.topn import SPARSIFY_MODES
 from .args import (
     UsageError,
     add_model_options,
@@ -39,7 +40,7 @@ from .args import (
 if TYPE_CHECKING:
     from ..ablation.topn import SparsifyMode
 
-MODE_CHOICES = ("both", "renormalize", "delete")
+MODE_CHOICES = ("both", *SPARSIFY_MODES)
 
 
 DESCRIPTION = """\

@@ -109,6 +109,17 @@ class Accumulator:
         """Every sum and count, in field order (for all-reduce across processes)."""
         return (getattr(self, f.name) for f in fields(self))
 
+    def all_reduce(self, group: Any = None) -> Accumulator:
+        """Sum this accumulator over the processes of ``group`` (``torch.distributed``) in
+        place: every sum and count is additive, so after it each rank holds the whole run's
+        state (the per-sequence rows of other ranks' sequences included, as each rank sized
+        its rows for every sequence). Returns ``self``."""
+        import torch.distributed as dist
+
+        for tensor in self.tensors():
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        return self
+
     def merge(self, other: Accumulator) -> Accumulator:
         """Sum of two accumulators (their per-sequence rows padded to the same number)."""
         n = max(len(self.sequence_votes), len(other.sequence_votes))

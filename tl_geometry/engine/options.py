@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, TypedDict, get_args
 
 import numpy as np
 import torch
@@ -17,6 +17,29 @@ Distance = Literal["euclidean", "cosine"]
 Space = Literal["value", "output"]
 RankBy = Literal["attention", "contribution"]
 BackendName = Literal["auto", "numba", "torch"]
+
+
+class AnalysisArgs(TypedDict, total=False):
+    """The analysis options that ``analyze_heads``, ``analyze_model`` and ``analyze_model_nulls``
+    take as keywords (``**options: Unpack[AnalysisArgs]``); defaults and validation are
+    :func:`check_options`'s, the one source for every front-end. What each means is in
+    ``analyze_heads``' docstring."""
+
+    n_values: Sequence[int]
+    queries: Queries
+    random_samples: int
+    shuffle_samples: int
+    shuffle: ShuffleKind
+    seed: int
+    distance: Distance
+    space: Space
+    rank_by: RankBy
+    bounds: bool
+    backend: BackendName
+
+
+#: Every option's name, in :class:`AnalysisArgs`' order.
+OPTION_NAMES: tuple[str, ...] = tuple(AnalysisArgs.__annotations__)
 
 DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_RANDOM_SAMPLES = 16
@@ -100,6 +123,16 @@ def n_value_tensor(n_values: object) -> Tensor:
     if len(set(values)) != len(values):
         raise ValueError(f"n_values has duplicates: {values}; give each N once.")
     return torch.tensor(sorted(values), dtype=torch.int64)
+
+
+def check_option_names(options: Mapping[str, object], caller: str, refused: Sequence[str] = ()) -> None:
+    """A ``TypeError`` naming ``caller`` and the accepted options for a keyword that is not an
+    analysis option (or one of ``refused``, which ``caller`` sets itself)."""
+    unknown = [name for name in options if name not in OPTION_NAMES or name in refused]
+    if unknown:
+        accepted = [name for name in OPTION_NAMES if name not in refused]
+        raise TypeError(f"{caller}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                        f"its analysis options are {', '.join(accepted)}.")
 
 
 def check_options(
