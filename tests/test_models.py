@@ -4,6 +4,7 @@ Gemma-3-270M: MQA 4/1 heads)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -311,3 +312,23 @@ def test_recorded_context_lengths_match_the_gguf_files():
 
     for name in ("smollm2-135m", "gemma3-270m"):
         assert read_gguf_info(gguf_path(name)).context_length == MODELS[name].n_ctx
+
+
+@pytest.mark.real_model
+def test_loading_leaves_the_process_online_setting_as_it_was():
+    """The loader goes offline for its own reads only: after a load, HF_HUB_OFFLINE and
+    huggingface_hub's constant are what they were (a later download in the same notebook works)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, huggingface_hub.constants as c, tl_geometry\n"
+        "before = (os.environ.get('HF_HUB_OFFLINE'), c.HF_HUB_OFFLINE)\n"
+        "tl_geometry.load_model()\n"
+        "after = (os.environ.get('HF_HUB_OFFLINE'), c.HF_HUB_OFFLINE)\n"
+        "assert before == after == (None, False), (before, after)\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]

@@ -509,6 +509,25 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """The Hugging Face libraries offline for the duration of one load, then as they were: the
+    environment variable and ``huggingface_hub``'s constant, which it reads once at import (so a
+    later download in the same process still works)."""
+    from huggingface_hub import constants
+
+    env, flag = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
+    os.environ["HF_HUB_OFFLINE"], constants.HF_HUB_OFFLINE = "1", True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = flag
+        if env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = env
+
+
 def _load_errors() -> tuple[type[BaseException], ...]:
     """What transformers raises for files it cannot read (a truncated GGUF: ``struct.error``)."""
     errors: tuple[type[BaseException], ...] = (
@@ -525,7 +544,6 @@ def _load_errors() -> tuple[type[BaseException], ...]:
 
 def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None) -> tuple[Any, Any]:
     """The transformers model and tokenizer of ``source``, offline; failures → ModelLoadError."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with warnings.catch_warnings():
         # transformers imports tqdm.auto, which warns in a notebook without ipywidgets; its
         # plain-text bar needs nothing more.
@@ -537,7 +555,7 @@ def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None
         kwargs["gguf_file"] = source.gguf_file
     placement = {} if device_map is None else {"device_map": device_map}
     try:
-        with _quiet_transformers():
+        with _offline(), _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
                 str(source.folder), attn_implementation="eager", dtype=dtype, **placement, **kwargs
             )
@@ -702,9 +720,10 @@ def _bridge_from_hf(
         device = device or "cpu"
         hf_model.to(device)  # the bridge leaves a model it is handed where it is
     try:
-        bridge = TransformerBridge.boot_transformers(
-            name, hf_model=hf_model, tokenizer=tokenizer, device=None if split else device, dtype=dtype
-        )
+        with _offline():  # the bridge may look its name up; nothing here is on a hub
+            bridge = TransformerBridge.boot_transformers(
+                name, hf_model=hf_model, tokenizer=tokenizer, device=None if split else device, dtype=dtype
+            )
     except (ValueError, NotImplementedError, KeyError) as err:
         architectures = getattr(hf_model.config, "architectures", None)
         raise ValueError(f"TransformerLens's TransformerBridge cannot wrap {name!r} "
