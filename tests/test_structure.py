@@ -118,3 +118,28 @@ def test_the_engine_chooses_its_backend_in_one_place():
                 numba_importers.add(name)
     assert choosers == {"layer.py"}, choosers
     assert numba_importers and all(name.startswith("compiled/") for name in numba_importers), numba_importers
+
+
+def _private_imports_across_folders() -> list[str]:
+    """``from ..x import _name`` (or ``from ..x._module import``) where ``x`` is another folder
+    of the package than the importer's: a private name is its own folder's business."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        folder = parts[0] if len(parts) > 1 else ""
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = list(parts[:-1])[: len(parts) - node.level]
+            target = [*base, *(node.module or "").split(".")] if node.module else base
+            if (target[0] if target else "") == folder:
+                continue
+            private = [p for p in (node.module or "").split(".") if p.startswith("_") and p != "_version"]
+            private += [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {private}")
+    return found
+
+
+def test_no_private_name_is_imported_across_folders():
+    assert _private_imports_across_folders() == []

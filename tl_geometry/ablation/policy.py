@@ -31,7 +31,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..result.budgets import DEFAULT_EPS, truncation_budgets
-from ..result.io import _writable_path
+from ..result.io import writable_path
 
 POLICY_FORMAT = "tl_geometry.TopNPolicy/1"
 #: ``N`` of a head that keeps every key (it is not sparsified).
@@ -234,7 +234,7 @@ class TopNPolicy:
     def save(self, path: str | Path) -> Path:
         """Write :meth:`to_json` to ``path`` (folders made as needed); returns the path.
         ``ValueError`` if ``path`` is a folder or lies under a file."""
-        path = _writable_path(Path(path), "policy.json")
+        path = writable_path(Path(path), "policy.json")
         text = self.to_json() + "\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

@@ -37,7 +37,7 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
+from ..functional.dtypes import COMPUTE_DTYPE
 from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
+from ..functional.dtypes import COMPUTE_DTYPE
 from .block import LayerBlock
 from .compiled.check import check_and_vote as _check_kernel
 from .compiled.check import check_and_vote_rows

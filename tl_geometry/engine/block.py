@@ -20,7 +20,7 @@ from einops import einsum, rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
+from ..functional.dtypes import COMPUTE_DTYPE
 from .options import NO_WINDOW
 
 

@@ -18,7 +18,6 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
 from ..functional.attention import visible_keys
 from ..functional.bounds import (
     RegimeParams,
@@ -27,6 +26,7 @@ from ..functional.bounds import (
     params_from_pairs,
     regime_bounds,
 )
+from ..functional.dtypes import COMPUTE_DTYPE
 from ..functional.regime import diagnostics_from_pairs
 from ..functional.selection import top_n_ranks
 from .block import LayerBlock, group_values

@@ -26,8 +26,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
 from ..functional.attention import attention_row_block
+from ..functional.dtypes import COMPUTE_DTYPE
 from .backend import Backend
 from .block import QueryKeys
 from .checks import new_stats

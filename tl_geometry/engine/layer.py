@@ -30,7 +30,7 @@ from einops import rearrange, reduce
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
+from ..functional.dtypes import COMPUTE_DTYPE
 from ..functional.heads import last_positions
 from ..functional.separability import METRIC_NAMES
 from . import checks, key_votes

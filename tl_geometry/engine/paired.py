@@ -18,7 +18,7 @@ from einops import reduce
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
+from ..functional.dtypes import COMPUTE_DTYPE
 
 #: Bins per octave of the ratio histogram, and the octaves covered each side of ratio 1.
 BINS_PER_OCTAVE = 32

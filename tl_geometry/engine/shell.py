@@ -27,9 +27,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..functional._types import COMPUTE_DTYPE
-from ..functional.bounds import _extreme, _harmonic
-from ..functional.selection import _inverse_permutation
+from ..functional.bounds import extreme_over, harmonic_mean
+from ..functional.dtypes import COMPUTE_DTYPE
+from ..functional.selection import inverse_permutation
 from ..functional.shell import SLACK
 
 #: Elements of one ``[row, key]`` or ``[row, 2N, d]`` temporary held at once.
@@ -66,7 +66,7 @@ def shell_block(
                      dtype=COMPUTE_DTYPE, device=alpha.device)
     if n_q == 0:
         return out
-    order = _inverse_permutation(ranks)  # keys by rank: S_N = order[..., :N]
+    order = inverse_permutation(ranks)  # keys by rank: S_N = order[..., :N]
     norms = torch.linalg.vector_norm(values, dim=-1)  # [g, k]
     square = (values * values).sum(-1)  # ‖v‖², elementwise: duplicates stay bit-identical
     a = alpha.abs() * norms[:, None, None]  # a_j = ‖y_j‖, [g, r, q, k]
@@ -112,7 +112,7 @@ def _shell_n(alpha: Tensor, key_mask: Tensor, ranks: Tensor, order: Tensor, a: T
 
     # K = 0: every unselected key by its norm alone.
     contaminating = [(unselected & ~(lam > e_max)).sum(-1)]
-    lower_min = [_extreme(lam, unselected, "min")]
+    lower_min = [extreme_over(lam, unselected, "min")]
 
     # K = N: the N unselected keys of smallest L_j (stable sort: ties → lower index) exactly.
     near = torch.sort(torch.where(unselected, shell, torch.inf), dim=-1, stable=True).indices[..., :n]
@@ -120,12 +120,12 @@ def _shell_n(alpha: Tensor, key_mask: Tensor, ranks: Tensor, order: Tensor, a: T
     e_ext = exact(near, s)
     only_norm = unselected.scatter(-1, near, torch.zeros_like(near_ok))  # the rest: norms only
     contaminating.append((near_ok & ~(e_ext > e_max)).sum(-1) + (only_norm & ~(lam > e_max)).sum(-1))
-    lower_min.append(torch.minimum(_extreme(e_ext, near_ok, "min"), _extreme(lam, only_norm, "min")))
+    lower_min.append(torch.minimum(extreme_over(e_ext, near_ok, "min"), extreme_over(lam, only_norm, "min")))
 
     n_t = torch.tensor(float(n), dtype=COMPUTE_DTYPE, device=alpha.device)
     kinds = []
     for count, low in zip(contaminating, lower_min):
         recalled = (e_sel < low.unsqueeze(-1)).sum(-1)
         precision, recall = n_t / (n_t + count), recalled / n_t
-        kinds.append(torch.stack([precision, recall, _harmonic(precision, recall)], dim=-1))
+        kinds.append(torch.stack([precision, recall, harmonic_mean(precision, recall)], dim=-1))
     return torch.stack(kinds, dim=-2)

@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
-from ._types import COMPUTE_DTYPE
+from .dtypes import COMPUTE_DTYPE
 
 #: Value of every probability in the row of a query given as ``-1`` ("no query here").
 NO_QUERY = float("nan")

@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ._types import COMPUTE_DTYPE, _as_compute
+from .dtypes import COMPUTE_DTYPE, as_compute
 
 
 class Bounds(NamedTuple):
@@ -45,7 +45,9 @@ class Bounds(NamedTuple):
     f_score: Float[Tensor, "*batch"]
 
 
-def _harmonic(p: Tensor, r: Tensor) -> Tensor:
+def harmonic_mean(p: Tensor, r: Tensor) -> Tensor:
+    """``F = 2PR / (P + R)`` elementwise, 0 where ``R = 0`` and NaN where either is NaN (the
+    F-score of SPEC §3 from precision and recall, or of their bounds)."""
     f = torch.where(r > 0, 2 * p * r / (p + r), torch.zeros_like(p))
     return torch.where(torch.isnan(p) | torch.isnan(r), torch.nan, f)
 
@@ -58,12 +60,12 @@ def inversion_bounds(n: Tensor | int, inversions: Float[Tensor, "*batch"]) -> Bo
     >>> inversion_bounds(2, torch.tensor([0.0, 1.0, 4.0])).recall.tolist()
     [1.0, 0.5, 0.0]
     """
-    inversions = _as_compute(inversions)
+    inversions = as_compute(inversions)
     n = torch.as_tensor(n, dtype=COMPUTE_DTYPE)
     precision = n / (n + inversions)
     recall = (1 - inversions / n).clamp_min(0)
     recall = torch.where(torch.isnan(inversions), inversions, recall)
-    return Bounds(precision, recall, _harmonic(precision, recall))
+    return Bounds(precision, recall, harmonic_mean(precision, recall))
 
 
 class RegimeParams(NamedTuple):
@@ -120,7 +122,7 @@ def pair_stats(
     reproducible. Cosines are exact (no η): a certificate's interval must contain the true ones.
     Memory is bounded by :data:`PAIR_CHUNK` (Gram blocks of a group of heads at a time).
     """
-    values = _as_compute(values)
+    values = as_compute(values)
     if key_mask is None:
         key_mask = torch.ones(values.shape[:-1], dtype=torch.bool, device=values.device)
     key_mask = key_mask.expand(values.shape[:-1])
@@ -160,7 +162,7 @@ def pair_stats(
     return PairStats(cos, pair_ok, lag, sink_cos, not_sink, norms, sink_norm)
 
 
-def _extreme(x: Tensor, ok: Tensor, which: str) -> Tensor:
+def extreme_over(x: Tensor, ok: Tensor, which: str) -> Tensor:
     """Max (or min) of ``x`` over the ``ok`` entries of the last axis; ∓inf where there are none
     (also when the axis is empty — a one-key sequence has no pair —, where torch's own
     reductions refuse)."""
@@ -226,9 +228,9 @@ def params_from_pairs(
         stats.norms, stats.not_sink, stats.cos, stats.pair_ok, stats.sink_cos
     )
     if mode == "certificate":
-        lo_n, hi_n = _extreme(norms, not_sink, "min"), _extreme(norms, not_sink, "max")
-        c_lo, c_hi = _extreme(cos, pair_ok, "min"), _extreme(cos, pair_ok, "max")
-        s_lo, s_hi = _extreme(sink_cos, not_sink, "min"), _extreme(sink_cos, not_sink, "max")
+        lo_n, hi_n = extreme_over(norms, not_sink, "min"), extreme_over(norms, not_sink, "max")
+        c_lo, c_hi = extreme_over(cos, pair_ok, "min"), extreme_over(cos, pair_ok, "max")
+        s_lo, s_hi = extreme_over(sink_cos, not_sink, "min"), extreme_over(sink_cos, not_sink, "max")
         # Widen by float64 round-off so the bounds stay conservative.
         lo_n, hi_n = lo_n * (1 - SLACK), hi_n * (1 + SLACK)
         c_lo, c_hi, s_lo, s_hi = c_lo - SLACK, c_hi + SLACK, s_lo - SLACK, s_hi + SLACK
@@ -281,7 +283,7 @@ def regime_bounds(
     >>> regime_bounds(torch.tensor([0.1, 0.6, 0.3]), p, 1).recall.item()  # orthogonal unit values
     1.0
     """
-    alpha = _as_compute(alpha)
+    alpha = as_compute(alpha)
     key_mask, selected = _checked_selection(alpha, n, key_mask, selected)
     iv = _intervals(alpha, params, torch.as_tensor(sink, device=alpha.device), key_mask, selected)
     ub = _selected_upper(iv)
@@ -297,7 +299,7 @@ def regime_bounds(
     precision = n_t / (n_t + contaminating)
     defined = (n_t >= 1) & (n_t < key_mask.sum(-1))
     nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=alpha.device)
-    out = (precision, recall, _harmonic(precision, recall))
+    out = (precision, recall, harmonic_mean(precision, recall))
     return Bounds(*(torch.where(defined, x, nan) for x in out))
 
 
@@ -349,7 +351,7 @@ def _intervals(alpha: Tensor, params: RegimeParams, sink: Tensor, key_mask: Tens
                selected: Tensor) -> _Intervals:
     """Norm intervals from the regime (the sink: ``κν``; the rest: ``ν(1 ± δ)``) times ``α``."""
     n_key = alpha.shape[-1]
-    p = RegimeParams(*(_as_compute(x).unsqueeze(-1) for x in params))
+    p = RegimeParams(*(as_compute(x).unsqueeze(-1) for x in params))
     is_sink = torch.arange(n_key, device=alpha.device) == sink.unsqueeze(-1)
     is_sink = is_sink & key_mask
     norm_lo = torch.where(is_sink, p.kappa_lo * p.nu, p.nu * (1 - p.delta))

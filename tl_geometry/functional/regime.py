@@ -12,8 +12,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ._types import COMPUTE_DTYPE
 from .bounds import PairStats, pair_stats
+from .dtypes import COMPUTE_DTYPE
 
 
 class RegimeDiagnostics(NamedTuple):

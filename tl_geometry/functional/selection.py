@@ -13,7 +13,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 
-def _inverse_permutation(order: Int[Tensor, "*batch key"]) -> Int[Tensor, "*batch key"]:
+def inverse_permutation(order: Int[Tensor, "*batch key"]) -> Int[Tensor, "*batch key"]:
+    """The rank of every key in ``order`` (a permutation along the last axis):
+    ``ranks[..., order[..., r]] = r``. ``inverse_permutation(torch.tensor([2, 0, 1]))`` is
+    ``tensor([1, 2, 0])``."""
     ranks = torch.empty_like(order)
     positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
     return ranks.scatter_(-1, order, positions)
@@ -34,7 +37,7 @@ def top_n_ranks(
         scores = torch.where(key_mask, scores, -torch.inf)
     # A stable descending sort keeps equal scores in index order: the lower index wins a tie.
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    return _inverse_permutation(order)
+    return inverse_permutation(order)
 
 
 def top_n_mask(
@@ -70,4 +73,4 @@ def random_ranks(
     keys = torch.rand(shape, generator=generator, device=key_mask.device, dtype=torch.float64)
     # Invalid keys get a key above every uniform draw, so they sort after all valid ones.
     keys = torch.where(key_mask.unsqueeze(-2), keys, 2.0)
-    return _inverse_permutation(keys.argsort(dim=-1))
+    return inverse_permutation(keys.argsort(dim=-1))

@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ._types import COMPUTE_DTYPE, COSINE_EPS, _as_compute
+from .dtypes import COMPUTE_DTYPE, COSINE_EPS, as_compute
 from .heads import first_duplicate, value_dots
 from .selection import top_n_mask
 
@@ -84,7 +84,7 @@ def distances(
     Keys with bit-identical ``α`` and ``v`` get bit-identical ``D`` (exact ties), using
     ``duplicates`` (:func:`first_duplicate` of ``values``; computed here when not given).
     """
-    alpha, values = _as_compute(alpha), _as_compute(values)
+    alpha, values = as_compute(alpha), as_compute(values)
     if duplicates is None:
         duplicates = first_duplicate(values)
     sq_norm_s, dots = value_dots(alpha * selected, values)

@@ -29,8 +29,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ._types import COMPUTE_DTYPE, _as_compute
-from .bounds import Bounds, _extreme, _harmonic
+from .bounds import Bounds, extreme_over, harmonic_mean
+from .dtypes import COMPUTE_DTYPE, as_compute
 from .heads import _broadcast_shapes
 from .selection import top_n_ranks
 from .separability import _check_rows, _selection
@@ -97,8 +97,8 @@ def shell_bounds(
         _broadcast_shapes(tuple(alpha.shape[:-1]), tuple(values.shape[:-2])),
         _broadcast_shapes(tuple(key_mask.shape[:-1]), tuple(selected.shape[:-1])),
     )
-    alpha = _as_compute(alpha).expand(*rows, n_key)
-    values = _as_compute(values)
+    alpha = as_compute(alpha).expand(*rows, n_key)
+    values = as_compute(values)
     key_mask, selected = key_mask.expand(*rows, n_key), selected.expand(*rows, n_key)
     # A stride-0 view: gathering from it reads only the gathered rows, never a [*rows, key, d] copy.
     expanded = values.expand(*rows, n_key, d)
@@ -128,11 +128,11 @@ def shell_bounds(
     e = a_e * (a_e * (v_e * v_e).sum(-1) - 2 * (v_e * s.unsqueeze(-2)).sum(-1))
     e_sel, e_ext = e[..., :m_sel], e[..., m_sel:]
 
-    e_max = _extreme(e_sel, sel_ok, "max").unsqueeze(-1)  # ρ_max² − ‖s‖²
+    e_max = extreme_over(e_sel, sel_ok, "max").unsqueeze(-1)  # ρ_max² − ‖s‖²
     only_norm = unselected & ~extra
     # "not farther than ρ_max": NaN counts against precision, as in separability.
     contaminating = (ext_ok & ~(e_ext > e_max)).sum(-1) + (only_norm & ~(lam > e_max)).sum(-1)
-    lower_min = torch.minimum(_extreme(e_ext, ext_ok, "min"), _extreme(lam, only_norm, "min"))
+    lower_min = torch.minimum(extreme_over(e_ext, ext_ok, "min"), extreme_over(lam, only_norm, "min"))
     recalled = (sel_ok & (e_sel < lower_min.unsqueeze(-1))).sum(-1)
 
     n_t = torch.tensor(float(n), dtype=COMPUTE_DTYPE, device=alpha.device)
@@ -140,4 +140,4 @@ def shell_bounds(
     recall = recalled / n_t
     nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=alpha.device)
     precision, recall = (torch.where(in_range.expand(rows), x, nan) for x in (precision, recall))
-    return Bounds(precision, recall, _harmonic(precision, recall))
+    return Bounds(precision, recall, harmonic_mean(precision, recall))

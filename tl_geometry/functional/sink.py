@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ._types import COSINE_EPS, _as_compute
+from .dtypes import COSINE_EPS, as_compute
 from .heads import value_dots
 
 SINK_FIELDS = ("mass", "norm_ratio", "cosine", "mean_cosine", "share")
@@ -52,7 +52,7 @@ def sink_diagnostics(
     >>> round(d.norm_ratio.item(), 6), round(d.cosine.item(), 6)
     (0.1, -1.0)
     """
-    alpha, values = _as_compute(alpha), _as_compute(values)
+    alpha, values = as_compute(alpha), as_compute(values)
     n_key = alpha.shape[-1]
     sink = torch.as_tensor(sink, device=alpha.device)
     is_sink = torch.arange(n_key, device=alpha.device) == sink.unsqueeze(-1)

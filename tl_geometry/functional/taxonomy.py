@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ._types import _as_compute
+from .dtypes import as_compute
 from .heads import value_norms
 
 VOTES = ("current", "sink", "other")
@@ -32,7 +32,7 @@ def source_winners(
     key_mask: Bool[Tensor, "*mbatch key"],
 ) -> Int[Tensor, "*batch"]:
     """Index of the key with the largest contribution norm ``α_j‖v_j‖`` per row (ties → lower)."""
-    contrib = _as_compute(alpha) * value_norms(_as_compute(values))
+    contrib = as_compute(alpha) * value_norms(as_compute(values))
     # Norms are ≥ 0, so -1 never wins; argmax returns the first maximum (the lower index).
     return torch.where(key_mask, contrib, -1.0).argmax(-1)
 
@@ -59,7 +59,7 @@ def source_votes(
 
 def vote_fractions(counts: Float[Tensor, "*batch 3"]) -> Float[Tensor, "*batch 3"]:
     """Vote counts → fractions (NaN where a head has no vote)."""
-    counts = _as_compute(counts)
+    counts = as_compute(counts)
     return counts / counts.sum(-1, keepdim=True)
 
 
@@ -71,7 +71,7 @@ def labels_from_votes(counts: Float[Tensor, "*batch 3"]) -> Int[Tensor, "*batch"
     >>> labels_from_votes(torch.tensor([[2., 2., 1.], [0., 0., 0.], [0., 1., 3.]])).tolist()
     [0, -1, 2]
     """
-    counts = _as_compute(counts)
+    counts = as_compute(counts)
     # NaN counts (a file that lacks votes) are no votes either; nan_to_num keeps argmax defined.
     counts = torch.nan_to_num(counts, nan=0.0)
     voted = counts.sum(-1) > 0

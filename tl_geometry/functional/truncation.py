@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ._types import COMPUTE_DTYPE, _as_compute
+from .dtypes import COMPUTE_DTYPE, as_compute
 from .separability import _check_rows, _selection
 
 
@@ -71,7 +71,7 @@ def truncation(
     """
     _check_rows(alpha, values, n)
     key_mask, selected = _selection(alpha, n, key_mask, selected)
-    alpha, values = _as_compute(alpha), _as_compute(values)
+    alpha, values = as_compute(alpha), as_compute(values)
     key_mask, selected = torch.broadcast_tensors(key_mask, selected)
     weights = torch.where(key_mask, alpha, 0.0)
     kept = torch.where(selected, weights, 0.0)

@@ -162,7 +162,7 @@ def checksum(payload: dict[str, Any]) -> str:
 
 
 # --- save ---------------------------------------------------------------------------------------
-def _writable_path(path: Path, example: str = "analysis.pt") -> Path:
+def writable_path(path: Path, example: str = "analysis.pt") -> Path:
     """``path`` if a file can be written there; else a ``ValueError`` naming the user's path and
     the fix (rather than an ``OSError`` about a temporary file or a parent). ``example`` is the
     file name suggested inside a folder."""
@@ -184,7 +184,7 @@ def save(fields: dict[str, Any], path: str | Path) -> Path:
 
     Raises ``ValueError`` if ``path`` is a folder or lies under a file.
     """
-    path = _writable_path(Path(path))
+    path = writable_path(Path(path))
     metadata = json.dumps(encode_metadata(fields["metadata"]), allow_nan=True)
     payload: dict[str, Any] = {
         "format": FORMAT,

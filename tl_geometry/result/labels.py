@@ -31,7 +31,7 @@ from ..functional.taxonomy import (
     bootstrap_stability,
     vote_margin,
 )
-from .io import _writable_path
+from .io import writable_path
 from .protocol import AnalysisLike
 
 #: Columns of an exported label file, before the optional score columns (docs/labels.md).
@@ -193,7 +193,7 @@ def export_labels(result: AnalysisLike, path: str | Path, scores: Any = None) ->
     if suffix not in (".csv", ".json"):
         raise ValueError(f"export_labels: {path} must end in .csv or .json (the suffix picks the format).")
     try:
-        _writable_path(path, f"labels{suffix}")
+        writable_path(path, f"labels{suffix}")
     except ValueError as exc:
         raise ValueError(f"export_labels: {exc}") from None
     frame = labels_frame(result, scores)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ...functional._types import COSINE_EPS
+from ...functional.dtypes import COSINE_EPS
 
 
 @njit(cache=True)

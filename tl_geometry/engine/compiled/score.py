@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ...functional._types import COSINE_EPS
+from ...functional.dtypes import COSINE_EPS
 from ..options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .borrow import borrow
 from .order import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys

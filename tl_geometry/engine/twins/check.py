@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ...functional._types import COMPUTE_DTYPE
+from ...functional.dtypes import COMPUTE_DTYPE
 from ..layout import (
     LEAK_TOL,
     ST_DEAD,

@@ -7,7 +7,7 @@ from einops import einsum
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ...functional._types import COMPUTE_DTYPE, COSINE_EPS
+from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS
 from ...functional.heads import first_duplicate
 
 

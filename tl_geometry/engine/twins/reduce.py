@@ -6,7 +6,7 @@ import torch
 from einops import reduce
 from torch import Tensor
 
-from ...functional._types import COMPUTE_DTYPE
+from ...functional.dtypes import COMPUTE_DTYPE
 from ..layout import F_SCORE, SINK_REMOVED, TOP_GROUP, TRUNCATION, Reduced
 from ..paired import paired_counts
 

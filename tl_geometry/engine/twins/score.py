@@ -13,8 +13,8 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from ...functional._types import COMPUTE_DTYPE, COSINE_EPS
 from ...functional.attention import visible_keys
+from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS
 from ...functional.selection import top_n_ranks
 from ...functional.separability import chance_corrected
 from ..block import LayerBlock

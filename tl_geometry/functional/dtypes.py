@@ -1,4 +1,4 @@
-"""Shared tensor aliases and small private helpers of the functional layer."""
+"""The compute dtype and the cosine η of every metric (SPEC §1, §3–4), and the cast to it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,6 @@ COMPUTE_DTYPE = torch.float64
 COSINE_EPS = 1e-12
 
 
-def _as_compute(x: torch.Tensor) -> torch.Tensor:
+def as_compute(x: torch.Tensor) -> torch.Tensor:
     """Return ``x`` in :data:`COMPUTE_DTYPE` (a new tensor when a cast is needed, never in place)."""
     return x.to(COMPUTE_DTYPE)
