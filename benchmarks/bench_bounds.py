@@ -69,7 +69,7 @@ def instance_violations(cache, n_values: tuple[int, ...]) -> dict[str, int]:
 
 
 def report_for(result, analyze_s: float, bounds_s: float, instances: dict[str, int]) -> dict:
-    from tl_geometry.ablation.capacity_geometry import spearman
+    from tl_geometry.functional.stats import spearman
 
     ns = result.n_values.tolist()
     headline = [ns.index(n) for n in result.headline_n]
@@ -108,7 +108,7 @@ def report_for(result, analyze_s: float, bounds_s: float, instances: dict[str, i
         "mean_f_score": per_n(result.f_score),
         "mean_shell_f_bound": per_n(result.shell_f_score),
         "mean_shell_n_f_bound": per_n(result.shell_n_f_score),
-        "mean_inversion_f_bound": per_n(result.inversion_f_score),
+        "mean_inversion_f_bound": per_n(result.bound("inversion", "f_score")),
         "mean_certified_f_bound": per_n(result.certified_f_score),
         "mean_predicted_f_envelope": per_n(result.predicted_f_score),
         "certified_fraction": {str(n): float(f) for n, f in zip(ns, result.certified_fraction)},

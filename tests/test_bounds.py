@@ -164,7 +164,7 @@ def test_certificates_hold_on_real_smollm2(smollm2):
     best = result.best_n()
     for column in ("measured_best_n", "shell_best_n", "shell_n_best_n", "predicted_best_n"):
         assert set(best[column].dropna()) <= {2, 4, 8}, column
-    assert torch.isfinite(result.regime_decay).all()
+    assert torch.isfinite(result.regime_diagnostic("decay")).all()
 
 
 def test_bounds_option_validation_and_roundtrip(tmp_path):

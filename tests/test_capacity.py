@@ -19,7 +19,7 @@ from test_ablation import TinyLM, _Block
 from torch import nn
 
 import tl_geometry
-from tl_geometry.ablation import (
+from tl_geometry.capacity import (
     RetrievalCapacity,
     capacity_correlation,
     capacity_sweep,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tl_geometry
-from tl_geometry.analyze import progress as _progress
+from tl_geometry import progress as _progress
 from tl_geometry.cli import args as _cli_args
 from tl_geometry.cli import main as cli
 from tl_geometry.inputs import models

@@ -221,7 +221,7 @@ def test_tiny_caches_give_nan_bounds(n_pos, queries):
     assert result.bounds.shape[:2] == (5, 4)
     if n_pos == 1:
         assert result.bounds.isnan().all()
-        assert result.regime_norm_cv.isnan().all()  # no key besides the sink
+        assert result.regime_diagnostic("norm_cv").isnan().all()  # no key besides the sink
     else:
         assert result.bounds[..., 1:].isnan().all()
         for kind in ("inversion", "shell", "shell_n"):

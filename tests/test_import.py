@@ -42,3 +42,24 @@ def test_unknown_attribute_is_an_attribute_error():
 def test_every_public_name_resolves():
     for name in tl_geometry.__all__:
         assert getattr(tl_geometry, name) is not None, name
+
+
+def test_capacity_names_moved_from_ablation_still_resolve_there_with_a_warning():
+    """Top-N attention and retrieval capacity moved from ``tl_geometry.ablation`` to
+    ``tl_geometry.capacity``; for one release the old home still gives the same objects, with a
+    ``DeprecationWarning`` that names the new one."""
+    import tl_geometry.ablation as ablation
+    import tl_geometry.capacity as capacity
+
+    with pytest.warns(DeprecationWarning, match=r"tl_geometry\.capacity\.top_n_attention"):
+        old = ablation.top_n_attention
+    assert old is capacity.top_n_attention is tl_geometry.top_n_attention
+    with pytest.warns(DeprecationWarning, match=r"tl_geometry\.capacity"):
+        from tl_geometry.ablation import TopNPolicy
+    assert TopNPolicy is capacity.TopNPolicy
+    for name in capacity.__all__:
+        with pytest.warns(DeprecationWarning, match=rf"tl_geometry\.capacity\.{name}\b"):
+            assert getattr(ablation, name) is getattr(capacity, name), name
+    assert not set(ablation.__all__) & set(capacity.__all__)
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        ablation.no_such_thing  # noqa: B018

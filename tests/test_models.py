@@ -156,8 +156,8 @@ def test_local_hf_folder_gives_the_builtin_logits(hf_dir, smollm2):
 
 
 def test_cli_analyses_a_local_hf_folder(hf_dir, tmp_path, monkeypatch, capsys):
+    from tl_geometry import progress as _progress
     from tl_geometry.analyze import from_cache
-    from tl_geometry.analyze import progress as _progress
     from tl_geometry.cli.main import main
 
     seen = {}

@@ -15,14 +15,14 @@ import torch
 from test_capacity import _captured, _reference_rows, tiny_lm
 
 import tl_geometry
-from tl_geometry.ablation import (
+from tl_geometry.capacity import (
     KEEP_ALL,
     TopNPolicy,
     capacity_correlation,
     head_geometry,
     top_n_attention,
 )
-from tl_geometry.ablation.capacity_geometry import SCORES
+from tl_geometry.capacity.geometry import SCORES
 
 
 @pytest.fixture(scope="module")

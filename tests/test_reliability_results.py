@@ -22,7 +22,7 @@ import torch
 from result_fakes import fake
 
 import tl_geometry
-from tl_geometry.ablation.policy import MAX_HEADS, MAX_LAYERS, POLICY_FORMAT, TopNPolicy
+from tl_geometry.capacity.policy import MAX_HEADS, MAX_LAYERS, POLICY_FORMAT, TopNPolicy
 from tl_geometry.functional.taxonomy import MIN_UNITS, bootstrap_stability
 from tl_geometry.result import HeadAnalysis, ResultFileError
 from tl_geometry.result import io as _result_io

@@ -15,16 +15,15 @@ import pytest
 import torch
 from test_capacity import tiny_lm
 
-from tl_geometry.ablation import (
-    ablate_heads,
+from tl_geometry.ablation import ablate_heads, head_sensitivity
+from tl_geometry.analyze import analyze_heads
+from tl_geometry.capacity import (
     capacity_correlation,
     capacity_sweep,
-    head_sensitivity,
     retrieval_capacity,
     sparsify_pattern,
     top_n_attention,
 )
-from tl_geometry.analyze import analyze_heads
 from tl_geometry.cli import main as cli
 from tl_geometry.result import HeadAnalysis, ResultFileError
 from tl_geometry.result import io as _result_io

@@ -3,6 +3,8 @@ the text forms (issue 15, items 3, 4, 6)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from cases import make_case
@@ -42,7 +44,7 @@ def test_sel_scalars_drop_their_axis_lists_keep_it_in_the_given_order():
     assert torch.equal(r.sel(layer=[7, 3], n=[8, 2])["f_score"], f[[2, 0]][:, :, [2, 0]])
     assert r.sel(layer=[7, 3], n=[8, 2]).dims == ("layer", "head", "n")
     assert torch.equal(r.sel(layer=5, head=[0, 3])["random_f_score"], r.random_f_score[1, [0, 3]])
-    assert torch.equal(r.sel(head=(2,), n=8)["sink_in_recall"], r.sink_in_recall[:, [2], 2])
+    assert torch.equal(r.sel(head=(2,), n=8)["sink_in_recall"], r.metric("recall", "sink_in")[:, [2], 2])
     # quantities without an N axis ignore n; labels follow the same rules
     assert torch.equal(r.sel(n=2)["sink_norm_ratio"], r.sink_norm_ratio)
     assert r.sel(layer=[5], head=1)["label"] == [r.labels[1][1]]
@@ -108,11 +110,16 @@ def test_label_by_model_layer_index_where_positional_indexing_fails():
 
 
 # --- explicit fields and accessors ----------------------------------------------------------------
-def test_attributes_are_explicit_class_attributes_not_getattr_magic():
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_documented_attributes_are_explicit_class_attributes_and_older_names_still_read():
+    from tl_geometry.result.shortcuts import DOCUMENTED
+
     assert "__getattr__" not in vars(HeadAnalysis) and "__dir__" not in vars(HeadAnalysis)
     r = fake(bounds=True)
     for name in LEGACY_NAMES:
-        assert hasattr(HeadAnalysis, name), name  # declared on the class, so IDEs and mypy see it
+        # Documented names are declared on the class, so IDEs and mypy see them; the others
+        # resolve through the deprecation path with the same numbers.
+        assert hasattr(HeadAnalysis, name) == (name in DOCUMENTED), name
         group, metric = next(((g, name[len(g) + 1:]) for g in sorted(GROUPS, key=len, reverse=True)
                               if name.startswith(g + "_") and name[len(g) + 1:] in
                               _result_schema.METRIC_NAMES), ("top", name))
@@ -145,7 +152,7 @@ def test_accessors_name_the_valid_choices(call, message):
 def test_missing_bounds_raise_one_error_that_is_both_attribute_and_value_error():
     r = fake()
     for call in (lambda: r.certified_f_score, lambda: r.bound("certified"), lambda: r.certified_fraction,
-                 lambda: r.regime_decay, lambda: r.best_n_agreement(), lambda: r.shell_n_f_score,
+                 lambda: r.regime_diagnostic("decay"), lambda: r.best_n_agreement(), lambda: r.shell_n_f_score,
                  lambda: r.top(by="predicted_f_score")):
         with pytest.raises(NoBoundsError, match=r"bounds=True"):
             call()
@@ -264,3 +271,43 @@ def test_readme_in_python_examples_run(tmp_path, monkeypatch):
         exec(line, namespace)  # the README's own lines, checked to run
     assert namespace["head"]["label"] == namespace["result"].label(5, 3)
     assert (tmp_path / "run.pt").is_file()
+
+
+def test_undocumented_shortcuts_warn_and_read_their_accessor():
+    """HeadAnalysis keeps the documented shortcuts as attributes; older generated names still
+    resolve, with a DeprecationWarning naming the accessor call that replaces them."""
+    from tl_geometry.result.shortcuts import DEPRECATED, DOCUMENTED
+
+    r = fake()
+    assert "f_score" in DOCUMENTED and "sink_in_recall" in DEPRECATED and len(DOCUMENTED) <= 30
+    assert not any(name in dir(r) for name in DEPRECATED)  # the surface lists only the documented
+    with pytest.warns(DeprecationWarning, match=r"result.sink_in_recall is deprecated.*"
+                                                r"use result.metric\('recall', 'sink_in'\)"):
+        old = r.sink_in_recall
+    torch.testing.assert_close(old, r.metric("recall", "sink_in"), equal_nan=True, rtol=0, atol=0)
+    with pytest.raises(AttributeError, match="no attribute 'sink_in_recal'"):
+        r.sink_in_recal  # noqa: B018
+
+
+def test_notebooks_show_the_summary_as_a_table_with_coloured_labels():
+    from tl_geometry.result.text import CLASS_COLORS
+
+    r = fake()
+    page = r._repr_html_()
+    assert page.startswith("<div>") and "<table>" in page and "HeadAnalysis(" in page
+    n_rows = page.count("<tr>") - 1  # minus the header row
+    assert n_rows == min(10, r.n_layers * r.n_heads)
+    shown = r.top(n_rows, by="f_gain", n=2)
+    for label in set(shown["label"].dropna()):
+        assert f'background:{CLASS_COLORS[label]}' in page
+
+
+def test_top_says_when_a_tie_decides_who_is_listed():
+    r = fake()
+    tied = HeadAnalysis(**{**vars(r), "sink": r.sink.clone()})
+    tied.sink[:] = 1.0  # every head the same κ: layer, head order alone decides
+    with pytest.warns(UserWarning, match=r"top\(2, by='sink_norm_ratio'\): \d+ heads share the value 1"):
+        tied.top(2, by="sink_norm_ratio")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every head listed: nothing left out by order
+        tied.top(r.n_layers * r.n_heads, by="sink_norm_ratio")

@@ -37,11 +37,11 @@ def test_paired_sink_summary_is_the_median_over_heads_next_to_the_pooled_means()
     assert table.n.tolist() == [2, 4, 8] and table.dense.tolist() == [False, False, True]
     for i, row in table.iterrows():
         ratios = [float(r.paired_sink_ratio[li, h, i]) for li in range(2) for h in range(4)
-                  if r.paired_sink_count[li, h, i] > 0]
+                  if r.paired_sink("count")[li, h, i] > 0]
         halved = [float(r.paired_sink_halved[li, h, i]) for li in range(2) for h in range(4)
-                  if r.paired_sink_count[li, h, i] > 0]
+                  if r.paired_sink("count")[li, h, i] > 0]
         assert row.paired_heads == len(ratios)
-        assert row.paired_instances == int(r.paired_sink_count[..., i].sum())
+        assert row.paired_instances == int(r.paired_sink("count")[..., i].sum())
         if ratios:
             assert math.isclose(row.paired_median_ratio, float(np.median(ratios)))
             assert math.isclose(row.paired_median_halved, float(np.median(halved)))
@@ -111,7 +111,7 @@ def test_report_of_a_real_analysis_has_the_sink_effect_and_its_csv(tmp_path):
     page = tl_geometry.write_report(r, tmp_path).read_text()
     csv = pd.read_csv(tmp_path / "sink_effect.csv")
     assert csv.n.tolist() == [1, 2, 4, 8] and "paired_median_ratio" in csv
-    has = (r.paired_sink_count > 0).sum(dim=(0, 1))
+    has = (r.paired_sink("count") > 0).sum(dim=(0, 1))
     assert csv.paired_heads.tolist() == has.tolist()
     assert "Sink effect on F_N: pooled and paired" in page and "sink_effect.csv" in page
 
@@ -156,7 +156,7 @@ def test_decomposition_is_the_mean_gap_per_null(four_nulls):
     assert table.n.tolist() == [1, 2, 4, 8] and table.dense.tolist() == [False, False, False, True]
     top = four_nulls["values"].f_score_cc
     for kind, r in four_nulls.items():
-        want = (top - r.shuffled_f_score_cc).nanmean(dim=(0, 1))
+        want = (top - r.metric("f_score_cc", "shuffled")).nanmean(dim=(0, 1))
         np.testing.assert_allclose(table[f"top − {kind}"], want.numpy(), rtol=1e-12)
     assert table.reading.tolist() == [geometry_reading(x) for x in table["top − values"]]
     raw = null_decomposition({"norms": four_nulls["norms"]}, metric="f_score")  # any subset, any metric

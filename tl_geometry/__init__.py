@@ -18,29 +18,31 @@ from . import functional
 from ._version import __version__ as __version__
 from .ablation import (
     AblationVsRandom,
-    CapacityCorrelation,
-    CapacitySweep,
     HeadAblation,
     HeadSensitivity,
     Ordering,
-    RetrievalCapacity,
     SparsificationCurve,
-    TopNAttention,
-    TopNPolicy,
     ablate_heads,
     ablation_vs_random,
-    capacity_correlation,
-    capacity_sweep,
     critical_heads,
     head_orderings,
     head_sensitivity,
-    retrieval_capacity,
     sparsification_curve,
-    top_n_attention,
 )
 from .analyze.from_cache import analyze_heads
 from .analyze.from_model import analyze_model, analyze_model_nulls
 from .analyze.head_scores import head_scores
+from .capacity import (
+    CapacityCorrelation,
+    CapacitySweep,
+    RetrievalCapacity,
+    TopNAttention,
+    TopNPolicy,
+    capacity_correlation,
+    capacity_sweep,
+    retrieval_capacity,
+    top_n_attention,
+)
 from .inputs.cache import CACHE_NAMES_FILTER, CacheError
 from .inputs.text import sample_text, text_windows
 from .result import (

@@ -1,6 +1,6 @@
 """Claim 7 (ours): retrieval capacity under top-N attention, and whether geometry predicts it.
 
-Uses :mod:`tl_geometry.ablation`'s top-N attention (``hook_pattern``). Per model, on the first
+Uses :mod:`tl_geometry.capacity`'s top-N attention (``hook_pattern``). Per model, on the first
 ablation windows of held-out WikiText (as claim 6): the loss with every head keeping only each
 query's top-N keys for N = 1, 2, 4, … below the window length, renormalised and deleted, and N*
 (the smallest N within 5 % of the dense loss); then the per-head sweep at N = 4 (renormalised;
@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from tl_geometry import ablation as api
+from tl_geometry import capacity as api
 
 from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table

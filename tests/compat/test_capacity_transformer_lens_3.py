@@ -21,7 +21,7 @@ if int(TL_VERSION.split(".")[0]) >= 4:
 
 import torch  # noqa: E402
 
-from tl_geometry.ablation import retrieval_capacity, sparsify_pattern, top_n_attention  # noqa: E402
+from tl_geometry.capacity import retrieval_capacity, sparsify_pattern, top_n_attention  # noqa: E402
 
 pytestmark = pytest.mark.real_model
 LAYER, N = 5, 3

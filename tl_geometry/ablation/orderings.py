@@ -13,6 +13,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..forward import hooks as _forward
 from ..functional.heads import kv_head_index
 from ..functional.taxonomy import CLASSES, labels_from_votes
 from ..inputs.cache import check_attention_mask
@@ -74,7 +75,7 @@ def taxonomy_order(analysis: Any, *, n: int = 2) -> Ordering:
 
 def weight_norms(model: Any) -> Float[Tensor, "layer head"]:
     """``‖W_V^h‖_F · ‖W_O^h‖_F`` per query head; under GQA ``W_V^h`` is its KV head's."""
-    n_layers, n_heads = _hooks.model_shape(model)
+    n_layers, n_heads = _forward.model_shape(model)
     try:
         W_V, W_O = model.W_V, model.W_O
     except (AttributeError, NotImplementedError) as err:
@@ -109,13 +110,13 @@ def attention_entropy(
     Query 0 (and a left-padded sequence's first real token) attends only to itself, entropy 0
     for every head, so it is left out. Reduced inside the hooks: no cache is built.
     """
-    tokens = _hooks.check_tokens(tokens, model=model)
-    n_layers, n_heads = _hooks.model_shape(model)
+    tokens = _forward.check_tokens(tokens, model=model)
+    n_layers, n_heads = _forward.model_shape(model)
     valid = check_attention_mask(attention_mask, *tokens.shape)
     queries = valid & (valid.cumsum(-1) >= 2)
     if not queries.any():
         raise ValueError("No query has a key besides itself: the windows need ≥ 2 real tokens.")
-    device = _hooks.model_device(model)
+    device = _forward.model_device(model)
     keep = queries.to(device)[:, None, :]
     n_queries = int(queries.sum())
     out = torch.zeros(n_layers, n_heads, dtype=torch.float64)
@@ -187,7 +188,7 @@ def head_orderings(
     unknown = [w for w in which if w not in ORDERINGS]
     if unknown:
         raise ValueError(f"Unknown ordering(s) {unknown}; choose from {ORDERINGS}.")
-    n_layers, n_heads = _hooks.model_shape(model)
+    n_layers, n_heads = _forward.model_shape(model)
     out: list[Ordering] = []
     for name in which:
         if name == "taxonomy":

@@ -17,10 +17,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..analyze.progress import check_progress
+from ..forward import hooks as _forward
+from ..forward import losses as _losses
 from ..functional.uncertainty import empirical_p, null_z, paired_window_se
 from . import hooks as _hooks
 from .hooks import Mode
+from .run import positive_int, prepare_ablation
 
 
 @dataclass
@@ -171,19 +173,14 @@ def ablation_vs_random(
         >>> cmp = tl_geometry.ablation_vs_random(model, tokens, [(1, 5), (1, 4)], n_random=50)  # doctest: +SKIP
         >>> cmp.z, cmp.p_value; print(cmp.summary())                                         # doctest: +SKIP
     """
-    _hooks.check_mode(mode)
-    progress = check_progress(progress)
-    tokens = _hooks.check_tokens(tokens, model=model)
-    _hooks.check_reference(mode, reference_tokens, reference_attention_mask)
-    n_layers, n_heads = _hooks.model_shape(model)
-    for name, value in (("n_random", n_random), ("batch_size", batch_size)):
-        if value is None and name == "batch_size":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    # The model's hook_z is checked below, once the heads are known to be valid.
+    tokens, n_layers, n_heads, progress = prepare_ablation(
+        model, tokens, mode, reference_tokens, reference_attention_mask, progress, check_hooks=False)
+    positive_int("n_random", n_random)
+    positive_int("batch_size", batch_size, allow_none=True)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}.")
-    chosen = _hooks.head_mask(heads, n_layers, n_heads)
+    chosen = _forward.head_mask(heads, n_layers, n_heads)
     if not chosen.any():
         raise ValueError("heads is empty: give the (layer, head) pairs of the set to compare, e.g. [(1, 5)].")
     _hooks.check_hooks(model, range(n_layers))
@@ -194,8 +191,8 @@ def ablation_vs_random(
         ref = tokens if reference_tokens is None else reference_tokens
         ref_mask = attention_mask if reference_tokens is None else reference_attention_mask
         fill = _hooks.mean_z(model, ref, range(n_layers), ref_mask)
-    base = _hooks.model_loss(model, tokens, attention_mask)
-    dense = _hooks.window_losses(model, tokens, attention_mask)
+    base = _losses.model_loss(model, tokens, attention_mask)
+    dense = _losses.window_losses(model, tokens, attention_mask)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -12,7 +12,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..analyze.progress import check_progress
+from ..forward import hooks as _forward
+from ..forward import losses as _losses
 from ..functional.uncertainty import (
     CRITICAL_LEVEL,
     CRITICAL_MIN_FRACTION,
@@ -23,6 +24,7 @@ from ..functional.uncertainty import (
 )
 from . import hooks as _hooks
 from .hooks import Mode
+from .run import positive_int, prepare_ablation
 
 #: ``k`` of the robust-outlier flag (reported, not the critical rule): Iglewicz & Hoaglin's cut
 #: on the modified z-score, ``0.6745 (x − median) / MAD > 3.5``.
@@ -153,7 +155,7 @@ def head_sensitivity(
 
     ``loss[l, h] = CE(model with z_{l,h} ablated)``, the mean next-token cross-entropy over the
     valid positions of ``tokens``. The batch is stacked ``G`` times (``G = batch_heads``, by
-    default as many as fit :data:`~tl_geometry.ablation.hooks.MEMORY_BUDGET_BYTES`) and copy
+    default as many as fit :data:`~tl_geometry.forward.losses.MEMORY_BUDGET_BYTES`) and copy
     ``g`` has a different head ablated, so one forward scores ``G`` heads and the sweep takes
     ``⌈L·H / G⌉`` forwards instead of ``L·H``. ``mode="mean"`` replaces a head by its mean
     ``z`` over ``reference_tokens`` (default: ``tokens``). ``heads`` limits the sweep to some
@@ -169,17 +171,11 @@ def head_sensitivity(
         >>> sens = tl_geometry.head_sensitivity(model, tokens)        # doctest: +SKIP
         >>> sens.top(5); sens.critical()                              # doctest: +SKIP
     """
-    _hooks.check_mode(mode)
-    progress = check_progress(progress)
-    tokens = _hooks.check_tokens(tokens, model=model)
-    _hooks.check_reference(mode, reference_tokens, reference_attention_mask)
-    n_layers, n_heads = _hooks.model_shape(model)
-    _hooks.check_hooks(model, range(n_layers))
-    if batch_heads is not None and (isinstance(batch_heads, bool) or not isinstance(batch_heads, int)
-                                    or batch_heads < 1):
-        raise ValueError(f"batch_heads must be a positive int, got {batch_heads!r}.")
+    tokens, n_layers, n_heads, progress = prepare_ablation(
+        model, tokens, mode, reference_tokens, reference_attention_mask, progress)
+    positive_int("batch_heads", batch_heads, allow_none=True)
     wanted = torch.ones(n_layers, n_heads, dtype=torch.bool) if heads is None else (
-        _hooks.head_mask(heads, n_layers, n_heads))
+        _forward.head_mask(heads, n_layers, n_heads))
     pairs = wanted.nonzero()  # [k, 2], layer-major
     if len(pairs) == 0:
         raise ValueError("heads is empty: nothing to score.")
@@ -193,14 +189,14 @@ def head_sensitivity(
     remove[torch.arange(len(pairs)), pairs[:, 0], pairs[:, 1]] = True
 
     start = time.perf_counter()
-    base = _hooks.model_loss(model, tokens, attention_mask)
-    dense = _hooks.window_losses(model, tokens, attention_mask)
+    base = _losses.model_loss(model, tokens, attention_mask)
+    dense = _losses.window_losses(model, tokens, attention_mask)
     if int((dense.weight > 0).sum()) < 2:
         warnings.warn(
             "head_sensitivity got one window with next-token predictions: a loss increase has no "
             "standard error over windows, so no head can be critical (SPEC §7). Pass ≥ 2 "
             "windows, e.g. tl_geometry.text_windows(model, n_seqs=4).", UserWarning, stacklevel=2)
-    per_forward = batch_heads or _hooks.replicas_per_forward(model, *tokens.shape)
+    per_forward = batch_heads or _losses.replicas_per_forward(model, *tokens.shape)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -12,10 +12,12 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from ..analyze.progress import check_progress
+from ..forward import hooks as _forward
+from ..forward import losses as _losses
 from ..functional.uncertainty import paired_window_se
 from . import hooks as _hooks
 from .orderings import Ordering
+from .run import positive_int, prepare_ablation
 
 DEFAULT_RETENTION = (1.0, 0.9, 0.75, 0.5, 0.25)
 COLUMNS = ("ordering", "seed", "retention", "n_removed", "loss", "perplexity", "loss_increase",
@@ -126,7 +128,7 @@ def _order_index(order: Ordering, n_layers: int, n_heads: int) -> Int[Tensor, " 
         raise ValueError(f"Ordering {order.name!r} lists {len(pairs)} heads; a removal order must "
                          f"list all {n_layers} × {n_heads} = {n_layers * n_heads} heads once.")
     # head_mask names the first out-of-range or repeated pair.
-    _hooks.head_mask([tuple(p) for p in pairs.tolist()], n_layers, n_heads)
+    _forward.head_mask([tuple(p) for p in pairs.tolist()], n_layers, n_heads)
     return pairs[:, 0] * n_heads + pairs[:, 1]
 
 
@@ -163,16 +165,10 @@ def sparsification_curve(
         >>> curve = tl_geometry.sparsification_curve(model, held_out, orders)  # doctest: +SKIP
         >>> curve.summary()                                                     # doctest: +SKIP
     """
-    _hooks.check_mode(mode)
-    progress = check_progress(progress)
-    tokens = _hooks.check_tokens(tokens, model=model)
-    _hooks.check_reference(mode, reference_tokens, reference_attention_mask)
-    n_layers, n_heads = _hooks.model_shape(model)
-    _hooks.check_hooks(model, range(n_layers))
+    tokens, n_layers, n_heads, progress = prepare_ablation(
+        model, tokens, mode, reference_tokens, reference_attention_mask, progress)
     retention = check_retention(retention)
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                   or batch_size < 1):
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    positive_int("batch_size", batch_size, allow_none=True)
     orders = _as_orderings(order)
     n_total = n_layers * n_heads
     start = time.perf_counter()
@@ -189,8 +185,8 @@ def sparsification_curve(
                 mask = torch.zeros(n_total, dtype=torch.bool)
                 mask[flat[:n_removed]] = True
                 masks.append(mask.reshape(n_layers, n_heads))
-    base = _hooks.model_loss(model, tokens, attention_mask)
-    dense = _hooks.window_losses(model, tokens, attention_mask)
+    base = _losses.model_loss(model, tokens, attention_mask)
+    dense = _losses.window_losses(model, tokens, attention_mask)
     ablated: Iterator[tuple[float, Tensor, float]] = iter(())
     if masks:
         fill = None

@@ -25,9 +25,9 @@ from ..engine import (
 from ..engine.options import AnalysisArgs, check_option_names
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
+from ..progress import progress_bar
 from ..result import HeadAnalysis
 from . import windows as _windows
-from .progress import progress_bar
 from .windows import Window
 
 __all__ = ["DEFAULT_N_VALUES", "analyze_heads"]

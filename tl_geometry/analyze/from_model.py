@@ -32,10 +32,10 @@ from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
 from ..inputs.models import trained_with_bos
+from ..progress import progress_bar
 from ..result import HeadAnalysis
 from ..result.schema import SHUFFLE_KINDS
 from . import windows as _windows
-from .progress import progress_bar
 from .recompute import RecomputedRows, can_recompute, pattern_bytes
 from .windows import Window
 

@@ -145,7 +145,7 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
     import torch
 
     from ..ablation import ablate_heads, ablation_vs_random
-    from ..ablation import hooks as _hooks
+    from ..forward.losses import window_losses
     from ..functional.uncertainty import paired_window_se
     from ..inputs.text import text_windows
 
@@ -154,10 +154,10 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
                                         reference_tokens=tokens if args.mode == "mean" else None)
     with torch.no_grad():
         base = float(model(tokens, return_type="loss"))
-        dense = _hooks.window_losses(model, tokens)
+        dense = window_losses(model, tokens)
         with ablation:
             ablated = float(model(tokens, return_type="loss"))
-            per_window = _hooks.window_losses(model, tokens)
+            per_window = window_losses(model, tokens)
     se = float(paired_window_se(per_window.loss - dense.loss, dense.weight)[0])
     heads = ", ".join(f"L{layer}H{head}" for layer, head in ablation.heads)
     print(f"{tokens.shape[0]} × {tokens.shape[1]} tokens of {args.text or 'the built-in sample'}")

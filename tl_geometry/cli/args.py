@@ -144,7 +144,7 @@ def add_progress_option(parser: argparse.ArgumentParser) -> None:
 
 def show_progress(args: argparse.Namespace) -> bool:
     """The progress bar: on unless ``--no-progress``, and only where someone can see it."""
-    from ..analyze.progress import auto_progress
+    from ..progress import auto_progress
 
     return bool(getattr(args, "progress", True)) and auto_progress()
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..ablation.topn import SPARSIFY_MODES
+from ..capacity.topn import SPARSIFY_MODES
 from .args import (
     UsageError,
     add_model_options,
@@ -38,7 +38,7 @@ from .args import (
 )
 
 if TYPE_CHECKING:
-    from ..ablation.topn import SparsifyMode
+    from ..capacity.topn import SparsifyMode
 
 MODE_CHOICES = ("both", *SPARSIFY_MODES)
 
@@ -79,7 +79,7 @@ def _non_negative(text: str) -> int:
 
 def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     """Add the ``capacity`` subcommand to ``tl-geometry``'s subparsers."""
-    from ..ablation.capacity import DEFAULT_N_VALUES, DEFAULT_TOLERANCE
+    from ..capacity.sweep import DEFAULT_N_VALUES, DEFAULT_TOLERANCE
 
     p = sub.add_parser(name, help="loss under top-N attention: N* and geometry-vs-loss per head",
                        description=DESCRIPTION)
@@ -129,7 +129,7 @@ def _capacity(model: Any, text: str | None, args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import pandas as pd
 
-    from ..ablation import capacity_correlation, retrieval_capacity
+    from ..capacity import capacity_correlation, retrieval_capacity
     from ..inputs.text import text_windows
     from ..views.capacity import capacity_plot, correlation_plot
     from ..views.plots import save_figure

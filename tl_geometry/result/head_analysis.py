@@ -11,6 +11,7 @@ groups, metrics, sink fields, ... live in one place (:mod:`tl_geometry.result.sc
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -479,7 +480,9 @@ class HeadAnalysis(Shortcuts):
         ``by`` is a key of :meth:`quantities`: ``f_gain``, ``f_score``, ``sink_removed_f_score``,
         ``sink_norm_ratio``, ``vote_sink``, ``label_stability``, ...; a wrong one raises an
         error listing them all. ``k`` is a positive int (a NumPy int too; not a bool or float):
-        anything else raises a ``ValueError``. Heads whose ``by`` is NaN come last.
+        anything else raises a ``ValueError``. Heads whose ``by`` is NaN come last. Equal
+        values keep layer, head order; when a tie straddles the ``k``-th place (so order, not
+        the value, decides who is in), a ``UserWarning`` says so.
 
         >>> result.top(3, by="vote_current", label="Retriever")   # doctest: +SKIP
         """
@@ -503,6 +506,11 @@ class HeadAnalysis(Shortcuts):
         if label is not None:  # filter before taking k, so that k heads of the class come back
             of_class = torch.tensor([x == label for row in self.labels for x in row], dtype=torch.bool)
             order = order[of_class[order]]
+        if len(order) > k and flat[order[k - 1]] == flat[order[k]] and flat[order[k]].isfinite():
+            tied = int((flat[order] == flat[order[k - 1]]).sum())
+            warnings.warn(f"top({k}, by={by!r}): {tied} heads share the value {float(flat[order[k]]):.6g} "
+                          f"at place {k}; layer, head order decides which of them are listed.",
+                          UserWarning, stacklevel=2)
         order = order[:k]
         chosen = self.heads_table().iloc[order.tolist()].copy()
         if by not in chosen.columns:
@@ -515,6 +523,11 @@ class HeadAnalysis(Shortcuts):
         F-gain at the first shown N (``top=None``: every head, in layer order), with a legend.
         See docs/reading.md for how to read it."""
         return text.summary(self, n_values, top)
+
+    def _repr_html_(self) -> str:
+        """Notebooks show the description, class counts and the top heads as a table, labels
+        in their class colour (:func:`~tl_geometry.result.text.html_summary`)."""
+        return text.html_summary(self)
 
     def __repr__(self) -> str:
         if "scores" not in vars(self):  # a constructor that failed: nothing to describe

@@ -2,13 +2,22 @@
 
 ``result.random_f_score`` is ``result.metric("f_score", "random")``, ``result.sink_mass`` is
 ``result.sink_diagnostic("mass")``, ``result.shell_n_f_score`` is ``result.bound("shell_n",
-"f_score")``: one attribute per named slice, made from the names in :mod:`.schema` (adding a group
-or a metric there adds its shortcuts here). They are real class attributes, so ``dir()``, editors
-and ``help()`` list them; each is a ``[layer, head(, n)]`` tensor.
+"f_score")``: one attribute per documented slice, made from the names in :mod:`.schema`. They are
+real class attributes, so ``dir()``, editors and ``help()`` list them; each is a
+``[layer, head(, n)]`` tensor.
+
+Documented (:data:`DOCUMENTED`): every metric of the top-N group (``f_score``, ``margin``, ...),
+the F-score of every other group (``random_f_score``, ``sink_removed_f_score``, ...), the sink
+diagnostics (``sink_mass``, ...) and the bound, paired and percentile figures that
+:data:`_DOCS` describes. Every other generated name (``sink_in_margin``, ``regime_kappa``, ...)
+still resolves, with a ``DeprecationWarning`` that names its accessor call: the accessors
+(:meth:`~tl_geometry.result.HeadAnalysis.metric`, ``sel()``, ...) read every slice.
 """
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import TYPE_CHECKING, Any, overload
 
 from torch import Tensor
@@ -86,13 +95,46 @@ def shortcut_slices() -> dict[str, tuple[str, ...]]:
     return out
 
 
+def _documented(slices: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The shortcuts kept as attributes: the top-N group's metrics, every group's F-score, the
+    sink diagnostics and what :data:`_DOCS` describes."""
+    keep = set(METRIC_NAMES) | {f"{g}_f_score" for g in GROUPS if g != "top"}
+    keep |= {f"sink_{f}" for f in SINK_FIELDS} | set(_DOCS)
+    return tuple(name for name in slices if name in keep)
+
+
+_SLICES = shortcut_slices()
+#: The shortcut attributes of :class:`~tl_geometry.result.HeadAnalysis`, in schema order.
+DOCUMENTED: tuple[str, ...] = _documented(_SLICES)
+#: Older generated names, each resolved through its accessor with a ``DeprecationWarning``.
+DEPRECATED: dict[str, _Slice] = {name: _Slice(accessor, *key) for name, (accessor, *key) in _SLICES.items()
+                                 if name not in DOCUMENTED}
+
+
 class Shortcuts:
-    """Read-only attribute for every (group, metric), sink field, bound and regime field."""
+    """Read-only attribute for every documented slice (:data:`DOCUMENTED`); the other
+    generated names (:data:`DEPRECATED`) resolve with a ``DeprecationWarning``."""
 
     if TYPE_CHECKING:  # the attributes are made below; type checkers see them as tensors
         def __getattr__(self, name: str) -> Tensor: ...
+    else:
+        def __getattr__(self, name: str) -> Tensor:
+            # Called when the normal lookup fails, also when a class attribute (a shortcut or a
+            # property) raised an AttributeError such as NoBoundsError: read it again so that
+            # its own error surfaces, not "no attribute".
+            declared = inspect.getattr_static(type(self), name, None)
+            if hasattr(declared, "__get__"):
+                return declared.__get__(self, type(self))
+            old = DEPRECATED.get(name)
+            if old is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            call = f"result.{old.accessor}({', '.join(map(repr, old.key))})"
+            warnings.warn(f"result.{name} is deprecated and will be removed; use {call}.",
+                          DeprecationWarning, stacklevel=2)
+            return old.__get__(self)
 
 
-for _name, (_accessor, *_key) in shortcut_slices().items():
+for _name in DOCUMENTED:
+    _accessor, *_key = _SLICES[_name]
     setattr(Shortcuts, _name, _Slice(_accessor, *_key, doc=_DOCS.get(_name)))
 del _name, _accessor, _key

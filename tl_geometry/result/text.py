@@ -15,6 +15,10 @@ from .labels import stability_note
 from .protocol import AnalysisLike
 from .units import kv_group_size, kv_values
 
+#: One colour per class, shared by the HTML views, the plots and the notebook table;
+#: ``"unlabelled"`` (a head with no votes, SPEC §5) is a neutral grey.
+CLASS_COLORS = {"Retriever": "#d1495b", "Mixer": "#3b6ea8", "Reset": "#e59f3a", UNLABELLED_NAME: "#b5b5b5"}
+
 #: What the three classes are (SPEC §5), for every legend: the names are the paper's and are
 #: easy to misread ("Retriever" is not a retrieval head).
 CLASSES_TEXT = (
@@ -273,3 +277,34 @@ def short_repr(result: AnalysisLike) -> str:
     return (f"HeadAnalysis({model}layers={result.n_layers} ({_layers(result.layers)}), "
             f"heads={result.n_heads}, n_values={result.n_values.tolist()}, {classes}, "
             f"bounds={result.bounds is not None})")
+
+
+def html_summary(result: AnalysisLike, top: int = 10, n: int | None = None) -> str:
+    """The notebook face of a result (``HeadAnalysis._repr_html_``): the one-line description,
+    the class counts and the ``top`` heads by F-gain at ``N = n`` (default: the first analysed
+    N ≥ 2, else the first) as an HTML table whose label cells carry their class colour."""
+    import html
+
+    sizes = result.n_values.tolist()
+    n = n if n is not None else next((x for x in sizes if x >= 2), sizes[0])
+    table = result.top(min(top, result.n_layers * result.n_heads), by="f_gain", n=n)
+    columns = [c for c in ("layer", "head", "label", "f_gain", "vote_current", "vote_sink", "vote_other",
+                           "label_margin", "label_stability") if c in table.columns]
+
+    def cell(column: str, value: object) -> str:
+        if column == "label":
+            name = label_text(value if isinstance(value, str) else None)
+            return (f'<td style="background:{CLASS_COLORS[name]};color:white;font-weight:600">'
+                    f"{html.escape(name)}</td>")
+        if isinstance(value, float):
+            return f"<td>{'' if math.isnan(value) else f'{value:.3f}'}</td>"
+        return f"<td>{html.escape(str(value))}</td>"
+
+    counts = " · ".join(f'<span style="color:{CLASS_COLORS[c]};font-weight:600">{c}</span> {k}'
+                        for c, k in class_totals(result).items())
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    rows = "".join("<tr>" + "".join(cell(c, row[c]) for c in columns) + "</tr>" for _, row in table.iterrows())
+    return (f"<div><p><code>{html.escape(short_repr(result))}</code></p><p>{counts}</p>"
+            f"<p>Top {len(table)} heads by F-gain (F_N − random F_N) at N = {n}:</p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+            "<p><code>result.summary()</code> for the whole text summary.</p></div>")

@@ -61,7 +61,7 @@ def _tolerance(table: Any) -> float | None:
 
 
 def capacity_sweep_plot(sweep: Any, n: int | None = None) -> Figure:
-    """Heatmap of a :class:`~tl_geometry.ablation.capacity.CapacitySweep`'s loss increase:
+    """Heatmap of a :class:`~tl_geometry.capacity.sweep.CapacitySweep`'s loss increase:
     layer × head at ``N = n`` (default the smallest N) for a head sweep, layer × N for a layer
     sweep."""
     fig, ax = _axes(None, (6, 6.5))

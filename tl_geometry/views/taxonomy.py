@@ -9,14 +9,11 @@ from typing import Any
 from ..functional.taxonomy import CLASSES, MIN_UNITS, TOO_FEW_UNITS, UNLABELLED_NAME, VOTES
 from ..result import HeadAnalysis
 from ..result.labels import check_scores, n_units, stability_note
-from ..result.text import CLASSES_TEXT, class_totals, label_text, unstable_counts
+from ..result.text import CLASS_COLORS, CLASSES_TEXT, class_totals, label_text, unstable_counts
 from ._page import View, html_widget
 
 __all__ = ["CLASS_COLORS", "class_color", "taxonomy_view"]
 
-#: One colour per class, shared by the HTML views and the matplotlib plots; ``"unlabelled"``
-#: (a head with no votes, SPEC §5) is a neutral grey.
-CLASS_COLORS = {"Retriever": "#d1495b", "Mixer": "#3b6ea8", "Reset": "#e59f3a", UNLABELLED_NAME: "#b5b5b5"}
 _SHORT = {"Retriever": "Ret", "Mixer": "Mix", "Reset": "Rst", UNLABELLED_NAME: "—"}
 
 

@@ -23,12 +23,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..forward import hooks as _hooks
 from ..functional import last_positions, separability, shell_bounds, truncation
 from ..functional.stats import spearman
 from ..inputs.cache import CACHE_NAMES_FILTER, check_attention_mask
 from ..inputs.tokens import token_digest
-from . import hooks as _hooks
-from .capacity import CapacitySweep, capacity_sweep
+from .sweep import CapacitySweep, capacity_sweep
 from .topn import SparsifyMode, check_n
 
 SCORES = ("f_score", "shell_k0", "shell_kn", "tail_mass", "truncation_error")

@@ -23,8 +23,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..forward import hooks as _hooks
+from ..forward.losses import stacked_losses
 from ..functional.selection import top_n_ranks
-from . import hooks as _hooks
 from .policy import TopNPolicy, as_policy
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
@@ -326,7 +327,7 @@ def sparsified_losses(
 
     ``per_forward`` copies of the batch go through one forward, each with its own ``N`` and
     heads; the loss of a copy is the mean over its valid predictions (float64 sums), as in
-    :func:`~tl_geometry.ablation.hooks.replica_losses`.
+    :func:`~tl_geometry.forward.losses.stacked_losses`.
     """
     _, n_heads = _hooks.model_shape(model)
 
@@ -340,5 +341,5 @@ def sparsified_losses(
         return [(PATTERN_HOOK.format(layer=layer),
                  replica_pattern_hook(layer, at(layer), chunk[:, layer], mode, n_heads)) for layer in layers]
 
-    return _hooks.stacked_losses(model, tokens, len(n), hooks_for, attention_mask=attention_mask,
-                                 per_forward=per_forward, progress=progress)
+    return stacked_losses(model, tokens, len(n), hooks_for, attention_mask=attention_mask,
+                          per_forward=per_forward, progress=progress)

@@ -1,7 +1,7 @@
 """Retrieval capacity: how few keys per query a model needs (method in docs/capacity.md).
 
 :func:`retrieval_capacity` measures the next-token loss when every head in scope keeps only
-each query's top-``N`` attention weights (:func:`~tl_geometry.ablation.topn.top_n_attention`),
+each query's top-``N`` attention weights (:func:`~tl_geometry.capacity.topn.top_n_attention`),
 for several ``N``, and reads off ``N*``, the smallest ``N`` whose relative loss increase is
 within a tolerance. :func:`capacity_sweep` does the same one layer or one head at a time, in
 batched forwards like :func:`~tl_geometry.head_sensitivity`.
@@ -19,9 +19,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..analyze.progress import check_progress
+from ..forward import hooks as _hooks
+from ..forward.losses import model_loss, replicas_per_forward
 from ..inputs.tokens import token_digest
-from . import hooks as _hooks
+from ..progress import check_progress
 from . import topn as _topn
 from .topn import SparsifyMode
 
@@ -66,7 +67,7 @@ def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: Sparsify
     run = n < tokens.shape[1]
     if not run.any():
         return losses, 0
-    per_forward = batch_size or _hooks.replicas_per_forward(model, *tokens.shape)
+    per_forward = batch_size or replicas_per_forward(model, *tokens.shape)
     bar = _bar(progress, int(run.sum()), desc)
     try:
         losses[run] = _topn.sparsified_losses(model, tokens, n[run], masks[run], mode,
@@ -175,7 +176,7 @@ def retrieval_capacity(
              f"{int(mask.sum())} heads")
 
     start = time.perf_counter()
-    dense = _hooks.model_loss(model, tokens, attention_mask)
+    dense = model_loss(model, tokens, attention_mask)
     n = torch.tensor(values)
     losses, forwards = _losses(model, tokens, n, mask.expand(len(values), -1, -1), mode, attention_mask,
                                dense, batch_size, progress, "retrieval capacity")
@@ -271,7 +272,7 @@ def capacity_sweep(
     n = torch.tensor(values).repeat_interleave(len(units))
 
     start = time.perf_counter()
-    dense = _hooks.model_loss(model, tokens, attention_mask)
+    dense = model_loss(model, tokens, attention_mask)
     losses, forwards = _losses(model, tokens, n, masks, mode, attention_mask, dense, batch_size,
                                progress, f"capacity per {by}")
     shape = (len(values), n_layers, n_heads) if by == "head" else (len(values), n_layers)

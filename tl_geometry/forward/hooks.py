@@ -1,0 +1,120 @@
+"""Hook lists on a TransformerLens model, and the checks every forward with hooks makes.
+
+:class:`HookContext` is a list of ``(hook_name, fn)`` pairs that is also a context manager on
+its model (``ablation.HeadAblation`` and ``capacity.TopNAttention`` are two). The checks give
+the model's shape and device, refuse token ids that are not ``[batch, pos]`` integers inside
+the vocabulary, and turn ``(layer, head)`` pairs into a ``[layer, head]`` mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from ..inputs.tokens import check_token_ids, model_vocabulary
+
+HookList = list[tuple[str, Callable[..., Tensor]]]
+
+
+# --- validation -------------------------------------------------------------------------------
+def model_shape(model: Any) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` from ``model.cfg``, with an error naming the fix."""
+    cfg = getattr(model, "cfg", None)
+    n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
+    if not isinstance(n_layers, int) or not isinstance(n_heads, int):
+        raise ValueError(
+            "model.cfg must give n_layers and n_heads: pass a TransformerLens TransformerBridge "
+            "(tl_geometry.load_model) or HookedTransformer."
+        )
+    return n_layers, n_heads
+
+
+def model_device(model: Any) -> torch.device:
+    return torch.device(getattr(getattr(model, "cfg", None), "device", None) or "cpu")
+
+
+def check_tokens(tokens: Any, name: str = "tokens", model: Any = None) -> Tensor:
+    """``tokens`` must be ``[batch, pos]`` integer ids with data, at least one sequence of two
+    tokens, and (with ``model``) ids inside its vocabulary: the check ``analyze_model`` makes, so
+    no entry point fails with an ``IndexError`` from the embedding."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.is_floating_point():
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(
+            f"{name} must be [batch, pos] integer token ids (e.g. tl_geometry.text_windows(model)), "
+            f"got {shape}."
+        )
+    if tokens.shape[0] < 1 or tokens.shape[1] < 2:
+        raise ValueError(f"{name} needs at least one sequence of ≥ 2 tokens, got {tuple(tokens.shape)}.")
+    check_token_ids(tokens, model_vocabulary(model), name)
+    return tokens
+
+
+def head_mask(heads: Any, n_layers: int, n_heads: int) -> Bool[Tensor, "layer head"]:
+    """``[layer, head]`` bool mask from ``(layer, head)`` pairs or from a bool mask itself.
+
+    Pairs are checked for shape, range and duplicates, with the offending entry in the message.
+    """
+    if isinstance(heads, Tensor) and heads.dtype == torch.bool:
+        if heads.shape != (n_layers, n_heads):
+            raise ValueError(f"A head mask must be [n_layers, n_heads] = [{n_layers}, {n_heads}], "
+                             f"got {tuple(heads.shape)}.")
+        return heads.detach().cpu().clone()
+    if isinstance(heads, Tensor):
+        heads = heads.tolist()
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise ValueError(f"heads must be (layer, head) pairs, e.g. [(3, 4), (5, 0)], got {heads!r}.")
+    mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    for i, pair in enumerate(heads):
+        if (not isinstance(pair, Sequence) or isinstance(pair, str) or len(pair) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in pair)):
+            raise ValueError(f"heads[{i}] = {pair!r} is not a (layer, head) pair of ints.")
+        layer, head = pair
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"heads[{i}] = {tuple(pair)}: layer {layer} is out of range; "
+                             f"the model has {n_layers} layers (0..{n_layers - 1}).")
+        if not 0 <= head < n_heads:
+            raise ValueError(f"heads[{i}] = {tuple(pair)}: head {head} is out of range; "
+                             f"the model has {n_heads} query heads per layer (0..{n_heads - 1}).")
+        if mask[layer, head]:
+            raise ValueError(f"heads[{i}] = {tuple(pair)} is listed twice.")
+        mask[layer, head] = True
+    return mask
+
+
+# --- hooks as a context manager -----------------------------------------------------------------
+class HookContext(list):
+    """``(hook_name, fn)`` pairs that also work as a context manager on their model.
+
+    A list for ``model.run_with_hooks(tokens, fwd_hooks=...)``; ``with ...:`` adds the hooks and
+    removes them on any exit, exception included. Re-entrant: each ``with`` removes its own.
+    """
+
+    model: Any
+    _contexts: list[Any]
+    #: The call that makes one, for the error message.
+    _made_by = "..."
+
+    @property
+    def hooks(self) -> HookList:
+        """The ``(hook_name, fn)`` pairs as a plain list."""
+        return list(self)
+
+    def __enter__(self) -> Any:
+        context = self.model.hooks(fwd_hooks=list(self))
+        context.__enter__()
+        self._contexts.append(context)
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        if not self._contexts:
+            name = type(self).__name__
+            raise RuntimeError(
+                f"{name}.__exit__ was called without a matching __enter__: none of its hooks are "
+                f"active. Use it as `with {self._made_by}: ...`, or pass it to "
+                "model.run_with_hooks(tokens, fwd_hooks=...)."
+            )
+        return self._contexts.pop().__exit__(*exc)
