@@ -68,7 +68,7 @@ def main() -> None:
     fwd, fwd_runs = _median_time(forward, args.repeats)
 
     start = time.perf_counter()
-    sens = tl_geometry.head_sensitivity(model, scoring, args.mode, progress=False)
+    sens = tl_geometry.ablation.head_sensitivity(model, scoring, args.mode, progress=False)
     sweep = time.perf_counter() - start
 
     # Naive: one ablated forward per head, through the same public hooks.
@@ -78,17 +78,18 @@ def main() -> None:
     start = time.perf_counter()
     naive_losses = []
     for layer, head in some:
-        with tl_geometry.ablate_heads(model, [(layer, head)], args.mode, reference_tokens=ref), torch.no_grad():
+        ablation = tl_geometry.ablation.ablate_heads(model, [(layer, head)], args.mode, reference_tokens=ref)
+        with ablation, torch.no_grad():
             naive_losses.append(float(model(scoring, return_type="loss")))
     naive_per_head = (time.perf_counter() - start) / len(some)
     agree = max(abs(a - sens.loss[l, h].item()) for a, (l, h) in zip(naive_losses, some))
 
     start = time.perf_counter()
     analysis = tl_geometry.analyze_model(model, scoring, n_values=(2,))
-    orders = tl_geometry.head_orderings(model, scoring, analysis=analysis, sensitivity=sens, progress=False)
+    orders = tl_geometry.ablation.head_orderings(model, scoring, analysis=analysis, sensitivity=sens, progress=False)
     order_s = time.perf_counter() - start
     start = time.perf_counter()
-    curve = tl_geometry.sparsification_curve(model, held_out, orders, mode=args.mode, progress=False)
+    curve = tl_geometry.ablation.sparsification_curve(model, held_out, orders, mode=args.mode, progress=False)
     curve_s = time.perf_counter() - start
 
     table = curve.to_pandas()

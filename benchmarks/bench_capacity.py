@@ -52,7 +52,7 @@ def _model_report(name: str, text: str | None, args: argparse.Namespace) -> dict
                     "forward_s": fwd, "forward_runs_s": fwd_runs, "capacity": {}, "heads": {}}
     for mode in ("renormalize", "delete"):
         start = time.perf_counter()
-        cap = tl_geometry.retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance)
+        cap = tl_geometry.capacity.retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance)
         seconds = time.perf_counter() - start
         report["capacity"][mode] = {
             "dense_loss": cap.dense_loss, "n_star": cap.n_star,
@@ -72,10 +72,10 @@ def _model_report(name: str, text: str | None, args: argparse.Namespace) -> dict
     report["head_tokens"], report["head_forward_s"] = list(head_tokens.shape), head_fwd
     for mode in args.head_modes:
         start = time.perf_counter()
-        sweep = tl_geometry.capacity_sweep(model, head_tokens, (args.head_n,), by="head", mode=mode)
+        sweep = tl_geometry.capacity.capacity_sweep(model, head_tokens, (args.head_n,), by="head", mode=mode)
         sweep_s = time.perf_counter() - start
         start = time.perf_counter()
-        corr = tl_geometry.capacity_correlation(model, head_tokens, args.head_n, mode=mode, sweep=sweep)
+        corr = tl_geometry.capacity.capacity_correlation(model, head_tokens, args.head_n, mode=mode, sweep=sweep)
         geometry_s = time.perf_counter() - start
         increase = corr.loss_increase
         flat = increase.flatten()

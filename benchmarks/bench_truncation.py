@@ -52,7 +52,7 @@ def _compare(losses: torch.Tensor, other: torch.Tensor) -> dict:
 def _nearest_uniform(target: float, n_pos: int, n_layers: int, n_heads: int) -> tuple[int, float]:
     """The integer N whose uniform policy keeps the number of keys nearest ``target`` (ties → the
     smaller N), with that number."""
-    from tl_geometry import TopNPolicy
+    from tl_geometry.capacity import TopNPolicy
 
     best = None
     for n in range(1, n_pos + 1):
@@ -83,7 +83,7 @@ def main() -> None:
     eps_values = tuple(float(x) for x in args.eps.split(","))
 
     import tl_geometry
-    from tl_geometry import TopNPolicy, top_n_attention
+    from tl_geometry.capacity import TopNPolicy, top_n_attention
 
     start = time.perf_counter()
     if args.text:
@@ -139,7 +139,7 @@ def main() -> None:
         corr_tokens = tl_geometry.text_windows(model, text, n_seqs=args.cal_seqs + args.eval_seqs + args.corr_seqs,
                                                seq_len=args.corr_seq_len)[-args.corr_seqs:]
         t0 = time.perf_counter()
-        corr = tl_geometry.capacity_correlation(model, corr_tokens, args.corr_n)
+        corr = tl_geometry.capacity.capacity_correlation(model, corr_tokens, args.corr_n)
         correlation = {"n": args.corr_n, "tokens": list(corr_tokens.shape), "rho": corr.rho,
                        "seconds": time.perf_counter() - t0,
                        "mean_scores": {k: float(v.nanmean()) for k, v in corr.scores.items()},

@@ -136,7 +136,7 @@ def _loss(model, tokens, **kwargs):
 @pytest.mark.parametrize("mode", ["zero", "mean"])
 def test_ablation_changes_only_that_query_head(tiny, tokens, mode):
     ref = tokens if mode == "mean" else None
-    ablation = tl_geometry.ablate_heads(tiny, [(1, 2)], mode, reference_tokens=ref)
+    ablation = tl_geometry.ablation.ablate_heads(tiny, [(1, 2)], mode, reference_tokens=ref)
     before, after = _z(tiny, tokens, 1), _z(tiny, tokens, 1, ablation)
     others = [0, 1, 3]  # head 3 shares head 2's KV head
     assert torch.equal(after[:, :, others], before[:, :, others])
@@ -146,7 +146,7 @@ def test_ablation_changes_only_that_query_head(tiny, tokens, mode):
 
 
 def test_ablation_is_a_hook_list_and_a_context_manager(tiny, tokens):
-    ablation = tl_geometry.ablate_heads(tiny, [(0, 1), (2, 3), (0, 0)])
+    ablation = tl_geometry.ablation.ablate_heads(tiny, [(0, 1), (2, 3), (0, 0)])
     assert [name for name, _ in ablation] == ["blocks.0.attn.hook_z", "blocks.2.attn.hook_z"]  # one per layer
     assert ablation.heads == [(0, 0), (0, 1), (2, 3)]
     base = _loss(tiny, tokens)
@@ -167,7 +167,7 @@ def test_mean_ablation_with_padding_uses_valid_positions_only(tiny, tokens):
     mask[0, 8:] = 0  # right padding
     mask[1, :3] = 0  # left padding
     valid = mask.bool()
-    ablation = tl_geometry.ablate_heads(tiny, [(2, 0)], "mean", reference_tokens=tokens,
+    ablation = tl_geometry.ablation.ablate_heads(tiny, [(2, 0)], "mean", reference_tokens=tokens,
                                         reference_attention_mask=mask)
     before = _z(tiny, tokens, 2, attention_mask=mask)
     after = _z(tiny, tokens, 2, ablation, attention_mask=mask)
@@ -181,14 +181,14 @@ def test_callers_tensors_are_not_mutated(tiny, tokens):
     tokens_copy = tokens.clone()
     mask = torch.ones_like(tokens)
     # The caller's hook runs before the ablation and keeps the activation itself, no clone.
-    ablation = tl_geometry.ablate_heads(tiny, [(1, 0), (1, 3)], "mean", reference_tokens=tokens,
+    ablation = tl_geometry.ablation.ablate_heads(tiny, [(1, 0), (1, 3)], "mean", reference_tokens=tokens,
                                         reference_attention_mask=mask)
     with torch.no_grad(), tiny.hooks(fwd_hooks=[(name, lambda z, hook: kept.setdefault("z", z))]), ablation:
         tiny(tokens, attention_mask=mask)
     assert kept["z"][:, :, 0].abs().sum() > 0 and torch.equal(kept["z"], _z(tiny, tokens, 1))
     assert torch.equal(tokens, tokens_copy) and mask.all()
     head_list = [(1, 0)]
-    tl_geometry.head_sensitivity(tiny, tokens, heads=head_list, progress=False)
+    tl_geometry.ablation.head_sensitivity(tiny, tokens, heads=head_list, progress=False)
     assert head_list == [(1, 0)]
 
 
@@ -206,27 +206,27 @@ def test_callers_tensors_are_not_mutated(tiny, tokens):
 )
 def test_bad_heads(tiny, heads, match):
     with pytest.raises(ValueError, match=match):
-        tl_geometry.ablate_heads(tiny, heads)
+        tl_geometry.ablation.ablate_heads(tiny, heads)
 
 
 def test_bad_mode_reference_and_model(tiny, tokens):
     with pytest.raises(ValueError, match=r"mode must be one of"):
-        tl_geometry.ablate_heads(tiny, [(0, 0)], "resample")
+        tl_geometry.ablation.ablate_heads(tiny, [(0, 0)], "resample")
     with pytest.raises(ValueError, match="needs reference_tokens"):
-        tl_geometry.ablate_heads(tiny, [(0, 0)], "mean")
+        tl_geometry.ablation.ablate_heads(tiny, [(0, 0)], "mean")
     with pytest.raises(ValueError, match="only used with mode=\"mean\""):
-        tl_geometry.ablate_heads(tiny, [(0, 0)], reference_tokens=tokens)
+        tl_geometry.ablation.ablate_heads(tiny, [(0, 0)], reference_tokens=tokens)
     with pytest.raises(ValueError, match="reference_tokens must be \\[batch, pos\\] integer"):
-        tl_geometry.ablate_heads(tiny, [(0, 0)], "mean", reference_tokens=tokens.float())
+        tl_geometry.ablation.ablate_heads(tiny, [(0, 0)], "mean", reference_tokens=tokens.float())
     with pytest.raises(ValueError, match=r"model\.cfg must give n_layers"):
-        tl_geometry.ablate_heads(object(), [(0, 0)])
+        tl_geometry.ablation.ablate_heads(object(), [(0, 0)])
     no_hooks = SimpleNamespace(cfg=tiny.cfg)
     with pytest.raises(ValueError, match=r"no hooks\(fwd_hooks=\.\.\.\)"):
-        tl_geometry.ablate_heads(no_hooks, [(0, 0)])
+        tl_geometry.ablation.ablate_heads(no_hooks, [(0, 0)])
     renamed = SimpleNamespace(cfg=tiny.cfg, hooks=tiny.hooks,
                               hook_dict={k: v for k, v in tiny.hook_dict.items() if "hook_z" not in k})
     with pytest.raises(ValueError, match=r"exposes no blocks\.1\.attn\.hook_z"):
-        tl_geometry.ablate_heads(renamed, [(1, 0)])
+        tl_geometry.ablation.ablate_heads(renamed, [(1, 0)])
 
 
 # --- head_sensitivity and critical_heads ------------------------------------------------------
@@ -237,11 +237,11 @@ def test_batched_sensitivity_equals_one_head_at_a_time(tiny, tokens, mode):
     mask = torch.ones_like(tokens)
     mask[2, :4] = 0
     heads = [(0, 1), (1, 2), (1, 3), (2, 0), (2, 3)]
-    sens = tl_geometry.head_sensitivity(tiny, tokens, mode, attention_mask=mask, heads=heads,
+    sens = tl_geometry.ablation.head_sensitivity(tiny, tokens, mode, attention_mask=mask, heads=heads,
                                         batch_heads=2, progress=False)
     ref = tokens if mode == "mean" else None
     for layer, head in heads:  # the obviously correct reference: one forward per head
-        with tl_geometry.ablate_heads(tiny, [(layer, head)], mode, reference_tokens=ref,
+        with tl_geometry.ablation.ablate_heads(tiny, [(layer, head)], mode, reference_tokens=ref,
                                       reference_attention_mask=mask if ref is not None else None):
             expected = _loss(tiny, tokens, attention_mask=mask)
         assert sens.loss[layer, head].item() == pytest.approx(expected, rel=1e-6, abs=1e-7)
@@ -251,7 +251,7 @@ def test_batched_sensitivity_equals_one_head_at_a_time(tiny, tokens, mode):
 
 
 def test_sensitivity_table(tiny, tokens):
-    sens = tl_geometry.head_sensitivity(tiny, tokens, progress=False)
+    sens = tl_geometry.ablation.head_sensitivity(tiny, tokens, progress=False)
     table = sens.to_pandas()
     assert list(table.columns) == ["layer", "head", "loss", "loss_increase", "loss_increase_se", "ci_low",
                                    "ci_high", "critical", "outlier"]
@@ -259,7 +259,7 @@ def test_sensitivity_table(tiny, tokens):
     torch.testing.assert_close(torch.tensor(table["loss_increase"].values).reshape(3, 4),
                                sens.loss - sens.base_loss)
     assert sens.top(3)["loss_increase"].is_monotonic_decreasing
-    assert tl_geometry.head_sensitivity(tiny, tokens, batch_heads=12, progress=False).loss.allclose(sens.loss)
+    assert tl_geometry.ablation.head_sensitivity(tiny, tokens, batch_heads=12, progress=False).loss.allclose(sens.loss)
 
 
 def _fake_sensitivity(increase, window_spread, base_loss=3.0, n_windows=4):
@@ -270,7 +270,7 @@ def _fake_sensitivity(increase, window_spread, base_loss=3.0, n_windows=4):
     signs = torch.tensor([(-1.0) ** b for b in range(n_windows)], dtype=torch.float64)
     base_windows = torch.full((n_windows,), base_loss, dtype=torch.float64)
     window_loss = base_windows + increase[..., None] + spread[..., None] * signs
-    return tl_geometry.HeadSensitivity(base_loss, base_loss + increase, "zero", {}, window_loss,
+    return tl_geometry.ablation.HeadSensitivity(base_loss, base_loss + increase, "zero", {}, window_loss,
                                        base_windows, torch.full((n_windows,), 10.0))
 
 
@@ -313,7 +313,7 @@ def test_critical_rule_needs_size_and_an_interval_above_zero():
 def test_no_window_spread_without_windows():
     one = _fake_sensitivity([[1.0, 2.0]], [[0.0, 0.0]], n_windows=1)
     assert one.loss_increase_se.isnan().all() and one.critical() == []  # no SE: nothing is critical
-    bare = tl_geometry.HeadSensitivity(3.0, torch.tensor([[4.0, 5.0]], dtype=torch.float64))
+    bare = tl_geometry.ablation.HeadSensitivity(3.0, torch.tensor([[4.0, 5.0]], dtype=torch.float64))
     assert bare.loss_increase_se.isnan().all() and bare.critical() == [] and bare.n_windows == 0
 
 
@@ -321,12 +321,12 @@ def test_sensitivity_standard_errors_match_per_window_references(tiny, tokens):
     """Each window's loss from the batched sweep equals an ablated forward on that window alone,
     and the SE is the sample sd of the paired per-window changes over sqrt(n) (equal windows)."""
     heads = [(0, 1), (2, 3)]
-    sens = tl_geometry.head_sensitivity(tiny, tokens, heads=heads, batch_heads=2, progress=False)
+    sens = tl_geometry.ablation.head_sensitivity(tiny, tokens, heads=heads, batch_heads=2, progress=False)
     n = tokens.shape[0]
     dense = torch.tensor([_loss(tiny, tokens[b: b + 1]) for b in range(n)], dtype=torch.float64)
     torch.testing.assert_close(sens.base_window_loss, dense, rtol=1e-6, atol=1e-7)
     for layer, head in heads:
-        with tl_geometry.ablate_heads(tiny, [(layer, head)]):
+        with tl_geometry.ablation.ablate_heads(tiny, [(layer, head)]):
             ablated = torch.tensor([_loss(tiny, tokens[b: b + 1]) for b in range(n)], dtype=torch.float64)
         torch.testing.assert_close(sens.window_loss[layer, head], ablated, rtol=1e-6, atol=1e-7)
         d = ablated - dense
@@ -340,7 +340,7 @@ def test_padded_windows_weight_the_standard_error(tiny, tokens):
 
     mask = torch.ones_like(tokens)
     mask[0, 6:] = 0  # window 0 has 5 predictions, the others 11
-    sens = tl_geometry.head_sensitivity(tiny, tokens, attention_mask=mask, heads=[(1, 2)], progress=False)
+    sens = tl_geometry.ablation.head_sensitivity(tiny, tokens, attention_mask=mask, heads=[(1, 2)], progress=False)
     assert sens.window_weight.tolist() == [5.0, 11.0, 11.0]
     d = sens.window_loss[1, 2] - sens.base_window_loss
     w = sens.window_weight
@@ -353,30 +353,30 @@ def test_padded_windows_weight_the_standard_error(tiny, tokens):
 
 def test_one_window_warns(tiny, tokens):
     with pytest.warns(UserWarning, match="no standard error"):
-        sens = tl_geometry.head_sensitivity(tiny, tokens[:1], heads=[(0, 0)], progress=False)
+        sens = tl_geometry.ablation.head_sensitivity(tiny, tokens[:1], heads=[(0, 0)], progress=False)
     assert sens.critical() == []
 
 
 def test_sensitivity_bad_input(tiny, tokens):
     with pytest.raises(ValueError, match="batch_heads must be a positive int"):
-        tl_geometry.head_sensitivity(tiny, tokens, batch_heads=0, progress=False)
+        tl_geometry.ablation.head_sensitivity(tiny, tokens, batch_heads=0, progress=False)
     with pytest.raises(ValueError, match="tokens must be \\[batch, pos\\] integer"):
-        tl_geometry.head_sensitivity(tiny, tokens[0], progress=False)
+        tl_geometry.ablation.head_sensitivity(tiny, tokens[0], progress=False)
     with pytest.raises(ValueError, match=r"mode must be one of"):
-        tl_geometry.head_sensitivity(tiny, tokens, "max", progress=False)
+        tl_geometry.ablation.head_sensitivity(tiny, tokens, "max", progress=False)
     with pytest.raises(ValueError, match="heads is empty"):
-        tl_geometry.head_sensitivity(tiny, tokens, heads=[], progress=False)
+        tl_geometry.ablation.head_sensitivity(tiny, tokens, heads=[], progress=False)
     with pytest.raises(ValueError, match='only used with mode="mean"'):  # not silently ignored
-        tl_geometry.head_sensitivity(tiny, tokens, reference_tokens=tokens, progress=False)
+        tl_geometry.ablation.head_sensitivity(tiny, tokens, reference_tokens=tokens, progress=False)
     with pytest.raises(ValueError, match="without reference_tokens"):
-        tl_geometry.sparsification_curve(tiny, tokens, random_order(3, 4, 0), mode="mean",
+        tl_geometry.ablation.sparsification_curve(tiny, tokens, random_order(3, 4, 0), mode="mean",
                                          reference_attention_mask=torch.ones_like(tokens), progress=False)
     lonely = torch.zeros_like(tokens)
     lonely[:, 0] = 1  # one real token per sequence: no next-token prediction to score
     with pytest.raises(ValueError, match="no next-token prediction"):
-        tl_geometry.head_sensitivity(tiny, tokens, attention_mask=lonely, progress=False)
+        tl_geometry.ablation.head_sensitivity(tiny, tokens, attention_mask=lonely, progress=False)
     with pytest.raises(ValueError, match="attention_mask has shape"):  # before any forward
-        tl_geometry.head_sensitivity(tiny, tokens, attention_mask=lonely[:, 1:], progress=False)
+        tl_geometry.ablation.head_sensitivity(tiny, tokens, attention_mask=lonely[:, 1:], progress=False)
 
 
 # --- a set of heads against random sets ----------------------------------------------------------
@@ -417,26 +417,26 @@ def test_p_value_and_z_arithmetic():
 
 
 def test_ablation_vs_random_matches_one_ablation_per_set(tiny, tokens):
-    cmp = tl_geometry.ablation_vs_random(tiny, tokens, [(0, 1), (2, 2)], n_random=5, seed=7, batch_size=2,
+    cmp = tl_geometry.ablation.ablation_vs_random(tiny, tokens, [(0, 1), (2, 2)], n_random=5, seed=7, batch_size=2,
                                          progress=False)
     base = _loss(tiny, tokens)
     assert cmp.base_loss == base and cmp.n_random == 5 and cmp.metadata["n_windows"] == 3
-    with tl_geometry.ablate_heads(tiny, [(0, 1), (2, 2)]):
+    with tl_geometry.ablation.ablate_heads(tiny, [(0, 1), (2, 2)]):
         assert cmp.loss == pytest.approx(_loss(tiny, tokens), rel=1e-6)
     for r in (0, 4):  # the reference: one ablated forward per random set
-        with tl_geometry.ablate_heads(tiny, cmp.random_sets[r]):
+        with tl_geometry.ablation.ablate_heads(tiny, cmp.random_sets[r]):
             assert cmp.random_loss[r].item() == pytest.approx(_loss(tiny, tokens), rel=1e-6)
     assert cmp.p_value == (1 + int((cmp.random_increase >= cmp.loss_increase).sum())) / 6
     assert math.isfinite(cmp.loss_increase_se) and cmp.loss_increase_se > 0
-    again = tl_geometry.ablation_vs_random(tiny, tokens, [(0, 1), (2, 2)], n_random=5, seed=7, progress=False)
+    again = tl_geometry.ablation.ablation_vs_random(tiny, tokens, [(0, 1), (2, 2)], n_random=5, seed=7, progress=False)
     assert torch.equal(again.random_sets, cmp.random_sets)
     assert torch.allclose(again.random_loss, cmp.random_loss, rtol=1e-6)
     with pytest.raises(ValueError, match="heads is empty"):
-        tl_geometry.ablation_vs_random(tiny, tokens, [], progress=False)
+        tl_geometry.ablation.ablation_vs_random(tiny, tokens, [], progress=False)
     with pytest.raises(ValueError, match="n_random must be a positive int"):
-        tl_geometry.ablation_vs_random(tiny, tokens, [(0, 0)], n_random=0, progress=False)
+        tl_geometry.ablation.ablation_vs_random(tiny, tokens, [(0, 0)], n_random=0, progress=False)
     with pytest.raises(ValueError, match="out of range"):
-        tl_geometry.ablation_vs_random(tiny, tokens, [(5, 0)], progress=False)
+        tl_geometry.ablation.ablation_vs_random(tiny, tokens, [(5, 0)], progress=False)
 
 
 # --- orderings and sparsification ---------------------------------------------------------------
@@ -461,7 +461,7 @@ def test_entropy_matches_cached_patterns(tiny, tokens):
         p = cache[f"blocks.{layer}.attn.hook_pattern"].double()[:, :, 1:]  # queries t ≥ 1
         expected = -(p * p.clamp_min(1e-300).log()).sum(-1).mean(dim=(0, 2))
         torch.testing.assert_close(entropy[layer], expected)
-    order = tl_geometry.head_orderings(tiny, tokens, which=["entropy"], progress=False)[0]
+    order = tl_geometry.ablation.head_orderings(tiny, tokens, which=["entropy"], progress=False)[0]
     assert entropy[order.heads[0]] == entropy.max() and entropy[order.heads[-1]] == entropy.min()
 
 
@@ -477,21 +477,21 @@ def test_taxonomy_order_groups_classes_then_f_gain(tiny, tokens):
 
 
 def test_head_orderings_all(tiny, tokens):
-    orders = tl_geometry.head_orderings(tiny, tokens, seeds=(0, 1, 2), progress=False)
+    orders = tl_geometry.ablation.head_orderings(tiny, tokens, seeds=(0, 1, 2), progress=False)
     assert [o.name for o in orders] == ["taxonomy", "weight_norm", "entropy", "random", "random", "random", "oracle"]
     assert [o.seed for o in orders if o.name == "random"] == [0, 1, 2]
     assert random_order(3, 4, 1) == orders[4] and random_order(3, 4, 1) != random_order(3, 4, 2)
     oracle = orders[-1]
-    sens = tl_geometry.head_sensitivity(tiny, tokens, progress=False)
+    sens = tl_geometry.ablation.head_sensitivity(tiny, tokens, progress=False)
     increases = [sens.loss_increase[l, h].item() for l, h in oracle.heads]
     assert increases == sorted(increases)
     with pytest.raises(ValueError, match="Unknown ordering"):
-        tl_geometry.head_orderings(tiny, tokens, which=["magnitude"])
+        tl_geometry.ablation.head_orderings(tiny, tokens, which=["magnitude"])
 
 
 def test_sparsification_curve(tiny, tokens):
     orders = [random_order(3, 4, s) for s in (0, 1)] + [weight_norm_order(tiny)]
-    curve = tl_geometry.sparsification_curve(tiny, tokens, orders, (1.0, 0.75, 0.5, 0.0),
+    curve = tl_geometry.ablation.sparsification_curve(tiny, tokens, orders, (1.0, 0.75, 0.5, 0.0),
                                              batch_size=3, progress=False)
     table = curve.to_pandas()
     assert list(table.columns) == ["ordering", "seed", "retention", "n_removed", "loss", "perplexity",
@@ -503,7 +503,7 @@ def test_sparsification_curve(tiny, tokens):
     assert table["perplexity"].tolist() == [math.exp(x) for x in table["loss"]]
     for _, row in table[table["n_removed"] > 0].iterrows():  # batched == one ablation at a time
         order = next(o for o in orders if o.name == row["ordering"] and (o.seed == row["seed"] or o.seed is None))
-        with tl_geometry.ablate_heads(tiny, list(order.heads[: row["n_removed"]])):
+        with tl_geometry.ablation.ablate_heads(tiny, list(order.heads[: row["n_removed"]])):
             assert row["loss"] == pytest.approx(_loss(tiny, tokens), rel=1e-6)
     summary = curve.summary()
     assert list(summary.index) == ["random", "weight_norm"] and "±" in summary.loc["random", 0.5]
@@ -513,7 +513,7 @@ def test_sparsification_curve(tiny, tokens):
     assert (table.loc[table["n_removed"] == 0, "loss_increase_se"] == 0).all()
     for i, row in table[table["n_removed"] > 0].head(2).iterrows():
         order = next(o for o in orders if o.name == row["ordering"] and (o.seed == row["seed"] or o.seed is None))
-        with tl_geometry.ablate_heads(tiny, list(order.heads[: row["n_removed"]])):
+        with tl_geometry.ablation.ablate_heads(tiny, list(order.heads[: row["n_removed"]])):
             ablated = torch.tensor([_loss(tiny, tokens[b: b + 1]) for b in range(n)], dtype=torch.float64)
         torch.testing.assert_close(curve.window_loss[i], ablated, rtol=1e-6, atol=1e-7)
         d = ablated - dense
@@ -524,18 +524,18 @@ def test_sparsification_curve(tiny, tokens):
 
 def test_sparsification_accepts_dicts_and_checks_orders(tiny, tokens):
     full = [(l, h) for l in range(3) for h in range(4)]
-    curve = tl_geometry.sparsification_curve(tiny, tokens, {"layer-major": full}, (0.5,), mode="mean",
+    curve = tl_geometry.ablation.sparsification_curve(tiny, tokens, {"layer-major": full}, (0.5,), mode="mean",
                                              progress=False)
-    with tl_geometry.ablate_heads(tiny, full[:6], "mean", reference_tokens=tokens):
+    with tl_geometry.ablation.ablate_heads(tiny, full[:6], "mean", reference_tokens=tokens):
         assert curve.rows[0]["loss"] == pytest.approx(_loss(tiny, tokens), rel=1e-6)
     with pytest.raises(ValueError, match="lists 11 heads; a removal order must list all 3 × 4 = 12"):
-        tl_geometry.sparsification_curve(tiny, tokens, full[:-1], progress=False)
+        tl_geometry.ablation.sparsification_curve(tiny, tokens, full[:-1], progress=False)
     with pytest.raises(ValueError, match="listed twice"):
-        tl_geometry.sparsification_curve(tiny, tokens, [*full[:-1], (0, 0)], progress=False)
+        tl_geometry.ablation.sparsification_curve(tiny, tokens, [*full[:-1], (0, 0)], progress=False)
     with pytest.raises(ValueError, match="retention must be fractions"):
-        tl_geometry.sparsification_curve(tiny, tokens, full, (1.5,), progress=False)
+        tl_geometry.ablation.sparsification_curve(tiny, tokens, full, (1.5,), progress=False)
     with pytest.raises(ValueError, match="order must be an Ordering"):
-        tl_geometry.sparsification_curve(tiny, tokens, 7, progress=False)
+        tl_geometry.ablation.sparsification_curve(tiny, tokens, 7, progress=False)
     assert isinstance(Ordering("x", tuple(full)), tuple)
 
 
@@ -545,8 +545,8 @@ def test_plots(tiny, tokens):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sens = tl_geometry.head_sensitivity(tiny, tokens, progress=False)
-    curve = tl_geometry.sparsification_curve(tiny, tokens, [random_order(3, 4, s) for s in (0, 1)],
+    sens = tl_geometry.ablation.head_sensitivity(tiny, tokens, progress=False)
+    curve = tl_geometry.ablation.sparsification_curve(tiny, tokens, [random_order(3, 4, s) for s in (0, 1)],
                                              (1.0, 0.5), progress=False)
     for figure in (sens.plot(), curve.plot()):
         assert figure.axes and figure.axes[0].get_xlabel()
@@ -563,7 +563,7 @@ def test_real_ablation_changes_only_that_query_head(real):
     layer, head = 2, 4 if real.name.startswith("smollm2") else 1
     n_heads = model.cfg.n_heads
     names = [f"blocks.{layer}.attn.hook_z", f"blocks.{layer + 1}.attn.hook_z"]
-    with torch.no_grad(), tl_geometry.ablate_heads(model, [(layer, head)]):
+    with torch.no_grad(), tl_geometry.ablation.ablate_heads(model, [(layer, head)]):
         _, ablated = model.run_with_cache(tokens, names_filter=lambda n: n in names)
     z, z_ablated = cache[names[0]], ablated[names[0]]
     others = [h for h in range(n_heads) if h != head]
@@ -578,11 +578,11 @@ def test_real_retention_one_exact_hooks_gone_mean_kept(smollm2):
     with torch.no_grad():
         base = float(model(tokens, return_type="loss"))
     order = random_order(model.cfg.n_layers, model.cfg.n_heads, 0)
-    curve = tl_geometry.sparsification_curve(model, tokens, order, (1.0,), progress=False)
+    curve = tl_geometry.ablation.sparsification_curve(model, tokens, order, (1.0,), progress=False)
     assert curve.rows[0]["loss"] == base and curve.rows[0]["n_removed"] == 0
 
     layer, head = 5, 3
-    ablation = tl_geometry.ablate_heads(model, [(layer, head)], "mean", reference_tokens=tokens)
+    ablation = tl_geometry.ablation.ablate_heads(model, [(layer, head)], "mean", reference_tokens=tokens)
     with ablation:
         z = _z(model, tokens, layer)
     original = smollm2.cache[f"blocks.{layer}.attn.hook_z"][:, :, head]
@@ -600,10 +600,10 @@ def test_real_oracle_beats_random_at_three_quarters(smollm2):
     random orders. (Scored on *other* windows this short, it does not: see docs/ablation.md.)"""
     model = smollm2.model
     tokens = tl_geometry.text_windows(model, n_seqs=2, seq_len=32)
-    sens = tl_geometry.head_sensitivity(model, tokens, progress=False)
-    orders = tl_geometry.head_orderings(model, tokens, which=["random", "oracle"], seeds=(0, 1, 2),
+    sens = tl_geometry.ablation.head_sensitivity(model, tokens, progress=False)
+    orders = tl_geometry.ablation.head_orderings(model, tokens, which=["random", "oracle"], seeds=(0, 1, 2),
                                         sensitivity=sens, progress=False)
-    curve = tl_geometry.sparsification_curve(model, tokens, orders, (0.75,), progress=False)
+    curve = tl_geometry.ablation.sparsification_curve(model, tokens, orders, (0.75,), progress=False)
     table = curve.to_pandas().set_index("ordering")
     oracle, random_mean = table.loc["oracle", "loss"], table.loc["random", "loss"].mean()
     assert oracle <= random_mean, (oracle, random_mean)
@@ -620,13 +620,13 @@ def test_real_ablation_vs_random_same_layers(smollm2):
     """SmolLM2, 3 × 40 tokens: two layer-1 heads against 4 random pairs of layer-1 heads."""
     model, tokens = smollm2.model, smollm2.tokens
     heads = [(1, 5), (1, 4)]
-    cmp = tl_geometry.ablation_vs_random(model, tokens, heads, n_random=4, same_layers=True, seed=3,
+    cmp = tl_geometry.ablation.ablation_vs_random(model, tokens, heads, n_random=4, same_layers=True, seed=3,
                                          progress=False)
     assert cmp.heads == [(1, 4), (1, 5)] and cmp.random_sets.shape == (4, 30, 9)
     assert (cmp.random_sets.sum(-1)[:, 1] == 2).all() and cmp.random_sets.sum() == 8  # layer 1 only
     with torch.no_grad():
         base = float(model(tokens, return_type="loss"))
-        with tl_geometry.ablate_heads(model, heads):
+        with tl_geometry.ablation.ablate_heads(model, heads):
             ablated = float(model(tokens, return_type="loss"))
     assert cmp.base_loss == base and cmp.loss_increase == pytest.approx(ablated - base, abs=1e-4)
     assert math.isfinite(cmp.loss_increase_se) and cmp.random_increase_se.isfinite().all()

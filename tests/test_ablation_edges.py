@@ -30,7 +30,7 @@ def _loss(model, tokens) -> float:
                          ids=["empty-list", "empty-tuple", "all-false-mask"])
 def test_no_heads_warns_and_changes_nothing(tiny, tokens, heads):
     with pytest.warns(UserWarning, match="got no heads .* does nothing"):
-        ablation = tl_geometry.ablate_heads(tiny, heads)
+        ablation = tl_geometry.ablation.ablate_heads(tiny, heads)
     assert list(ablation) == [] and ablation.heads == []
     base = _loss(tiny, tokens)
     with ablation:
@@ -41,12 +41,12 @@ def test_no_heads_warns_and_changes_nothing(tiny, tokens, heads):
 def test_some_heads_do_not_warn(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ablation = tl_geometry.ablate_heads(tiny, [(0, 1)])
+        ablation = tl_geometry.ablation.ablate_heads(tiny, [(0, 1)])
     assert ablation.heads == [(0, 1)]
 
 
 def test_exit_without_enter_is_a_clear_error(tiny):
-    ablation = tl_geometry.ablate_heads(tiny, [(1, 2)])
+    ablation = tl_geometry.ablation.ablate_heads(tiny, [(1, 2)])
     with pytest.raises(RuntimeError, match=r"__exit__ was called without a matching __enter__.*with ablate_heads"):
         ablation.__exit__(None, None, None)
     # Still usable afterwards, and a second exit after a full with-block is refused the same way.
@@ -58,7 +58,7 @@ def test_exit_without_enter_is_a_clear_error(tiny):
 
 
 def test_nested_entries_unwind_in_order(tiny, tokens):
-    ablation = tl_geometry.ablate_heads(tiny, [(2, 0)])
+    ablation = tl_geometry.ablation.ablate_heads(tiny, [(2, 0)])
     base = _loss(tiny, tokens)
     with ablation:
         ablated = _loss(tiny, tokens)

@@ -424,6 +424,6 @@ def test_claim7_rule_on_tiny_model_tables(tmp_path):
 
 def test_top_n_exit_without_enter_is_a_clear_error():
     model = tiny_lm(2)
-    sparsified = tl_geometry.top_n_attention(model, 2)
+    sparsified = tl_geometry.capacity.top_n_attention(model, 2)
     with pytest.raises(RuntimeError, match=r"without a matching __enter__.*with top_n_attention"):
         sparsified.__exit__(None, None, None)

@@ -53,7 +53,7 @@ def test_capacity_names_moved_from_ablation_still_resolve_there_with_a_warning()
 
     with pytest.warns(DeprecationWarning, match=r"tl_geometry\.capacity\.top_n_attention"):
         old = ablation.top_n_attention
-    assert old is capacity.top_n_attention is tl_geometry.top_n_attention
+    assert old is capacity.top_n_attention is tl_geometry.capacity.top_n_attention
     with pytest.warns(DeprecationWarning, match=r"tl_geometry\.capacity"):
         from tl_geometry.ablation import TopNPolicy
     assert TopNPolicy is capacity.TopNPolicy
@@ -63,3 +63,19 @@ def test_capacity_names_moved_from_ablation_still_resolve_there_with_a_warning()
     assert not set(ablation.__all__) & set(capacity.__all__)
     with pytest.raises(AttributeError, match="no_such_thing"):
         ablation.no_such_thing  # noqa: B018
+
+
+def test_the_front_door_is_small_and_moved_names_still_resolve_with_a_warning():
+    """At most 20 names in ``tl_geometry.__all__``; the ablation and capacity names live in
+    their subpackages, and the old top-level spelling works for one release, with a warning
+    that names the new home."""
+    from tl_geometry import ablation, capacity
+
+    assert len(tl_geometry.__all__) <= 20 and {"ablation", "capacity"} <= set(tl_geometry.__all__)
+    moved = tl_geometry._MOVED
+    assert len(moved) == 20 and not set(moved) & set(tl_geometry.__all__)
+    for name, home in moved.items():
+        assert name not in dir(tl_geometry)
+        with pytest.warns(DeprecationWarning, match=rf"tl_geometry.{name} has moved to tl_geometry.{home}.{name}"):
+            old = getattr(tl_geometry, name)
+        assert old is getattr({"ablation": ablation, "capacity": capacity}[home], name)

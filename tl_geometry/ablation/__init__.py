@@ -9,7 +9,7 @@ orders on held-out text. The method is in ``docs/ablation.md``. Top-N attention 
 capacity live beside this package, in :mod:`tl_geometry.capacity`; the hook context and the
 batched loss engine that both build on, in :mod:`tl_geometry.forward`.
 
-    with tl_geometry.ablate_heads(model, [(3, 4)]):
+    with tl_geometry.ablation.ablate_heads(model, [(3, 4)]):
         loss = model(tokens, return_type="loss")
 """
 

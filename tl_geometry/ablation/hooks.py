@@ -183,9 +183,9 @@ def ablate_heads(
             change nothing.
 
     Examples:
-        >>> with tl_geometry.ablate_heads(model, [(3, 4), (5, 0)]):      # doctest: +SKIP
+        >>> with tl_geometry.ablation.ablate_heads(model, [(3, 4), (5, 0)]):      # doctest: +SKIP
         ...     loss = model(tokens, return_type="loss")
-        >>> model.run_with_hooks(tokens, fwd_hooks=tl_geometry.ablate_heads(
+        >>> model.run_with_hooks(tokens, fwd_hooks=tl_geometry.ablation.ablate_heads(
         ...     model, [(0, 3)], "mean", reference_tokens=tokens), return_type="loss")  # doctest: +SKIP
     """
     check_mode(mode)

@@ -181,7 +181,7 @@ def head_orderings(
     seed.
 
     Examples:
-        >>> orders = tl_geometry.head_orderings(model, tokens)          # doctest: +SKIP
+        >>> orders = tl_geometry.ablation.head_orderings(model, tokens)          # doctest: +SKIP
         >>> [o.name for o in orders]
         ['taxonomy', 'weight_norm', 'entropy', 'random', 'random', 'random', 'oracle']
     """

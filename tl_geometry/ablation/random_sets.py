@@ -170,7 +170,8 @@ def ablation_vs_random(
         mode: ``"zero"`` or ``"mean"`` (means over ``reference_tokens``, default ``tokens``).
 
     Examples:
-        >>> cmp = tl_geometry.ablation_vs_random(model, tokens, [(1, 5), (1, 4)], n_random=50)  # doctest: +SKIP
+        >>> cmp = tl_geometry.ablation.ablation_vs_random(model, tokens, [(1, 5), (1, 4)],  # doctest: +SKIP
+        ...                                           n_random=50)
         >>> cmp.z, cmp.p_value; print(cmp.summary())                                         # doctest: +SKIP
     """
     # The model's hook_z is checked below, once the heads are known to be valid.

@@ -168,7 +168,7 @@ def head_sensitivity(
     otherwise: no SE, no critical head); more windows, narrower intervals.
 
     Examples:
-        >>> sens = tl_geometry.head_sensitivity(model, tokens)        # doctest: +SKIP
+        >>> sens = tl_geometry.ablation.head_sensitivity(model, tokens)        # doctest: +SKIP
         >>> sens.top(5); sens.critical()                              # doctest: +SKIP
     """
     tokens, n_layers, n_heads, progress = prepare_ablation(
@@ -242,7 +242,7 @@ def critical_heads(
     head that was not scored, or a sweep on fewer than 2 windows (no SE), gives no critical head.
 
     Examples:
-        >>> tl_geometry.critical_heads(sens)          # doctest: +SKIP
+        >>> tl_geometry.ablation.critical_heads(sens)          # doctest: +SKIP
         [(1, 5), (11, 2)]
     """
     if not isinstance(sensitivity, HeadSensitivity):

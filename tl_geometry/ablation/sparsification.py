@@ -162,7 +162,7 @@ def sparsification_curve(
         mode: ``"zero"`` or ``"mean"`` (means over ``reference_tokens``, default ``tokens``).
 
     Examples:
-        >>> curve = tl_geometry.sparsification_curve(model, held_out, orders)  # doctest: +SKIP
+        >>> curve = tl_geometry.ablation.sparsification_curve(model, held_out, orders)  # doctest: +SKIP
         >>> curve.summary()                                                     # doctest: +SKIP
     """
     tokens, n_layers, n_heads, progress = prepare_ablation(

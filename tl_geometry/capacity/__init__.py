@@ -8,7 +8,7 @@ costs in next-token loss, for the whole model or one layer / head at a time (``s
 ``head_geometry`` and ``capacity_correlation`` ask which per-head quantity predicts that cost
 (``geometry.py``).
 
-    with tl_geometry.top_n_attention(model, 8):
+    with tl_geometry.capacity.top_n_attention(model, 8):
         loss = model(tokens, return_type="loss")
 """
 

@@ -4,7 +4,7 @@ Per head: the measured ``F_N`` (SPEC §3), the shell certificate ``F̲_N`` (SPEC
 ``K = 0`` and ``K = N``), the tail mass ``τ_N`` and the relative output error
 ``‖o − o_N‖/‖o‖`` of the renormalised top-``N`` set (SPEC §10) at the last query of each
 sequence, averaged over sequences; next to them the loss increase when that head alone keeps
-only its top-``N`` keys (:func:`~tl_geometry.capacity_sweep`). Spearman's ρ between each
+only its top-``N`` keys (:func:`~tl_geometry.capacity.capacity_sweep`). Spearman's ρ between each
 predictor and the loss increase, over all heads, is the number reported per model (SPEC §10:
 which per-head quantity predicts the loss best). A head whose top-``N`` keys are geometrically
 separable should lose little when the rest is cut: the expected sign is ρ < 0 for ``F_N`` and
@@ -167,11 +167,11 @@ def capacity_correlation(
     mass ``τ_N`` and the relative truncation error (SPEC §10) — and the loss increase when that
     head alone keeps its top-``N`` keys. :meth:`CapacityCorrelation.summary` ranks them.
 
-    ``sweep`` reuses a head :func:`~tl_geometry.capacity_sweep` that contains ``N`` (and was run
+    ``sweep`` reuses a head :func:`~tl_geometry.capacity.capacity_sweep` that contains ``N`` (and was run
     on the same ``tokens`` and ``mode``); otherwise one is run.
 
     Examples:
-        >>> corr = tl_geometry.capacity_correlation(model, tokens, 4)     # doctest: +SKIP
+        >>> corr = tl_geometry.capacity.capacity_correlation(model, tokens, 4)     # doctest: +SKIP
         >>> corr.rho           # {'f_score': ..., 'shell_k0': ..., 'tail_mass': ..., ...}  # doctest: +SKIP
         >>> print(corr.summary())                                           # doctest: +SKIP
     """

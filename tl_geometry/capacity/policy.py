@@ -1,7 +1,7 @@
 """Per-head top-N policies: how many keys each query head keeps (SPEC §10, ours).
 
 A :class:`TopNPolicy` maps every (layer, query head) of a model to an ``N``: under
-:func:`~tl_geometry.top_n_attention` that head keeps each query's top-``N`` attention weights
+:func:`~tl_geometry.capacity.top_n_attention` that head keeps each query's top-``N`` attention weights
 (ties → lower index, SPEC §2), by the same hook as a uniform ``N``; ``N = 0``
 (:data:`KEEP_ALL`) leaves the head dense. A policy is made from a ``[layer, head]`` integer
 tensor, from a ``{(layer, head): N}`` dict (heads not in the dict keep every key) or from an

@@ -4,7 +4,7 @@
 each query's top-``N`` attention weights (:func:`~tl_geometry.capacity.topn.top_n_attention`),
 for several ``N``, and reads off ``N*``, the smallest ``N`` whose relative loss increase is
 within a tolerance. :func:`capacity_sweep` does the same one layer or one head at a time, in
-batched forwards like :func:`~tl_geometry.head_sensitivity`.
+batched forwards like :func:`~tl_geometry.ablation.head_sensitivity`.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def retrieval_capacity(
     ``N ≥`` the sequence length changes no row and gives exactly the dense loss.
 
     Examples:
-        >>> cap = tl_geometry.retrieval_capacity(model, tokens, (1, 2, 4, 8, 16, 32))  # doctest: +SKIP
+        >>> cap = tl_geometry.capacity.retrieval_capacity(model, tokens, (1, 2, 4, 8, 16, 32))  # doctest: +SKIP
         >>> cap.n_star, cap.to_pandas(); cap.plot()                                     # doctest: +SKIP
     """
     values = check_n_values(n_values)
@@ -242,12 +242,12 @@ def capacity_sweep(
     """Loss when each head (or each layer) alone keeps only its top-``N`` keys, for each ``N``.
 
     One replica per (``N``, head) or (``N``, layer): the batch is stacked ``batch_size`` times
-    (default: the memory budget of :func:`~tl_geometry.head_sensitivity`) and copy ``r`` has its
+    (default: the memory budget of :func:`~tl_geometry.ablation.head_sensitivity`) and copy ``r`` has its
     own head sparsified to its own ``N``, so the sweep takes ``⌈|N|·L·H / batch_size⌉`` forwards.
     ``layers`` / ``heads`` limit the sweep (the rest is NaN).
 
     Examples:
-        >>> sweep = tl_geometry.capacity_sweep(model, tokens, (2, 8), by="head")    # doctest: +SKIP
+        >>> sweep = tl_geometry.capacity.capacity_sweep(model, tokens, (2, 8), by="head")    # doctest: +SKIP
         >>> sweep.loss_increase[0]     # [layer, head] at N = 2                       # doctest: +SKIP
     """
     values = check_n_values(n_values)

@@ -272,7 +272,7 @@ def top_n_attention(
     """Hooks that keep only each query's top-``n`` attention weights (:func:`sparsify_pattern`).
 
     ``n`` is one ``N`` for every head in scope, or a per-head policy (SPEC §10): a
-    :class:`~tl_geometry.TopNPolicy`, an integer ``[n_layers, n_heads]`` tensor, or a
+    :class:`~tl_geometry.capacity.TopNPolicy`, an integer ``[n_layers, n_heads]`` tensor, or a
     ``{(layer, head): N}`` dict, in which heads not listed keep every key; ``N = 0`` in a tensor
     or policy also keeps every key. A policy is applied by the same hook as a uniform ``N``, head
     by head, and is its own scope (no ``layers`` / ``heads`` with it).
@@ -284,10 +284,10 @@ def top_n_attention(
     and are removed when the ``with`` block or ``run_with_hooks`` call ends, also on an exception.
 
     Examples:
-        >>> with tl_geometry.top_n_attention(model, 8, "renormalize", layers=[0, 1]):  # doctest: +SKIP
+        >>> with tl_geometry.capacity.top_n_attention(model, 8, "renormalize", layers=[0, 1]):  # doctest: +SKIP
         ...     loss = model(tokens, return_type="loss")
-        >>> policy = tl_geometry.TopNPolicy.from_result(result, eps=0.05)          # doctest: +SKIP
-        >>> with tl_geometry.top_n_attention(model, policy):                       # doctest: +SKIP
+        >>> policy = tl_geometry.capacity.TopNPolicy.from_result(result, eps=0.05)          # doctest: +SKIP
+        >>> with tl_geometry.capacity.top_n_attention(model, policy):                       # doctest: +SKIP
         ...     loss = model(tokens, return_type="loss")
     """
     check_sparsify_mode(mode)

@@ -35,7 +35,7 @@ def truncation_budgets(result: AnalysisLike, eps: float = DEFAULT_EPS) -> Int[Te
     without percentiles (a file of format 4 or earlier: run the analysis again).
 
     >>> budgets = tl_geometry.truncation_budgets(result, eps=0.05)      # doctest: +SKIP
-    >>> policy = tl_geometry.TopNPolicy(budgets)   # every layer analysed  # doctest: +SKIP
+    >>> policy = tl_geometry.capacity.TopNPolicy(budgets)   # every layer analysed  # doctest: +SKIP
     """
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and 0 <= eps <= 1):
         raise ValueError(f"eps must be a tail mass in [0, 1], e.g. 0.05, got {eps!r}.")
