@@ -253,6 +253,12 @@ def test_gemma3_local_layers_score_only_their_window(gemma3):
     names = [f"blocks.{layer}.attn.{hook}" for layer in layers for hook in ("hook_pattern", "hook_v")]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    # analyze_heads reads the same windows from the bridge's Hugging Face config by default.
+    from_cache = tl_geometry.analyze_heads(cache, model=model, layers=layers, n_values=REAL_N,
+                                           random_samples=REAL_SAMPLES, shuffle_samples=REAL_SAMPLES)
+    assert from_cache.windows == (512, None) and from_cache.metadata["window"] == [512, None]
+    torch.testing.assert_close(from_cache.scores, result.scores, equal_nan=True, rtol=1e-6, atol=1e-6)
+    assert tl_geometry.analyze_heads(cache, layers=layers, n_values=(2,), random_samples=1).windows == (None, None)
     t = tokens.shape[1] - 1
     for li, layer in enumerate(layers):
         window = result.windows[li]
@@ -289,3 +295,34 @@ def test_gemma3_local_layers_score_only_their_window(gemma3):
                 assert math.isnan(result.sink_mass[li, h]) and math.isnan(result.sink_removed_f_score[li, h, 0])
     assert (result.count("sink_in")[0] + result.count("sink_out")[0] == 0).all()
     assert (result.count("sink_in")[1] + result.count("sink_out")[1] == 1).all()
+
+
+@pytest.mark.real_model
+def test_gemma3_head_geometry_reads_the_sliding_windows(gemma3):
+    """capacity_correlation's per-head F_N (head_geometry) restricts a local layer's last query to
+    the 512 keys it sees, as analyze_heads does: the two agree on every head at 600 tokens."""
+    from tl_geometry.capacity import head_geometry
+
+    model = gemma3.model
+    tokens = tl_geometry.text_windows(model.tokenizer, n_seqs=1, seq_len=600)
+    geometry = head_geometry(model, tokens, 4)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+    analysis = tl_geometry.analyze_heads(cache, model=model, n_values=(4,), random_samples=1, shuffle_samples=0)
+    assert analysis.windows.count(512) == 15
+    torch.testing.assert_close(geometry["f_score"], analysis.f_score[..., 0].double(), rtol=0, atol=1e-12)
+
+
+def test_auto_windows_without_a_model_are_global_and_a_config_without_a_window_warns():
+    from types import SimpleNamespace as NS
+
+    from tl_geometry.analyze import windows as _windows
+
+    assert _windows.resolve("auto", None, [0, 1], need_model=False) == (None, None)
+    with pytest.raises(ValueError, match="window='auto' reads the sliding windows"):
+        _windows.resolve("auto", None, [0])
+    silent = NS(config=NS(layer_types=["full_attention", "full_attention"], sliding_window=None))
+    assert _windows.resolve("auto", silent, [0, 1]) == (None, None)
+    unnamed = NS(config=NS(layer_types=["sliding_attention", "full_attention"], sliding_window=None))
+    with pytest.warns(UserWarning, match="names sliding-window layers .* but gives no sliding_window"):
+        assert _windows.resolve("auto", unnamed, [0, 1]) == (None, None)

@@ -42,7 +42,7 @@ def analyze_heads(
     W_O: Tensor | None = None,
     tokens: Tensor | None = None,
     progress: bool | None = None,
-    window: Window = None,
+    window: Window = "auto",
     **options: Unpack[AnalysisArgs],
 ) -> HeadAnalysis:
     """Geometric separability, sink diagnostics and taxonomy of every head in a cache.
@@ -81,9 +81,11 @@ def analyze_heads(
             nulls, the chance floor ``N/|T_t|``); a query whose window starts after the sink
             has no sink (no sink comparisons, no sink vote, no sink diagnostics). ``None`` (no
             window), an int (every layer), a sequence indexed by model layer or a dict
-            ``{layer: window}`` (``None`` entries and unnamed layers are global), or ``"auto"``:
-            the windows of ``model``'s config. Recorded as ``metadata["window"]``; a pattern
-            with weight outside its declared window is an error.
+            ``{layer: window}`` (``None`` entries and unnamed layers are global), or ``"auto"``
+            (default): the windows of ``model``'s config (a TransformerBridge's Hugging Face
+            config: Gemma-3's local layers see 512 keys), every layer global without ``model``.
+            Recorded as ``metadata["window"]``; a pattern with weight outside its declared
+            window is an error.
 
     Other Parameters:
         n_values: selection sizes N (default ``(1, 2, 4, 8, 16, 32, 64)``). A size that a
@@ -131,7 +133,7 @@ def analyze_heads(
     opts = check_options(**options)
     _windows.check(window)
     layer_ids = _cache.resolve_layers(cache, layers)
-    layer_windows = _windows.resolve(window, model, layer_ids)
+    layer_windows = _windows.resolve(window, model, layer_ids, need_model=False)
     W = output_weights(model, W_O, layer_ids) if opts.space == "output" else None
     run: _CacheRun | None = None
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):

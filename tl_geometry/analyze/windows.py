@@ -9,6 +9,7 @@ only those are candidates (SPEC §1, ours).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -29,13 +30,33 @@ def check(window: object) -> None:
         check_window(window)
 
 
-def resolve(window: object, model: Any, layers: Sequence[int]) -> tuple[int | None, ...]:
-    """The window of each of ``layers`` (``None``: global); ``"auto"`` needs ``model``."""
+def resolve(window: object, model: Any, layers: Sequence[int], *, need_model: bool = True) -> tuple[int | None, ...]:
+    """The window of each of ``layers`` (``None``: global). ``"auto"`` reads ``model``'s config;
+    without a model it is an error, or, with ``need_model=False`` (a cache from anywhere), every
+    layer is global. A config that names sliding layers but gives no window warns."""
     check(window)
     if window == AUTO:
         if model is None:
+            if not need_model:
+                return layer_windows(None, layers)
             raise ValueError("window='auto' reads the sliding windows from the model's config: pass "
                              "model=..., or give the windows (an int, a list per layer or a dict "
                              "{layer: window}; None for global layers).")
         window = model_windows(model)
+        if window is None and _names_sliding_layers(model):
+            warnings.warn("the model's config names sliding-window layers (layer_types) but gives no "
+                          "sliding_window: every layer is read as global. Pass window= (an int, or "
+                          "{layer: window}) if its local layers see fewer keys.", UserWarning, stacklevel=3)
     return layer_windows(window, layers)
+
+
+def _names_sliding_layers(model: Any) -> bool:
+    """Whether a Hugging Face config behind ``model`` lists a ``"sliding_attention"`` layer."""
+    for holder in (getattr(model, "original_model", None), model):
+        config = getattr(holder, "config", None)
+        if config is not None and callable(getattr(config, "get_text_config", None)):
+            config = config.get_text_config()
+        kinds = getattr(config, "layer_types", None)
+        if isinstance(kinds, (list, tuple)):
+            return "sliding_attention" in kinds
+    return False

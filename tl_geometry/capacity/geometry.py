@@ -27,6 +27,7 @@ from ..forward import hooks as _hooks
 from ..functional import last_positions, separability, shell_bounds, truncation
 from ..functional.stats import spearman
 from ..inputs.cache import CACHE_NAMES_FILTER, check_attention_mask
+from ..inputs.capture import model_windows
 from ..inputs.tokens import token_digest
 from .sweep import CapacitySweep, capacity_sweep
 from .topn import SparsifyMode, check_n
@@ -44,7 +45,9 @@ def head_geometry(
     ``F_N`` (``"f_score"``), of the shell certificate with ``K = 0`` (``"shell_k0"``) and
     ``K = N`` (``"shell_kn"``), of the tail mass ``τ_N`` (``"tail_mass"``) and of the relative
     output error of the renormalised top-``N`` (``"truncation_error"``, SPEC §10); NaN where
-    ``N`` is out of range. One cached forward (``hook_pattern`` and ``hook_v`` only)."""
+    ``N`` is out of range. One cached forward (``hook_pattern`` and ``hook_v`` only). On a
+    sliding-window layer (the model's config: Gemma-3's local layers see 512 keys) only the keys
+    the last query sees are candidates, as in :func:`tl_geometry.analyze_heads` (SPEC §1)."""
     check_n(n)
     tokens = _hooks.check_tokens(tokens, model=model)
     n_layers, n_heads = _hooks.model_shape(model)
@@ -55,6 +58,7 @@ def head_geometry(
     batch, n_pos = tokens.shape
     last = last_positions(valid)
     key_mask = valid & (torch.arange(n_pos)[None, :] <= last[:, None])  # [batch, key]
+    windows = model_windows(model) or [None] * n_layers
     out = {name: torch.full((n_layers, n_heads), math.nan, dtype=torch.float64) for name in SCORES}
     for layer in range(n_layers):
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"].cpu()
@@ -63,7 +67,9 @@ def head_geometry(
         # The last query's row per sequence, query heads grouped by the KV head they read.
         alpha = pattern[torch.arange(batch), :, last].reshape(batch, n_kv, n_heads // n_kv, n_pos)
         values = v.permute(0, 2, 1, 3).unsqueeze(2)  # [batch, kv, 1, key, d]: shared by the group
-        mask = key_mask[:, None, None, :]
+        window = windows[layer]
+        seen = key_mask if window is None else key_mask & (torch.arange(n_pos)[None, :] > last[:, None] - window)
+        mask = seen[:, None, None, :]
         cut = truncation(alpha, values, n, key_mask=mask)
         scores = {
             "f_score": separability(alpha, values, n, key_mask=mask).f_score,
