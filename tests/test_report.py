@@ -45,6 +45,25 @@ def test_report_folder_holds_page_tables_figures_and_analysis(analysed, tmp_path
     assert "Ablation" not in page
 
 
+def test_report_states_what_the_classes_are_once_and_links_to_it(analysed, tmp_path):
+    """The class, margin and stability definitions: once, near the top, under an anchor; the
+    taxonomy grid's caption and the label-confidence section link to it."""
+    import html
+
+    from tl_geometry.result.text import CLASSES_TEXT
+
+    _, result = analysed
+    page = tl_geometry.write_report(result, tmp_path).read_text()
+    assert page.count(html.escape(CLASSES_TEXT)) == 1
+    anchor = page.index(f'id="{views.report.CLASSES_ID}"')
+    assert anchor < page.index("Head taxonomy") and page.index(html.escape(CLASSES_TEXT)) > anchor
+    links = [m.start() for m in re.finditer(f'href="#{views.report.CLASSES_ID}"', page)]
+    confidence = page.index("<h2>Label confidence</h2>")
+    assert len(links) == 2 and page.index("Head taxonomy") < links[0] < confidence < links[1]
+    # A taxonomy view on its own still states the definitions.
+    assert html.escape(CLASSES_TEXT) in views.taxonomy_view(result).fragment()
+
+
 def test_report_without_cache_has_no_token_views(analysed, tmp_path):
     _, result = analysed
     page = tl_geometry.write_report(result, tmp_path).read_text()

@@ -113,12 +113,22 @@ def test_long_sequences_are_cropped_with_a_visible_note():
     view = views.attention_view(cache, 0, [0, 1], tokens=tokens, n=3, max_tokens=32)
     props = _widgets(view)[0].props
     assert len(props["tokens"]) == 33 and len(props["attention"][0]) == 33  # sink, gap, 31 positions
-    assert props["tokens"][:3] == ["w0", "cropped", "w119"] and props["tokens"][-1] == "w149"
-    # circuitsvis writes each row's number after its token: the note maps rows to positions.
+    # Rows and columns carry their position in the sequence, not their row in the crop.
+    assert props["tokens"][:3] == ["0:w0", "1–118:cropped", "119:w119"] and props["tokens"][-1] == "149:w149"
+    assert [int(t.split(":")[0]) for t in props["tokens"][2:]] == list(range(119, 150))
     (note,) = view.notes
-    offset = int(re.search(r"row k from 2 on is position k \+ (\d+)", note).group(1))
-    assert props["tokens"][32] == f"w{32 + offset}"
+    assert "labelled position:token" in note and "row k" not in note
     assert "tlg-note" in view.fragment() and "the 118 positions in between are cropped" in view.fragment()
+    # The row of position p holds the attention of query p, over keys at their real positions.
+    pattern = cache["blocks.0.attn.hook_pattern"][0, 0]
+    row = props["tokens"].index("140:w140")
+    assert props["attention"][0][row][props["tokens"].index("130:w130")] == pytest.approx(
+        float(pattern[140, 130]), abs=1e-5)
+    assert props["attention"][0][row][0] == pytest.approx(float(pattern[140, 0]), abs=1e-5)
+    contribution = _widgets(views.contribution_view(cache, 0, 0, tokens=tokens, max_tokens=32))[0].props
+    assert contribution["tokens"] == props["tokens"]
+    query = views.attention_view(cache, 0, 0, tokens=tokens, n=2, query=99, max_tokens=32)
+    assert _widgets(query)[0].props["tokens"][-1] == "99:w99"  # rows end at the query
     short = views.attention_view(synthetic_cache(n_pos=10, batch=1), 0, 0, n=2)
     assert not short.notes and len(_widgets(short)[0].props["tokens"]) == 10
 

@@ -125,18 +125,12 @@ class HeadSensitivity:
         return table.sort_values("loss_increase", ascending=False, kind="stable").head(k)
 
     def plot(self, ax: Any = None):
-        """Heatmap of the loss increase, layer × head, critical heads outlined."""
-        import matplotlib.pyplot as plt
+        """Heatmap of the loss increase, layer × head, critical heads outlined
+        (:func:`tl_geometry.views.plots.sensitivity_plot`): a figure built without pyplot, which
+        a notebook shows once, as an image; with ``ax``, drawn there and ``ax``'s figure returned."""
+        from ..views.plots import sensitivity_plot
 
-        fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 7))
-        values = self.loss_increase.numpy()
-        bound = float(abs(self.loss_increase).nan_to_num().max()) or 1.0  # white = no effect
-        image = ax.imshow(values, aspect="auto", cmap="RdBu_r", vmin=-bound, vmax=bound)
-        for layer, head in self.critical():
-            ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, ec="cyan", lw=1.5))
-        ax.set(xlabel="head", ylabel="layer", title=f"Δ loss, one head {self.mode}-ablated (outlined: critical)")
-        fig.colorbar(image, ax=ax, label="Δ loss (nats)")
-        return fig
+        return sensitivity_plot(self, ax)
 
 
 def head_sensitivity(

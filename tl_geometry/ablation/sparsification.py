@@ -87,25 +87,13 @@ class SparsificationCurve:
         ]
 
     def plot(self, ax: Any = None):
-        """Loss against retention, one line per ordering; random as mean with a ±std band."""
-        import matplotlib.pyplot as plt
+        """Loss against retention, one line per ordering; random as mean with a ±std band
+        (:func:`tl_geometry.views.plots.sparsification_plot`): a figure built without pyplot,
+        which a notebook shows once, as an image; with ``ax``, drawn there and ``ax``'s figure
+        returned."""
+        from ..views.plots import sparsification_plot
 
-        fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 4.5))
-        table = self.to_pandas()
-        for name, group in table.groupby("ordering", sort=False):
-            stats = group.groupby("retention")["loss"].agg(["mean", "std"]).sort_index()
-            label = name if group["seed"].isna().all() else f"{name} (mean ± std, {group['seed'].nunique()} seeds)"
-            line, = ax.plot(stats.index, stats["mean"], marker="o", label=label)
-            if not group["seed"].isna().all():
-                std = stats["std"].fillna(0.0)
-                ax.fill_between(stats.index, stats["mean"] - std, stats["mean"] + std,
-                                color=line.get_color(), alpha=0.2)
-        ax.axhline(self.base_loss, color="gray", ls=":", label="unablated")
-        ax.set(xlabel="retention (fraction of heads kept)", ylabel="next-token loss (nats)",
-               title=f"structured sparsification ({self.mode} ablation)")
-        ax.invert_xaxis()
-        ax.legend(fontsize=8)
-        return fig
+        return sparsification_plot(self, ax)
 
 
 def _as_orderings(orders: Any) -> list[Ordering]:

@@ -1,6 +1,7 @@
 """``tl-geometry ablate`` and ``tl-geometry prune`` (docs/ablation.md), wired into :mod:`tl_geometry.cli`.
 
-``ablate`` prints the loss of a model on real text with and without some heads.
+``ablate`` prints the loss of a model on real text with and without some heads (all together,
+or with ``--each`` one at a time).
 ``prune`` runs the single-head sensitivity sweep, the geometric analysis and every removal order
 on one set of windows, then the sparsification curves on *other* (held-out) windows, and writes
 ``sensitivity.csv``, ``sparsification.csv``, ``sensitivity.png`` and ``sparsification.png``.
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..ablation.hooks import MODES
 from .args import (
+    UsageError,
     add_model_options,
     add_progress_option,
     check_model,
@@ -31,12 +33,14 @@ from .args import (
 ABLATE = """\
 Print the loss of a model on real text with and without some heads. A head's output z (hook_z,
 one slice per query head, so one query head at a time even under grouped-query attention) is
-replaced by zeros or by its mean over the windows. The loss change comes with its standard error
-over the windows; with --n-random it is compared with random sets of as many heads (z and an
+replaced by zeros or by its mean over the windows. The listed heads are ablated together, or with
+--each one at a time (one line per head). The loss change comes with its standard error over the
+windows; with --n-random the set is compared with random sets of as many heads (z and an
 empirical p). Definitions: docs/math.md, section 7; docs/ablation.md.
 
 examples:
-  tl-geometry ablate --heads 3.4,5.0                 # layer 3 head 4 and layer 5 head 0
+  tl-geometry ablate --heads 3.4,5.0                 # layer 3 head 4 and layer 5 head 0, together
+  tl-geometry ablate --heads 3.4,5.0 --each          # each head alone: Δ loss ± SE per head
   tl-geometry ablate --heads 0.3 --mode mean --text corpus.txt
   tl-geometry ablate --heads 1.5,1.4 --n-random 50 --same-layers
 """
@@ -97,6 +101,9 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
         ablate.add_argument("--heads", type=_heads, required=True, metavar="L.H,...",
                             help="heads to ablate, e.g. 3.4,5.0 (layer 3 head 4 and layer 5 head 0)")
         _common(ablate, n_seqs=4, seq_len=128)
+        ablate.add_argument("--each", action="store_true",
+                            help="ablate the listed heads one at a time and print each one's loss "
+                                 "change with its standard error (default: all together)")
         ablate.add_argument("--n-random", type=positive_int, default=None, metavar="K",
                             help="also ablate K random sets of as many heads and report z and an "
                                  "empirical p (default: none)")
@@ -128,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
     """
     check_model(args.model, args.seq_len)
     check_windows(args, min_seq_len=3)
+    if args.command == "ablate" and args.each and args.n_random:
+        raise UsageError("--n-random compares the listed heads as one set with random sets; it "
+                         "does not combine with --each. Drop one of them.")
     if args.command == "prune":
         check_output_dir(args.out, "--out")
         # Twice the windows: the first half scores the heads, the second half is held out.
@@ -150,6 +160,8 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
     from ..inputs.text import text_windows
 
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    if args.each:
+        return _ablate_each(model, tokens, args)
     ablation = ablate_heads(model, args.heads, args.mode,
                                         reference_tokens=tokens if args.mode == "mean" else None)
     with torch.no_grad():
@@ -172,12 +184,28 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
     return 0
 
 
+def _ablate_each(model: Any, tokens: Any, args: argparse.Namespace) -> int:
+    """``ablate --each``: the listed heads one at a time, from one sensitivity sweep limited to
+    them (the same loss changes and standard errors over windows as ``head_sensitivity``)."""
+    from ..ablation import head_sensitivity
+
+    sens = head_sensitivity(model, tokens, args.mode, heads=args.heads, progress=False)
+    increase, se, critical = sens.loss_increase, sens.loss_increase_se, sens.critical_mask()
+    print(f"{tokens.shape[0]} × {tokens.shape[1]} tokens of {args.text or 'the built-in sample'}")
+    print(f"loss without ablation  {sens.base_loss:.4f}  (perplexity {math.exp(sens.base_loss):.2f})")
+    print(f"one head at a time, {args.mode}-ablated (Δ ± SE over {sens.n_windows} windows):")
+    for layer, head in args.heads:
+        loss = float(sens.loss[layer, head])
+        print(f"  L{layer}H{head}  loss {loss:.4f}  (perplexity {math.exp(loss):.2f}, "
+              f"Δ {float(increase[layer, head]):+.4f} ± {float(se[layer, head]):.4f} SE)"
+              + ("  critical" if bool(critical[layer, head]) else ""))
+    if any(bool(critical[layer, head]) for layer, head in args.heads):
+        print("critical: Δ ≥ max(0.1 nats, 5% of the unablated loss) and its 95% interval over the "
+              "windows above 0 (docs/ablation.md)")
+    return 0
+
+
 def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from ..ablation import head_orderings, head_sensitivity, sparsification_curve
     from ..analyze.from_model import analyze_model
     from ..inputs.text import text_windows
@@ -205,9 +233,7 @@ def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
     sens.to_pandas().to_csv(out / "sensitivity.csv", index=False)
     curve.to_pandas().to_csv(out / "sparsification.csv", index=False)
     for name, figure in (("sensitivity.png", sens.plot()), ("sparsification.png", curve.plot())):
-        figure.tight_layout()
-        figure.savefig(out / name, dpi=120)
-        plt.close(figure)
+        figure.savefig(out / name, dpi=120)  # figures built without pyplot: nothing to close
 
     print(f"{len(scoring)} × {args.seq_len} scoring and {len(held_out)} × {args.seq_len} held-out tokens "
           f"of {args.text or 'the built-in sample'}; {args.mode} ablation; unablated loss "

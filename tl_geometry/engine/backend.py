@@ -7,31 +7,36 @@ device or when asked for. Both tables take and write torch tensors with the same
 the orchestration (:mod:`.layer`, :mod:`.checks`, :mod:`.key_votes`) never asks which it holds:
 the compiled entries hand the kernels NumPy views of the tensors' own memory (outputs are
 written in place through them, never copied back).
+
+The kernels are imported on the first CPU layer, not with the package: numba loads then, and
+compiles each kernel at its first call unless its disk cache has it (one line on standard error
+says so, :func:`run_layer`). A numba that cannot be imported or cannot compile a kernel sends
+``backend="auto"`` to the torch twins for the rest of the process, with one warning; a forced
+``backend="numba"`` raises instead.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from types import SimpleNamespace
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
 
 from ..functional.dtypes import COMPUTE_DTYPE
 from .block import LayerBlock
-from .compiled.check import check_and_vote as _check_kernel
-from .compiled.check import check_and_vote_rows
-from .compiled.gram import tie_duplicates_and_sink_geometry
-from .compiled.reduce import reduce_rows as _reduce_kernel
-from .compiled.score import score_rows as _score_kernel
-from .compiled.vote import vote_from_keys
 from .layout import F_SCORE, SINK_REMOVED, TOP_GROUP, Reduced
 from .paired import N_BINS
 from .twins import check as twin_check
 from .twins import gram as twin_gram
 from .twins import reduce as twin_reduce
 from .twins import score as twin_score
+
+T = TypeVar("T")
 
 
 class FromKeys(NamedTuple):
@@ -72,7 +77,8 @@ class Backend:
 
 def choose_backend(device: torch.device, name: str) -> Backend:
     """The backend of a layer whose tensors lie on ``device``, for the ``backend`` option
-    ``name``: ``"auto"`` takes the compiled kernels on CPU and the twins elsewhere."""
+    ``name``: ``"auto"`` takes the compiled kernels on CPU and the twins elsewhere, and the twins
+    for the rest of the process once the kernels have failed (:func:`run_layer`)."""
     if name == "torch":
         return TORCH
     if device.type != "cpu":
@@ -80,7 +86,71 @@ def choose_backend(device: torch.device, name: str) -> Backend:
             raise ValueError(f"backend='numba' runs on CPU tensors; this cache is on {device}. "
                              "Use backend='auto' (torch on this device) or move the cache.")
         return TORCH
+    if name == "auto" and _fallback is not None:
+        return TORCH
+    try:
+        _kernels()
+    except _LOAD_ERRORS as error:  # numba missing or broken, or no folder to cache the kernels in
+        if name == "numba":
+            raise
+        _fall_back(error, loading=True)
+        return TORCH
     return NUMBA
+
+
+def run_layer(backend: Backend, name: str, work: Callable[[Backend], T]) -> T:
+    """``work(backend)``, one layer's work on the backend :func:`choose_backend` gave for the
+    option ``name``.
+
+    On the compiled kernels, a compilation that really happens (not a load from numba's disk
+    cache) is announced on standard error, one line when it starts and one with its time at the
+    end (:func:`.compiled.compilation.reporting`); a kernel that numba cannot compile makes the
+    layer start over on the torch twins, and ``"auto"`` keep to them for the rest of the process,
+    with one warning. ``work`` must only write what it creates itself, so that starting over
+    leaves nothing of the first try. A forced ``backend="numba"`` re-raises the error.
+    """
+    if backend is not NUMBA:
+        return work(backend)
+    compilation = _kernels().compilation
+    try:
+        with compilation.reporting():
+            return work(backend)
+    except compilation.COMPILE_ERRORS as error:
+        if name == "numba":
+            raise
+        _fall_back(error, loading=False)
+    return work(TORCH)
+
+
+#: What importing the kernels raises when numba cannot serve: not installed or broken
+#: (ImportError, a shared library that will not load), or no writable folder for its disk cache
+#: (RuntimeError "cannot cache function ...: no locator available").
+_LOAD_ERRORS = (ImportError, OSError, RuntimeError)
+#: The error that sent ``backend="auto"`` to the torch twins for the rest of the process.
+_fallback: BaseException | None = None
+
+
+@functools.cache
+def _kernels() -> Any:
+    """The compiled modules, imported (numba with them) on first use."""
+    from .compiled import check, compilation, gram, reduce, score, vote
+
+    return SimpleNamespace(check=check, compilation=compilation, gram=gram, reduce=reduce, score=score, vote=vote)
+
+
+def _fall_back(error: BaseException, *, loading: bool) -> None:
+    """Use the torch twins for the rest of the process, and say so once."""
+    global _fallback
+    _fallback = error
+    detail = (str(error).strip().splitlines() or [""])[0][:300]
+    fix = ("set NUMBA_CACHE_DIR to a writable folder" if "cannot cache" in str(error)
+           else "reinstall numba (pip install --force-reinstall numba)")
+    warnings.warn(
+        f"tl_geometry: the compiled (numba) kernels {'could not be loaded' if loading else 'failed to compile'} "
+        f"({type(error).__name__}: {detail}). This run uses the torch backend instead: its results "
+        "equal the compiled kernels' to float64 round-off (the two are tested against each other); "
+        f"only the speed differs. Fix: {fix}, or pass backend='torch' to choose the torch backend "
+        "without this warning.", UserWarning, stacklevel=2)
 
 
 def _numpy(x: Any) -> Any:
@@ -92,15 +162,15 @@ def _check_and_vote(rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, 
                     window: int, stats: Tensor, votes: Tensor) -> None:
     if rows.dtype not in (torch.float32, torch.float64):
         rows = rows.float()  # the kernel reads float32 or float64 rows
-    _check_kernel(_numpy(rows), q_start, *(_numpy(x) for x in (is_token, sink, norms)), group_size,  # type: ignore[call-arg]
-                  window, stats.numpy(), votes.numpy())
+    _kernels().check.check_and_vote(_numpy(rows), q_start, *(_numpy(x) for x in (is_token, sink, norms)),
+                                    group_size, window, stats.numpy(), votes.numpy())
 
 
 def _gram_and_sink_geometry(values: Tensor, is_token: Tensor, sink: Tensor, queries: Tensor, h0: int,
                             group_size: int, window: int, sink_fields: Tensor) -> Tensor:
     # Our own contiguous tensor: the kernel ties it in place, writing through its view.
     gram = (values @ values.transpose(-1, -2)).detach().contiguous()
-    tie_duplicates_and_sink_geometry(  # type: ignore[call-arg]
+    _kernels().gram.tie_duplicates_and_sink_geometry(
         *(_numpy(x) for x in (values, is_token, sink, queries)), gram.numpy(), h0, group_size,
         sink_fields.numpy(), window)
     return gram
@@ -120,8 +190,8 @@ def _score_rows(*args: Any) -> None:
     # The last three arguments are the outputs: views into the layer's results, written
     # through NumPy views of them (never through contiguous copies).
     *inputs, metrics, sink_in_top, sink_fields = args
-    _score_kernel(*(_numpy(x) for x in inputs),  # type: ignore[call-arg]
-                  metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy())
+    _kernels().score.score_rows(*(_numpy(x) for x in inputs),
+                                metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy())
 
 
 def _reduce_rows(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees_sink: Tensor) -> Reduced:
@@ -134,9 +204,18 @@ def _reduce_rows(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees
         paired_halved=torch.zeros(n_heads, n_sizes, dtype=COMPUTE_DTYPE),
         sink_mean=torch.zeros(batch, n_heads, sink_fields.shape[-1], dtype=COMPUTE_DTYPE),
     )
-    _reduce_kernel(metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(), sees_sink.contiguous().numpy(),
-                   TOP_GROUP, SINK_REMOVED, F_SCORE, *(x.numpy() for x in out))
+    _kernels().reduce.reduce_rows(metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(),
+                                  sees_sink.contiguous().numpy(), TOP_GROUP, SINK_REMOVED, F_SCORE,
+                                  *(x.numpy() for x in out))
     return out
+
+
+def _vote_from_keys(*args: Any) -> None:
+    _kernels().vote.vote_from_keys(*args)
+
+
+def _check_and_vote_rows(*args: Any) -> None:
+    _kernels().check.check_and_vote_rows(*args)
 
 
 #: The compiled kernels (CPU tensors).
@@ -148,7 +227,7 @@ NUMBA = Backend(
     score_vectors=_score_vectors,
     score_rows=_score_rows,
     reduce_rows=_reduce_rows,
-    from_keys=FromKeys(vote_from_keys, check_and_vote_rows),
+    from_keys=FromKeys(_vote_from_keys, _check_and_vote_rows),
 )
 #: The torch twins (any device).
 TORCH = Backend(

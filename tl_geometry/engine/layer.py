@@ -18,7 +18,8 @@ figures (SPEC §10) are also handed on per query, for their exact percentiles.
 Everything stays on the cache's device. The work of 2–4 and the reduction is done by the
 layer's :class:`~.backend.Backend`, chosen once per layer (:func:`.backend.choose_backend`):
 the compiled kernels of :mod:`.compiled` for CPU tensors, their torch twins of :mod:`.twins` on
-other devices. The tests hold each pair to 1e-9.
+other devices. The tests hold each pair to 1e-9; a kernel that numba cannot compile sends the
+layer, and the rest of the run, to the twins (:func:`.backend.run_layer`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..functional.dtypes import COMPUTE_DTYPE
 from ..functional.heads import last_positions
 from ..functional.separability import METRIC_NAMES
 from . import checks, key_votes
-from .backend import Backend, choose_backend
+from .backend import Backend, choose_backend, run_layer
 from .block import AttentionRows, KeyedRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
 from .layout import INVERSIONS, SEQUENCE_GROUPS, TOP_GROUP, TRUNCATION
@@ -114,6 +115,15 @@ def analyze_layer(
     the real keys ``t − window < i ≤ t``, and a row with weight outside them is an error.
     """
     backend = choose_backend(pattern.device, opts.backend)
+    return run_layer(backend, opts.backend, lambda chosen: _analyze_layer(
+        chosen, pattern, v, is_token, sink, opts, layer, W_O, sequence_offset, mask_given, window))
+
+
+def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor, is_token: Tensor, sink: Tensor,
+                   opts: AnalysisOptions, layer: int, W_O: Tensor | None, sequence_offset: int, mask_given: bool,
+                   window: int | None) -> LayerStats:
+    """:func:`analyze_layer` on ``backend``; writes only what it creates (:func:`.backend.run_layer`
+    may start it over on the torch twins)."""
     source = PatternRows(pattern, upcast=backend.upcast_rows) if isinstance(pattern, Tensor) else pattern
     data = _layer_block(source, v, is_token.to(source.device), sink.to(source.device), opts, layer, W_O,
                         window)

@@ -5,8 +5,10 @@ the query reduction (:class:`Reduced`).
 
 The compiled kernels freeze the values they read (``ST_*``, :data:`LEAK_TOL`,
 :data:`VOTE_QUERY_BLOCK`) at compilation, and numba's disk cache is keyed on the kernel's own
-source file, not this one: after changing one of those, delete the cached kernels
-(``compiled/__pycache__/*.nb[ic]``), or the old value stays compiled in.
+source file, not this one: after changing one of those, delete the cached kernels (the
+``*.nbi`` / ``*.nbc`` files of ``compiled/`` in numba's cache: ``compiled/__pycache__``, or
+``$NUMBA_CACHE_DIR`` / ``~/.cache/numba`` where the package folder is read-only), or the old
+value stays compiled in.
 """
 
 from __future__ import annotations

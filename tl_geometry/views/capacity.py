@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from .plots import PlotFigure
+
 SCORE_LABELS = {"f_score": "measured F_N", "shell_k0": "shell certificate, K = 0",
                 "shell_kn": "shell certificate, K = N", "tail_mass": "tail mass τ_N",
                 "truncation_error": "relative error ‖o − o_N‖/‖o‖"}
@@ -19,7 +21,7 @@ SCORE_LABELS = {"f_score": "measured F_N", "shell_k0": "shell certificate, K = 0
 def _axes(ax: Any, size: tuple[float, float]) -> tuple[Figure, Any]:
     if ax is not None:
         return ax.figure, ax
-    fig = Figure(figsize=size, layout="constrained")
+    fig = PlotFigure(figsize=size, layout="constrained")
     return fig, fig.subplots()
 
 
@@ -93,7 +95,7 @@ def correlation_plot(table: Any) -> Figure:
     from ..functional.stats import spearman
 
     names = [name for name in SCORE_LABELS if name in table]
-    fig = Figure(figsize=(4 * len(names), 3.6), layout="constrained")
+    fig = PlotFigure(figsize=(4 * len(names), 3.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(names), sharey=True))
     y = table["loss_increase"].to_numpy(dtype=float)
     for ax, name in zip(axes, names):

@@ -1,5 +1,6 @@
 """Static plots (matplotlib figures, never ``pyplot``): F_N against N, sink figures and class
-counts per layer, and the ablation curves; :func:`save_figure` writes PNG and SVG.
+counts per layer, the ablation curves and the sensitivity heatmap; :func:`save_figure` writes
+PNG and SVG.
 
 Figures are built without pyplot, so library code touches no global pyplot state and needs no
 display. Each is a :class:`PlotFigure`: a plain matplotlib ``Figure`` (``savefig``,
@@ -25,7 +26,8 @@ from ..result import BOUND_KINDS, BOUND_METRICS, GROUPS, METRIC_NAMES, HeadAnaly
 from ..result.headline import dense_from
 from .taxonomy import CLASS_COLORS
 
-__all__ = ["PlotFigure", "ablation_plot", "class_counts_plot", "f_curves_plot", "save_figure", "sink_plot"]
+__all__ = ["PlotFigure", "ablation_plot", "class_counts_plot", "f_curves_plot", "save_figure", "sensitivity_plot",
+           "sink_plot", "sparsification_plot"]
 
 
 class PlotFigure(Figure):
@@ -243,6 +245,55 @@ def ablation_plot(sparsification: Any) -> PlotFigure:
     ax.set_ylabel("next-token loss")
     ax.set_title("Structured sparsification")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _figure_and_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Figure, Any]:
+    """``ax``'s figure and ``ax``, or a new :class:`PlotFigure` with one axes."""
+    if ax is not None:
+        return ax.figure, ax
+    fig = PlotFigure(figsize=figsize, layout="constrained")
+    return fig, fig.subplots()
+
+
+def sensitivity_plot(sensitivity: Any, ax: Any = None) -> Figure:
+    """Heatmap of a :class:`~tl_geometry.ablation.HeadSensitivity`'s loss increase, layer ×
+    head, its critical heads (SPEC §7) outlined: drawn into ``ax`` (its figure is returned),
+    or into a new :class:`PlotFigure`."""
+    from matplotlib.patches import Rectangle
+
+    fig, ax = _figure_and_axes(ax, (6, 7))
+    increase = sensitivity.loss_increase
+    bound = float(abs(increase).nan_to_num().max()) or 1.0  # white = no effect
+    image = ax.imshow(increase.numpy(), aspect="auto", cmap="RdBu_r", vmin=-bound, vmax=bound)
+    for layer, head in sensitivity.critical():
+        ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, ec="cyan", lw=1.5))
+    ax.set(xlabel="head", ylabel="layer",
+           title=f"Δ loss, one head {sensitivity.mode}-ablated (outlined: critical)")
+    fig.colorbar(image, ax=ax, label="Δ loss (nats)")
+    return fig
+
+
+def sparsification_plot(curve: Any, ax: Any = None) -> Figure:
+    """Loss against retention of a :class:`~tl_geometry.ablation.SparsificationCurve`, one line
+    per ordering, orderings with seeds (random) as the mean with a ±std band, the unablated
+    loss dotted: drawn into ``ax`` (its figure is returned), or into a new :class:`PlotFigure`."""
+    fig, ax = _figure_and_axes(ax, (6.5, 4.5))
+    table = curve.to_pandas()
+    for name, group in table.groupby("ordering", sort=False):
+        stats = group.groupby("retention")["loss"].agg(["mean", "std"]).sort_index()
+        seeded = not group["seed"].isna().all()
+        label = f"{name} (mean ± std, {group['seed'].nunique()} seeds)" if seeded else name
+        line, = ax.plot(stats.index, stats["mean"], marker="o", label=label)
+        if seeded:
+            std = stats["std"].fillna(0.0)
+            ax.fill_between(stats.index, stats["mean"] - std, stats["mean"] + std,
+                            color=line.get_color(), alpha=0.2)
+    ax.axhline(curve.base_loss, color="gray", ls=":", label="unablated")
+    ax.set(xlabel="retention (fraction of heads kept)", ylabel="next-token loss (nats)",
+           title=f"structured sparsification ({curve.mode} ablation)")
+    ax.invert_xaxis()
     ax.legend(fontsize=8)
     return fig
 

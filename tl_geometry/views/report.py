@@ -59,6 +59,10 @@ __all__ = ["DEFAULT_OUT", "agreement_section", "capacity_section", "example_head
 #: Where write_report (and tl-geometry report) writes by default.
 DEFAULT_OUT = "tl_geometry_report"
 
+#: The id of the report's one statement of what the classes are; other sections link to it.
+CLASSES_ID = "tlg-classes"
+_CLASSES_LINK = f'<a href="#{CLASSES_ID}">what the classes, margin and stability are</a>'
+
 
 def example_heads(result: HeadAnalysis, n: int = 2) -> list[tuple[str, int, int]]:
     """Per class present, the head where the top-``n`` set beats random subsets the most
@@ -172,7 +176,8 @@ def sink_effect_section(result: HeadAnalysis) -> list[str]:
 def label_confidence_section(result: HeadAnalysis) -> list[str]:
     """How sure the labels are (SPEC §5): the unstable heads (stability < 0.8), counted apart per
     class, listed with their vote fractions, margin and stability; with fewer than 8 sequences,
-    "too few units": no stability is given (NaN) and no head is counted unstable."""
+    "too few units": no stability is given (NaN) and no head is counted unstable. The classes,
+    margin and stability are defined once, at the top of the report: the section links there."""
     table = result.heads_table()
     columns = ["layer", "head", "label", "vote_current", "vote_sink", "vote_other", "label_margin", "label_stability"]
     shaky = table[table["unstable"]][columns]
@@ -195,7 +200,7 @@ def label_confidence_section(result: HeadAnalysis) -> list[str]:
                 "the stable ones:</p>" + _table(shaky))
     return [
         "<h2>Label confidence</h2>",
-        f'<p class="tlg-caption">{html.escape(CLASSES_TEXT)} Median margin '
+        f'<p class="tlg-caption">See {_CLASSES_LINK}. Median margin '
         f"{_mean(result.label_margin.nanmedian().reshape(1)):.3f}{median}.</p>",
         body,
     ]
@@ -250,7 +255,6 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
                     if result.kv_group_size > 1 else ""),
         "sink value geometry": value_geometry_text(result),
         "classes": class_shares_text(result),
-        "what the classes are": CLASSES_TEXT,
     }
     if where:
         groups = (("top", "top-N"), ("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed"))
@@ -268,7 +272,9 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         "head. Euclidean F_1 = 1 trivially; the headline is 2 ≤ N ≤ (t+1)/4: above it precision cannot "
         "fall below N/(t+1), so F rises for reasons that are not geometry. F* corrects for that floor "
         "(SPEC §3).</p>"
-        f'<table class="tlg-table">{rows}</table><p class="tlg-caption">Files: {links}</p>'
+        f'<table class="tlg-table">{rows}</table>'
+        f'<p class="tlg-caption" id="{CLASSES_ID}"><b>What the classes are.</b> {html.escape(CLASSES_TEXT)}</p>'
+        f'<p class="tlg-caption">Files: {links}</p>'
     )
 
 
@@ -426,7 +432,8 @@ def _summary_parts(result: HeadAnalysis, scores: Any) -> list[_page.View | str]:
     the labels), the sink views, the sink effect and the mean-per-N table."""
     agreement = agreement_section(result, scores) if scores is not None else []
     return [
-        taxonomy_view(result, scores=scores), *label_confidence_section(result), *agreement,
+        taxonomy_view(result, scores=scores, classes_note=f"See {_CLASSES_LINK}."),
+        *label_confidence_section(result), *agreement,
         sink_view(result), *sink_effect_section(result),
         "<h2>Mean over heads per N</h2>", _table(n_means_table(result)),
         '<p class="tlg-caption">† dense N > (t+1)/4: the precision floor N/(t+1) lifts F; shown, '

@@ -56,7 +56,7 @@ def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None, scores: A
     return "\n".join(lines)
 
 
-def taxonomy_view(result: HeadAnalysis, *, n: int = 2, scores: Any = None) -> View:
+def taxonomy_view(result: HeadAnalysis, *, n: int = 2, scores: Any = None, classes_note: str | None = None) -> View:
     """Layer × head grid of Retriever / Mixer / Reset, with per-layer counts.
 
     Each cell is coloured by the head's class (plurality of source-winner votes, SPEC §5), its
@@ -66,7 +66,9 @@ def taxonomy_view(result: HeadAnalysis, *, n: int = 2, scores: Any = None) -> Vi
     ``n`` was not analysed), the label margin and stability and, with ``scores`` (a
     :func:`tl_geometry.head_scores` table), the head scores. An unstable head (stability < 0.8)
     is marked "?" and outlined. A head with no votes is unlabelled (grey, "—"): counted apart,
-    left out of the class shares (SPEC §5).
+    left out of the class shares (SPEC §5). ``classes_note`` (HTML) stands in the caption for
+    the definitions of the classes, margin and stability (a page that states them once links to
+    them); by default the caption states them.
 
     >>> view = taxonomy_view(result); view.save("taxonomy.html")  # doctest: +SKIP
     """
@@ -118,7 +120,8 @@ def taxonomy_view(result: HeadAnalysis, *, n: int = 2, scores: Any = None) -> Vi
     caption = (
         '<div class="tlg-caption">Source winner argmax α_j‖v_j‖ per query: Retriever = the current '
         "token wins most often, Mixer = the sink, Reset = other tokens (ties Retriever > Mixer > Reset). "
-        "Opacity: the winning vote fraction. " + html.escape(CLASSES_TEXT) + " "
+        "Opacity: the winning vote fraction. "
+        + (html.escape(CLASSES_TEXT) if classes_note is None else classes_note) + " "
         + ("Grey (—): unlabelled, a head with no votes (no query after the sink), left out of the "
            "shares. " if unlabelled else "")
         + "Hover a cell for votes, margin, stability, sink figures, F_N"

@@ -21,6 +21,9 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 
+# An intrinsic has no disk cache of its own (no ``cache=True``): numba inlines its code into each
+# kernel that calls it, and that kernel's cache (all of them are ``cache=True``) keeps it. The view
+# holds no pointer to a Python object, so the cached machine code stays valid in a new process.
 @intrinsic
 def _borrow(typingctx, array):  # pragma: no cover - compiled
     """``array`` itself (same data, shape and strides), without its owner reference."""

@@ -1,0 +1,164 @@
+"""Plain Hugging Face (or nnsight) tensors as the dict that :func:`tl_geometry.analyze_heads` reads.
+
+A transformers forward with ``output_attentions=True`` returns one attention tensor per layer,
+``[batch, head, query, key]``, already in the layout of ``hook_pattern``. Values come as
+``[batch, kv_head, pos, d_head]``: the layout of the key/value cache (``use_cache=True``, one
+layer's values at ``outputs.past_key_values.layers[l].values``) and of a ``v_proj`` output once
+split into heads. :func:`from_hf` pairs them per layer under the TransformerLens names, the values
+as a permuted view ``[batch, pos, kv_head, d_head]``: no tensor is copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
+
+from .cache import PATTERN_HOOK, VALUE_HOOK, CacheError, check_layer_indices
+
+__all__ = ["from_hf"]
+
+_VALUES_FIX = (
+    "Pass one [batch, kv_head, pos, d_head] tensor per layer, e.g. "
+    "tuple(layer.values for layer in outputs.past_key_values.layers) from a forward with "
+    "use_cache=True"
+)
+
+
+def _per_layer(x: Any, name: str) -> list[Any]:
+    if isinstance(x, Tensor):
+        raise CacheError(
+            f"{name} is one tensor of shape {tuple(x.shape)}; from_hf takes one tensor per layer "
+            f"(a tuple or list), as transformers returns them. For a single layer pass ({name},) "
+            "and layers=[its index]."
+        )
+    if hasattr(x, "layers") and not isinstance(x, (list, tuple)):  # a transformers Cache object
+        raise CacheError(
+            f"{name} is a {type(x).__name__}, not a tuple of tensors. {_VALUES_FIX}."
+        )
+    if not isinstance(x, (list, tuple)):
+        raise CacheError(f"{name} must be a tuple or list with one tensor per layer, got {type(x).__name__}.")
+    return list(x)
+
+
+def from_hf(
+    attentions: Sequence[Tensor],
+    values: Sequence[Tensor],
+    *,
+    layers: Sequence[int] | None = None,
+) -> dict[str, Tensor]:
+    """The ``hook_pattern`` / ``hook_v`` dict of Hugging Face attentions and value states.
+
+    ``attentions`` is what a transformers forward with ``output_attentions=True`` returns (eager
+    attention): one ``[batch, head, query, key]`` tensor per layer. ``values`` holds one
+    ``[batch, kv_head, pos, d_head]`` tensor per layer, the post-projection values (after any
+    value bias, before ``W_O``): with ``use_cache=True``,
+    ``tuple(layer.values for layer in outputs.past_key_values.layers)``; from a hook on
+    ``v_proj``, its ``[batch, pos, kv_head·d_head]`` output as
+    ``out.unflatten(-1, (n_kv_heads, -1)).transpose(1, 2)``.
+
+    Element ``i`` of both sequences is layer ``layers[i]`` (default ``0, 1, 2, ...``), so a few
+    layers captured with nnsight go in with their indices. Returns
+    ``{"blocks.{l}.attn.hook_pattern": attention, "blocks.{l}.attn.hook_v": value}``: the
+    attention as given and the value as the view ``value.permute(0, 2, 1, 3)``,
+    ``[batch, pos, kv_head, d_head]``; nothing is copied, and nothing is written to the caller's
+    tensors. Lengths and shapes are checked here, each error naming the fix; dtypes, devices
+    and the patterns' rows are checked by :func:`~tl_geometry.analyze_heads` as for any cache.
+
+    >>> out = hf_model(tokens, output_attentions=True, use_cache=True)        # doctest: +SKIP
+    >>> values = tuple(layer.values for layer in out.past_key_values.layers)  # doctest: +SKIP
+    >>> result = tl_geometry.analyze_heads(from_hf(out.attentions, values))   # doctest: +SKIP
+    """
+    attentions = _per_layer(attentions, "attentions")
+    values = _per_layer(values, "values")
+    if not attentions:
+        raise CacheError(
+            "attentions is empty. Run the Hugging Face model with output_attentions=True and "
+            "attn_implementation=\"eager\" (a model wrapped by TransformerLens returns none: use "
+            "its run_with_cache instead)."
+        )
+    if len(values) != len(attentions):
+        raise CacheError(
+            f"Got {len(attentions)} attention tensors and {len(values)} value tensors: give one of "
+            "each per layer, from the same forward."
+        )
+    indices = list(range(len(attentions))) if layers is None else check_layer_indices(layers)
+    if len(indices) != len(attentions):
+        raise CacheError(
+            f"layers lists {len(indices)} layer(s) for {len(attentions)} attention tensors: give one "
+            "index per tensor, in the same order."
+        )
+    out: dict[str, Tensor] = {}
+    for i, (layer, pattern, value) in enumerate(zip(indices, attentions, values)):
+        out[PATTERN_HOOK.format(layer=layer)] = _check_pattern(pattern, i)
+        out[VALUE_HOOK.format(layer=layer)] = _value_view(value, pattern, i)
+    return out
+
+
+def _check_pattern(pattern: Any, i: int) -> Tensor:
+    if pattern is None:
+        raise CacheError(
+            f"attentions[{i}] is None: the model did not return its attention weights. Load it "
+            "with attn_implementation=\"eager\" (SDPA and flash attention never form them) and run "
+            "it with output_attentions=True."
+        )
+    if isinstance(pattern, (list, tuple)):
+        raise CacheError(
+            f"attentions[{i}] is a {type(pattern).__name__}, not a tensor. With generate(), "
+            "outputs.attentions holds one tuple per generated token: run one forward over the "
+            "whole sequence instead."
+        )
+    if not isinstance(pattern, Tensor):
+        raise CacheError(f"attentions[{i}] must be a torch tensor, got {type(pattern).__name__}.")
+    if pattern.ndim != 4:
+        raise CacheError(
+            f"attentions[{i}] has shape {tuple(pattern.shape)}; expected [batch, head, query, key], "
+            "as output_attentions=True returns it (add a batch axis with .unsqueeze(0))."
+        )
+    if pattern.shape[-2] != pattern.shape[-1]:
+        raise CacheError(
+            f"attentions[{i}] has {pattern.shape[-2]} queries and {pattern.shape[-1]} keys: "
+            "tl_geometry reads full self-attention patterns. Run the whole sequence in one forward, "
+            "without past_key_values from an earlier one."
+        )
+    return pattern
+
+
+def _value_view(value: Any, pattern: Tensor, i: int) -> Tensor:
+    if not isinstance(value, Tensor):
+        pair = isinstance(value, (list, tuple)) and len(value) == 2
+        hint = (" It looks like a (key, value) pair of the legacy past_key_values format: pass "
+                "tuple(v for k, v in past_key_values).") if pair else f" {_VALUES_FIX}."
+        raise CacheError(f"values[{i}] must be a torch tensor, got {type(value).__name__}.{hint}")
+    batch, n_heads, _, n_pos = pattern.shape
+    if value.ndim == 3:
+        raise CacheError(
+            f"values[{i}] has shape {tuple(value.shape)}, heads merged (a v_proj output?); split "
+            "them into [batch, kv_head, pos, d_head] with "
+            "v.unflatten(-1, (n_kv_heads, -1)).transpose(1, 2)."
+        )
+    if value.ndim != 4:
+        raise CacheError(f"values[{i}] has shape {tuple(value.shape)}; expected [batch, kv_head, pos, d_head].")
+    if value.shape[0] != batch:
+        raise CacheError(
+            f"values[{i}] has batch {value.shape[0]} and attentions[{i}] has batch {batch}: take "
+            "both from the same forward."
+        )
+    if value.shape[2] != n_pos:
+        swapped = value.shape[1] == n_pos and n_heads % value.shape[2] == 0
+        hint = (" It looks like [batch, pos, kv_head, d_head] already: pass v.transpose(1, 2), or "
+                f"put it in the dict as {VALUE_HOOK.format(layer='{l}')!r} yourself." if swapped else
+                " Were they taken from another forward? A sliding-window layer's cache keeps only "
+                "the last window of values: take that layer's values from a hook on v_proj.")
+        raise CacheError(
+            f"values[{i}] has shape {tuple(value.shape)}; expected [batch, kv_head, pos, d_head] "
+            f"with pos = {n_pos}, the keys of attentions[{i}].{hint}"
+        )
+    n_kv = value.shape[1]
+    if n_kv == 0 or n_heads % n_kv:
+        raise CacheError(
+            f"attentions[{i}] has {n_heads} heads and values[{i}] has {n_kv} KV heads (axis 1): the "
+            "query heads must be a multiple of the KV heads. Is axis 1 of the values the KV heads?"
+        )
+    return value.permute(0, 2, 1, 3)
