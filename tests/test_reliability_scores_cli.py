@@ -186,15 +186,15 @@ def _spy(monkeypatch) -> list[torch.Tensor]:
 def test_built_sequences_start_as_the_model_was_trained(monkeypatch, with_bos):
     seen = _spy(monkeypatch)
     scores = tl_geometry.head_scores(tiny(with_bos), seed=3)
-    repeated, windows, needled = seen
+    repeated, windows, sink, needled = seen
     R = scores.attrs["repeat"]
     assert R == 32 and scores.attrs["trained_with_bos"] is with_bos
-    assert repeated.shape == (8, 2 * R + with_bos) and windows.shape == (8, 64)
+    assert repeated.shape == (8, 2 * R + with_bos) and windows.shape == (8, 128) and sink.shape == (8, 64)
     assert bool((repeated[:, 0] == BOS).all()) is with_bos and bool((windows[:, 0] == BOS).all()) is with_bos
     assert not ((repeated[:, 1:] <= PAD).any() or (windows[:, 1:] <= PAD).any())
     start = int(with_bos)
     assert torch.equal(repeated[:, start:start + R], repeated[:, start + R:])
-    assert needled.shape == (8, 64 + 32 + 16)
+    assert needled.shape == (8, 128 + 32 + 16)
 
 
 def test_scores_without_bos_read_the_positions_of_section_9(monkeypatch):
@@ -452,3 +452,60 @@ def test_dev_sh_setup_accepts_its_documented_arguments(dev_sh):
         proc = subprocess.run(["bash", str(dev_sh), "setup", *argv], capture_output=True, text=True,
                               env=env, timeout=60)
         assert proc.returncode not in (0, 2) and "usage" not in proc.stderr, (argv, proc.stderr)
+
+
+# --- scores --seq-len and --repeat ----------------------------------------------------------------
+@pytest.mark.parametrize("argv, phrase", [
+    (["--repeat", "1"], "argument --repeat: must be ≥ 2 (with R = 1 the induction key is the query itself), got 1"),
+    (["--repeat", "0"], "argument --repeat: must be ≥ 1, got 0"),
+    (["--repeat", "x"], "argument --repeat: expected a whole number ≥ 1, got 'x'"),
+    (["--repeat=-3"], "argument --repeat: must be ≥ 1, got -3"),
+    (["--repeat", "5000"], "--repeat 5000 makes sequences of up to 10001 tokens (BOS + 2R), beyond "
+                           "smollm2-135m's context length of 8192; use --repeat 4095 or less"),
+    (["--seq-len", "3"], "--seq-len 3 is too short"),
+    (["--seq-len", "9000"], "--seq-len 9000 is longer than smollm2-135m's context length of 8192"),
+    (["--seq-len", "8160"], "--seq-len 8160 makes retrieval sequences of 8160 + 48 tokens (the needle and "
+                            "its repeat), beyond smollm2-135m's context length of 8192; use --seq-len 8144 or less"),
+], ids=["repeat-1", "repeat-0", "repeat-word", "repeat-negative", "repeat-beyond-context",
+        "seq-len-3", "seq-len-beyond-context", "seq-len-retrieval-beyond-context"])
+def test_scores_bad_repeat_and_seq_len_are_refused_before_the_load(capsys, no_model_load, argv, phrase):
+    assert phrase in _refused(capsys, ["scores", "--model", "smollm2-135m", *argv])
+
+
+def test_scores_repeat_beyond_a_sliding_window_is_one_line_after_the_load(monkeypatch, capsys):
+    """The window is known only once the model is loaded: then one line and exit 2."""
+    def load(name):
+        model = tiny(True)
+        model.cfg.attn_types, model.cfg.window_size = ["local", "global", "local"], 8
+        return model
+
+    monkeypatch.setattr(models, "load_model", load)
+    seen = _spy(monkeypatch)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["scores", "--repeat", "8", "--seq-len", "16", "--no-progress"])
+    out, err = capsys.readouterr()
+    loading, line = err.strip().splitlines()
+    assert info.value.code == 2 and out == "" and loading.startswith("Loading") and not seen
+    assert line == ("tl-geometry scores: error: --repeat 8: smollm2-135m's sliding-window layers see "
+                    "the last 8 keys, and a query of the second copy sees its token's earlier "
+                    "occurrence only for R ≤ w − 1 = 7; use --repeat 7 or less.")
+    assert cli.main(["scores", "--repeat", "7", "--seq-len", "16", "--no-progress"]) == 0
+
+
+def test_scores_seq_len_and_repeat_reach_the_table(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(models, "load_model", lambda name: tiny(True))
+    seen = _spy(monkeypatch)
+    csv = tmp_path / "s.csv"
+    assert cli.main(["scores", "--seq-len", "24", "--repeat", "5", "--n-seqs", "3", "--no-progress",
+                     "--csv", str(csv)]) == 0
+    repeated, windows, sink, needled = seen  # --seq-len < 64: Sink^ε reads 64-token windows apart
+    assert repeated.shape == (8, 11) and windows.shape == (3, 24) and sink.shape == (3, 64)
+    assert needled.shape == (3, 24 + 48) and torch.equal(sink[0, :24], windows[0])
+    out = capsys.readouterr().out
+    assert "3 windows of 24 tokens; R = 5" in out and "on 64-token windows):" in out
+    table = __import__("pandas").read_csv(csv)
+    assert (table["sink_queries"] == 23).all() and len(table) == 12
+    seen.clear()
+    assert cli.main(["scores", "--n-seqs", "2", "--no-progress"]) == 0  # the defaults: 128 and 32
+    assert [tuple(t.shape) for t in seen] == [(8, 65), (2, 128), (2, 64), (2, 128 + 48)]
+    assert "2 windows of 128 tokens; R = 32" in capsys.readouterr().out

@@ -9,11 +9,16 @@ Every sequence starts as the model was trained (SPEC §1): with BOS where it was
 own attribute), else with its first text token. Sequences the caller passes are checked for it,
 and for padding: the scores read every position as text, so a window that starts otherwise or
 holds pad tokens would move the sink rate and Sink^ε without a word.
+
+Sliding-window layers (Gemma-3's local layers, ``w = 512``) are read from the model's config
+(:func:`tl_geometry.inputs.capture.model_windows`): each score reads only the (query, key) pairs
+the query sees, and ``R`` is at most ``w − 1``, so that the second copy sees the first.
 """
 
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,27 +27,54 @@ from torch import Tensor
 
 from ..functional import head_scores as _scores
 from ..inputs.cache import PATTERN_HOOK
+from ..inputs.capture import model_windows
 from ..inputs.models import trained_with_bos
 from ..inputs.text import text_windows
 from ..inputs.tokens import check_token_ids
 
 #: Sequences built when none are passed: random repeated sequences and text windows.
-N_REPEATED, N_WINDOWS, WINDOW_LENGTH = 8, 8, 64
+N_REPEATED, N_WINDOWS = 8, 8
+#: The text windows' length when neither ``seq_len`` nor ``windows`` says: the analysis's own
+#: default (``tl-geometry analyze --seq-len``), so that scores and labels read the same context.
+DEFAULT_SEQ_LEN = 128
+#: The shortest text window (BOS and three tokens); the shortest ``R``.
+MIN_SEQ_LEN, MIN_REPEAT = 4, 2
+#: Tokens a retrieval sequence adds to its text window: the needle and its repeated tokens.
+RETRIEVAL_EXTRA = _scores.NEEDLE_LENGTH + _scores.NEEDLE_REPEATED
 #: The patterns of one forward (every layer, float32) stay below this size: more sequences run
 #: in batches, so the number of windows is bounded by the text, not by memory.
 PATTERN_BUDGET = 1 << 30
 #: Seeds are whole numbers in ``[0, MAX_SEED)``.
 MAX_SEED = 2**63
 
+Score = Callable[[Tensor, int], Tensor]
 
-def head_scores(model: Any, *, repeated: Tensor | None = None, windows: Tensor | None = None,
-                seed: int = 0):
+
+def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = None,
+                repeated: Tensor | None = None, windows: Tensor | None = None,
+                sink_windows: Tensor | None = None, seed: int = 0):
     """Per (layer, head), the scores of SPEC §9 as a ``pandas.DataFrame``.
 
-    Columns ``layer, head, previous_token, duplicate_token, induction, sink_rate, retrieval``;
-    ``df.attrs["sink_epsilon"]`` is the model's Sink^ε (share of heads with ``sink_rate > 0.3``,
-    Gu et al., ICLR 2025), ``df.attrs["epsilon"]`` the threshold, ``df.attrs["repeat"]`` R and
-    ``df.attrs["trained_with_bos"]`` whether the sequences start with BOS.
+    Columns ``layer, head, previous_token, duplicate_token, induction, sink_rate, retrieval,
+    sink_queries``. ``sink_rate`` is the mean weight on **key 0** (Gu et al.'s first-token
+    definition: the sink where BOS is prepended) over the queries ``t ≥ 1`` of the text windows
+    that see key 0; ``sink_queries`` is how many such queries each window has in that layer
+    (``T − 1``; ``min(T, w) − 1`` on a layer with sliding window ``w``). ``attrs``:
+
+    * ``sink_epsilon``: the model's Sink^ε (Gu et al., ICLR 2025), the share of heads whose sink
+      rate on windows of ``attrs["sink_epsilon_seq_len"]`` = 64 tokens of real text is above
+      ``attrs["epsilon"]`` = 0.3, whatever ``seq_len`` is (below); NaN where no 64-token
+      windows are at hand;
+    * ``seq_len`` (``T``, the text windows' length), ``n_windows``, ``repeat`` (``R``),
+      ``window`` (each layer's sliding window, ``None`` for a global layer; ``None`` for a model
+      without any) and ``trained_with_bos`` (whether the sequences start with BOS).
+
+    Which 64-token windows Sink^ε reads: ``sink_windows`` where given; where ``head_scores``
+    cuts the text windows itself, 8 windows of 64 tokens of the same text, the same ones
+    whatever ``seq_len`` (at ``seq_len=64`` they are the text windows: no extra forward); where
+    the caller passes ``windows`` of ``T ≥ 64`` tokens, their first 64 tokens (a causal model
+    attends over them as over a 64-token window; no extra forward); shorter windows passed
+    without ``sink_windows`` leave it NaN, with a warning.
 
     Every sequence starts as the model was trained (:func:`tl_geometry.inputs.models.trained_with_bos`):
     with BOS for SmolLM2 and Gemma-3, with a text token for Qwen2.5-Coder. Sequences passed in
@@ -50,66 +82,132 @@ def head_scores(model: Any, *, repeated: Tensor | None = None, windows: Tensor |
 
     Args:
         model: a TransformerLens model (``HookedTransformer`` or ``TransformerBridge``).
+        seq_len: tokens per text window, BOS included (``≥ 4``); default 128, the analysis's own
+            default (pass the analysis's length, so that scores and labels come from the same
+            context), or the length of ``windows`` where they are passed.
+        repeat: ``R``, the random tokens repeated twice for previous_token, duplicate_token and
+            induction: a whole number ``≥ 2``, default 32 (whatever ``seq_len``), at most
+            ``w − 1`` on a model with sliding-window layers (Gemma-3: 511), so that the second
+            copy sees the first; or the ``R`` of ``repeated`` where it is passed.
         repeated: ``[batch, 2R]`` token ids, ``R`` tokens repeated twice, after BOS where the
-            model was trained with one (``[batch, 1 + 2R]``); default: 8 sequences with
-            ``R = 32`` drawn from ``seed`` uniformly over the vocabulary without special tokens,
-            at the token level (no detokenise round trip).
+            model was trained with one (``[batch, 1 + 2R]``); default: 8 sequences drawn from
+            ``seed`` uniformly over the vocabulary without special tokens, at the token level
+            (no detokenise round trip).
         windows: ``[batch, T]`` real-text token ids (``T ≥ 4``), starting as the model was
-            trained and without padding; default: 8 windows of 64 tokens of the built-in sample
-            text (:func:`tl_geometry.text_windows`). Read for ``sink_rate`` and, with a random
-            32-token needle inserted at the middle and its first 16 tokens repeated at the end,
-            for ``retrieval``.
+            trained and without padding; default: 8 windows of ``seq_len`` tokens of the
+            built-in sample text (:func:`tl_geometry.text_windows`). Read for ``sink_rate`` and,
+            with a random 32-token needle inserted at the middle and its first 16 tokens
+            repeated at the end, for ``retrieval``.
+        sink_windows: ``[batch, 64]`` real-text token ids for Sink^ε (checked as ``windows``);
+            default: as said above. ``tl-geometry scores`` passes 64-token windows of its text.
         seed: seeds the random tokens (repeated sequences and needles); a whole number in
             ``[0, 2**63)``.
 
     Example:
-        >>> scores = tl_geometry.head_scores(model)                        # doctest: +SKIP
+        >>> scores = tl_geometry.head_scores(model, seq_len=128)           # doctest: +SKIP
         >>> scores.nlargest(3, "induction"), scores.attrs["sink_epsilon"]  # doctest: +SKIP
     """
     import pandas as pd
 
     cfg = _check_model(model)
     seed = _check_seed(seed)
+    layer_window = _layer_windows(model, cfg.n_layers)
+    n_ctx = getattr(cfg, "n_ctx", None)
+    n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
     # Without windows, text_windows asks (and warns where nothing says) itself.
     with_bos = trained_with_bos(model, warn=windows is not None)
     start = 1 if with_bos else 0
+    # Every argument is checked before the first forward.
+    if seq_len is not None:
+        seq_len = _check_length(seq_len, "seq_len", MIN_SEQ_LEN, "tokens per text window, BOS included")
+    if repeat is not None:
+        repeat = _check_length(repeat, "repeat", MIN_REPEAT, "R, the random tokens repeated twice")
+    if repeated is not None:
+        given = _check_repeated(repeated, cfg.d_vocab, start)
+        if repeat is not None and repeat != given:
+            raise ValueError(f"repeat={repeat} but repeated holds R = {given} tokens repeated twice "
+                             f"(shape {list(repeated.shape)}); pass one of them, or both alike.")
+        repeat = given
+    repeat = _scores.REPEAT_LENGTH if repeat is None else repeat
+    _check_repeat_fits(model, repeat, start, layer_window, n_ctx)
+    if windows is not None:
+        _check_windows(windows, cfg.d_vocab)
+        if seq_len is not None and seq_len != windows.shape[1]:
+            raise ValueError(f"seq_len={seq_len} but windows are {windows.shape[1]} tokens long "
+                             f"(shape {list(windows.shape)}); pass one of them, or both alike.")
+    length = windows.shape[1] if windows is not None else seq_len or DEFAULT_SEQ_LEN
+    if n_ctx is not None and length + RETRIEVAL_EXTRA > n_ctx:
+        raise ValueError(f"text windows of {length} tokens make retrieval sequences of {length} + "
+                         f"{RETRIEVAL_EXTRA} tokens (the needle and its repeat), beyond "
+                         f"{_label(model)}'s context of {n_ctx}; use seq_len ≤ {n_ctx - RETRIEVAL_EXTRA}.")
+    if sink_windows is not None:
+        _check_windows(sink_windows, cfg.d_vocab, "sink_windows")
+        if sink_windows.shape[1] != _scores.SINK_EPSILON_LENGTH:
+            raise ValueError(f"sink_windows must be [batch, {_scores.SINK_EPSILON_LENGTH}] (Sink^ε reads "
+                             f"windows of {_scores.SINK_EPSILON_LENGTH} tokens), got "
+                             f"{list(sink_windows.shape)}.")
+
     generator = torch.Generator().manual_seed(seed)
     vocabulary = ordinary_tokens(model)
     if repeated is None:
-        body = _draw(vocabulary, (N_REPEATED, _scores.REPEAT_LENGTH), generator)
+        body = _draw(vocabulary, (N_REPEATED, repeat), generator)
         first = [torch.full((N_REPEATED, 1), _bos(model))] if with_bos else []
         repeated = torch.cat([*first, body, body], dim=1)
-    repeat = _check_repeated(repeated, cfg.d_vocab, start)
+    built = windows is None
     if windows is None:
-        windows = text_windows(model, n_seqs=N_WINDOWS, seq_len=WINDOW_LENGTH)
-    _check_windows(windows, cfg.d_vocab)
-    for name, tokens in (("repeated", repeated), ("windows", windows)):
-        _check_first_token(model, tokens, name, with_bos)
-        _check_no_padding(model, tokens, name)
+        windows = text_windows(model, n_seqs=N_WINDOWS, seq_len=length)
+    if sink_windows is None and built and length != _scores.SINK_EPSILON_LENGTH:
+        # The same 64-token windows whatever seq_len: Sink^ε does not move with it.
+        sink_windows = text_windows(model, n_seqs=N_WINDOWS, seq_len=_scores.SINK_EPSILON_LENGTH)
+    for name, tokens in (("repeated", repeated), ("windows", windows), ("sink_windows", sink_windows)):
+        if tokens is not None:
+            _check_first_token(model, tokens, name, with_bos)
+            _check_no_padding(model, tokens, name)
     needles = _draw(vocabulary, (windows.shape[0], _scores.NEEDLE_LENGTH), generator)
-    middle, queries, keys = _scores.retrieval_layout(windows.shape[1])
+    middle, queries, keys = _scores.retrieval_layout(length)
     with_needle = torch.cat([windows[:, :middle], needles, windows[:, middle:],
                              needles[:, :_scores.NEEDLE_REPEATED]], dim=1)
 
+    def sink_64(pattern: Tensor, layer: int) -> Tensor:
+        short = _scores.SINK_EPSILON_LENGTH
+        return _scores.sink_rate(pattern[..., :short, :short], layer_window[layer])
+
+    text_scores: dict[str, Score] = {"sink_rate": lambda p, layer: _scores.sink_rate(p, layer_window[layer])}
+    if sink_windows is None and length >= _scores.SINK_EPSILON_LENGTH:
+        text_scores["sink_64"] = sink_64  # the 64-token prefixes, read in the same forward
     columns = {
         **_layer_means(model, repeated, {
-            "previous_token": lambda p: _scores.previous_token_score(p, start),
-            "duplicate_token": lambda p: _scores.duplicate_token_score(p, repeat, start),
-            "induction": lambda p: _scores.induction_score(p, repeat, start),
+            "previous_token": lambda p, layer: _scores.previous_token_score(p, start, layer_window[layer]),
+            "duplicate_token": lambda p, layer: _scores.duplicate_token_score(p, repeat, start, layer_window[layer]),
+            "induction": lambda p, layer: _scores.induction_score(p, repeat, start, layer_window[layer]),
         }),
-        **_layer_means(model, windows, {"sink_rate": _scores.sink_rate}),
-        **_layer_means(model, with_needle,
-                       {"retrieval": lambda p: _scores.argmax_share(p, queries, keys)}),
+        **_layer_means(model, windows, text_scores),
+        **(_layer_means(model, sink_windows, {"sink_64": sink_64}) if sink_windows is not None else {}),
+        **_layer_means(model, with_needle, {
+            "retrieval": lambda p, layer: _scores.argmax_share(p, queries, keys, layer_window[layer])}),
     }
+    if "sink_64" in columns:
+        epsilon = _scores.sink_epsilon(torch.cat([v.cpu() for v in columns["sink_64"]]))
+    else:
+        epsilon = float("nan")
+        warnings.warn(f"Sink^ε reads windows of {_scores.SINK_EPSILON_LENGTH} tokens (Gu et al.) and "
+                      f"these windows have {length}: attrs['sink_epsilon'] is NaN. Pass sink_windows= "
+                      f"({_scores.SINK_EPSILON_LENGTH}-token windows of the same text, e.g. "
+                      f"tl_geometry.text_windows(model, text, seq_len={_scores.SINK_EPSILON_LENGTH})) "
+                      "or windows of at least that length.", UserWarning, stacklevel=2)
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
+    sink_counts = torch.tensor([_scores.sink_queries(length, w) for w in layer_window])
     frame = pd.DataFrame({
         "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
         "head": torch.arange(n_heads).repeat(n_layers).numpy(),
         # Under a device map each layer's scores live on its own device: gather them on the CPU.
         **{name: torch.cat([v.cpu() for v in columns[name]]).numpy() for name in _scores.SCORE_NAMES},
+        "sink_queries": sink_counts.repeat_interleave(n_heads).numpy(),
     })
-    frame.attrs.update(sink_epsilon=_scores.sink_epsilon(torch.cat([v.cpu() for v in columns["sink_rate"]])),
-                       epsilon=_scores.SINK_EPSILON, repeat=repeat, trained_with_bos=with_bos)
+    frame.attrs.update(sink_epsilon=epsilon, sink_epsilon_seq_len=_scores.SINK_EPSILON_LENGTH,
+                       epsilon=_scores.SINK_EPSILON, seq_len=length, n_windows=int(windows.shape[0]),
+                       repeat=repeat, window=None if not any(layer_window) else list(layer_window),
+                       trained_with_bos=with_bos)
     return frame
 
 
@@ -151,6 +249,48 @@ def _check_seed(seed: Any) -> int:
         raise ValueError(f"seed must be in [0, 2**63) (a 64-bit generator seed), got {int(seed)}; "
                          "pick a smaller whole number, e.g. seed=0.")
     return int(seed)
+
+
+def _check_length(value: Any, name: str, least: int, what: str) -> int:
+    """A whole number ``≥ least`` (not a bool): ``seq_len`` and ``repeat``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a whole number ≥ {least} ({what}), got {value!r} "
+                         f"({type(value).__name__}).")
+    if value < least:
+        why = " (with R = 1 the induction key is the query itself)" if name == "repeat" else ""
+        raise ValueError(f"{name} must be ≥ {least} ({what}){why}, got {int(value)}.")
+    return int(value)
+
+
+def _layer_windows(model: Any, n_layers: int) -> list[int | None]:
+    """Each layer's sliding window from the model's config (``None``: global), as the analysis
+    reads it (:func:`tl_geometry.inputs.capture.model_windows`)."""
+    windows = model_windows(model)
+    if windows is None:
+        return [None] * n_layers
+    if len(windows) != n_layers:
+        raise ValueError(f"{_label(model)}'s config names {len(windows)} layers' sliding windows but "
+                         f"the model has {n_layers} layers; check the config (layer_types).")
+    return [int(w) if w else None for w in windows]
+
+
+def _check_repeat_fits(model: Any, repeat: int, start: int, layer_window: list[int | None],
+                       n_ctx: int | None) -> None:
+    """``R ≤ w − 1`` on every sliding-window layer (the second copy's query ``t`` then sees its
+    earlier occurrence ``t − R``), and the repeated sequence within the model's context."""
+    local = [(w, layer) for layer, w in enumerate(layer_window) if w is not None]
+    if local:
+        w, layer = min(local)
+        if repeat > w - 1:
+            raise ValueError(f"repeat R = {repeat} is too long for {_label(model)}'s sliding-window "
+                             f"layers (layer {layer} sees the last {w} keys): a query of the second "
+                             f"copy sees its token's earlier occurrence only for R ≤ w − 1 = {w - 1}; "
+                             f"use repeat ≤ {w - 1}.")
+    if n_ctx is not None and start + 2 * repeat > n_ctx:
+        layout = "BOS + 2R" if start else "2R"
+        raise ValueError(f"repeat R = {repeat} makes sequences of {start + 2 * repeat} tokens "
+                         f"({layout}), beyond {_label(model)}'s context of {n_ctx}; use repeat ≤ "
+                         f"{(n_ctx - start) // 2}.")
 
 
 def _label(model: Any) -> str:
@@ -202,12 +342,12 @@ def _check_repeated(repeated: Any, d_vocab: int, start: int) -> int:
     return repeat
 
 
-def _check_windows(windows: Any, d_vocab: int) -> None:
+def _check_windows(windows: Any, d_vocab: int, name: str = "windows") -> None:
     layout = ("[batch, T] real-text token ids (T ≥ 4) starting as the model was trained; "
-              "tl_geometry.text_windows(model, n_seqs=8, seq_len=64) makes them")
-    _check_ids(windows, "windows", layout, d_vocab)
-    if windows.shape[1] < 4:
-        raise ValueError(f"windows must be {layout}, got {list(windows.shape)}.")
+              "tl_geometry.text_windows(model, n_seqs=8, seq_len=128) makes them")
+    _check_ids(windows, name, layout, d_vocab)
+    if windows.shape[1] < MIN_SEQ_LEN:
+        raise ValueError(f"{name} must be {layout}, got {list(windows.shape)}.")
 
 
 def _rows(mask: Tensor) -> str:
@@ -267,9 +407,9 @@ def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
                          "n_seqs=..., seq_len=...).")
 
 
-def _layer_means(model: Any, tokens: Tensor,
-                 scores: dict[str, Callable[[Tensor], Tensor]]) -> dict[str, list[Tensor]]:
-    """Per score and layer, its per-head mean over every sequence of ``tokens``.
+def _layer_means(model: Any, tokens: Tensor, scores: dict[str, Score]) -> dict[str, list[Tensor]]:
+    """Per score and layer, its per-head mean over every sequence of ``tokens``; each score is
+    called with a layer's pattern and the layer's index.
 
     The sequences run in batches whose patterns fit :data:`PATTERN_BUDGET`; every sequence has
     as many queries, so the mean is the batches' means weighted by their sizes (one batch, the
@@ -283,7 +423,7 @@ def _layer_means(model: Any, tokens: Tensor,
         chunk = tokens[lo:lo + batch]
         for layer, pattern in _patterns(model, chunk).items():
             for name, score in scores.items():
-                parts[name].setdefault(layer, []).append(score(pattern) * (len(chunk) / n_seqs))
+                parts[name].setdefault(layer, []).append(score(pattern, layer) * (len(chunk) / n_seqs))
     return {name: [torch.stack(values).sum(0) for values in layers.values()]
             for name, layers in parts.items()}
 

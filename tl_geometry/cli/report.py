@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scores:
         from ..analyze.head_scores import head_scores
 
-        scores = head_scores(model)
+        scores = head_scores(model, seq_len=args.seq_len)  # the report's own context length
     index = write_report(result, args.out, cache=cache, tokens=tokens, model=model, scores=scores)
     bar.update()
     bar.set_postfix_str("done")

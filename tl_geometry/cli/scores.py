@@ -12,12 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..analyze.head_scores import DEFAULT_SEQ_LEN, MIN_REPEAT, MIN_SEQ_LEN, RETRIEVAL_EXTRA
+from ..functional.head_scores import REPEAT_LENGTH, SINK_EPSILON_LENGTH
 from .args import (
     UsageError,
     add_progress_option,
     check_distinct_paths,
     check_model,
     check_output_file,
+    check_windows,
+    load_cli_model,
     positive_int,
     read_input_text,
     seed,
@@ -26,20 +30,31 @@ from .args import (
 DESCRIPTION = """\
 Head scores from attention patterns alone (docs/labels.md): previous_token, duplicate_token and
 induction (TransformerLens head_detector's patterns, as a mean weight on the expected key) on
-32 random tokens repeated; sink_rate on 64-token windows of real text, with the model's
-Sink^ε (share of heads with sink_rate > 0.3); retrieval on a random needle repeated at the end
-of a text window. Every sequence starts with BOS only where the model was trained with one
-(SmolLM2, Gemma-3; not Qwen2.5-Coder). Compare them with the Retriever / Mixer / Reset labels: a Retriever is not
-a retrieval or induction head.
+R random tokens repeated (--repeat, 32); sink_rate, the mean weight on key 0, on windows of real
+text of --seq-len tokens (128, as tl-geometry analyze: give the analysis's length so that scores
+and labels come from the same context), and the model's Sink^ε (share of heads with sink_rate
+> 0.3 on 64-token windows of the same text, whatever --seq-len); retrieval on a random needle
+repeated at the end of a text window. Every sequence starts with BOS only where the model was
+trained with one (SmolLM2, Gemma-3; not Qwen2.5-Coder). Compare them with the Retriever / Mixer /
+Reset labels: a Retriever is not a retrieval or induction head.
 
 examples:
   tl-geometry scores
-  tl-geometry scores --model gemma3-270m --csv scores.csv
+  tl-geometry scores --model gemma3-270m --seq-len 256 --csv scores.csv
   tl-geometry scores --text corpus.txt --sort induction --top 10
 """
 
 #: Columns ``--sort`` accepts (the scores of SPEC §9).
 SORTABLE = ("previous_token", "duplicate_token", "induction", "sink_rate", "retrieval")
+
+
+def repeat_length(text: str) -> int:
+    """``--repeat``: a whole number ≥ 2 (with R = 1 the induction key is the query itself)."""
+    value = positive_int(text)
+    if value < MIN_REPEAT:
+        raise argparse.ArgumentTypeError(f"must be ≥ {MIN_REPEAT} (with R = 1 the induction key is the "
+                                         f"query itself), got {value}")
+    return value
 
 
 def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
@@ -52,9 +67,15 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
         "--model", default=DEFAULT_MODEL, metavar="NAME|PATH",
         help=f"a built-in model ({', '.join(sorted(MODELS))}), a local Hugging Face folder or a .gguf file")
     parser.add_argument("--text", metavar="FILE",
-                        help="UTF-8 plain-text file for the 64-token windows (default: the built-in sample)")
+                        help="UTF-8 plain-text file to cut into windows (default: the built-in sample)")
     parser.add_argument("--n-seqs", type=positive_int, default=8, metavar="K",
                         help="text windows (the repeated random sequences are 8)")
+    parser.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN, metavar="T",
+                        help="tokens per text window, BOS included, for sink_rate and retrieval "
+                             "(Sink^ε reads 64-token windows whatever T)")
+    parser.add_argument("--repeat", type=repeat_length, default=REPEAT_LENGTH, metavar="R",
+                        help="random tokens repeated twice for previous_token, duplicate_token and "
+                             "induction, ≥ 2; at most w - 1 on sliding-window layers (Gemma-3: 511)")
     parser.add_argument("--seed", type=seed, default=0,
                         help="seed of the random tokens, a whole number in [0, 2**63 - 1]")
     parser.add_argument("--sort", choices=SORTABLE, default=None,
@@ -68,32 +89,72 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``tl-geometry scores``; returns the exit status (bad arguments raise ``UsageError``)."""
-    check_model(args.model)
+    check_model(args.model, args.seq_len)
+    check_windows(args, min_seq_len=MIN_SEQ_LEN)
+    _check_context(args)
     check_output_file(args.csv, "--csv")
     check_distinct_paths(args, ("--csv",))
     if args.top is not None and args.sort is None:
         raise UsageError("--top needs --sort (which score ranks the heads), e.g. --sort induction --top 10.")
-    # The windows of SPEC §9; read_input_text checks that the text (a --text file or the built-in
-    # sample) has enough bytes for --n-seqs of them, before the load.
-    args.seq_len = 64
+    # read_input_text checks that the text (a --text file or the built-in sample) has enough bytes
+    # for --n-seqs windows, before the load.
     text = read_input_text(args)
     from ..analyze.head_scores import head_scores
-    from ..inputs.models import load_model
     from ..inputs.text import text_windows
 
     print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_model(args.model)
-    windows = text_windows(model, text, n_seqs=args.n_seqs, seq_len=64)
-    table = head_scores(model, windows=windows, seed=args.seed)
+    model = load_cli_model(args)
+    windows = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
+    # Sink^ε reads --n-seqs windows of 64 tokens of the same text, the same ones whatever --seq-len.
+    sink_windows = None
+    if args.seq_len != SINK_EPSILON_LENGTH:
+        sink_windows = text_windows(model, text, n_seqs=args.n_seqs, seq_len=SINK_EPSILON_LENGTH)
+    _check_window(args, model)
+    table = head_scores(model, windows=windows, sink_windows=sink_windows, repeat=args.repeat,
+                        seed=args.seed)
     shown = table if args.sort is None else table.sort_values(args.sort, ascending=False, kind="stable")
     if args.top is not None:
         shown = shown.head(args.top)
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    eps = table.attrs["sink_epsilon"]
-    print(f"\nSink^ε (share of heads with sink_rate > {table.attrs['epsilon']}): {100 * eps:.1f} %")
+    eps, attrs = table.attrs["sink_epsilon"], table.attrs
+    print(f"\nsink_rate: key 0, over the queries t ≥ 1 that see it (sink_queries per window) of "
+          f"{attrs['n_windows']} windows of {attrs['seq_len']} tokens; R = {attrs['repeat']}")
+    print(f"Sink^ε (share of heads with sink_rate > {attrs['epsilon']} on "
+          f"{attrs['sink_epsilon_seq_len']}-token windows): {100 * eps:.1f} %")
     if args.csv:
         path = Path(args.csv).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(path, index=False)
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _check_context(args: argparse.Namespace) -> None:
+    """Where the context length is known before the load: the repeated sequences (BOS + 2R) and
+    the retrieval sequences (the window, the needle and its repeat) fit in it."""
+    from ..inputs.models import context_length
+
+    n_ctx = context_length(args.model)
+    if n_ctx is None:
+        return
+    if 1 + 2 * args.repeat > n_ctx:
+        raise UsageError(f"--repeat {args.repeat} makes sequences of up to {1 + 2 * args.repeat} tokens "
+                         f"(BOS + 2R), beyond {args.model}'s context length of {n_ctx}; use --repeat "
+                         f"{(n_ctx - 1) // 2} or less.")
+    if args.seq_len + RETRIEVAL_EXTRA > n_ctx:
+        raise UsageError(f"--seq-len {args.seq_len} makes retrieval sequences of {args.seq_len} + "
+                         f"{RETRIEVAL_EXTRA} tokens (the needle and its repeat), beyond {args.model}'s "
+                         f"context length of {n_ctx}; use --seq-len {n_ctx - RETRIEVAL_EXTRA} or less.")
+
+
+def _check_window(args: argparse.Namespace, model: Any) -> None:
+    """``R ≤ w − 1`` on sliding-window layers (Gemma-3: 511): the windows are known only once the
+    model is loaded, from its config."""
+    from ..inputs.capture import model_windows
+
+    local = [w for w in model_windows(model) or () if w]
+    if local and args.repeat > min(local) - 1:
+        w = min(local)
+        raise UsageError(f"--repeat {args.repeat}: {args.model}'s sliding-window layers see the last {w} "
+                         f"keys, and a query of the second copy sees its token's earlier occurrence "
+                         f"only for R ≤ w − 1 = {w - 1}; use --repeat {w - 1} or less.")

@@ -11,6 +11,10 @@ BOS where the model was trained with one (SPEC §1): the first copy starts at ``
 BOS, else 0), so the copies sit at ``start … start+R−1`` and ``start+R … start+2R−1``; a
 *retrieval* sequence is a text window with a needle inserted and the needle's first tokens
 repeated at its end (:func:`retrieval_layout`).
+
+Sliding-window layers (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees the keys
+``t − w < i ≤ t``. Every score takes the layer's ``window`` (``None``: global) and reads only the
+(query, expected key) pairs where the query sees the key; a score with no such pair is NaN.
 """
 
 from __future__ import annotations
@@ -23,64 +27,99 @@ from torch import Tensor
 SCORE_NAMES = ("previous_token", "duplicate_token", "induction", "sink_rate", "retrieval")
 #: The sink-rate threshold ε of Sink^ε (Gu et al., ICLR 2025; SPEC §9).
 SINK_EPSILON = 0.3
-#: Repeated-sequence half length, needle length and the number of needle tokens repeated (SPEC §9).
+#: Repeated-sequence half length R (the default), needle length and the number of needle tokens
+#: repeated (SPEC §9).
 REPEAT_LENGTH, NEEDLE_LENGTH, NEEDLE_REPEATED = 32, 32, 16
+#: The length of the text windows Sink^ε is read on (Gu et al., ICLR 2025; SPEC §9).
+SINK_EPSILON_LENGTH = 64
+
+
+def visible(queries: Int[Tensor, " q"], keys: Int[Tensor, " q"], window: int | None = None) -> Tensor:
+    """Which (query, key) pairs are seen: ``key ≤ query`` and, on a layer with a sliding
+    ``window`` ``w``, ``query − key < w`` (SPEC §1).
+
+    >>> visible(torch.tensor([1, 2, 3]), torch.tensor([0, 0, 0]), window=3).tolist()
+    [True, True, False]
+    """
+    seen = keys <= queries
+    return seen if window is None else seen & (queries - keys < _window(window))
 
 
 def mean_weight(
     pattern: Float[Tensor, "batch head query key"],
     queries: Int[Tensor, " q"],
     keys: Int[Tensor, " q"],
+    window: int | None = None,
 ) -> Float[Tensor, " head"]:
-    """Mean over sequences and the given queries of ``α[query, key]``, per head (float64).
+    """Mean over sequences and the given (query, key) pairs of ``α[query, key]``, per head
+    (float64); only the pairs the query sees count (:func:`visible`), NaN where none does.
 
     >>> p = torch.eye(3)[None, None]            # every query attends to itself
     >>> mean_weight(p, torch.tensor([1, 2]), torch.tensor([1, 1])).tolist()
     [0.5]
     """
+    keep = visible(queries, keys, window)
+    queries, keys = queries[keep], keys[keep]
     weights = pattern[:, :, queries, keys]  # [batch, head, q]: advanced indexing pairs them
-    return weights.double().mean(dim=(0, 2))
+    return weights.double().mean(dim=(0, 2))  # no pair left: NaN
 
 
-def previous_token_score(pattern: Float[Tensor, "batch head pos pos"], start: int = 1) -> Float[Tensor, " head"]:
+def previous_token_score(
+    pattern: Float[Tensor, "batch head pos pos"], start: int = 1, window: int | None = None
+) -> Float[Tensor, " head"]:
     """Mean of ``α[t, t−1]`` over the queries after the repeated sequence's first token,
     ``t = start+1 … T−1`` (SPEC §9): ``2 … 2R`` after BOS (``start = 1``), ``1 … 2R−1``
     without it (``start = 0``)."""
     t = torch.arange(_start(start) + 1, pattern.shape[-2], device=pattern.device)
-    return mean_weight(pattern, t, t - 1)
+    return mean_weight(pattern, t, t - 1, window)
 
 
 def duplicate_token_score(
-    pattern: Float[Tensor, "batch head pos pos"], repeat: int, start: int = 1
+    pattern: Float[Tensor, "batch head pos pos"], repeat: int, start: int = 1, window: int | None = None
 ) -> Float[Tensor, " head"]:
     """Mean of ``α[t, t−R]`` over the second copy ``t = start+R … start+2R−1`` of a repeated
-    sequence (SPEC §9): attention to the earlier occurrence of the current token."""
+    sequence (SPEC §9): attention to the earlier occurrence of the current token. On a layer
+    with window ``w ≤ R`` that key is hidden from every query: NaN (``R ≤ w − 1`` reads it)."""
     t = _second_copy(pattern, repeat, start)
-    return mean_weight(pattern, t, t - repeat)
+    return mean_weight(pattern, t, t - repeat, window)
 
 
 def induction_score(
-    pattern: Float[Tensor, "batch head pos pos"], repeat: int, start: int = 1
+    pattern: Float[Tensor, "batch head pos pos"], repeat: int, start: int = 1, window: int | None = None
 ) -> Float[Tensor, " head"]:
     """Mean of ``α[t, t−R+1]`` over the second copy ``t = start+R … start+2R−1`` (SPEC §9):
     attention to the token right after the earlier occurrence of the current token."""
     t = _second_copy(pattern, repeat, start)
-    return mean_weight(pattern, t, t - repeat + 1)
+    return mean_weight(pattern, t, t - repeat + 1, window)
 
 
-def sink_rate(pattern: Float[Tensor, "batch head pos pos"]) -> Float[Tensor, " head"]:
-    """Mean over queries ``t ≥ 1`` of the first token's weight ``α[t, 0]`` (SPEC §9)."""
+def sink_queries(n_pos: int, window: int | None = None) -> int:
+    """How many queries of a ``n_pos``-token sequence read the sink rate: ``t ≥ 1`` that see
+    key 0, ``t = 1 … min(n_pos, w) − 1`` on a layer with window ``w`` (SPEC §9).
+
+    >>> sink_queries(1024), sink_queries(1024, window=512), sink_queries(64, window=512)
+    (1023, 511, 63)
+    """
+    return max(0, (n_pos if window is None else min(n_pos, _window(window))) - 1)
+
+
+def sink_rate(pattern: Float[Tensor, "batch head pos pos"], window: int | None = None) -> Float[Tensor, " head"]:
+    """Mean of key 0's weight ``α[t, 0]`` over the queries ``t ≥ 1`` that see key 0 (SPEC §9,
+    Gu et al.'s first-token definition): all of them on a global layer, ``t ≤ w − 1`` on a
+    layer with window ``w`` (:func:`sink_queries` of them); NaN where none does."""
     t = torch.arange(1, pattern.shape[-2], device=pattern.device)
-    return mean_weight(pattern, t, torch.zeros_like(t))
+    return mean_weight(pattern, t, torch.zeros_like(t), window)
 
 
 def sink_epsilon(rates: Float[Tensor, ...], epsilon: float = SINK_EPSILON) -> float:
-    """Sink^ε of a model: the share of its heads with ``sink_rate > ε`` (Gu et al.; SPEC §9).
+    """Sink^ε of a model: the share of its heads with ``sink_rate > ε`` (Gu et al.; SPEC §9),
+    over the heads whose rate is defined (not NaN); NaN where none is.
 
-    >>> sink_epsilon(torch.tensor([0.1, 0.5, 0.9, 0.3]))
+    >>> sink_epsilon(torch.tensor([0.1, 0.5, 0.9, 0.3, float("nan")]))
     0.5
     """
-    return float((rates > epsilon).double().mean())
+    defined = rates[~rates.isnan()]
+    return float((defined > epsilon).double().mean()) if defined.numel() else float("nan")
 
 
 def retrieval_layout(
@@ -108,10 +147,21 @@ def argmax_share(
     pattern: Float[Tensor, "batch head query key"],
     queries: Int[Tensor, " q"],
     keys: Int[Tensor, " q"],
+    window: int | None = None,
 ) -> Float[Tensor, " head"]:
-    """Share of (sequence, query) whose argmax key (ties → lower index) is the expected key."""
+    """Share of (sequence, query) whose argmax key (ties → lower index) is the expected key,
+    over the queries that see their expected key (:func:`visible`); NaN where none does."""
+    keep = visible(queries, keys, window)
+    queries, keys = queries[keep], keys[keep]
     winners = pattern[:, :, queries].argmax(-1)  # [batch, head, q]
     return (winners == keys.to(winners.device)).double().mean(dim=(0, 2))
+
+
+def _window(window: int) -> int:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window is a layer's sliding window, a whole number ≥ 1 (None: a global "
+                         f"layer); got {window!r}.")
+    return window
 
 
 def _start(start: int) -> int:

@@ -215,7 +215,7 @@ def agreement_section(result: HeadAnalysis, scores: Any) -> list[str]:
     share = agreement["share_high"].reset_index().rename(columns={"index": "score"})
     rho = agreement["spearman"].reset_index().rename(columns={"index": "vote fraction"})
     eps = scores.attrs.get("sink_epsilon")
-    sink = "" if eps is None else (
+    sink = "" if eps is None or math.isnan(float(eps)) else (
         f" Sink^ε (share of heads with sink_rate > {scores.attrs.get('epsilon', 0.3)}, Gu et al.): "
         f"{100 * float(eps):.1f} %.")
     return [
