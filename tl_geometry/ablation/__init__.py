@@ -81,6 +81,6 @@ def __getattr__(name: str) -> Any:
 
     warnings.warn(
         f"tl_geometry.ablation.{name} has moved to tl_geometry.capacity.{name}; import it from "
-        "tl_geometry.capacity (or tl_geometry). The old name will be removed in the next release.",
+        "tl_geometry.capacity. The old name will be removed in the next release.",
         DeprecationWarning, stacklevel=2)
     return getattr(capacity, name)

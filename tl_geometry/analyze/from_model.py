@@ -31,7 +31,7 @@ from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
-from ..inputs.models import trained_with_bos
+from ..inputs.text import bos_to_prepend
 from ..progress import progress_bar
 from ..result import HeadAnalysis
 from ..result.schema import SHUFFLE_KINDS
@@ -60,11 +60,12 @@ def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[
         # Each text alone, unpadded: the padding is done below, on the right whatever the
         # tokenizer's padding_side, and the caller's tokenizer is left as it was.
         rows = [list(ids) for ids in tokenizer(list(inputs), add_special_tokens=False)["input_ids"]]
-        if trained_with_bos(model):  # BOS first only where the model was trained with it (SPEC §1)
-            rows = [[tokenizer.bos_token_id, *ids] for ids in rows]
         empty = [i for i, ids in enumerate(rows) if not ids]
         if empty:
             raise ValueError(f"texts {empty[:8]} hold no token: drop the empty texts.")
+        bos = bos_to_prepend(model)  # BOS first only where the model was trained with it (SPEC §1)
+        if bos is not None:
+            rows = [[bos, *ids] for ids in rows]
         n_pos = max(len(ids) for ids in rows)
         pad = next((i for i in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
                     if i is not None), 0)  # any id: padded positions are masked everywhere
@@ -204,7 +205,7 @@ def analyze_model(
     Args:
         inputs: token ids ``[n, pos]`` (with ``attention_mask`` if padded), a text, or a list
             of texts (tokenized here, BOS prepended where the model was trained with one
-            (:func:`~tl_geometry.inputs.models.trained_with_bos`), right-padded, and masked in the forward
+            (:func:`~tl_geometry.inputs.text.bos_to_prepend`), right-padded, and masked in the forward
             pass and the analysis alike: the safe way to analyse texts of different lengths).
         shard: ``(rank, world_size)``: analyse only this rank's contiguous share of the
             sequences and all-reduce the sums across ranks (``torch.distributed`` must be

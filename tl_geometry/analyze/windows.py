@@ -9,12 +9,12 @@ only those are candidates (SPEC §1, ours).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..engine.options import check_window, layer_windows
 from ..inputs.capture import model_windows
+from ..warn import warn_caller
 
 #: What ``window=`` accepts (``"auto"``: the model's config).
 Window = int | Sequence[int | None] | Mapping[int, int | None] | Literal["auto"] | None
@@ -44,9 +44,9 @@ def resolve(window: object, model: Any, layers: Sequence[int], *, need_model: bo
                              "{layer: window}; None for global layers).")
         window = model_windows(model)
         if window is None and _names_sliding_layers(model):
-            warnings.warn("the model's config names sliding-window layers (layer_types) but gives no "
+            warn_caller("the model's config names sliding-window layers (layer_types) but gives no "
                           "sliding_window: every layer is read as global. Pass window= (an int, or "
-                          "{layer: window}) if its local layers see fewer keys.", UserWarning, stacklevel=3)
+                          "{layer: window}) if its local layers see fewer keys.")
     return layer_windows(window, layers)
 
 

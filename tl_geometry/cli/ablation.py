@@ -27,6 +27,7 @@ from .args import (
     load_cli_model,
     positive_int,
     read_input_text,
+    seed,
     show_progress,
 )
 
@@ -109,14 +110,14 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                                  "empirical p (default: none)")
         ablate.add_argument("--same-layers", action="store_true",
                             help="draw the random sets from the same layers, as many heads per layer")
-        ablate.add_argument("--seed", type=int, default=0, help="seed of the random sets")
+        ablate.add_argument("--seed", type=seed, default=0, help="seed of the random sets")
         return ablate
     prune = sub.add_parser(name, help="head sensitivity, removal orders and sparsification curves",
                            description=PRUNE)
     _common(prune, n_seqs=2, seq_len=64)
     prune.add_argument("--retention", type=_fractions, default="1,0.9,0.75,0.5,0.25",
                        metavar="F,F,...", help="fractions of heads kept at which the loss is measured")
-    prune.add_argument("--seed", type=int, default=0, help="first seed of the random orders")
+    prune.add_argument("--seed", type=seed, default=0, help="first seed of the random orders")
     prune.add_argument("--n-random", type=positive_int, default=3, metavar="K",
                        help="random orders (seeds seed, seed+1, ...)")
     prune.add_argument("--batch-heads", type=positive_int, default=None, metavar="B",

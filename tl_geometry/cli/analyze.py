@@ -37,6 +37,7 @@ from .args import (
     load_cli_model,
     positive_int,
     read_input_text,
+    seed,
     show_progress,
 )
 
@@ -83,7 +84,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                              "permuted), norms or directions (only their norms or only their "
                              "directions permuted), unselected (only the values outside the top-N "
                              "set permuted); docs/math.md, section 3")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline and the shuffle")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random baseline and the shuffle")
     parser.add_argument("--distance", choices=get_args(Distance), default="euclidean",
                         help="distance between contributions and their aggregate")
     parser.add_argument("--bounds", action="store_true",

@@ -99,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
     if args.scores:
         from ..analyze.head_scores import head_scores
 
-        scores = head_scores(model, seq_len=args.seq_len)  # the report's own context length
+        # The report's own windows (SPEC §9: scores and labels from the same context); Sink^ε on
+        # 64-token windows of the same text where the windows are shorter.
+        sink_windows = None if args.seq_len >= 64 else text_windows(model, text, n_seqs=args.n_seqs, seq_len=64)
+        scores = head_scores(model, windows=tokens, sink_windows=sink_windows)
     index = write_report(result, args.out, cache=cache, tokens=tokens, model=model, scores=scores)
     bar.update()
     bar.set_postfix_str("done")

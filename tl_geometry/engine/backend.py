@@ -18,7 +18,6 @@ says so, :func:`run_layer`). A numba that cannot be imported or cannot compile a
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -28,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..functional.dtypes import COMPUTE_DTYPE
+from ..warn import warn_caller
 from .block import LayerBlock
 from .layout import F_SCORE, SINK_REMOVED, TOP_GROUP, Reduced
 from .paired import N_BINS
@@ -145,12 +145,12 @@ def _fall_back(error: BaseException, *, loading: bool) -> None:
     detail = (str(error).strip().splitlines() or [""])[0][:300]
     fix = ("set NUMBA_CACHE_DIR to a writable folder" if "cannot cache" in str(error)
            else "reinstall numba (pip install --force-reinstall numba)")
-    warnings.warn(
+    warn_caller(
         f"tl_geometry: the compiled (numba) kernels {'could not be loaded' if loading else 'failed to compile'} "
         f"({type(error).__name__}: {detail}). This run uses the torch backend instead: its results "
         "equal the compiled kernels' to float64 round-off (the two are tested against each other); "
         f"only the speed differs. Fix: {fix}, or pass backend='torch' to choose the torch backend "
-        "without this warning.", UserWarning, stacklevel=2)
+        "without this warning.")
 
 
 def _numpy(x: Any) -> Any:

@@ -8,7 +8,6 @@ that names the problem and the fix.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 
 import numpy as np
@@ -17,6 +16,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..inputs.cache import PATTERN_HOOK, VALUE_HOOK, CacheError
+from ..warn import warn_caller
 from .backend import Backend
 from .layout import (
     LEAK_TOL,
@@ -159,11 +159,10 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
                 "match the forward pass (shifted, or one position too long?). Pass the mask the "
                 "model was run with."
             )
-        warnings.warn(
+        warn_caller(
             f"{name} has {dead} query rows with no attention mass (first at batch {b0 + b}, "
             f"query {q}). If the batch is padded, pass attention_mask (and the same mask to the "
-            "forward pass) so those positions are left out.",
-            stacklevel=5,
+            "forward pass) so those positions are left out."
         )
 
 

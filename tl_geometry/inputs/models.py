@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from ..warn import warn_caller
 from . import weight_cache
 from .gguf_header import MAGIC, GGUFHeaderError, read_gguf_info
 from .model_files import (
@@ -570,8 +571,7 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
     flag = _stated_bos(model)
     if flag is None:
         if warn:
-            warnings.warn(_BOS_UNSTATED.format(name=_label(model), attribute=BOS_ATTRIBUTE),
-                          UserWarning, stacklevel=2)
+            warn_caller(_BOS_UNSTATED.format(name=_label(model), attribute=BOS_ATTRIBUTE))
         return False
     return flag
 
@@ -581,8 +581,7 @@ def _mark_bos(tokenizer: Any, source: _Source) -> None:
     files or the table, never from the tokenizer's own attribute)."""
     flag = _source_bos(source)
     if flag is None:
-        warnings.warn(_BOS_UNSTATED.format(name=repr(source.name), attribute=BOS_ATTRIBUTE),
-                      UserWarning, stacklevel=4)
+        warn_caller(_BOS_UNSTATED.format(name=repr(source.name), attribute=BOS_ATTRIBUTE))
         flag = False
     with contextlib.suppress(AttributeError, TypeError):
         setattr(tokenizer, BOS_ATTRIBUTE, flag)

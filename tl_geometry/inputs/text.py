@@ -60,17 +60,12 @@ def text_windows(
     files; never the ``add_bos_token`` attribute of a tokenizer converted from a GGUF file.
     ``model_or_tokenizer`` is a model with a ``tokenizer`` (TransformerLens) or the tokenizer.
     """
-    from .models import trained_with_bos
 
     tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
     if n_seqs < 1 or seq_len < 2:
         raise ValueError(f"Need n_seqs ≥ 1 and seq_len ≥ 2, got {n_seqs} and {seq_len}.")
-    with_bos = trained_with_bos(model_or_tokenizer)
-    bos = tokenizer.bos_token_id if with_bos else None
-    if with_bos and bos is None:
-        raise ValueError("The model was trained with BOS at the start of a sequence but its "
-                         "tokenizer has no BOS token (bos_token_id is None); set "
-                         "tokenizer.bos_token to the model's BOS token.")
+    bos = bos_to_prepend(model_or_tokenizer)
+    with_bos = bos is not None
     text = sample_text() if text is None else text
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     body = seq_len - 1 if with_bos else seq_len
@@ -84,3 +79,21 @@ def text_windows(
     if bos is None:
         return windows
     return torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), windows], dim=1)
+
+
+def bos_to_prepend(model_or_tokenizer: Any) -> int | None:
+    """The token id a window of this model starts with: its BOS where it was trained with one
+    (SPEC §1, :func:`~tl_geometry.inputs.models.trained_with_bos`), else ``None`` (the window
+    starts with text). ``ValueError`` naming the fix where the model needs BOS and its tokenizer
+    has none."""
+    from .models import trained_with_bos
+
+    if not trained_with_bos(model_or_tokenizer):
+        return None
+    tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise ValueError("The model was trained with BOS at the start of a sequence but its "
+                         "tokenizer has no BOS token (bos_token_id is None); set "
+                         "tokenizer.bos_token to the model's BOS token.")
+    return int(bos)

@@ -237,9 +237,10 @@ class Problem:
     """What :func:`verify` found wrong with one item of the cache.
 
     ``kind`` is ``"corrupt"`` (its bytes are not those recorded: a load would remove and rebuild
-    the entry, or, for a remembered digest, trust a wrong one) or ``"stale"`` (whole, but made
-    from a GGUF file that has changed or gone since, so no load uses it again; it only takes
-    space). ``path`` is the entry folder or the file.
+    the entry, or, for a remembered digest, trust a wrong one) or ``"stale"`` (whole, but the GGUF
+    file it was made from has changed or gone since: entries are named by their content, so a
+    file with the same bytes elsewhere still uses it; otherwise it only takes space; ``cache
+    verify`` reports it without failing). ``path`` is the entry folder or the file.
     """
 
     kind: str

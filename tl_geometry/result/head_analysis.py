@@ -527,7 +527,11 @@ class HeadAnalysis(Shortcuts):
     def _repr_html_(self) -> str:
         """Notebooks show the description, class counts and the top heads as a table, labels
         in their class colour (:func:`~tl_geometry.result.text.html_summary`)."""
-        return text.html_summary(self)
+        if "scores" not in vars(self):  # a constructor that failed: nothing to describe
+            return f"<code>&lt;{type(self).__name__} (not constructed)&gt;</code>"
+        with warnings.catch_warnings():  # a display, not a ranking the user asked for: no tie notes
+            warnings.simplefilter("ignore", UserWarning)
+            return text.html_summary(self)
 
     def __repr__(self) -> str:
         if "scores" not in vars(self):  # a constructor that failed: nothing to describe

@@ -54,8 +54,10 @@ def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     head its label (SPEC §5). NaN — a documented "no stability", never a guess:
 
     * for every head when the result has fewer than :data:`MIN_UNITS` (8) sequences: "too few
-      units" (SPEC §5). Resampling one sequence always gives it back, so its labels would all
-      read 1.0, perfectly stable; analyse at least 8 sequences to get a stability;
+      units". Resampling one sequence always gives it back, so its labels would all read 1.0,
+      perfectly stable; analyse at least 8 sequences to get a stability. SPEC §5 asks, below 8
+      sequences, for a block bootstrap over 128-query blocks (NaN only below 8 blocks); that
+      needs per-block votes the engine does not keep yet, so until it does this is NaN;
     * for every head of a file without per-sequence votes (format ≤ 3): unknown;
     * for an unlabelled head (no votes, no label to keep).
 
