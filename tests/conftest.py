@@ -56,3 +56,18 @@ def gemma3() -> RealModel:
 @pytest.fixture(params=["smollm2", "gemma3"])
 def real(request) -> RealModel:
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any attempt to load weights fails the test (the CLI catches ValueError, not
+    AssertionError): what a test of a refusal "before the model loads" runs under."""
+    import tl_geometry
+    from tl_geometry.inputs import models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded although an argument was bad")
+
+    monkeypatch.setattr(tl_geometry, "load_model", refuse, raising=False)
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr(models, "load_hf_model", refuse)

@@ -24,16 +24,6 @@ from tl_geometry.inputs import models
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Any attempt to load weights fails the test (main catches ValueError, not AssertionError)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded although an argument was bad")
-
-    monkeypatch.setattr(tl_geometry, "load_model", refuse, raising=False)
-    monkeypatch.setattr(models, "load_model", refuse)
-    monkeypatch.setattr(models, "load_hf_model", refuse)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from shared_checks import spy_head_score_inputs
 
 import tl_geometry
 from tl_geometry.analyze.head_scores import ordinary_tokens
@@ -173,18 +174,6 @@ def _tiny(with_bos: bool = True, windows: list[str] | None = None, size: int = 8
     return model
 
 
-def _spy(monkeypatch) -> list[torch.Tensor]:
-    seen: list[torch.Tensor] = []
-    real = _head_scores._patterns
-
-    def patterns(model, tokens):
-        seen.append(tokens.clone())
-        return real(model, tokens)
-
-    monkeypatch.setattr(_head_scores, "_patterns", patterns)
-    return seen
-
-
 class Forward(Exception):
     """Raised by a spy where the first forward would run: every check passed before it."""
 
@@ -197,7 +186,7 @@ def _no_forward(monkeypatch) -> None:
 
 
 def test_default_windows_are_the_analysis_length_and_sink_epsilon_reads_64(monkeypatch):
-    seen = _spy(monkeypatch)
+    seen = spy_head_score_inputs(monkeypatch)
     scores = tl_geometry.head_scores(_tiny(), seed=1)
     repeated, windows, sink, needled = seen
     assert windows.shape == (8, 128) and needled.shape == (8, 128 + 48) and repeated.shape == (8, 65)
@@ -219,7 +208,7 @@ def test_default_windows_are_the_analysis_length_and_sink_epsilon_reads_64(monke
 def test_passed_windows_give_sink_epsilon_their_first_64_tokens(monkeypatch):
     model = _tiny()
     windows = tl_geometry.text_windows(model, n_seqs=3, seq_len=100)
-    seen = _spy(monkeypatch)
+    seen = spy_head_score_inputs(monkeypatch)
     long = tl_geometry.head_scores(model, windows=windows)
     assert [tuple(t.shape) for t in seen] == [(8, 65), (3, 100), (3, 148)]  # read in the same forward
     short = tl_geometry.head_scores(model, windows=windows[:, :64].clone())
@@ -229,7 +218,7 @@ def test_passed_windows_give_sink_epsilon_their_first_64_tokens(monkeypatch):
 
 @pytest.mark.parametrize("seq_len", [24, 64, 200])
 def test_seq_len_sets_the_text_windows_and_leaves_sink_epsilon(monkeypatch, seq_len):
-    seen = _spy(monkeypatch)
+    seen = spy_head_score_inputs(monkeypatch)
     scores = tl_geometry.head_scores(_tiny(), seq_len=seq_len, seed=2)
     shapes = [tuple(tokens.shape) for tokens in seen]
     sink = [(8, 64)] if seq_len != 64 else []  # 64-token windows of the same text, read apart
@@ -242,7 +231,7 @@ def test_seq_len_sets_the_text_windows_and_leaves_sink_epsilon(monkeypatch, seq_
 
 @pytest.mark.parametrize("repeat", [2, 7, 40])
 def test_repeat_sets_R_whatever_the_windows(monkeypatch, repeat):
-    seen = _spy(monkeypatch)
+    seen = spy_head_score_inputs(monkeypatch)
     model = _tiny()
     scores = tl_geometry.head_scores(model, repeat=repeat, seq_len=16, seed=4)
     repeated = seen[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import make_case
+from shared_checks import assert_same_analysis
 
 import tl_geometry
 from tl_geometry import CacheError
@@ -20,7 +21,6 @@ from tl_geometry.inputs.cache import check_attention_mask
 
 HOLE = r"padding inside sequence\(s\) \[{rows}\].*padding must be contiguous at the start or end of each row; " \
        r"split the sequence or drop the hole"
-FIELDS = ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "sequence_votes")
 TEXTS = ["A short one.", "A much longer second text, with a few more words in it than the first."]
 
 
@@ -29,16 +29,6 @@ def _hole_mask(batch: int, n_pos: int, rows=(0,), at: int = 5) -> torch.Tensor:
     for b in rows:
         mask[b, at] = 0
     return mask
-
-
-def _assert_same(a, b, tol=1e-6):
-    for name in FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
-        if x is None or y is None:
-            assert x is None and y is None, name
-            continue
-        torch.testing.assert_close(x, y, rtol=tol, atol=tol, equal_nan=True, msg=name)
-    assert a.layers == b.layers and torch.equal(a.n_values, b.n_values)
 
 
 # --- the check itself (no model) ------------------------------------------------------------
@@ -166,7 +156,7 @@ def test_texts_equal_a_same_batch_masked_cache(real):
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=tl_geometry.CACHE_NAMES_FILTER)
     cached = tl_geometry.analyze_heads(cache, attention_mask=mask, model=model, window="auto", **options)
-    _assert_same(cached, streamed)
+    assert_same_analysis(cached, streamed)
     assert streamed.metadata["attention_mask"] == cached.metadata["attention_mask"]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_checks import spy_head_score_inputs
 from test_ablation import TinyLM
 
 import tl_geometry
@@ -170,21 +171,9 @@ def test_real_windows_keep_bos_and_the_loader_records_it(real):
 
 
 # --- 2. head_scores: the sequences it builds and the ones it refuses --------------------------------
-def _spy(monkeypatch) -> list[torch.Tensor]:
-    seen: list[torch.Tensor] = []
-    real = _head_scores._patterns
-
-    def patterns(model, tokens):
-        seen.append(tokens.clone())
-        return real(model, tokens)
-
-    monkeypatch.setattr(_head_scores, "_patterns", patterns)
-    return seen
-
-
 @pytest.mark.parametrize("with_bos", [True, False])
 def test_built_sequences_start_as_the_model_was_trained(monkeypatch, with_bos):
-    seen = _spy(monkeypatch)
+    seen = spy_head_score_inputs(monkeypatch)
     scores = tl_geometry.head_scores(tiny(with_bos), seed=3)
     repeated, windows, sink, needled = seen
     R = scores.attrs["repeat"]
@@ -323,16 +312,6 @@ def test_no_model_is_a_named_error():
 
 
 # --- 3. the command line: refused before any load ---------------------------------------------------
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Any attempt to load weights fails the test (main catches ValueError, not AssertionError)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded although an argument was bad")
-
-    monkeypatch.setattr(tl_geometry, "load_model", refuse, raising=False)
-    monkeypatch.setattr(models, "load_model", refuse)
-    monkeypatch.setattr(models, "load_hf_model", refuse)
 
 
 def _refused(capsys, argv: list[str]) -> str:
@@ -480,7 +459,7 @@ def test_scores_repeat_beyond_a_sliding_window_is_one_line_after_the_load(monkey
         return model
 
     monkeypatch.setattr(models, "load_model", load)
-    seen = _spy(monkeypatch)
+    seen = spy_head_score_inputs(monkeypatch)
     with pytest.raises(SystemExit) as info:
         cli.main(["scores", "--repeat", "8", "--seq-len", "16", "--no-progress"])
     out, err = capsys.readouterr()
@@ -494,7 +473,7 @@ def test_scores_repeat_beyond_a_sliding_window_is_one_line_after_the_load(monkey
 
 def test_scores_seq_len_and_repeat_reach_the_table(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(models, "load_model", lambda name: tiny(True))
-    seen = _spy(monkeypatch)
+    seen = spy_head_score_inputs(monkeypatch)
     csv = tmp_path / "s.csv"
     assert cli.main(["scores", "--seq-len", "24", "--repeat", "5", "--n-seqs", "3", "--no-progress",
                      "--csv", str(csv)]) == 0

@@ -18,23 +18,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+from shared_checks import assert_same_analysis
 
 import tl_geometry
 
 pytestmark = pytest.mark.real_model
-FIELDS = ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "sequence_votes")
-
-
-def _assert_same(a, b, tol=1e-6):
-    for name in FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
-        if x is None or y is None:
-            assert x is None and y is None, name
-            continue
-        torch.testing.assert_close(x, y, rtol=tol, atol=tol, equal_nan=True, msg=name)
-    assert a.layers == b.layers and torch.equal(a.n_values, b.n_values)
-
-
 def _cache_in_batches(model, tokens, batch_size, mask=None, threads=None) -> dict[str, torch.Tensor]:
     """``hook_pattern`` / ``hook_v`` of ``tokens`` forwarded ``batch_size`` sequences at a time
     (as ``analyze_model`` batches them), concatenated over the batch: the cache of the very
@@ -66,7 +54,7 @@ def test_streaming_equals_cache_analysis(smollm2, cache_in_twos, queries):
     options = dict(n_values=(1, 2, 4, 8), queries=queries, random_samples=3, bounds=queries == "last")
     cached = tl_geometry.analyze_heads(cache_in_twos, **options)
     streamed = tl_geometry.analyze_model(smollm2.model, smollm2.tokens, batch_size=2, **options)
-    _assert_same(cached, streamed)
+    assert_same_analysis(cached, streamed)
     assert streamed.metadata["cache_type"] == "streaming"
 
 
@@ -75,7 +63,7 @@ def test_streaming_takes_the_null_of_the_cache_analysis(smollm2, cache_in_twos, 
     options = dict(n_values=(1, 2, 4, 8), random_samples=0, shuffle_samples=3, shuffle=shuffle, layers=[0, 29])
     cached = tl_geometry.analyze_heads(cache_in_twos, **options)
     streamed = tl_geometry.analyze_model(smollm2.model, smollm2.tokens, batch_size=2, **options)
-    _assert_same(cached, streamed)
+    assert_same_analysis(cached, streamed)
     assert streamed.shuffle == cached.shuffle == shuffle
 
 
@@ -95,7 +83,7 @@ def test_every_null_from_one_forward_equals_its_own_run(smollm2, monkeypatch):
         main = kind == "values"
         alone = tl_geometry.analyze_model(smollm2.model, smollm2.tokens, shuffle=kind, bounds=main,
                                           random_samples=2 if main else 0, **options)
-        _assert_same(result, alone, tol=0)
+        assert_same_analysis(result, alone, tol=0)
         assert result.shuffle == kind and (result.bounds is not None) == main
 
 
@@ -121,7 +109,7 @@ def test_streaming_texts_with_padding_equal_masked_cache(smollm2, batch_size):
     cache = _cache_in_batches(model, tokens, batch_size, mask)
     cached = tl_geometry.analyze_heads(cache, attention_mask=mask, n_values=(1, 2, 4), random_samples=2,
                                        layers=[0, 7, 29])
-    _assert_same(cached, streamed)
+    assert_same_analysis(cached, streamed)
 
 
 def test_streaming_rejects_bad_arguments(smollm2):
@@ -175,4 +163,4 @@ def test_torchrun_two_gloo_processes_equal_one(smollm2, tmp_path):
     # Each rank forwards its contiguous half (one batch of 2) on one thread: the same forwards here.
     cache = _cache_in_batches(smollm2.model, tokens, 2, threads=1)
     single = tl_geometry.analyze_heads(cache, n_values=(1, 2, 4), random_samples=3)
-    _assert_same(single, distributed)
+    assert_same_analysis(single, distributed)

@@ -1,0 +1,39 @@
+"""Checks several test files share: two analyses equal field by field, and a spy on the
+forward passes head_scores makes."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+# By module path: tl_geometry.analyze's own `head_scores` attribute is the function.
+_head_scores = importlib.import_module("tl_geometry.analyze.head_scores")
+
+#: The result fields two analyses of the same forwards must agree on.
+FIELDS = ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "sequence_votes")
+
+
+def assert_same_analysis(a, b, tol: float = 1e-6) -> None:
+    """Every field of :data:`FIELDS` equal within ``tol`` (NaN equal to NaN; both absent is
+    equal), and the same layers and N."""
+    for name in FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+            continue
+        torch.testing.assert_close(x, y, rtol=tol, atol=tol, equal_nan=True, msg=name)
+    assert a.layers == b.layers and torch.equal(a.n_values, b.n_values)
+
+
+def spy_head_score_inputs(monkeypatch) -> list[torch.Tensor]:
+    """The token batches head_scores forwards, in order (each a copy), while it still runs them."""
+    seen: list[torch.Tensor] = []
+    real = _head_scores._patterns
+
+    def patterns(model, tokens):
+        seen.append(tokens.clone())
+        return real(model, tokens)
+
+    monkeypatch.setattr(_head_scores, "_patterns", patterns)
+    return seen
