@@ -428,6 +428,15 @@ def _key_mask(mask_row: np.ndarray, t: int, window=None) -> np.ndarray:
     return valid
 
 
+def _sink_query(t: int, sink: int, window, queries: str) -> int:
+    """The query whose sink figures stand for query t (SPEC section 1, sink-visible reading):
+    with the last-query protocol on a sliding-window layer, the last query that sees the sink,
+    min(t, sink + window - 1); t itself otherwise."""
+    if queries == "last" and window is not None:
+        return min(t, sink + window - 1)
+    return t
+
+
 def _ranking_scores(alpha: np.ndarray, values: np.ndarray, rank_by: str):
     """None (rank by alpha) or the contributions alpha_i ||v_i|| (rank by contribution)."""
     if rank_by == "attention":
@@ -477,6 +486,7 @@ def ref_analyze(
     window=None,
     randoms=None,
     shuffle="values",
+    sink=None,
 ) -> dict:
     """The whole per-layer analysis for ONE layer, by loops (SPEC sections 1-5 and 10).
 
@@ -485,7 +495,9 @@ def ref_analyze(
     ``[head, d_head, d_model]`` (output space; then the values for head h are
     ``v[b, :, kv(h), :] @ W_O[h]`` everywhere: selection, metrics, sink diagnostics, votes).
 
-    Per sequence b: sink = first position with mask 1; query t is valid iff mask[b, t] == 1;
+    Per sequence b: start = first position with mask 1; sink = start (``sink=None``), or
+    start + sink[b] (``sink``: one int per sequence, or one int for all; keys before the sink are
+    ordinary keys); query t is valid iff mask[b, t] == 1;
     its valid keys are {i : mask[b, i] == 1, i <= t}. Chosen queries: "last" = the largest
     valid t, "all" = every valid t.
 
@@ -506,7 +518,9 @@ def ref_analyze(
     * ``window`` (SPEC section 1, sliding windows): query t's valid keys are also
       ``i > t - window``. A query whose valid keys miss the sink has no sink: it is in no
       sink_in / sink_out group and no paired ratio, its sink_removed metrics and sink
-      diagnostics are NaN, every valid key is shuffled, and it cannot vote "sink".
+      diagnostics are NaN, every valid key is shuffled, and it cannot vote "sink". With
+      ``queries="last"``, the sink-dependent figures (sink_in / sink_out, sink_removed, paired,
+      sink diagnostics) are read at ``min(t, sink + window - 1)`` (``_sink_query``).
     * every group also gets the truncation figures of ``ref_truncation`` (SPEC section 10):
       metrics ``METRICS + TRUNCATION``.
     * paired sink effect ("paired_ratios"): per (head, N), the list of
@@ -518,13 +532,17 @@ def ref_analyze(
 
     Sink diagnostics: ``ref_sink`` for each chosen query with at least one valid key != sink,
     per-sequence nan-mean then nan-mean over sequences. Taxonomy: ``ref_vote`` over EVERY valid
-    query t > sink (independent of ``queries``), counts pooled over sequences.
+    query t > start (independent of ``queries``), counts pooled over sequences: "vote_counts"
+    those of the queries that decide the label (every one without a window; t - window < sink
+    with one), "beyond_counts" the others; "block_counts" maps (b, block) to the deciding counts
+    of block (t - start - 1) // 128 of sequence b, complete blocks (128 deciding queries) only.
     """
     pattern = _f64(pattern)
     v = _f64(v)
     W_O = None if W_O is None else _f64(W_O)
+    sink_arg = sink
     n_values = [int(n) for n in n_values]
-    if queries not in ("last", "all"):
+    if isinstance(queries, str) and queries not in ("last", "all"):
         raise ValueError(f"unknown queries {queries!r}")
     if distance not in ("euclidean", "cosine"):
         raise ValueError(f"unknown distance {distance!r}")
@@ -550,6 +568,8 @@ def ref_analyze(
     for k in SINK_KEYS:
         out[f"sink_{k}"] = np.full(n_heads, np.nan)
     out["vote_counts"] = np.zeros((n_heads, 3), dtype=np.int64)
+    out["beyond_counts"] = np.zeros((n_heads, 3), dtype=np.int64)
+    out["block_counts"] = {}
     out["vote_fractions"] = np.full((n_heads, 3), np.nan)
     out["labels"] = []
 
@@ -561,13 +581,21 @@ def ref_analyze(
                   for m in every}
         sink_per_seq = {k: [] for k in SINK_KEYS}
         votes = dict.fromkeys(VOTES, 0)
+        beyond = dict.fromkeys(VOTES, 0)
 
         for b in range(n_batch):
-            sink, valid_queries = _sequence_layout(mask[b])
-            if sink is None:
+            start, valid_queries = _sequence_layout(mask[b])
+            if start is None:
                 continue
+            if sink_arg is None:
+                sink = start
+            else:
+                sink = start + (int(sink_arg) if np.ndim(sink_arg) == 0 else int(sink_arg[b]))
             values = _head_values(v, b, h, n_heads, W_O)
-            chosen = valid_queries if queries == "all" else [max(valid_queries)]
+            if isinstance(queries, str):
+                chosen = valid_queries if queries == "all" else [max(valid_queries)]
+            else:  # explicit absolute positions per sequence (sampled or given queries)
+                chosen = [t for t in queries[b] if t in valid_queries]
 
             # --- separability groups ---
             for ni, n in enumerate(n_values):
@@ -584,27 +612,40 @@ def ref_analyze(
                            **ref_truncation(alpha, values, sel, valid)}
                     for m in every:
                         this_seq[("top", m)].append(res[m])
-                    n_valid = int(valid.sum())
+
+                    # The sink's figures are read at the last query that sees it (SPEC section 1,
+                    # sink-visible reading): ts = min(t, sink + window - 1) for the last query.
+                    ts = _sink_query(t, sink, window, queries)
+                    if ts != t:
+                        alpha_s, valid_s = pattern[b, h, ts, :], _key_mask(mask[b], ts, window)
+                        scores_s = _ranking_scores(alpha_s, values, rank_by)
+                        sel_s = ref_top_n(alpha_s, valid_s, n, scores=scores_s)
+                        res_s = {**ref_separability(alpha_s, values, sel_s, valid_s, distance),
+                                 **ref_truncation(alpha_s, values, sel_s, valid_s)}
+                    else:
+                        alpha_s, valid_s, scores_s, sel_s, res_s = alpha, valid, scores, sel, res
+                    sees_sink = bool(valid_s[sink])
+                    n_valid = int(valid_s.sum())
                     if 1 <= n < n_valid and sees_sink:
-                        group = "sink_in" if sel[sink] else "sink_out"
+                        group = "sink_in" if sel_s[sink] else "sink_out"
                         for m in every:
-                            pooled[(ni, group, m)].append(res[m])
+                            pooled[(ni, group, m)].append(res_s[m])
 
                     # "sink_removed": the tail and the output keep the sink (a query that cannot
                     # see the sink has none: skipped)
-                    valid_wo = valid.copy()
+                    valid_wo = valid_s.copy()
                     valid_wo[sink] = False
-                    sel_wo = ref_top_n(alpha, valid_wo, n, scores=scores)
-                    res_wo = {**ref_separability(alpha, values, sel_wo, valid_wo, distance),
-                              **ref_truncation(alpha, values, sel_wo, valid, candidates=valid_wo)}
+                    sel_wo = ref_top_n(alpha_s, valid_wo, n, scores=scores_s)
+                    res_wo = {**ref_separability(alpha_s, values, sel_wo, valid_wo, distance),
+                              **ref_truncation(alpha_s, values, sel_wo, valid_s, candidates=valid_wo)}
                     if not sees_sink:
                         res_wo = _nan_metrics()
                     for m in every:
                         this_seq[("sink_removed", m)].append(res_wo[m])
 
                     # paired sink effect
-                    f_with, f_wo = res["f_score"], res_wo["f_score"]
-                    if sel[sink] and not (math.isnan(f_with) or math.isnan(f_wo)):
+                    f_with, f_wo = res_s["f_score"], res_wo["f_score"]
+                    if sel_s[sink] and not (math.isnan(f_with) or math.isnan(f_wo)):
                         if f_wo > 0:
                             out["paired_ratios"][h][ni].append(f_with / f_wo)
                         elif f_with > 0:
@@ -643,6 +684,7 @@ def ref_analyze(
             # --- sink diagnostics over the chosen queries ---
             this_seq_sink = {k: [] for k in SINK_KEYS}
             for t in chosen:
+                t = _sink_query(t, sink, window, queries)
                 valid = _key_mask(mask[b], t, window)
                 if not valid[sink] or not any(valid[j] for j in range(n_pos) if j != sink):
                     continue
@@ -652,12 +694,23 @@ def ref_analyze(
             for k in SINK_KEYS:
                 sink_per_seq[k].append(_nanmean(this_seq_sink[k]))
 
-            # --- taxonomy over every valid query after the sink ---
+            # --- taxonomy over every valid query after the first ---
+            in_block: dict = {}
             for t in valid_queries:
-                if t <= sink:
+                if t <= start:
                     continue
                 valid = _key_mask(mask[b], t, window)
-                votes[ref_vote(pattern[b, h, t, :], values, valid, t, sink)] += 1
+                vote = ref_vote(pattern[b, h, t, :], values, valid, t, sink)
+                if window is None or t - window < sink:
+                    votes[vote] += 1
+                    counts = in_block.setdefault((t - start - 1) // 128, dict.fromkeys(VOTES, 0))
+                    counts[vote] += 1
+                else:
+                    beyond[vote] += 1
+            for block, counts in in_block.items():
+                if sum(counts.values()) == 128:
+                    cell = out["block_counts"].setdefault((b, block), np.zeros((n_heads, 3), dtype=np.int64))
+                    cell[h] = [counts[name] for name in VOTES]
 
         for ni in range(n_n):
             for g in scored:
@@ -674,6 +727,7 @@ def ref_analyze(
         counts = [votes[name] for name in VOTES]
         total = sum(counts)
         out["vote_counts"][h, :] = counts
+        out["beyond_counts"][h, :] = [beyond[name] for name in VOTES]
         if total > 0:
             out["vote_fractions"][h, :] = [c / total for c in counts]
         out["labels"].append(ref_label(counts))

@@ -659,7 +659,7 @@ def test_no_padding_warning_for_an_unpadded_batch(case):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"queries": "first"}, r"queries must be 'last' \(paper protocol\) or 'all', got 'first'"),
+        ({"queries": "first"}, r"queries must be 'last' \(paper protocol\), 'all', an int k ≥ 1 .*got 'first'"),
         ({"distance": "l1"}, r"distance must be 'euclidean' or 'cosine', got 'l1'"),
         ({"space": "logit"}, r"space must be 'value' .* or 'output' .*got 'logit'"),
         ({"rank_by": "x"}, r"rank_by must be 'attention' or 'contribution', got 'x'"),

@@ -116,7 +116,9 @@ def test_a_near_tie_within_float32_round_off_is_settled_in_float64(monkeypatch):
     want = _rows_votes(qk, is_token, torch.tensor([0]), norms, 1)[1]
     assert rechecked == [1]
     assert got is not None and torch.equal(got[1], want)
-    assert want[0, 0].tolist() == [1, 0, 1]  # query 2: key 1 wins by 1e-12 in float64, "other"
+    # Each query's vote (0 itself, 1 the sink, 2 another key, -1 none): query 0 has no other
+    # key, query 1 votes for itself, query 2 for key 1, which wins by 1e-12 in float64.
+    assert want[0, 0].tolist() == [-1, 0, 2]
 
 
 @pytest.mark.parametrize("change", ["window", "mask", "nan_query", "inf_key", "no_keys", "torch"])

@@ -131,15 +131,18 @@ def test_sequence_votes_must_add_up_to_the_vote_counts():
 def test_files_keep_the_sequence_votes_and_format_2_still_loads(tmp_path):
     r = _many(fake())
     path = r.save(tmp_path / "r.pt")
-    assert torch.load(path, weights_only=True)["format"] == "tl_geometry.HeadAnalysis/5"
+    assert torch.load(path, weights_only=True)["format"] == "tl_geometry.HeadAnalysis/6"
     back = HeadAnalysis.load(path)
     assert torch.equal(back.sequence_votes, r.sequence_votes)
     torch.testing.assert_close(back.label_stability, r.label_stability)
     payload = torch.load(path, weights_only=True)
-    # what format 2 held: no checksum (3), per-sequence votes (4) or truncation figures (5)
+    # what format 2 held: no checksum (3), per-sequence votes (4), truncation figures (5) or
+    # votes apart and per block (6)
     payload["format"] = "tl_geometry.HeadAnalysis/2"
     del payload["checksum"], payload["sequence_votes"], payload["axes"]["sequence_votes"]
     del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
+    for key in ("beyond_votes", "block_votes"):  # format 6
+        payload.pop(key, None), payload["axes"].pop(key, None)
     keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]
     payload["scores"] = payload["scores"][:, keep]
     payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]
@@ -148,7 +151,7 @@ def test_files_keep_the_sequence_votes_and_format_2_still_loads(tmp_path):
     loaded = HeadAnalysis.load(old)
     assert loaded.sequence_votes is None and loaded.labels == r.labels
     assert loaded.label_stability.isnan().all()
-    assert _result_io.FORMAT.endswith("/5")
+    assert _result_io.FORMAT.endswith("/6")
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".json"])

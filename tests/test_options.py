@@ -11,7 +11,7 @@ import pytest
 from cases import make_case
 
 import tl_geometry
-from tl_geometry.engine.options import OPTION_NAMES, AnalysisArgs, Distance, Queries, check_options
+from tl_geometry.engine.options import OPTION_NAMES, AnalysisArgs, Distance, QueryRule, check_options
 
 
 def test_the_three_entry_points_take_the_analysis_options_as_one_type():
@@ -56,7 +56,11 @@ def test_cli_choices_come_from_the_option_types():
     parser = argparse.ArgumentParser()
     cli_analyze.add_parser(parser.add_subparsers(), "analyze")
     actions = {a.dest: a for a in parser._subparsers._group_actions[0].choices["analyze"]._actions}
-    assert tuple(actions["queries"].choices) == get_args(Queries)
+    assert [actions["queries"].type(x) for x in get_args(QueryRule)] == list(get_args(QueryRule))
+    assert actions["queries"].type("256") == 256 and check_options(queries=256).queries == 256
     assert tuple(actions["distance"].choices) == get_args(Distance)
     assert tuple(actions["attention"].choices) == ATTENTION_SOURCES == get_args(AttentionSource)
-    assert actions["random_samples"].default == check_options().random_samples
+    # No CLI default for R: the analysis's own (16 at the last query, 4 with more; SPEC §3).
+    assert actions["random_samples"].default is None is actions["shuffle_samples"].default
+    assert (check_options().random_samples, check_options(queries="all").random_samples) == (16, 4)
+    assert check_options(queries=8, random_samples=0).shuffle_samples == 4

@@ -175,7 +175,11 @@ def test_real_windows_keep_bos_and_the_loader_records_it(real):
 def test_built_sequences_start_as_the_model_was_trained(monkeypatch, with_bos):
     seen = spy_head_score_inputs(monkeypatch)
     scores = tl_geometry.head_scores(tiny(with_bos), seed=3)
-    repeated, windows, sink, needled = seen
+    repeated, windows, sink, needled, *chosen = seen
+    # Trained without BOS: the sink is each window's most attended first token (sink="auto", SPEC
+    # §1), read in one more forward of the same windows.
+    assert (not chosen) if with_bos else (len(chosen) == 1 and torch.equal(chosen[0], windows))
+    assert ("sink_rate_selected" in scores.columns) is not with_bos
     R = scores.attrs["repeat"]
     assert R == 32 and scores.attrs["trained_with_bos"] is with_bos
     assert repeated.shape == (8, 2 * R + with_bos) and windows.shape == (8, 128) and sink.shape == (8, 64)

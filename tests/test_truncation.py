@@ -298,15 +298,16 @@ def test_files_keep_the_percentiles_and_format_4_files_load_quietly(tmp_path):
     torch.testing.assert_close(loaded.truncation_p90, result.truncation_p90, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(loaded.scores, result.scores, rtol=0, atol=0, equal_nan=True)
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "tl_geometry.HeadAnalysis/5"
+    assert payload["format"] == "tl_geometry.HeadAnalysis/6"
     assert payload["names"]["truncation_metric"] == ["tail_mass", "truncation_error"]
     # What format 4 wrote: no truncation metrics, no percentiles.
     names = payload["names"]["metric"]
     keep = [i for i, m in enumerate(names) if m not in TRUNCATION]
     old = {**payload, "format": "tl_geometry.HeadAnalysis/4", "scores": payload["scores"][:, keep],
            "names": {**payload["names"], "metric": [names[i] for i in keep]},
-           "axes": {k: v for k, v in payload["axes"].items() if k != "truncation_p90"}}
-    del old["truncation_p90"], old["names"]["truncation_metric"]
+           "axes": {k: v for k, v in payload["axes"].items()
+                    if k not in ("truncation_p90", "beyond_votes", "block_votes")}}
+    del old["truncation_p90"], old["names"]["truncation_metric"], old["beyond_votes"], old["block_votes"]
     old["checksum"] = _result_io.checksum(old)
     torch.save(old, tmp_path / "old.pt")
     with warnings.catch_warnings():

@@ -99,9 +99,11 @@ def test_a_query_that_cannot_see_the_sink_never_votes_sink(backend):
     case = make_case(83, batch=2, n_pos=10, window=3)
     case.v.zero_()
     result = _run(case, backend, 3, queries="all")
-    # Queries 1 and 2 see the sink (key 0); queries 3..9 see neither it nor vote for it.
-    assert result.vote_counts[0, :, 1].tolist() == [2 * 2] * case.pattern.shape[1]
-    assert result.vote_counts[0, :, 2].tolist() == [2 * 7] * case.pattern.shape[1]
+    # Queries 1 and 2 see the sink (key 0) and decide the label; queries 3..9 see neither it
+    # nor vote for it, and their votes are kept apart (SPEC §5).
+    n_heads = case.pattern.shape[1]
+    assert result.vote_counts[0].tolist() == [[0, 2 * 2, 0]] * n_heads
+    assert result.beyond_votes[0].tolist() == [[0, 0, 2 * 7]] * n_heads
     assert result.sink_visible.tolist() == [2 * 3] and result.n_instances.tolist() == [2 * 10]
 
 
@@ -123,13 +125,15 @@ def test_windows_per_layer_are_recorded_and_round_trip(tmp_path):
         warnings.simplefilter("ignore")
         result = tl_geometry.analyze_heads(cache, n_values=(1, 2), window={0: 4, 2: 4}, random_samples=2)
     assert result.windows == (4, None, 4)
-    # Last query of 2 sequences: t = 11 sees keys 8..11 on the windowed layers, not the sink.
+    # Last query of 2 sequences: t = 11 sees keys 8..11 on the windowed layers, not the sink;
+    # their sink figures are read at t_sink = 3, the last query that sees it (SPEC §1).
     assert result.sink_visible.tolist() == [0, 2, 0] and result.n_instances.tolist() == [2, 2, 2]
-    assert torch.isnan(result.sink_removed_f_score[[0, 2]]).all()
-    assert (result.count("sink_in")[[0, 2]] + result.count("sink_out")[[0, 2]] == 0).all()
-    assert torch.isnan(result.sink_mass[[0, 2]]).all() and torch.isfinite(result.sink_mass[1]).all()
+    assert result.metadata["sink_read_earlier"] == [2, 0, 2]
+    assert torch.isfinite(result.sink_removed_f_score[[0, 2]][..., 0]).all()
+    assert (result.count("sink_in")[[0, 2]] + result.count("sink_out")[[0, 2]] == 2).all()
+    assert torch.isfinite(result.sink_mass).all()
     text = result.summary()
-    assert "Sliding windows" in text and "L0 (w=4) 0/2" in text and "L2 (w=4) 0/2" in text
+    assert "Sliding windows" in text and "L0 (w=4) 0/2 (+2 read at t_sink)" in text and "L2 (w=4) 0/2" in text
     loaded = tl_geometry.HeadAnalysis.load(result.save(tmp_path / "w.pt"))
     assert loaded.windows == result.windows and loaded.metadata == result.metadata
     assert torch.equal(loaded.sink_visible, result.sink_visible)
@@ -242,7 +246,8 @@ REAL_SAMPLES = 2
 def test_gemma3_local_layers_score_only_their_window(gemma3):
     """1 × 600 tokens, a local layer (0, window 512) and a global one (5), the last query: every
     group equals the reference restricted to the keys the query sees, the local layer's query
-    has no sink, and its chance floor is N/512."""
+    has no sink (its sink figures are read at t_sink = 511, SPEC §1), and its chance floor is
+    N/512."""
     model = gemma3.model
     tokens = tl_geometry.text_windows(model.tokenizer, n_seqs=1, seq_len=600)
     layers = [0, 5]
@@ -291,10 +296,12 @@ def test_gemma3_local_layers_score_only_their_window(gemma3):
                         got = result.metric(m, group)[li, h, ni].item()
                         expected = sum(x[m] for x in samples) / len(samples)
                         assert math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-6), (layer, h, n, group, m)
-            if window is not None:  # no sink in the window: no sink comparison, no sink figures
-                assert math.isnan(result.sink_mass[li, h]) and math.isnan(result.sink_removed_f_score[li, h, 0])
-    assert (result.count("sink_in")[0] + result.count("sink_out")[0] == 0).all()
-    assert (result.count("sink_in")[1] + result.count("sink_out")[1] == 1).all()
+            if window is not None:  # no sink in the window: its figures are read at t_sink = 511
+                at_sink = float(cache[f"blocks.{layer}.attn.hook_pattern"][0, h, window - 1, 0])
+                assert math.isclose(result.sink_mass[li, h].item(), at_sink, rel_tol=1e-6, abs_tol=1e-9)
+                assert math.isfinite(result.sink_removed_f_score[li, h, 0])
+    assert result.metadata["sink_read_earlier"] == [1, 0]
+    assert (result.count("sink_in") + result.count("sink_out") == 1).all()
 
 
 @pytest.mark.real_model
@@ -326,3 +333,28 @@ def test_auto_windows_without_a_model_are_global_and_a_config_without_a_window_w
     unnamed = NS(config=NS(layer_types=["sliding_attention", "full_attention"], sliding_window=None))
     with pytest.warns(UserWarning, match="names sliding-window layers .* but gives no sliding_window"):
         assert _windows.resolve("auto", unnamed, [0, 1]) == (None, None)
+
+
+@pytest.mark.real_model
+def test_gemma3_local_labels_do_not_move_with_the_window_length(gemma3):
+    """The same tokens cut at 600 and at 1,000 (SPEC §5): on every local layer the label is
+    decided by the queries that see the sink (t ≤ 511), so the vote fractions agree within 0.01
+    and every head with a margin ≥ 0.02 keeps its label (the two forwards differ by round-off
+    only); κ and c_sink are read at t_sink = 511 and defined for every KV head (SPEC §1)."""
+    model = gemma3.model
+    tokens = tl_geometry.text_windows(model.tokenizer, n_seqs=1, seq_len=1000)
+    runs = {n: tl_geometry.analyze_model(model, tokens[:, :n], n_values=(2,), attention="pattern",
+                                         random_samples=1, shuffle_samples=1) for n in (600, 1000)}
+    short, long = runs[600], runs[1000]
+    local = [i for i, w in enumerate(long.windows) if w is not None]
+    assert len(local) == 15
+    torch.testing.assert_close(short.vote_fractions[local], long.vote_fractions[local], rtol=0, atol=0.01)
+    margin = long.label_margin[local]
+    for li, row in zip(local, margin):
+        for h, m in enumerate(row.tolist()):
+            if m >= 0.02:
+                assert short.labels[li][h] == long.labels[li][h], (li, h)
+    assert long.beyond_votes[local].sum() > short.beyond_votes[local].sum() > 0
+    for field in ("norm_ratio", "cosine"):
+        assert torch.isfinite(long.sink_diagnostic(field)).all(), field
+    assert long.metadata["sink_read_earlier"] == [1 if w else 0 for w in long.windows]

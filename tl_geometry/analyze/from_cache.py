@@ -22,12 +22,16 @@ from ..engine import (
     output_weights,
     run_metadata,
 )
+from ..engine.block import PatternRows
 from ..engine.options import AnalysisArgs, check_option_names
+from ..engine.sink_choice import CHECK_QUERIES, choose_sink, first_keys_mass
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..progress import progress_bar
 from ..result import HeadAnalysis
+from . import sink as _sink
 from . import windows as _windows
+from .sink import Sink
 from .windows import Window
 
 __all__ = ["DEFAULT_N_VALUES", "analyze_heads"]
@@ -43,6 +47,7 @@ def analyze_heads(
     tokens: Tensor | None = None,
     progress: bool | None = None,
     window: Window = "auto",
+    sink: Sink = None,
     **options: Unpack[AnalysisArgs],
 ) -> HeadAnalysis:
     """Geometric separability, sink diagnostics and taxonomy of every head in a cache.
@@ -58,7 +63,9 @@ def analyze_heads(
     the sink removed from the keys, and of the top-N instances with the sink inside and outside
     the set; and the paired sink effect (the median of F_N with / without the sink over the
     instances that hold it). Per (layer, head) it gives the sink diagnostics of SPEC §4 and the
-    source-winner taxonomy of SPEC §5 (always over every query after the sink).
+    source-winner taxonomy of SPEC §5 (always over every query after the first; on a
+    sliding-window layer the label comes from the queries that see the sink, and the votes of
+    the others are kept apart in ``beyond_votes``).
 
     The work runs on the cache's device: compiled (numba) kernels for CPU tensors, their pure
     torch twins elsewhere (``backend`` forces one).
@@ -67,8 +74,7 @@ def analyze_heads(
         cache: ``ActivationCache`` or ``dict`` with the two hooks of every analysed layer; make
             it with ``names_filter=tl_geometry.CACHE_NAMES_FILTER``.
         attention_mask: ``[batch, pos]``, 1 for real tokens: required for padded batches (left
-            or right), and the forward pass must have been run with the same mask. The sink is
-            each sequence's first real token.
+            or right), and the forward pass must have been run with the same mask.
         layers: layer indices to analyse (default: every layer in the cache).
         model: optional model, read for ``W_O``, for the tokenizer's pad token (with
             ``tokens``) and for the run's metadata (name, weight processing).
@@ -86,6 +92,15 @@ def analyze_heads(
             config: Gemma-3's local layers see 512 keys), every layer global without ``model``.
             Recorded as ``metadata["window"]``; a pattern with weight outside its declared
             window is an error.
+        sink: which key of each sequence is the sink (SPEC §1): ``None`` (default) the first
+            real token, or ``"auto"`` where ``model`` is known to have been trained without
+            BOS (Qwen2/2.5); an int ``p`` (the ``p``-th real token of every sequence) or one int
+            per sequence; ``"auto"``: per sequence, the most attended of its first 32 real
+            tokens (mean over the queries ``32 ≤ t < min(T, w)``, every layer and head).
+            Keys before the sink are ordinary keys. The positions, the rule and the sink check
+            (per layer, the sink's mean mass and the most attended other key's) are recorded as
+            ``metadata["sink"]``; a sink that is not the most attended in most layers warns
+            "weak sink".
 
     Other Parameters:
         n_values: selection sizes N (default ``(1, 2, 4, 8, 16, 32, 64)``). A size that a
@@ -116,6 +131,10 @@ def analyze_heads(
             of the top-N sets, and the regime diagnostics per head (SPEC §6; Euclidean;
             default False).
         backend: ``"auto"`` (default: numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+        per_window: also keep each sequence's own means (``window_scores``: top, random,
+            shuffled and sink-removed metrics; ``window_sink``: the sink diagnostics), the
+            per-window arrays a bootstrap over windows resamples (SPEC §8); default False
+            (4 bytes × groups × metrics × N per sequence and head).
 
     These options are :class:`~tl_geometry.engine.options.AnalysisArgs`, the same keywords for
     :func:`analyze_model` and :func:`analyze_model_nulls`; their defaults and checks are
@@ -132,44 +151,55 @@ def analyze_heads(
     check_option_names(options, "analyze_heads")
     opts = check_options(**options)
     _windows.check(window)
+    chosen = _sink.rule(sink, model)
     layer_ids = _cache.resolve_layers(cache, layers)
     layer_windows = _windows.resolve(window, model, layer_ids, need_model=False)
     W = output_weights(model, W_O, layer_ids) if opts.space == "output" else None
     run: _CacheRun | None = None
+    masses = []  # the first 32 keys' attention per layer: the sink check (and sink='auto')
+    for li, layer in enumerate(layer_ids):
+        pattern, _ = _cache.read_layer(cache, layer, upcast=False)
+        if run is None:
+            run = _CacheRun.start(pattern, attention_mask, tokens, model, len(layer_ids), len(opts.n_values),
+                                  opts.per_window)
+        run.check_shape(pattern, layer)
+        masses.append(first_keys_mass(PatternRows(pattern), run.mask, layer_windows[li],
+                                      None if chosen == _sink.AUTO else CHECK_QUERIES))
+    assert run is not None  # resolve_layers refuses an empty cache
+    start = sink_positions(run.mask)
+    sinks = (start + choose_sink(masses) if chosen == _sink.AUTO
+             else _sink.positions(chosen, run.mask, n_windows=run.shape[0]))
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
-        if run is None:
-            run = _CacheRun.start(pattern, attention_mask, tokens, model, len(layer_ids), len(opts.n_values))
-        run.check_shape(pattern, layer)
         W_layer = None if W is None else W[layer].to(pattern.device)
-        run.acc.add(li, analyze_layer(pattern, v, run.mask, run.sink, opts, layer=layer, W_O=W_layer,
+        run.acc.add(li, analyze_layer(pattern, v, run.mask, sinks, opts, layer=layer, W_O=W_layer,
                                       mask_given=attention_mask is not None, window=layer_windows[li]))
-    assert run is not None  # resolve_layers refuses an empty cache
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None)
     metadata["n_kv_heads"] = int(v.shape[2])  # the unit of value-only figures (SPEC §4)
+    metadata["sink"] = _sink.record(chosen, (sinks - start).tolist(), masses, model)
     return run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows)
 
 
 @dataclass
 class _CacheRun:
     """What the first layer of a cache fixes for every later one: its shape, the checked
-    attention mask, the sink of each sequence and the accumulator."""
+    attention mask and the accumulator."""
 
     shape: tuple[int, int, int]
     mask: Tensor
-    sink: Tensor
     acc: Accumulator
 
     @classmethod
     def start(cls, pattern: Tensor, attention_mask: Tensor | None, tokens: Tensor | None, model: Any,
-              n_layers: int, n_sizes: int) -> _CacheRun:
+              n_layers: int, n_sizes: int, per_window: bool = False) -> _CacheRun:
         batch, n_heads, n_pos, _ = pattern.shape
         shape = (batch, n_heads, n_pos)
         mask = _cache.check_attention_mask(attention_mask, batch, n_pos, device=pattern.device)
         if attention_mask is None:
             _cache.warn_pad_tokens(tokens, model, shape)
-        acc = Accumulator.zeros(n_layers, n_heads, n_sizes, device=pattern.device, n_sequences=batch)
-        return cls(shape, mask, sink_positions(mask), acc)
+        acc = Accumulator.zeros(n_layers, n_heads, n_sizes, device=pattern.device, n_sequences=batch,
+                                per_window=per_window)
+        return cls(shape, mask, acc)
 
     def check_shape(self, pattern: Tensor, layer: int) -> None:
         """Every layer of one cache has the first layer's ``[batch, head, pos, pos]``."""

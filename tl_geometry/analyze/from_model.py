@@ -26,7 +26,10 @@ from ..engine import (
     output_weights,
     run_metadata,
 )
-from ..engine.options import AnalysisArgs, check_option_names
+from ..engine.block import PatternRows
+from ..engine.options import AnalysisArgs, check_option_names, n_chosen
+from ..engine.sink_choice import CHECK_QUERIES, choose_sink, first_keys_mass
+from ..engine.votes import n_blocks
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
@@ -35,8 +38,10 @@ from ..inputs.text import bos_to_prepend
 from ..progress import progress_bar
 from ..result import HeadAnalysis
 from ..result.schema import SHUFFLE_KINDS
+from . import sink as _sink
 from . import windows as _windows
 from .recompute import RecomputedRows, can_recompute, pattern_bytes
+from .sink import Sink
 from .windows import Window
 
 #: With ``attention="auto"``, one layer's pattern for one batch above this size is recomputed.
@@ -84,7 +89,7 @@ class _LayerHooks:
 
     def __init__(self, runs: Sequence[tuple[Accumulator, AnalysisOptions]], layer_ids: list[int],
                  W: Tensor | None, mask_given: bool, windows: Sequence[int | None] | None = None,
-                 from_config: bool = False) -> None:
+                 from_config: bool = False, sink: str | list[int] = _sink.AUTO, n_windows: int = 0) -> None:
         self.runs, self.W, self.mask_given = list(runs), W, mask_given
         self.row = {layer: i for i, layer in enumerate(layer_ids)}
         self.windows = list(windows) if windows is not None else [None] * len(layer_ids)
@@ -94,9 +99,27 @@ class _LayerHooks:
         self.sink: Tensor | None = None
         self.offset = 0
         self.n_kv: int | None = None  # KV heads seen in v: the unit of value-only figures (SPEC §4)
+        self.sink_rule, self.n_windows = sink, n_windows
+        # The first 32 keys' attention per layer, batch after batch (the sink check, SPEC §1).
+        self.masses: list[list[Tensor]] = [[] for _ in layer_ids]
+        self.relative: list[int] = []  # each window's sink, from its first real token
+        self.probing = False  # a first pass that only reads the first 32 keys (sink='auto')
 
     def batch(self, mask: Tensor, offset: int) -> None:
-        self.mask, self.sink, self.offset = mask, sink_positions(mask), offset
+        """The next batch's mask; its sinks too, unless ``sink='auto'`` (:meth:`choose`)."""
+        self.mask, self.offset, self.sink = mask, offset, sink_positions(mask)
+        if self.sink_rule != _sink.AUTO:
+            self.sink = _sink.positions(self.sink_rule, mask, offset, self.n_windows)
+            self.relative += (self.sink - sink_positions(mask)).tolist()
+
+    def choose(self) -> None:
+        """After the probing pass of a batch: its sinks (``sink='auto'``)."""
+        assert self.mask is not None
+        batch = self.mask.shape[0]
+        chosen = choose_sink([m[-1] for m in self.masses]) if self.masses and self.masses[0] else (
+            torch.zeros(batch, dtype=torch.long))
+        self.sink = sink_positions(self.mask) + chosen.cpu()
+        self.relative += chosen.tolist()
 
     def hooks(self) -> list[tuple[str, Any]]:
         out = []
@@ -154,7 +177,14 @@ class _LayerHooks:
 
     def _analyze(self, layer: int, rows: Any, v: Tensor, mask: Tensor, sink: Tensor, W: Tensor | None,
                  window: int | None) -> None:
-        """One layer of one batch, read (rows: a pattern or recomputed rows) by every analysis."""
+        """One layer of one batch, read (rows: a pattern or recomputed rows) by every analysis;
+        its first 32 keys' attention is read once (in the probing pass where there is one)."""
+        if self.probing or self.sink_rule != _sink.AUTO:
+            source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
+            masses = first_keys_mass(source, mask, window, None if self.probing else CHECK_QUERIES)
+            self.masses[self.row[layer]].append(masses.cpu())
+        if self.probing:
+            return
         for acc, opts in self.runs:
             stats = analyze_layer(rows, v, mask, sink, opts, layer=layer, W_O=W, sequence_offset=self.offset,
                                   mask_given=self.mask_given, window=window)
@@ -191,6 +221,7 @@ def analyze_model(
     progress: bool | None = None,
     attention: AttentionSource = "auto",
     window: Window = "auto",
+    sink: Sink = None,
     **options: Unpack[AnalysisArgs],
 ) -> HeadAnalysis:
     """:func:`analyze_heads` computed inside the forward pass, batch by batch, without a cache.
@@ -224,6 +255,12 @@ def analyze_model(
             :func:`tl_geometry.analyze_heads`). ``"auto"`` (default) reads the model's config
             (``layer_types`` and ``sliding_window``: Gemma-3's local layers see 512 keys);
             ``None`` treats every layer as global, as before this option.
+        sink: which key of each window is the sink (SPEC §1; see :func:`tl_geometry.analyze_heads`).
+            ``None`` (default): the first token where the window starts with BOS (texts get BOS
+            only where the model was trained with one), ``"auto"`` where the model is known to
+            have been trained without (Qwen2/2.5). ``"auto"`` reads each batch twice: a first
+            forward finds the sinks, the second analyses (pass the recorded
+            ``metadata["sink"]["positions"]`` as ``sink=`` to skip the first).
 
     The other arguments, and the analysis options (``n_values``, ``queries``, ``seed``, ...:
     :class:`~tl_geometry.engine.options.AnalysisArgs`), are those of
@@ -236,7 +273,7 @@ def analyze_model(
     opts = check_options(**options)
     return _analyze_model(model, inputs, [opts], batch_size=batch_size, attention_mask=attention_mask,
                           layers=layers, shard=shard, progress=progress, attention=attention,
-                          window=window)[0]
+                          window=window, sink=sink)[0]
 
 
 def analyze_model_nulls(
@@ -251,6 +288,7 @@ def analyze_model_nulls(
     progress: bool | None = None,
     attention: AttentionSource = "auto",
     window: Window = "auto",
+    sink: Sink = None,
     **options: Unpack[AnalysisArgs],
 ) -> dict[str, HeadAnalysis]:
     """One analysis per null of SPEC §3 (``shuffle=`` kind), all from one forward pass.
@@ -281,7 +319,7 @@ def analyze_model_nulls(
             for kind in kinds]
     results = _analyze_model(model, inputs, runs, batch_size=batch_size, attention_mask=attention_mask,
                              layers=layers, shard=shard, progress=progress, attention=attention,
-                             window=window)
+                             window=window, sink=sink)
     return dict(zip(kinds, results))
 
 
@@ -300,14 +338,17 @@ def _check_nulls(nulls: Any) -> list[str]:
 def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, batch_size: int,
                    attention_mask: Tensor | None, layers: Sequence[int] | None,
                    shard: tuple[int, int] | None, progress: bool | None, attention: Any,
-                   window: Window) -> list[HeadAnalysis]:
+                   window: Window, sink: Sink = None) -> list[HeadAnalysis]:
     """The forward passes of :func:`analyze_model`, each layer analysed once per options in
     ``runs`` (validated options that share ``n_values``, ``queries`` and ``space``)."""
     opts = runs[0]
     _windows.check(window)
+    _sink.check(sink)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     tokens, mask = _as_tokens(model, inputs, attention_mask)
+    texts = not isinstance(inputs, Tensor)  # tokenized here: BOS first only where trained with it
+    chosen = _sink.rule(sink, model, bos_prepended=bos_to_prepend(model) is not None if texts else None)
     n_seqs, n_pos = tokens.shape
     if n_seqs == 0 or n_pos == 0:
         raise ValueError(f"inputs hold no token (shape {tuple(tokens.shape)}).")
@@ -326,9 +367,12 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     device = getattr(cfg, "device", None) or "cpu"
     # Every rank sizes its per-sequence rows alike, so that all_reduce adds like shapes.
     accs = [Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=device, n_sequences=n_seqs,
-                              n_queries=1 if opts.queries == "last" else n_pos) for _ in runs]
+                              n_queries=n_chosen(opts.queries, n_pos), n_blocks=n_blocks(n_pos),
+                              per_window=run.per_window)
+            for run in runs]
     hooks = _LayerHooks(list(zip(accs, runs)), layer_ids, W, mask_given=mask is not None,
-                        windows=layer_windows, from_config=window == _windows.AUTO)
+                        windows=layer_windows, from_config=window == _windows.AUTO, sink=chosen,
+                        n_windows=n_seqs)
     recompute = _use_recompute(attention, model, min(batch_size, n_seqs), n_heads, n_pos)
 
     lo, hi = 0, n_seqs
@@ -344,10 +388,14 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
             hooks.batch(full_mask[start:stop], start)
             batch_tokens = tokens[start:stop].to(device)
             batch_mask = None if mask is None else full_mask[start:stop].long().to(device)
-            if recompute:
-                hooks.capture(model, batch_tokens, batch_mask)
-            else:
-                model(batch_tokens, **({} if batch_mask is None else {"attention_mask": batch_mask}))
+            for probing in (True, False) if chosen == _sink.AUTO else (False,):
+                hooks.probing = probing
+                if recompute:
+                    hooks.capture(model, batch_tokens, batch_mask)
+                else:
+                    model(batch_tokens, **({} if batch_mask is None else {"attention_mask": batch_mask}))
+                if probing:
+                    hooks.choose()
             if hooks.pending:
                 missing = sorted(hooks.pending)
                 raise _cache.CacheError(
@@ -357,13 +405,18 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     if shard is not None:
         for acc in accs:
             acc.all_reduce()
+    masses = [torch.cat(m) for m in hooks.masses] if all(hooks.masses) else []
+    sink_record = _sink.record(chosen, hooks.relative, masses, model) if shard is None else {
+        "rule": _sink.AUTO if chosen == _sink.AUTO else "given", "positions": None,
+        "note": "sharded run: each rank chose and checked its own windows' sinks"}
     results = []
     for acc, run in zip(accs, runs):
         metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None)
         metadata.update(n_kv_heads=hooks.n_kv or getattr(cfg, "n_key_value_heads", None) or n_heads,
                         cache_type="streaming", batch_size=batch_size,
                         world_size=1 if shard is None else shard[1],
-                        attention="recompute" if recompute else "pattern")
+                        attention="recompute" if recompute else "pattern",
+                        sink=sink_record)
         results.append(acc.finish(layer_ids, run, n_pos, metadata, layer_windows))
     return results
 

@@ -19,18 +19,22 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..engine.block import PatternRows
+from ..engine.sink_choice import choose_sink, first_keys_mass
 from ..functional import head_scores as _scores
 from ..inputs.cache import PATTERN_HOOK
 from ..inputs.capture import model_windows
 from ..inputs.models import trained_with_bos
 from ..inputs.text import text_windows
 from ..inputs.tokens import check_token_ids
+from . import sink as _sink
+from .sink import Sink
 
 #: Sequences built when none are passed: random repeated sequences and text windows.
 N_REPEATED, N_WINDOWS = 8, 8
@@ -52,7 +56,7 @@ Score = Callable[[Tensor, int], Tensor]
 
 def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = None,
                 repeated: Tensor | None = None, windows: Tensor | None = None,
-                sink_windows: Tensor | None = None, seed: int = 0):
+                sink_windows: Tensor | None = None, seed: int = 0, sink: Sink = None):
     """Per (layer, head), the scores of SPEC §9 as a ``pandas.DataFrame``.
 
     Columns ``layer, head, previous_token, duplicate_token, induction, sink_rate, retrieval,
@@ -67,7 +71,14 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
       windows are at hand;
     * ``seq_len`` (``T``, the text windows' length), ``n_windows``, ``repeat`` (``R``),
       ``window`` (each layer's sliding window, ``None`` for a global layer; ``None`` for a model
-      without any) and ``trained_with_bos`` (whether the sequences start with BOS).
+      without any), ``trained_with_bos`` (whether the sequences start with BOS) and ``sink``
+      (the rule and each text window's sink position, below).
+
+    Where the sink is not key 0 of every window (``sink="auto"``, the default for a model trained
+    without BOS, or given positions), the column ``sink_rate_selected`` is the mean weight on each
+    window's chosen sink over the queries after it that see it, beside ``sink_rate``: labelled
+    as selected, since choosing the most attended key biases it upward (SPEC §9). It costs one
+    more forward of the text windows.
 
     Which 64-token windows Sink^ε reads: ``sink_windows`` where given; where ``head_scores``
     cuts the text windows itself, 8 windows of 64 tokens of the same text, the same ones
@@ -102,6 +113,9 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
             default: as said above. ``tl-geometry scores`` passes 64-token windows of its text.
         seed: seeds the random tokens (repeated sequences and needles); a whole number in
             ``[0, 2**63)``.
+        sink: the text windows' sink (SPEC §1; as :func:`tl_geometry.analyze_heads` takes it):
+            ``None`` (default) key 0 where the model was trained with BOS, ``"auto"`` where it
+            was trained without; an int or one int per window; ``"auto"``.
 
     Example:
         >>> scores = tl_geometry.head_scores(model, seq_len=128)           # doctest: +SKIP
@@ -111,6 +125,7 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
 
     cfg = _check_model(model)
     seed = _check_seed(seed)
+    _sink.check(sink)
     layer_window = _layer_windows(model, cfg.n_layers)
     n_ctx = getattr(cfg, "n_ctx", None)
     n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
@@ -196,6 +211,11 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
                       f"tl_geometry.text_windows(model, text, seq_len={_scores.SINK_EPSILON_LENGTH})) "
                       "or windows of at least that length.", UserWarning, stacklevel=2)
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
+    chosen = _sink.rule(sink, None, bos_prepended=with_bos)
+    selected, positions = (None, [0] * int(windows.shape[0])) if chosen == [0] else _selected_sink_rates(
+        model, windows, chosen, layer_window)
+    if selected is not None:
+        columns["sink_rate_selected"] = selected
     sink_counts = torch.tensor([_scores.sink_queries(length, w) for w in layer_window])
     frame = pd.DataFrame({
         "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
@@ -203,12 +223,45 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
         # Under a device map each layer's scores live on its own device: gather them on the CPU.
         **{name: torch.cat([v.cpu() for v in columns[name]]).numpy() for name in _scores.SCORE_NAMES},
         "sink_queries": sink_counts.repeat_interleave(n_heads).numpy(),
+        **({"sink_rate_selected": torch.cat([v.cpu() for v in selected]).numpy()} if selected is not None else {}),
     })
     frame.attrs.update(sink_epsilon=epsilon, sink_epsilon_seq_len=_scores.SINK_EPSILON_LENGTH,
                        epsilon=_scores.SINK_EPSILON, seq_len=length, n_windows=int(windows.shape[0]),
                        repeat=repeat, window=None if not any(layer_window) else list(layer_window),
-                       trained_with_bos=with_bos)
+                       trained_with_bos=with_bos,
+                       sink={"rule": _sink.AUTO if chosen == _sink.AUTO else "given", "positions": positions})
     return frame
+
+
+def _selected_sink_rates(model: Any, windows: Tensor, chosen: str | list[int],
+                         layer_window: Sequence[int | None]) -> tuple[list[Tensor], list[int]]:
+    """Per layer, the mean weight ``α[t, p]`` on each window's sink ``p`` over the queries
+    ``t > p`` that see it (per head, mean over windows); and the positions. ``"auto"`` chooses
+    ``p`` per window from the same forward (:func:`tl_geometry.engine.sink_choice.choose_sink`)."""
+    n_seqs, n_pos = windows.shape
+    batch = max(1, min(n_seqs, PATTERN_BUDGET // (model.cfg.n_layers * model.cfg.n_heads * n_pos * n_pos * 4)))
+    per_window: dict[int, list[Tensor]] = {}
+    positions: list[int] = []
+    for lo in range(0, n_seqs, batch):
+        patterns = _patterns(model, windows[lo:lo + batch])
+        is_token = torch.ones(min(batch, n_seqs - lo), n_pos, dtype=torch.bool)
+        if chosen == _sink.AUTO:
+            sinks = choose_sink([first_keys_mass(PatternRows(p), is_token.to(p.device), layer_window[layer]).cpu()
+                                 for layer, p in sorted(patterns.items())])
+        else:
+            sinks = _sink.positions(chosen, is_token, lo, n_seqs)
+        positions += [int(p) for p in sinks.tolist()]
+        for layer, pattern in patterns.items():
+            per_window.setdefault(layer, []).extend(
+                _scores.mean_weight(pattern[b:b + 1], *_after(p, n_pos, pattern.device), layer_window[layer])
+                for b, p in enumerate(sinks.tolist()))
+    return [torch.stack(per_window[layer]).nanmean(0) for layer in sorted(per_window)], positions
+
+
+def _after(p: int, n_pos: int, device: Any) -> tuple[Tensor, Tensor]:
+    """The (query, key) pairs ``(t, p)`` for every query ``t > p``."""
+    t = torch.arange(p + 1, n_pos, device=device)
+    return t, torch.full_like(t, p)
 
 
 def ordinary_tokens(model: Any) -> Tensor:

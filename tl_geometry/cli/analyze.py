@@ -17,17 +17,15 @@ from typing import Any, get_args
 from ..analyze.from_model import ATTENTION_SOURCES
 from ..engine.options import (
     DEFAULT_N_VALUES,
-    DEFAULT_RANDOM_SAMPLES,
     DEFAULT_SHUFFLE,
-    DEFAULT_SHUFFLE_SAMPLES,
     Distance,
-    Queries,
     ShuffleKind,
 )
 from .args import (
     UsageError,
     add_model_options,
     add_progress_option,
+    add_sink_option,
     check_distinct_paths,
     check_labels_file,
     check_model,
@@ -36,6 +34,7 @@ from .args import (
     int_list,
     load_cli_model,
     positive_int,
+    query_option,
     read_input_text,
     seed,
     show_progress,
@@ -68,23 +67,25 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help="per-head geometric analysis of a model on a text",
                             description=DESCRIPTION)
     add_model_options(parser, n_seqs=8, seq_len=128)
-    parser.add_argument("--queries", choices=get_args(Queries), default="last",
-                        help="analyse each window's last query, or every query (slower, ~50×)")
+    parser.add_argument("--queries", type=query_option, default="last", metavar="last|all|K",
+                        help="analyse each window's last query, every query (slower, ~50×), or a seeded "
+                             "sample of K positions per window (the votes read every query whatever it is)")
     parser.add_argument("--n-values", type=int_list, default=",".join(map(str, DEFAULT_N_VALUES)), metavar="N,N,...",
                         help="selection sizes N, distinct and ≥ 1, separated by commas; an N ≥ "
                              "--seq-len is dropped")
-    parser.add_argument("--random-samples", type=positive_int, default=DEFAULT_RANDOM_SAMPLES, metavar="R",
-                        help="random subsets per query and head for the baseline (more: slower, "
-                             "less noisy)")
-    parser.add_argument("--shuffle-samples", type=positive_int, default=DEFAULT_SHUFFLE_SAMPLES, metavar="R",
+    parser.add_argument("--random-samples", type=positive_int, default=None, metavar="R",
+                        help="random subsets per query and head for the baseline (default: 16 at the "
+                             "last query, 4 with more queries; more: slower, less noisy)")
+    parser.add_argument("--shuffle-samples", type=positive_int, default=None, metavar="R",
                         help="value permutations per query and head for the value-shuffle null "
-                             "(same attention and top-N set, values shuffled)")
+                             "(same attention and top-N set, values shuffled; default as --random-samples)")
     parser.add_argument("--shuffle", choices=SHUFFLE_CHOICES, default=DEFAULT_SHUFFLE,
                         help="which null the 'shuffled' group is: values (the non-sink values "
                              "permuted), norms or directions (only their norms or only their "
                              "directions permuted), unselected (only the values outside the top-N "
                              "set permuted); docs/math.md, section 3")
     parser.add_argument("--seed", type=seed, default=0, help="seed of the random baseline and the shuffle")
+    add_sink_option(parser)
     parser.add_argument("--distance", choices=get_args(Distance), default="euclidean",
                         help="distance between contributions and their aggregate")
     parser.add_argument("--bounds", action="store_true",
@@ -102,6 +103,9 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                              "captured queries and keys (long contexts; implies --stream); auto: "
                              "recompute when the patterns would not fit comfortably")
     parser.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
+    parser.add_argument("--per-window", action="store_true",
+                        help="keep each window's own means in the saved analysis (window_scores, "
+                             "window_sink: what a bootstrap over windows resamples)")
     parser.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
     parser.add_argument("--labels", metavar="FILE",
                         help="also write the head labels (class, vote fractions, margin, stability; "
@@ -142,6 +146,9 @@ def check(args: argparse.Namespace) -> str | None:
     """Every check that needs no model; returns the ``--text`` contents (``None``: built-in)."""
     check_model(args.model, args.seq_len)
     check_windows(args, min_seq_len=2)
+    if isinstance(args.sink, int) and args.sink >= args.seq_len:
+        raise UsageError(f"--sink {args.sink} is past the end of a window of --seq-len {args.seq_len} "
+                         f"tokens; use a position below {args.seq_len} or --sink auto.")
     if not [n for n in args.n_values if n < args.seq_len]:
         raise UsageError(f"--n-values {','.join(map(str, args.n_values))}: every N is ≥ --seq-len "
                          f"{args.seq_len}, and a window's last query has only {args.seq_len} keys; "
@@ -176,20 +183,20 @@ def run(args: argparse.Namespace) -> int:
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
                    shuffle_samples=args.shuffle_samples, shuffle=args.shuffle, seed=args.seed,
-                   distance=args.distance, bounds=args.bounds)
+                   distance=args.distance, bounds=args.bounds, per_window=args.per_window)
     loaded = time.perf_counter()
     if args.stream or world > 1 or _recompute(args, model, tokens):
         # Under torchrun every rank analyses its share of the windows; the sums are all-reduced.
         result = analyze_model(
             model, tokens, batch_size=args.batch_size, shard=(rank, world) if world > 1 else None,
-            progress=progress, attention=args.attention, **options,
+            progress=progress, attention=args.attention, sink=args.sink, **options,
         )
         timing = f"streaming analysis on {world} process(es) {time.perf_counter() - loaded:.2f} s"
     else:
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens, names_filter=CACHE_NAMES_FILTER)
         forward = time.perf_counter()
-        result = analyze_heads(cache, model=model, progress=progress, **options)
+        result = analyze_heads(cache, model=model, progress=progress, sink=args.sink, **options)
         timing = (f"forward (pattern + v cached) {forward - loaded:.2f} s, "
                   f"analysis {time.perf_counter() - forward:.2f} s")
     result.metadata["text"] = args.text or "built-in sample"

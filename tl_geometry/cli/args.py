@@ -22,6 +22,7 @@ __all__ = [
     "UsageError",
     "add_model_options",
     "add_progress_option",
+    "add_sink_option",
     "check_distinct_paths",
     "check_labels_file",
     "check_model",
@@ -31,9 +32,11 @@ __all__ = [
     "int_list",
     "load_cli_model",
     "positive_int",
+    "query_option",
     "read_input_text",
     "seed",
     "show_progress",
+    "sink_option",
 ]
 
 
@@ -97,6 +100,40 @@ def seed(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1] (a 64-bit generator seed), "
                                          f"got {value}")
     return value
+
+
+def sink_option(text: str) -> str | int:
+    """``--sink``: ``auto`` or a position ≥ 0 counted from the window's first token (SPEC §1)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a position ≥ 0, got {text!r}") from None
+    if not 0 <= value <= MAX_INT:
+        raise argparse.ArgumentTypeError(f"a position must be ≥ 0, got {value}")
+    return value
+
+
+def query_option(text: str) -> str | int:
+    """``--queries``: ``last``, ``all`` or a sample size ``K ≥ 1``."""
+    if text in ("last", "all"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected last, all or a number of positions ≥ 1, got {text!r}") from None
+    if not 1 <= value <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"a number of positions must be in [1, 2**20], got {value}")
+    return value
+
+
+def add_sink_option(parser: argparse.ArgumentParser) -> None:
+    """``--sink`` (SPEC §1): which key of each window is the sink."""
+    parser.add_argument("--sink", type=sink_option, default=None, metavar="auto|P",
+                        help="the sink: P (the P-th token of every window, 0 = the first) or auto (each "
+                             "window's most attended of its first 32 tokens); default: 0 where the "
+                             "windows start with BOS, auto where the model was trained without it")
 
 
 def int_list(text: str) -> tuple[int, ...]:

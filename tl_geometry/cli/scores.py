@@ -17,6 +17,7 @@ from ..functional.head_scores import REPEAT_LENGTH, SINK_EPSILON_LENGTH
 from .args import (
     UsageError,
     add_progress_option,
+    add_sink_option,
     check_distinct_paths,
     check_model,
     check_output_file,
@@ -78,6 +79,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                              "induction, ≥ 2; at most w - 1 on sliding-window layers (Gemma-3: 511)")
     parser.add_argument("--seed", type=seed, default=0,
                         help="seed of the random tokens, a whole number in [0, 2**63 - 1]")
+    add_sink_option(parser)
     parser.add_argument("--sort", choices=SORTABLE, default=None,
                         help="print the heads by this score, largest first (default: layer order)")
     parser.add_argument("--top", type=positive_int, default=None, metavar="K",
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         sink_windows = text_windows(model, text, n_seqs=args.n_seqs, seq_len=SINK_EPSILON_LENGTH)
     _check_window(args, model)
     table = head_scores(model, windows=windows, sink_windows=sink_windows, repeat=args.repeat,
-                        seed=args.seed)
+                        seed=args.seed, sink=args.sink)
     shown = table if args.sort is None else table.sort_values(args.sort, ascending=False, kind="stable")
     if args.top is not None:
         shown = shown.head(args.top)
@@ -121,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
           f"{attrs['n_windows']} windows of {attrs['seq_len']} tokens; R = {attrs['repeat']}")
     print(f"Sink^ε (share of heads with sink_rate > {attrs['epsilon']} on "
           f"{attrs['sink_epsilon_seq_len']}-token windows): {100 * eps:.1f} %")
+    if "sink_rate_selected" in table.columns:
+        chosen = sorted(set(attrs["sink"]["positions"]))
+        print(f"sink_rate_selected: the weight on each window's chosen sink ({attrs['sink']['rule']}: "
+              f"positions {chosen[:8]}{' …' if len(chosen) > 8 else ''}), selected, so biased upward")
     if args.csv:
         path = Path(args.csv).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)

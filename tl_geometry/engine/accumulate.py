@@ -68,19 +68,31 @@ class Accumulator:
     regime_count: Float[Tensor, "layer head rfield"]
     sequence_votes: Int[Tensor, "sequence layer head vote"]
     """Vote counts of every sequence, row = the sequence's index in the inputs."""
-    sink_visible: Float[Tensor, "layer 2"]
-    """Chosen (sequence, query) instances whose sliding window holds the sink, and all of them
-    (SPEC §1): the two are equal on a layer without a window."""
+    sink_visible: Float[Tensor, "layer 3"]
+    """Chosen (sequence, query) instances whose sliding window holds the sink, all of them, and
+    those whose sink figures were read at the last query that sees the sink instead (SPEC §1):
+    the first two are equal on a layer without a window."""
     truncation_rows: Float[Tensor, "sequence q layer head n tmetric"]
     """The top-N set's τ_N and relative truncation error at each chosen query of every sequence
     (row = the sequence's index; NaN where undefined), for the exact percentiles (SPEC §10)."""
+    beyond_votes: Int[Tensor, "layer head vote"]
+    """Votes of sliding-window queries that cannot see the sink, apart (SPEC §5)."""
+    block_votes: Int[Tensor, "sequence block layer head vote"]
+    """Deciding votes per block of 128 queries of every sequence (:mod:`.votes`)."""
+    window_scores: Float[Tensor, "sequence layer head group n metric"]
+    """With ``per_window``: each sequence's means over its chosen queries (SPEC §8's per-window
+    arrays; NaN where undefined); without, a tensor with no layer (nothing is kept)."""
+    window_sink: Float[Tensor, "sequence layer head field"]
+    """With ``per_window``: each sequence's sink diagnostics (SPEC §4), as ``window_scores``."""
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
-              n_sequences: int = 0, n_queries: int = 0) -> Accumulator:
+              n_sequences: int = 0, n_queries: int = 0, n_blocks: int = 0, per_window: bool = False) -> Accumulator:
         """Empty sums for ``n_sequences`` sequences (more rows are added when a batch needs them)
         with ``n_queries`` chosen queries each (1 for the last query, the number of positions for
-        all; 0: set by the first batch). Processes that all-reduce their sums must pass both."""
+        all; 0: set by the first batch) and ``n_blocks`` vote blocks each (:func:`.votes.n_blocks`;
+        0: set by the first batch). Processes that all-reduce their sums must pass all three.
+        ``per_window`` keeps every sequence's own means (:attr:`window_scores`)."""
         shapes = {
             "seq_sum": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
             "seq_count": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
@@ -100,10 +112,17 @@ class Accumulator:
                 for name, shape in shapes.items()}
         # int64: exact counts that all_reduce can add like the sums
         votes = torch.zeros(n_sequences, n_layers, n_heads, 3, dtype=torch.int64, device=device)
-        visible = torch.zeros(n_layers, 2, dtype=COMPUTE_DTYPE, device=device)
+        visible = torch.zeros(n_layers, 3, dtype=COMPUTE_DTYPE, device=device)
         rows = torch.zeros(n_sequences, n_queries, n_layers, n_heads, n_sizes, len(TRUNCATION_NAMES),
                            dtype=COMPUTE_DTYPE, device=device)
-        return cls(**sums, sequence_votes=votes, sink_visible=visible, truncation_rows=rows)
+        beyond = torch.zeros(n_layers, n_heads, 3, dtype=torch.int64, device=device)
+        blocks = torch.zeros(n_sequences, n_blocks, n_layers, n_heads, 3, dtype=torch.int64, device=device)
+        kept = n_layers if per_window else 0  # no layer: nothing is kept, whatever the rows
+        window_scores = torch.zeros(n_sequences, kept, n_heads, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES),
+                                    dtype=torch.float32, device=device)
+        window_sink = torch.zeros(n_sequences, kept, n_heads, len(SINK_FIELDS), dtype=torch.float32, device=device)
+        return cls(**sums, sequence_votes=votes, sink_visible=visible, truncation_rows=rows,
+                   beyond_votes=beyond, block_votes=blocks, window_scores=window_scores, window_sink=window_sink)
 
     def tensors(self) -> Iterator[Tensor]:
         """Every sum and count, in field order (for all-reduce across processes)."""
@@ -124,22 +143,35 @@ class Accumulator:
         """Sum of two accumulators (their per-sequence rows padded to the same number)."""
         n = max(len(self.sequence_votes), len(other.sequence_votes))
         q = max(self.truncation_rows.shape[1], other.truncation_rows.shape[1]) or None
-        return Accumulator(*(a + b for a, b in zip(self._rows(n, q).tensors(), other._rows(n, q).tensors())))
+        k = max(self.block_votes.shape[1], other.block_votes.shape[1]) or None
+        return Accumulator(*(a + b for a, b in zip(self._rows(n, q, k).tensors(), other._rows(n, q, k).tensors())))
 
-    def _rows(self, n: int, n_queries: int | None = None) -> Accumulator:
+    def _rows(self, n: int, n_queries: int | None = None, n_blocks: int | None = None) -> Accumulator:
         """This accumulator with at least ``n`` per-sequence rows (new rows hold no votes), and
-        ``n_queries`` chosen queries per row where it had none yet."""
-        votes, rows = self.sequence_votes, self.truncation_rows
+        ``n_queries`` chosen queries and ``n_blocks`` vote blocks per row where it had none yet."""
+        votes, rows, blocks = self.sequence_votes, self.truncation_rows, self.block_votes
+        scores, sinks = self.window_scores, self.window_sink
         if n_queries is not None and rows.shape[1] != n_queries:
             if rows.shape[1]:
                 raise ValueError(f"a batch has {n_queries} chosen queries per sequence, the earlier "
                                  f"ones {rows.shape[1]}: one analysis chooses its queries one way.")
             rows = rows.new_zeros(rows.shape[0], n_queries, *rows.shape[2:])
+        if n_blocks is not None and blocks.shape[1] != n_blocks:
+            if blocks.shape[1]:
+                raise ValueError(f"a batch has {n_blocks} vote blocks per sequence, the earlier ones "
+                                 f"{blocks.shape[1]}: the batches of one analysis have one length.")
+            blocks = blocks.new_zeros(blocks.shape[0], n_blocks, *blocks.shape[2:])
         if len(votes) < n:
             votes = torch.cat([votes, votes.new_zeros(n - len(votes), *votes.shape[1:])])
         if len(rows) < n:
             rows = torch.cat([rows, rows.new_zeros(n - len(rows), *rows.shape[1:])])
-        return replace(self, sequence_votes=votes, truncation_rows=rows)
+        if len(blocks) < n:
+            blocks = torch.cat([blocks, blocks.new_zeros(n - len(blocks), *blocks.shape[1:])])
+        if len(scores) < n:
+            scores = torch.cat([scores, scores.new_zeros(n - len(scores), *scores.shape[1:])])
+            sinks = torch.cat([sinks, sinks.new_zeros(n - len(sinks), *sinks.shape[1:])])
+        return replace(self, sequence_votes=votes, truncation_rows=rows, block_votes=blocks,
+                       window_scores=scores, window_sink=sinks)
 
     def add(self, li: int, stats: LayerStats, sequence_offset: int = 0) -> None:
         """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
@@ -154,10 +186,16 @@ class Accumulator:
         self.paired_halved[li] += stats.paired_halved.to(self.paired_halved.device)
         _add_means(self.sink_sum[li], self.sink_count[li], stats.sink_mean.to(self.sink_sum.device))
         self.votes[li] += stats.votes.to(self.votes.device)
+        self.beyond_votes[li] += stats.beyond_votes.to(self.beyond_votes.device, torch.int64)
         stop = sequence_offset + stats.sequence_votes.shape[0]
-        grown = self._rows(stop, stats.truncation_rows.shape[1])
-        self.sequence_votes, self.truncation_rows = grown.sequence_votes, grown.truncation_rows
+        grown = self._rows(stop, stats.truncation_rows.shape[1], stats.block_votes.shape[1])
+        for name in ("sequence_votes", "truncation_rows", "block_votes", "window_scores", "window_sink"):
+            setattr(self, name, getattr(grown, name))
+        if self.window_scores.shape[1]:  # per_window: one batch writes each sequence's row
+            self.window_scores[sequence_offset:stop, li] = seq_mean.to(self.window_scores)
+            self.window_sink[sequence_offset:stop, li] = stats.sink_mean.to(self.window_sink)
         self.sequence_votes[sequence_offset:stop, li] += stats.sequence_votes.to(self.sequence_votes.device)
+        self.block_votes[sequence_offset:stop, :, li] += stats.block_votes.to(self.block_votes.device)
         self.truncation_rows[sequence_offset:stop, :, li] += stats.truncation_rows.to(self.truncation_rows.device)
         if stats.bound_mean is not None:
             _add_means(self.bound_sum[li], self.bound_count[li], stats.bound_mean.to(self.bound_sum.device))
@@ -194,7 +232,8 @@ class Accumulator:
         visible = self.sink_visible.cpu()
         metadata = {**metadata, "window": list(windows),
                     "sink_visible": [int(x) for x in visible[:, 0].tolist()],
-                    "instances": [int(x) for x in visible[:, 1].tolist()]}
+                    "instances": [int(x) for x in visible[:, 1].tolist()],
+                    "sink_read_earlier": [int(x) for x in visible[:, 2].tolist()]}
         seq_mean = self.seq_sum / self.seq_count
         inst_mean = self.inst_sum / self.inst_count[..., None]
         instances = rearrange(self.truncation_rows, "s q l h n m -> (s q) m l h n")
@@ -216,6 +255,12 @@ class Accumulator:
             regime=rearrange(self.regime_sum / self.regime_count, "l h f -> f l h").cpu().contiguous()
             if opts.bounds else None,
             truncation_p90=nearest_rank_percentile(instances, PERCENTILE).cpu().contiguous(),
+            beyond_votes=self.beyond_votes.cpu().to(torch.int32),
+            block_votes=self.block_votes.cpu().to(torch.int32),
+            window_scores=rearrange(self.window_scores, "s l h g n m -> s g m l h n").cpu().contiguous()
+            if self.window_scores.shape[1] else None,
+            window_sink=rearrange(self.window_sink, "s l h f -> s f l h").cpu().contiguous()
+            if self.window_sink.shape[1] else None,
         )
 
 

@@ -52,8 +52,8 @@ class FromKeys(NamedTuple):
 class Backend:
     """The entry points of one backend; each writes its outputs in place.
 
-    ``check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, votes)``
-    adds one block of rows to the validation statistics and votes
+    ``check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, vote_of)``
+    adds one block of rows to the validation statistics and writes its queries' votes
     (:func:`.compiled.check.check_and_vote`); ``gram_and_sink_geometry(values, is_token, sink,
     queries, h0, group_size, window, sink_fields) → gram`` gives the tied Gram matrices and writes
     the sink geometry (:func:`.compiled.gram.tie_duplicates_and_sink_geometry`);
@@ -159,11 +159,11 @@ def _numpy(x: Any) -> Any:
 
 
 def _check_and_vote(rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int,
-                    window: int, stats: Tensor, votes: Tensor) -> None:
+                    window: int, stats: Tensor, vote_of: Tensor) -> None:
     if rows.dtype not in (torch.float32, torch.float64):
         rows = rows.float()  # the kernel reads float32 or float64 rows
     _kernels().check.check_and_vote(_numpy(rows), q_start, *(_numpy(x) for x in (is_token, sink, norms)),
-                                    group_size, window, stats.numpy(), votes.numpy())
+                                    group_size, window, stats.numpy(), vote_of.numpy())
 
 
 def _gram_and_sink_geometry(values: Tensor, is_token: Tensor, sink: Tensor, queries: Tensor, h0: int,

@@ -115,8 +115,10 @@ class PatternRows:
 class LayerBlock(NamedTuple):
     """What every chunk of one layer shares (read, never written).
 
-    ``is_token[b, k]`` is False at padding; ``queries[b, i]`` are the chosen query positions (−1:
-    none); a value group is a KV head in value space and a query head in output space, and query
+    ``is_token[b, k]`` is False at padding; ``start[b]`` is the sequence's first real position
+    and ``sink[b]`` its sink (SPEC §1: ``start`` by default, any real position with ``sink=``; keys
+    before it are ordinary keys); ``queries[b, i]`` are the chosen query positions (−1: none); a
+    value group is a KV head in value space and a query head in output space, and query
     head ``h`` reads group ``h // group_size``. ``window`` is the layer's sliding window (query
     ``t`` sees keys ``t − window < i ≤ t``; SPEC §1, ours), ``None`` for a global layer.
     """
@@ -129,7 +131,8 @@ class LayerBlock(NamedTuple):
     W_O: Tensor | None
     group_size: int
     n_groups: int
-    window: int | None = None
+    window: int | None
+    start: Int[Tensor, " batch"]
 
     @property
     def kernel_window(self) -> int:
@@ -137,9 +140,10 @@ class LayerBlock(NamedTuple):
         return NO_WINDOW if self.window is None else self.window
 
     def sees_sink(self, queries: Int[Tensor, "b q"], sink: Int[Tensor, " b"]) -> Bool[Tensor, "b q"]:
-        """Whether each query's window holds its sequence's sink (``t − window < sink``); a query
-        that does not see it has no sink (SPEC §1, ours). All True on a global layer."""
-        return queries - self.kernel_window < sink[:, None]
+        """Whether each query sees its sequence's sink: the sink is at or before it and inside
+        its window (``t − window < sink ≤ t``); a query that does not see it has no sink (SPEC §1,
+        ours)."""
+        return (queries - self.kernel_window < sink[:, None]) & (sink[:, None] <= queries)
 
 
 def group_values(layer: LayerBlock, b0: int, b1: int, n_keys: int) -> Float[Tensor, "b g k d"]:

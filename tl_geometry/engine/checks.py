@@ -74,12 +74,12 @@ def check_values(v: Float[Tensor, "batch pos kv d"], is_token: Bool[Tensor, "bat
         )
 
 
-def new_stats(batch: int, n_heads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Empty validation statistics ``[batch, head, stat]`` and vote counts ``[batch, head, 3]``:
-    no entry seen (first-position fields −1, the minimum 0)."""
+def new_stats(batch: int, n_heads: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """Empty validation statistics ``[batch, head, stat]`` and per-query votes ``[batch, head,
+    pos]``: no entry seen (first-position fields −1, the minimum 0), no vote (−1)."""
     stats = np.zeros((batch, n_heads, N_STATS))
     stats[..., ST_NONFINITE_Q] = stats[..., ST_DEAD_Q] = -1.0
-    return stats, np.zeros((batch, n_heads, 3), dtype=np.int64)
+    return stats, np.full((batch, n_heads, n_pos), -1, dtype=np.int8)
 
 
 def check_and_vote(
@@ -91,15 +91,18 @@ def check_and_vote(
     backend: Backend,
     *,
     window: int = NO_WINDOW,
-) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]]:
-    """Validation statistics and source-winner vote counts of every (sequence, head), from every
-    query's rows given in ascending blocks ``(first query, rows)`` (one block: the pattern);
-    ``window`` is the layer's sliding window (:data:`.options.NO_WINDOW`: none)."""
+) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"]]:
+    """Validation statistics of every (sequence, head) and the source-winner vote of every
+    query, ``vote_of[b, h, t]`` (0 itself, 1 the sink, 2 another key, −1 none: SPEC §5), from
+    every query's rows given in ascending blocks ``(first query, rows)`` (one block: the
+    pattern); ``window`` is the layer's sliding window (:data:`.options.NO_WINDOW`: none).
+    Which votes count, and in which unit, is :func:`.votes.tally`'s to decide."""
     batch, n_heads = is_token.shape[0], norms.shape[1] * group_size
-    stats, votes = (torch.from_numpy(x).to(norms.device) for x in new_stats(batch, n_heads))
+    found = new_stats(batch, n_heads, is_token.shape[1])
+    stats, vote_of = (torch.from_numpy(x).to(norms.device) for x in found)
     for q_start, rows in blocks:
-        backend.check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, votes)
-    return stats, votes
+        backend.check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, vote_of)
+    return stats, vote_of
 
 
 def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, window: int | None = None) -> None:

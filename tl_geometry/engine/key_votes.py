@@ -31,7 +31,6 @@ from ..functional.dtypes import COMPUTE_DTYPE
 from .backend import Backend
 from .block import QueryKeys
 from .checks import new_stats
-from .layout import VOTE_QUERY_BLOCK
 from .options import NO_WINDOW
 
 
@@ -43,8 +42,9 @@ def check_and_vote(
     group_size: int,
     window: int | None,
     backend: Backend,
-) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head 3"]] | None:
-    """Validation statistics and source-winner votes of every (sequence, head) from ``qk`` (CPU),
+) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"]] | None:
+    """Validation statistics of every (sequence, head) and each query's source-winner vote
+    (:func:`.checks.check_and_vote`'s ``vote_of``) from ``qk`` (CPU),
     as :func:`.checks.check_and_vote` gives them from the float64 rows; ``None`` where the rows
     must be read instead (module docstring). ``norms`` are the value groups' ``‖v‖``; query head
     ``h`` reads group ``h // group_size``; ``window`` is the layer's declared window; the
@@ -66,8 +66,7 @@ def check_and_vote(
     key_norm_max = torch.linalg.vector_norm(k, dim=-1, dtype=COMPUTE_DTYPE).masked_fill(padding, 0.0).amax(1)
     log_norms = norms.to(COMPUTE_DTYPE).log().masked_fill(~is_token[:, None, :], -torch.inf)
     kernel_window = NO_WINDOW if window is None else window
-    n_blocks = -(-n_pos // VOTE_QUERY_BLOCK)
-    partial = np.zeros((batch * n_heads * n_blocks, 3), dtype=np.int64)
+    stats, vote_of = new_stats(batch, n_heads, n_pos)
     uncertain = np.zeros((batch, n_heads, n_pos), dtype=np.bool_)
     kernels.vote_from_keys(
         q.to(dtype).contiguous().numpy(),
@@ -78,14 +77,12 @@ def check_and_vote(
         log_norms.contiguous().numpy(),
         log_norms.amax(-1).contiguous().numpy(),
         key_norm_max.contiguous().numpy(),
-        kernel_window, n_heads // k.shape[2], group_size, partial, uncertain,
+        kernel_window, n_heads // k.shape[2], group_size, vote_of, uncertain,
     )
-    stats, votes = new_stats(batch, n_heads)
-    votes += partial.reshape(batch, n_heads, n_blocks, 3).sum(2)
     if uncertain.any():
-        _recheck(qk, torch.from_numpy(uncertain), is_token, sink, norms, group_size, kernel_window, stats, votes,
+        _recheck(qk, torch.from_numpy(uncertain), is_token, sink, norms, group_size, kernel_window, stats, vote_of,
                  kernels.check_rows)
-    return torch.from_numpy(stats), torch.from_numpy(votes)
+    return torch.from_numpy(stats), torch.from_numpy(vote_of)
 
 
 def _same_mask(key_mask: Tensor | None, is_token: Tensor) -> bool:
@@ -96,9 +93,9 @@ def _same_mask(key_mask: Tensor | None, is_token: Tensor) -> bool:
 
 
 def _recheck(qk: QueryKeys, uncertain: Tensor, is_token: Tensor, sink: Tensor, norms: Tensor,
-             group_size: int, window: int, stats: np.ndarray, votes: np.ndarray,
+             group_size: int, window: int, stats: np.ndarray, vote_of: np.ndarray,
              check_rows: Callable[..., None]) -> None:
-    """Add the statistics and votes of the ``uncertain [b, h, pos]`` rows, read from their
+    """Add the statistics and write the votes of the ``uncertain [b, h, pos]`` rows, read from their
     float64 rows. Each is recomputed in the block of ``qk.block`` queries that holds it, as the
     source's ``blocks`` computes it: the same rows bit for bit, so the same winner even where
     float64 round-off alone decides an exact tie."""
@@ -113,4 +110,4 @@ def _recheck(qk: QueryKeys, uncertain: Tensor, is_token: Tensor, sink: Tensor, n
         rows = attention_row_block(q, k, start, stop, scale=qk.scale, window=qk.window, key_mask=qk.key_mask)
         positions = torch.arange(start, stop).expand(batch, -1)
         check_rows(rows.contiguous().numpy(), positions.contiguous().numpy(), take.contiguous().numpy(), *fixed,
-                   group_size, window, stats, votes)
+                   group_size, window, stats, vote_of)

@@ -24,7 +24,8 @@ layer, and the rest of the run, to the twins (:func:`.backend.run_layer`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 import torch
 from einops import rearrange, reduce
@@ -32,15 +33,15 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..functional.dtypes import COMPUTE_DTYPE
-from ..functional.heads import last_positions
+from ..functional.heads import last_positions, sink_positions
 from ..functional.separability import METRIC_NAMES
-from . import checks, key_votes
+from . import checks, key_votes, votes
 from .backend import Backend, choose_backend, run_layer
 from .block import AttentionRows, KeyedRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
-from .layout import INVERSIONS, SEQUENCE_GROUPS, TOP_GROUP, TRUNCATION
-from .options import SHUFFLE_KINDS, AnalysisOptions
-from .rng import sequence_keys
+from .layout import INVERSIONS, SEQUENCE_GROUPS, SINK_REMOVED, TOP_GROUP, TRUNCATION
+from .options import SHUFFLE_KINDS, AnalysisOptions, n_chosen
+from .rng import sampled_positions, sequence_keys
 
 #: Bytes of chunk tensors (Gram blocks, values, upcast pattern rows) per byte of pattern.
 CHUNK_FRACTION = 0.25
@@ -65,14 +66,47 @@ class LayerStats(NamedTuple):
     sink_mean: Float[Tensor, "batch head field"]
     votes: Float[Tensor, "head 3"]
     sequence_votes: Int[Tensor, "batch head 3"]
-    """Per-sequence vote counts (SPEC §5): the bootstrap of label stability resamples them."""
+    """Per-sequence counts of the votes that decide the label (SPEC §5; :mod:`.votes`): the
+    bootstrap of label stability resamples them."""
+    beyond_votes: Int[Tensor, "head 3"]
+    """Votes of the queries of a sliding-window layer that cannot see the sink, apart."""
+    block_votes: Int[Tensor, "batch block head 3"]
+    """The deciding votes per block of 128 consecutive queries (:mod:`.votes`), zero for a
+    partial block: the block bootstrap's units."""
     bound_mean: Float[Tensor, "batch head kind n bmetric"] | None
     regime: Float[Tensor, "batch head rfield"] | None
     truncation_rows: Float[Tensor, "batch q head n tmetric"]
     """The top-N set's truncation figures (SPEC §10) at every chosen query, NaN where
     undefined: kept per instance, so that their percentiles over all batches are exact."""
-    sink_visible: Float[Tensor, " seen_all"] | None = None
-    """Chosen (sequence, query) instances whose window holds the sink, and all of them (SPEC §1)."""
+    sink_visible: Float[Tensor, " seen_all_earlier"] | None = None
+    """Chosen (sequence, query) instances whose window holds the sink, all of them, and those
+    whose sink figures were read at an earlier query, ``t_sink`` (SPEC §1)."""
+
+
+def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
+                   sequence_offset: int = 0) -> Int[Tensor, "batch q"]:
+    """The query positions each sequence is scored at (−1: none), ascending: its last real one
+    (``"last"``), every position (``"all"``; padded ones are skipped later), ``k`` positions
+    drawn from its real ones (an int: :func:`.rng.sampled_positions`, seeded by ``seed`` and the
+    sequence's index in the inputs, so every layer, head and batch reads the same ones) or the
+    given positions counted from its first real token (those past its end: none)."""
+    batch, n_pos = is_token.shape
+    device = is_token.device
+    if opts.queries == "last":
+        return last_positions(is_token)[:, None]
+    if opts.queries == "all":
+        return torch.arange(n_pos, device=device).repeat(batch, 1)
+    start, n_real = sink_positions(is_token), is_token.sum(-1)
+    width = n_chosen(opts.queries, n_pos)
+    out = torch.full((batch, width), -1, dtype=torch.long)
+    for b in range(batch):
+        real = int(n_real[b])
+        if isinstance(opts.queries, int):
+            picked = torch.from_numpy(sampled_positions(opts.seed, sequence_offset + b, real, opts.queries))
+        else:
+            picked = torch.tensor([p for p in opts.queries if p < real], dtype=torch.long)
+        out[b, :len(picked)] = picked + int(start[b])
+    return out.to(device)
 
 
 def _chunk_plan(layer: LayerBlock, d_values: int) -> list[tuple[int, int, int, int]]:
@@ -109,7 +143,9 @@ def analyze_layer(
     """Validate one layer of one batch and reduce it to :class:`LayerStats` (SPEC §2–6).
 
     ``pattern`` (a cached ``hook_pattern``, or any :class:`AttentionRows` source) and ``v`` are
-    read, never written; ``W_O`` (``[head, d_head, d_model]``) selects output space. Sequence
+    read, never written; ``sink`` is each sequence's sink (SPEC §1: its first real position, or
+    the position ``sink=`` chose; keys before it are ordinary keys); ``W_O`` (``[head, d_head,
+    d_model]``) selects output space. Sequence
     ``i`` of the batch is global sequence ``sequence_offset + i`` (the random baseline's stream).
     ``window`` is the layer's sliding window (SPEC §1, ours): query ``t``'s candidate keys are
     the real keys ``t − window < i ≤ t``, and a row with weight outside them is an error.
@@ -126,7 +162,7 @@ def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor,
     may start it over on the torch twins)."""
     source = PatternRows(pattern, upcast=backend.upcast_rows) if isinstance(pattern, Tensor) else pattern
     data = _layer_block(source, v, is_token.to(source.device), sink.to(source.device), opts, layer, W_O,
-                        window)
+                        window, sequence_offset)
     rows_out = _RowOutputs.empty(data, len(opts.n_values))
     seq_ids = range(sequence_offset, sequence_offset + source.shape[0])
     keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(source.device)
@@ -135,24 +171,73 @@ def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor,
         if g0 == 0:  # the first chunk of these sequences: validate and vote, one read of the rows
             values = _check_and_vote(data, b0, b1, rows_out, layer, backend, mask_given=mask_given)
         _score_chunk(data, opts, values, keys, rows_out, b0, b1, g0, g1, backend)
-    return _reduce(data, opts, *rows_out, layer, backend)
+    stats = _reduce(data, opts, *rows_out, layer, backend)
+    at_sink = _sink_reading(data, opts)
+    if at_sink is None:
+        return stats
+    # Only the sink-dependent figures are read there: no baseline, null or bound is needed.
+    plain = replace(opts, random_samples=0, shuffle_samples=0, bounds=False)
+    sink_out = _RowOutputs.empty(at_sink, len(opts.n_values))
+    for b0, b1, g0, g1 in _chunk_plan(at_sink, d_values):
+        if g0 == 0:
+            values = group_values(at_sink, b0, b1, at_sink.source.shape[2])
+        _score_chunk(at_sink, plain, values, keys, sink_out, b0, b1, g0, g1, backend)
+    instances = at_sink.queries >= 0
+    read = backend.reduce_rows(sink_out.metrics, sink_out.sink_in_top, sink_out.sink_fields,
+                               at_sink.sees_sink(at_sink.queries, at_sink.sink) & instances)
+    return _with_sink_reading(stats, read, int(instances.sum()))
+
+
+def _sink_reading(data: LayerBlock, opts: AnalysisOptions) -> LayerBlock | None:
+    """SPEC §1's sink-visible reading (ours): on a sliding-window layer, where the last query
+    cannot see the sink, the sink-dependent figures are read at ``t_sink = p + w − 1``, the last
+    query that sees it; ``data`` with those queries (−1 where the last query sees the sink), or
+    ``None`` where no sequence needs one."""
+    if opts.queries != "last" or data.window is None:
+        return None
+    last = data.queries[:, 0]
+    t_sink = torch.minimum(last, data.sink + data.window - 1)
+    earlier = (t_sink < last) & (last >= 0)
+    if not bool(earlier.any()):
+        return None
+    return data._replace(queries=torch.where(earlier, t_sink, -1)[:, None])
+
+
+def _with_sink_reading(stats: LayerStats, read: Any, n_read: int) -> LayerStats:
+    """``stats`` with the sink-dependent figures of the sequences whose last query cannot see
+    the sink taken from ``read`` (the :class:`.layout.Reduced` of their ``t_sink``): per sequence
+    exactly one of the two defines them, and the instance sums and paired counts add."""
+    def either(main: Tensor, other: Tensor) -> Tensor:
+        return torch.where(torch.isnan(main), other.to(main.device), main)
+
+    seq_mean = stats.seq_mean.clone()
+    seq_mean[:, :, SINK_REMOVED] = either(stats.seq_mean[:, :, SINK_REMOVED], read.seq_mean[:, :, SINK_REMOVED])
+    visible = stats.sink_visible.clone() if stats.sink_visible is not None else None
+    if visible is not None:
+        visible[2] += n_read
+    return stats._replace(
+        seq_mean=seq_mean,
+        inst_sum=stats.inst_sum + read.inst_sum, inst_count=stats.inst_count + read.inst_count,
+        paired_hist=stats.paired_hist + read.paired_hist, paired_halved=stats.paired_halved + read.paired_halved,
+        sink_mean=either(stats.sink_mean, read.sink_mean), sink_visible=visible)
 
 
 def _layer_block(source: AttentionRows, v: Tensor, is_token: Tensor, sink: Tensor, opts: AnalysisOptions,
-                 layer: int, W_O: Tensor | None, window: int | None = None) -> LayerBlock:
+                 layer: int, W_O: Tensor | None, window: int | None = None, sequence_offset: int = 0) -> LayerBlock:
     """The checked :class:`LayerBlock` of one layer: values checked, ``W_O`` matched to the
-    cache, the chosen queries (each sequence's last real one, or every position)."""
+    cache, the chosen queries (:func:`chosen_queries`)."""
     checks.check_values(v, is_token, layer)
-    batch, n_heads, n_pos = source.shape
+    _, n_heads, n_pos = source.shape
     n_groups = n_heads if W_O is not None else v.shape[2]
     if W_O is not None and W_O.shape[:2] != (n_heads, v.shape[-1]):
         raise ValueError(f"W_O of layer {layer} is {tuple(W_O.shape)}; expected [{n_heads}, "
                          f"{v.shape[-1]}, d_model] ([head, d_head, d_model]) to match the cache.")
-    if opts.queries == "last":
-        queries = last_positions(is_token)[:, None]
-    else:
-        queries = torch.arange(n_pos, device=source.device).repeat(batch, 1)
-    return LayerBlock(source, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups, window)
+    queries = chosen_queries(opts, is_token, sequence_offset)
+    start = sink_positions(is_token)
+    if bool((sink < start).any()) or bool((~is_token.gather(1, sink[:, None].clamp(0, n_pos - 1))).any()):
+        raise ValueError(f"Layer {layer}: the sink must be a real position of its sequence (at or after the "
+                         "first real token), one per sequence.")
+    return LayerBlock(source, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups, window, start)
 
 
 class _RowOutputs(NamedTuple):
@@ -161,7 +246,7 @@ class _RowOutputs(NamedTuple):
     metrics: Float[Tensor, "batch head q group n metric"]
     sink_in_top: Bool[Tensor, "batch head q n"]
     sink_fields: Float[Tensor, "batch head q field"]
-    votes: Int[Tensor, "batch head 3"]
+    vote_of: Int[Tensor, "batch head pos"]
 
     @classmethod
     def empty(cls, data: LayerBlock, n_sizes: int) -> _RowOutputs:
@@ -172,7 +257,7 @@ class _RowOutputs(NamedTuple):
                        dtype=COMPUTE_DTYPE, device=device),
             torch.zeros(batch, n_heads, n_q, n_sizes, dtype=torch.bool, device=device),
             torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device),
-            torch.zeros(batch, n_heads, 3, dtype=torch.int64, device=device),
+            torch.full((batch, n_heads, data.source.shape[2]), -1, dtype=torch.int8, device=device),
         )
 
 
@@ -190,7 +275,7 @@ def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer:
     if found is None:
         found = checks.check_and_vote(data.source.blocks(b0, b1), is_token, sink, norms, data.group_size,
                                       backend, window=data.kernel_window)
-    stats, out.votes[b0:b1] = found
+    stats, out.vote_of[b0:b1] = found
     checks.raise_for_stats(stats, layer, b0, mask_given=mask_given, window=data.window)
     return values
 
@@ -199,7 +284,7 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
                  b0: int, b1: int, g0: int, g1: int, backend: Backend) -> None:
     """Gram matrices, the sink geometry (SPEC §4) and every selection's scores (SPEC §2–3) of
     sequences ``b0:b1`` and value groups ``g0:g1``, written into ``out``."""
-    queries, is_token, sink = data.queries[b0:b1], data.is_token[b0:b1], data.sink[b0:b1]
+    queries, is_token, sink, start = data.queries[b0:b1], data.is_token[b0:b1], data.sink[b0:b1], data.start[b0:b1]
     n_keys = int(queries.max()) + 1  # keys after the last chosen query are unused
     chunk = values[:, g0:g1, :n_keys]
     h0 = g0 * data.group_size
@@ -211,7 +296,7 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
     for q0, q1 in _query_blocks(data.source, queries, n_keys):
         rows, row_of = data.source.rows(b0, b1, queries[:, q0:q1])
         backend.score_rows(
-            rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, sink, data.kernel_window,
+            rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, start, sink, data.kernel_window,
             real_index, keys[b0:b1], gram, vectors, opts.n_values.to(gram.device), opts.random_samples,
             opts.shuffle_samples, SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution",
             opts.distance == "cosine",
@@ -233,7 +318,7 @@ def _query_blocks(source: AttentionRows, queries: Tensor, n_keys: int) -> list[t
 
 def _reduce(
     data: LayerBlock, opts: AnalysisOptions, metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor,
-    votes: Tensor, layer: int, backend: Backend,
+    vote_of: Tensor, layer: int, backend: Backend,
 ) -> LayerStats:
     """Per-query rows → per-sequence means, sink-in/out instance sums, paired-sink counts, votes."""
     queries = data.queries
@@ -243,12 +328,16 @@ def _reduce(
     bound_mean = regime = None
     if opts.bounds:
         bound_mean, regime = layer_bounds(data, opts, metrics[:, :, :, TOP_GROUP, :, INVERSIONS], layer)
+    counted = votes.tally(vote_of, data.is_token, data.start, data.sink, data.kernel_window)
     return LayerStats(
         **reduced._asdict(),
-        votes=reduce(votes.to(COMPUTE_DTYPE), "b h vote -> h vote", "sum"),
-        sequence_votes=votes,
+        votes=reduce(counted.deciding.to(COMPUTE_DTYPE), "b h vote -> h vote", "sum"),
+        sequence_votes=counted.deciding,
+        beyond_votes=reduce(counted.beyond, "b h vote -> h vote", "sum"),
+        block_votes=counted.blocks,
         bound_mean=bound_mean,
         regime=regime,
-        sink_visible=torch.stack([sees_sink.sum(), instances.sum()]).to(COMPUTE_DTYPE),
+        sink_visible=torch.stack([sees_sink.sum(), instances.sum(), torch.zeros_like(instances.sum())]
+                                 ).to(COMPUTE_DTYPE),
         truncation_rows=rearrange(metrics[:, :, :, TOP_GROUP, :, TRUNCATION], "b h q n m -> b q h n m"),
     )

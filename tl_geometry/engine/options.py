@@ -12,7 +12,10 @@ from torch import Tensor
 
 from ..result.schema import SHUFFLE_KINDS, ShuffleKind
 
-Queries = Literal["last", "all"]
+QueryRule = Literal["last", "all"]
+#: ``"last"`` (the paper's protocol), ``"all"``, an int ``k`` (a seeded sample of ``k`` real
+#: positions per sequence) or explicit positions (counted from each sequence's first real token).
+Queries = QueryRule | int | Sequence[int]
 Distance = Literal["euclidean", "cosine"]
 Space = Literal["value", "output"]
 RankBy = Literal["attention", "contribution"]
@@ -36,14 +39,21 @@ class AnalysisArgs(TypedDict, total=False):
     rank_by: RankBy
     bounds: bool
     backend: BackendName
+    per_window: bool
 
 
 #: Every option's name, in :class:`AnalysisArgs`' order.
 OPTION_NAMES: tuple[str, ...] = tuple(AnalysisArgs.__annotations__)
 
 DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
+#: ``R``, the permutations of the random baseline and of every null per (query, head) (SPEC §3,
+#: decided 2026-12-05): 16 where one query per sequence is evaluated (the last), 4 where more are
+#: (all, or a sample of positions: a head's mean already averages over many queries).
 DEFAULT_RANDOM_SAMPLES = 16
-DEFAULT_SHUFFLE_SAMPLES = 16
+DEFAULT_RANDOM_SAMPLES_MANY = 4
+DEFAULT_SHUFFLE_SAMPLES = DEFAULT_RANDOM_SAMPLES
+#: The most positions ``queries=`` may sample or name per sequence.
+MAX_QUERIES = 1 << 20
 #: The null of the ``shuffled`` group (SPEC §3): the non-sink values permuted.
 DEFAULT_SHUFFLE: ShuffleKind = "values"
 #: How the kernels number the nulls: their positions in :data:`SHUFFLE_KINDS`.
@@ -52,7 +62,7 @@ NULL_VALUES, NULL_NORMS, NULL_DIRECTIONS, NULL_UNSELECTED = (
 #: Largest selection size accepted: sizes beyond any real context are a typo, not a request.
 MAX_N = 1 << 31
 #: The window the kernels read for a layer without one (every key ``≤ t`` is visible): larger
-#: than any position, so ``max(sink, t − NO_WINDOW + 1)`` is the sink, bit for bit as before.
+#: than any position, so ``max(start, t − NO_WINDOW + 1)`` is the first real key, bit for bit as before.
 NO_WINDOW = 1 << 62
 
 
@@ -61,7 +71,7 @@ class AnalysisOptions:
     """Validated options that every layer of one analysis shares."""
 
     n_values: Tensor
-    queries: Queries = "last"
+    queries: QueryRule | int | tuple[int, ...] = "last"
     random_samples: int = DEFAULT_RANDOM_SAMPLES
     shuffle_samples: int = DEFAULT_SHUFFLE_SAMPLES
     shuffle: ShuffleKind = DEFAULT_SHUFFLE
@@ -71,6 +81,7 @@ class AnalysisOptions:
     rank_by: RankBy = "attention"
     bounds: bool = False
     backend: BackendName = "auto"
+    per_window: bool = False
 
 
 def _choice(name: str, value: object, literal: object, notes: dict[str, str] | None = None) -> None:
@@ -88,6 +99,47 @@ _SHUFFLE_NOTES = {
     "directions": "each key keeps its norm, takes a permuted direction",
     "unselected": "only the values outside the top-N set permuted",
 }
+
+
+def default_samples(queries: object) -> int:
+    """SPEC §3's ``R``: 16 at the last query, 4 where more queries per sequence are evaluated."""
+    return DEFAULT_RANDOM_SAMPLES if queries == "last" else DEFAULT_RANDOM_SAMPLES_MANY
+
+
+def check_queries(queries: object) -> QueryRule | int | tuple[int, ...]:
+    """``queries=``: ``"last"``, ``"all"``, a sample size ``k ≥ 1`` or positions ``≥ 0`` (counted
+    from each sequence's first real token; sorted, each once); ``ValueError`` names the fix."""
+    how = ("queries must be 'last' (paper protocol), 'all', an int k ≥ 1 (a seeded sample of k "
+           "positions per sequence) or a list of positions ≥ 0 (from each sequence's first token)")
+    if isinstance(queries, str):
+        if queries not in get_args(QueryRule):
+            raise ValueError(f"{how}; got {queries!r}.")
+        return queries  # type: ignore[return-value]
+    if isinstance(queries, (int, np.integer)) and not isinstance(queries, (bool, np.bool_)):
+        if not 1 <= queries <= MAX_QUERIES:
+            raise ValueError(f"{how}; got {queries} (at most {MAX_QUERIES}).")
+        return int(queries)
+    if isinstance(queries, Tensor):
+        queries = queries.tolist()
+    if isinstance(queries, (Sequence, np.ndarray)) and not isinstance(queries, (bytes, bytearray)):
+        values = list(queries)
+        if (not values or len(values) > MAX_QUERIES
+                or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0
+                       for x in values)):
+            raise ValueError(f"{how}; got {values[:8]!r}{' …' if len(values) > 8 else ''}.")
+        if len(set(values)) != len(values):
+            raise ValueError(f"queries names a position twice: {sorted(values)[:8]}; give each once.")
+        return tuple(sorted(int(x) for x in values))
+    raise ValueError(f"{how}; got a {type(queries).__name__}.")
+
+
+def n_chosen(queries: QueryRule | int | tuple[int, ...], n_pos: int) -> int:
+    """Chosen queries per sequence (the width of the per-query rows)."""
+    if queries == "last":
+        return 1
+    if queries == "all":
+        return n_pos
+    return min(queries, n_pos) if isinstance(queries, int) else len(queries)
 
 
 def _flag(name: str, value: object) -> bool:
@@ -139,8 +191,8 @@ def check_options(
     *,
     n_values: object = DEFAULT_N_VALUES,
     queries: object = "last",
-    random_samples: object = DEFAULT_RANDOM_SAMPLES,
-    shuffle_samples: object = DEFAULT_SHUFFLE_SAMPLES,
+    random_samples: object = None,
+    shuffle_samples: object = None,
     shuffle: object = DEFAULT_SHUFFLE,
     seed: object = 0,
     distance: object = "euclidean",
@@ -148,9 +200,15 @@ def check_options(
     rank_by: object = "attention",
     bounds: object = False,
     backend: object = "auto",
+    per_window: object = False,
 ) -> AnalysisOptions:
-    """Validate every option at once, before any tensor is read; ``ValueError`` names the fix."""
-    _choice("queries", queries, Queries, {"last": "paper protocol"})
+    """Validate every option at once, before any tensor is read; ``ValueError`` names the fix.
+    ``random_samples`` and ``shuffle_samples`` default to SPEC §3's ``R`` for the chosen queries
+    (:func:`default_samples`)."""
+    queries = check_queries(queries)
+    r = default_samples(queries)
+    random_samples = r if random_samples is None else random_samples
+    shuffle_samples = r if shuffle_samples is None else shuffle_samples
     _choice("distance", distance, Distance)
     _choice("space", space, Space, {"value": "α·v", "output": "α·v·W_O"})
     _choice("rank_by", rank_by, RankBy)
@@ -165,10 +223,11 @@ def check_options(
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an int, got {seed!r}.")
     return AnalysisOptions(
-        n_values=n_value_tensor(n_values), queries=queries, random_samples=samples,  # type: ignore[arg-type]
+        n_values=n_value_tensor(n_values), queries=queries, random_samples=samples,
         shuffle_samples=shuffles, shuffle=shuffle,  # type: ignore[arg-type]
         seed=int(seed), distance=distance, space=space, rank_by=rank_by,  # type: ignore[arg-type]
         bounds=bounds, backend=backend,  # type: ignore[arg-type]
+        per_window=_flag("per_window", per_window),
     )
 
 

@@ -49,6 +49,25 @@ def sequence_keys(seed: int, layer: int, sequences: Iterable[int]) -> np.ndarray
     return np.array([mix(base + int(s)) for s in sequences], dtype=np.uint64)
 
 
+#: Mixed with the seed for the sampled query positions (``queries=k``), a stream of its own.
+QUERY_SALT = 0x0_5A3F_1E5_D0_9E7
+
+
+def sampled_positions(seed: int, sequence: int, n_real: int, k: int) -> np.ndarray:
+    """``queries=k`` (ours): ``k`` of a sequence's ``n_real`` real positions (counted from its
+    first), drawn without replacement and sorted, from a generator seeded by ``(seed, sequence)``
+    alone: the same positions on every layer, head, batch, shard and device. All of them where
+    ``n_real ≤ k``.
+
+    >>> sampled_positions(0, 3, 10, 4).tolist() == sampled_positions(0, 3, 10, 4).tolist()
+    True
+    """
+    if n_real <= k:
+        return np.arange(n_real)
+    generator = np.random.default_rng([seed, QUERY_SALT, sequence])
+    return np.sort(generator.choice(n_real, size=k, replace=False))
+
+
 def _signed(c: int) -> int:
     return c - (1 << 64) if c >= 1 << 63 else c
 

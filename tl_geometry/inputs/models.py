@@ -509,6 +509,16 @@ def _names(model: Any) -> list[str]:
     return [name for name in names if isinstance(name, str) and name.strip()]
 
 
+def stated_bos(model: Any) -> bool | None:
+    """Whether ``model`` (a name, path, model or tokenizer, as :func:`trained_with_bos` reads)
+    was trained with BOS where something trustworthy says it, else ``None``, silently: the sink's
+    default position (SPEC §1) needs to tell "no" from "unknown"."""
+    try:
+        return _stated_bos(model)
+    except ModelLoadError:
+        return None
+
+
 def _stated_bos(model: Any) -> bool | None:
     """Whether ``model`` was trained with BOS, where something trustworthy says it (else ``None``)."""
     if isinstance(model, (str, os.PathLike)):

@@ -131,6 +131,20 @@ class HeadAnalysis(Shortcuts):
     truncation_p90: Float[Tensor, "tmetric layer head n"] | None = None
     """90th percentile over instances of the top-N set's ``[TRUNCATION_NAMES, layer, head, n]``
     (SPEC §10; see :meth:`truncation_percentile`); ``None`` in files of format 4 and earlier."""
+    beyond_votes: Int[Tensor, "layer head 3"] | None = None
+    """Votes of the queries of a sliding-window layer that cannot see the sink (SPEC §5): not
+    in ``vote_counts``, reported apart (zero on a global layer); ``None`` in files of format 5
+    and earlier."""
+    block_votes: Int[Tensor, "sequence block layer head 3"] | None = None
+    """The deciding votes per block of 128 consecutive queries of each sequence (zero for a
+    partial block): the units of the block bootstrap of :attr:`label_stability` when there are
+    fewer than 8 sequences (SPEC §5); ``None`` in files of format 5 and earlier."""
+    window_scores: Float[Tensor, "sequence wgroup metric layer head n"] | None = None
+    """With ``per_window=True``: each sequence's own means over its chosen queries, groups
+    ``WINDOW_GROUPS`` (top, random, shuffled, sink removed), NaN where undefined: the per-window
+    arrays a bootstrap over windows resamples (SPEC §8); ``None`` otherwise."""
+    window_sink: Float[Tensor, "sequence field layer head"] | None = None
+    """With ``per_window=True``: each sequence's sink diagnostics (SPEC §4); ``None`` otherwise."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))

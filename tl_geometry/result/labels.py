@@ -1,8 +1,9 @@
 """Label confidence, label export and agreement with other head scores (SPEC §5, §9).
 
 * :func:`label_margin`, :func:`label_stability`: how sure a head's class is — the vote margin
-  and the share of 200 seeded bootstrap resamples of the sequences that keep the label (NaN,
-  "too few units", with fewer than 8 sequences).
+  and the share of 200 seeded bootstrap resamples of the sequences that keep the label; with
+  fewer than 8 sequences, of the blocks of 128 consecutive voting queries (NaN, "too few units",
+  below 8 of those); :func:`stability_units` says which unit each layer resampled.
 * :func:`export_labels`: one row per head as CSV or JSON (format: docs/labels.md).
 * :func:`label_agreement`: the class × score cross-tab and Spearman's ρ between vote fractions and
   the scores of :func:`tl_geometry.head_scores`.
@@ -50,45 +51,83 @@ def label_margin(result: AnalysisLike) -> Float[Tensor, "layer head"]:
 
 
 def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
-    """Share of :data:`N_RESAMPLES` bootstrap resamples of the sequences (seed 0) that give the
-    head its label (SPEC §5). NaN — a documented "no stability", never a guess:
+    """Share of :data:`N_RESAMPLES` bootstrap resamples (seed 0) that give the head its label
+    (SPEC §5). The units resampled (:func:`stability_units`): the sequences where there are at
+    least :data:`MIN_UNITS` (8); with fewer (long windows), each layer's blocks of 128
+    consecutive voting queries, pooled over the sequences, partial blocks dropped (a block
+    bootstrap). NaN — a documented "no stability", never a guess:
 
-    * for every head when the result has fewer than :data:`MIN_UNITS` (8) sequences: "too few
-      units". Resampling one sequence always gives it back, so its labels would all read 1.0,
-      perfectly stable; analyse at least 8 sequences to get a stability. SPEC §5 asks, below 8
-      sequences, for a block bootstrap over 128-query blocks (NaN only below 8 blocks); that
-      needs per-block votes the engine does not keep yet, so until it does this is NaN;
+    * for every head of a layer with fewer than 8 units of either kind: "too few units"
+      (resampling one unit always gives it back, so its labels would all read 1.0);
     * for every head of a file without per-sequence votes (format ≤ 3): unknown;
     * for an unlabelled head (no votes, no label to keep).
 
-    A NaN stability is not "unstable" (:func:`unstable` is False there); :func:`stability_note`
-    says why every stability is NaN. Computed on each call, not cached on the result (its
-    fields stay exactly its constructor's arguments): one ``[resample, sequence] @ [sequence,
-    layer·head·vote]`` product.
+    The label kept is the one of the units resampled (with blocks, the votes of the dropped
+    partial blocks are not in it). A NaN stability is not "unstable" (:func:`unstable` is False
+    there); :func:`stability_note` says why every stability is NaN. Computed on each call, not
+    cached on the result (its fields stay exactly its constructor's arguments).
     """
     votes = getattr(result, "sequence_votes", None)
+    shape = tuple(result.vote_counts.shape[:2])
     if votes is None:
-        return torch.full(tuple(result.vote_counts.shape[:2]), math.nan, dtype=torch.float64)
-    return bootstrap_stability(votes, N_RESAMPLES, seed=0)
+        return torch.full(shape, math.nan, dtype=torch.float64)
+    if votes.shape[0] >= MIN_UNITS:
+        return bootstrap_stability(votes, N_RESAMPLES, seed=0)
+    out = torch.full(shape, math.nan, dtype=torch.float64)
+    for li, units in enumerate(_layer_blocks(result)):
+        if units is not None:
+            out[li] = bootstrap_stability(units, N_RESAMPLES, seed=0)
+    return out
+
+
+def _layer_blocks(result: AnalysisLike) -> list[Tensor | None]:
+    """Per layer, its complete vote blocks ``[unit, head, 3]`` pooled over the sequences (a
+    partial block is stored as zeros), or ``None`` for a result without them."""
+    blocks = getattr(result, "block_votes", None)
+    if blocks is None:
+        return [None] * len(result.layers)
+    out = []
+    for li in range(blocks.shape[2]):
+        layer = blocks[:, :, li].reshape(-1, *blocks.shape[3:])  # [(sequence block), head, 3]
+        out.append(layer[layer.sum((-1, -2)) > 0])
+    return out
+
+
+def stability_units(result: AnalysisLike) -> list[tuple[str, int] | None]:
+    """Per layer, the unit the label stability resampled and how many there were (SPEC §5):
+    ``("sequence", n)`` with 8 or more sequences, else ``("block", n)`` (blocks of 128
+    consecutive voting queries, pooled over the sequences; ``("sequence", n)`` again for a file
+    without per-block votes); ``None`` for a file without per-sequence votes (unknown)."""
+    votes = getattr(result, "sequence_votes", None)
+    if votes is None:
+        return [None] * len(result.layers)
+    if votes.shape[0] >= MIN_UNITS:
+        return [("sequence", int(votes.shape[0]))] * len(result.layers)
+    return [("sequence", int(votes.shape[0])) if b is None else ("block", int(b.shape[0]))
+            for b in _layer_blocks(result)]
 
 
 def n_units(result: AnalysisLike) -> int | None:
-    """The resampling units behind the stability: the sequences with per-sequence votes
-    (``None`` for a file without them)."""
-    votes = getattr(result, "sequence_votes", None)
-    return None if votes is None else int(votes.shape[0])
+    """The fewest resampling units of any layer behind the stability (:func:`stability_units`;
+    ``None`` where unknown)."""
+    units = [u for u in stability_units(result) if u is not None]
+    return min(n for _, n in units) if units else None
 
 
 def stability_note(result: AnalysisLike) -> str | None:
     """Why no head has a stability, as shown after "label stability ": ``"not given: too few
-    units (3 sequences; ...)"`` or ``"unknown (...)"``; ``None`` when it was computed (SPEC §5)."""
-    units = n_units(result)
-    if units is None:
+    units (3 sequences; ...)"`` or ``"unknown (...)"``; ``None`` when some layer has one (SPEC §5)."""
+    votes = getattr(result, "sequence_votes", None)
+    if votes is None:
         return "unknown (no per-sequence votes in this result: re-run the analysis)"
-    if units < MIN_UNITS:
-        return (f"not given: {TOO_FEW_UNITS} ({units} sequence{'' if units == 1 else 's'}; the bootstrap needs "
-                f"at least {MIN_UNITS}: analyse {MIN_UNITS} or more sequences to get it)")
-    return None
+    units = stability_units(result)
+    if votes.shape[0] >= MIN_UNITS or any(u is not None and u[1] >= MIN_UNITS for u in units):
+        return None
+    n_seq = int(votes.shape[0])
+    most = max((u[1] for u in units if u is not None and u[0] == "block"), default=None)
+    blocks = "" if most is None else f", at most {most} complete block{'' if most == 1 else 's'} of 128 queries"
+    return (f"not given: {TOO_FEW_UNITS} ({n_seq} sequence{'' if n_seq == 1 else 's'}{blocks}; the bootstrap "
+            f"needs at least {MIN_UNITS} sequences or blocks: analyse more or longer sequences to get it)")
 
 
 def unstable(result: AnalysisLike) -> Bool[Tensor, "layer head"]:

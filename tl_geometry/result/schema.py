@@ -61,13 +61,20 @@ AXES: dict[str, tuple[str, ...]] = {
     "paired": ("paired_field", "layer", "head", "n"),
     "sequence_votes": ("sequence", "layer", "head", "vote"),
     "truncation_p90": ("truncation_metric", "layer", "head", "n"),
+    "beyond_votes": ("layer", "head", "vote"),
+    "block_votes": ("sequence", "block", "layer", "head", "vote"),
+    "window_scores": ("sequence", "window_group", "metric", "layer", "head", "n"),
+    "window_sink": ("sequence", "sink_field", "layer", "head"),
 }
+#: The groups whose means are taken per sequence first (SPEC §8): the per-window arrays'.
+WINDOW_GROUPS: tuple[str, ...] = GROUPS[:4]
 #: Fields that may be ``None``: the bounds (only with ``analyze_heads(bounds=True)``), the
-#: paired sink effect, the per-sequence votes and the truncation percentiles (absent from files
-#: of earlier versions).
-OPTIONAL = ("bounds", "regime", "paired", "sequence_votes", "truncation_p90")
+#: paired sink effect, the per-sequence votes, the truncation percentiles and the votes apart
+#: and per block (absent from files of earlier versions).
+OPTIONAL = ("bounds", "regime", "paired", "sequence_votes", "truncation_p90", "beyond_votes", "block_votes",
+            "window_scores", "window_sink")
 #: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
-COUNT_FIELDS = ("group_counts", "vote_counts", "sequence_votes")
+COUNT_FIELDS = ("group_counts", "vote_counts", "sequence_votes", "beyond_votes", "block_votes")
 
 
 def names() -> dict[str, tuple[str, ...]]:
@@ -76,7 +83,7 @@ def names() -> dict[str, tuple[str, ...]]:
         "group": GROUPS, "metric": tuple(METRIC_NAMES), "sink_field": tuple(SINK_FIELDS),
         "vote": tuple(VOTES), "bound_kind": BOUND_KINDS, "bound_metric": BOUND_METRICS,
         "regime_field": tuple(REGIME_FIELDS), "class": tuple(CLASSES), "paired_field": PAIRED_FIELDS,
-        "truncation_metric": tuple(TRUNCATION_NAMES),
+        "truncation_metric": tuple(TRUNCATION_NAMES), "window_group": WINDOW_GROUPS,
     }
 
 
@@ -127,6 +134,14 @@ def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
     size = {"layer": len(layers), "head": scores.shape[3], "n": len(ns)}
     sequence_votes = fields.get("sequence_votes")
     size["sequence"] = sequence_votes.shape[0] if isinstance(sequence_votes, Tensor) and sequence_votes.ndim else 0
+    block_votes = fields.get("block_votes")
+    if isinstance(block_votes, Tensor) and block_votes.ndim == 5:
+        size["block"] = block_votes.shape[1]
+        if sequence_votes is None:
+            size["sequence"] = block_votes.shape[0]
+    window_scores = fields.get("window_scores")
+    if sequence_votes is None and isinstance(window_scores, Tensor) and window_scores.ndim:
+        size["sequence"] = window_scores.shape[0]
     size.update({axis: len(labels) for axis, labels in names().items()})
     for key in tensors:
         value = fields[key]
@@ -140,6 +155,11 @@ def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
             raise ValueError(f"{key} must be a floating-point tensor, got {value.dtype}.")
     if isinstance(sequence_votes, Tensor):
         _check_sequence_votes(sequence_votes, fields["vote_counts"])
+    for key in ("beyond_votes", "block_votes"):
+        value = fields.get(key)
+        if isinstance(value, Tensor) and (value.is_floating_point() or value.dtype == torch.bool
+                                          or (value.numel() and int(value.min()) < 0)):
+            raise ValueError(f"{key} must hold integer counts ≥ 0, got {value.dtype}.")
     if not isinstance(fields.get("metadata", {}), dict):
         raise ValueError(f"metadata must be a dict, got a {type(fields['metadata']).__name__}.")
     if (fields["bounds"] is None) != (fields["regime"] is None):

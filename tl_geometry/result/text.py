@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from .headline import headline_text, layer_windows, n_label, shuffle_kind
-from .labels import stability_note
+from .labels import stability_note, stability_units
 from .protocol import AnalysisLike
 from .units import kv_group_size, kv_values
 
@@ -99,8 +99,15 @@ def unstable_text(result: AnalysisLike) -> str:
         return f"; label stability {note}"
     counts = unstable_counts(result)
     total = sum(counts.values())
+    units = [u for u in stability_units(result) if u is not None and u[0] == "block"]
+    blocks = ""
+    if units:  # fewer than 8 sequences: a block bootstrap (SPEC §5)
+        sizes = sorted(n for _, n in units)
+        spread = f"{sizes[0]}" if sizes[0] == sizes[-1] else f"{sizes[0]}–{sizes[-1]}"
+        blocks = (f" (block bootstrap: {spread} blocks of 128 voting queries per layer; no stability "
+                  f"where a layer has fewer than 8)")
     return (f"; unstable (stability < 0.8): {total}"
-            + (" — " + ", ".join(f"{c} {k}" for c, k in counts.items()) if total else ""))
+            + (" — " + ", ".join(f"{c} {k}" for c, k in counts.items()) if total else "") + blocks)
 
 
 def label_text(label: str | None) -> str:
@@ -152,8 +159,10 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
     if meta.get("distance", "euclidean") == "euclidean":
         lines.append("N=1 is trivial for the Euclidean distance (F_1 = 1); the headline is N ≥ 2.")
     lines += textwrap.wrap(headline_text(result), 100)
+    lines += textwrap.wrap(sink_check_text(result), 100)
     lines += textwrap.wrap(window_text(result), 100)
     lines += ["", *textwrap.wrap("Classes: " + class_shares_text(result), 100, subsequent_indent="  ")]
+    lines += [textwrap.indent(x, "  ") for x in textwrap.wrap(kind_shares_text(result), 98)]
     lines += textwrap.wrap(value_geometry_text(result), 100, subsequent_indent="  ")
     for n in shown:
         lines.append(_group_line(result, f"mean F_{n_label(result, n)}", result._n_index(n)))
@@ -212,6 +221,59 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
     return "\n".join(lines)
 
 
+def sink_check_text(result: AnalysisLike) -> str:
+    """Where the sink is and how strong (SPEC §1): its rule and positions, and the sink check:
+    in how many layers it is the most attended of the first 32 tokens; "WEAK SINK" where it is
+    not in most. Empty for results made before the check."""
+    record = result.metadata.get("sink")
+    if not isinstance(record, dict):
+        return ""
+    positions = record.get("positions") or []
+    distinct = sorted(set(positions))
+    where = (f"position {distinct[0]} of every window" if len(distinct) == 1
+             else f"positions {distinct[:6]}{' …' if len(distinct) > 6 else ''} (one per window)")
+    rule = "chosen as each window's most attended of its first 32 tokens" if record.get("rule") == "auto" else "given"
+    text = f"Sink (SPEC §1): {where}, {rule}."
+    sink_mass, other_mass = record.get("sink_mass"), record.get("other_mass")
+    if not isinstance(sink_mass, list) or not isinstance(other_mass, list):
+        return text
+    pairs = [(s, o) for s, o in zip(sink_mass, other_mass) if s is not None and o is not None]
+    if not pairs:
+        return text + " Check: windows too short to read (33 tokens or more are needed)."
+    strong = sum(s >= o for s, o in pairs)
+    mean_s, mean_o = sum(s for s, _ in pairs) / len(pairs), sum(o for _, o in pairs) / len(pairs)
+    text += (f" Check: the most attended of the first 32 tokens in {strong} of {len(pairs)} layers "
+             f"(mean mass {mean_s:.3f}, the most attended other key {mean_o:.3f}).")
+    if record.get("weak"):
+        text += " WEAK SINK: read the sink figures as describing an ordinary token, or re-run with sink='auto'."
+    return text
+
+
+def kind_shares_text(result: AnalysisLike) -> str:
+    """On a model with sliding-window layers, the classes of its global and local layers apart,
+    each with its number of labelled heads (SPEC §1, §5), and the beyond-window votes of the
+    local layers (only ``current`` / ``other``: those queries cannot see the sink); empty
+    otherwise."""
+    windows = layer_windows(result)
+    if all(w is None for w in windows) or all(w is not None for w in windows):
+        return ""
+    labels = result.labels
+    parts = []
+    for kind, pick in (("global", lambda w: w is None), ("local", lambda w: w is not None)):
+        rows = [labels[i] for i, w in enumerate(windows) if pick(w)]
+        heads = [x for row in rows for x in row if x is not None]
+        counts = ", ".join(f"{c} {sum(1 for x in heads if x == c)}" for c in CLASSES)
+        parts.append(f"{kind} layers ({len(rows)}): {counts} of {len(heads)} labelled heads")
+    beyond = getattr(result, "beyond_votes", None)
+    if beyond is not None and int(beyond.sum()):
+        local = [i for i, w in enumerate(windows) if w is not None]
+        total = beyond[local].sum((0, 1)).double()
+        share = total / total.sum()
+        parts.append(f"local queries that cannot see the sink vote (apart, not in the labels): current "
+                     f"{float(share[0]):.2f}, other {float(share[2]):.2f} ({int(total.sum())} votes)")
+    return "Classes by layer kind: " + "; ".join(parts) + "."
+
+
 def window_text(result: AnalysisLike) -> str:
     """The sliding windows (SPEC §1, ours) and, per windowed layer, how many of its instances
     could see the sink; empty when no layer has a window."""
@@ -220,13 +282,19 @@ def window_text(result: AnalysisLike) -> str:
         return ""
     visible, instances = result.metadata.get("sink_visible"), result.metadata.get("instances")
     known = isinstance(visible, list) and isinstance(instances, list) and len(visible) == len(instances) == len(windows)
+    earlier = result.metadata.get("sink_read_earlier")
+    earlier = earlier if isinstance(earlier, list) and len(earlier) == len(windows) else [0] * len(windows)
     cells = []
     for i, (layer, w) in enumerate(zip(result.layers, windows)):
         if w is not None:
             counts = f" {visible[i]}/{instances[i]}" if known else ""  # type: ignore[index]
-            cells.append(f"L{layer} (w={w}){counts}")
+            moved = f" (+{earlier[i]} read at t_sink)" if earlier[i] else ""
+            cells.append(f"L{layer} (w={w}){counts}{moved}")
     return ("Sliding windows (SPEC §1): candidates are the keys a query sees (t − w < i ≤ t); a query "
-            "whose window starts after the sink has no sink (no sink comparison, no sink vote). "
+            "whose window starts after the sink has no sink (no sink comparison, no sink vote); with "
+            "the last-query protocol the sink figures are read at t_sink = p + w − 1, the last query "
+            "that sees the sink, and the label comes from the queries that see it (the others' votes "
+            "are kept apart). "
             + ("Instances that see the sink: " if known else "Windowed layers: ")
             + ", ".join(cells) + "; global layers see it always.")
 def _median_and_share(x: Tensor, below: float) -> tuple[float, float]:

@@ -45,7 +45,15 @@ from ..result.labels import (
 )
 from ..result.schema import SHUFFLE_KINDS
 from ..result.tables import null_decomposition
-from ..result.text import CLASSES_TEXT, class_shares_text, unstable_counts, value_geometry_text
+from ..result.text import (
+    CLASSES_TEXT,
+    class_shares_text,
+    kind_shares_text,
+    sink_check_text,
+    unstable_counts,
+    value_geometry_text,
+    window_text,
+)
 from . import _page
 from .attention import attention_view, contribution_view
 from .plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
@@ -253,9 +261,14 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         "heads": f"{len(result.layers)} layers × {result.n_heads} = {n_heads}"
                  + (f" query heads sharing {result.n_layers * result.n_kv_heads} KV heads"
                     if result.kv_group_size > 1 else ""),
+        "sink": sink_check_text(result) or "not recorded (a result made before the sink check)",
         "sink value geometry": value_geometry_text(result),
         "classes": class_shares_text(result),
     }
+    if kinds := kind_shares_text(result):
+        facts["classes by layer kind"] = kinds
+    if windows := window_text(result):
+        facts["sliding windows"] = windows
     if where:
         groups = (("top", "top-N"), ("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed"))
         span = "N = " + (f"{headline[0]}..{headline[-1]}" if len(headline) > 1 else str(headline[0]))

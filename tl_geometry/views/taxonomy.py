@@ -8,7 +8,7 @@ from typing import Any
 
 from ..functional.taxonomy import CLASSES, MIN_UNITS, TOO_FEW_UNITS, UNLABELLED_NAME, VOTES
 from ..result import HeadAnalysis
-from ..result.labels import check_scores, n_units, stability_note
+from ..result.labels import check_scores, stability_note, stability_units
 from ..result.text import CLASS_COLORS, CLASSES_TEXT, class_totals, label_text, unstable_counts
 from ._page import View, html_widget
 
@@ -32,9 +32,10 @@ def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None, scores: A
     baseline and, with ``scores`` (a :func:`tl_geometry.head_scores` table), the head scores."""
     fr = result.vote_fractions[li, h].tolist()
     unstable = " — UNSTABLE (< 0.8)" if bool(result.unstable[li, h]) else ""
-    units = n_units(result)  # SPEC §5: no stability from fewer than MIN_UNITS sequences
-    stability = ("unknown" if units is None else f"{TOO_FEW_UNITS} ({units} < {MIN_UNITS} sequences)"
-                 if units < MIN_UNITS else _fmt(float(result.label_stability[li, h])))
+    unit = stability_units(result)[li]  # SPEC §5: no stability from fewer than MIN_UNITS units
+    stability = ("unknown" if unit is None else f"{TOO_FEW_UNITS} ({unit[1]} < {MIN_UNITS} {unit[0]}s)"
+                 if unit[1] < MIN_UNITS else _fmt(float(result.label_stability[li, h]))
+                 + ("" if unit[0] == "sequence" else f" (over {unit[1]} blocks of 128 queries)"))
     lines = [
         f"layer {result.layers[li]} head {h}: {label_text(result.labels[li][h])}",
         "votes " + " / ".join(f"{v} {_fmt(x)}" for v, x in zip(VOTES, fr)),

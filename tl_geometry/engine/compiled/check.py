@@ -65,30 +65,32 @@ def _check_row(row, is_token, t, lo, norms, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _tally(s, votes_bh, t, sink, row_sum, winner):  # pragma: no cover - compiled
-    """Add query ``t``'s row sum to the statistics ``s`` and its winner's vote (self, sink,
-    other; none at or before the sink) to ``votes_bh``."""
+def _tally(s, vote_of_bh, t, sink, row_sum, winner):  # pragma: no cover - compiled
+    """Add query ``t``'s row sum to the statistics ``s`` and write its winner's kind (0 self,
+    1 the sink, 2 another key; −1 none: the callers pass no winner for a sequence's first real
+    position, which has no other key) to ``vote_of_bh[t]``: which votes count, and where, is
+    :func:`..votes.tally`'s to decide."""
     s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
     if abs(row_sum) < 1e-6:
         if s[ST_DEAD] == 0:
             s[ST_DEAD_Q] = t
         s[ST_DEAD] += 1
-    if t > sink and winner >= 0:
-        votes_bh[0 if winner == t else (1 if winner == sink else 2)] += 1
+    if winner >= 0:
+        vote_of_bh[t] = 0 if winner == t else (1 if winner == sink else 2)
 
 
 @njit(parallel=True, cache=True)
-def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, stats, votes):  # pragma: no cover
-    """Validation statistics ``stats[b, h, :]`` and votes ``votes[b, h, 3]`` of a layer.
+def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, stats, vote_of):  # pragma: no cover
+    """Validation statistics ``stats[b, h, :]`` and each query's vote ``vote_of[b, h, t]`` of a layer.
 
     ``pattern [b, h, q, k]`` (float32/64) holds the rows of queries ``q_start …`` (all of them,
     or one block), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]`` (‖v‖ of value group
     ``g = h // group_size``), ``window`` the layer's sliding window (query ``t`` sees keys
     ``t − window < k ≤ t``; :data:`..options.NO_WINDOW` for none): weight before it is a leak, and
     the winner is one of the keys the query sees, so a query that cannot see the sink never
-    votes "sink" (SPEC §1). Only rows of real queries are read. ``stats`` and ``votes`` add up
-    over calls (:func:`..checks.new_stats` starts them), so blocks of queries taken in ascending
-    order give the statistics of one call over every query.
+    votes "sink" (SPEC §1). Only rows of real queries are read. ``stats`` add up over calls
+    (:func:`..checks.new_stats` starts them, and ``vote_of`` at −1), so blocks of queries taken
+    in ascending order give the statistics of one call over every query.
 
     Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
     future entries above the tolerance); a row whose sum is not finite or that leaks is read
@@ -100,7 +102,7 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
         h = bh % n_h
         g = h // group_size
         s = stats[b, h]
-        vote = votes[b, h]
+        vote = vote_of[b, h]
         dense = True
         for k in range(n_k):
             dense &= is_token[b, k]
@@ -135,12 +137,12 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
                     s[ST_MIN] = min(s[ST_MIN], row_min)
             if not fast:
                 row_sum, winner = _check_row(row, is_token[b], t, lo, nrm, s)
-            _tally(s, vote, t, sink[b], row_sum, winner)
+            _tally(s, vote, t, sink[b], row_sum, winner if t > 0 and is_token[b, t - 1] else -1)
 
 
 @njit(cache=True)
 def check_and_vote_rows(rows, positions, take, is_token, sink, norms, group_size, window, stats,
-                        votes):  # pragma: no cover - compiled
+                        vote_of):  # pragma: no cover - compiled
     """:func:`check_and_vote` for chosen rows only: ``rows [b, h, j, k]`` holds query
     ``positions[b, j]``'s row, and row ``j`` of head ``h`` is read where ``take[b, h, j]``.
 
@@ -158,4 +160,4 @@ def check_and_vote_rows(rows, positions, take, is_token, sink, norms, group_size
                 lo = max(0, t - window + 1)
                 row_sum, winner = _check_row(rows[b, h, j], is_token[b], t, lo, norms[b, h // group_size],
                                              stats[b, h])
-                _tally(stats[b, h], votes[b, h], t, sink[b], row_sum, winner)
+                _tally(stats[b, h], vote_of[b, h], t, sink[b], row_sum, winner if t > 0 and is_token[b, t - 1] else -1)

@@ -82,13 +82,16 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
     geometry of every chosen query into ``sink_fields[b, h, q, 1:4]`` for the heads ``h0 + …``
     of each value group.
 
-    ``values [b, g, k, d]`` (float64, padding zeroed), ``is_token [b, k]`` (False at padding), ``sink [b]``,
-    ``queries [b, Q]`` (−1: none; ascending queries read each key once). Over ``J_t`` = is_token
-    keys ``≤ t`` other than the sink: ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)``
-    and ``cos(v_sink, mean v_j)``. Where ``J_t`` is empty, the query is not real or its sliding
-    ``window`` (:data:`..options.NO_WINDOW`: none) starts after the sink (it has no sink, SPEC §1)
-    the fields are left as they are (NaN, as the caller allocates them). A query that sees the
-    sink sees every real key up to itself, so ``J_t`` needs no window.
+    ``values [b, g, k, d]`` (float64, padding zeroed), ``is_token [b, k]`` (False at padding),
+    ``sink [b]``, ``queries [b, Q]`` (−1: none; ascending
+    queries read each key once). Over ``J_t`` = the real keys query ``t`` sees (``t − window <
+    j ≤ t``) other than the sink: ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)`` and
+    ``cos(v_sink, mean v_j)``. Where ``J_t`` is empty, the query is not real or does not see the
+    sink (its sliding ``window`` (:data:`..options.NO_WINDOW`: none) starts after it, or the sink
+    comes after the query: it has no sink, SPEC §1) the fields are left as they are (NaN, as the
+    caller allocates them). The sums run along the keys; keys that leave the window are taken
+    out again (only where the sink lies after the first real position: a query that sees a sink
+    there sees every real key up to itself).
     """
     n_b, n_g, n_k, d = values.shape
     n_q = queries.shape[1]
@@ -113,7 +116,8 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
         cos_sum = 0.0
         dot_sum = 0.0
         total = np.zeros(d)
-        k = 0  # keys < k are in the running sums
+        k = 0  # keys < k are in the running sums …
+        j = 0  # … and keys < j out of them again
         for qi in range(n_q):
             t = queries[b, qi]
             if t < 0 or not is_token[b, t]:
@@ -121,7 +125,7 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
             if t < k - 1:  # queries out of order: start the sums again
                 count = norm_sum = cos_sum = dot_sum = 0.0
                 total[:] = 0.0
-                k = 0
+                k = j = 0
             while k <= t:
                 if is_token[b, k] and k != s:
                     norm = np.sqrt(max(G[k, k], 0.0))
@@ -132,7 +136,19 @@ def tie_duplicates_and_sink_geometry(values, is_token, sink, queries, gram, h0, 
                     for c in range(d):
                         total[c] += V[k, c]
                 k += 1
-            if count == 0.0 or t - window >= s:  # no other key, or the sink is out of the window
+            if t - window >= s or s > t:  # the sink is out of the window, or after the query
+                continue
+            while j <= t - window:  # keys before the window, all before the sink
+                if is_token[b, j] and j != s:
+                    norm = np.sqrt(max(G[j, j], 0.0))
+                    count -= 1.0
+                    norm_sum -= norm
+                    cos_sum -= G[j, s] / (sink_norm * norm + COSINE_EPS)
+                    dot_sum -= G[j, s]
+                    for c in range(d):
+                        total[c] -= V[j, c]
+                j += 1
+            if count == 0.0:  # no other key
                 continue
             total_norm = 0.0
             for c in range(d):

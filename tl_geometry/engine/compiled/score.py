@@ -329,8 +329,8 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 
 
 @njit(cache=True)
-def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, norms, n_values, cosine, shuffles,
-                    shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
+def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, gram, gdiag, norms, n_values, cosine,
+                    shuffles, shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
                     listed, drawn, sigma, out, vecs):  # pragma: no cover - compiled
     """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
     over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
@@ -342,8 +342,8 @@ def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, nor
     ``⟨v, s⟩``, ``G_kk`` and ``‖v‖`` and :func:`_score` reads them in place of the real ones.
 
     ``π`` comes from the value-shuffle null's permutation ``σ`` of each sample (the shuffle of
-    the non-sink keys, ``keys[0]`` being the sink where ``fixed`` is 1, and every visible key where
-    the query's window does not hold the sink, ``fixed`` 0): the ``c``-th key of ``U_N`` (the non-sink
+    ``others``, the non-sink keys in position order: every visible key but ``sink_key``, −1 where
+    the query does not see the sink): the ``c``-th key of ``U_N`` (the non-sink
     keys outside ``S_N``) in position order (``listed``) takes the value of the ``c``-th key of
     ``U_N`` in ``σ``'s order (``drawn``), a uniform permutation of ``U_N``. One Fisher–Yates
     shuffle per sample, as for the values null (row ``sample`` of the scratch ``sigma``), then
@@ -351,10 +351,11 @@ def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, nor
     independent of each other); no pass over ``G``.
     """
     m = keys.shape[0]
+    n_others = others.shape[0]
     ulo, uhi = np.uint64(keys[0]), np.uint64(keys[m - 1] + 1)  # unsigned: the loop vectorises
     for sample in range(shuffles):
-        sigma[sample, : m - fixed] = keys[fixed:]
-        fisher_yates(sigma[sample, : m - fixed], m - fixed - 1, shuffle_key, sample)
+        sigma[sample, :n_others] = others
+        fisher_yates(sigma[sample, :n_others], n_others - 1, shuffle_key, sample)
     for j in range(m):
         dots[keys[j]] = 0.0
         penalty[keys[j]] = 0.0
@@ -377,10 +378,10 @@ def _run_unselected(top, n_max, keys, fixed, contiguous, alpha, gram, gdiag, nor
                 k = keys[j]
                 moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[k], gdiag[k], norms[k]
                 listed[u] = k
-                u += (j >= fixed) & (penalty[k] == 0.0)
+                u += (k != sink_key) & (penalty[k] == 0.0)
             for sample in range(shuffles):
                 c = 0
-                for k in sigma[sample, : m - fixed]:  # U_N in σ's order
+                for k in sigma[sample, :n_others]:  # U_N in σ's order
                     drawn[c] = k
                     c += penalty[k] == 0.0
                 for c in range(u):
@@ -397,19 +398,20 @@ QUERY_BLOCK = 16
 
 
 @njit(parallel=True, cache=True)
-def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, window, real_index, sequence_keys,
+def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, sink, window, real_index, sequence_keys,
                gram, values, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
     ``pattern [b, H, r, k]`` holds query ``queries[b, i]``'s row at ``row_of[b, i]`` (the whole
     pattern with ``row_of = queries``, or only the chosen rows); ``queries [b, Q]`` (−1: none),
-    ``is_token``, ``sink``, ``real_index``
+    ``is_token``, ``start`` (first real positions), ``sink``, ``real_index``
     and ``sequence_keys`` are the chunk's sequences; ``window`` is the layer's sliding window
     (:data:`..options.NO_WINDOW` for none): query ``t``'s candidates are the real keys
-    ``max(sink, t − window + 1) … t`` (SPEC §1, ours), and a query whose window starts after the
-    sink has no sink (no sink-removed group, never "sink in S_N", no sink fields, every key
-    shuffled); ``gram [b, g, k, k]`` holds value groups ``g0 + g`` and ``values [b, g, k, d]``
+    ``max(start, t − window + 1) … t`` (SPEC §1, ours; keys before the sink are ordinary keys),
+    and a query that does not see the sink (its window starts after it, or the sink comes after
+    the query) has no sink (no sink-removed group, never "sink in S_N", no sink fields, every
+    key shuffled); ``gram [b, g, k, k]`` holds value groups ``g0 + g`` and ``values [b, g, k, d]``
     their vectors (for the truncation figures of SPEC §10). Writes ``metrics[b, h, Q, 4, n, 9]``
     (groups: top, random mean, shuffled mean, sink removed; metrics:
     :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
@@ -438,13 +440,13 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
         packed = np.empty(n_pos, dtype=np.uint64)
         single = np.empty(n_pos, dtype=np.float32)
         floats = np.zeros((10 if shuffle_kind == NULL_UNSELECTED else 8, n_pos))  # 8, 9: the unselected null's
-        # Rows 4 … hold the unselected null's permutations (one per sample).
-        ints = np.empty((4 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
+        # Row 4 holds the non-sink keys; rows 5 … the unselected null's permutations (one per sample).
+        ints = np.empty((5 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
         vecs = np.zeros((2, values.shape[-1]))  # o and s_N in the analysis space (SPEC §10)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
             # Borrowed views (:mod:`.borrow`): the arrays passed down to every order and N count
             # no references; the arrays they borrow from stay referenced through the loop.
-            _score_row(pattern, row_of, cb, h, qi, queries, is_token, sink, window, real_index, sequence_keys,
+            _score_row(pattern, row_of, cb, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys,
                        borrow(gram[cb, (h // group_size) - g0]), borrow(n_values), samples, shuffles,
                        shuffle_kind, by_contribution, cosine, borrow(metrics[cb, h, qi]), sink_in_top,
                        sink_mass, borrow(keys_buf), borrow(top_buf), borrow(single), borrow(packed),
@@ -453,7 +455,7 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, sink, win
 
 
 @njit(cache=True)
-def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_index, sequence_keys, gram_bg,
+def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys, gram_bg,
                n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top, sink_mass,
                keys_buf, top_buf, single, packed, floats, ints, values_bg, vecs):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
@@ -466,8 +468,8 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
         sink_mass[b, h, qi, :] = np.nan
         return
     row = row_of[b, qi]
-    lo = max(sink[b], t - window + 1)  # the first key the query sees: the sink without a window
-    sees_sink = lo == sink[b]
+    lo = max(start[b], t - window + 1)  # the first key the query sees
+    sees_sink = lo <= sink[b] <= t
     m = 0
     for k in range(lo, t + 1):
         if is_token[b, k]:
@@ -542,22 +544,30 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, sink, window, real_
         fisher_yates(perm, n_top, row_key, sample)
         _run_order(perm, n_top, keys, contiguous, no_key, alpha, gram_bg, gdiag, norms,
                    n_values, cosine, dots, penalty, buf, sel, out, random_group, values_bg, vecs, sq_o, total)
-    fixed = 1 if sees_sink else 0  # keys[0] is the sink when the window holds it: it keeps its value
+    # The nulls permute the non-sink keys, in position order; the sink keeps its value.
+    sink_key = s if sees_sink else np.int64(-1)
+    others = ints[4][: m - (1 if sees_sink else 0)]
+    c = 0
+    for j in range(m):
+        if keys[j] != sink_key:
+            others[c] = keys[j]
+            c += 1
+    n_others = others.shape[0]
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:  # SPEC §10 figures: the values null only (NaN)
-        _run_unselected(top, n_top, keys, fixed, contiguous, alpha, gram_bg, gdiag, norms, n_values, cosine, shuffles,
-                        mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3], floats[8],
-                        floats[9], ints[2], ints[3], ints[4:], out, vecs)
+        _run_unselected(top, n_top, keys, others, sink_key, contiguous, alpha, gram_bg, gdiag, norms, n_values,
+                        cosine, shuffles, mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3],
+                        floats[8], floats[9], ints[2], ints[3], ints[5:], out, vecs)
     elif shuffles > 0:
         shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
         moved = ints[2]  # π(k)
         order = ints[3][:n_top]
         weights = floats[3]  # α'_{π(k)} = α_k at the keys (the scores are no longer needed)
         for sample in range(shuffles):
-            perm[fixed:] = keys[fixed:]  # the sink keeps its value
-            fisher_yates(perm[fixed:], m - fixed - 1, shuffle_key, sample)
-            moved[s] = s
-            for j in range(fixed, m):
-                moved[keys[j]] = perm[j]
+            perm[:n_others] = others
+            fisher_yates(perm[:n_others], n_others - 1, shuffle_key, sample)
+            moved[s] = s  # the sink keeps its value
+            for j in range(n_others):
+                moved[others[j]] = perm[j]
             if shuffle_kind == NULL_VALUES:
                 for j in range(m):
                     weights[moved[keys[j]]] = alpha[keys[j]]

@@ -92,8 +92,8 @@ def _range_max(x, log_norms, scale, lo, hi, best, peak):  # pragma: no cover - c
 
 @njit(parallel=True, cache=True)
 def vote_from_keys(q, kt, scale, is_token, sink, log_norms, log_norm_max, key_norm_max, window, kv_size,
-                   group_size, partial, uncertain):  # pragma: no cover - compiled
-    """Source-winner votes of every real query after the sink, from queries and keys.
+                   group_size, vote_of, uncertain):  # pragma: no cover - compiled
+    """Source-winner votes of every real query, from queries and keys.
 
     ``q [b, pos, head, d]`` and ``kt [b, kv, d, pos]`` (keys transposed, zero at padding) are both
     float32 or both float64; query head ``h`` reads key head ``h // kv_size`` and value group
@@ -101,8 +101,8 @@ def vote_from_keys(q, kt, scale, is_token, sink, log_norms, log_norm_max, key_no
     ``log_norms [b, g, pos]`` is ``log‖v_k‖`` (−inf at padding and at zero values),
     ``log_norm_max [b, g]`` its maximum, ``key_norm_max [b, kv]`` the largest ``‖k‖`` of the
     real keys; ``window`` the layer's sliding window (:data:`..options.NO_WINDOW` for none).
-    Adds each counted vote (self, sink, other) to ``partial[task]`` (task = (b, h, block of
-    :data:`..layout.VOTE_QUERY_BLOCK` queries), so that no two tasks write one count) and sets
+    ``sink [b]`` is the sink's position (keys before it are ordinary keys). Writes each settled
+    vote's kind (0 self, 1 the sink, 2 another key) to ``vote_of[b, h, t]`` and sets
     ``uncertain[b, h, t]`` for the rows that fail the margin test (module docstring).
     """
     n_b, n_pos, n_h, d = q.shape
@@ -126,12 +126,12 @@ def vote_from_keys(q, kt, scale, is_token, sink, log_norms, log_norm_max, key_no
             _logits(qv[b, ta, h], qv[b, tb, h], qv[b, tc, h], qv[b, te, h], borrow(kt)[b, kh],
                     max(0, ta - window + 1), te + 1, xv[0], xv[1], xv[2], xv[3])
             for t in range(ta, min(ta + 4, t1)):
-                if t <= s or not is_token[b, t]:
-                    continue  # no vote: padding, the sink itself
+                if not is_token[b, t] or t == 0 or not is_token[b, t - 1]:
+                    continue  # no vote: padding, the first real position (a hole in a mask is refused)
                 vote = _vote(qv[b, t, h], xv[t - ta], t, max(0, t - window + 1), s, borrow(log_norms)[b, g],
                              scale, key_norm_max[b, kh], log_norm_max[b, g], gamma)
                 if vote >= 0:
-                    partial[task, vote] += 1
+                    vote_of[b, h, t] = vote
                 else:
                     uncertain[b, h, t] = True
 
@@ -144,11 +144,12 @@ def _vote(q_row, x, t, lo, s, ln, scale, key_norm_max, log_norm_max, gamma):  # 
     for i in range(q_row.shape[0]):
         q_norm += np.float64(q_row[i]) * np.float64(q_row[i])
     size = scale * np.sqrt(q_norm) * key_norm_max * (1.0 + 1e-6)  # ≥ |x_k| for every key
-    # σ of the three categories: the query itself, the sink (when the window holds it), the others.
+    # σ of the three categories: the query itself, the sink (when the window holds it and it is
+    # not the query itself), the others.
     own = scale * x[t]
     by_self = own + ln[t]
     by_sink = -np.inf
-    if s >= lo:
+    if lo <= s < t:
         at_sink = scale * x[s]
         by_sink = at_sink + ln[s]
         by_other, peak = _range_max(x, ln, scale, lo, s, -np.inf, max(own, at_sink))

@@ -1,7 +1,7 @@
 """Validation and votes in torch: the twin of :mod:`..compiled.check`, for every device.
 
 The rows are read one sequence and a few queries at a time (:data:`TORCH_CHECK_BYTES`), so that
-the float64 copies the twin makes stay small; the statistics and votes add up over blocks.
+the float64 copies the twin makes stay small; the statistics add up over blocks.
 """
 
 from __future__ import annotations
@@ -32,21 +32,21 @@ TORCH_CHECK_BYTES = 1 << 25
 def check_and_vote(
     rows: Float[Tensor, "batch head query key"], q_start: int, is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"], norms: Float[Tensor, "batch group key"], group_size: int, window: int,
-    stats: Float[Tensor, "batch head stat"], votes: Int[Tensor, "batch head 3"],
+    stats: Float[Tensor, "batch head stat"], vote_of: Int[Tensor, "batch head pos"],
 ) -> None:
     """:func:`..compiled.check.check_and_vote` in torch, same arguments: the rows of queries
-    ``q_start …`` add to ``stats`` and ``votes`` (written in place); ``window`` is the layer's
+    ``q_start …`` add to ``stats`` and write their votes' kinds into ``vote_of`` (in place); ``window`` is the layer's
     sliding window (:data:`..options.NO_WINDOW`: none)."""
     # A few float64 copies of the rows are held per block, never a whole [head, query, key].
     step = max(1, TORCH_CHECK_BYTES // (rows.shape[1] * rows.shape[-1] * 8))
     for q0 in range(0, rows.shape[2], step):
         _check_block(rows[:, :, q0 : q0 + step], q_start + q0, is_token, sink, norms, group_size, window,
-                     stats, votes)
+                     stats, vote_of)
 
 
 def _check_block(
     rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int, window: int,
-    stats: Tensor, votes: Tensor,
+    stats: Tensor, vote_of: Tensor,
 ) -> None:
     """One block of :func:`check_and_vote`, one sequence at a time."""
     batch, _, n_q, n_pos = rows.shape
@@ -85,10 +85,14 @@ def _check_block(
         s[:, ST_DEAD_Q] = torch.where(new, first_dead, s[:, ST_DEAD_Q])
         s[:, ST_DEAD] += dead.sum(-1).to(COMPUTE_DTYPE)
         head_norms = norms[b].repeat_interleave(group_size, dim=0)[:, None, :]  # [h, 1, k]
-        winner = torch.where(good, x * head_norms, -1.0).argmax(-1)  # first maximum: lower index
-        counted = query_real & (positions > sink[b])
-        kind = torch.where(winner == positions, 0, torch.where(winner == sink[b], 1, 2))
-        votes[b] += torch.nn.functional.one_hot(kind, 3).mul(counted[None, :, None]).sum(1)
+        weighted = torch.where(good, x * head_norms, -1.0)
+        winner = weighted.argmax(-1)  # first maximum: lower index
+        kind = torch.where(winner == positions, 0, torch.where(winner == sink[b], 1, 2)).to(vote_of.dtype)
+        # As the kernel: a winner among the keys it sees, none at the first real position.
+        after_first = (positions > 0) & is_token[b, (positions - 1).clamp_min(0)]
+        has = query_real & after_first & (weighted > -1.0).any(-1)
+        block = vote_of[b, :, q_start : q_start + n_q]
+        block.copy_(torch.where(has, kind, block))
 
 
 def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:

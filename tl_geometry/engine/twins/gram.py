@@ -21,8 +21,8 @@ def gram_and_sink_geometry(
     ``sink_fields`` (SPEC §4) at the chosen queries, NaN at −1 and padded queries and where the
     query's ``window`` does not hold the sink."""
     gram = tied_gram(values)
-    sees_sink = queries - window < sink[:, None]
-    geometry = sink_geometry(values, is_token, sink, queries, sees_sink)
+    sees_sink = (queries - window < sink[:, None]) & (sink[:, None] <= queries)
+    geometry = sink_geometry(values, is_token, sink, queries, sees_sink, window)
     ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
     geometry = torch.where(ok, geometry.repeat_interleave(group_size, dim=1), torch.nan)
     sink_fields[:, h0 : h0 + values.shape[1] * group_size, :, 1:4] = geometry
@@ -41,16 +41,16 @@ def tied_gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
 
 def sink_geometry(
     values: Float[Tensor, "b g k d"], is_token: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
-    queries: Int[Tensor, "b q"], sees_sink: Bool[Tensor, "b q"] | None = None,
+    queries: Int[Tensor, "b q"], sees_sink: Bool[Tensor, "b q"] | None = None, window: int | None = None,
 ) -> Float[Tensor, "b g q 3"]:
     """κ, mean cosine to the sink and cosine to the mean, at each query (SPEC §4).
 
-    Over ``J_t`` = real keys ``≤ t`` except the sink: sums over ``J_t`` are prefix sums along the
-    keys when most queries are chosen (``O(d)`` per query), and masked sums at the few chosen
+    Over ``J_t`` = the real keys query ``t`` sees (``t − window < j ≤ t``; every key ``≤ t``
+    without a ``window``) except the sink: sums over ``J_t`` are differences of prefix sums along
+    the keys when most queries are chosen (``O(d)`` per query), and masked sums at the few chosen
     queries otherwise (the last-query protocol reads no other position). NaN where ``J_t`` is
-    empty, and where ``sees_sink`` is False: a query whose sliding window starts after the sink
-    has no sink (SPEC §1, ours). A query that sees the sink sees every real key up to itself
-    (the sink is the first), so ``J_t`` needs no window.
+    empty, and where ``sees_sink`` is False: a query that does not see the sink has none (SPEC
+    §1, ours).
     """
     n_key = values.shape[2]
     keys = torch.arange(n_key, device=values.device)
@@ -61,17 +61,27 @@ def sink_geometry(
     sink_norm = norms.gather(-1, sink[:, None, None].expand(-1, values.shape[1], 1))
     sink_dots = (values @ v_sink.transpose(-1, -2)).squeeze(-1)  # [b, g, k]
     cos = sink_dots / (sink_norm * norms + COSINE_EPS)
+    # The last key before query t's window (−1: none before it).
+    before = (queries - window if window is not None else torch.full_like(queries, -1)).clamp(-1, n_key - 1)
     if 4 * queries.shape[1] >= n_key:  # prefix sums, read at the queries
         at = queries.clamp_min(0)[:, None, :].expand(-1, values.shape[1], -1)
+        cut = before[:, None, :].expand(-1, values.shape[1], -1)
         prefix = others[:, None, :]
 
-        def upto(x: Tensor) -> Tensor:  # Σ_{j∈J_t} x_j at every query t, [b, g, q]
-            return (x * prefix).cumsum(-1).gather(-1, at)
+        def window_sum(sums: Tensor, dim: int) -> Tensor:  # prefix sums at t minus those before the window
+            index, out = (at, cut) if dim == -1 else (at[..., None], cut[..., None])
+            if dim != -1:
+                index, out = (x.expand(-1, -1, -1, sums.shape[-1]) for x in (index, out))
+            taken = sums.gather(dim, out.clamp_min(0)) * (out >= 0)
+            return sums.gather(dim, index) - taken
 
-        total = (values * prefix[..., None]).cumsum(2)
-        total = total.gather(2, at[..., None].expand(-1, -1, -1, values.shape[-1]))  # [b, g, q, d]
+        def upto(x: Tensor) -> Tensor:  # Σ_{j∈J_t} x_j at every query t, [b, g, q]
+            return window_sum((x * prefix).cumsum(-1), -1)
+
+        total = window_sum((values * prefix[..., None]).cumsum(2), 2)  # [b, g, q, d]
     else:  # masked sums at the chosen queries only
-        weight = ((keys <= queries[..., None]) * others[:, None, :]).to(COMPUTE_DTYPE)  # [b, q, k]
+        seen = (keys <= queries[..., None]) & (keys > before[..., None])
+        weight = (seen * others[:, None, :]).to(COMPUTE_DTYPE)  # [b, q, k]
 
         def upto(x: Tensor) -> Tensor:
             return einsum(x, weight, "b g k, b q k -> b g q")

@@ -32,7 +32,7 @@ def score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
 
 def score_rows(
     rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
-    sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, values: Tensor,
+    start: Tensor, sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, values: Tensor,
     n_values: Tensor, samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool, cosine: bool,
     metrics: Tensor,
     sink_in_top: Tensor, sink_fields: Tensor,
@@ -40,7 +40,8 @@ def score_rows(
     """:func:`..compiled.score.score_rows` in torch: same arguments, same outputs (written in place).
 
     The truncation figures (SPEC §10) come from the Gram matrix here (:func:`_truncation`), not
-    from ``values`` as in the kernel: two computations that the tests hold to each other."""
+    from ``values`` as in the kernel: two computations that the tests hold to each other.
+    ``start`` is not read: ``is_token`` keeps padding out of the candidates."""
     n_cg, n_key = gram.shape[1], gram.shape[-1]
     n_ch = n_cg * group_size
     n_sel = 2 + samples + shuffles
@@ -65,7 +66,8 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     keys = torch.arange(n_key, device=device)
     # The candidates T_t: real keys the query sees (t − window < i ≤ t; SPEC §1).
     valid = visible_keys(t, n_key, window=window, key_mask=is_token[:, :n_key]) & ok[..., None]  # [b, q, k]
-    sees_sink = t - window < sink[:, None]  # [b, q]: a query whose window starts after the sink has none
+    # [b, q]: a query whose window starts after the sink, or that comes before it, has none
+    sees_sink = (t - window < sink[:, None]) & (sink[:, None] <= t)
     index = row_of.clamp_min(0)[:, None, :, None].expand(n_b, n_ch, -1, rows.shape[-1])
     alpha = rows[:, h0 : h0 + n_ch].gather(2, index)[..., :n_key].to(COMPUTE_DTYPE)
     alpha = torch.where(valid[:, None], alpha, 0.0)  # [b, h, q, k]

@@ -1,0 +1,123 @@
+"""Where the sink is, and how strong it is (SPEC §1, ours).
+
+* :func:`first_keys_mass` reads one layer: the mean attention each of the first
+  :data:`CANDIDATES` real positions of a window receives from the queries ``t ∈ [32, min(T, w))``
+  (positions counted from the window's first real token; every such query sees all 32
+  candidates, also on a sliding-window layer).
+* :func:`choose_sink` is ``sink="auto"``: per window, the candidate with the largest mean over
+  every layer and head (each weighted equally; ties → lower index; a window of fewer than 33
+  real tokens takes its first).
+* :func:`sink_check` is the check every analysis records: per layer, the mean mass of the sink
+  and of the most attended other candidate; the sink is "weak" where it is not the most
+  attended in most layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ..functional.dtypes import COMPUTE_DTYPE
+from ..functional.heads import last_positions, sink_positions
+from .block import AttentionRows, PatternRows
+
+#: Candidate positions of ``sink="auto"``, and the first query that reads them all (SPEC §1).
+CANDIDATES = 32
+#: Queries the sink check reads where the sink is given (ours): ``32 ≤ t < 32 + CHECK_QUERIES``.
+#: ``sink="auto"`` reads every query up to ``min(T, w)`` as SPEC §1 says; the check only asks
+#: whether the given key is the most attended, and recomputed rows cost ``O(T)`` each, so it
+#: reads the queries right after the candidates, at any context length.
+CHECK_QUERIES = 128
+#: Bytes of attention rows gathered at once.
+ROWS_BYTES = 1 << 26
+
+
+def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"],
+                    window: int | None, max_queries: int | None = None) -> Float[Tensor, "batch head 32"]:
+    """Mean attention on each of the first 32 real positions of every window, over its queries
+    ``32 ≤ t − start < min(T, w)`` (``start`` its first real position, ``T`` its number of real
+    tokens, ``w`` the layer's sliding window), at most the first ``max_queries`` of them; NaN for
+    a window with no such query.
+
+    ``source`` is any :class:`.block.AttentionRows` (a cached pattern, read in place, or
+    recomputed rows, in blocks of queries), never written.
+    """
+    batch, n_heads, n_pos = source.shape
+    device = source.device
+    start, last = sink_positions(is_token), last_positions(is_token)
+    length = last - start + 1
+    stop = start + (length if window is None else length.clamp_max(window))  # first query not read
+    if max_queries is not None:
+        stop = stop.clamp_max(start + CANDIDATES + max_queries)
+    total = torch.zeros(batch, n_heads, CANDIDATES, dtype=COMPUTE_DTYPE, device=device)
+    count = torch.zeros(batch, dtype=COMPUTE_DTYPE, device=device)
+    keys = (start[:, None] + torch.arange(CANDIDATES, device=device)).clamp_max(n_pos - 1)  # [b, 32]
+    n_queries = max(0, int((stop - start - CANDIDATES).max()))
+    if isinstance(source, PatternRows):  # the 32 columns first: no whole row is copied
+        columns = source.pattern.gather(3, keys[:, None, None, :].expand(batch, n_heads, n_pos, CANDIDATES))
+        queries = start[:, None] + CANDIDATES + torch.arange(n_queries, device=device)  # [b, q]
+        taken = queries < stop[:, None]
+        index = queries.clamp_max(n_pos - 1)[:, None, :, None].expand(batch, n_heads, n_queries, CANDIDATES)
+        alpha = torch.where(taken[:, None, :, None], columns.gather(2, index).to(COMPUTE_DTYPE), 0.0)
+        return alpha.sum(2) / taken.sum(1).to(COMPUTE_DTYPE)[:, None, None]
+    step = max(1, ROWS_BYTES // max(1, batch * n_heads * n_pos * 8))
+    for q0 in range(0, n_queries, step):
+        offsets = torch.arange(q0, min(n_queries, q0 + step), device=device)
+        queries = start[:, None] + CANDIDATES + offsets  # [b, q]
+        taken = queries < stop[:, None]
+        queries = torch.where(taken, queries, -1)
+        rows, row_of = source.rows(0, batch, queries)
+        index = row_of.clamp_min(0)[:, None, :, None].expand(-1, n_heads, -1, rows.shape[-1])
+        alpha = rows.gather(2, index).gather(3, keys[:, None, None, :].expand(-1, n_heads, offsets.numel(), -1))
+        total += torch.where(taken[:, None, :, None], alpha.to(COMPUTE_DTYPE), 0.0).sum(2)  # padded rows: NaN
+        count += taken.sum(1)
+    return total / count[:, None, None]
+
+
+def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor, " batch"]:
+    """``sink="auto"``: each window's candidate with the largest mean mass over every layer and
+    head (ties → lower index; a window without a reading query takes its first position).
+    Returns positions counted from each window's first real token.
+
+        >>> m = torch.zeros(1, 2, 32); m[0, :, 3] = 0.5; m[0, 0, 0] = 0.4
+        >>> choose_sink([m]).tolist()
+        [3]
+    """
+    stacked = torch.stack([m.mean(1) for m in masses]).mean(0)  # [b, 32]
+    read = ~torch.isnan(stacked).any(-1)
+    return torch.where(read, torch.nan_to_num(stacked, nan=-1.0).argmax(-1), 0)
+
+
+def sink_check(masses: Sequence[Float[Tensor, "batch head 32"]], sink: Int[Tensor, " batch"]) -> dict[str, Any]:
+    """The sink check of SPEC §1 (ours): per layer, the mean (over windows and heads) attention
+    mass of the sink, that of the most attended other candidate of each window, and the
+    candidate most often that one; ``weak`` where the sink is not at least as attended as the
+    other in most of the layers where both are read. ``sink`` counts from each window's first
+    real token; windows too short to be read are left out (every figure ``None`` if all are).
+    """
+    sink_mass: list[float | None] = []
+    other_mass: list[float | None] = []
+    other_key: list[int | None] = []
+    for m in masses:
+        per_key = m.mean(1)  # [b, 32]
+        read = ~torch.isnan(per_key).any(-1)
+        if not bool(read.any()):
+            sink_mass.append(None)
+            other_mass.append(None)
+            other_key.append(None)
+            continue
+        per_key, at = per_key[read], sink.to(per_key.device)[read]
+        own = per_key.gather(1, at[:, None]).squeeze(1)
+        others = per_key.scatter(1, at[:, None], -torch.inf)
+        best, key = others.max(-1)
+        sink_mass.append(float(own.mean()))
+        other_mass.append(float(best.mean()))
+        other_key.append(int(torch.mode(key).values))
+    judged = [(s, o) for s, o in zip(sink_mass, other_mass) if s is not None and o is not None]
+    strong = sum(s >= o for s, o in judged)
+    return {"sink_mass": sink_mass, "other_mass": other_mass, "other_key": other_key,
+            "weak": bool(judged) and 2 * strong <= len(judged), "layers_read": len(judged)}

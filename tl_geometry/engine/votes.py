@@ -1,0 +1,83 @@
+"""Which source-winner votes count, and in which unit (SPEC §5).
+
+The kernels give each query's vote (:func:`.checks.check_and_vote`'s ``vote_of``: 0 the query
+itself, 1 the sink, 2 another key, −1 none); :func:`tally` counts them:
+
+* a vote counts from every real query after the sequence's first position (``t > start``);
+* on a sliding-window layer the label is decided by the queries that can see the sink
+  (``t ≤ p + w − 1`` with the sink at ``p``), so that it does not change with the window length;
+  the votes of the queries beyond are counted apart (they can only be ``current`` or ``other``);
+  on a global layer every counted vote decides;
+* the deciding votes are also counted in blocks of :data:`LABEL_BLOCK` consecutive deciding
+  queries (from the first after ``start``), the unit of the block bootstrap when there are too
+  few sequences; a partial block is dropped (zero).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from einops import rearrange
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+#: Consecutive voting queries per resampling unit of the block bootstrap (SPEC §5).
+LABEL_BLOCK = 128
+
+
+class Tally(NamedTuple):
+    """The votes of one layer of one batch."""
+
+    deciding: Int[Tensor, "batch head 3"]
+    """Votes that decide the label: every counted query on a global layer, the queries that see
+    the sink on a sliding-window layer."""
+    beyond: Int[Tensor, "batch head 3"]
+    """Votes of the queries of a sliding-window layer that cannot see the sink (zero on a
+    global layer), reported apart."""
+    blocks: Int[Tensor, "batch block head 3"]
+    """The deciding votes per block of :data:`LABEL_BLOCK` consecutive deciding queries, zero
+    for a partial block."""
+
+
+def n_blocks(n_pos: int) -> int:
+    """Blocks of :data:`LABEL_BLOCK` queries that a sequence of ``n_pos`` positions can hold."""
+    return max(1, -(-n_pos // LABEL_BLOCK))
+
+
+def tally(
+    vote_of: Int[Tensor, "batch head pos"],
+    is_token: Bool[Tensor, "batch pos"],
+    start: Int[Tensor, " batch"],
+    sink: Int[Tensor, " batch"],
+    window: int,
+) -> Tally:
+    """Count each query's vote (module docstring); ``window`` as the kernels read it
+    (:data:`.options.NO_WINDOW` for a global layer).
+
+    Example (one sequence, one head, no window: five queries after the first):
+
+        >>> vote_of = torch.tensor([[[-1, 0, 1, 1, 2, 1]]], dtype=torch.int8)
+        >>> t = tally(vote_of, torch.ones(1, 6, dtype=torch.bool), torch.tensor([0]), torch.tensor([0]), 2**62)
+        >>> t.deciding.tolist()
+        [[[1, 3, 1]]]
+    """
+    batch, _, n_pos = vote_of.shape
+    device = vote_of.device
+    positions = torch.arange(n_pos, device=device)
+    counted = is_token & (positions > start[:, None])  # [b, t]
+    decides = counted & (positions - window < sink[:, None])
+    kind = vote_of.long().clamp_min(0)
+    has = vote_of >= 0
+    one_hot = torch.nn.functional.one_hot(kind, 3) * has[..., None]  # [b, h, t, 3]
+    deciding = (one_hot * decides[:, None, :, None]).sum(2)
+    beyond = (one_hot * (counted & ~decides)[:, None, :, None]).sum(2)
+    # Deciding queries are consecutive (a hole in a mask is refused), from start + 1 on.
+    block = ((positions - start[:, None] - 1).clamp_min(0) // LABEL_BLOCK).clamp_max(n_blocks(n_pos) - 1)
+    size = torch.zeros(batch, n_blocks(n_pos), dtype=torch.long, device=device)
+    size.scatter_add_(1, block, decides.long())
+    index = rearrange(block, "b t -> b 1 t 1").expand_as(one_hot)
+    per_block = torch.zeros(*vote_of.shape[:2], n_blocks(n_pos), 3, dtype=torch.long, device=device)
+    per_block.scatter_add_(2, index, one_hot * decides[:, None, :, None])
+    per_block = per_block * (size == LABEL_BLOCK)[:, None, :, None]
+    return Tally(deciding, beyond, rearrange(per_block, "b h k v -> b k h v"))
