@@ -1,5 +1,5 @@
-"""Checks several test files share: two analyses equal field by field, and a spy on the
-forward passes head_scores makes."""
+"""Checks several test files share: two analyses equal field by field, a spy on the forward
+passes head_scores makes, and a saved result made to look like an earlier file format."""
 
 from __future__ import annotations
 
@@ -9,6 +9,21 @@ import torch
 
 # By module path: tl_geometry.analyze's own `head_scores` attribute is the function.
 _head_scores = importlib.import_module("tl_geometry.analyze.head_scores")
+
+#: What result file format 6 added: fields (and their axes) and named axes.
+FORMAT_6_FIELDS = ("beyond_votes", "block_votes", "window_scores", "window_sink")
+FORMAT_6_NAMES = ("window_group",)
+
+
+def drop_format_6(payload: dict) -> dict:
+    """``payload`` (a loaded result file) without what format 6 added, in place."""
+    for key in FORMAT_6_FIELDS:
+        payload.pop(key, None)
+        payload.get("axes", {}).pop(key, None)
+    for key in FORMAT_6_NAMES:
+        payload.get("names", {}).pop(key, None)
+    return payload
+
 
 #: The result fields two analyses of the same forwards must agree on.
 FIELDS = ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "sequence_votes")

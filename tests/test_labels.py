@@ -11,6 +11,7 @@ import pytest
 import torch
 from cases import make_case
 from result_fakes import fake
+from shared_checks import drop_format_6
 
 import tl_geometry
 from tl_geometry.engine import Accumulator
@@ -141,8 +142,7 @@ def test_files_keep_the_sequence_votes_and_format_2_still_loads(tmp_path):
     payload["format"] = "tl_geometry.HeadAnalysis/2"
     del payload["checksum"], payload["sequence_votes"], payload["axes"]["sequence_votes"]
     del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
-    for key in ("beyond_votes", "block_votes"):  # format 6
-        payload.pop(key, None), payload["axes"].pop(key, None)
+    drop_format_6(payload)
     keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]
     payload["scores"] = payload["scores"][:, keep]
     payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]

@@ -11,7 +11,13 @@ import pytest
 from cases import make_case
 
 import tl_geometry
-from tl_geometry.engine.options import OPTION_NAMES, AnalysisArgs, Distance, QueryRule, check_options
+from tl_geometry.engine.options import (
+    OPTION_NAMES,
+    AnalysisArgs,
+    Distance,
+    QueryRule,
+    check_options,
+)
 
 
 def test_the_three_entry_points_take_the_analysis_options_as_one_type():

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import torch
 from result_fakes import fake
+from shared_checks import drop_format_6
 
 import tl_geometry
 from tl_geometry.capacity.policy import MAX_HEADS, MAX_LAYERS, POLICY_FORMAT, TopNPolicy
@@ -187,9 +188,8 @@ def test_a_newer_file_relabelled_as_older_is_refused(tmp_path, version):
 def test_every_format_since_3_must_carry_its_checksum(tmp_path, version):
     _, payload = _payload(tmp_path)
     del payload["checksum"]
-    if version < 6:  # no votes apart or per block
-        for key in ("beyond_votes", "block_votes"):
-            payload.pop(key, None), payload["axes"].pop(key, None)
+    if version < 6:  # no votes apart or per block, no per-window arrays
+        drop_format_6(payload)
     if version < 5:  # what that format could hold: no truncation figures
         del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
         keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from shared_checks import drop_format_6
 from test_capacity import tiny_lm
 
 from tl_geometry.ablation import ablate_heads, head_sensitivity
@@ -206,8 +207,7 @@ def test_format_2_files_without_a_checksum_still_load(saved, tmp_path):
     # what format 2 held: none of the checksum (3), sequence_votes (4), truncation figures (5)
     del payload["checksum"], payload["sequence_votes"], payload["axes"]["sequence_votes"]
     del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
-    for key in ("beyond_votes", "block_votes"):  # format 6
-        del payload[key], payload["axes"][key]
+    drop_format_6(payload)
     keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]
     payload["scores"] = payload["scores"][:, keep]
     payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from result_fakes import fake
+from shared_checks import drop_format_6
 
 from tl_geometry.result import HeadAnalysis, ResultFileError
 from tl_geometry.result import io as _result_io
@@ -204,7 +205,7 @@ def test_format_1_files_load_with_a_warning(tmp_path):
     path = tmp_path / "old.pt"
     old = _labelled_as(r, _result_io._FORMAT1_NAMES)
     del old["paired"], old["sequence_votes"], old["truncation_p90"]  # added in 0.2, in formats 3 and 5
-    del old["beyond_votes"], old["block_votes"]  # added in format 6
+    drop_format_6(old)
     torch.save({  # what tl_geometry 0.1 wrote
         "format": "tl_geometry.HeadAnalysis/1", "layers": list(r.layers), **old,
         "metadata": '{"model_name": "m", "n_values": [2, 4, 8]}',

@@ -59,9 +59,10 @@ SINK_CASES = [
                  id="right-unselected"),
     pytest.param({}, {"queries": "all", "shuffle": "norms"}, 5, 6, id="window-norms"),
     pytest.param({"ties": True}, {"queries": "all", "shuffle": "directions"}, 3, 4, id="window-ties-directions"),
-    # The last query (13) cannot see a sink at 2 through a window of 5: the sink figures are read
-    # at t_sink = 6, everything else at 13 (SPEC §1, sink-visible reading).
-    pytest.param({"padding": "right"}, {}, 2, 5, id="window-last-read-at-t-sink"),
+    # Right padding (lengths 7, 9, 8): no last query (6 to 8) sees a sink at 2 through a window
+    # of 4, so the sink figures are read at t_sink = 5, everything else at the last query (SPEC
+    # §1, sink-visible reading).
+    pytest.param({"padding": "right"}, {}, 2, 4, id="window-last-read-at-t-sink"),
 ]
 
 
@@ -138,7 +139,7 @@ def test_a_weak_sink_warns_and_names_the_fix():
         result = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2), random_samples=0, shuffle_samples=0)
     record = result.metadata["sink"]
     assert record["weak"] is True and record["other_key"] == [6] and record["positions"] == [0, 0]
-    check = sink_check([torch.ones(2, 3, 32) / 32], torch.tensor([0, 0]))
+    check = sink_check([torch.ones(2, 3, 33) / 32], torch.tensor([0, 0]))
     assert check["weak"] is False  # a tie is not weak: the sink is as attended as any other
 
 
@@ -242,7 +243,12 @@ def test_first_keys_mass_reads_the_spec_queries_from_a_pattern_and_from_rows(win
     case = make_case(102, batch=3, n_pos=70, padding="left", window=window)
     mask = case.attention_mask.bool()
     got = first_keys_mass(PatternRows(case.pattern), mask, window, cap)
-    torch.testing.assert_close(first_keys_mass(_Rows(case.pattern), mask, window, cap), got)
+    torch.testing.assert_close(first_keys_mass(_Rows(case.pattern), mask, window, cap), got, equal_nan=True)
+    assert torch.isnan(got[..., 32]).all()  # no sink given: no sink column
+    start = mask.int().argmax(-1)
+    with_sink = first_keys_mass(PatternRows(case.pattern), mask, window, cap, start + 3)
+    torch.testing.assert_close(with_sink[..., :32], got[..., :32], equal_nan=True)
+    torch.testing.assert_close(with_sink[..., 32], got[..., 3], equal_nan=True)  # the sink's own column
     for b in range(3):
         start, n_real = int(mask[b].int().argmax()), int(mask[b].sum())
         stop = min(n_real, window or n_real, 32 + (cap if cap is not None else n_real))
@@ -251,7 +257,7 @@ def test_first_keys_mass_reads_the_spec_queries_from_a_pattern_and_from_rows(win
             assert torch.isnan(got[b]).all()
             continue
         want = torch.stack([case.pattern[b, :, t, start:start + 32].double() for t in queries]).mean(0)
-        torch.testing.assert_close(got[b], want)
+        torch.testing.assert_close(got[b, :, :32], want)
 
 
 def test_per_window_arrays_are_each_windows_own_means_and_round_trip(tmp_path):
@@ -301,10 +307,7 @@ def test_sampled_and_given_queries_equal_the_reference_at_those_positions(backen
             np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
                                        rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
     np.testing.assert_array_equal(result.vote_counts[0].numpy(), want["vote_counts"])
-    if isinstance(queries, int):  # the same positions whatever the batch
-        alone = tl_geometry.analyze_heads({k: v[2:] for k, v in case.cache().items()}, n_values=N_VALUES,
-                                          attention_mask=case.attention_mask[2:], queries=queries, backend=backend)
-        assert torch.isfinite(alone.f_score).any()
+    np.testing.assert_array_equal(result.sequence_votes[:, 0].numpy().sum(0), want["vote_counts"])
 
 
 @pytest.mark.parametrize("bad", [0, -1, "some", [1, 1], [], [0.5], True])
@@ -312,3 +315,122 @@ def test_bad_queries_are_refused_naming_the_choices(bad):
     case = make_case(105, batch=1, n_pos=8)
     with pytest.raises(ValueError, match="queries"):
         tl_geometry.analyze_heads(case.cache(), n_values=(1, 2), queries=bad)
+
+
+def test_sampled_positions_do_not_depend_on_the_batch():
+    """``queries=k`` draws each sequence's positions from (seed, its index) alone: analysed in
+    batches of one, streamed, or all at once, the per-sequence means are the same."""
+    case = make_case(106, batch=4, n_pos=20, padding="left")
+    whole = _run(case, "numba", queries=6, per_window=True)
+    cache = case.cache()
+    for b in range(4):
+        one = {k: v[b:b + 1] for k, v in cache.items()}
+        mask = case.attention_mask[b:b + 1]
+        from tl_geometry.engine import Accumulator, analyze_layer, check_options
+
+        opts = check_options(n_values=N_VALUES, queries=6, random_samples=SAMPLES, shuffle_samples=SAMPLES,
+                             per_window=True)
+        sink = mask.int().argmax(-1)
+        stats = analyze_layer(one["blocks.0.attn.hook_pattern"], one["blocks.0.attn.hook_v"], mask.bool(),
+                              sink, opts, layer=0, sequence_offset=b, mask_given=True)
+        acc = Accumulator.zeros(1, 4, len(N_VALUES), n_sequences=1, per_window=True)
+        acc.add(0, stats)
+        alone = acc.finish((0,), opts, 20, {})
+        torch.testing.assert_close(alone.window_scores[0], whole.window_scores[b], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("sink, queries", [(8, [3]), (10, [1, 2]), (5, [50])])
+def test_a_sink_after_every_chosen_query_is_read_correctly(backend, sink, queries):
+    """A given sink after every chosen query (or no chosen query at all): nothing reads past the
+    chunk, and every figure equals the reference."""
+    case = make_case(107, batch=2, n_pos=14)
+    result = _run(case, backend, sink=sink, queries=queries)
+    mask = np.ones((2, 14), dtype=np.int64)
+    absolute = [[t for t in queries if t < 14]] * 2
+    want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES, queries=absolute,
+                       attention_mask=mask, sink=sink, randoms=engine_randoms(0, 0, mask),
+                       shuffles=engine_shuffles(0, 0, mask))
+    for group in ("top", "random", "shuffled", "sink_removed"):
+        for m in METRICS:
+            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
+                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+    np.testing.assert_array_equal(result.vote_counts[0].numpy(), want["vote_counts"])
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_the_t_sink_pass_survives_chunks_without_a_query(backend, monkeypatch):
+    """One sequence per chunk, one of them whose last query sees the sink: its t_sink chunk has
+    no query to score, and the others still read theirs."""
+    import tl_geometry.engine.layer as layer_module
+
+    monkeypatch.setattr(layer_module, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(layer_module, "CHUNK_FRACTION", 1e-9)
+    case = make_case(108, batch=3, n_pos=14, padding="right", window=8)
+    result = _run(case, backend, window=8)
+    _assert_equals_reference(result, case, None, window=8)
+
+
+def test_a_given_sink_past_the_first_32_tokens_is_checked():
+    case = _attracting(make_case(109, batch=2, n_pos=80), key=40, extra=6.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the sink at 40 is the most attended: no weak sink
+        result = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2), sink=40, random_samples=0,
+                                           shuffle_samples=0)
+    record = result.metadata["sink"]
+    assert record["positions"] == [40, 40] and record["sink_mass"][0] > record["other_mass"][0]
+
+
+def test_auto_skips_layers_that_no_query_can_read():
+    """A local layer of 16 keys has no query that sees all 32 candidates: the choice comes from
+    the other layers, not the first token by default."""
+    glob = _attracting(make_case(110, batch=2, n_pos=48), key=5)
+    local = make_case(111, batch=2, n_pos=48, window=16)
+    cache = {**glob.cache(0), **local.cache(1)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = tl_geometry.analyze_heads(cache, n_values=(1, 2), window={1: 16}, sink="auto",
+                                           random_samples=0, shuffle_samples=0)
+    record = result.metadata["sink"]
+    assert record["positions"] == [5, 5] and record["sink_mass"][1] is None and record["weak"] is False
+
+
+def test_a_sink_outside_the_sequence_is_refused_by_the_engine():
+    from tl_geometry.engine import analyze_layer, check_options
+
+    case = make_case(112, batch=2, n_pos=14)
+    with pytest.raises(ValueError, match="real position of its sequence"):
+        analyze_layer(case.pattern, case.v, torch.ones(2, 14, dtype=torch.bool), torch.tensor([40, 40]),
+                      check_options(n_values=(1, 2)), layer=0, mask_given=False)
+
+
+def test_half_the_layers_is_not_a_weak_sink():
+    strong, weak = torch.zeros(1, 1, 33), torch.zeros(1, 1, 33)
+    strong[..., 0], weak[..., 0], weak[..., 3] = 0.5, 0.1, 0.4
+    assert sink_check([strong, weak], torch.tensor([0]))["weak"] is False
+    assert sink_check([weak, weak, strong], torch.tensor([0]))["weak"] is True
+
+
+def test_block_stability_keeps_the_label_the_head_is_shown_with():
+    """The dropped partial block can hold the votes that decide the head's label: the block
+    bootstrap then counts every resample as a change, not as a stable other label."""
+    import dataclasses
+
+    case = make_case(113, batch=1, n_pos=300, n_heads=1, n_kv=1, d=3)
+    result = _run(case, "numba")
+    blocks = torch.zeros(1, 8, 1, 1, 3, dtype=torch.int32)
+    blocks[0, :, 0, 0] = torch.tensor([100, 0, 28], dtype=torch.int32)  # 8 full blocks voting "current"
+    counts = result.vote_counts.clone()
+    counts[0, 0] = torch.tensor([800.0, 0, 1000.0])  # … but the head's label is Reset
+    votes = counts.to(torch.int32)[None]
+    changed = dataclasses.replace(result, block_votes=blocks, vote_counts=counts, sequence_votes=votes)
+    assert changed.labels[0][0] == "Reset" and float(changed.label_stability[0, 0]) == 0.0
+
+
+def test_queries_of_one_position_keep_r_16_and_a_negative_seed_samples():
+    from tl_geometry.engine.options import check_options
+
+    assert check_options(queries=1).random_samples == check_options(queries=[5]).random_samples == 16
+    assert check_options(random_samples=32).shuffle_samples == 32
+    case = make_case(114, batch=1, n_pos=12)
+    assert torch.isfinite(_run(case, "numba", queries=4, seed=-3).f_score).any()

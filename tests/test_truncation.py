@@ -15,6 +15,7 @@ import torch
 from cases import make_case
 from reference import METRICS, TRUNCATION, ref_analyze, ref_top_n, ref_truncation
 from result_fakes import fake
+from shared_checks import drop_format_6
 from test_nulls import engine_shuffles
 
 import tl_geometry
@@ -305,9 +306,9 @@ def test_files_keep_the_percentiles_and_format_4_files_load_quietly(tmp_path):
     keep = [i for i, m in enumerate(names) if m not in TRUNCATION]
     old = {**payload, "format": "tl_geometry.HeadAnalysis/4", "scores": payload["scores"][:, keep],
            "names": {**payload["names"], "metric": [names[i] for i in keep]},
-           "axes": {k: v for k, v in payload["axes"].items()
-                    if k not in ("truncation_p90", "beyond_votes", "block_votes")}}
-    del old["truncation_p90"], old["names"]["truncation_metric"], old["beyond_votes"], old["block_votes"]
+           "axes": {k: v for k, v in payload["axes"].items() if k != "truncation_p90"}}
+    del old["truncation_p90"], old["names"]["truncation_metric"]
+    drop_format_6(old)
     old["checksum"] = _result_io.checksum(old)
     torch.save(old, tmp_path / "old.pt")
     with warnings.catch_warnings():

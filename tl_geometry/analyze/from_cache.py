@@ -106,12 +106,16 @@ def analyze_heads(
         n_values: selection sizes N (default ``(1, 2, 4, 8, 16, 32, 64)``). A size that a
             query cannot hold (``N ≥ t + 1``) gives NaN for that query, never a smaller N.
         queries: ``"last"`` (default) — each sequence's last real query (the paper's
-            protocol); ``"all"`` — every real query.
-        random_samples: random permutations per (query, head) for the baseline (default 16);
+            protocol); ``"all"`` — every real query; an int ``k`` — ``k`` positions per
+            sequence drawn from its real ones, seeded by ``seed`` and the sequence's index (the
+            same on every layer, head and batch); a list of positions, counted from each
+            sequence's first real token. The votes read every query whatever it is.
+        random_samples: random permutations per (query, head) for the baseline; default SPEC
+            §3's ``R``: 16 where one query per sequence is read (the last), 4 where more are;
             0 turns the baseline off (its metrics are NaN).
-        shuffle_samples: value permutations per (query, head) for the value-shuffle null
-            (default 16; same α, same top-N set, the non-sink keys' values permuted); 0 turns
-            it off.
+        shuffle_samples: permutations per (query, head) for the null of the ``shuffled`` group
+            (same α, same top-N set, the non-sink keys' values permuted); default the
+            baseline's ``R`` (SPEC §3: every null uses it); 0 turns it off.
         shuffle: which null the ``shuffled`` group is (SPEC §3; recorded as
             ``metadata["shuffle"]``): ``"values"`` (default) permutes the non-sink values;
             ``"norms"`` gives each non-sink key a permuted norm and keeps its direction;
@@ -157,18 +161,21 @@ def analyze_heads(
     W = output_weights(model, W_O, layer_ids) if opts.space == "output" else None
     run: _CacheRun | None = None
     masses = []  # the first 32 keys' attention per layer: the sink check (and sink='auto')
+    sinks: Tensor | None = None
     for li, layer in enumerate(layer_ids):
         pattern, _ = _cache.read_layer(cache, layer, upcast=False)
         if run is None:
             run = _CacheRun.start(pattern, attention_mask, tokens, model, len(layer_ids), len(opts.n_values),
                                   opts.per_window)
+            if chosen != _sink.AUTO:
+                sinks = _sink.positions(chosen, run.mask, n_windows=run.shape[0])
         run.check_shape(pattern, layer)
         masses.append(first_keys_mass(PatternRows(pattern), run.mask, layer_windows[li],
-                                      None if chosen == _sink.AUTO else CHECK_QUERIES))
+                                      None if sinks is None else CHECK_QUERIES, sinks))
     assert run is not None  # resolve_layers refuses an empty cache
     start = sink_positions(run.mask)
-    sinks = (start + choose_sink(masses) if chosen == _sink.AUTO
-             else _sink.positions(chosen, run.mask, n_windows=run.shape[0]))
+    if sinks is None:
+        sinks = start + choose_sink(masses)
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
         W_layer = None if W is None else W[layer].to(pattern.device)

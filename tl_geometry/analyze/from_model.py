@@ -181,7 +181,8 @@ class _LayerHooks:
         its first 32 keys' attention is read once (in the probing pass where there is one)."""
         if self.probing or self.sink_rule != _sink.AUTO:
             source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
-            masses = first_keys_mass(source, mask, window, None if self.probing else CHECK_QUERIES)
+            masses = (first_keys_mass(source, mask, window) if self.probing
+                      else first_keys_mass(source, mask, window, CHECK_QUERIES, sink))
             self.masses[self.row[layer]].append(masses.cpu())
         if self.probing:
             return
@@ -406,9 +407,10 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
         for acc in accs:
             acc.all_reduce()
     masses = [torch.cat(m) for m in hooks.masses] if all(hooks.masses) else []
-    sink_record = _sink.record(chosen, hooks.relative, masses, model) if shard is None else {
-        "rule": _sink.AUTO if chosen == _sink.AUTO else "given", "positions": None,
-        "note": "sharded run: each rank chose and checked its own windows' sinks"}
+    relative = hooks.relative
+    if shard is not None:  # every rank records every window's sink and the whole check
+        masses, relative = _gather_windows(masses, relative, lo, n_seqs, device)
+    sink_record = _sink.record(chosen, relative, masses, model)
     results = []
     for acc, run in zip(accs, runs):
         metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None)
@@ -419,6 +421,23 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
                         sink=sink_record)
         results.append(acc.finish(layer_ids, run, n_pos, metadata, layer_windows))
     return results
+
+
+def _gather_windows(masses: list[Tensor], relative: list[int], lo: int, n_seqs: int,
+                    device: Any) -> tuple[list[Tensor], list[int]]:
+    """The sink check's per-window masses and the sink positions of every rank's windows: each
+    rank fills the rows of its own windows (``lo …``) and the rows add up (``all_reduce``)."""
+    import torch.distributed as dist
+
+    width = masses[0].shape[1:] if masses else (0,)
+    full = torch.zeros(len(masses), n_seqs, *width, dtype=torch.float64, device=device)
+    for li, m in enumerate(masses):
+        full[li, lo:lo + len(m)] = m.to(full)
+    positions = torch.zeros(n_seqs, dtype=torch.long, device=device)
+    positions[lo:lo + len(relative)] = torch.tensor(relative, dtype=torch.long)
+    dist.all_reduce(full)  # NaN rows stay NaN: no other rank writes them
+    dist.all_reduce(positions)
+    return [row.cpu() for row in full], positions.cpu().tolist()
 
 
 def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: int) -> bool:

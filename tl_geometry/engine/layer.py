@@ -227,16 +227,16 @@ def _layer_block(source: AttentionRows, v: Tensor, is_token: Tensor, sink: Tenso
     """The checked :class:`LayerBlock` of one layer: values checked, ``W_O`` matched to the
     cache, the chosen queries (:func:`chosen_queries`)."""
     checks.check_values(v, is_token, layer)
-    _, n_heads, n_pos = source.shape
+    n_heads = source.shape[1]
     n_groups = n_heads if W_O is not None else v.shape[2]
     if W_O is not None and W_O.shape[:2] != (n_heads, v.shape[-1]):
         raise ValueError(f"W_O of layer {layer} is {tuple(W_O.shape)}; expected [{n_heads}, "
                          f"{v.shape[-1]}, d_model] ([head, d_head, d_model]) to match the cache.")
     queries = chosen_queries(opts, is_token, sequence_offset)
     start = sink_positions(is_token)
-    if bool((sink < start).any()) or bool((~is_token.gather(1, sink[:, None].clamp(0, n_pos - 1))).any()):
-        raise ValueError(f"Layer {layer}: the sink must be a real position of its sequence (at or after the "
-                         "first real token), one per sequence.")
+    if bool((sink < start).any()) or bool((sink > last_positions(is_token)).any()):
+        raise ValueError(f"Layer {layer}: the sink must be a real position of its sequence (from its first "
+                         "to its last real token), one per sequence.")
     return LayerBlock(source, v, is_token, sink, queries, W_O, n_heads // n_groups, n_groups, window, start)
 
 
@@ -285,7 +285,11 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
     """Gram matrices, the sink geometry (SPEC §4) and every selection's scores (SPEC §2–3) of
     sequences ``b0:b1`` and value groups ``g0:g1``, written into ``out``."""
     queries, is_token, sink, start = data.queries[b0:b1], data.is_token[b0:b1], data.sink[b0:b1], data.start[b0:b1]
-    n_keys = int(queries.max()) + 1  # keys after the last chosen query are unused
+    if int(queries.max()) < 0:  # no chosen query in these sequences (e.g. the t_sink pass): nothing to score
+        return
+    # Keys after the last chosen query are unused, but the sink's geometry reads the sink's
+    # value wherever it is (a given sink may come after every chosen query).
+    n_keys = max(int(queries.max()), int(sink.max())) + 1
     chunk = values[:, g0:g1, :n_keys]
     h0 = g0 * data.group_size
     gram = backend.gram_and_sink_geometry(chunk, is_token[:, :n_keys], sink, queries, h0, data.group_size,

@@ -102,8 +102,10 @@ _SHUFFLE_NOTES = {
 
 
 def default_samples(queries: object) -> int:
-    """SPEC §3's ``R``: 16 at the last query, 4 where more queries per sequence are evaluated."""
-    return DEFAULT_RANDOM_SAMPLES if queries == "last" else DEFAULT_RANDOM_SAMPLES_MANY
+    """SPEC §3's ``R``: 16 where one query per sequence is evaluated (the last, a sample of one
+    or one given position), 4 where more are."""
+    one = queries == "last" or queries == 1 or (isinstance(queries, tuple) and len(queries) == 1)
+    return DEFAULT_RANDOM_SAMPLES if one else DEFAULT_RANDOM_SAMPLES_MANY
 
 
 def check_queries(queries: object) -> QueryRule | int | tuple[int, ...]:
@@ -208,7 +210,9 @@ def check_options(
     queries = check_queries(queries)
     r = default_samples(queries)
     random_samples = r if random_samples is None else random_samples
-    shuffle_samples = r if shuffle_samples is None else shuffle_samples
+    if shuffle_samples is None:  # every null uses the baseline's R (SPEC §3), the default where it is off
+        given = isinstance(random_samples, (int, np.integer)) and not isinstance(random_samples, (bool, np.bool_))
+        shuffle_samples = int(random_samples) if given and random_samples > 0 else r
     _choice("distance", distance, Distance)
     _choice("space", space, Space, {"value": "α·v", "output": "α·v·W_O"})
     _choice("rank_by", rank_by, RankBy)

@@ -64,7 +64,7 @@ def sampled_positions(seed: int, sequence: int, n_real: int, k: int) -> np.ndarr
     """
     if n_real <= k:
         return np.arange(n_real)
-    generator = np.random.default_rng([seed, QUERY_SALT, sequence])
+    generator = np.random.default_rng([seed & _M64, QUERY_SALT, sequence])  # any int seed, as mix() takes it
     return np.sort(generator.choice(n_real, size=k, replace=False))
 
 

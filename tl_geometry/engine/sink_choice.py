@@ -36,12 +36,15 @@ CHECK_QUERIES = 128
 ROWS_BYTES = 1 << 26
 
 
-def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"],
-                    window: int | None, max_queries: int | None = None) -> Float[Tensor, "batch head 32"]:
-    """Mean attention on each of the first 32 real positions of every window, over its queries
-    ``32 ≤ t − start < min(T, w)`` (``start`` its first real position, ``T`` its number of real
-    tokens, ``w`` the layer's sliding window), at most the first ``max_queries`` of them; NaN for
-    a window with no such query.
+def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], window: int | None,
+                    max_queries: int | None = None, sink: Int[Tensor, " batch"] | None = None,
+                    ) -> Float[Tensor, "batch head 33"]:
+    """Mean attention on each of the first 32 real positions of every window (columns 0–31) and
+    on its ``sink`` (column 32; NaN without one), over its queries ``32 ≤ t − start < min(T, w)``
+    (``start`` its first real position, ``T`` its number of real tokens, ``w`` the layer's
+    sliding window; every such query sees all 32 candidates), at most the first ``max_queries``
+    of them; NaN for a window with no such query. A given sink past the candidates (``p ≥ 32``,
+    ours) moves the first query read to ``p + 1``, so that every query read sees it.
 
     ``source`` is any :class:`.block.AttentionRows` (a cached pattern, read in place, or
     recomputed rows, in blocks of queries), never written.
@@ -51,31 +54,36 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"],
     start, last = sink_positions(is_token), last_positions(is_token)
     length = last - start + 1
     stop = start + (length if window is None else length.clamp_max(window))  # first query not read
+    first = start + CANDIDATES if sink is None else torch.maximum(start + CANDIDATES, sink.to(device) + 1)
     if max_queries is not None:
-        stop = stop.clamp_max(start + CANDIDATES + max_queries)
-    total = torch.zeros(batch, n_heads, CANDIDATES, dtype=COMPUTE_DTYPE, device=device)
+        stop = torch.minimum(stop, first + max_queries)
+    # The 32 candidates and the sink (the last column; the first candidate where none is given).
+    keys = torch.cat([start[:, None] + torch.arange(CANDIDATES, device=device),
+                      (start if sink is None else sink.to(device))[:, None]], dim=1).clamp_max(n_pos - 1)
+    n_queries = max(0, int((stop - first).max()))
+    total = torch.zeros(batch, n_heads, CANDIDATES + 1, dtype=COMPUTE_DTYPE, device=device)
     count = torch.zeros(batch, dtype=COMPUTE_DTYPE, device=device)
-    keys = (start[:, None] + torch.arange(CANDIDATES, device=device)).clamp_max(n_pos - 1)  # [b, 32]
-    n_queries = max(0, int((stop - start - CANDIDATES).max()))
-    if isinstance(source, PatternRows):  # the 32 columns first: no whole row is copied
-        columns = source.pattern.gather(3, keys[:, None, None, :].expand(batch, n_heads, n_pos, CANDIDATES))
-        queries = start[:, None] + CANDIDATES + torch.arange(n_queries, device=device)  # [b, q]
-        taken = queries < stop[:, None]
-        index = queries.clamp_max(n_pos - 1)[:, None, :, None].expand(batch, n_heads, n_queries, CANDIDATES)
-        alpha = torch.where(taken[:, None, :, None], columns.gather(2, index).to(COMPUTE_DTYPE), 0.0)
-        return alpha.sum(2) / taken.sum(1).to(COMPUTE_DTYPE)[:, None, None]
     step = max(1, ROWS_BYTES // max(1, batch * n_heads * n_pos * 8))
+    columns = None
+    if isinstance(source, PatternRows):  # the 33 columns first: no whole row is copied
+        columns = source.pattern.gather(3, keys[:, None, None, :].expand(batch, n_heads, n_pos, -1))
+        step = max(1, n_queries)
     for q0 in range(0, n_queries, step):
-        offsets = torch.arange(q0, min(n_queries, q0 + step), device=device)
-        queries = start[:, None] + CANDIDATES + offsets  # [b, q]
+        queries = first[:, None] + torch.arange(q0, min(n_queries, q0 + step), device=device)  # [b, q]
         taken = queries < stop[:, None]
-        queries = torch.where(taken, queries, -1)
-        rows, row_of = source.rows(0, batch, queries)
-        index = row_of.clamp_min(0)[:, None, :, None].expand(-1, n_heads, -1, rows.shape[-1])
-        alpha = rows.gather(2, index).gather(3, keys[:, None, None, :].expand(-1, n_heads, offsets.numel(), -1))
+        if columns is not None:
+            index = queries.clamp_max(n_pos - 1)[:, None, :, None].expand(batch, n_heads, -1, keys.shape[1])
+            alpha = columns.gather(2, index)
+        else:
+            rows, row_of = source.rows(0, batch, torch.where(taken, queries, -1))
+            index = row_of.clamp_min(0)[:, None, :, None].expand(-1, n_heads, -1, rows.shape[-1])
+            alpha = rows.gather(2, index).gather(3, keys[:, None, None, :].expand(-1, n_heads, queries.shape[1], -1))
         total += torch.where(taken[:, None, :, None], alpha.to(COMPUTE_DTYPE), 0.0).sum(2)  # padded rows: NaN
         count += taken.sum(1)
-    return total / count[:, None, None]
+    out = total / count[:, None, None]
+    if sink is None:
+        out[..., CANDIDATES] = torch.nan
+    return out
 
 
 def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor, " batch"]:
@@ -87,7 +95,8 @@ def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor,
         >>> choose_sink([m]).tolist()
         [3]
     """
-    stacked = torch.stack([m.mean(1) for m in masses]).mean(0)  # [b, 32]
+    # A layer that no query can read (a window of 32 keys or less) is left out, not a NaN for all.
+    stacked = torch.stack([m[..., :CANDIDATES].mean(1) for m in masses]).nanmean(0)  # [b, 32]
     read = ~torch.isnan(stacked).any(-1)
     return torch.where(read, torch.nan_to_num(stacked, nan=-1.0).argmax(-1), 0)
 
@@ -95,24 +104,29 @@ def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor,
 def sink_check(masses: Sequence[Float[Tensor, "batch head 32"]], sink: Int[Tensor, " batch"]) -> dict[str, Any]:
     """The sink check of SPEC §1 (ours): per layer, the mean (over windows and heads) attention
     mass of the sink, that of the most attended other candidate of each window, and the
-    candidate most often that one; ``weak`` where the sink is not at least as attended as the
-    other in most of the layers where both are read. ``sink`` counts from each window's first
-    real token; windows too short to be read are left out (every figure ``None`` if all are).
+    candidate most often that one; ``weak`` where the sink is less attended than the other in
+    most of the layers where both are read (ties count for the sink). ``sink`` counts from each
+    window's first real token (past the candidates, its mass is :func:`first_keys_mass`'s last
+    column); windows too short to be read are left out (every figure ``None`` if all are).
     """
     sink_mass: list[float | None] = []
     other_mass: list[float | None] = []
     other_key: list[int | None] = []
     for m in masses:
-        per_key = m.mean(1)  # [b, 32]
-        read = ~torch.isnan(per_key).any(-1)
+        per_key = m.mean(1)  # [b, 33]
+        read = ~torch.isnan(per_key[:, :CANDIDATES]).any(-1)
         if not bool(read.any()):
             sink_mass.append(None)
             other_mass.append(None)
             other_key.append(None)
             continue
         per_key, at = per_key[read], sink.to(per_key.device)[read]
-        own = per_key.gather(1, at[:, None]).squeeze(1)
-        others = per_key.scatter(1, at[:, None], -torch.inf)
+        inside = at < CANDIDATES
+        candidates = per_key[:, :CANDIDATES]
+        own = torch.where(inside, candidates.gather(1, at.clamp_max(CANDIDATES - 1)[:, None]).squeeze(1),
+                          per_key[:, CANDIDATES])
+        others = torch.where(inside[:, None] & (torch.arange(CANDIDATES, device=at.device) == at[:, None]),
+                             -torch.inf, candidates)
         best, key = others.max(-1)
         sink_mass.append(float(own.mean()))
         other_mass.append(float(best.mean()))
@@ -120,4 +134,4 @@ def sink_check(masses: Sequence[Float[Tensor, "batch head 32"]], sink: Int[Tenso
     judged = [(s, o) for s, o in zip(sink_mass, other_mass) if s is not None and o is not None]
     strong = sum(s >= o for s, o in judged)
     return {"sink_mass": sink_mass, "other_mass": other_mass, "other_key": other_key,
-            "weak": bool(judged) and 2 * strong <= len(judged), "layers_read": len(judged)}
+            "weak": bool(judged) and 2 * strong < len(judged), "layers_read": len(judged)}

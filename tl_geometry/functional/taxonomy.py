@@ -123,12 +123,16 @@ def bootstrap_stability(
     sequence_votes: Int[Tensor, "sequence *head 3"],
     n_resamples: int = N_RESAMPLES,
     seed: int = 0,
+    labels: Int[Tensor, " *head"] | None = None,
 ) -> Float[Tensor, " *head"]:
     """Share of bootstrap resamples of the sequences whose plurality label equals the label of
     all sequences (SPEC §5): 1 = the label never moves, < :data:`UNSTABLE_BELOW` = "unstable".
     NaN for a head with no votes (no label to keep), and for every head when there are fewer
     than :data:`MIN_UNITS` (8) sequences: "too few units" (SPEC §5), since resampling one or a
     few sequences cannot move a label and would read as a perfectly stable one.
+
+    ``labels`` is the label each resample must give (default: that of all the units); pass the
+    head's own label where the units do not hold every vote (blocks dropping partial ones).
 
     Resample ``r`` sums the per-sequence vote counts with the weights of
     :func:`bootstrap_resample_weights`; its label follows :func:`labels_from_votes` (ties and
@@ -144,7 +148,7 @@ def bootstrap_stability(
     heads = sequence_votes.shape[1:-1]
     if n_sequences < MIN_UNITS:
         return torch.full(heads, torch.nan, dtype=torch.float64)
-    full = labels_from_votes(sequence_votes.sum(0).to(torch.float64))
+    full = labels_from_votes(sequence_votes.sum(0).to(torch.float64)) if labels is None else labels
     weights = bootstrap_resample_weights(n_sequences, n_resamples, seed)
     flat = sequence_votes.reshape(n_sequences, -1).to(torch.float64)
     totals = (weights @ flat).reshape(n_resamples, *heads, 3)  # exact: integer sums below 2^53

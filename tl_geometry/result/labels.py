@@ -30,6 +30,7 @@ from ..functional.taxonomy import (
     UNSTABLE_BELOW,
     VOTES,
     bootstrap_stability,
+    labels_from_votes,
     vote_margin,
 )
 from .io import writable_path
@@ -62,8 +63,8 @@ def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     * for every head of a file without per-sequence votes (format ≤ 3): unknown;
     * for an unlabelled head (no votes, no label to keep).
 
-    The label kept is the one of the units resampled (with blocks, the votes of the dropped
-    partial blocks are not in it). A NaN stability is not "unstable" (:func:`unstable` is False
+    The label to keep is the head's own (from all its votes, the dropped partial blocks' too).
+    A NaN stability is not "unstable" (:func:`unstable` is False
     there); :func:`stability_note` says why every stability is NaN. Computed on each call, not
     cached on the result (its fields stay exactly its constructor's arguments).
     """
@@ -74,9 +75,10 @@ def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     if votes.shape[0] >= MIN_UNITS:
         return bootstrap_stability(votes, N_RESAMPLES, seed=0)
     out = torch.full(shape, math.nan, dtype=torch.float64)
+    shown = labels_from_votes(result.vote_counts.to(torch.float64))  # the label the head is shown with
     for li, units in enumerate(_layer_blocks(result)):
         if units is not None:
-            out[li] = bootstrap_stability(units, N_RESAMPLES, seed=0)
+            out[li] = bootstrap_stability(units, N_RESAMPLES, seed=0, labels=shown[li])
     return out
 
 

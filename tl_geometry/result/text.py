@@ -296,7 +296,7 @@ def window_text(result: AnalysisLike) -> str:
             "that sees the sink, and the label comes from the queries that see it (the others' votes "
             "are kept apart). "
             + ("Instances that see the sink: " if known else "Windowed layers: ")
-            + ", ".join(cells) + "; global layers see it always.")
+            + ", ".join(cells) + "; on global layers every query at or after the sink sees it.")
 def _median_and_share(x: Tensor, below: float) -> tuple[float, float]:
     finite = x[x.isfinite()].double()
     if not finite.numel():

@@ -565,7 +565,8 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
         for sample in range(shuffles):
             perm[:n_others] = others
             fisher_yates(perm[:n_others], n_others - 1, shuffle_key, sample)
-            moved[s] = s  # the sink keeps its value
+            if sees_sink:
+                moved[s] = s  # the sink keeps its value
             for j in range(n_others):
                 moved[others[j]] = perm[j]
             if shuffle_kind == NULL_VALUES:
