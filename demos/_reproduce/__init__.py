@@ -5,6 +5,7 @@ protocol      the models, the study's sizes (full, quick) and the token windows 
 study         runs the protocol (SPEC §8) on every model × corpus, the ablation and capacity
               studies; saves and reloads their results with how long they took
 rules         the verdict rule, the runs of a study, the headline range of N, best N
+intervals     SPEC §8: seeded bootstrap over windows, 95 % intervals, held / not held / undecided
 separability  claim 1: top-N vs the value-shuffle null vs random subsets (F*_N)
 sink          claims 2 and 3: the sink's value geometry; its paired effect on F_N
 certificates  claim 4: the shell certificate against the measured F_N; c_sink vs recall

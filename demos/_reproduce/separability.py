@@ -26,8 +26,23 @@ from tl_geometry.result import null_decomposition
 from tl_geometry.result.headline import GEOMETRY_GAP, LOWERS, RAISES, geometry_reading
 
 from . import plots
-from .document import Claim, fmt, pct, table
-from .rules import HEADLINE, headline, runs, ticks, verdict
+from .document import HELD, NOT_HELD, Claim, fmt, pct, table
+from .intervals import (
+    GEOMETRY,
+    NO_INTERVAL,
+    UNDECIDED,
+    Interval,
+    bootstraps,
+    categorize,
+    combine,
+    decide,
+    every,
+    head_means,
+    over_heads,
+    some,
+    window_values,
+)
+from .rules import HEADLINE, headline, runs
 from .stats import fraction, per_n
 
 # GEOMETRY_GAP (ours, tl_geometry.result.headline): |F∗(top) − F∗(shuffled)| below it is "equal".
@@ -103,6 +118,153 @@ def measure(result: Any, default_keys: int | None = None) -> TopVsRandom:
     return TopVsRandom(result.n_values.tolist(), headline(result, default_keys), *curves)
 
 
+#: What the page says instead of a mechanism while the decomposition nulls' gaps have no interval
+#: (SPEC §8: a mechanism sentence needs the nulls' own numbers with their interval over windows,
+#: and the saved analyses hold only means over windows).
+MECHANISM_UNSAID = ("no mechanism is named: the saved decomposition nulls hold no per-window "
+                    "values, so their parts have no interval (SPEC §8).")
+
+#: The decomposition nulls whose parts a mechanism sentence compares (SPEC §3).
+PARTS = ("norms", "directions", "unselected")
+#: The gap's categories on its interval (:data:`.intervals.GEOMETRY`).
+GAP_LOWERS, GAP_RAISES = GEOMETRY[0][0], GEOMETRY[-1][0]
+
+
+@dataclass
+class Spread:
+    """Claim 1's numbers of one run with their 95 % intervals over windows (SPEC §8), per
+    headline N: the geometry gap F∗(top) − F∗(shuffled), the gain F∗(top) − F∗(random), and the
+    best headline N. Each resample draws windows and recomputes each head's mean over them, then
+    the mean over the (fixed) heads."""
+
+    ns: list[int]  # the headline N, in order
+    gap: list[Interval]
+    gain: list[Interval]
+    best: Interval
+
+    def reading(self, k: int) -> str:
+        """The gap's reading at the ``k``-th headline N: lowers / no effect / raises, or
+        "undecided between" two of them (SPEC §3, §8)."""
+        return categorize(self.gap[k], GEOMETRY)
+
+    @property
+    def consistent(self) -> str:
+        """(a): F∗(top) > F∗(random) at every headline N, each on its interval."""
+        return every([decide(g, low=0.0) for g in self.gain])
+
+    @property
+    def geometric(self) -> str:
+        """(b): the geometry raises F∗ by ≥ the gap threshold at some headline N."""
+        return some([_raises(self.reading(k)) for k in range(len(self.ns))])
+
+    @property
+    def small(self) -> str:
+        """(c): the best headline N is at most :data:`SMALL_BEST`, on its interval."""
+        return decide(self.best, high=SMALL_BEST)
+
+    @property
+    def lowering(self) -> list[int]:
+        """The headline N whose whole gap interval lies at or below −:data:`GEOMETRY_GAP`."""
+        return [n for k, n in enumerate(self.ns) if self.reading(k) == GAP_LOWERS]
+
+
+def _raises(reading: str) -> str:
+    """Check (b) at one N from the gap's reading: held on "raises", undecided where the interval
+    reaches "raises", the reading itself where it carries no verdict, else not held."""
+    if reading == GAP_RAISES:
+        return HELD
+    if reading.startswith(UNDECIDED):
+        return UNDECIDED if reading.endswith(GAP_RAISES) else NOT_HELD
+    return reading if reading not in {name for name, _, _ in GEOMETRY} else NOT_HELD
+
+
+def spread(result: Any, default_keys: int | None = None) -> Spread | None:
+    """:class:`Spread` of one analysis from its per-window arrays (``window_scores``); None
+    where it holds none (no interval: nothing is decided on the point values)."""
+    hl = headline(result, default_keys)
+    curves = [window_values(result, "f_score_cc", g) for g in ("top", "shuffled", "random")]
+    if any(c is None for c in curves):
+        return None
+    top, shuffled, random = (c[..., hl] for c in curves)
+    ns = [result.n_values.tolist()[i] for i in hl]
+    order = torch.tensor(ns, dtype=torch.float64)
+
+    def statistic(idx: torch.Tensor) -> torch.Tensor:
+        t, s, r = (over_heads(head_means(c, idx)) for c in (top, shuffled, random))
+        finite = torch.isfinite(t)
+        best = torch.tensor([math.nan], dtype=torch.float64)
+        if bool(finite.any()):  # the first (smallest) N of the largest mean F∗(top)
+            best = order[finite][t[finite].argmax()].reshape(1)
+        return torch.cat([t - s, t - r, best])
+
+    values = bootstraps(statistic, len(top))
+    k = len(ns)
+    return Spread(ns, values[:k], values[k:2 * k], values[2 * k])
+
+
+def parts(main: Any, nulls: dict[str, Any] | None, n: int) -> dict[str, Interval] | None:
+    """The net gap's parts at ``N = n`` with their intervals over the same resampled windows
+    (SPEC §3, §8): for each decomposition null, F∗(top) − F∗(null), each head's mean over the
+    drawn windows of its per-window gap, then the mean over heads; and, for every pair of parts,
+    their difference (key ``"a − b"``). None where a null is missing, holds no per-window arrays,
+    or counts other windows than the main analysis."""
+    if not nulls or any(kind not in nulls for kind in PARTS) or main.window_scores is None:
+        return None
+    per_window = {}
+    for kind in PARTS:
+        null = nulls[kind]
+        ns = null.n_values.tolist()
+        top, other = window_values(null, "f_score_cc", "top"), window_values(null, "f_score_cc", "shuffled")
+        if top is None or n not in ns or len(top) != len(main.window_scores):
+            return None
+        i = ns.index(n)
+        per_window[kind] = top[..., i] - other[..., i]  # [window, layer, head]
+    pairs = [(a, b) for ai, a in enumerate(PARTS) for b in PARTS[ai + 1:]]
+
+    def statistic(idx: torch.Tensor) -> torch.Tensor:
+        means = {kind: over_heads(head_means(v, idx)[..., None])[0] for kind, v in per_window.items()}
+        return torch.stack([means[k] for k in PARTS] + [means[a] - means[b] for a, b in pairs])
+
+    values = bootstraps(statistic, len(main.window_scores))
+    return dict(zip([*PARTS, *(f"{a} − {b}" for a, b in pairs)], values))
+
+
+def mechanism(split: dict[str, Interval] | None) -> str:
+    """The mechanism sentence for a gap that lowers separability (SPEC §8): the part with the
+    most negative value is named, with its interval, only where its whole interval lies at or
+    below −:data:`GEOMETRY_GAP` (it lowers separability on its own) and lies wholly below each
+    other part (the interval of their difference is below 0); otherwise the page says why no
+    mechanism is named."""
+    if split is None:
+        return MECHANISM_UNSAID
+    largest = min(PARTS, key=lambda k: (math.inf if math.isnan(split[k].value) else split[k].value,
+                                        PARTS.index(k)))
+    part = split[largest]
+    if part.too_few or math.isnan(part.low):
+        return f"no mechanism is named: the parts have no interval ({largest}: {part.show()})."
+    if decide(part, high=-GEOMETRY_GAP) != HELD:
+        return (f"no mechanism is named: the largest part, {largest} (F∗(top) − F∗({largest}) "
+                f"{part.show()}), does not lie wholly at or below −{GEOMETRY_GAP}.")
+    close = []
+    for other in PARTS:
+        if other == largest:
+            continue
+        key = f"{largest} − {other}" if f"{largest} − {other}" in split else f"{other} − {largest}"
+        diff = split[key]
+        below = diff.high < 0 if key.startswith(largest) else diff.low > 0
+        if not below or math.isnan(diff.low):
+            close.append(f"{other} ({split[other].show()}; difference {diff.show()})")
+    if close:
+        return (f"no mechanism is named: the largest part, {largest} ({part.show()}), is not "
+                f"separated from {', '.join(close)} on the windows' resamples.")
+    named = {"norms": "the real pairing of keys with their value norms",
+             "directions": "the real pairing of keys with their value directions",
+             "unselected": "the real values of the attended but unselected keys, which crowd "
+                           "the ball"}[largest]
+    return (f"the largest part is {largest}: F∗(top) − F∗({largest}) {part.show()} — "
+            f"{named} lowers F∗ most.")
+
+
 RULE = (
     "Per run (model × corpus), the mean over heads of the chance-corrected F∗_N (SPEC §3: "
     "precision rescaled above its floor N/(t+1), harmonic mean with recall) for the top-N set, for "
@@ -111,50 +273,78 @@ RULE = (
     "F∗(top) > F∗(random) at every headline N. (b) *the geometry carries part of it* (ours): at "
     f"some headline N, F∗(top) − F∗(shuffled) ≥ {GEOMETRY_GAP}. The gap is the net effect of the "
     f"value geometry and is read with both signs (ours): ≥ {GEOMETRY_GAP} geometry raises "
-    f"separability, ≤ −{GEOMETRY_GAP} geometry lowers it (attended but unselected keys carry values "
-    "aligned with the selection and crowd the ball; never called equal), in between equal. "
+    f"separability, ≤ −{GEOMETRY_GAP} geometry lowers it (never called equal), in between equal. "
+    "Why a gap is negative is said only where the decomposition nulls' own numbers carry it, with "
+    "their 95 % interval over windows (SPEC §8): the largest of the norms, directions and "
+    "unselected parts is named then, and nothing is named otherwise. "
     "F∗(shuffled) − F∗(random) is what the attention ranking achieves on values with the real norm "
     "distribution but no coupling (not the attention magnitudes alone), shown beside it. "
     "(c) *strongest at small N*: the headline N with the largest F∗(top) is 2 or 4 (the "
     "paper's theory: about 2–4). The paper's \"especially at sparse and intermediate N\" is not "
     "tested against dense N: there precision sits on its floor, and only the headline range is "
-    "read. Held: (a), (b), (c) on every run; not held: (a) on no run; else partly held."
+    "read. Held: (a), (b), (c) on every run; not held: (a) on no run; else partly held. "
+    "Uncertainty (SPEC §8, ours): every number above that meets a threshold — the gain over "
+    "random and the geometry gap at each headline N, and the best headline N — gets a 95 % "
+    "interval from 1,000 seeded bootstrap resamples of the windows (each head's mean over the "
+    "drawn windows, then the mean over the same heads). A check holds where its whole interval "
+    "satisfies it, fails where none of it does, and is undecided otherwise; the gap is read "
+    f"lowers / no effect / raises on its whole interval (±{GEOMETRY_GAP}), and \"undecided "
+    "between\" two of them where it straddles a threshold. Fewer than 8 windows: too few, no "
+    "verdict; a saved analysis without per-window values: no interval, not decided."
 )
 
 
 def claim1(study: Any, figures: Path) -> Claim:
-    """Top-N vs the shuffled null vs random subsets on the headline range."""
-    checks: dict[str, list[bool]] = {"a": [], "b": [], "c": []}
+    """Top-N vs the shuffled null vs random subsets on the headline range, each thresholded
+    number read on its 95 % interval over windows (SPEC §8)."""
+    checks: dict[str, list[str]] = {"a": [], "b": [], "c": []}
     curves: dict[tuple[str, str], TopVsRandom] = {}
     split, detail, notes = [], [], []
     keys = study.config.seq_len
+    lowers = 0
     for model, corpus, r in runs(study):
         m = curves[model, corpus] = measure(r, keys)
-        for key, ok in zip("abc", (m.consistent, m.geometric, m.small)):
-            checks[key].append(ok)
+        sp = spread(r, keys)
         ns, hl = m.ns, m.headline
         run = f"{model} on {corpus}"
-        if not m.consistent:
-            worse = [str(ns[i]) for i in hl if not m.top[i] > m.random[i]]
-            notes.append(f"{run}: F∗(top) is not above F∗(random) at N = {', '.join(worse) or '–'}.")
-        if m.lowering:
-            notes.append(f"{run}: geometry lowers separability at N = {', '.join(map(str, m.lowering))} "
-                         f"(smallest F∗(top) − F∗(shuffled) {fmt(m.min_geometry)} ≤ −{GEOMETRY_GAP}): "
-                         "attended but unselected keys carry values aligned with the selection and "
-                         "crowd the ball.")
-        if not m.geometric and not m.lowering:
-            notes.append(f"{run}: the value-shuffle null matches the top-N set at every headline N "
-                         f"(|F∗(top) − F∗(shuffled)| < {GEOMETRY_GAP}; largest {fmt(m.max_geometry)}): "
-                         "the geometry's net effect is nil; the gain over random is the attention "
-                         "ranking's on values with the real norms.")
-        if not m.small:
-            notes.append(f"{run}: mean F∗(top) peaks at N = {m.best} on the headline range, above "
-                         "the paper's 2–4.")
+        outcomes = (sp.consistent, sp.geometric, sp.small) if sp else (NO_INTERVAL,) * 3
+        for key, outcome in zip("abc", outcomes):
+            checks[key].append(outcome)
+        if sp is None:
+            notes.append(f"{run}: the saved analysis holds no per-window values, so its numbers have "
+                         "no interval and are not decided (SPEC §8); the point values are shown.")
+        else:
+            if sp.consistent != HELD:
+                worse = [f"N = {n}: {g.show()}" for n, g in zip(sp.ns, sp.gain)
+                         if decide(g, low=0.0) != HELD]
+                notes.append(f"{run}: F∗(top) − F∗(random) is not above 0 on its whole interval at "
+                             + "; ".join(worse or ["every headline N (none)"]) + ".")
+            lowering = sp.lowering
+            if lowering:
+                lowers += 1
+                k = min((sp.ns.index(n) for n in lowering), key=lambda j: sp.gap[j].value)
+                sentence = mechanism(parts(r, getattr(study, "nulls", {}).get((model, corpus)), sp.ns[k]))
+                notes.append(f"{run}: geometry lowers separability at N = {', '.join(map(str, lowering))} "
+                             f"(the whole interval of F∗(top) − F∗(shuffled) ≤ −{GEOMETRY_GAP}; at "
+                             f"N = {sp.ns[k]}: {sp.gap[k].show()}); at N = {sp.ns[k]}, " + sentence)
+            undecided = [f"N = {n}: {g.show()} ({sp.reading(k)})" for k, (n, g) in enumerate(zip(sp.ns, sp.gap))
+                         if sp.reading(k).startswith(UNDECIDED)]
+            if undecided:
+                notes.append(f"{run}: the geometry gap is undecided at " + "; ".join(undecided) + ".")
+            if sp.geometric == NOT_HELD and not lowering:
+                notes.append(f"{run}: the value-shuffle null matches the top-N set at every headline N "
+                             f"(the whole interval of F∗(top) − F∗(shuffled) inside ±{GEOMETRY_GAP}, "
+                             "or below): the gain over random is the attention ranking's on values "
+                             "with the real norms.")
+            if sp.small != HELD:
+                notes.append(f"{run}: the best headline N of mean F∗(top) is {sp.best.show(0)} "
+                             f"over the resamples, not wholly ≤ {SMALL_BEST} ({sp.small}).")
         raw_top, raw_random = per_n(r.f_score), per_n(r.random_f_score)
-        for i in hl:
-            split.append([model, corpus, str(ns[i]), fmt(m.top[i]), fmt(m.geometry[i]),
-                          geometry_reading(m.geometry[i]), fmt(m.ranking[i]), fmt(m.random[i]),
-                          f"{fmt(raw_top[i])} / {fmt(raw_random[i])}"])
+        for j, i in enumerate(hl):
+            gap = sp.gap[j].show() if sp else f"{fmt(m.geometry[i])} (no interval)"
+            reading = sp.reading(j) if sp else NO_INTERVAL
+            split.append([model, corpus, str(ns[i]), fmt(m.top[i]), gap, reading, fmt(m.ranking[i]),
+                          fmt(m.random[i]), f"{fmt(raw_top[i])} / {fmt(raw_random[i])}"])
         i2 = ns.index(2) if 2 in ns else None
         per_head = "–"
         if i2 is not None:
@@ -162,8 +352,10 @@ def claim1(study: Any, figures: Path) -> Claim:
             gain = (r.metric("f_score_cc") - r.metric("f_score_cc", "random"))[..., i2]
             per_head = (f"{pct(fraction(gain > 0, torch.isfinite(gain)))} / "
                         f"{pct(fraction(gap > 0, torch.isfinite(gap)))}")
-        detail.append([model, corpus, fmt(m.min_gain), fmt(m.max_geometry), fmt(m.min_geometry),
-                       str(m.best), per_head, ticks(m.consistent), ticks(m.geometric), ticks(m.small)])
+        min_gain = min(sp.gain, key=lambda g: g.value).show() if sp and sp.gain else fmt(m.min_gain)
+        best = sp.best.show(0) if sp else f"{m.best} (no interval)"
+        detail.append([model, corpus, min_gain, fmt(m.max_geometry), fmt(m.min_geometry), best,
+                       per_head, *outcomes])
     header_ns = sorted({m.ns[i] for m in curves.values() for i in m.headline})
     rows = [[model, corpus] + [_cell(m, n) for n in header_ns] for (model, corpus), m in curves.items()]
 
@@ -183,28 +375,28 @@ def claim1(study: Any, figures: Path) -> Claim:
     plots.grid(figures / "claim1_top_vs_random.png", study.models, study.corpus_names, draw,
                title="Mean over heads: F∗_N of top-N, shuffled-value null and random subsets",
                xlabel="N", ylabel="F∗_N")
-    n_runs = len(checks["a"])
-    lowers = sum(bool(m.lowering) for m in curves.values())
-    because = (f"(a) F∗(top) > F∗(random) at every headline N on {sum(checks['a'])}/{n_runs} runs; "
+    because = (f"(a) F∗(top) > F∗(random) at every headline N on {_tally(checks['a'])}; "
                f"(b) geometry raises F∗ by ≥ {GEOMETRY_GAP} at some headline N on "
-               f"{sum(checks['b'])}/{n_runs} (and lowers it by ≥ {GEOMETRY_GAP} at some headline N on "
-               f"{lowers}/{n_runs}); (c) best headline N ≤ {SMALL_BEST} on {sum(checks['c'])}/{n_runs}.")
+               f"{_tally(checks['b'])} (and lowers it by ≥ {GEOMETRY_GAP} at some headline N on "
+               f"{lowers}/{len(checks['a'])}); (c) best headline N ≤ {SMALL_BEST} on "
+               f"{_tally(checks['c'])}; each on its 95 % interval over windows.")
     return Claim(
         1, "Top-N selections are more separable than random subsets",
         "Top-N selections are consistently more separable than random subsets of the same size, "
         "especially at sparse and intermediate N; the strongest non-trivial separability is at "
         "small N.",
-        RULE, verdict(checks, "a"), because,
+        RULE, combine(checks, "a"), because,
         blocks=[
             "Mean F∗_N over heads on the headline range, top-N / shuffled values / random:",
             table(["model", "corpus"] + [f"N={n}" for n in header_ns], rows),
-            "The gain split: geometry = F∗(top) − F∗(shuffled) (net, either sign), ranking = "
-            "F∗(shuffled) − F∗(random):",
-            table(["model", "corpus", "N", "F∗(top)", "geometry", "reading", "ranking", "F∗(random)",
-                   "raw F_N top / random"], split),
-            table(["model", "corpus", "min F∗ gain over random", "max geometry", "min geometry",
-                   "best headline N", "heads top > random / top > shuffled at N=2", "(a)", "(b)", "(c)"],
-                  detail),
+            "The gain split: geometry = F∗(top) − F∗(shuffled) (net, either sign) with its 95 % "
+            "interval over windows and its reading on that interval, ranking = F∗(shuffled) − "
+            "F∗(random):",
+            table(["model", "corpus", "N", "F∗(top)", "geometry [95 % interval]", "reading", "ranking",
+                   "F∗(random)", "raw F_N top / random"], split),
+            table(["model", "corpus", "min F∗ gain over random [95 %]", "max geometry", "min geometry",
+                   "best headline N [95 %]", "heads top > random / top > shuffled at N=2", "(a)",
+                   "(b)", "(c)"], detail),
             *decomposition_blocks(study),
         ],
         figures=[("claim1_top_vs_random.png",
@@ -212,6 +404,15 @@ def claim1(study: Any, figures: Path) -> Claim:
                   "raw F_N of the top-N set; dense N shaded.")],
         disagreements=notes,
     )
+
+
+def _tally(outcomes: list[str]) -> str:
+    """``held/all runs``, with the undecided ones and those without a verdict."""
+    held, undecided = outcomes.count(HELD), outcomes.count(UNDECIDED)
+    none = len(outcomes) - held - undecided - outcomes.count(NOT_HELD)
+    extra = [f"{undecided} undecided"] * bool(undecided) + [
+        f"{none} without a verdict: too few windows or no per-window values"] * bool(none)
+    return f"{held}/{len(outcomes)} runs" + (f" ({'; '.join(extra)})" if extra else "")
 
 
 def _cell(m: TopVsRandom, n: int) -> str:
@@ -245,8 +446,9 @@ def decomposition_blocks(study: Any) -> list[str]:
         kinds = [c.removeprefix("top − ") for c in table_.columns if c.startswith("top − ")]
         for i in headline(r, study.config.seq_len):
             row = table_.iloc[i]
+            found = parts(r, nulls, int(row.n)) or {}
             rows.append([model, corpus, str(int(row.n)), fmt(row.top),
-                         *(fmt(row[f"top − {k}"]) for k in kinds)])
+                         *(found[k].show() if k in found else fmt(row[f"top − {k}"]) for k in kinds)])
     if not rows:
         return []
     blocks = [
@@ -254,7 +456,8 @@ def decomposition_blocks(study: Any) -> list[str]:
         "F∗(top) − F∗(null), mean over heads. values: every non-sink value permuted (the net effect); "
         "norms: each key keeps its direction and takes a permuted norm; directions: each key keeps "
         "its norm and takes a permuted direction; unselected: only the values outside the top-N set "
-        "permuted — negative where the real unselected values crowd the ball:",
+        "permuted. With their 95 % interval over windows where the saved nulls hold per-window "
+        "values (else point values: no interval, and no mechanism is named; SPEC §8):",
         table(["model", "corpus", "N", "F∗(top)", *(f"top − {k}" for k in kinds)], rows),
     ]
     if apart:

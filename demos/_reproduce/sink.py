@@ -19,7 +19,22 @@ from torch import Tensor
 
 from . import plots
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, pct, table
-from .rules import HEADLINE, headline, runs, small_n, verdict
+from .intervals import (
+    NO_INTERVAL,
+    NO_SINK,
+    UNDECIDED,
+    Interval,
+    bootstraps,
+    combine,
+    decide,
+    head_means,
+    median_of,
+    point,
+    weak_sink,
+    window_sink_values,
+    with_units,
+)
+from .rules import HEADLINE, headline, runs, small_n
 from .stats import fraction, median
 
 KAPPA_RANGE = (0.1, 1 / 3)  # "3–10× smaller"
@@ -35,30 +50,102 @@ def sink_units(r: Any) -> tuple[Tensor, Tensor]:
     return sink_heads, sink_heads.reshape(r.n_layers, r.n_heads // group, group).any(-1)
 
 
+def sink_spread(r: Any) -> dict[str, Interval] | None:
+    """Claim 2's medians over KV heads with their 95 % intervals over windows (SPEC §4, §8): κ and
+    c_sink over all KV heads, and over the KV heads of the sink heads (query heads with α_sink ≥
+    :data:`SINK_HEAD_MASS`, chosen again in every resample from the drawn windows' masses). Each
+    resample draws windows, recomputes each head's mean over them and the medians over the same
+    KV heads; a median over fewer than 8 defined KV heads is too few. None without per-window
+    sink figures."""
+    kappa, cos, mass = (window_sink_values(r, f) for f in ("norm_ratio", "cosine", "mass"))
+    if kappa is None:
+        return None
+    group = r.kv_group_size
+    kappa, cos = kappa[..., ::group], cos[..., ::group]  # value-only: one column per KV group
+
+    def kv_of(heads: Tensor) -> Tensor:
+        return heads.reshape(heads.shape[0], -1, group).any(-1)
+
+    def statistic(idx: Tensor) -> Tensor:
+        k, c, m = head_means(kappa, idx), head_means(cos, idx), head_means(mass, idx)
+        sink_kv = kv_of(m >= SINK_HEAD_MASS)
+        return torch.stack([median_of(k), median_of(c), median_of(k[sink_kv]), median_of(c[sink_kv])])
+
+    values = bootstraps(statistic, len(kappa))
+    k_all, c_all = head_means(kappa, torch.arange(len(kappa))), head_means(cos, torch.arange(len(cos)))
+    sink_kv = kv_of(head_means(mass, torch.arange(len(mass))) >= SINK_HEAD_MASS)
+    units = [int(torch.isfinite(k_all).sum()), int(torch.isfinite(c_all).sum()),
+             int(torch.isfinite(k_all[sink_kv]).sum()), int(torch.isfinite(c_all[sink_kv]).sum())]
+    return dict(zip(("kappa", "cosine", "sink_kappa", "sink_cosine"),
+                    (with_units(v, n) for v, n in zip(values, units))))
+
+
+def either(a: str, b: str) -> str:
+    """One of two rules: held where one is held, not held where both are not held, else the
+    missing outcome (too few / no interval) or undecided."""
+    if HELD in (a, b):
+        return HELD
+    if a == b:
+        return a
+    if NOT_HELD in (a, b):
+        other = b if a == NOT_HELD else a
+        return other
+    return UNDECIDED if UNDECIDED in (a, b) else a
+
+
+def _rule2(checks: dict[str, list[bool]]) -> str:
+    """Held: median κ in range and median c_sink < 0 on every run; not held: no part on any
+    run (all KV heads or the sink heads' KV heads); else partly held."""
+    if all(checks["kappa"]) and all(checks["cosine"]) and (checks["kappa"] or checks["cosine"]):
+        return HELD
+    return PARTLY if any(any(v) for v in checks.values()) else NOT_HELD
+
+
 def claim2(study: Any, figures: Path) -> Claim:
-    """The sink's value norm ratio κ and signed cosine to the other values."""
-    checks: dict[str, list[bool]] = {"kappa": [], "cosine": []}
-    sink_checks: list[bool] = []
+    """The sink's value norm ratio κ and signed cosine to the other values, each median over KV
+    heads on its 95 % interval over windows (SPEC §8); a model with a weak sink: "no sink"."""
+    checks: dict[str, list[str]] = {"kappa": [], "cosine": [], "sink_heads": []}
     rows, notes = [], []
     lo, hi = KAPPA_RANGE
     for model, corpus, r in runs(study):
         kappa, cos, mean_cos = (r.kv_heads(k) for k in ("sink_norm_ratio", "sink_cosine", "sink_mean_cosine"))
         sink_heads, sink_kv = sink_units(r)
         k_med, c_med = median(kappa), median(cos)
-        checks["kappa"].append(lo <= k_med <= hi)
-        checks["cosine"].append(c_med < 0)
         ks, cs = median(kappa[sink_kv]), median(cos[sink_kv])
-        if not lo <= k_med <= hi:
-            notes.append(f"{model} on {corpus}: the median sink norm ratio κ is {fmt(k_med)}, "
-                         f"i.e. the sink's value is {fmt(1 / k_med, 1)}× shorter, not 3–10×.")
-        if not c_med < 0:
-            notes.append(f"{model} on {corpus}: the median signed cosine c_sink is {fmt(c_med)} "
-                         f"(≥ 0); only {pct(fraction(cos < 0))} of KV heads have c_sink < 0.")
-        sink_checks.append((lo <= ks <= hi) or cs < 0)
+        spread = sink_spread(r)
+        run = f"{model} on {corpus}"
+        if weak_sink(r):
+            outcomes = (NO_SINK,) * 3
+            notes.append(f"{run}: the sink check found a weak sink (the sink is not the most attended "
+                         "of the first 32 keys in most layers; SPEC §1), so the model's sink claims "
+                         "are reported as \"no sink\", not decided.")
+        elif spread is None:
+            outcomes = (NO_INTERVAL,) * 3
+        else:
+            outcomes = (decide(spread["kappa"], lo, hi), decide(spread["cosine"], high=0.0),
+                        either(decide(spread["sink_kappa"], lo, hi), decide(spread["sink_cosine"], high=0.0)))
+        for key, outcome in zip(checks, outcomes):
+            checks[key].append(outcome)
+        if spread is not None and not weak_sink(r):
+            if outcomes[0] in (NOT_HELD, UNDECIDED):
+                notes.append(f"{run}: the median sink norm ratio κ is {spread['kappa'].show()} "
+                             f"({'outside' if outcomes[0] == NOT_HELD else 'not wholly inside'} "
+                             f"[0.1, 1/3]), i.e. the sink's value is {fmt(1 / k_med, 1)}× shorter, "
+                             "not 3–10×.")
+            if outcomes[1] in (NOT_HELD, UNDECIDED):
+                notes.append(f"{run}: the median signed cosine c_sink is {spread['cosine'].show()} "
+                             f"({'≥ 0' if outcomes[1] == NOT_HELD else 'not wholly < 0'}); only "
+                             f"{pct(fraction(cos < 0))} of KV heads have c_sink < 0.")
+
+        def shown(key: str, point: float, spread: dict[str, Interval] | None = spread) -> str:
+            return spread[key].show() if spread is not None else f"{fmt(point)} (no interval)"
+
         rows.append([
-            model, corpus, str(kappa.numel()), fmt(k_med), pct(fraction((kappa >= lo) & (kappa <= hi))),
-            pct(fraction(kappa < 1)), fmt(c_med), pct(fraction(cos < 0)), fmt(median(mean_cos)),
-            f"{int(sink_heads.sum())} ({int(sink_kv.sum())})", fmt(ks), fmt(cs),
+            model, corpus, str(kappa.numel()), shown("kappa", k_med),
+            pct(fraction((kappa >= lo) & (kappa <= hi))), pct(fraction(kappa < 1)),
+            shown("cosine", c_med), pct(fraction(cos < 0)), fmt(median(mean_cos)),
+            f"{int(sink_heads.sum())} ({int(sink_kv.sum())})", shown("sink_kappa", ks),
+            shown("sink_cosine", cs), NO_SINK if weak_sink(r) else "strong",
         ])
 
     def draw(ax, model, corpus):
@@ -74,12 +161,9 @@ def claim2(study: Any, figures: Path) -> Claim:
     plots.grid(figures / "claim2_sink_geometry.png", study.models, study.corpus_names, draw,
                title="Per KV head: sink norm ratio κ vs signed cosine c_sink", xlabel="κ (log)",
                ylabel="c_sink", logx=True)
-    any_part = [k or c or s for k, c, s in zip(checks["kappa"], checks["cosine"], sink_checks)]
-    result = HELD if all(checks["kappa"]) and all(checks["cosine"]) else (
-        PARTLY if any(any_part) else NOT_HELD)
-    n_runs = len(rows)
-    because = (f"median κ in [0.1, 1/3] on {sum(checks['kappa'])}/{n_runs} runs, median "
-               f"c_sink < 0 on {sum(checks['cosine'])}/{n_runs}; medians κ: "
+    result = combine(checks, _rule2)
+    because = (f"median κ in [0.1, 1/3] on {_tally(checks['kappa'])}, median c_sink < 0 on "
+               f"{_tally(checks['cosine'])}, each on its 95 % interval over windows; medians κ: "
                + ", ".join(f"{row[0]}/{row[1]} {row[3]}" for row in rows)
                + "; c_sink: " + ", ".join(f"{row[0]}/{row[1]} {row[6]}" for row in rows) + ".")
     return Claim(
@@ -93,16 +177,34 @@ def claim2(study: Any, figures: Path) -> Claim:
         "18, not 72). 3–10× smaller ⇔ κ ∈ [0.1, 1/3]. Held: on every run the median over all KV "
         "heads has κ ∈ [0.1, 1/3] and c_sink < 0. Not held: neither part holds on any run, for all "
         f"KV heads nor for the KV heads of the sink heads (query heads with α_sink ≥ {SINK_HEAD_MASS}, "
-        "ours; α is per query head). Else partly held.",
+        "ours; α is per query head). Else partly held. Uncertainty (SPEC §8, ours): each median "
+        "with its 95 % interval from 1,000 seeded bootstrap resamples of the windows (each head's "
+        "mean over the drawn windows, the medians over the same KV heads, the sink heads chosen "
+        "again from the drawn windows' masses); a part holds where its whole interval satisfies "
+        "it, fails where none of it does, and is undecided otherwise; a median over fewer than 8 "
+        "KV heads or windows is too few; a saved analysis without per-window values has no "
+        "interval and is not decided. A model whose sink check found a weak sink (SPEC §1) is "
+        "reported as \"no sink\" instead of decided.",
         result, because,
         blocks=[table(
-            ["model", "corpus", "KV heads", "median κ", "κ ∈ [0.1, 1/3]", "κ < 1", "median c_sink",
-             "c_sink < 0", "median cos(v_sink, mean v)", "sink heads (their KV heads)",
-             "their median κ", "their median c_sink"], rows)],
+            ["model", "corpus", "KV heads", "median κ [95 %]", "κ ∈ [0.1, 1/3]", "κ < 1",
+             "median c_sink [95 %]", "c_sink < 0", "median cos(v_sink, mean v)",
+             "sink heads (their KV heads)", "their median κ [95 %]", "their median c_sink [95 %]",
+             "sink check"], rows)],
         figures=[("claim2_sink_geometry.png",
                   "Every KV head; shaded: the paper's 3–10× range of κ; below the line: c_sink < 0.")],
         disagreements=notes,
     )
+
+
+def _tally(outcomes: list[str]) -> str:
+    """``held/all runs``, with the undecided ones and those without a verdict."""
+    held, undecided = outcomes.count(HELD), outcomes.count(UNDECIDED)
+    no_sink = outcomes.count(NO_SINK)
+    none = len(outcomes) - held - undecided - no_sink - outcomes.count(NOT_HELD)
+    extra = ([f"{undecided} undecided"] * bool(undecided) + [f"{no_sink} no sink"] * bool(no_sink)
+             + [f"{none} without a verdict: too few or no per-window values"] * bool(none))
+    return f"{held}/{len(outcomes)} runs" + (f" ({'; '.join(extra)})" if extra else "")
 
 
 
@@ -180,13 +282,16 @@ RULE3 = (
     f"two* (ours): at some such N the median head's share of halved windows ≥ {HALVING_SHARE:.0%}. "
     "The pooled comparison (instances with vs without the sink in S_N, pooled over heads and "
     "weighted by counts) is shown beside it, not used: pooling mixes heads. Held: both on every "
-    "run; not held: *lowers* on no run; else partly held."
+    "run; not held: *lowers* on no run; else partly held. The paired figures are medians over "
+    "instances, which the per-window arrays do not hold: they are decided on their values, "
+    "without an interval. A model whose sink check found a weak sink (SPEC §1) is reported as "
+    "\"no sink\" instead of decided."
 )
 
 
 def claim3(study: Any, figures: Path) -> Claim:
     """The sink's effect on F_N, per head and paired; the pooled comparison beside it."""
-    checks: dict[str, list[bool]] = {"lowers": [], "halves": []}
+    checks: dict[str, list[str]] = {"lowers": [], "halves": []}
     rows, notes = [], []
     for model, corpus, r in runs(study):
         min_count = min_paired(r, study.config.n_windows)
@@ -209,8 +314,16 @@ def claim3(study: Any, figures: Path) -> Claim:
                              f"(median head's F(with sink)/F(sink removed) {fmt(p.ratio)} > {LOWERS}, "
                              f"over {p.heads} heads).")
         lowers, halves = run_checks(figures_run)
-        checks["lowers"].append(lowers)
-        checks["halves"].append(halves)
+        if weak_sink(r):  # SPEC §1: a weak sink's claims are reported, not decided
+            checks["lowers"].append(NO_SINK)
+            checks["halves"].append(NO_SINK)
+            notes.append(f"{model} on {corpus}: the sink check found a weak sink (SPEC §1), so the "
+                         "paired sink figures are reported as \"no sink\", not decided.")
+            continue
+        # The paired figures are medians over instances, not means over windows: the per-window
+        # arrays do not hold them, so they stay decided on their values (no interval).
+        checks["lowers"].append(point(lowers))
+        checks["halves"].append(point(halves))
         if not halves:
             notes.append(f"{model} on {corpus}: the sink rarely halves F_N within a head (the median "
                          f"head halves fewer than {HALVING_SHARE:.0%} of its sink-holding windows at "
@@ -236,15 +349,14 @@ def claim3(study: Any, figures: Path) -> Claim:
     plots.grid(figures / "claim3_sink_in_selection.png", study.models, study.corpus_names, draw,
                title="Effect of the sink on F_N: paired within heads vs pooled over heads",
                xlabel="N (headline range)", ylabel="ratio")
-    n_runs = len(checks["lowers"])
     because = (f"the median head's paired ratio ≤ {LOWERS} at N = 2, 4, 8 on "
-               f"{sum(checks['lowers'])}/{n_runs} runs; halves F_N in ≥ {HALVING_SHARE:.0%} of the "
-               f"median head's sink-holding windows on {sum(checks['halves'])}/{n_runs}.")
+               f"{_tally(checks['lowers'])}; halves F_N in ≥ {HALVING_SHARE:.0%} of the "
+               f"median head's sink-holding windows on {_tally(checks['halves'])}.")
     return Claim(
         3, "Including the sink lowers F_N",
         "Including the sink in the top-N selection lowers F_N significantly, often by a factor "
         "of two.",
-        RULE3, verdict(checks, "lowers"), because,
+        RULE3, combine(checks, "lowers"), because,
         blocks=[table(["model", "corpus", "N", "heads in the median", "median paired ratio",
                        "heads' 25–75 %", "median share halved", "heads with any sink-holding window",
                        "pooled F_N sink in S_N", "pooled F_N sink not in S_N", "pooled ratio in/out"],

@@ -45,7 +45,10 @@ def per_model(study: Any, claims: Sequence[Callable[[Any, Path], Claim]]) -> dic
 def direction(verdicts: Sequence[str]) -> str:
     """How a claim's verdict moves as size grows (ours): the same at every size; weakens
     (strengthens) when it moves and no step from one size to the next goes up (down); else
-    without a trend."""
+    without a trend. An undecided or too-few verdict at some size leaves the direction unread
+    (SPEC §8: it has no level to compare)."""
+    if not all(v in _STRENGTH for v in verdicts):
+        return "has no direction to read (undecided or too few at some size)"
     levels = [_STRENGTH[v] for v in verdicts]
     if len(set(levels)) == 1:
         return "keeps the same verdict at every size"

@@ -4,10 +4,12 @@ Each analysis is :func:`tl_geometry.analyze_model` (streaming: no cache is kept)
 text windows, at the last query of each window, with N = 1, 2, 4, … below the window length,
 16 random permutations and the bounds of SPEC §6; beside it, from the same forward pass, one
 analysis per decomposition null of SPEC §3 (norms, directions, unselected: same seed, no bounds,
-no random baseline), which split the value-shuffle null's net effect. Results are saved next to the page (one
-:meth:`~tl_geometry.HeadAnalysis.save` file per model × corpus and per null, CSV/JSON tables for
-the ablation and capacity studies) with their options, how long they took, on how many threads and when, so
-that ``--reuse`` re-renders the page from them and says honestly how long the run took.
+no random baseline), which split the value-shuffle null's net effect. Every analysis keeps each
+window's own means (``per_window=True``), which the bootstrap over windows of SPEC §8
+resamples. Results are saved next to the page (one :meth:`~tl_geometry.HeadAnalysis.save`
+file per model × corpus and per null, CSV/JSON tables for the ablation and capacity studies)
+with their options, how long they took, on how many threads and when, so that ``--reuse``
+re-renders the page from them and says honestly how long the run took.
 """
 
 from __future__ import annotations
@@ -116,12 +118,14 @@ def analyze(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool =
     in ``kinds``, all from one forward pass (:func:`tl_geometry.analyze_model_nulls`):
     ``"values"`` is the main analysis, with the bounds and the random baseline; every other
     kind is that decomposition null's analysis (SPEC §3: same windows and seed, so the same
-    top-N sets; no bounds and no random baseline, which it does not read)."""
+    top-N sets; no bounds and no random baseline, which it does not read). Every analysis keeps
+    its per-window arrays (``per_window=True``: ``window_scores``, ``window_sink``), which the
+    page's intervals resample (SPEC §8)."""
     tokens = windows(model, corpus, config.n_windows, config.seq_len)
     return tl_geometry.analyze_model_nulls(
         model, tokens, nulls=kinds, batch_size=batch_size(model, config.seq_len), n_values=config.n_values,
         queries="last", random_samples=config.random_samples, seed=config.seed, bounds=True,
-        progress=progress,
+        per_window=True, progress=progress,
     )
 
 

@@ -3,6 +3,10 @@ architecture and stable across corpora, Mixers aligned with the sink.
 
 Heads without votes have no label (``None``, "unlabelled"): they are left out of the class shares
 and counts, never counted in a class (SPEC §5).
+
+Uncertainty (SPEC §8): the shares are recomputed on every bootstrap resample of the windows from
+the per-window votes (``sequence_votes``), labels included, the heads fixed. The per-class sink
+mass of (c) has no per-window values in the saved analyses, so it gets no interval and no verdict.
 """
 
 from __future__ import annotations
@@ -13,9 +17,21 @@ from typing import Any
 
 import torch
 
+from tl_geometry.functional.taxonomy import labels_from_votes
+
 from . import plots
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, pct, table
-from .rules import runs, ticks
+from .intervals import (
+    NO_INTERVAL,
+    TOO_FEW,
+    UNDECIDED,
+    Interval,
+    bootstraps,
+    categorize,
+    combine,
+    decide,
+)
+from .rules import runs
 from .stats import mean
 
 RETRIEVER_RANGE = (0.058, 0.172)
@@ -34,29 +50,78 @@ def _shares(is_class: dict[str, torch.Tensor]) -> dict[str, float]:
     return {c: int(m.sum()) / labelled if labelled else math.nan for c, m in is_class.items()}
 
 
+#: Which of Mixer and Reset dominates, read on share(Reset) − share(Mixer) (SPEC §8 categories).
+DOMINANCE = (("Mixer", -math.inf, 0.0), ("Reset", 0.0, math.inf))
+
+
+def _share_intervals(r: Any) -> dict[str, Interval]:
+    """95 % intervals over windows (SPEC §8) of the Retriever share, of Retriever − the smaller of
+    Mixer and Reset (below 0: the smallest class) and of Reset − Mixer, each recomputed from the
+    drawn windows' votes (labels by plurality, SPEC §5). Fewer than 8 windows: too few (the
+    saved votes are per window, so 128-query blocks cannot be drawn)."""
+    votes = r.sequence_votes
+    if votes is None:
+        return {}
+    flat = votes.reshape(len(votes), -1, 3).double()
+
+    def figures(idx: torch.Tensor) -> torch.Tensor:
+        labels = labels_from_votes(flat[idx].sum(0))
+        counts = torch.stack([(labels == k).sum() for k in range(len(CLASSES))]).double()
+        share = counts / counts.sum()  # NaN when no head is labelled
+        return torch.stack([share[0], share[0] - share[1:].min(), share[2] - share[1]])
+
+    return dict(zip(("retriever", "minority", "dominance"), bootstraps(figures, len(votes))))
+
+
+def _stable(outcomes: list[str]) -> str:
+    """Held when every corpus names the same dominant class, not held when two name different
+    ones, undecided otherwise (no verdict where a corpus has no interval or too few windows)."""
+    for missing in (NO_INTERVAL, TOO_FEW):
+        if missing in outcomes:
+            return missing
+    named = set(outcomes) & {c for c, _, _ in DOMINANCE}
+    if len(named) > 1:
+        return NOT_HELD
+    return HELD if len(named) == 1 and len(set(outcomes)) == 1 else UNDECIDED
+
+
+def _rule(checks: dict[str, list[bool]]) -> str:
+    """Held: every check everywhere; not held: Retrievers neither within the range nor the
+    smallest class anywhere, and no model stable; else partly held."""
+    if all(all(v) for v in checks.values()):
+        return HELD
+    return PARTLY if any(checks["minority"]) or any(checks["stable"]) or any(checks["retriever_range"]) \
+        else NOT_HELD
+
+
 def claim5(study: Any, figures: Path) -> Claim:
     """Class shares, which of Mixer / Reset dominates, its stability, class signatures."""
-    checks: dict[str, list[bool]] = {"retriever_range": [], "stable": [], "mixer_sink": []}
-    minority, rows, signature, notes = [], [], [], []
+    checks: dict[str, list[str]] = {"retriever_range": [], "minority": [], "stable": [], "mixer_sink": []}
+    rows, signature, notes = [], [], []
     dominant: dict[tuple[str, str], str] = {}
     for model, corpus, r in runs(study):
         is_class = _classes(r)
         share = _shares(is_class)
+        spread = _share_intervals(r)
         lo, hi = RETRIEVER_RANGE
-        checks["retriever_range"].append(lo <= share["Retriever"] <= hi)
-        if not lo <= share["Retriever"] <= hi:
-            notes.append(f"{model} on {corpus}: Retrievers are {pct(share['Retriever'])} of heads, "
-                         "outside the paper's 5.8–17.2 %.")
-        minority.append(share["Retriever"] < min(share["Mixer"], share["Reset"]))
-        dominant[model, corpus] = ("Mixer" if share["Mixer"] > share["Reset"] else
-                                   "Reset" if share["Reset"] > share["Mixer"] else "tie")
+        retriever = spread.get("retriever")
+        checks["retriever_range"].append(decide(retriever, lo, hi) if retriever else NO_INTERVAL)
+        if checks["retriever_range"][-1] in (NOT_HELD, UNDECIDED):
+            notes.append(f"{model} on {corpus}: Retrievers are {retriever.show(1, percent=True)} of "
+                         "heads, " + ("outside" if checks["retriever_range"][-1] == NOT_HELD else
+                                      "not clearly inside") + " the paper's 5.8–17.2 %.")
+        minority = spread.get("minority")
+        checks["minority"].append(decide(minority, high=0.0) if minority else NO_INTERVAL)
+        dominance = spread.get("dominance")
+        dominant[model, corpus] = categorize(dominance, DOMINANCE) if dominance else NO_INTERVAL
         mass = r.sink_mass.flatten()
         votes = r.vote_fractions.reshape(-1, 3)
         by_class = {c: mean(mass[m]) for c, m in is_class.items()}
-        others = [v for c, v in by_class.items() if c != "Mixer" and not math.isnan(v)]
-        checks["mixer_sink"].append(not math.isnan(by_class["Mixer"])
-                                    and all(by_class["Mixer"] > v for v in others))
-        rows.append([model, corpus] + [pct(share[c]) for c in CLASSES] + [dominant[model, corpus]]
+        # The per-window sink mass is not saved: the comparison has no interval (SPEC §8).
+        checks["mixer_sink"].append(NO_INTERVAL)
+        rows.append([model, corpus, retriever.show(1, percent=True) if retriever else pct(share["Retriever"]),
+                     pct(share["Mixer"]), pct(share["Reset"]),
+                     dominance.show() if dominance else "–", dominant[model, corpus]]
                     + [fmt(by_class[c]) for c in CLASSES])
         i2 = r.n_values.tolist().index(2)
         for c, m in is_class.items():
@@ -68,13 +133,12 @@ def claim5(study: Any, figures: Path) -> Claim:
                                   fmt(mean(r.f_score[..., i2].flatten()[m]))])
     stability = []
     for model in study.models:
-        doms = {dominant[model, c] for c in study.corpus_names}
         labels = [[x for row in study.analyses[model, c].labels for x in row] for c in study.corpus_names]
         both = [group for group in zip(*labels) if None not in group]  # labelled on every corpus
         agree = sum(all(x == group[0] for x in group) for group in both) / len(both) if both else math.nan
-        stable = len(doms) == 1 and "tie" not in doms
+        stable = _stable([dominant[model, c] for c in study.corpus_names])
         stability.append([model, " / ".join(dominant[model, c] for c in study.corpus_names),
-                          ticks(stable), pct(agree)])
+                          stable, pct(agree)])
         checks["stable"] += [stable] * len(study.corpus_names)
 
     def draw(ax, model, corpus):
@@ -88,17 +152,26 @@ def claim5(study: Any, figures: Path) -> Claim:
     plots.grid(figures / "claim5_taxonomy.png", study.models, study.corpus_names, draw,
                title="Head classes per layer", xlabel="layer", ylabel="heads", logx=False,
                share_y=False)
-    result = HELD if all(all(v) for v in checks.values()) else (
-        PARTLY if any(minority) or any(checks["stable"]) or any(checks["retriever_range"]) else NOT_HELD)
-    n_runs = len(rows)
-    because = (f"Retriever share in 5.8–17.2 % on {sum(checks['retriever_range'])}/{n_runs} runs "
-               f"(smallest class on {sum(minority)}/{n_runs}); dominant class stable across corpora "
-               f"for {sum(1 for s in stability if s[2] == 'yes')}/{len(stability)} models ("
+    result = combine(checks, _rule)
+
+    def tally(check: str, noun: str = "runs") -> str:
+        """"held/all units", with the undecided ones and those without a verdict."""
+        outcomes = [s[2] for s in stability] if check == "stable" else checks[check]
+        held, undecided = outcomes.count(HELD), outcomes.count(UNDECIDED)
+        none = len(outcomes) - held - undecided - outcomes.count(NOT_HELD)
+        extra = [f"{undecided} undecided"] * bool(undecided) + [
+            f"{none} without a verdict: too few windows or no per-window votes"] * bool(none)
+        return f"{held}/{len(outcomes)} {noun}" + (f" ({'; '.join(extra)})" if extra else "")
+
+    because = (f"Retriever share in 5.8–17.2 % on {tally('retriever_range')} "
+               f"(smallest class on {tally('minority')}); dominant class stable across corpora "
+               f"for {tally('stable', 'models')} ("
                + "; ".join(f"{s[0]}: {s[1]}" for s in stability)
-               + f"); Mixers have the largest sink mass on {sum(checks['mixer_sink'])}/{n_runs}"
+               + "); whether Mixers have the largest sink mass is not decided (no per-window sink "
+               "mass saved: no interval)"
                + "".join(f"; {m} is not Mixer-dominated, where the paper found Mixers in Gemma "
                          "(reported, not part of the rule)" for m in dict.fromkeys(
-                             m for (m, _), d in dominant.items() if m.startswith("gemma") and d != "Mixer"))
+                             m for (m, _), d in dominant.items() if m.startswith("gemma") and d == "Reset"))
                + ".")
     return Claim(
         5, "Head taxonomy: Retrievers are a minority; Mixer or Reset dominates by architecture",
@@ -113,11 +186,18 @@ def claim5(study: Any, figures: Path) -> Claim:
         "attention mass than Retrievers and Resets (the vote fractions per class are shown too, "
         "but Mixer ⇔ largest sink vote holds by definition, so they test nothing). Held: (a), "
         "(b), (c) everywhere; not held: Retrievers neither within the range nor the smallest "
-        "class anywhere, and no model stable; else partly held.",
+        "class anywhere, and no model stable; else partly held. Uncertainty (SPEC §8, ours): each "
+        "share and share(Reset) − share(Mixer) with its 95 % interval from 1,000 seeded bootstrap "
+        "resamples of the windows, labels recomputed from the drawn windows' votes, heads fixed; a "
+        "check holds where its whole interval satisfies it, fails where none of it does, and is "
+        "undecided otherwise (the dominant class is the one the whole interval points to); fewer "
+        "than 8 windows: too few, no verdict. (c) has no per-window values in the saved analyses: "
+        "no interval, so it is reported and not decided.",
         result, because,
         blocks=[
-            table(["model", "corpus", "Retriever", "Mixer", "Reset", "dominant",
-                   "α_sink Retriever", "α_sink Mixer", "α_sink Reset"], rows),
+            table(["model", "corpus", "Retriever [95 % interval]", "Mixer", "Reset",
+                   "Reset − Mixer [95 % interval]", "dominant", "α_sink Retriever (no interval)",
+                   "α_sink Mixer", "α_sink Reset"], rows),
             "Stability across corpora (dominant class per corpus; share of heads with the same "
             "label on both):",
             table(["model", "dominant per corpus", "stable", "same label"], stability),
@@ -127,12 +207,11 @@ def claim5(study: Any, figures: Path) -> Claim:
         ],
         figures=[("claim5_taxonomy.png", "Retriever / Mixer / Reset heads per layer.")],
         disagreements=notes + [
-            f"{s[0]}: the dominant class differs between corpora ({s[1]})." for s in stability
-            if s[2] != "yes"] + [
-            f"{model} on {corpus}: Mixers do not have the largest mean sink mass."
-            for (model, corpus), ok in zip(study.analyses, checks["mixer_sink"]) if not ok] + [
+            f"{s[0]}: the dominant class is "
+            + ("not the same on both corpora" if s[2] == NOT_HELD else "not decided on every corpus")
+            + f" ({s[1]})." for s in stability if s[2] in (NOT_HELD, UNDECIDED)] + [
             f"{model} is {dom}-dominated on {corpus}; the paper found Mixers dominant in Gemma."
-            for (model, corpus), dom in dominant.items() if model.startswith("gemma") and dom != "Mixer"],
+            for (model, corpus), dom in dominant.items() if model.startswith("gemma") and dom == "Reset"],
     )
 
 

@@ -1,0 +1,264 @@
+"""Verdicts with uncertainty (SPEC §8, ours): a seeded bootstrap over windows, its percentile 95 %
+interval, and the three-outcome reading of a threshold rule on it.
+
+* :func:`bootstrap` resamples the units (windows; with fewer than 8 windows, 128-query blocks from
+  :func:`blocks`, SPEC §5) with replacement, :data:`RESAMPLES` times from one seed, and recomputes
+  the statistic on every resample. The statistic receives the drawn unit indices, so a statistic
+  over heads keeps the heads fixed and recomputes everything per resample (votes and labels too).
+* :func:`decide` reads a rule "``low ≤ x ≤ high``": **held** where the whole interval satisfies it,
+  **not held** where none of it does, **undecided** otherwise, **too few** below
+  :data:`MIN_UNITS` units (no verdict, the page prints n).
+* :func:`categorize` reads a rule with several categories (lowers / no effect / raises): each is
+  decided on its own interval rule; an interval that reaches into two names both.
+* :func:`combine` turns the per-run outcomes of a claim's checks into the claim's verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tl_geometry.result.schema import WINDOW_GROUPS, names
+
+from .document import HELD, NOT_HELD, PARTLY
+from .rules import verdict
+
+RESAMPLES = 1000  # SPEC §8
+LEVEL = 0.95
+MIN_UNITS = 8  # below it a statistic gets no verdict (SPEC §8, "too few")
+BLOCK = 128  # queries per block when windows are too few (SPEC §5)
+SEED = 0
+UNDECIDED, TOO_FEW = "undecided", "too few"
+#: A thresholded number whose per-window values the saved results do not hold: no interval, so
+#: (SPEC §8) no verdict either; printed as such, never decided on the point value.
+NO_INTERVAL = "no interval"
+#: A sink claim of a model whose sink check found a weak sink (SPEC §1: the sink is not the most
+#: attended of the first 32 keys in most layers): reported as "no sink", never decided.
+NO_SINK = "no sink"
+#: Outcomes that carry no verdict: left out when a claim's checks are combined.
+MISSING = (TOO_FEW, NO_INTERVAL, NO_SINK)
+
+#: The value-shuffle null's reading (SPEC §3): F∗(top) − F∗(shuffled) against ±0.05.
+GEOMETRY = (("lowers", -math.inf, -0.05), ("no effect", -0.05, 0.05), ("raises", 0.05, math.inf))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A statistic, its percentile interval over the resamples and the number of units behind
+    it (NaN ends when the units are too few or no resample defines it)."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def too_few(self) -> bool:
+        return self.n < MIN_UNITS
+
+    def show(self, digits: int = 3, percent: bool = False) -> str:
+        """``0.123 [0.100, 0.150]``; ``0.123 (n = 4, too few)`` below :data:`MIN_UNITS` units."""
+        scale, unit = (100, " %") if percent else (1, "")
+        if math.isnan(self.value):
+            return "–"
+        value = f"{scale * self.value:.{digits}f}{unit}"
+        if self.too_few:
+            return f"{value} (n = {self.n}, {TOO_FEW})"
+        if math.isnan(self.low):
+            return f"{value} [–]"
+        return f"{value} [{scale * self.low:.{digits}f}, {scale * self.high:.{digits}f}]"
+
+
+def draws(n_units: int, resamples: int = RESAMPLES, seed: int = SEED) -> Tensor:
+    """``[resamples, n_units]`` unit indices drawn with replacement from their own generator, so
+    the same seed gives the same draws whatever else ran before."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n_units, (resamples, n_units), generator=generator)
+
+
+def bootstrap(statistic: Callable[[Tensor], float], n_units: int, *, seed: int = SEED,
+              resamples: int = RESAMPLES) -> Interval:
+    """``statistic`` on all units (the point value) and its percentile 95 % interval over
+    ``resamples`` bootstrap resamples of the units (SPEC §8). ``statistic`` takes a 1-D tensor of
+    unit indices (with repeats); resamples where it is NaN are left out of the interval."""
+    def one(idx: Tensor) -> Tensor:
+        return torch.tensor([float(statistic(idx))], dtype=torch.float64)
+
+    return bootstraps(one, n_units, seed=seed, resamples=resamples)[0]
+
+
+def bootstraps(statistic: Callable[[Tensor], Tensor], n_units: int, *, seed: int = SEED,
+               resamples: int = RESAMPLES) -> list[Interval]:
+    """:func:`bootstrap` for a statistic that returns several numbers (a 1-D tensor) from the same
+    resamples: one :class:`Interval` each, read from one pass over the draws."""
+    value = statistic(torch.arange(n_units)).double()
+    if n_units < MIN_UNITS:
+        return [Interval(float(v), math.nan, math.nan, n_units) for v in value]
+    values = torch.stack([statistic(idx).double() for idx in draws(n_units, resamples, seed)])
+    tail = (1 - LEVEL) / 2
+    out = []
+    for v, column in zip(value.tolist(), values.T):
+        column = column[torch.isfinite(column)]
+        if not column.numel():
+            out.append(Interval(v, math.nan, math.nan, n_units))
+            continue
+        low, high = torch.quantile(column, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+        out.append(Interval(v, low, high, n_units))
+    return out
+
+
+def blocks(lengths: Sequence[int], block: int = BLOCK) -> Tensor:
+    """``[n_blocks, block]`` indices into the queries of every window pooled in order (window
+    lengths ``lengths``): consecutive blocks inside each window, its partial last block dropped
+    (SPEC §5). Resample the rows when windows are fewer than :data:`MIN_UNITS`."""
+    rows, start = [], 0
+    for length in lengths:
+        full = length // block
+        rows.append(start + torch.arange(full * block).reshape(full, block))
+        start += length
+    return torch.cat(rows) if rows else torch.zeros(0, block, dtype=torch.long)
+
+
+def decide(interval: Interval, low: float = -math.inf, high: float = math.inf) -> str:
+    """The rule ``low ≤ x ≤ high`` on ``interval`` (SPEC §8): held, not held, undecided, too few."""
+    if interval.too_few:
+        return TOO_FEW
+    if math.isnan(interval.low):
+        return UNDECIDED  # no resample defined it: nothing can be said either way
+    if low <= interval.low and interval.high <= high:
+        return HELD
+    if interval.high < low or interval.low > high:
+        return NOT_HELD
+    return UNDECIDED
+
+
+def categorize(interval: Interval,
+               categories: Sequence[tuple[str, float, float]] = GEOMETRY) -> str:
+    """The category whose band ``(name, low, high)`` holds the whole interval, or "undecided
+    between X and Y" naming the lowest and highest bands it reaches (SPEC §3, §8)."""
+    if interval.too_few:
+        return TOO_FEW
+    if math.isnan(interval.low):
+        return UNDECIDED
+    reached = [name for name, low, high in categories if interval.low <= high and interval.high >= low]
+    if len(reached) == 1:
+        return reached[0]
+    return f"{UNDECIDED} between {reached[0]} and {reached[-1]}"
+
+
+def weak_sink(result: Any) -> bool:
+    """Whether the analysis's sink check found a weak sink (``metadata["sink"]["weak"]``, SPEC §1);
+    False for a result without the check (files written before it: read as before)."""
+    record = getattr(result, "metadata", {}).get("sink")
+    return isinstance(record, Mapping) and record.get("weak") is True
+
+
+def window_values(result: Any, metric: str, group: str = "top") -> Tensor | None:
+    """Each window's own mean of ``metric`` for ``group`` (``WINDOW_GROUPS``), ``[window, layer,
+    head, n]`` in float64, from ``result.window_scores``; None where the result holds no
+    per-window arrays (analysed without ``per_window=True``, or an older file)."""
+    scores = getattr(result, "window_scores", None)
+    if scores is None:
+        return None
+    return scores[:, WINDOW_GROUPS.index(group), names()["metric"].index(metric)].double()
+
+
+def window_sink_values(result: Any, field: str) -> Tensor | None:
+    """Each window's sink figure ``field`` (``mass``, ``norm_ratio``, ``cosine``, ...), ``[window,
+    layer, head]`` in float64, from ``result.window_sink``; None without per-window arrays."""
+    sink = getattr(result, "window_sink", None)
+    if sink is None:
+        return None
+    return sink[:, names()["sink_field"].index(field)].double()
+
+
+def head_means(values: Tensor, idx: Tensor) -> Tensor:
+    """Each head's mean over the drawn windows ``idx`` (NaN-aware: a window where the figure is
+    undefined is left out, as the analysis's own means do), the heads fixed."""
+    return values[idx].nanmean(0)
+
+
+def over_heads(values: Tensor) -> Tensor:
+    """``[layer, head, *rest]`` → the mean over heads of each ``rest`` entry (NaN-aware)."""
+    return values.flatten(0, 1).nanmean(0)
+
+
+def median_of(values: Tensor) -> Tensor:
+    """The median of the finite entries (the mean of the two middle ones), NaN for none: the
+    median the page prints (:func:`.stats.median`), as a tensor."""
+    values = values[torch.isfinite(values)].double()
+    return values.quantile(0.5) if values.numel() else torch.tensor(math.nan, dtype=torch.float64)
+
+
+def with_units(interval: Interval, units: int) -> Interval:
+    """``interval`` of a statistic over ``units`` defined units (e.g. KV heads): too few below
+    :data:`MIN_UNITS` of them (SPEC §8), whatever the number of windows."""
+    if units < MIN_UNITS and not interval.too_few:
+        return Interval(interval.value, math.nan, math.nan, units)
+    return interval
+
+
+def every(outcomes: Sequence[str]) -> str:
+    """A rule that must hold at every one of several points (e.g. every headline N): not held
+    where one is not held, held where all are, too few or no interval where one is, else
+    undecided. Not held without any point."""
+    if not outcomes or NOT_HELD in outcomes:
+        return NOT_HELD
+    for missing in MISSING:
+        if missing in outcomes:
+            return missing
+    return HELD if all(o == HELD for o in outcomes) else UNDECIDED
+
+
+def some(outcomes: Sequence[str]) -> str:
+    """A rule that must hold at one point at least: held where one is held, not held where every
+    one is not held (and without any point), too few or no interval where one is, else undecided."""
+    if HELD in outcomes:
+        return HELD
+    if all(o == NOT_HELD for o in outcomes):
+        return NOT_HELD
+    for missing in MISSING:
+        if missing in outcomes:
+            return missing
+    return UNDECIDED
+
+
+def point(ok: bool) -> str:
+    """A check decided on a point value where the number has no per-window values at all (the
+    rule reads figures that are not means over windows): held or not held, as before SPEC §8."""
+    return HELD if ok else NOT_HELD
+
+
+def combine(per_run: dict[str, list[str]],
+            rule: str | Callable[[dict[str, list[bool]]], str]) -> str:
+    """A claim's verdict from each check's per-run outcomes (held / not held / undecided / too
+    few / no interval / no sink). ``rule`` maps per-run booleans to a verdict, or names the core check of
+    :func:`.rules.verdict`. It is read once with every undecided outcome as held and once as not
+    held: the verdict where both agree, else "undecided" naming the two. Outcomes "too few",
+    "no interval" and "no sink" carry no verdict and are left out; with nothing left (for a named
+    core: in it) the claim is "no interval" where that is what is missing (and nothing is too
+    few), "no sink" where every run is, else "too few"."""
+    kept = {k: [v for v in vs if v not in MISSING] for k, vs in per_run.items()}
+    if (not kept.get(rule)) if isinstance(rule, str) else not any(kept.values()):
+        dropped = per_run.get(rule, []) if isinstance(rule, str) else [v for vs in per_run.values() for v in vs]
+        if dropped and TOO_FEW not in dropped and NO_INTERVAL in dropped:
+            return NO_INTERVAL
+        if dropped and all(v == NO_SINK for v in dropped):
+            return NO_SINK
+        return TOO_FEW
+    read = (lambda checks: verdict(checks, rule)) if isinstance(rule, str) else rule
+    best = read({k: [v in (HELD, UNDECIDED) for v in vs] for k, vs in kept.items()})
+    worst = read({k: [v == HELD for v in vs] for k, vs in kept.items()})
+    return best if best == worst else f"{UNDECIDED} ({worst} or {best})"
+
+
+__all__ = ["BLOCK", "GEOMETRY", "HELD", "LEVEL", "MIN_UNITS", "MISSING", "NOT_HELD", "NO_INTERVAL",
+           "NO_SINK", "PARTLY", "RESAMPLES", "TOO_FEW", "UNDECIDED", "Interval", "blocks", "bootstrap",
+           "bootstraps", "categorize", "combine", "decide", "draws", "every", "head_means",
+           "median_of", "over_heads", "point", "some", "weak_sink", "window_sink_values",
+           "window_values", "with_units"]
