@@ -209,10 +209,10 @@ def check_options(
     (:func:`default_samples`)."""
     queries = check_queries(queries)
     r = default_samples(queries)
-    random_samples = r if random_samples is None else random_samples
-    if shuffle_samples is None:  # every null uses the baseline's R (SPEC §3), the default where it is off
-        given = isinstance(random_samples, (int, np.integer)) and not isinstance(random_samples, (bool, np.bool_))
-        shuffle_samples = int(random_samples) if given and random_samples > 0 else r
+    samples = _count("random_samples", r if random_samples is None else random_samples, "the random baseline")
+    # Every null uses the baseline's R (SPEC §3), and the default R where the baseline is off.
+    shuffles = _count("shuffle_samples", (samples or r) if shuffle_samples is None else shuffle_samples,
+                      "the value-shuffle null")
     _choice("distance", distance, Distance)
     _choice("space", space, Space, {"value": "α·v", "output": "α·v·W_O"})
     _choice("rank_by", rank_by, RankBy)
@@ -222,8 +222,6 @@ def check_options(
     if bounds and distance != "euclidean":
         raise ValueError("bounds=True needs distance='euclidean': the bounds are Euclidean "
                          "(docs/math.md, bounds).")
-    samples = _count("random_samples", random_samples, "the random baseline")
-    shuffles = _count("shuffle_samples", shuffle_samples, "the value-shuffle null")
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an int, got {seed!r}.")
     return AnalysisOptions(
