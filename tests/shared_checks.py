@@ -25,6 +25,19 @@ def drop_format_6(payload: dict) -> dict:
     return payload
 
 
+def as_format_2(payload: dict) -> dict:
+    """``payload`` (a loaded result file) as format 2 wrote it, in place: no checksum (3),
+    per-sequence votes (4), truncation figures (5) or what format 6 added."""
+    payload["format"] = "tl_geometry.HeadAnalysis/2"
+    del payload["checksum"], payload["sequence_votes"], payload["axes"]["sequence_votes"]
+    del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
+    drop_format_6(payload)
+    keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]
+    payload["scores"] = payload["scores"][:, keep]
+    payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]
+    return payload
+
+
 #: The result fields two analyses of the same forwards must agree on.
 FIELDS = ("scores", "group_counts", "sink", "vote_counts", "bounds", "regime", "sequence_votes")
 

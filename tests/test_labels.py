@@ -11,7 +11,7 @@ import pytest
 import torch
 from cases import make_case
 from result_fakes import fake
-from shared_checks import drop_format_6
+from shared_checks import as_format_2
 
 import tl_geometry
 from tl_geometry.engine import Accumulator
@@ -137,15 +137,7 @@ def test_files_keep_the_sequence_votes_and_format_2_still_loads(tmp_path):
     assert torch.equal(back.sequence_votes, r.sequence_votes)
     torch.testing.assert_close(back.label_stability, r.label_stability)
     payload = torch.load(path, weights_only=True)
-    # what format 2 held: no checksum (3), per-sequence votes (4), truncation figures (5) or
-    # votes apart and per block (6)
-    payload["format"] = "tl_geometry.HeadAnalysis/2"
-    del payload["checksum"], payload["sequence_votes"], payload["axes"]["sequence_votes"]
-    del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
-    drop_format_6(payload)
-    keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]
-    payload["scores"] = payload["scores"][:, keep]
-    payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]
+    as_format_2(payload)
     old = tmp_path / "old.pt"
     torch.save(payload, old)
     loaded = HeadAnalysis.load(old)

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from shared_checks import drop_format_6
+from shared_checks import as_format_2
 from test_capacity import tiny_lm
 
 from tl_geometry.ablation import ablate_heads, head_sensitivity
@@ -204,14 +204,7 @@ def test_any_changed_byte_in_the_payload_is_refused(saved, tmp_path):
 def test_format_2_files_without_a_checksum_still_load(saved, tmp_path):
     r, path = saved
     payload = torch.load(path, weights_only=True)
-    # what format 2 held: none of the checksum (3), sequence_votes (4), truncation figures (5)
-    del payload["checksum"], payload["sequence_votes"], payload["axes"]["sequence_votes"]
-    del payload["truncation_p90"], payload["axes"]["truncation_p90"], payload["names"]["truncation_metric"]
-    drop_format_6(payload)
-    keep = [i for i, m in enumerate(payload["names"]["metric"]) if m not in ("tail_mass", "truncation_error")]
-    payload["scores"] = payload["scores"][:, keep]
-    payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]
-    payload["format"] = "tl_geometry.HeadAnalysis/2"
+    as_format_2(payload)
     torch.save(payload, tmp_path / "v2.pt")
     loaded = HeadAnalysis.load(tmp_path / "v2.pt")
     held = [_result_io.names()["metric"].index(m) for m in payload["names"]["metric"]]

@@ -336,7 +336,10 @@ def test_sampled_positions_do_not_depend_on_the_batch():
         acc = Accumulator.zeros(1, 4, len(N_VALUES), n_sequences=1, per_window=True)
         acc.add(0, stats)
         alone = acc.finish((0,), opts, 20, {})
-        torch.testing.assert_close(alone.window_scores[0], whole.window_scores[b], rtol=0, atol=0, equal_nan=True)
+        # Same cache, another batch width: equal up to summation order (stored as float32); other
+        # positions would move these means by far more.
+        torch.testing.assert_close(alone.window_scores[0], whole.window_scores[b], rtol=1e-6, atol=1e-7,
+                                   equal_nan=True)
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
