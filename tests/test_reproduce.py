@@ -305,6 +305,18 @@ def _fake_study(seed: int = 0) -> Study:
     return Study(replace(QUICK, n_windows=12), texts, analyses)
 
 
+def _as_saved_today(r):
+    """``r`` as today's study saves an analysis: with its per-window arrays, the sink check and
+    how its windows start (a saved analysis without them is recomputed)."""
+    from tl_geometry.result.schema import WINDOW_GROUPS
+
+    n_seq = r.sequence_votes.shape[0] if r.sequence_votes is not None else int(r.metadata["n_sequences"])
+    r.window_scores = torch.zeros(n_seq, len(WINDOW_GROUPS), *r.scores.shape[1:], dtype=torch.float64)
+    r.window_sink = torch.zeros(n_seq, *r.sink.shape, dtype=torch.float64)
+    r.metadata.update(sink={"rule": "given", "positions": [0]}, reproduce_window_start="text")
+    return r
+
+
 def test_every_claim_renders_on_fake_analyses(tmp_path):
     from _reproduce import ablation, capacity
     from _reproduce.claims import CLAIMS
@@ -433,7 +445,7 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     for (model, corpus), r in study.analyses.items():
         r.metadata.update(reproduce_options=options, reproduce_seconds=12.0, reproduce_threads=2,
                           reproduce_date="2026-01-02 03:04", window=None)
-        r.save(analysis_path(tmp_path, model, corpus))
+        _as_saved_today(r).save(analysis_path(tmp_path, model, corpus))
     again = run_study({}, list(study.corpora.values()), study.config, models=("m1", "m2"),
                       cache_dir=tmp_path, reuse=True, log=lambda _: None)  # no model is loaded
     assert set(again.analyses) == set(study.analyses) and again.reused
@@ -459,7 +471,7 @@ def test_reuse_counts_a_forward_shared_by_the_nulls_once(tmp_path):
             r.metadata.update(reproduce_options=options_of(study.config), reproduce_seconds=30.0,
                               reproduce_threads=2, reproduce_date="2026-01-02 03:04", window=None,
                               reproduce_together=kinds)
-            r.save(analysis_path(tmp_path, model, corpus, kind))
+            _as_saved_today(r).save(analysis_path(tmp_path, model, corpus, kind))
     again = run_study({}, list(study.corpora.values()), study.config, models=("m1", "m2"),
                       cache_dir=tmp_path, reuse=True, nulls=DECOMPOSITION_NULLS, log=lambda _: None)
     assert set(again.nulls["m1", "c1"]) == set(DECOMPOSITION_NULLS)
@@ -570,7 +582,7 @@ def test_run_study_analyses_and_reuses_the_decomposition_nulls(tmp_path, monkeyp
         calls.append(list(kinds))
         out = {}
         for kind in kinds:
-            out[kind] = r = _fake_study().analyses["m1", "c1"]
+            out[kind] = r = _as_saved_today(_fake_study().analyses["m1", "c1"])
             r.metadata.update(shuffle=kind, window=None)
         return out
 
@@ -628,7 +640,7 @@ def test_run_study_recomputes_an_analysis_saved_before_sliding_windows(tmp_path,
 
     def fake_analyze(model, corpus, config, *, progress=True, kinds=("values",)):
         calls.append(model.name)
-        r = _fake_study().analyses["m1", "c1"]
+        r = _as_saved_today(_fake_study().analyses["m1", "c1"])
         r.metadata.pop("window", None)  # as the engine saved it before windows were read
         return {"values": r}
 
@@ -643,3 +655,55 @@ def test_run_study_recomputes_an_analysis_saved_before_sliding_windows(tmp_path,
     again = study_module.run_study(models, [corpus], QUICK, reuse=True, **kwargs)
     assert calls == ["plain", "local", "local"]  # only the windowed model's analysis is redone
     assert again.steps["analyze plain c1"].reused and not again.steps["analyze local c1"].reused
+
+
+def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch):
+    """A saved analysis without per-window arrays (SPEC §8) or a sink check (SPEC §1), or whose
+    windows started otherwise, is recomputed; saved ablation tables are reused only where
+    today's analysis gives the taxonomy order they were ranked by, on windows that start alike."""
+    import json
+
+    from _reproduce import ablation as ablation_module
+    from _reproduce import study as study_module
+
+    import tl_geometry
+
+    calls = []
+
+    def fake_analyze(model, corpus, config, *, progress=True, kinds=("values",)):
+        calls.append("analyze")
+        return {"values": _as_saved_today(_fake_study().analyses["m1", "c1"])}
+
+    def fake_ablation(model, analysis, corpus, config, *, progress=True):
+        calls.append("ablation")
+        return _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.005, 0.05, 0.3, 0.001])
+
+    monkeypatch.setattr(study_module, "analyze", fake_analyze)
+    monkeypatch.setattr(ablation_module, "run", fake_ablation)
+    corpus = corpora.Corpus("c1", "text", "a fake corpus")
+    kwargs = dict(models=("m1",), cache_dir=tmp_path, ablation_corpus=corpus, log=lambda _: None)
+    monkeypatch.setattr(study_module, "_capacity_step", lambda *a: None)
+    study_module.run_study({"m1": object()}, [corpus], QUICK, **kwargs)
+    assert calls == ["analyze", "ablation"]
+    study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
+    assert calls == ["analyze", "ablation"]  # everything reused
+    path = study_module.analysis_path(tmp_path, "m1", "c1")
+    for spoil in ("window_scores", "sink", "start"):
+        saved = tl_geometry.HeadAnalysis.load(path)
+        if spoil == "window_scores":
+            saved.window_scores = None
+        elif spoil == "sink":
+            del saved.metadata["sink"]
+        else:
+            saved.metadata["reproduce_window_start"] = "bos"  # "m1" is unknown: its windows start with text
+        saved.save(path)
+        calls.clear()
+        study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
+        assert calls == ["analyze"], spoil  # the new analysis gives the same order: tables reused
+    # Tables ranked by another taxonomy order are recomputed.
+    stem = tmp_path / "m1__ablation"
+    record = json.loads(Path(f"{stem}.json").read_text())
+    Path(f"{stem}.json").write_text(json.dumps({**record, "taxonomy_order": [[9, 9]]}))
+    calls.clear()
+    study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
+    assert calls == ["ablation"]

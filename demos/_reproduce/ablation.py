@@ -50,6 +50,13 @@ def run(model: Any, analysis: tl_geometry.HeadAnalysis, corpus: Corpus, config: 
             "base_loss": sensitivity.base_loss, "held_out_base_loss": curve.base_loss}
 
 
+def taxonomy_heads(analysis: tl_geometry.HeadAnalysis) -> list[list[int]]:
+    """The taxonomy removal order ``analysis`` gives, as saved with the tables ([layer, head]
+    pairs, first removed first): saved tables are reused only where today's analysis gives the
+    same order."""
+    return [list(head) for head in api.taxonomy_order(analysis).heads]
+
+
 def save(tables: dict[str, Any], path: Path) -> None:
     """Write one model's ablation tables: two CSV files and a JSON of the base losses and the
     study options."""
@@ -58,7 +65,8 @@ def save(tables: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tables["sensitivity"].to_csv(beside(path, ".sensitivity.csv"), index=False)
     tables["curve"].to_csv(beside(path, ".curve.csv"), index=False)
-    keys = ("base_loss", "held_out_base_loss", "options", "seconds", "threads", "date", "accelerator")
+    keys = ("base_loss", "held_out_base_loss", "options", "seconds", "threads", "date", "accelerator",
+            "window_start", "taxonomy_order")
     beside(path, ".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 

@@ -58,7 +58,8 @@ def save(tables: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tables["curve"].to_csv(beside(path, ".curve.csv"), index=False)
     tables["heads"].to_csv(beside(path, ".heads.csv"), index=False)
-    keys = ("rho", "seq_len", "seconds", "options", "threads", "date", "accelerator")
+    keys = ("rho", "seq_len", "seconds", "options", "threads", "date", "accelerator", "window_start",
+            "windows_read")
     beside(path, ".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 

@@ -26,6 +26,7 @@ import torch
 
 import tl_geometry
 from tl_geometry.inputs.capture import model_windows
+from tl_geometry.inputs.models import stated_bos
 
 from . import ablation as _ablation
 from .corpora import Corpus
@@ -182,6 +183,10 @@ def run_study(
             log(f"{name} on {corpus.name}{what}: {path} was saved before sliding windows were read "
                 "(SPEC §1); recomputing")
             return None
+        stale = _stale_analysis(result, name)
+        if stale:
+            log(f"{name} on {corpus.name}{what}: {path} {stale}; recomputing")
+            return None
         log(f"{name} on {corpus.name}{what}: reusing {path}")
         together = result.metadata.get("reproduce_together", [kind])
         if together[0] == kind:  # an analysis computed with others counts its forward once
@@ -201,7 +206,8 @@ def run_study(
         computed = analyze(model, corpus, config, progress=progress, kinds=missing)
         step = study.steps[_step_name(name, corpus.name, missing)] = Step.now(time.perf_counter() - start)
         for kind, result in computed.items():
-            result.metadata.update(reproduce_options=options, reproduce_together=missing)
+            result.metadata.update(reproduce_options=options, reproduce_together=missing,
+                                   reproduce_window_start=window_start(name))
             result.metadata.update({f"reproduce_{k}": v for k, v in step.record().items()})
             if cache is not None:
                 result.save(analysis_path(cache, name, corpus.name, kind))
@@ -229,6 +235,19 @@ def _step_name(model: str, corpus: str, kinds: Sequence[str]) -> str:
     return name + (f" (+ {', '.join(extra)} nulls)" if extra else "")
 
 
+def _stale_tables(saved: Mapping[str, Any], model_name: str) -> str | None:
+    """Why saved ablation or capacity tables cannot serve today's page: their windows started
+    differently (None where they can)."""
+    if saved.get("window_start", "bos") != window_start(model_name):
+        return "read windows that start differently from today's (SPEC §1)"
+    return None
+
+
+def _has_windows(model: Any) -> bool:
+    declared = model_windows(model)
+    return declared is not None and any(w is not None for w in declared)
+
+
 def _same_windows(saved: tl_geometry.HeadAnalysis, model: Callable[[], Any]) -> bool:
     """Whether a saved analysis read the candidate sets the study reads now (SPEC §1).
 
@@ -239,8 +258,27 @@ def _same_windows(saved: tl_geometry.HeadAnalysis, model: Callable[[], Any]) -> 
     """
     if "window" in saved.metadata:
         return True
-    declared = model_windows(model())
-    return declared is None or all(w is None for w in declared)
+    return not _has_windows(model())
+
+
+def window_start(model_name: str) -> str:
+    """How the study's windows of ``model_name`` start today: ``"bos"`` or ``"text"`` (SPEC §1:
+    BOS only where the model was trained with one). Tables saved before the rule record none;
+    their windows all started with BOS."""
+    return "bos" if stated_bos(model_name) else "text"
+
+
+def _stale_analysis(saved: tl_geometry.HeadAnalysis, model_name: str) -> str | None:
+    """Why a saved analysis cannot serve today's page (None where it can): the intervals need
+    its per-window arrays (SPEC §8), the sink figures its sink check (SPEC §1), and its windows
+    must start as today's do."""
+    if saved.window_scores is None or saved.window_sink is None:
+        return "has no per-window arrays (SPEC §8's intervals resample them)"
+    if "sink" not in saved.metadata:
+        return "was saved before the sink was chosen and checked (SPEC §1)"
+    if saved.metadata.get("reproduce_window_start", "bos") != window_start(model_name):
+        return "read windows that start differently from today's (SPEC §1)"
+    return None
 
 
 def options_of(config: StudyConfig) -> str:
@@ -275,6 +313,15 @@ def _ablation_step(study: Study, name: str, model_of: Callable[[str], Any], corp
     """Claim 6's tables for one model (reused from ``cache`` when their options match)."""
     path = None if cache is None else cache / f"{name}__ablation"
     saved = _ablation.load(path) if reuse and path is not None else None
+    analysis = study.analyses[name, corpus.name]
+    order = _ablation.taxonomy_heads(analysis)
+    if saved is not None and saved.get("options") == options:
+        why = _stale_tables(saved, name)
+        if why is None and saved.get("taxonomy_order") != order:
+            why = "were ranked by a taxonomy order that today's analysis does not give"
+        if why is not None:
+            log(f"{name}: the saved ablation tables {why}; recomputing")
+            saved = None
     if saved is not None and saved.get("options") == options:
         log(f"{name}: reusing the ablation tables in {cache}")
         study.ablation[name] = saved
@@ -283,10 +330,10 @@ def _ablation_step(study: Study, name: str, model_of: Callable[[str], Any], corp
     log(f"{name}: ablation study on held-out {corpus.name}")
     model = model_of(name)
     start = time.perf_counter()
-    tables = _ablation.run(model, study.analyses[name, corpus.name], corpus, study.config,
-                           progress=progress)
+    tables = _ablation.run(model, analysis, corpus, study.config, progress=progress)
     step = study.steps[f"ablation {name}"] = Step.now(time.perf_counter() - start)
-    tables.update(step.record(), options=options)
+    tables.update(step.record(), options=options, window_start=window_start(name),
+                  taxonomy_order=order)
     if path is not None:
         _ablation.save(tables, path)
     study.ablation[name] = tables
@@ -301,6 +348,13 @@ def _capacity_step(study: Study, name: str, model_of: Callable[[str], Any], corp
     path = None if cache is None else cache / f"{name}__capacity"
     saved = _capacity.load(path) if reuse and path is not None else None
     if saved is not None and saved.get("options") == options:
+        why = _stale_tables(saved, name)
+        if why is None and not saved.get("windows_read") and _has_windows(model_of(name)):
+            why = "were computed before capacity_correlation read sliding windows"
+        if why is not None:
+            log(f"{name}: the saved capacity tables {why}; recomputing")
+            saved = None
+    if saved is not None and saved.get("options") == options:
         log(f"{name}: reusing the capacity tables in {cache}")
         study.capacity[name] = saved
         study.steps[f"capacity {name}"] = Step.saved(saved)
@@ -308,7 +362,7 @@ def _capacity_step(study: Study, name: str, model_of: Callable[[str], Any], corp
     log(f"{name}: retrieval capacity (top-N attention) on held-out {corpus.name}")
     tables = _capacity.run(model_of(name), corpus, study.config, progress=progress)
     step = study.steps[f"capacity {name}"] = Step.now(tables["seconds"])
-    tables.update(step.record(), options=options)
+    tables.update(step.record(), options=options, window_start=window_start(name), windows_read=True)
     if path is not None:
         _capacity.save(tables, path)
     study.capacity[name] = tables
