@@ -10,13 +10,22 @@ import torch
 # By module path: tl_geometry.analyze's own `head_scores` attribute is the function.
 _head_scores = importlib.import_module("tl_geometry.analyze.head_scores")
 
-#: What result file format 6 added: fields (and their axes) and named axes.
-FORMAT_6_FIELDS = ("beyond_votes", "block_votes", "window_scores", "window_sink")
+#: What result file formats 6 and 7 added: fields (and their axes) and named axes.
+FORMAT_7_FIELDS = ("window_bounds",)
+FORMAT_6_FIELDS = ("beyond_votes", "block_votes", "window_scores", "window_sink", *FORMAT_7_FIELDS)
 FORMAT_6_NAMES = ("window_group",)
 
 
+def drop_format_7(payload: dict) -> dict:
+    """``payload`` (a loaded result file) without what format 7 added, in place."""
+    for key in FORMAT_7_FIELDS:
+        payload.pop(key, None)
+        payload.get("axes", {}).pop(key, None)
+    return payload
+
+
 def drop_format_6(payload: dict) -> dict:
-    """``payload`` (a loaded result file) without what format 6 added, in place."""
+    """``payload`` (a loaded result file) without what formats 6 and 7 added, in place."""
     for key in FORMAT_6_FIELDS:
         payload.pop(key, None)
         payload.get("axes", {}).pop(key, None)

@@ -183,3 +183,32 @@ def test_padding_mask_is_passed_to_the_model_and_to_the_rows():
         rows = attention_rows(c.q, c.k, queries, key_mask=mask.bool(), **c.params.row_kwargs())
         torch.testing.assert_close(rows, eager[c.layer][:, :, 3:].double(), rtol=0, atol=1e-6)
         assert (rows[1, :, :, :3] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_sliding_window_layer_runs_by_query_blocks_without_a_sequence_mask(kind, padded, monkeypatch):
+    """Without padding, the sliding-window layer gets no [query, key] mask and runs in blocks of
+    ``window`` queries against the keys each block sees (softcap and sinks included); with
+    padding, SDPA's own mask. The model's output is its eager forward's either way."""
+    from tl_geometry.inputs import capture
+
+    model = _tiny(kind)
+    tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    if padded:
+        mask[1, :2] = 0
+    blocked = []
+    by_blocks = capture._by_query_blocks
+    monkeypatch.setattr(capture, "_by_query_blocks", lambda *a, **k: (blocked.append(a[5]), by_blocks(*a, **k))[1])
+    final = []
+    hook = model.model.norm.register_forward_hook(lambda module, inputs, out: final.append(out))
+    try:
+        capture_attention(model, tokens, lambda c: None, attention_mask=mask)
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        want = model.model(tokens, attention_mask=mask).last_hidden_state
+    assert blocked == ([] if padded else [3])
+    real = mask.bool()
+    torch.testing.assert_close(final[0][real], want[real], rtol=1e-5, atol=1e-5)

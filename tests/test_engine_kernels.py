@@ -1,5 +1,6 @@
 """The compiled helpers of the engine against obviously-correct references: the stable ranking,
-duplicate detection by hash, and the query reduction against its torch twin."""
+the inner products with a selection's aggregate (exact ties kept), the sink geometry and the
+query reduction against their torch twins."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from numba import njit
 
 from tl_geometry.engine.backend import NUMBA, TORCH
 from tl_geometry.engine.compiled.borrow import borrow
-from tl_geometry.engine.compiled.gram import _first_duplicates, tie_duplicates_and_sink_geometry
+from tl_geometry.engine.compiled.geometry import sink_geometry as compiled_sink_geometry
 from tl_geometry.engine.compiled.order import rank_keys
+from tl_geometry.engine.compiled.score import _columns, _fill_dots
 from tl_geometry.engine.options import NO_WINDOW
 from tl_geometry.engine.paired import N_BINS
-from tl_geometry.engine.twins.gram import sink_geometry, tied_gram
-from tl_geometry.functional.heads import first_duplicate
+from tl_geometry.engine.twins.geometry import sink_geometry
+from tl_geometry.engine.twins.score import _Dots
 
 
 @njit
@@ -63,20 +65,34 @@ def test_rank_is_a_stable_argsort(kind, m):
     assert np.array_equal(_ranked(score), np.argsort(score, kind="stable"))
 
 
-def test_first_duplicates_compares_rows_whose_hashes_collide():
-    """Rows ``(φ, 0)`` and ``(0, 1)`` have the same hash (weights 1, φ) but are different."""
-    phi = 1.0 + 0.6180339887498949
-    values = np.array([[phi, 0.0], [0.0, 1.0], [1.0, 2.0], [0.0, 1.0], [phi, 0.0], [1.0, 2.0],
-                       [-0.0, 1.0]])
-    got = _first_duplicates(values)
-    want = first_duplicate(torch.from_numpy(values)).numpy()
-    assert np.array_equal(np.where(got < 0, np.arange(len(values)), got), want)
-    assert want.tolist() == [0, 1, 2, 1, 0, 2, 1]
-
-
-def test_first_duplicates_of_distinct_rows_is_empty():
-    values = np.random.default_rng(0).normal(size=(50, 8))
-    assert (_first_duplicates(values) < 0).all()
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_inner_products_with_an_aggregate_keep_duplicates_tied(dtype):
+    """``⟨v_k, s⟩`` from the vectors (no Gram matrix): equal to ``V s`` within round-off, bit for
+    bit equal for bit-identical vectors, and the same bits whether the keys form one range or
+    are gathered around padding (SPEC §3's exact ties). The torch twin ties them too."""
+    rng = np.random.default_rng(5)
+    n_key, d = 23, 7  # d not a multiple of 4: the tail of the component loop runs
+    values = rng.normal(size=(n_key, d)).astype(dtype)
+    values[[6, 15, 20]] = values[3]
+    values[11] = -0.0 * values[11] + values[4]  # equal to v_4, a signed zero aside
+    columns, gdiag = np.empty((d, n_key)), np.empty(n_key)
+    _columns(values, n_key, columns, gdiag)
+    vecs = np.zeros((2, d))
+    vecs[1] = rng.normal(size=d)
+    dots_range, dots_gathered = np.full(n_key, np.nan), np.full(n_key, np.nan)
+    keys = np.arange(n_key, dtype=np.int64)
+    _fill_dots(columns, vecs, keys, True, dots_range)
+    _fill_dots(columns, vecs, keys, False, dots_gathered)
+    assert np.array_equal(dots_range, dots_gathered)
+    np.testing.assert_allclose(dots_range, values.astype(np.float64) @ vecs[1], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gdiag, (values.astype(np.float64) ** 2).sum(-1), rtol=1e-12)
+    for k in (6, 15, 20):
+        assert dots_range[k] == dots_range[3] and gdiag[k] == gdiag[3]
+    assert dots_range[11] == dots_range[4]
+    twin = _Dots(torch.from_numpy(values.astype(np.float64))[None, None])
+    got = twin(torch.from_numpy(rng.uniform(size=(1, 1, 5, n_key))))[0, 0]
+    assert all(torch.equal(got[:, k], got[:, 3]) for k in (6, 15, 20))
+    assert torch.equal(twin.squared_norms[0, 0, 6], twin.squared_norms[0, 0, 3])
 
 
 def test_reduce_kernel_equals_its_torch_twin():
@@ -108,9 +124,9 @@ def test_reduce_kernel_equals_its_torch_twin():
 
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("queries", ["all", "last", "shuffled"])
-def test_gram_kernel_equals_the_torch_gram_and_sink_geometry(queries, window):
-    """Duplicates tied in the Gram matrix, and κ and the cosines at the chosen queries, on
-    left-padded sequences (queries in any order, −1 and padded queries NaN; with a sliding
+def test_sink_geometry_kernel_equals_its_torch_twin(queries, window):
+    """κ and the cosines at the chosen queries, from the value vectors alone, on left-padded
+    sequences (queries in any order, −1 and padded queries NaN; with a sliding
     window, NaN where the window does not hold the sink)."""
     rng = np.random.default_rng(2)
     b, g, k, d, group = 3, 2, 12, 5, 2
@@ -125,12 +141,9 @@ def test_gram_kernel_equals_the_torch_gram_and_sink_geometry(queries, window):
     chosen = {"all": torch.arange(k).repeat(b, 1), "last": torch.full((b, 1), k - 1),
               "shuffled": torch.from_numpy(rng.permutation(k)).repeat(b, 1)}[queries].clone()
     chosen[0, 0] = -1
-    gram = values @ values.transpose(-1, -2)
     fields = torch.full((b, g * group, chosen.shape[1], 5), torch.nan, dtype=torch.float64)
-    tie_duplicates_and_sink_geometry(values.numpy(), real.numpy(), sink.numpy(), chosen.numpy(),
-                                     gram.numpy(), 0, group, fields.numpy(),
-                                     NO_WINDOW if window is None else window)
-    assert torch.equal(gram, tied_gram(values))
+    compiled_sink_geometry(values.numpy(), real.numpy(), sink.numpy(), chosen.numpy(), 0, group, fields.numpy(),
+                           NO_WINDOW if window is None else window)
     sees = chosen - (NO_WINDOW if window is None else window) < sink[:, None]
     want = sink_geometry(values, real, sink, chosen, sees).repeat_interleave(group, dim=1)
     ok = (chosen >= 0) & real.gather(1, chosen.clamp_min(0)) & sees

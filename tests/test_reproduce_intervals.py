@@ -161,6 +161,33 @@ def test_claim5_shares_are_recomputed_from_the_drawn_windows_votes():
     assert _share_intervals(SimpleNamespace(sequence_votes=None)) == {}  # no per-window votes saved
 
 
+def test_claim5c_compares_the_classes_sink_mass_over_the_drawn_windows():
+    """(c): α_sink(Mixer) − max(α_sink(Retriever), α_sink(Reset)), labels and masses from the same
+    drawn windows; held when the Mixers' mass is clearly larger, not held when clearly smaller,
+    no interval without per-window sink figures."""
+    from types import SimpleNamespace
+
+    from _reproduce.taxonomy import _sink_interval
+
+    from tl_geometry.functional.sink import SINK_FIELDS
+
+    gen = torch.Generator().manual_seed(4)
+    votes = torch.zeros(16, 1, 6, 3, dtype=torch.int32)
+    votes[:, 0, :2, 1] = 5  # Mixers
+    votes[:, 0, 2:4, 0] = 5  # Retrievers
+    votes[:, 0, 4:, 2] = 5  # Resets
+    sink = torch.full((16, len(SINK_FIELDS), 1, 6), torch.nan)
+    sink[:, 0] = 0.1 + 0.02 * torch.rand(16, 1, 6, generator=gen)
+    sink[:, 0, 0, :2] += 0.5  # the Mixers attend the sink most
+    held = _sink_interval(SimpleNamespace(sequence_votes=votes, window_sink=sink))
+    assert held.value == pytest.approx(0.5, abs=0.03) and held.n == 16 and decide(held, low=0.0) == HELD
+    sink[:, 0, 0, :2] -= 0.55  # now the least
+    assert decide(_sink_interval(SimpleNamespace(sequence_votes=votes, window_sink=sink)), low=0.0) == NOT_HELD
+    assert _sink_interval(SimpleNamespace(sequence_votes=votes, window_sink=None)) is None
+    votes[:, 0, :2] = votes[:, 0, 2:3]  # no Mixer left: nothing to compare
+    assert math.isnan(_sink_interval(SimpleNamespace(sequence_votes=votes, window_sink=sink)).value)
+
+
 def test_several_numbers_from_the_same_resamples():
     from _reproduce.intervals import bootstraps
 
@@ -230,6 +257,31 @@ def test_the_gap_interval_comes_from_the_analysis_own_windows():
         assert sp.gap[k].value == pytest.approx(m.geometry[i], abs=1e-6)
         assert sp.gap[k].low <= sp.gap[k].value <= sp.gap[k].high and sp.gap[k].n == 10
     assert sp == spread(r)  # seeded
+
+
+def test_claim4_intervals_come_from_the_analysis_own_windows():
+    """Claim 4's thresholded numbers on a real analysis with per-window bounds: each interval's
+    point value is the figure the rule reads on the saved means (the smallest within-N ρ, the
+    best-N excess, ρ(c_sink, R_2)); an analysis without per-window bounds has none."""
+    from dataclasses import replace
+
+    from _reproduce.certificates import SHELLS, intervals, measure
+    from cases import make_case
+
+    import tl_geometry
+
+    case = make_case(2, batch=12, n_pos=40, sink=True, n_heads=8, n_kv=8)
+    r = tl_geometry.analyze_heads(case.cache(), per_window=True, bounds=True, n_values=[1, 2, 4, 8],
+                                  random_samples=4, shuffle_samples=4, queries="last")
+    spread, point = intervals(r), measure(r)
+    for kind, _ in SHELLS:
+        fit = point.shells[kind]
+        assert spread[f"{kind} rho"].value == pytest.approx(fit.rho_min, abs=1e-6)
+        assert spread[f"{kind} excess"].value == pytest.approx(fit.best.excess, abs=1e-9)
+        assert spread[f"{kind} rho"].n == 12
+    assert spread["sink rho"].value == pytest.approx(point.sink_recall[2], abs=1e-6)
+    assert spread["sink rho"].low <= spread["sink rho"].value <= spread["sink rho"].high
+    assert intervals(replace(r, window_bounds=None)) is None
 
 
 def _nulls(main_windows, parts, noise=0.0, flip=()):

@@ -278,6 +278,19 @@ def test_per_window_arrays_are_each_windows_own_means_and_round_trip(tmp_path):
     torch.testing.assert_close(back.window_scores, kept.window_scores, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match="per_window must be"):
         tl_geometry.analyze_heads(case.cache(), per_window="yes")
+    assert kept.window_bounds is None  # no bounds asked for
+
+
+def test_per_window_bounds_are_each_windows_own_means(tmp_path):
+    """With ``bounds=True`` the per-window arrays hold each window's mean bounds too (format 7):
+    their mean over windows is the result's bounds."""
+    case = make_case(105, batch=4, n_pos=14)
+    kept = _run(case, "numba", per_window=True, bounds=True)
+    assert kept.window_bounds.shape == (4, *kept.bounds.shape)  # [window, kind, metric, layer, head, n]
+    torch.testing.assert_close(kept.window_bounds.double().nanmean(0), kept.bounds, rtol=1e-6, atol=1e-6,
+                               equal_nan=True)
+    back = tl_geometry.HeadAnalysis.load(kept.save(tmp_path / "b.pt"))
+    torch.testing.assert_close(back.window_bounds, kept.window_bounds, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

@@ -136,7 +136,8 @@ def analyze_heads(
             default False).
         backend: ``"auto"`` (default: numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
         per_window: also keep each sequence's own means (``window_scores``: top, random,
-            shuffled and sink-removed metrics; ``window_sink``: the sink diagnostics), the
+            shuffled and sink-removed metrics; ``window_sink``: the sink diagnostics;
+            ``window_bounds``: the bounds, with ``bounds=True``), the
             per-window arrays a bootstrap over windows resamples (SPEC §8); default False
             (4 bytes × groups × metrics × N per sequence and head).
 

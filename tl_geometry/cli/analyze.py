@@ -105,7 +105,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument("--save", metavar="PATH", help="also save the HeadAnalysis (torch file)")
     parser.add_argument("--per-window", action="store_true",
                         help="keep each window's own means in the saved analysis (window_scores, "
-                             "window_sink: what a bootstrap over windows resamples)")
+                             "window_sink, window_bounds: what a bootstrap over windows resamples)")
     parser.add_argument("--csv", metavar="PATH", help="also write the long-form table as CSV")
     parser.add_argument("--labels", metavar="FILE",
                         help="also write the head labels (class, vote fractions, margin, stability; "

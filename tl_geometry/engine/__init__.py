@@ -1,7 +1,7 @@
 """The analysis engine: the one place that turns a layer's pattern and values into results.
 
 ``options`` validates the options; ``layer`` does one layer's work (fused validation and votes
-in ``checks``, Gram matrices, selections and scores, sink geometry; with recomputed rows, the
+in ``checks``, sink geometry, selections and scores; with recomputed rows, the
 votes come from the queries and keys: ``key_votes``) through the :class:`~.backend.Backend`
 that ``backend`` chooses for it: the compiled kernels of ``compiled`` (numba, CPU) or their
 torch twins of ``twins`` (any device), which share ``layout``; ``accumulate`` sums layers,

@@ -84,6 +84,10 @@ class Accumulator:
     arrays; NaN where undefined); without, a tensor with no layer (nothing is kept)."""
     window_sink: Float[Tensor, "sequence layer head field"]
     """With ``per_window``: each sequence's sink diagnostics (SPEC §4), as ``window_scores``."""
+    window_bounds: Float[Tensor, "sequence layer head kind n bmetric"]
+    """With ``per_window`` and bounds: each sequence's mean bounds, as ``window_scores``."""
+    votes_rechecked: Int[Tensor, " layer"]
+    """Rows whose vote was read from their float64 row (the logits could not settle it)."""
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
@@ -121,8 +125,12 @@ class Accumulator:
         window_scores = torch.zeros(n_sequences, kept, n_heads, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES),
                                     dtype=torch.float32, device=device)
         window_sink = torch.zeros(n_sequences, kept, n_heads, len(SINK_FIELDS), dtype=torch.float32, device=device)
+        window_bounds = torch.zeros(n_sequences, kept, n_heads, len(BOUND_KINDS), n_sizes, len(BOUND_METRICS),
+                                    dtype=torch.float32, device=device)
         return cls(**sums, sequence_votes=votes, sink_visible=visible, truncation_rows=rows,
-                   beyond_votes=beyond, block_votes=blocks, window_scores=window_scores, window_sink=window_sink)
+                   beyond_votes=beyond, block_votes=blocks, window_scores=window_scores, window_sink=window_sink,
+                   window_bounds=window_bounds,
+                   votes_rechecked=torch.zeros(n_layers, dtype=torch.int64, device=device))
 
     def tensors(self) -> Iterator[Tensor]:
         """Every sum and count, in field order (for all-reduce across processes)."""
@@ -150,7 +158,7 @@ class Accumulator:
         """This accumulator with at least ``n`` per-sequence rows (new rows hold no votes), and
         ``n_queries`` chosen queries and ``n_blocks`` vote blocks per row where it had none yet."""
         votes, rows, blocks = self.sequence_votes, self.truncation_rows, self.block_votes
-        scores, sinks = self.window_scores, self.window_sink
+        scores, sinks, bounds = self.window_scores, self.window_sink, self.window_bounds
         if n_queries is not None and rows.shape[1] != n_queries:
             if rows.shape[1]:
                 raise ValueError(f"a batch has {n_queries} chosen queries per sequence, the earlier "
@@ -170,8 +178,9 @@ class Accumulator:
         if len(scores) < n:
             scores = torch.cat([scores, scores.new_zeros(n - len(scores), *scores.shape[1:])])
             sinks = torch.cat([sinks, sinks.new_zeros(n - len(sinks), *sinks.shape[1:])])
+            bounds = torch.cat([bounds, bounds.new_zeros(n - len(bounds), *bounds.shape[1:])])
         return replace(self, sequence_votes=votes, truncation_rows=rows, block_votes=blocks,
-                       window_scores=scores, window_sink=sinks)
+                       window_scores=scores, window_sink=sinks, window_bounds=bounds)
 
     def add(self, li: int, stats: LayerStats, sequence_offset: int = 0) -> None:
         """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
@@ -189,11 +198,14 @@ class Accumulator:
         self.beyond_votes[li] += stats.beyond_votes.to(self.beyond_votes.device, torch.int64)
         stop = sequence_offset + stats.sequence_votes.shape[0]
         grown = self._rows(stop, stats.truncation_rows.shape[1], stats.block_votes.shape[1])
-        for name in ("sequence_votes", "truncation_rows", "block_votes", "window_scores", "window_sink"):
+        for name in ("sequence_votes", "truncation_rows", "block_votes", "window_scores", "window_sink",
+                     "window_bounds"):
             setattr(self, name, getattr(grown, name))
         if self.window_scores.shape[1]:  # per_window: one batch writes each sequence's row
             self.window_scores[sequence_offset:stop, li] = seq_mean.to(self.window_scores)
             self.window_sink[sequence_offset:stop, li] = stats.sink_mean.to(self.window_sink)
+            if stats.bound_mean is not None:
+                self.window_bounds[sequence_offset:stop, li] = stats.bound_mean.to(self.window_bounds)
         self.sequence_votes[sequence_offset:stop, li] += stats.sequence_votes.to(self.sequence_votes.device)
         self.block_votes[sequence_offset:stop, :, li] += stats.block_votes.to(self.block_votes.device)
         self.truncation_rows[sequence_offset:stop, :, li] += stats.truncation_rows.to(self.truncation_rows.device)
@@ -203,6 +215,8 @@ class Accumulator:
             _add_means(self.regime_sum[li], self.regime_count[li], stats.regime.to(self.regime_sum.device))
         if stats.sink_visible is not None:
             self.sink_visible[li] += stats.sink_visible.to(self.sink_visible.device)
+        if stats.votes_rechecked is not None:
+            self.votes_rechecked[li] += stats.votes_rechecked.to(self.votes_rechecked.device)
 
     def finish(
         self, layers: Sequence[int], opts: AnalysisOptions, n_pos: int, metadata: dict[str, Any],
@@ -212,7 +226,8 @@ class Accumulator:
 
         ``windows`` (one per layer, ``None`` for a global one) and the per-layer counts of
         instances that see the sink are recorded in the metadata (``"window"``,
-        ``"sink_visible"``, ``"instances"``; SPEC §1)."""
+        ``"sink_visible"``, ``"instances"``, ``"sink_read_earlier"``; SPEC §1), with the rows
+        whose vote was read from their float64 row per layer (``"votes_rechecked"``)."""
         too_big = [int(n) for n in opts.n_values if n >= n_pos]
         if too_big:
             warnings.warn(
@@ -233,7 +248,8 @@ class Accumulator:
         metadata = {**metadata, "window": list(windows),
                     "sink_visible": [int(x) for x in visible[:, 0].tolist()],
                     "instances": [int(x) for x in visible[:, 1].tolist()],
-                    "sink_read_earlier": [int(x) for x in visible[:, 2].tolist()]}
+                    "sink_read_earlier": [int(x) for x in visible[:, 2].tolist()],
+                    "votes_rechecked": [int(x) for x in self.votes_rechecked.cpu().tolist()]}
         seq_mean = self.seq_sum / self.seq_count
         inst_mean = self.inst_sum / self.inst_count[..., None]
         instances = rearrange(self.truncation_rows, "s q l h n m -> (s q) m l h n")
@@ -261,6 +277,8 @@ class Accumulator:
             if self.window_scores.shape[1] else None,
             window_sink=rearrange(self.window_sink, "s l h f -> s f l h").cpu().contiguous()
             if self.window_sink.shape[1] else None,
+            window_bounds=rearrange(self.window_bounds, "s l h k n b -> s k b l h n").cpu().contiguous()
+            if self.window_bounds.shape[1] and opts.bounds else None,
         )
 
 

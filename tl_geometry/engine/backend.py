@@ -32,7 +32,7 @@ from .block import LayerBlock
 from .layout import F_SCORE, SINK_REMOVED, TOP_GROUP, Reduced
 from .paired import N_BINS
 from .twins import check as twin_check
-from .twins import gram as twin_gram
+from .twins import geometry as twin_geometry
 from .twins import reduce as twin_reduce
 from .twins import score as twin_score
 
@@ -54,9 +54,8 @@ class Backend:
 
     ``check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, vote_of)``
     adds one block of rows to the validation statistics and writes its queries' votes
-    (:func:`.compiled.check.check_and_vote`); ``gram_and_sink_geometry(values, is_token, sink,
-    queries, h0, group_size, window, sink_fields) → gram`` gives the tied Gram matrices and writes
-    the sink geometry (:func:`.compiled.gram.tie_duplicates_and_sink_geometry`);
+    (:func:`.compiled.check.check_and_vote`); ``sink_geometry(values, is_token, sink, queries, h0,
+    group_size, window, sink_fields)`` writes the sink geometry (:func:`.compiled.geometry.sink_geometry`);
     ``score_vectors(layer, values)`` lays the value vectors out as ``score_rows`` reads them;
     ``score_rows(...)`` scores every selection (:func:`.compiled.score.score_rows`);
     ``reduce_rows(metrics, sink_in_top, sink_fields, sees_sink) → Reduced`` reduces over queries
@@ -67,7 +66,7 @@ class Backend:
     upcast_rows: bool
     """The kernels read float32 or float64 rows only: a half-precision pattern is upcast."""
     check_and_vote: Callable[..., None]
-    gram_and_sink_geometry: Callable[..., Tensor]
+    sink_geometry: Callable[..., None]
     score_vectors: Callable[[LayerBlock, Tensor], Tensor]
     score_rows: Callable[..., None]
     reduce_rows: Callable[[Tensor, Tensor, Tensor, Tensor], Reduced]
@@ -133,9 +132,10 @@ _fallback: BaseException | None = None
 @functools.cache
 def _kernels() -> Any:
     """The compiled modules, imported (numba with them) on first use."""
-    from .compiled import check, compilation, gram, reduce, score, vote
+    from .compiled import check, compilation, geometry, reduce, score, vote
 
-    return SimpleNamespace(check=check, compilation=compilation, gram=gram, reduce=reduce, score=score, vote=vote)
+    return SimpleNamespace(check=check, compilation=compilation, geometry=geometry, reduce=reduce, score=score,
+                           vote=vote)
 
 
 def _fall_back(error: BaseException, *, loading: bool) -> None:
@@ -166,14 +166,10 @@ def _check_and_vote(rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, 
                                     group_size, window, stats.numpy(), vote_of.numpy())
 
 
-def _gram_and_sink_geometry(values: Tensor, is_token: Tensor, sink: Tensor, queries: Tensor, h0: int,
-                            group_size: int, window: int, sink_fields: Tensor) -> Tensor:
-    # Our own contiguous tensor: the kernel ties it in place, writing through its view.
-    gram = (values @ values.transpose(-1, -2)).detach().contiguous()
-    _kernels().gram.tie_duplicates_and_sink_geometry(
-        *(_numpy(x) for x in (values, is_token, sink, queries)), gram.numpy(), h0, group_size,
-        sink_fields.numpy(), window)
-    return gram
+def _sink_geometry(values: Tensor, is_token: Tensor, sink: Tensor, queries: Tensor, h0: int,
+                   group_size: int, window: int, sink_fields: Tensor) -> None:
+    _kernels().geometry.sink_geometry(*(_numpy(x) for x in (values, is_token, sink, queries)), h0, group_size,
+                                      sink_fields.numpy(), window)
 
 
 def _score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
@@ -223,7 +219,7 @@ NUMBA = Backend(
     name="numba",
     upcast_rows=True,
     check_and_vote=_check_and_vote,
-    gram_and_sink_geometry=_gram_and_sink_geometry,
+    sink_geometry=_sink_geometry,
     score_vectors=_score_vectors,
     score_rows=_score_rows,
     reduce_rows=_reduce_rows,
@@ -234,7 +230,7 @@ TORCH = Backend(
     name="torch",
     upcast_rows=False,
     check_and_vote=twin_check.check_and_vote,
-    gram_and_sink_geometry=twin_gram.gram_and_sink_geometry,
+    sink_geometry=twin_geometry.write_sink_geometry,
     score_vectors=twin_score.score_vectors,
     score_rows=twin_score.score_rows,
     reduce_rows=twin_reduce.reduce_rows,

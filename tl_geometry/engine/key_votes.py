@@ -6,7 +6,8 @@ softmax rows: nothing on future, padding or out-of-window keys, no negative entr
 never a row without mass, so the checks have nothing to find. The votes come from the
 backend's compiled :func:`.compiled.vote.vote_from_keys`, which compares logits plus ``log‖v‖``
 (no ``exp``, no row of probabilities) and settles each row by a margin test; the few rows it
-cannot settle (exact ties) are recomputed in float64, in the blocks the rows path computes them
+cannot settle (exact ties, and near-ties within the float32 logits' error bound) are recomputed
+in float64, in the blocks the rows path computes them
 in, and read as the pattern path reads them (:func:`.compiled.check.check_and_vote_rows`). The
 votes are those of the float64 rows bit for bit.
 
@@ -42,9 +43,10 @@ def check_and_vote(
     group_size: int,
     window: int | None,
     backend: Backend,
-) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"]] | None:
-    """Validation statistics of every (sequence, head) and each query's source-winner vote
-    (:func:`.checks.check_and_vote`'s ``vote_of``) from ``qk`` (CPU),
+) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"], int] | None:
+    """Validation statistics of every (sequence, head), each query's source-winner vote
+    (:func:`.checks.check_and_vote`'s ``vote_of``) and how many rows were read in float64 because
+    their logits could not settle the vote, from ``qk`` (CPU),
     as :func:`.checks.check_and_vote` gives them from the float64 rows; ``None`` where the rows
     must be read instead (module docstring). ``norms`` are the value groups' ``‖v‖``; query head
     ``h`` reads group ``h // group_size``; ``window`` is the layer's declared window; the
@@ -58,10 +60,10 @@ def check_and_vote(
     if not all(bool((torch.isfinite(x.sum(-1)) | padding).all()) for x in (q, k)):
         return None
     batch, n_pos, n_heads, _ = q.shape
-    # float32 holds every float32, bf16 or fp16 entry exactly (and the kernel's products of two
-    # are exact in float64); anything else is read in float64.
+    # float32 holds every float32, bf16 or fp16 entry exactly, and the logits are summed in
+    # float32 (twice the lanes; the margin test takes its larger error); anything else in float64.
     narrow = {q.dtype, k.dtype} <= {torch.float32, torch.bfloat16, torch.float16}
-    dtype = torch.float32 if narrow else COMPUTE_DTYPE
+    dtype, unit = (torch.float32, 2.0**-24) if narrow else (COMPUTE_DTYPE, 2.0**-53)
     keys = k.to(dtype).masked_fill(padding[..., None], 0.0)  # padding: never a key's logit
     key_norm_max = torch.linalg.vector_norm(k, dim=-1, dtype=COMPUTE_DTYPE).masked_fill(padding, 0.0).amax(1)
     log_norms = norms.to(COMPUTE_DTYPE).log().masked_fill(~is_token[:, None, :], -torch.inf)
@@ -77,12 +79,12 @@ def check_and_vote(
         log_norms.contiguous().numpy(),
         log_norms.amax(-1).contiguous().numpy(),
         key_norm_max.contiguous().numpy(),
-        kernel_window, n_heads // k.shape[2], group_size, vote_of, uncertain,
+        kernel_window, n_heads // k.shape[2], group_size, unit, vote_of, uncertain,
     )
     if uncertain.any():
         _recheck(qk, torch.from_numpy(uncertain), is_token, sink, norms, group_size, kernel_window, stats, vote_of,
                  kernels.check_rows)
-    return torch.from_numpy(stats), torch.from_numpy(vote_of)
+    return torch.from_numpy(stats), torch.from_numpy(vote_of), int(uncertain.sum())
 
 
 def _same_mask(key_mask: Tensor | None, is_token: Tensor) -> bool:

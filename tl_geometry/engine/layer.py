@@ -7,10 +7,10 @@ no more than a fraction of the pattern's size is held at once (:func:`_chunk_pla
    group ``h // (n_heads // n_kv)``), the query heads in output space (``v·W_O[h]``);
 2. validation and the source-winner votes in one read of the rows (:mod:`.checks`), or from
    the queries and keys that recomputed rows come from (:mod:`.key_votes`);
-3. the Gram matrices ``G = V Vᵀ`` of the chunk's groups, rows and columns of bit-identical
-   value vectors made identical (exact ties stay exact, SPEC §3), and the sink geometry (κ,
-   cosines, SPEC §4) from running sums along the keys;
-4. every selection of every chosen query (SPEC §2–3, §10);
+3. the sink geometry (κ, cosines, SPEC §4) from running sums along the keys;
+4. every selection of every chosen query (SPEC §2–3, §10), its inner products ``⟨v_k, s_N⟩``
+   from the vectors and each selection's aggregate ``s_N`` (no Gram matrix: memory
+   ``O(keys·d)`` per group, and bit-identical vectors stay exactly tied, SPEC §3);
 
 then the per-query rows are reduced over queries (:func:`_reduce`); the top-N set's truncation
 figures (SPEC §10) are also handed on per query, for their exact percentiles.
@@ -43,7 +43,7 @@ from .layout import INVERSIONS, SEQUENCE_GROUPS, SINK_REMOVED, TOP_GROUP, TRUNCA
 from .options import SHUFFLE_KINDS, AnalysisOptions, n_chosen
 from .rng import sampled_positions, sequence_keys
 
-#: Bytes of chunk tensors (Gram blocks, values, upcast pattern rows) per byte of pattern.
+#: Bytes of chunk tensors (value vectors, upcast pattern rows) per byte of pattern.
 CHUNK_FRACTION = 0.25
 #: … but never less than this, so small layers are one chunk.
 MIN_CHUNK_BYTES = 1 << 24
@@ -81,6 +81,9 @@ class LayerStats(NamedTuple):
     sink_visible: Float[Tensor, " seen_all_earlier"] | None = None
     """Chosen (sequence, query) instances whose window holds the sink, all of them, and those
     whose sink figures were read at an earlier query, ``t_sink`` (SPEC §1)."""
+    votes_rechecked: Int[Tensor, ""] | None = None
+    """(query, head) rows whose vote was read from their float64 row because the logits could
+    not settle it (:mod:`.key_votes`; 0 where the votes are read from the rows)."""
 
 
 def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
@@ -110,19 +113,19 @@ def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
 
 
 def _chunk_plan(layer: LayerBlock, d_values: int) -> list[tuple[int, int, int, int]]:
-    """``(b0, b1, g0, g1)`` chunks whose Gram blocks, values and rows fit the budget."""
+    """``(b0, b1, g0, g1)`` chunks whose value vectors and rows fit the budget."""
     batch, n_heads, n_pos = layer.source.shape
     itemsize = torch.empty((), dtype=layer.source.dtype).element_size()
     # The budget is a fraction of what the layer's whole pattern takes (or would take).
     budget = max(MIN_CHUNK_BYTES, int(CHUNK_FRACTION * batch * n_heads * n_pos * n_pos * itemsize))
-    gram_bytes = n_pos * n_pos * 8
-    per_seq = layer.n_groups * (gram_bytes + n_pos * d_values * 8)
+    group_bytes = n_pos * d_values * 8  # one value group's vectors: O(T·d), no Gram matrix
+    per_seq = layer.n_groups * group_bytes
     if layer.source.dtype not in (torch.float32, torch.float64):
         per_seq += n_heads * n_pos * n_pos * 4  # the float32 copy of the rows
     if per_seq <= budget:
         step = max(1, budget // per_seq)
         return [(b, min(batch, b + step), 0, layer.n_groups) for b in range(0, batch, step)]
-    g_step = max(1, budget // gram_bytes)
+    g_step = max(1, budget // group_bytes)
     return [(b, b + 1, g, min(layer.n_groups, g + g_step))
             for b in range(batch) for g in range(0, layer.n_groups, g_step)]
 
@@ -247,6 +250,7 @@ class _RowOutputs(NamedTuple):
     sink_in_top: Bool[Tensor, "batch head q n"]
     sink_fields: Float[Tensor, "batch head q field"]
     vote_of: Int[Tensor, "batch head pos"]
+    rechecked: Int[Tensor, ""]
 
     @classmethod
     def empty(cls, data: LayerBlock, n_sizes: int) -> _RowOutputs:
@@ -258,6 +262,7 @@ class _RowOutputs(NamedTuple):
             torch.zeros(batch, n_heads, n_q, n_sizes, dtype=torch.bool, device=device),
             torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device),
             torch.full((batch, n_heads, data.source.shape[2]), -1, dtype=torch.int8, device=device),
+            torch.zeros((), dtype=torch.int64),
         )
 
 
@@ -273,17 +278,19 @@ def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer:
         found = key_votes.check_and_vote(data.source.query_keys(b0, b1), is_token, sink, norms,
                                          data.group_size, data.window, backend)
     if found is None:
-        found = checks.check_and_vote(data.source.blocks(b0, b1), is_token, sink, norms, data.group_size,
-                                      backend, window=data.kernel_window)
-    stats, out.vote_of[b0:b1] = found
+        found = (*checks.check_and_vote(data.source.blocks(b0, b1), is_token, sink, norms, data.group_size,
+                                        backend, window=data.kernel_window), 0)
+    stats, out.vote_of[b0:b1], rechecked = found
+    out.rechecked.add_(rechecked)
     checks.raise_for_stats(stats, layer, b0, mask_given=mask_given, window=data.window)
     return values
 
 
 def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: Tensor, out: _RowOutputs,
                  b0: int, b1: int, g0: int, g1: int, backend: Backend) -> None:
-    """Gram matrices, the sink geometry (SPEC §4) and every selection's scores (SPEC §2–3) of
-    sequences ``b0:b1`` and value groups ``g0:g1``, written into ``out``."""
+    """The sink geometry (SPEC §4) and every selection's scores (SPEC §2–3) of sequences
+    ``b0:b1`` and value groups ``g0:g1``, written into ``out``: from the value vectors, in
+    memory ``O(keys·d)`` (no Gram matrix)."""
     queries, is_token, sink, start = data.queries[b0:b1], data.is_token[b0:b1], data.sink[b0:b1], data.start[b0:b1]
     if int(queries.max()) < 0:  # no chosen query in these sequences (e.g. the t_sink pass): nothing to score
         return
@@ -292,21 +299,19 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
     n_keys = max(int(queries.max()), int(sink.max())) + 1
     chunk = values[:, g0:g1, :n_keys]
     h0 = g0 * data.group_size
-    gram = backend.gram_and_sink_geometry(chunk, is_token[:, :n_keys], sink, queries, h0, data.group_size,
-                                          data.kernel_window, out.sink_fields[b0:b1])
+    backend.sink_geometry(chunk, is_token[:, :n_keys], sink, queries, h0, data.group_size, data.kernel_window,
+                          out.sink_fields[b0:b1])
     real_index = is_token.long().cumsum(-1) - 1
-    # The scoring reads the vectors too (SPEC §10's output errors): laid out once for every block.
-    vectors = backend.score_vectors(data, chunk)
+    vectors = backend.score_vectors(data, chunk)  # laid out once for every block of queries
     for q0, q1 in _query_blocks(data.source, queries, n_keys):
         rows, row_of = data.source.rows(b0, b1, queries[:, q0:q1])
         backend.score_rows(
             rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, start, sink, data.kernel_window,
-            real_index, keys[b0:b1], gram, vectors, opts.n_values.to(gram.device), opts.random_samples,
+            real_index, keys[b0:b1], vectors, opts.n_values.to(vectors.device), opts.random_samples,
             opts.shuffle_samples, SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution",
             opts.distance == "cosine",
             out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1])
         del rows
-    del gram  # this chunk's Gram matrices go before the next chunk's are made
 
 
 def _query_blocks(source: AttentionRows, queries: Tensor, n_keys: int) -> list[tuple[int, int]]:
@@ -322,7 +327,7 @@ def _query_blocks(source: AttentionRows, queries: Tensor, n_keys: int) -> list[t
 
 def _reduce(
     data: LayerBlock, opts: AnalysisOptions, metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor,
-    vote_of: Tensor, layer: int, backend: Backend,
+    vote_of: Tensor, rechecked: Tensor, layer: int, backend: Backend,
 ) -> LayerStats:
     """Per-query rows → per-sequence means, sink-in/out instance sums, paired-sink counts, votes."""
     queries = data.queries
@@ -344,4 +349,5 @@ def _reduce(
         sink_visible=torch.stack([sees_sink.sum(), instances.sum(), torch.zeros_like(instances.sum())]
                                  ).to(COMPUTE_DTYPE),
         truncation_rows=rearrange(metrics[:, :, :, TOP_GROUP, :, TRUNCATION], "b h q n m -> b q h n m"),
+        votes_rechecked=rechecked,
     )

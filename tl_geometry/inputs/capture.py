@@ -10,7 +10,11 @@ How: a custom attention function is registered with transformers (``AttentionInt
 with the SDPA mask builder under the same name) and set as the model's attention
 implementation for the duration of one forward of the *base* model (no LM head, so no logits).
 The function passes the layer's tensors to your callback and then delegates to transformers'
-own SDPA attention, which never forms the ``[query, key]`` matrix on its fused paths. A model
+own SDPA attention, which never forms the ``[query, key]`` matrix on its fused paths. A
+sliding-window layer without padding gets no ``[query, key]`` mask either (ours): its mask
+builder is told to skip it, and the layer runs in blocks of ``window`` queries, each against the
+``2·window − 1`` keys it can see with a band mask of that size (:func:`_by_query_blocks`), so its
+cost grows as ``T·window``, not ``T²``. A model
 wrapped by TransformerLens's ``TransformerBridge`` has its modules replaced by bridge
 components that reimplement attention eagerly; they are swapped back to the original Hugging
 Face modules for the forward. Everything (modules, attention implementation, registrations) is
@@ -127,16 +131,20 @@ def _configs(model: torch.nn.Module) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _attention_implementation(model: torch.nn.Module, function: Callable[..., Any]) -> Iterator[None]:
-    """Register ``function`` (with SDPA's masks) and make it every config's attention, then undo."""
+def _attention_implementation(model: torch.nn.Module, function: Callable[..., Any],
+                              skipped: set[int]) -> Iterator[None]:
+    """Register ``function`` (with SDPA's masks, except the sliding-window masks that
+    :func:`_window_mask` skips, whose windows it adds to ``skipped``) and make it every config's
+    attention, then undo."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     name = f"tl_geometry_capture_{next(_names)}"
     configs = _configs(model)
     saved = [config._attn_implementation_internal for config in configs]
+    sdpa_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
     AttentionInterface.register(name, function)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register(name, lambda *args, **kwargs: _window_mask(sdpa_mask, skipped, *args, **kwargs))
     try:
         # The internal attribute: the public setter would also rewrite sub-configs' choices.
         for config in configs:
@@ -147,6 +155,41 @@ def _attention_implementation(model: torch.nn.Module, function: Callable[..., An
             config._attn_implementation_internal = implementation
         AttentionInterface._global_mapping.pop(name, None)
         AttentionMaskInterface._global_mapping.pop(name, None)
+
+
+def _window_mask(sdpa_mask: Callable[..., Any], skipped: set[int], *args: Any, **kwargs: Any) -> Any:
+    """SDPA's mask, except for a plain sliding-window causal mask over the whole sequence without
+    padding: ``None`` (no ``[query, key]`` mask is formed), its window added to ``skipped`` so that
+    the attention function applies it by query blocks (:func:`_by_query_blocks`)."""
+    window = kwargs.get("local_size")
+    padding = kwargs.get("attention_mask")
+    plain = (not args and kwargs.get("allow_is_causal_skip", False)
+             and kwargs.get("q_length") == kwargs.get("kv_length")
+             and isinstance(kwargs.get("q_offset", 0), int) and kwargs.get("q_offset", 0) == 0
+             and isinstance(kwargs.get("kv_offset", 0), int) and kwargs.get("kv_offset", 0) == 0
+             and (padding is None or bool(padding.all())))
+    if not (plain and isinstance(window, int) and window > 0):
+        return sdpa_mask(*args, **kwargs)
+    skipped.add(window)
+    return None
+
+
+def _by_query_blocks(attend: Callable[..., Any], module: torch.nn.Module, query: Tensor, key: Tensor,
+                     value: Tensor, window: int, **kwargs: Any) -> tuple[Tensor, None]:
+    """A sliding-window layer's attention (key ``i`` visible to query ``t`` iff ``t − window < i ≤
+    t``) in blocks of ``window`` queries, each against the keys it can see, with a band mask of
+    ``window × (2·window − 1)``: ``attend``'s output ``[batch, pos, head, d]`` over the whole
+    sequence, never a ``[query, key]`` mask of the sequence."""
+    n_pos = query.shape[2]
+    parts = []
+    for start in range(0, n_pos, window):
+        stop, lo = min(n_pos, start + window), max(0, start - window + 1)
+        t = torch.arange(start, stop, device=query.device)[:, None]
+        i = torch.arange(lo, stop, device=query.device)[None, :]
+        band = ((i <= t) & (i > t - window))[None, None]
+        out, _ = attend(module, query[:, :, start:stop], key[:, :, lo:stop], value[:, :, lo:stop], band, **kwargs)
+        parts.append(out)
+    return torch.cat(parts, dim=1), None
 
 
 def _delegate(module: torch.nn.Module, softcap: float | None, sinks: Tensor | None) -> Callable[..., Any]:
@@ -261,6 +304,7 @@ def capture_attention(
     """
     hf_model = _unwrapped(model)
     base = getattr(hf_model, "base_model", hf_model)  # the decoder stack, without the LM head
+    skipped: set[int] = set()  # the windows whose masks were not formed (_window_mask)
 
     def attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                   mask: Tensor | None, **kwargs: Any) -> Any:
@@ -272,10 +316,12 @@ def capture_attention(
             q=query.transpose(1, 2), k=key.transpose(1, 2), v=value.transpose(1, 2),
             params=params,
         ))
-        return _delegate(module, params.softcap, params.sinks)(module, query, key, value, mask,
-                                                              **kwargs)
+        attend = _delegate(module, params.softcap, params.sinks)
+        if mask is None and params.window in skipped and params.window < query.shape[2]:
+            return _by_query_blocks(attend, module, query, key, value, params.window, **kwargs)
+        return attend(module, query, key, value, mask, **kwargs)
 
-    with (_original_modules(hf_model), _attention_implementation(hf_model, attention),
+    with (_original_modules(hf_model), _attention_implementation(hf_model, attention, skipped),
           torch.no_grad()):
         device = base.get_input_embeddings().weight.device  # the first layer's, under a device map
         mask = attention_mask.to(device) if attention_mask is not None else None

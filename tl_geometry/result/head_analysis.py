@@ -145,6 +145,10 @@ class HeadAnalysis(Shortcuts):
     arrays a bootstrap over windows resamples (SPEC §8); ``None`` otherwise."""
     window_sink: Float[Tensor, "sequence field layer head"] | None = None
     """With ``per_window=True``: each sequence's sink diagnostics (SPEC §4); ``None`` otherwise."""
+    window_bounds: Float[Tensor, "sequence kind bmetric layer head n"] | None = None
+    """With ``per_window=True`` and ``bounds=True``: each sequence's mean lower bounds (as
+    :attr:`bounds`), for intervals over windows of what the bounds are compared with (SPEC §8);
+    ``None`` otherwise and in files of format 6 and earlier."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))

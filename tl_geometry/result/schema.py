@@ -65,6 +65,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "block_votes": ("sequence", "block", "layer", "head", "vote"),
     "window_scores": ("sequence", "window_group", "metric", "layer", "head", "n"),
     "window_sink": ("sequence", "sink_field", "layer", "head"),
+    "window_bounds": ("sequence", "bound_kind", "bound_metric", "layer", "head", "n"),
 }
 #: The groups whose means are taken per sequence first (SPEC §8): the per-window arrays'.
 WINDOW_GROUPS: tuple[str, ...] = GROUPS[:4]
@@ -72,7 +73,7 @@ WINDOW_GROUPS: tuple[str, ...] = GROUPS[:4]
 #: paired sink effect, the per-sequence votes, the truncation percentiles and the votes apart
 #: and per block (absent from files of earlier versions).
 OPTIONAL = ("bounds", "regime", "paired", "sequence_votes", "truncation_p90", "beyond_votes", "block_votes",
-            "window_scores", "window_sink")
+            "window_scores", "window_sink", "window_bounds")
 #: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
 COUNT_FIELDS = ("group_counts", "vote_counts", "sequence_votes", "beyond_votes", "block_votes")
 

@@ -6,10 +6,12 @@ norms, directions or unselected), for every N (SPEC §2–3). It has a
 pure-torch twin in :mod:`..twins.score` (for CUDA and other devices, and as a second
 implementation the tests compare); validation and votes are :mod:`.check`'s.
 
-Inner products come from the Gram matrix ``G = V Vᵀ`` of the row's value group, accumulated as
-nested prefix sums along each selection order: ``⟨v_k, s_N⟩ = Σ_{r<N} α_{π(r)} G[π(r), k]``, so
-every N of one order costs one pass over ``max N`` rows of ``G`` (four rows per pass over the
-keys between two N of the grid: the same terms for every key, so equal keys stay equal).
+Inner products come from the value vectors, never from a Gram matrix (memory ``O(k·d)`` per
+task, not ``O(k²)``): along each selection order the aggregate ``s_N = Σ_{r<N} α_{π(r)} v_{π(r)}``
+is grown between two N of the grid, and at each N of the grid ``⟨v_k, s_N⟩ = Σ_c V[k, c] s_N[c]``
+is one pass over the keys per four components (:func:`_fill_dots`), so one order costs
+``O(max N·d + |grid|·|keys|·d)``. Every key's sum runs over the components in the same order, so
+bit-identical value vectors get bit-identical products: exact ties stay ties (SPEC §3).
 Euclidean comparisons use ``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders
 keys exactly as ``D`` does without the cancellation of ``‖s‖²``; ``‖s‖²`` enters only the
 margin. Keys that are not candidates carry a +∞ penalty, so the passes over the keys have no
@@ -149,8 +151,22 @@ def _truncation(vecs, sq_o, tail, out, grp, ni):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
+def _distance(k, alpha, values, source, vecs):  # pragma: no cover - compiled
+    """``D_k = ‖α_k v_{source[k]} − s_N‖`` from the vectors (``s_N = vecs[1]``): exactly 0 where
+    the key's contribution is one that ``s_N`` holds alone (N = 1), where ``√(E_k + ‖s_N‖²)``
+    would be the square root of a rounding error."""
+    src = source[k]
+    a = alpha[k]
+    x = 0.0
+    for c in range(vecs.shape[1]):
+        diff = a * values[src, c] - vecs[1, c]
+        x += diff * diff
+    return np.sqrt(x)
+
+
+@njit(cache=True, inline="always")
 def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, out,
-           grp, ni, vecs, sq_o, tail):
+           grp, ni, vecs, sq_o, tail, values, source):
     """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[grp, ni, 0:7]``,
     and τ_N (``tail``) and the relative truncation error (SPEC §10) to ``out[grp, ni, 7:9]``.
 
@@ -158,7 +174,8 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     (the first ``n`` of ``order``, and ``excluded`` ≥ 0, the sink of the sink-removed group)
     and 0 elsewhere. Adding it to E leaves the candidates' E bit for bit (x + 0 = x) and sends
     the others past every comparison, so the passes over the keys carry no branches.
-    ``vecs`` holds the output ``o`` and ``s_N`` in the analysis space, ``sq_o = ‖o‖²``.
+    ``vecs`` holds the output ``o`` and ``s_N`` in the analysis space, ``sq_o = ‖o‖²``; key
+    ``k`` holds the vector ``values[source[k]]`` (moved by the unselected null, else its own).
     """
     sq_s = 0.0
     for r in range(n):
@@ -166,9 +183,13 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
         sq_s += alpha[i] * dots[i]
     norm_s = np.sqrt(max(sq_s, 0.0))
     e_max = -np.inf
+    i_max = -1  # the lowest key of largest E in S_N (the margin's D_max)
     for r in range(n):
-        sel[r] = _key_e(order[r], alpha, dots, gdiag, norms, norm_s, cosine)
-        e_max = max(e_max, sel[r])
+        i = order[r]
+        sel[r] = _key_e(i, alpha, dots, gdiag, norms, norm_s, cosine)
+        if sel[r] > e_max or (sel[r] == e_max and i < i_max):
+            e_max = sel[r]
+            i_max = i
     m = keys.shape[0]
     lo = keys[0]
     hi = keys[m - 1] + 1
@@ -184,6 +205,12 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
             buf[j] = x
             e_min = min(e_min, x)
             contaminating += x <= e_max
+    k_min = -1  # the lowest key of smallest E outside S_N (the margin's D_min)
+    if not cosine and e_min < np.inf:
+        j = 0
+        while j < m - 1 and buf[j] != e_min:
+            j += 1
+        k_min = lo + j if hi - lo == m else keys[j]
     recalled = 0
     for r in range(n):
         recalled += sel[r] < e_min
@@ -230,34 +257,33 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     if cosine:
         out[grp, ni, 3] += e_min - e_max
     else:
-        d_min = np.sqrt(max(e_min + sq_s, 0.0))
-        d_max = np.sqrt(max(e_max + sq_s, 0.0))
-        # (E_min − E_max)/(D_min + D_max) = D_min − D_max without subtracting near-equal roots.
+        # The two distances from the vectors (exact at D = 0), their difference as
+        # (E_min − E_max)/(D_min + D_max): its sign is the E order's, and no near-equal roots
+        # are subtracted.
+        d_min = _distance(k_min, alpha, values, source, vecs) if k_min >= 0 else np.sqrt(max(e_min + sq_s, 0.0))
+        d_max = _distance(i_max, alpha, values, source, vecs)
         out[grp, ni, 3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
     out[grp, ni, 4] += inversions
     _truncation(vecs, sq_o, tail, out, grp, ni)
 
 
 @njit(cache=True)
-def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, norms, n_values,
-               cosine, dots, penalty, buf, sel, out, grp, values, vecs, sq_o, total):  # pragma: no cover - compiled
-    """Accumulate ``⟨v_k, s_N⟩`` along ``order`` and add the scores of every N ≤ ``n_max`` to
-    ``out[grp]``.
+def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gdiag, norms, n_values, cosine,
+               dots, penalty, buf, sel, out, grp, values, source, vecs, sq_o, total):  # pragma: no cover - compiled
+    """Grow ``s_N`` along ``order`` and add the scores of every N ≤ ``n_max`` to ``out[grp]``.
 
     ``out[grp, i]`` must hold zeros (or a running sum over random samples) for every such N.
     ``vecs[0]`` holds the output ``o`` under ``alpha`` (``sq_o = ‖o‖²``, ``total = Σ α``);
-    ``s_N = vecs[1]`` is grown here from ``values`` (SPEC §10).
+    ``s_N = vecs[1]`` is grown here from ``values``, and ``⟨v_k, s_N⟩`` read from ``columns``
+    (the vectors by component, :func:`_fill_dots`).
 
     The row's arrays arrive borrowed (:mod:`.borrow`), and the per-N helpers are inlined into
     this function, so nothing here updates a reference count.
     """
     m = keys.shape[0]
-    lo = keys[0]
-    hi = keys[m - 1] + 1
     # Unsigned indices: numba adds no wraparound for negative ones, so the loops vectorise.
-    ulo, uhi = np.uint64(lo), np.uint64(hi)
+    ulo, uhi = np.uint64(keys[0]), np.uint64(keys[m - 1] + 1)
     for k in range(ulo, uhi):
-        dots[k] = 0.0
         penalty[k] = 0.0
     if excluded >= 0:
         penalty[excluded] = np.inf
@@ -266,41 +292,75 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, gram, gdiag, nor
     for c in range(vecs.shape[1]):
         vecs[1, c] = 0.0
     head = 0.0  # Σ_{S_N} α
-    grown = 0  # keys of order in s_N
-    r = 0
-    while r < n_max:
-        stop = min(n_values[ni], n_max) if ni < n_sizes else n_max  # the next N of the grid
-        if contiguous:  # four rows of G per pass over the keys: a third of the loads and stores
-            while r + 4 <= stop:
-                i0, i1, i2, i3 = order[r], order[r + 1], order[r + 2], order[r + 3]
-                a0, a1, a2, a3 = alpha[i0], alpha[i1], alpha[i2], alpha[i3]
-                penalty[i0] = penalty[i1] = penalty[i2] = penalty[i3] = np.inf
-                for k in range(ulo, uhi):
-                    dots[k] += (a0 * gram[i0, k] + a1 * gram[i1, k]) + (a2 * gram[i2, k] + a3 * gram[i3, k])
-                r += 4
-            while r < stop:
-                i = order[r]
-                a = alpha[i]
-                penalty[i] = np.inf
-                for k in range(ulo, uhi):
-                    dots[k] += a * gram[i, k]
-                r += 1
-        else:
-            while r < stop:
-                i = order[r]
-                a = alpha[i]
-                penalty[i] = np.inf
-                for j in range(m):
-                    k = keys[j]
-                    dots[k] += a * gram[i, k]
-                r += 1
-        while ni < n_sizes and n_values[ni] == r:
-            # s_N = Σ_{S_N} α_i v_i, for the truncation figures
-            head = _add_rows(order, grown, r, alpha, values, vecs, 1, head)
-            grown = r
-            _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
-                   buf, sel, out, grp, ni, vecs, sq_o, total - head)
-            ni += 1
+    r = 0  # keys of order in s_N
+    while ni < n_sizes and n_values[ni] <= n_max:
+        stop = n_values[ni]
+        for j in range(r, stop):
+            penalty[order[j]] = np.inf
+        head = _add_rows(order, r, stop, alpha, values, vecs, 1, head)  # s_N = Σ_{S_N} α_i v_i
+        r = stop
+        _fill_dots(columns, vecs, keys, contiguous, dots)
+        _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
+               buf, sel, out, grp, ni, vecs, sq_o, total - head, values, source)
+        ni += 1
+
+
+@njit(cache=True, inline="always")
+def _fill_dots(columns, vecs, keys, contiguous, dots):  # pragma: no cover - compiled
+    """``dots[k] = ⟨v_k, s⟩`` at the row's keys, with ``s = vecs[1]`` and ``columns[c, k]`` the
+    ``c``-th component of ``v_k``.
+
+    Four components per pass over the keys, summed in the same grouping on both paths (one
+    range of keys, or keys gathered around padding): every key's sum rounds the same way, and
+    bit-identical vectors get bit-identical products.
+    """
+    d = columns.shape[0]
+    m = keys.shape[0]
+    if contiguous:
+        ulo, uhi = np.uint64(keys[0]), np.uint64(keys[m - 1] + 1)
+        for k in range(ulo, uhi):
+            dots[k] = 0.0
+        c = 0
+        while c + 4 <= d:
+            x0, x1, x2, x3 = vecs[1, c], vecs[1, c + 1], vecs[1, c + 2], vecs[1, c + 3]
+            for k in range(ulo, uhi):
+                dots[k] += ((columns[c, k] * x0 + columns[c + 1, k] * x1)
+                            + (columns[c + 2, k] * x2 + columns[c + 3, k] * x3))
+            c += 4
+        while c < d:
+            x0 = vecs[1, c]
+            for k in range(ulo, uhi):
+                dots[k] += columns[c, k] * x0
+            c += 1
+        return
+    for j in range(m):
+        k = keys[j]
+        acc = 0.0
+        c = 0
+        while c + 4 <= d:
+            acc += ((columns[c, k] * vecs[1, c] + columns[c + 1, k] * vecs[1, c + 1])
+                    + (columns[c + 2, k] * vecs[1, c + 2] + columns[c + 3, k] * vecs[1, c + 3]))
+            c += 4
+        while c < d:
+            acc += columns[c, k] * vecs[1, c]
+            c += 1
+        dots[k] = acc
+
+
+@njit(cache=True)
+def _columns(values, n_keys, columns, gdiag):  # pragma: no cover - compiled
+    """``columns[c, k] = v_k[c]`` (widened to float64) and ``gdiag[k] = ‖v_k‖²`` for the first
+    ``n_keys`` keys of one value group ``values [k, d]``: the layout :func:`_fill_dots` reads
+    along the keys. ``‖v_k‖²`` is summed over the components in order, as
+    :func:`..geometry.sink_geometry` sums it."""
+    for k in range(n_keys):
+        for c in range(values.shape[1]):
+            columns[c, k] = values[k, c]
+    for k in range(n_keys):
+        gdiag[k] = 0.0
+    for c in range(values.shape[1]):
+        for k in range(n_keys):
+            gdiag[k] += columns[c, k] * columns[c, k]
 
 
 @njit(cache=True)
@@ -329,17 +389,17 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 
 
 @njit(cache=True)
-def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, gram, gdiag, norms, n_values, cosine,
+def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, columns, gdiag, norms, n_values, cosine,
                     shuffles, shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
-                    listed, drawn, sigma, out, vecs):  # pragma: no cover - compiled
+                    listed, drawn, moved_source, sigma, out, values, vecs):  # pragma: no cover - compiled
     """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
     over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
     non-sink keys outside ``S_N`` take each other's values.
 
-    ``S_N`` keeps its values, so ``s_N`` and ``⟨v_k, s_N⟩`` are the top-N set's, accumulated once
-    along ``top``; an unselected key ``j`` that takes ``v_π(j)`` has
-    ``E_j = α_j(α_j G[π(j), π(j)] − 2⟨v_π(j), s_N⟩)``: the arrays ``moved_*`` hold the moved
-    ``⟨v, s⟩``, ``G_kk`` and ``‖v‖`` and :func:`_score` reads them in place of the real ones.
+    ``S_N`` keeps its values, so ``s_N`` and ``⟨v_k, s_N⟩`` are the top-N set's, grown once
+    along ``top`` (``vecs[1]``, :func:`_fill_dots`); an unselected key ``j`` that takes ``v_π(j)``
+    has ``E_j = α_j(α_j ‖v_π(j)‖² − 2⟨v_π(j), s_N⟩)``: the arrays ``moved_*`` hold the moved
+    ``⟨v, s⟩``, ``‖v‖²`` and ``‖v‖`` and :func:`_score` reads them in place of the real ones.
 
     ``π`` comes from the value-shuffle null's permutation ``σ`` of each sample (the shuffle of
     ``others``, the non-sink keys in position order: every visible key but ``sink_key``, −1 where
@@ -348,35 +408,32 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, gram,
     ``U_N`` in ``σ``'s order (``drawn``), a uniform permutation of ``U_N``. One Fisher–Yates
     shuffle per sample, as for the values null (row ``sample`` of the scratch ``sigma``), then
     two branch-free O(|keys|) passes per N and sample on top of the scoring (their iterations
-    independent of each other); no pass over ``G``.
+    independent of each other); no inner product beyond the top-N set's.
     """
     m = keys.shape[0]
     n_others = others.shape[0]
-    ulo, uhi = np.uint64(keys[0]), np.uint64(keys[m - 1] + 1)  # unsigned: the loop vectorises
     for sample in range(shuffles):
         sigma[sample, :n_others] = others
         fisher_yates(sigma[sample, :n_others], n_others - 1, shuffle_key, sample)
     for j in range(m):
-        dots[keys[j]] = 0.0
         penalty[keys[j]] = 0.0
+    for c in range(vecs.shape[1]):
+        vecs[1, c] = 0.0
+    head = 0.0
+    grown = 0  # keys of top in s_N
     ni = 0
     n_sizes = n_values.shape[0]
     for r in range(n_max):
-        i = top[r]
-        a = alpha[i]
-        penalty[i] = np.inf  # selected: +inf, as _score expects
-        if contiguous:  # no padding inside the row: a loop that vectorises
-            for k in range(ulo, uhi):
-                dots[k] += a * gram[i, k]
-        else:
-            for j in range(m):
-                k = keys[j]
-                dots[k] += a * gram[i, k]
+        penalty[top[r]] = np.inf  # selected: +inf, as _score expects
         while ni < n_sizes and n_values[ni] == r + 1:
+            head = _add_rows(top, grown, r + 1, alpha, values, vecs, 1, head)
+            grown = r + 1
+            _fill_dots(columns, vecs, keys, contiguous, dots)
             u = 0
             for j in range(m):  # the real values, and U_N in position order (appended when kept)
                 k = keys[j]
                 moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[k], gdiag[k], norms[k]
+                moved_source[k] = k
                 listed[u] = k
                 u += (k != sink_key) & (penalty[k] == 0.0)
             for sample in range(shuffles):
@@ -387,8 +444,9 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, gram,
                 for c in range(u):
                     k, src = listed[c], drawn[c]
                     moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
+                    moved_source[k] = src
                 _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
-                       cosine, buf, sel, out, 2, ni, vecs, np.nan, np.nan)
+                       cosine, buf, sel, out, 2, ni, vecs, np.nan, np.nan, values, moved_source)
             ni += 1
 
 
@@ -399,7 +457,7 @@ QUERY_BLOCK = 16
 
 @njit(parallel=True, cache=True)
 def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, sink, window, real_index, sequence_keys,
-               gram, values, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
+               values, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
@@ -411,8 +469,8 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
     ``max(start, t − window + 1) … t`` (SPEC §1, ours; keys before the sink are ordinary keys),
     and a query that does not see the sink (its window starts after it, or the sink comes after
     the query) has no sink (no sink-removed group, never "sink in S_N", no sink fields, every
-    key shuffled); ``gram [b, g, k, k]`` holds value groups ``g0 + g`` and ``values [b, g, k, d]``
-    their vectors (for the truncation figures of SPEC §10). Writes ``metrics[b, h, Q, 4, n, 9]``
+    key shuffled); ``values [b, g, k, d]`` holds the vectors of value groups ``g0 + g`` (each
+    task lays its group's out by component once, :func:`_columns`). Writes ``metrics[b, h, Q, 4, n, 9]``
     (groups: top, random mean, shuffled mean, sink removed; metrics:
     :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
     NaN where N does not fit), ``sink_in_top[b, h, Q, n]`` (sink in the top-N set) and, of
@@ -421,12 +479,12 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
 
     The value-shuffle null (SPEC §3) gives key ``k`` the value of key ``π(k)`` (``π`` permutes
     the non-sink keys). Its distances are those of weights ``α'_{π(k)} = α_k`` on the *unmoved*
-    values with the selection ``π(S_N)``, so it reuses the Gram matrix and :func:`_run_order`.
+    values with the selection ``π(S_N)``, so it reuses :func:`_run_order` on the same vectors.
     ``shuffle_kind`` (:data:`..options.NULL_VALUES` …) picks the null; the others are rescaled weights on
     the same unmoved values (:func:`_null_weights`), or, for the unselected null, the top-N
     aggregate with moved unselected keys (:func:`_run_unselected`).
     """
-    n_cb, n_cg, n_pos = gram.shape[0], gram.shape[1], gram.shape[2]
+    n_cb, n_cg, n_pos, d = values.shape
     n_ch = n_cg * group_size
     n_query = queries.shape[1]
     n_blocks = (n_query + QUERY_BLOCK - 1) // QUERY_BLOCK
@@ -440,26 +498,38 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
         packed = np.empty(n_pos, dtype=np.uint64)
         single = np.empty(n_pos, dtype=np.float32)
         floats = np.zeros((10 if shuffle_kind == NULL_UNSELECTED else 8, n_pos))  # 8, 9: the unselected null's
-        # Row 4 holds the non-sink keys; rows 5 … the unselected null's permutations (one per sample).
-        ints = np.empty((5 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
-        vecs = np.zeros((2, values.shape[-1]))  # o and s_N in the analysis space (SPEC §10)
+        # Row 4 holds the non-sink keys, row 5 every key's own index (whose vector it holds), row 6
+        # the vector each key holds under the unselected null, rows 7 … that null's permutations
+        # (one per sample).
+        ints = np.empty((7 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
+        for k in range(n_pos):
+            ints[5, k] = k
+        vecs = np.zeros((2, d))  # o and s_N in the analysis space (SPEC §10)
+        group = values[cb, (h // group_size) - g0]
+        n_keys = 0  # keys up to the block's last query
+        for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
+            n_keys = max(n_keys, queries[cb, qi] + 1)
+        columns = np.empty((d, n_keys))
+        gdiag = np.empty(n_pos)
+        _columns(group, n_keys, columns, gdiag)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
             # Borrowed views (:mod:`.borrow`): the arrays passed down to every order and N count
             # no references; the arrays they borrow from stay referenced through the loop.
             _score_row(pattern, row_of, cb, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys,
-                       borrow(gram[cb, (h // group_size) - g0]), borrow(n_values), samples, shuffles,
+                       borrow(columns), borrow(gdiag), borrow(n_values), samples, shuffles,
                        shuffle_kind, by_contribution, cosine, borrow(metrics[cb, h, qi]), sink_in_top,
                        sink_mass, borrow(keys_buf), borrow(top_buf), borrow(single), borrow(packed),
-                       borrow(floats), borrow(ints), borrow(values[cb, (h // group_size) - g0]),
-                       borrow(vecs))
+                       borrow(floats), borrow(ints), borrow(group), borrow(vecs))
 
 
 @njit(cache=True)
-def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys, gram_bg,
-               n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top, sink_mass,
-               keys_buf, top_buf, single, packed, floats, ints, values_bg, vecs):  # pragma: no cover - compiled
+def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys, columns,
+               sq_norms, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top,
+               sink_mass, keys_buf, top_buf, single, packed, floats, ints, values_bg,
+               vecs):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
-    group's Gram matrix is ``gram_bg`` and vectors ``values_bg``, with the task's scratch arrays."""
+    group's vectors are ``values_bg`` (by component: ``columns``; squared norms ``sq_norms``),
+    with the task's scratch arrays."""
     n_sizes = n_values.shape[0]
     n_metrics = out.shape[-1]
     t = queries[b, qi]
@@ -483,7 +553,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     for j in range(m):
         k = keys[j]
         alpha[k] = pattern[b, h, row, k]
-        gdiag[k] = gram_bg[k, k]
+        gdiag[k] = sq_norms[k]
         norms[k] = np.sqrt(max(gdiag[k], 0.0))
         contribution = alpha[k] * norms[k]
         total += contribution
@@ -524,8 +594,9 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
             out[3, ni, :] = 0.0
     # The output o once per query: the top-N, sink-removed and random selections share α.
     sq_o, total = _output(keys, alpha, values_bg, vecs) if n_top > 0 else (0.0, 0.0)
-    _run_order(top, n_top, keys, contiguous, no_key, alpha, gram_bg, gdiag, norms, n_values,
-               cosine, dots, penalty, buf, sel, out, top_group, values_bg, vecs, sq_o, total)
+    identity = ints[5]  # every key holds its own vector
+    _run_order(top, n_top, keys, contiguous, no_key, alpha, columns, gdiag, norms, n_values,
+               cosine, dots, penalty, buf, sel, out, top_group, values_bg, identity, vecs, sq_o, total)
     perm = ints[0][:m]
     if n_drop > 0:
         dropped = ints[1][: m - 1]
@@ -534,16 +605,17 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
             if top[j] != s:
                 dropped[c] = top[j]
                 c += 1
-        _run_order(dropped, n_drop, keys, contiguous, s, alpha, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out, dropped_group, values_bg, vecs, sq_o, total)
+        _run_order(dropped, n_drop, keys, contiguous, s, alpha, columns, gdiag, norms,
+                   n_values, cosine, dots, penalty, buf, sel, out, dropped_group, values_bg, identity, vecs, sq_o,
+                   total)
     if n_top == 0:
         return
     row_key = mix(mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
     for sample in range(samples):
         perm[:] = keys
         fisher_yates(perm, n_top, row_key, sample)
-        _run_order(perm, n_top, keys, contiguous, no_key, alpha, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out, random_group, values_bg, vecs, sq_o, total)
+        _run_order(perm, n_top, keys, contiguous, no_key, alpha, columns, gdiag, norms,
+                   n_values, cosine, dots, penalty, buf, sel, out, random_group, values_bg, identity, vecs, sq_o, total)
     # The nulls permute the non-sink keys, in position order; the sink keeps its value.
     sink_key = s if sees_sink else np.int64(-1)
     others = ints[4][: m - (1 if sees_sink else 0)]
@@ -554,9 +626,9 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
             c += 1
     n_others = others.shape[0]
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:  # SPEC §10 figures: the values null only (NaN)
-        _run_unselected(top, n_top, keys, others, sink_key, contiguous, alpha, gram_bg, gdiag, norms, n_values,
+        _run_unselected(top, n_top, keys, others, sink_key, contiguous, alpha, columns, gdiag, norms, n_values,
                         cosine, shuffles, mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3],
-                        floats[8], floats[9], ints[2], ints[3], ints[5:], out, vecs)
+                        floats[8], floats[9], ints[2], ints[3], ints[6], ints[7:], out, values_bg, vecs)
     elif shuffles > 0:
         shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
         moved = ints[2]  # π(k)
@@ -580,8 +652,8 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
                 sq_w, total_w = _output(keys, weights, values_bg, vecs)
             else:  # the SPEC §10 figures are the values null's only: NaN for the others
                 sq_w, total_w = np.nan, np.nan
-            _run_order(order, n_top, keys, contiguous, no_key, weights, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, penalty, buf, sel, out, shuffled_group, values_bg, vecs, sq_w,
+            _run_order(order, n_top, keys, contiguous, no_key, weights, columns, gdiag, norms,
+                       n_values, cosine, dots, penalty, buf, sel, out, shuffled_group, values_bg, identity, vecs, sq_w,
                        total_w)
     for ni in range(n_sizes):
         if n_values[ni] < m:

@@ -9,10 +9,11 @@ where the best category leads the next by more than a proven bound on the error 
 computations, this one and the float64 rows of :func:`~tl_geometry.functional.attention_rows`
 the votes are defined on (*the margin test*):
 
-- the logits are float64 sums of products of the stored queries and keys (float32 where they
-  are float32 numbers, as every float32, bf16 or fp16 capture is: then each product is exact):
-  ``|x̂ − x| ≤ γ_{d+4} · scale · ‖q_t‖ · max_k‖k_k‖`` with ``γ_n = n·u/(1 − n·u)``,
-  ``u = 2⁻⁵³`` (Cauchy–Schwarz bounds ``Σ|q_i k_i|``), and the rows' own logits are as close;
+- the logits are sums of products of the stored queries and keys in their own precision:
+  float32 for every float32, bf16 or fp16 capture (twice the lanes of float64), float64 for a
+  float64 one: ``|x̂ − x| ≤ γ_{d+4} · scale · ‖q_t‖ · max_k‖k_k‖`` with ``γ_n = n·u/(1 − n·u)``,
+  ``u = 2⁻²⁴`` or ``2⁻⁵³`` (``unit``; Cauchy–Schwarz bounds ``Σ|q_i k_i|``), and the rows' own
+  float64 logits are closer still;
 - the rows round the exponential, the division and the product with ``‖v‖`` to a relative
   ``1e-15`` or so: a slack of ``1e-9 · (1 + 2·scale·‖q‖·max‖k‖ + |σ|)`` covers it six orders over;
 - a key whose ``α`` underflows float64 (``x_k − max x < −708``) has no such relative error: the
@@ -32,36 +33,33 @@ from numba import njit, prange
 from ..layout import VOTE_QUERY_BLOCK
 from .borrow import borrow
 
-_U64 = 2.0**-53
-
 
 @njit(cache=True)
 def _logits(qa, qb, qc, qe, kt, lo, hi, xa, xb, xc, xe):  # pragma: no cover - compiled
-    """``x[k] = ⟨q, kt[:, k]⟩`` summed in float64 for ``lo ≤ k < hi``, for four query rows at
-    once (``xa`` from ``qa`` …): each pass over the keys reads four components of each key once
-    for sixteen products, and writes each row's sums once."""
+    """``x[k] = ⟨q, kt[:, k]⟩`` summed in the inputs' precision for ``lo ≤ k < hi``, for four
+    query rows at once (``xa`` from ``qa`` …): each pass over the keys reads four components of
+    each key once for sixteen products, and writes each row's sums once."""
     d = qa.shape[0]
     ulo, uhi = np.uint64(lo), np.uint64(hi)  # unsigned: no wraparound, the loops vectorise
     for k in range(ulo, uhi):
         xa[k] = xb[k] = xc[k] = xe[k] = 0.0
     i = 0
     while i + 4 <= d:
-        a0, a1, a2, a3 = np.float64(qa[i]), np.float64(qa[i + 1]), np.float64(qa[i + 2]), np.float64(qa[i + 3])
-        b0, b1, b2, b3 = np.float64(qb[i]), np.float64(qb[i + 1]), np.float64(qb[i + 2]), np.float64(qb[i + 3])
-        c0, c1, c2, c3 = np.float64(qc[i]), np.float64(qc[i + 1]), np.float64(qc[i + 2]), np.float64(qc[i + 3])
-        e0, e1, e2, e3 = np.float64(qe[i]), np.float64(qe[i + 1]), np.float64(qe[i + 2]), np.float64(qe[i + 3])
+        a0, a1, a2, a3 = qa[i], qa[i + 1], qa[i + 2], qa[i + 3]
+        b0, b1, b2, b3 = qb[i], qb[i + 1], qb[i + 2], qb[i + 3]
+        c0, c1, c2, c3 = qc[i], qc[i + 1], qc[i + 2], qc[i + 3]
+        e0, e1, e2, e3 = qe[i], qe[i + 1], qe[i + 2], qe[i + 3]
         for k in range(ulo, uhi):
-            k0, k1 = np.float64(kt[i, k]), np.float64(kt[i + 1, k])
-            k2, k3 = np.float64(kt[i + 2, k]), np.float64(kt[i + 3, k])
+            k0, k1, k2, k3 = kt[i, k], kt[i + 1, k], kt[i + 2, k], kt[i + 3, k]
             xa[k] += (a0 * k0 + a1 * k1) + (a2 * k2 + a3 * k3)
             xb[k] += (b0 * k0 + b1 * k1) + (b2 * k2 + b3 * k3)
             xc[k] += (c0 * k0 + c1 * k1) + (c2 * k2 + c3 * k3)
             xe[k] += (e0 * k0 + e1 * k1) + (e2 * k2 + e3 * k3)
         i += 4
     while i < d:
-        a, b, c, e = np.float64(qa[i]), np.float64(qb[i]), np.float64(qc[i]), np.float64(qe[i])
+        a, b, c, e = qa[i], qb[i], qc[i], qe[i]
         for k in range(ulo, uhi):
-            ki = np.float64(kt[i, k])
+            ki = kt[i, k]
             xa[k] += a * ki
             xb[k] += b * ki
             xc[k] += c * ki
@@ -92,12 +90,12 @@ def _range_max(x, log_norms, scale, lo, hi, best, peak):  # pragma: no cover - c
 
 @njit(parallel=True, cache=True)
 def vote_from_keys(q, kt, scale, is_token, sink, log_norms, log_norm_max, key_norm_max, window, kv_size,
-                   group_size, vote_of, uncertain):  # pragma: no cover - compiled
+                   group_size, unit, vote_of, uncertain):  # pragma: no cover - compiled
     """Source-winner votes of every real query, from queries and keys.
 
     ``q [b, pos, head, d]`` and ``kt [b, kv, d, pos]`` (keys transposed, zero at padding) are both
-    float32 or both float64; query head ``h`` reads key head ``h // kv_size`` and value group
-    ``h // group_size``.
+    float32 or both float64, and the logits are summed in that precision, whose unit roundoff is
+    ``unit``; query head ``h`` reads key head ``h // kv_size`` and value group ``h // group_size``.
     ``log_norms [b, g, pos]`` is ``log‖v_k‖`` (−inf at padding and at zero values),
     ``log_norm_max [b, g]`` its maximum, ``key_norm_max [b, kv]`` the largest ``‖k‖`` of the
     real keys; ``window`` the layer's sliding window (:data:`..options.NO_WINDOW` for none).
@@ -107,14 +105,14 @@ def vote_from_keys(q, kt, scale, is_token, sink, log_norms, log_norm_max, key_no
     """
     n_b, n_pos, n_h, d = q.shape
     n_blocks = (n_pos + VOTE_QUERY_BLOCK - 1) // VOTE_QUERY_BLOCK
-    gamma = (d + 4) * _U64 / (1.0 - (d + 4) * _U64)
+    gamma = (d + 4) * unit / (1.0 - (d + 4) * unit)
     for task in prange(n_b * n_h * n_blocks):
         b = task // (n_h * n_blocks)
         h = (task // n_blocks) % n_h
         t0 = (task % n_blocks) * VOTE_QUERY_BLOCK
         kh, g = h // kv_size, h // group_size
         s = sink[b]
-        xs = np.empty((4, n_pos))
+        xs = np.empty((4, n_pos), dtype=q.dtype)
         t1 = min(t0 + VOTE_QUERY_BLOCK, n_pos)
         for ta in range(t0, t1, 4):
             # Borrowed views (:mod:`.borrow`): no reference counting per row. ``xs`` is used here,

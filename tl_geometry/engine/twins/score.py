@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import torch
 from einops import rearrange
+from jaxtyping import Float
 from torch import Tensor
 
 from ...functional.attention import visible_keys
 from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS
+from ...functional.heads import first_duplicate
 from ...functional.selection import top_n_ranks
 from ...functional.separability import chance_corrected
 from ..block import LayerBlock
@@ -25,24 +27,25 @@ from .order import _random_ranks, _shuffled, _unselected_sources
 
 
 def score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
-    """The value vectors as :func:`score_rows` takes them: as they are, for it never reads them
-    (its truncation figures come from the Gram matrix)."""
+    """The value vectors as :func:`score_rows` takes them: as they are."""
     return chunk
 
 
 def score_rows(
     rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
-    start: Tensor, sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor, values: Tensor,
+    start: Tensor, sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, values: Tensor,
     n_values: Tensor, samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool, cosine: bool,
     metrics: Tensor,
     sink_in_top: Tensor, sink_fields: Tensor,
 ) -> None:
     """:func:`..compiled.score.score_rows` in torch: same arguments, same outputs (written in place).
 
-    The truncation figures (SPEC §10) come from the Gram matrix here (:func:`_truncation`), not
-    from ``values`` as in the kernel: two computations that the tests hold to each other.
-    ``start`` is not read: ``is_token`` keeps padding out of the candidates."""
-    n_cg, n_key = gram.shape[1], gram.shape[-1]
+    Inner products come from ``s = Σ w_k v_k`` of every selection and N, ``⟨v_k, s⟩ = V s``
+    (:class:`_Dots`), as in the kernel but vectorised: no Gram matrix. The truncation figures
+    (SPEC §10) come from inner products here (:func:`_truncation`), not from the difference
+    vectors as in the kernel: two computations that the tests hold to each other. ``start`` is
+    not read: ``is_token`` keeps padding out of the candidates."""
+    n_cg, n_key = values.shape[1], values.shape[2]
     n_ch = n_cg * group_size
     n_sel = 2 + samples + shuffles
     per_query = rows.shape[0] * n_ch * n_sel * len(n_values) * n_key
@@ -50,16 +53,16 @@ def score_rows(
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
         _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, window, real_index,
-                     sequence_keys, gram, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
+                     sequence_keys, _Dots(values), n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1])
 
 
-def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, real_index, sequence_keys, gram,
+def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, real_index, sequence_keys, dots,
                  n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, metrics, sink_in_top,
                  sink_fields) -> None:
-    device = gram.device
-    n_b, n_cg, n_key = gram.shape[0], gram.shape[1], gram.shape[-1]
+    device = dots.values.device
+    n_b, n_cg, n_key = dots.values.shape[:3]
     n_ch = n_cg * group_size
     t = queries.clamp_min(0)  # [b, q]
     ok = (queries >= 0) & is_token.gather(1, t)
@@ -71,7 +74,7 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     index = row_of.clamp_min(0)[:, None, :, None].expand(n_b, n_ch, -1, rows.shape[-1])
     alpha = rows[:, h0 : h0 + n_ch].gather(2, index)[..., :n_key].to(COMPUTE_DTYPE)
     alpha = torch.where(valid[:, None], alpha, 0.0)  # [b, h, q, k]
-    gdiag = gram.diagonal(dim1=-2, dim2=-1).repeat_interleave(group_size, dim=1)[:, :, None]
+    gdiag = dots.squared_norms.repeat_interleave(group_size, dim=1)[:, :, None]
     norms = gdiag.clamp_min(0).sqrt()  # [b, h, 1, k]
     is_sink = (keys == sink[:, None, None]) & sees_sink[..., None]  # [b, q, k]
 
@@ -105,7 +108,7 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     groups["sink_removed"] = (whole, dropped[:, :, :, None], keep, None)
     # [b, h, q, n, metric]; each part averaged over the selections on its own, so that adding
     # the truncation figures leaves the reduction of the others as it was, bit for bit.
-    out = {name: torch.cat([part.mean(3) for part in _score(w, gram, gdiag, rank, keyset[:, None, :, None, None],
+    out = {name: torch.cat([part.mean(3) for part in _score(w, dots, gdiag, rank, keyset[:, None, :, None, None],
                                                             n_values, group_size, cosine, source)], dim=-1)
            for name, (w, rank, keyset, source) in groups.items()}
     if "shuffled" in out and shuffle_kind != NULL_VALUES:  # SPEC §10 figures: the values null only
@@ -116,7 +119,51 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     metrics.copy_(torch.where(ok[:, None, :, None, None, None], grouped, torch.nan))
 
 
-def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, source=None) -> tuple[Tensor, Tensor]:
+class _Dots:
+    """``⟨v_k, Σ_j w_j v_j⟩`` for rows of weights ``w`` over the keys of each value group, from
+    the value vectors (``O(k·d)`` per row; the Gram matrix ``V Vᵀ`` would cost ``O(k²)``
+    memory). Keys with bit-identical value vectors read the first one's products and squared
+    norm: BLAS may round equal rows apart, which would split exact ties (SPEC §3)."""
+
+    def __init__(self, values: Float[Tensor, "b g k d"]) -> None:
+        self.values = values
+        self.duplicate = first_duplicate(values)  # [b, g, k]
+        self.tied = not torch.equal(self.duplicate, torch.arange(values.shape[2], device=values.device)
+                                    .expand_as(self.duplicate))
+        self.squared_norms = self._tie((values * values).sum(-1))  # ‖v_k‖², [b, g, k]
+
+    def __call__(self, weights: Float[Tensor, "b g rows k"]) -> Float[Tensor, "b g rows k"]:
+        return self.of(self.aggregate(weights))
+
+    def aggregate(self, weights: Float[Tensor, "b g rows k"]) -> Float[Tensor, "b g rows d"]:
+        """``s = Σ_k w_k v_k`` of every row of weights."""
+        return weights @ self.values
+
+    def of(self, aggregate: Float[Tensor, "b g rows d"]) -> Float[Tensor, "b g rows k"]:
+        """``⟨v_k, s⟩`` at every key, for every aggregate ``s``."""
+        return self._tie(aggregate @ self.values.transpose(-1, -2))
+
+    def distance(self, alpha: Tensor, key: Tensor, aggregate: Tensor, group_size: int,
+                 source: Tensor | None) -> Tensor:
+        """``D = ‖α_k v_k − s‖`` at one key per row, from the vectors (exactly 0 where the key's
+        contribution is all that ``s`` holds, where ``√(E + ‖s‖²)`` would be the square root of
+        a rounding error): ``alpha [b, h, q, sel or 1, k]``, ``key [b, h, q, sel, n]``,
+        ``aggregate [b, h, q, sel, n, d]``; with ``source`` (the unselected null) key ``k``
+        holds the vector of key ``source[k]``."""
+        weight = alpha[..., None, :].expand(*key.shape, alpha.shape[-1]).gather(-1, key[..., None])
+        held = key if source is None else source.gather(-1, key[..., None]).squeeze(-1)
+        by_head = self.values.repeat_interleave(group_size, dim=1)  # [b, h, k, d]
+        index = held.flatten(2)[..., None].expand(-1, -1, -1, by_head.shape[-1])
+        vectors = by_head.gather(2, index).view(*key.shape, -1)
+        return (weight * vectors - aggregate).square().sum(-1).sqrt()
+
+    def _tie(self, x: Tensor) -> Tensor:
+        if not self.tied:
+            return x
+        return x.gather(-1, self.duplicate.view(*self.duplicate.shape[:2], *(1,) * (x.ndim - 3), -1).expand(x.shape))
+
+
+def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, source=None) -> tuple[Tensor, Tensor]:
     """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not
     fit: SPEC §3's, and the truncation figures of SPEC §10 (a second tensor).
 
@@ -128,7 +175,8 @@ def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, sourc
     selected = rank[..., None, :] < n  # [b, h, q, sel, n, k]
     weights = alpha[..., None, :] * selected
     grouped = rearrange(weights, "b (g r) q s n k -> b g (r q s n) k", r=group_size)
-    dots = rearrange(grouped @ gram, "b g (r q s n) k -> b (g r) q s n k", r=group_size,
+    aggregate = inner.aggregate(grouped)
+    dots = rearrange(inner.of(aggregate), "b g (r q s n) k -> b (g r) q s n k", r=group_size,
                      q=alpha.shape[2], s=rank.shape[3])
     sq_s = (weights * dots).sum(-1, keepdim=True)
     a = alpha[..., None, :]
@@ -154,23 +202,24 @@ def _score(alpha, gram, gdiag, rank, keyset, n_values, group_size, cosine, sourc
     f_score = torch.where(recalled > 0, 2 * precision * recall / (precision + recall), 0.0)
     if cosine:
         margin = e_min - e_max
-    else:
-        s2 = sq_s.squeeze(-1)
-        d_min = (e_min + s2).clamp_min(0).sqrt()
-        d_max = (e_max + s2).clamp_min(0).sqrt()
+    else:  # D_min and D_max from the vectors, at the lowest key of each extreme E (as the kernel)
+        aggregate = rearrange(aggregate, "b g (r q s n) d -> b (g r) q s n d", r=group_size,
+                              q=alpha.shape[2], s=rank.shape[3])
+        d_min = inner.distance(alpha, torch.where(unselected, e, torch.inf).argmin(-1), aggregate, group_size, source)
+        d_max = inner.distance(alpha, torch.where(selected, e, -torch.inf).argmax(-1), aggregate, group_size, source)
         margin = torch.where(d_min + d_max > 0, (e_min - e_max) / (d_min + d_max), 0.0)
     n_keys = keyset.sum(-1)  # [b, 1, q, 1, 1]
     precision_cc, f_score_cc = chance_corrected(precision, recall, nf, n_keys.to(COMPUTE_DTYPE))
     out = torch.stack([precision, recall, f_score, margin, inversions, precision_cc, f_score_cc], dim=-1)
     if source is None:
-        cut = torch.stack(_truncation(alpha, gram, dots, selected, sq_s.squeeze(-1), group_size), dim=-1)
+        cut = torch.stack(_truncation(alpha, inner, dots, selected, sq_s.squeeze(-1), group_size), dim=-1)
     else:  # the unselected null: SPEC §10's figures are the values null's only
         cut = torch.full((*out.shape[:-1], 2), torch.nan, dtype=out.dtype, device=out.device)
     defined = n.squeeze(-1) < n_keys  # [b, 1, q, 1, n]: 1 ≤ N < |keys|
     return torch.where(defined[..., None], out, torch.nan), torch.where(defined[..., None], cut, torch.nan)
 
 
-def _truncation(alpha, gram, dots, selected, sq_s, group_size) -> tuple[Tensor, Tensor]:
+def _truncation(alpha, inner, dots, selected, sq_s, group_size) -> tuple[Tensor, Tensor]:
     """``τ_N`` and ``‖o − o_N‖/‖o‖`` (SPEC §10) of every (selection, N), ``[b, h, q, sel, n]``,
     from the same tail sums as :func:`..compiled.score._truncation`.
 
@@ -178,7 +227,7 @@ def _truncation(alpha, gram, dots, selected, sq_s, group_size) -> tuple[Tensor, 
     weight outside the selection (the sink too, in the sink-removed group).
     """
     grouped = rearrange(alpha, "b (g r) q s k -> b g (r q s) k", r=group_size)
-    o_dots = rearrange(grouped @ gram, "b g (r q s) k -> b (g r) q s k", r=group_size,
+    o_dots = rearrange(inner(grouped), "b g (r q s) k -> b (g r) q s k", r=group_size,
                        q=alpha.shape[2], s=alpha.shape[3])  # ⟨v_k, o⟩
     sq_o = (alpha * o_dots).sum(-1)[..., None]  # ‖o‖², [b, h, q, sel, 1]
     in_tail = alpha[..., None, :] * ~selected  # [b, h, q, sel, n, k]

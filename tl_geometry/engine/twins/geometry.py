@@ -1,4 +1,4 @@
-"""Gram matrices and sink geometry in torch: the twin of :mod:`..compiled.gram`, for every device."""
+"""Sink geometry in torch: the twin of :mod:`..compiled.geometry`, for every device."""
 
 from __future__ import annotations
 
@@ -8,35 +8,22 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS
-from ...functional.heads import first_duplicate
 
 
-def gram_and_sink_geometry(
+def write_sink_geometry(
     values: Float[Tensor, "b g k d"], is_token: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
     queries: Int[Tensor, "b q"], h0: int, group_size: int, window: int,
     sink_fields: Float[Tensor, "b head q field"],
-) -> Float[Tensor, "b g k j"]:
-    """:func:`..compiled.gram.tie_duplicates_and_sink_geometry` in torch, same arguments: the
-    tied Gram matrices of value groups ``values`` (heads ``h0 …``), and fields 1–3 of
-    ``sink_fields`` (SPEC §4) at the chosen queries, NaN at −1 and padded queries and where the
-    query's ``window`` does not hold the sink."""
-    gram = tied_gram(values)
+) -> None:
+    """:func:`..compiled.geometry.sink_geometry` in torch, same arguments: fields 1–3 of
+    ``sink_fields`` (SPEC §4) at the chosen queries for the heads ``h0 …`` of value groups
+    ``values``, NaN at −1 and padded queries and where the query's ``window`` does not hold
+    the sink."""
     sees_sink = (queries - window < sink[:, None]) & (sink[:, None] <= queries)
     geometry = sink_geometry(values, is_token, sink, queries, sees_sink, window)
     ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
     geometry = torch.where(ok, geometry.repeat_interleave(group_size, dim=1), torch.nan)
     sink_fields[:, h0 : h0 + values.shape[1] * group_size, :, 1:4] = geometry
-    return gram
-
-
-def tied_gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
-    """``G = V Vᵀ`` with duplicate rows made bit-identical (BLAS may round them apart)."""
-    gram = values @ values.transpose(-1, -2)  # b g k j; matmul is markedly faster than einsum here
-    dup = first_duplicate(values)
-    if not torch.equal(dup, torch.arange(dup.shape[-1], device=dup.device).expand_as(dup)):
-        gram = gram.gather(-2, dup[..., :, None].expand(gram.shape))
-        gram = gram.gather(-1, dup[..., None, :].expand(gram.shape))
-    return gram
 
 
 def sink_geometry(
