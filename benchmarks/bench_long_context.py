@@ -11,7 +11,7 @@ read or recomputed, checked, voted and scored; the forward excluded): the recomp
 against the pattern path's is issue 26's bound (≤ 1.5× at T = 1024).
 
     python benchmarks/bench_long_context.py [--models smollm2-135m,gemma3-270m] [--lengths 1024,2048]
-        [--paths pattern,recompute] [--n-seqs 1] [--timeout 1800]
+        [--paths pattern,recompute] [--n-seqs 1] [--queries last|K] [--timeout 1800]
         [--out benchmarks/results/bench_long_context.json]
 
 Lengths above a model's context are skipped. A run that fails or passes ``--timeout`` is
@@ -34,7 +34,7 @@ sys.path.insert(0, {root!r})
 import tl_geometry
 from tl_geometry.inputs.capture import capture_attention
 torch.set_grad_enabled(False)
-name, T, path, n_seqs = {name!r}, {length}, {path!r}, {n_seqs}
+name, T, path, n_seqs, queries = {name!r}, {length}, {path!r}, {n_seqs}, {queries!r}
 t0 = time.perf_counter()
 model = tl_geometry.load_model(name)
 if T > model.cfg.n_ctx:
@@ -55,7 +55,7 @@ def timed_layer(*args, **kwargs):
     finally:
         engine[0] += time.perf_counter() - start
 from_model.analyze_layer = timed_layer
-result = tl_geometry.analyze_model(model, tokens, attention=path, progress=False)
+result = tl_geometry.analyze_model(model, tokens, attention=path, queries=queries, progress=False)
 done = time.perf_counter()
 assert len(result.layers) == model.cfg.n_layers
 print(json.dumps(dict(load_s=loaded - t0, sdpa_forward_s=forward - loaded, analyze_model_s=done - forward,
@@ -65,8 +65,10 @@ print(json.dumps(dict(load_s=loaded - t0, sdpa_forward_s=forward - loaded, analy
 """
 
 
-def run(name: str, length: int, path: str, text: str | None, timeout: float, n_seqs: int = 1) -> dict:
-    code = CHILD.format(root=str(ROOT), name=name, length=length, path=path, text=text or "", n_seqs=n_seqs)
+def run(name: str, length: int, path: str, text: str | None, timeout: float, n_seqs: int = 1,
+        queries: str | int = "last") -> dict:
+    code = CHILD.format(root=str(ROOT), name=name, length=length, path=path, text=text or "", n_seqs=n_seqs,
+                        queries=queries)
     start = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
@@ -87,17 +89,21 @@ def main() -> None:
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
     parser.add_argument("--paths", default="pattern,recompute")
     parser.add_argument("--n-seqs", type=int, default=1, help="windows per run (the Qwen models: 8 × 256)")
+    parser.add_argument("--queries", default="last",
+                        help="the queries scored: last (default), or K for a seeded sample of K per window")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=str(RESULTS / "bench_long_context.json"))
     args = parser.parse_args()
     text, source = real_text()
     text_path = str(ROOT.parent / "shared" / "data" / "wikitext-2-test.txt") if text is not None else None
-    report: dict = {"text": source, "protocol": "last query, every layer, defaults", "runs": []}
+    queries = int(args.queries) if args.queries.isdigit() else args.queries
+    protocol = "last query" if queries == "last" else f"{queries} sampled queries per window"
+    report: dict = {"text": source, "protocol": f"{protocol}, every layer, defaults", "runs": []}
     for name in args.models.split(","):
         for length in map(int, args.lengths.split(",")):
             for path in args.paths.split(","):
-                row = {"model": name, "n_seqs": args.n_seqs, "T": length, "path": path,
-                       **run(name, length, path, text_path, args.timeout, args.n_seqs)}
+                row = {"model": name, "n_seqs": args.n_seqs, "T": length, "path": path, "queries": queries,
+                       **run(name, length, path, text_path, args.timeout, args.n_seqs, queries)}
                 print(json.dumps(row), file=sys.stderr)
                 report["runs"].append(row)
     write_report(report, args.out)

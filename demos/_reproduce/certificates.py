@@ -7,6 +7,13 @@ headline N: pooling (head, N) pairs would inflate ρ through the decline every c
 N) and predictive (its argmax over the headline range is the measured best N more often than
 chance: the agreement of the bound shuffled across heads). The sink-aware regime envelope of
 SPEC §6b stays as a reported diagnostic: on real heads it is sound and nearly empty.
+
+Uncertainty (SPEC §8): the thresholded numbers — each shell bound's smallest within-N ρ, its best-N
+excess over chance, and ρ(c_sink, R_2) — get 95 % intervals from a bootstrap over windows, each
+head's bound, F_N, R_2 and c_sink recomputed as the mean over the drawn windows
+(``window_bounds``, ``window_scores``, ``window_sink``); an analysis saved without them gives no
+interval, and those checks are read on the point values as before. Soundness is a theorem per
+instance, not a threshold on noise: it is counted, never resampled.
 """
 
 from __future__ import annotations
@@ -20,11 +27,24 @@ import torch
 from torch import Tensor
 
 from tl_geometry.result import BOUND_KINDS
+from tl_geometry.result.schema import names
+from tl_geometry.result.tables import argmax_n
 from tl_geometry.result.tracking import AGREEMENT_P, BestNAgreement, agreement_vs_chance
 
 from . import plots
-from .document import NOT_HELD, Claim, fmt, pct, table
-from .rules import HEADLINE, headline, runs, small_n, verdict
+from .document import HELD, NOT_HELD, Claim, fmt, pct, table
+from .intervals import (
+    UNDECIDED,
+    Interval,
+    bootstraps,
+    combine,
+    decide,
+    every,
+    point,
+    window_sink_values,
+    window_values,
+)
+from .rules import HEADLINE, headline, runs, small_n
 from .stats import mean, median, per_n, spearman
 
 SHELLS = (("shell", "K = 0"), ("shell_n", "K = N"))  # the verdict's bounds (SPEC §6d)
@@ -157,6 +177,51 @@ def measure(r: Any, default_keys: int | None = None) -> BoundsRun:
                      {n: spearman(r.sink_cosine, r.recall[..., i]) for n, i in small_n(r, default_keys)})
 
 
+def intervals(r: Any, default_keys: int | None = None) -> dict[str, Interval] | None:
+    """95 % intervals over windows (SPEC §8) of what claim 4's rule thresholds: per shell kind
+    ``"<kind> rho"`` (the smallest within-N ρ(bound, F_N) across heads over the headline N) and
+    ``"<kind> excess"`` (best-N agreement − chance), and ``"sink rho"`` (ρ(c_sink, R_2) across
+    heads); each resample recomputes every head's means over the drawn windows, heads fixed.
+    ``None`` where the analysis holds no per-window bounds, scores or sink figures."""
+    f_score, recall = window_values(r, "f_score"), window_values(r, "recall")
+    cosine = window_sink_values(r, "cosine")
+    bounds = getattr(r, "window_bounds", None)
+    if f_score is None or recall is None or cosine is None or bounds is None:
+        return None
+    ns, hl = r.n_values.tolist(), headline(r, default_keys)
+    f_index = names()["bound_metric"].index("f_score")
+    shells = {kind: bounds[:, BOUND_KINDS.index(kind), f_index].double() for kind, _ in SHELLS if kind in BOUND_KINDS}
+    i2 = ns.index(2) if 2 in ns else None
+
+    def figures(idx: Tensor) -> Tensor:
+        f = f_score[idx].nanmean(0)
+        out = []
+        for b in shells.values():
+            bound = b[idx].nanmean(0)
+            rhos = [x for x in (spearman(bound[..., i], f[..., i]) for i in hl) if not math.isnan(x)]
+            best = agreement_vs_chance(argmax_n(r, f, bound=False), argmax_n(r, bound, bound=True), n_shuffles=1)
+            out += [min(rhos) if rhos else math.nan, best.excess]
+        r2 = recall[idx].nanmean(0)[..., i2] if i2 is not None else torch.full(f.shape[:-1], math.nan)
+        out.append(spearman(cosine[idx].nanmean(0), r2))
+        return torch.tensor(out, dtype=torch.float64)
+
+    keys = [f"{kind} {what}" for kind in shells for what in ("rho", "excess")] + ["sink rho"]
+    return dict(zip(keys, bootstraps(figures, len(f_score))))
+
+
+def _magnitude(interval: Interval, threshold: float) -> str:
+    """``|x| ≥ threshold`` on ``interval``: held where the whole interval lies beyond ±threshold on
+    one side, not held where it lies strictly inside, undecided otherwise (too few as
+    :func:`.intervals.decide`)."""
+    if interval.too_few or math.isnan(interval.low):
+        return decide(interval)
+    if interval.low >= threshold or interval.high <= -threshold:
+        return HELD
+    if -threshold < interval.low and interval.high < threshold:
+        return NOT_HELD
+    return UNDECIDED
+
+
 def _column(frame: Any, name: str) -> Tensor:
     """A float column of ``frame`` as a tensor; NaN where the frame lacks it (no such bound)."""
     if name not in frame:
@@ -181,22 +246,38 @@ RULE4 = (
     f"ρ(c_sink, R_2)| across query heads ≥ {SINK_RECALL_RHO}, with one sign on every run (R_2 "
     "reads α, so the unit is the query head; c_sink repeats inside a KV group). The regime bounds "
     "of §6b (the certified bound and the predicted envelope) are reported as diagnostics, not "
-    "used. Held: all on every run; not held: *tracks* on no run, or a violated certificate; else "
-    "partly held."
+    "used. Uncertainty (SPEC §8, ours): the smallest within-N ρ, the best-N excess over chance "
+    "(agreement − chance) and ρ(c_sink, R_2) each get a 95 % interval from 1,000 seeded bootstrap "
+    "resamples of the windows, every head's means recomputed from the drawn windows, heads fixed; "
+    "*tracks* holds where the whole interval is ≥ the threshold, *predicts* where the whole "
+    "excess interval is ≥ 0 (the shuffle p is printed beside it), the correlation where the whole "
+    "interval lies beyond ±0.3 on one side; each fails where none of its interval satisfies it and "
+    "is undecided otherwise. Soundness is counted, never resampled (a theorem per instance). "
+    "Held: all on every run; not held: *tracks* on no run, or a violated certificate; else "
+    "partly held (undecided where the intervals leave both open)."
 )
 
 
 def claim4(study: Any, figures: Path) -> Claim:
     """The shell certificate against the measured F_N; the regime envelope; c_sink vs recall."""
-    checks: dict[str, list[bool]] = {"sound": [], "tracks": [], "predicts": [], "sink_recall": []}
+    checks: dict[str, list[str]] = {"sound": [], "tracks": [], "predicts": [], "sink_recall": []}
     rows, diagnostics, signs, notes, per_n_rows = [], [], [], [], []
     keys = study.config.seq_len
     for model, corpus, r in runs(study):
         b = measure(r, keys)
-        for key, ok in zip(checks, (b.sound, b.tracks, b.predicts, b.correlates)):
-            checks[key].append(ok)
-        rho2 = b.sink_recall.get(2, math.nan)
-        signs.append(0 if math.isnan(rho2) else math.copysign(1, rho2))
+        spread = intervals(r, keys)
+        checks["sound"].append(point(b.sound))
+        if spread is None:  # no per-window arrays: the point values, as before SPEC §8
+            checks["tracks"].append(point(b.tracks))
+            checks["predicts"].append(point(b.predicts))
+            checks["sink_recall"].append(point(b.correlates))
+            sink_rho = Interval(b.sink_recall.get(2, math.nan), math.nan, math.nan, 0)
+        else:
+            checks["tracks"].append(every([decide(spread[f"{k} rho"], low=TRACK_RHO) for k, _ in SHELLS]))
+            checks["predicts"].append(every([decide(spread[f"{k} excess"], low=0.0) for k, _ in SHELLS]))
+            sink_rho = spread["sink rho"]
+            checks["sink_recall"].append(_magnitude(sink_rho, SINK_RECALL_RHO))
+        signs.append(_sign(sink_rho))
         run = f"{model} on {corpus}"
         for kind, (v, total) in b.violations.items():
             if v and kind in CERTIFICATES:
@@ -206,53 +287,58 @@ def claim4(study: Any, figures: Path) -> Claim:
                              "(estimated from sampled pair cosines at this length; a diagnostic).")
         for kind, label in SHELLS:
             f = b.shells[kind]
-            if not f.tracks:
+            if checks["tracks"][-1] != HELD and not f.tracks:
                 low = [f"N = {n}: {fmt(x)}" for n, x in f.rhos.items() if not x >= TRACK_RHO]
                 notes.append(f"{run}: the shell bound ({label}) does not track the measured F_N "
                              f"across heads at every headline N (Spearman ρ {', '.join(low)}).")
-            if not f.predicts:
+            if checks["predicts"][-1] != HELD and not f.predicts:
                 notes.append(f"{run}: the shell bound ({label}) gives the measured best N for "
                              f"{_agreement(f.best)}: not above chance, so it predicts nothing.")
-        if not b.correlates:
-            notes.append(f"{run}: c_sink and R_2 are only weakly correlated (ρ = {fmt(rho2)}).")
+        if checks["sink_recall"][-1] == NOT_HELD:
+            notes.append(f"{run}: c_sink and R_2 are only weakly correlated (ρ = {sink_rho.show()}).")
         sound = [b.violations[k] for k in CERTIFICATES if k in b.violations]
         respected = sum(t - v for v, t in sound), sum(t for _, t in sound)
-        shell = [b.shells[k] for k, _ in SHELLS]
+        shell_fits = [b.shells[k] for k, _ in SHELLS]
         rows.append([model, corpus, f"{respected[0]}/{respected[1]}"]
-                    + [fmt(f.rho_min) for f in shell] + [fmt(f.ratio_2) for f in shell]
-                    + [_agreement(f.best) for f in shell]
-                    + [fmt(rho2)])
-        for n in shell[0].rhos:
-            per_n_rows.append([model, corpus, str(n)] + [fmt(f.rhos[n]) for f in shell])
+                    + [_shown(spread, f"{k} rho", f.rho_min) for (k, _), f in zip(SHELLS, shell_fits)]
+                    + [fmt(f.ratio_2) for f in shell_fits]
+                    + [_agreement(f.best) + (f"; excess {spread[f'{k} excess'].show()}" if spread else "")
+                       for (k, _), f in zip(SHELLS, shell_fits)]
+                    + [sink_rho.show() if spread is not None else fmt(sink_rho.value)])
+        for n in shell_fits[0].rhos:
+            per_n_rows.append([model, corpus, str(n)] + [fmt(f.rhos[n]) for f in shell_fits])
         diagnostics.append([model, corpus] + [f"{t - v}/{t}" for v, t in b.violations.values()]
                            + [f"{fmt(b.regime_2[0])} / {fmt(b.regime_2[1])}", fmt(b.regime_rho)]
                            + [fmt(b.sink_recall.get(n, math.nan)) for n in (4, 8)])
-    consistent = len({s for s in signs if s}) <= 1
-    if not consistent:
-        checks["sink_recall"] = [False] * len(signs)
+    if len({s for s in signs if s}) > 1:
+        checks["sink_recall"] = [NOT_HELD] * len(signs)
         notes.append("The sign of ρ(c_sink, R_2) differs between runs.")
-    result = verdict(checks, "tracks")
-    if not all(checks["sound"]):
+    result = combine(checks, "tracks")
+    if NOT_HELD in checks["sound"]:
         result = NOT_HELD
     _figures(study, figures, keys)
-    n_runs = len(rows)
-    because = (f"certificates never violated on {sum(checks['sound'])}/{n_runs} runs; the shell bound "
+
+    def tally(check: str) -> str:
+        outcomes = checks[check]
+        held, undecided = outcomes.count(HELD), outcomes.count(UNDECIDED)
+        return f"{held}/{len(outcomes)}" + (f" ({undecided} undecided)" if undecided else "")
+
+    because = (f"certificates never violated on {tally('sound')} runs; the shell bound "
                f"tracks the measured F_N across heads (ρ ≥ {TRACK_RHO} within every headline N, K = 0 "
-               f"and K = N) on {sum(checks['tracks'])}/{n_runs}; gives the measured best N more often "
-               f"than chance (shuffle p ≤ {BEST_N_P}) on {sum(checks['predicts'])}/{n_runs}; "
-               f"|ρ(c_sink, R_2)| ≥ {SINK_RECALL_RHO} with one sign on "
-               f"{sum(checks['sink_recall'])}/{n_runs}.")
+               f"and K = N) on {tally('tracks')}; gives the measured best N more often "
+               f"than chance on {tally('predicts')}; "
+               f"|ρ(c_sink, R_2)| ≥ {SINK_RECALL_RHO} with one sign on {tally('sink_recall')}.")
     kinds = [k for k in CERTIFICATES + DIAGNOSTIC_BOUNDS if k in BOUND_KINDS]
     return Claim(
         4, "Measurements track the theoretical bounds; sink similarity correlates with recall",
         "Measurements track the theoretical envelopes; sink similarity correlates with recall.",
         RULE4, result, because,
         blocks=[
-            table(["model", "corpus", "certificates respected", "smallest ρ within N, K=0",
-                   "smallest ρ within N, K=N", "shell K=0 / F_2", "shell K=N / F_2",
-                   "same best N, K=0", "same best N, K=N", "ρ(c_sink, R_2)"], rows),
+            table(["model", "corpus", "certificates respected", "smallest ρ within N, K=0 [95 % interval]",
+                   "smallest ρ within N, K=N [95 % interval]", "shell K=0 / F_2", "shell K=N / F_2",
+                   "same best N, K=0", "same best N, K=N", "ρ(c_sink, R_2) [95 % interval]"], rows),
             "Spearman ρ between the shell bound and the measured F_N across heads, at each "
-            "headline N (the *tracks* rule reads every row):",
+            "headline N (the *tracks* rule reads the smallest of them):",
             table(["model", "corpus", "N", "ρ(shell K=0, F_N)", "ρ(shell K=N, F_N)"], per_n_rows),
             "Diagnostics (not the verdict): each bound's respected means (P, R, F at every head "
             "and N; the certified regime bound of §6b samples its pair cosines on long windows, so "
@@ -270,6 +356,23 @@ def claim4(study: Any, figures: Path) -> Claim:
                  ("claim4_sink_recall.png", "Each point a head.")],
         disagreements=notes,
     )
+
+
+def _shown(spread: dict[str, Interval] | None, key: str, value: float) -> str:
+    """The interval of ``key`` where there is one, else the point ``value``."""
+    return spread[key].show() if spread is not None else fmt(value)
+
+
+def _sign(interval: Interval) -> int:
+    """The sign of ρ where it is settled: the whole interval on one side of 0 (the point value's
+    sign where there is no interval), else 0."""
+    if math.isnan(interval.value):
+        return 0
+    if math.isnan(interval.low):
+        return 0 if interval.too_few else int(math.copysign(1, interval.value))
+    if interval.low > 0 or interval.high < 0:
+        return 1 if interval.low > 0 else -1
+    return 0
 
 
 def _agreement(best: BestNAgreement) -> str:

@@ -274,6 +274,8 @@ def _stale_analysis(saved: tl_geometry.HeadAnalysis, model_name: str) -> str | N
     must start as today's do."""
     if saved.window_scores is None or saved.window_sink is None:
         return "has no per-window arrays (SPEC §8's intervals resample them)"
+    if saved.bounds is not None and saved.window_bounds is None:
+        return "has no per-window bounds (claim 4's intervals resample them)"
     if "sink" not in saved.metadata:
         return "was saved before the sink was chosen and checked (SPEC §1)"
     if saved.metadata.get("reproduce_window_start", "bos") != window_start(model_name):

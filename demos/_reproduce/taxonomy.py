@@ -5,8 +5,9 @@ Heads without votes have no label (``None``, "unlabelled"): they are left out of
 and counts, never counted in a class (SPEC §5).
 
 Uncertainty (SPEC §8): the shares are recomputed on every bootstrap resample of the windows from
-the per-window votes (``sequence_votes``), labels included, the heads fixed. The per-class sink
-mass of (c) has no per-window values in the saved analyses, so it gets no interval and no verdict.
+the per-window votes (``sequence_votes``), labels included, the heads fixed; (c)'s sink masses from
+the per-window sink figures (``window_sink``) of the same drawn windows. An analysis saved without
+them gives no interval and no verdict.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from tl_geometry.functional.sink import SINK_FIELDS
 from tl_geometry.functional.taxonomy import labels_from_votes
 
 from . import plots
@@ -73,6 +75,30 @@ def _share_intervals(r: Any) -> dict[str, Interval]:
     return dict(zip(("retriever", "minority", "dominance"), bootstraps(figures, len(votes))))
 
 
+def _sink_interval(r: Any) -> Interval | None:
+    """(c): the Mixers' mean α_sink minus the larger of the Retrievers' and the Resets' (a class
+    without heads drops out; NaN without Mixers or without either other class), with its 95 %
+    interval over windows (SPEC §8): labels from the drawn windows' votes and each head's α_sink
+    from the same windows' per-window means, heads fixed. ``None`` where the analysis holds no
+    per-window votes or sink figures."""
+    if r.sequence_votes is None or r.window_sink is None or len(r.window_sink) != len(r.sequence_votes):
+        return None
+    votes = r.sequence_votes.reshape(len(r.sequence_votes), -1, 3).double()
+    mass = r.window_sink[:, SINK_FIELDS.index("mass")].reshape(len(r.window_sink), -1).double()
+
+    def figure(idx: torch.Tensor) -> torch.Tensor:
+        labels = labels_from_votes(votes[idx].sum(0))
+        per_head = mass[idx].nanmean(0)
+        by_class = [per_head[labels == k].nanmean() for k in range(len(CLASSES))]  # NaN: no head
+        others = torch.stack([by_class[0], by_class[2]])
+        others = others[torch.isfinite(others)]
+        if not others.numel():
+            return torch.tensor([math.nan], dtype=torch.float64)
+        return (by_class[1] - others.max())[None]  # NaN without Mixers
+
+    return bootstraps(figure, len(votes))[0]
+
+
 def _stable(outcomes: list[str]) -> str:
     """Held when every corpus names the same dominant class, not held when two name different
     ones, undecided otherwise (no verdict where a corpus has no interval or too few windows)."""
@@ -117,12 +143,12 @@ def claim5(study: Any, figures: Path) -> Claim:
         mass = r.sink_mass.flatten()
         votes = r.vote_fractions.reshape(-1, 3)
         by_class = {c: mean(mass[m]) for c, m in is_class.items()}
-        # The per-window sink mass is not saved: the comparison has no interval (SPEC §8).
-        checks["mixer_sink"].append(NO_INTERVAL)
+        aligned = _sink_interval(r)
+        checks["mixer_sink"].append(decide(aligned, low=0.0) if aligned else NO_INTERVAL)
         rows.append([model, corpus, retriever.show(1, percent=True) if retriever else pct(share["Retriever"]),
                      pct(share["Mixer"]), pct(share["Reset"]),
                      dominance.show() if dominance else "–", dominant[model, corpus]]
-                    + [fmt(by_class[c]) for c in CLASSES])
+                    + [fmt(by_class[c]) for c in CLASSES] + [aligned.show() if aligned else "–"])
         i2 = r.n_values.tolist().index(2)
         for c, m in is_class.items():
             if m.any():
@@ -167,8 +193,7 @@ def claim5(study: Any, figures: Path) -> Claim:
                f"(smallest class on {tally('minority')}); dominant class stable across corpora "
                f"for {tally('stable', 'models')} ("
                + "; ".join(f"{s[0]}: {s[1]}" for s in stability)
-               + "); whether Mixers have the largest sink mass is not decided (no per-window sink "
-               "mass saved: no interval)"
+               + f"); Mixers have the largest mean sink mass on {tally('mixer_sink')}"
                + "".join(f"; {m} is not Mixer-dominated, where the paper found Mixers in Gemma "
                          "(reported, not part of the rule)" for m in dict.fromkeys(
                              m for (m, _), d in dominant.items() if m.startswith("gemma") and d == "Reset"))
@@ -191,13 +216,14 @@ def claim5(study: Any, figures: Path) -> Claim:
         "resamples of the windows, labels recomputed from the drawn windows' votes, heads fixed; a "
         "check holds where its whole interval satisfies it, fails where none of it does, and is "
         "undecided otherwise (the dominant class is the one the whole interval points to); fewer "
-        "than 8 windows: too few, no verdict. (c) has no per-window values in the saved analyses: "
-        "no interval, so it is reported and not decided.",
+        "than 8 windows: too few, no verdict. (c) is read on α_sink(Mixer) − max(α_sink(Retriever), "
+        "α_sink(Reset)) ≥ 0, its interval from the same resamples (each head's α_sink from the "
+        "drawn windows' per-window means).",
         result, because,
         blocks=[
             table(["model", "corpus", "Retriever [95 % interval]", "Mixer", "Reset",
-                   "Reset − Mixer [95 % interval]", "dominant", "α_sink Retriever (no interval)",
-                   "α_sink Mixer", "α_sink Reset"], rows),
+                   "Reset − Mixer [95 % interval]", "dominant", "α_sink Retriever", "α_sink Mixer",
+                   "α_sink Reset", "Mixer − max(other) [95 % interval]"], rows),
             "Stability across corpora (dominant class per corpus; share of heads with the same "
             "label on both):",
             table(["model", "dominant per corpus", "stable", "same label"], stability),
