@@ -204,3 +204,25 @@ def test_rows_added_four_at_a_time_round_as_one_at_a_time(stop):
         want_total += weights[index[j]]
     total = _add_rows(index, 1, stop, weights, values, vecs, 1, 0.5)
     assert np.array_equal(vecs, want) and total == want_total
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("options", [{"queries": "all"}, {"queries": "last", "shuffle": "unselected"},
+                                     {"queries": "all", "distance": "cosine"}])
+def test_inner_products_from_the_gram_matrix_or_from_the_vectors_agree(backend, options, monkeypatch):
+    """Many queries read the inner products from tied Gram matrices, few from the vectors
+    (``layer._uses_gram``): forced either way, the same numbers within round-off, exact ties
+    kept (duplicated vectors, tied weights), the same votes."""
+    from tl_geometry.engine import layer
+
+    case = make_case(72, batch=3, ties=True, duplicates=True, sink=True, padding="left")
+    kwargs = dict(n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=5, backend=backend,
+                  **options)
+    monkeypatch.setattr(layer, "GRAM_QUERY_SHARE", 0.0)
+    from_gram = tl_geometry.analyze_heads(case.cache(), **kwargs)
+    monkeypatch.setattr(layer, "GRAM_QUERY_SHARE", float("inf"))
+    from_vectors = tl_geometry.analyze_heads(case.cache(), **kwargs)
+    torch.testing.assert_close(from_gram.scores, from_vectors.scores, equal_nan=True, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(from_gram.sink, from_vectors.sink, equal_nan=True, rtol=1e-12, atol=1e-12)
+    assert torch.equal(from_gram.group_counts, from_vectors.group_counts)
+    assert torch.equal(from_gram.vote_counts, from_vectors.vote_counts)

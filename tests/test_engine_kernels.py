@@ -1,6 +1,7 @@
 """The compiled helpers of the engine against obviously-correct references: the stable ranking,
-the inner products with a selection's aggregate (exact ties kept), the sink geometry and the
-query reduction against their torch twins."""
+duplicate detection by hash and the tied Gram matrices, the inner products with a selection's
+aggregate (exact ties kept), the sink geometry and the query reduction against their torch
+twins."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from numba import njit
 
 from tl_geometry.engine.backend import NUMBA, TORCH
 from tl_geometry.engine.compiled.borrow import borrow
+from tl_geometry.engine.compiled.geometry import _first_duplicates, tie_duplicates
 from tl_geometry.engine.compiled.geometry import sink_geometry as compiled_sink_geometry
 from tl_geometry.engine.compiled.order import rank_keys
 from tl_geometry.engine.compiled.score import _columns, _fill_dots
 from tl_geometry.engine.options import NO_WINDOW
 from tl_geometry.engine.paired import N_BINS
-from tl_geometry.engine.twins.geometry import sink_geometry
+from tl_geometry.engine.twins.geometry import sink_geometry, tied_gram
 from tl_geometry.engine.twins.score import _Dots
+from tl_geometry.functional.heads import first_duplicate
 
 
 @njit
@@ -93,6 +96,35 @@ def test_inner_products_with_an_aggregate_keep_duplicates_tied(dtype):
     got = twin(torch.from_numpy(rng.uniform(size=(1, 1, 5, n_key))))[0, 0]
     assert all(torch.equal(got[:, k], got[:, 3]) for k in (6, 15, 20))
     assert torch.equal(twin.squared_norms[0, 0, 6], twin.squared_norms[0, 0, 3])
+
+
+def test_first_duplicates_compares_rows_whose_hashes_collide():
+    """Rows ``(φ, 0)`` and ``(0, 1)`` have the same hash (weights 1, φ) but are different."""
+    phi = 1.0 + 0.6180339887498949
+    values = np.array([[phi, 0.0], [0.0, 1.0], [1.0, 2.0], [0.0, 1.0], [phi, 0.0], [1.0, 2.0],
+                       [-0.0, 1.0]])
+    got = _first_duplicates(values)
+    want = first_duplicate(torch.from_numpy(values)).numpy()
+    assert np.array_equal(np.where(got < 0, np.arange(len(values)), got), want)
+    assert want.tolist() == [0, 1, 2, 1, 0, 2, 1]
+
+
+def test_first_duplicates_of_distinct_rows_is_empty():
+    values = np.random.default_rng(0).normal(size=(50, 8))
+    assert (_first_duplicates(values) < 0).all()
+
+
+def test_tie_kernel_equals_the_torch_tied_gram():
+    """Rows and columns of bit-identical value vectors made identical in place, as the torch
+    twin's tied_gram gives them (the Gram path of many queries, SPEC §3's exact ties)."""
+    rng = np.random.default_rng(3)
+    values = torch.from_numpy(rng.normal(size=(2, 3, 11, 5)))
+    values[:, :, 7] = values[:, :, 4]
+    values[0, 1, 9] = values[0, 1, 2]
+    gram = (values @ values.transpose(-1, -2)).contiguous()
+    tie_duplicates(values.numpy(), gram.numpy())
+    assert torch.equal(gram, tied_gram(values))
+    assert torch.equal(gram[:, :, 7], gram[:, :, 4]) and torch.equal(gram[:, :, :, 7], gram[:, :, :, 4])
 
 
 def test_reduce_kernel_equals_its_torch_twin():

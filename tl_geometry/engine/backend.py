@@ -56,6 +56,8 @@ class Backend:
     adds one block of rows to the validation statistics and writes its queries' votes
     (:func:`.compiled.check.check_and_vote`); ``sink_geometry(values, is_token, sink, queries, h0,
     group_size, window, sink_fields)`` writes the sink geometry (:func:`.compiled.geometry.sink_geometry`);
+    ``gram(values) → gram`` gives the tied Gram matrices, for layers scored from them
+    (:func:`.compiled.geometry.tie_duplicates`);
     ``score_vectors(layer, values)`` lays the value vectors out as ``score_rows`` reads them;
     ``score_rows(...)`` scores every selection (:func:`.compiled.score.score_rows`);
     ``reduce_rows(metrics, sink_in_top, sink_fields, sees_sink) → Reduced`` reduces over queries
@@ -67,6 +69,7 @@ class Backend:
     """The kernels read float32 or float64 rows only: a half-precision pattern is upcast."""
     check_and_vote: Callable[..., None]
     sink_geometry: Callable[..., None]
+    gram: Callable[[Tensor], Tensor]
     score_vectors: Callable[[LayerBlock, Tensor], Tensor]
     score_rows: Callable[..., None]
     reduce_rows: Callable[[Tensor, Tensor, Tensor, Tensor], Reduced]
@@ -172,6 +175,13 @@ def _sink_geometry(values: Tensor, is_token: Tensor, sink: Tensor, queries: Tens
                                       sink_fields.numpy(), window)
 
 
+def _gram(values: Tensor) -> Tensor:
+    # Our own contiguous tensor: the kernel ties it in place, writing through its view.
+    gram = (values @ values.transpose(-1, -2)).detach().contiguous()
+    _kernels().geometry.tie_duplicates(_numpy(values), gram.numpy())
+    return gram
+
+
 def _score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
     """The value vectors as the compiled kernel reads them: float32 where every entry is a
     float32 number (values read from a float32 or narrower cache, not mapped by ``W_O``),
@@ -220,6 +230,7 @@ NUMBA = Backend(
     upcast_rows=True,
     check_and_vote=_check_and_vote,
     sink_geometry=_sink_geometry,
+    gram=_gram,
     score_vectors=_score_vectors,
     score_rows=_score_rows,
     reduce_rows=_reduce_rows,
@@ -231,6 +242,7 @@ TORCH = Backend(
     upcast_rows=False,
     check_and_vote=twin_check.check_and_vote,
     sink_geometry=twin_geometry.write_sink_geometry,
+    gram=twin_geometry.tied_gram,
     score_vectors=twin_score.score_vectors,
     score_rows=twin_score.score_rows,
     reduce_rows=twin_reduce.reduce_rows,

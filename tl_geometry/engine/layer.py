@@ -9,8 +9,10 @@ no more than a fraction of the pattern's size is held at once (:func:`_chunk_pla
    the queries and keys that recomputed rows come from (:mod:`.key_votes`);
 3. the sink geometry (κ, cosines, SPEC §4) from running sums along the keys;
 4. every selection of every chosen query (SPEC §2–3, §10), its inner products ``⟨v_k, s_N⟩``
-   from the vectors and each selection's aggregate ``s_N`` (no Gram matrix: memory
-   ``O(keys·d)`` per group, and bit-identical vectors stay exactly tied, SPEC §3);
+   from the vectors and each selection's aggregate ``s_N`` where few queries of a sequence are
+   read (memory ``O(keys·d)`` per group), from the group's Gram matrix ``G = V Vᵀ`` where many are
+   (:func:`_uses_gram`; rows and columns of bit-identical vectors tied, so exact ties stay
+   exact, SPEC §3);
 
 then the per-query rows are reduced over queries (:func:`_reduce`); the top-N set's truncation
 figures (SPEC §10) are also handed on per query, for their exact percentiles.
@@ -43,7 +45,7 @@ from .layout import INVERSIONS, SEQUENCE_GROUPS, SINK_REMOVED, TOP_GROUP, TRUNCA
 from .options import SHUFFLE_KINDS, AnalysisOptions, n_chosen
 from .rng import sampled_positions, sequence_keys
 
-#: Bytes of chunk tensors (value vectors, upcast pattern rows) per byte of pattern.
+#: Bytes of chunk tensors (value vectors, Gram matrices, upcast pattern rows) per byte of pattern.
 CHUNK_FRACTION = 0.25
 #: … but never less than this, so small layers are one chunk.
 MIN_CHUNK_BYTES = 1 << 24
@@ -112,13 +114,26 @@ def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
     return out.to(device)
 
 
+#: Chosen queries per sequence, as a share of its positions, from which a layer's inner products
+#: come from Gram matrices (ours): one ``T × T`` matrix per group costs ``T²·d`` and is read
+#: ``max N`` rows per order, against ``|grid|·T·d`` per order from the vectors.
+GRAM_QUERY_SHARE = 1 / 8
+
+
+def _uses_gram(layer: LayerBlock) -> bool:
+    """Whether the layer's scores read Gram matrices: where at least :data:`GRAM_QUERY_SHARE` of
+    the positions are chosen queries (every query, a dense sample), not at the last query."""
+    return layer.queries.shape[1] >= GRAM_QUERY_SHARE * layer.source.shape[2]
+
+
 def _chunk_plan(layer: LayerBlock, d_values: int) -> list[tuple[int, int, int, int]]:
-    """``(b0, b1, g0, g1)`` chunks whose value vectors and rows fit the budget."""
+    """``(b0, b1, g0, g1)`` chunks whose value vectors, Gram matrices (where read) and rows fit
+    the budget."""
     batch, n_heads, n_pos = layer.source.shape
     itemsize = torch.empty((), dtype=layer.source.dtype).element_size()
     # The budget is a fraction of what the layer's whole pattern takes (or would take).
     budget = max(MIN_CHUNK_BYTES, int(CHUNK_FRACTION * batch * n_heads * n_pos * n_pos * itemsize))
-    group_bytes = n_pos * d_values * 8  # one value group's vectors: O(T·d), no Gram matrix
+    group_bytes = n_pos * d_values * 8 + (n_pos * n_pos * 8 if _uses_gram(layer) else 0)
     per_seq = layer.n_groups * group_bytes
     if layer.source.dtype not in (torch.float32, torch.float64):
         per_seq += n_heads * n_pos * n_pos * 4  # the float32 copy of the rows
@@ -289,8 +304,8 @@ def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer:
 def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: Tensor, out: _RowOutputs,
                  b0: int, b1: int, g0: int, g1: int, backend: Backend) -> None:
     """The sink geometry (SPEC §4) and every selection's scores (SPEC §2–3) of sequences
-    ``b0:b1`` and value groups ``g0:g1``, written into ``out``: from the value vectors, in
-    memory ``O(keys·d)`` (no Gram matrix)."""
+    ``b0:b1`` and value groups ``g0:g1``, written into ``out``: from the value vectors (memory
+    ``O(keys·d)``), or their Gram matrices where many queries are read (:func:`_uses_gram`)."""
     queries, is_token, sink, start = data.queries[b0:b1], data.is_token[b0:b1], data.sink[b0:b1], data.start[b0:b1]
     if int(queries.max()) < 0:  # no chosen query in these sequences (e.g. the t_sink pass): nothing to score
         return
@@ -301,17 +316,19 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
     h0 = g0 * data.group_size
     backend.sink_geometry(chunk, is_token[:, :n_keys], sink, queries, h0, data.group_size, data.kernel_window,
                           out.sink_fields[b0:b1])
+    gram = backend.gram(chunk) if _uses_gram(data) else chunk.new_empty(0, 0, 0, 0)
     real_index = is_token.long().cumsum(-1) - 1
     vectors = backend.score_vectors(data, chunk)  # laid out once for every block of queries
     for q0, q1 in _query_blocks(data.source, queries, n_keys):
         rows, row_of = data.source.rows(b0, b1, queries[:, q0:q1])
         backend.score_rows(
             rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, start, sink, data.kernel_window,
-            real_index, keys[b0:b1], vectors, opts.n_values.to(vectors.device), opts.random_samples,
+            real_index, keys[b0:b1], gram, vectors, opts.n_values.to(vectors.device), opts.random_samples,
             opts.shuffle_samples, SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution",
             opts.distance == "cosine",
             out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1])
         del rows
+    del gram  # this chunk's Gram matrices go before the next chunk's are made
 
 
 def _query_blocks(source: AttentionRows, queries: Tensor, n_keys: int) -> list[tuple[int, int]]:

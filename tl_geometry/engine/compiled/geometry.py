@@ -1,10 +1,16 @@
-"""Compiled sink geometry (numba, CPU), from the value vectors alone: no Gram matrix.
+"""Compiled per-group work (numba, CPU): the sink geometry from the value vectors, and exact
+duplicates tied in a Gram matrix.
 
-:func:`sink_geometry` does, per (sequence, value group), what :func:`..twins.geometry.sink_geometry`
-does in torch for other devices: κ, the mean cosine to the sink and the cosine to the mean
-(SPEC §4) at each chosen query, from running sums along the keys; each key's norm and inner
-product with the sink are one pass over its ``d`` components (``O(k·d)`` per group, memory
-``O(d)``).
+- :func:`sink_geometry` does, per (sequence, value group), what
+  :func:`..twins.geometry.sink_geometry` does in torch for other devices: κ, the mean cosine to
+  the sink and the cosine to the mean (SPEC §4) at each chosen query, from running sums along the
+  keys; each key's norm and inner product with the sink are one pass over its ``d`` components
+  (``O(k·d)`` per group, memory ``O(d)``).
+- :func:`tie_duplicates` makes the rows and columns of ``G = V Vᵀ`` whose value vectors are
+  bit-identical identical (BLAS may round them apart, which would split exact ties, SPEC §3),
+  as :func:`..twins.geometry.tied_gram` does: for the scoring of many queries per sequence,
+  where one Gram matrix per group is cheaper than the inner products at every N
+  (:func:`..layer._uses_gram`).
 
 Compiled on first use and cached on disk.
 """
@@ -15,6 +21,67 @@ import numpy as np
 from numba import njit, prange
 
 from ...functional.dtypes import COSINE_EPS
+
+
+@njit(cache=True)
+def _first_duplicates(values):  # pragma: no cover - compiled
+    """For every key with a duplicate, the lowest key whose value vector equals its own (as
+    :func:`~tl_geometry.functional.heads.first_duplicate`); −1 for a key without one.
+
+    Equal rows have equal hashes (the same weighted sum in the same order), so only keys of
+    equal hash are compared coordinate by coordinate.
+    """
+    n_key, d = values.shape
+    hashes = np.empty(n_key)
+    for k in range(n_key):
+        h = 0.0
+        for c in range(d):
+            h += values[k, c] * (1.0 + 0.6180339887498949 * c)
+        hashes[k] = h
+    order = np.argsort(hashes, kind="mergesort")  # stable: equal hashes by ascending key
+    first = np.full(n_key, -1, dtype=np.int64)
+    i = 0
+    while i < n_key:
+        j = i + 1
+        while j < n_key and hashes[order[j]] == hashes[order[i]]:
+            j += 1
+        for x in range(i, j - 1):  # the first key of each class in the run claims the others
+            kx = order[x]
+            if first[kx] >= 0:
+                continue
+            for y in range(x + 1, j):
+                ky = order[y]
+                if first[ky] >= 0:
+                    continue
+                same = True
+                for c in range(d):
+                    if values[kx, c] != values[ky, c]:
+                        same = False
+                        break
+                if same:
+                    first[kx] = kx
+                    first[ky] = kx
+        i = j
+    return first
+
+
+@njit(parallel=True, cache=True)
+def tie_duplicates(values, gram):  # pragma: no cover - compiled
+    """Make the rows and columns of ``gram [b, g, k, k]`` of bit-identical vectors of
+    ``values [b, g, k, d]`` identical, in place: ``G'[i, j] = G[first(i), first(j)]``."""
+    n_b, n_g, n_k, _ = values.shape
+    for unit in prange(n_b * n_g):
+        G = gram[unit // n_g, unit % n_g]
+        first = _first_duplicates(values[unit // n_g, unit % n_g])
+        if not np.any(first >= 0):
+            continue
+        for i in range(n_k):  # rows first, then columns
+            if first[i] >= 0 and first[i] != i:
+                G[i, :] = G[first[i], :]
+        for j in range(n_k):
+            if first[j] >= 0 and first[j] != j:
+                for i in range(n_k):
+                    G[i, j] = G[i, first[j]]
 
 
 @njit(cache=True, inline="always")

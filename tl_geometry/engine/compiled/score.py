@@ -6,12 +6,20 @@ norms, directions or unselected), for every N (SPEC §2–3). It has a
 pure-torch twin in :mod:`..twins.score` (for CUDA and other devices, and as a second
 implementation the tests compare); validation and votes are :mod:`.check`'s.
 
-Inner products come from the value vectors, never from a Gram matrix (memory ``O(k·d)`` per
-task, not ``O(k²)``): along each selection order the aggregate ``s_N = Σ_{r<N} α_{π(r)} v_{π(r)}``
-is grown between two N of the grid, and at each N of the grid ``⟨v_k, s_N⟩ = Σ_c V[k, c] s_N[c]``
-is one pass over the keys per four components (:func:`_fill_dots`), so one order costs
-``O(max N·d + |grid|·|keys|·d)``. Every key's sum runs over the components in the same order, so
-bit-identical value vectors get bit-identical products: exact ties stay ties (SPEC §3).
+Inner products ``⟨v_k, s_N⟩`` come one of two ways, chosen per layer by how many queries of a
+sequence are read (:func:`..layer._uses_gram`):
+
+- **from the vectors** (few queries: the last one, a sample): along each selection order the
+  aggregate ``s_N = Σ_{r<N} α_{π(r)} v_{π(r)}`` is grown between two N of the grid, and at each N
+  ``⟨v_k, s_N⟩ = Σ_c V[k, c] s_N[c]`` is one pass over the keys per four components
+  (:func:`_fill_dots`): ``O(|grid|·|keys|·d)`` per order, memory ``O(|keys|·d)`` per task, no
+  ``O(k²)`` matrix. Every key's sum runs over the components in one order, so bit-identical value
+  vectors get bit-identical products;
+- **from the Gram matrix** ``G = V Vᵀ`` of the row's value group (many queries, where one matrix
+  per group is cheaper than the inner products at every N), accumulated as nested prefix sums
+  along each order: ``⟨v_k, s_N⟩ = Σ_{r<N} α_{π(r)} G[π(r), k]``, one pass over ``max N`` rows of
+  ``G`` per order (four rows per pass over the keys; :mod:`.geometry` ties the rows of identical
+  vectors, so exact ties stay ties, SPEC §3).
 Euclidean comparisons use ``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders
 keys exactly as ``D`` does without the cancellation of ``‖s‖²``; ``‖s‖²`` enters only the
 margin. Keys that are not candidates carry a +∞ penalty, so the passes over the keys have no
@@ -268,14 +276,15 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
 
 
 @njit(cache=True)
-def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gdiag, norms, n_values, cosine,
+def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gram, gdiag, norms, n_values, cosine,
                dots, penalty, buf, sel, out, grp, values, source, vecs, sq_o, total):  # pragma: no cover - compiled
     """Grow ``s_N`` along ``order`` and add the scores of every N ≤ ``n_max`` to ``out[grp]``.
 
     ``out[grp, i]`` must hold zeros (or a running sum over random samples) for every such N.
     ``vecs[0]`` holds the output ``o`` under ``alpha`` (``sq_o = ‖o‖²``, ``total = Σ α``);
     ``s_N = vecs[1]`` is grown here from ``values``, and ``⟨v_k, s_N⟩`` read from ``columns``
-    (the vectors by component, :func:`_fill_dots`).
+    (the vectors by component, :func:`_fill_dots`), or accumulated from the rows of ``gram``
+    where it is not empty (:func:`_gram_rows`).
 
     The row's arrays arrive borrowed (:mod:`.borrow`), and the per-N helpers are inlined into
     this function, so nothing here updates a reference count.
@@ -283,8 +292,10 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gdiag, 
     m = keys.shape[0]
     # Unsigned indices: numba adds no wraparound for negative ones, so the loops vectorise.
     ulo, uhi = np.uint64(keys[0]), np.uint64(keys[m - 1] + 1)
+    use_gram = gram.shape[0] > 0
     for k in range(ulo, uhi):
         penalty[k] = 0.0
+        dots[k] = 0.0
     if excluded >= 0:
         penalty[excluded] = np.inf
     ni = 0
@@ -295,14 +306,48 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gdiag, 
     r = 0  # keys of order in s_N
     while ni < n_sizes and n_values[ni] <= n_max:
         stop = n_values[ni]
-        for j in range(r, stop):
-            penalty[order[j]] = np.inf
+        if use_gram:
+            _gram_rows(order, r, stop, alpha, gram, keys, contiguous, dots, penalty)
+        else:
+            for j in range(r, stop):
+                penalty[order[j]] = np.inf
         head = _add_rows(order, r, stop, alpha, values, vecs, 1, head)  # s_N = Σ_{S_N} α_i v_i
         r = stop
-        _fill_dots(columns, vecs, keys, contiguous, dots)
+        if not use_gram:
+            _fill_dots(columns, vecs, keys, contiguous, dots)
         _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
                buf, sel, out, grp, ni, vecs, sq_o, total - head, values, source)
         ni += 1
+
+
+@njit(cache=True, inline="always")
+def _gram_rows(order, start, stop, alpha, gram, keys, contiguous, dots, penalty):  # pragma: no cover - compiled
+    """``dots[k] += Σ α_i G[i, k]`` over ``i = order[r]``, ``start ≤ r < stop``, at the row's
+    keys, and the penalty of those selected keys set to +inf. Four rows of ``G`` per pass over a
+    range of keys (the same terms for every key, so equal keys stay equal)."""
+    m = keys.shape[0]
+    ulo, uhi = np.uint64(keys[0]), np.uint64(keys[m - 1] + 1)
+    r = start
+    if contiguous:
+        while r + 4 <= stop:
+            i0, i1, i2, i3 = order[r], order[r + 1], order[r + 2], order[r + 3]
+            a0, a1, a2, a3 = alpha[i0], alpha[i1], alpha[i2], alpha[i3]
+            penalty[i0] = penalty[i1] = penalty[i2] = penalty[i3] = np.inf
+            for k in range(ulo, uhi):
+                dots[k] += (a0 * gram[i0, k] + a1 * gram[i1, k]) + (a2 * gram[i2, k] + a3 * gram[i3, k])
+            r += 4
+    while r < stop:
+        i = order[r]
+        a = alpha[i]
+        penalty[i] = np.inf
+        if contiguous:
+            for k in range(ulo, uhi):
+                dots[k] += a * gram[i, k]
+        else:
+            for j in range(m):
+                k = keys[j]
+                dots[k] += a * gram[i, k]
+        r += 1
 
 
 @njit(cache=True, inline="always")
@@ -389,7 +434,8 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 
 
 @njit(cache=True)
-def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, columns, gdiag, norms, n_values, cosine,
+def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, columns, gram, gdiag, norms, n_values,
+                    cosine,
                     shuffles, shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
                     listed, drawn, moved_source, sigma, out, values, vecs):  # pragma: no cover - compiled
     """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
@@ -397,7 +443,8 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, colum
     non-sink keys outside ``S_N`` take each other's values.
 
     ``S_N`` keeps its values, so ``s_N`` and ``⟨v_k, s_N⟩`` are the top-N set's, grown once
-    along ``top`` (``vecs[1]``, :func:`_fill_dots`); an unselected key ``j`` that takes ``v_π(j)``
+    along ``top`` (``vecs[1]``, :func:`_fill_dots`, or the rows of ``gram``); an unselected key
+    ``j`` that takes ``v_π(j)``
     has ``E_j = α_j(α_j ‖v_π(j)‖² − 2⟨v_π(j), s_N⟩)``: the arrays ``moved_*`` hold the moved
     ``⟨v, s⟩``, ``‖v‖²`` and ``‖v‖`` and :func:`_score` reads them in place of the real ones.
 
@@ -415,8 +462,10 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, colum
     for sample in range(shuffles):
         sigma[sample, :n_others] = others
         fisher_yates(sigma[sample, :n_others], n_others - 1, shuffle_key, sample)
+    use_gram = gram.shape[0] > 0
     for j in range(m):
         penalty[keys[j]] = 0.0
+        dots[keys[j]] = 0.0
     for c in range(vecs.shape[1]):
         vecs[1, c] = 0.0
     head = 0.0
@@ -424,11 +473,15 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, colum
     ni = 0
     n_sizes = n_values.shape[0]
     for r in range(n_max):
-        penalty[top[r]] = np.inf  # selected: +inf, as _score expects
+        if use_gram:  # selected: +inf, as _score expects
+            _gram_rows(top, r, r + 1, alpha, gram, keys, contiguous, dots, penalty)
+        else:
+            penalty[top[r]] = np.inf
         while ni < n_sizes and n_values[ni] == r + 1:
             head = _add_rows(top, grown, r + 1, alpha, values, vecs, 1, head)
             grown = r + 1
-            _fill_dots(columns, vecs, keys, contiguous, dots)
+            if not use_gram:
+                _fill_dots(columns, vecs, keys, contiguous, dots)
             u = 0
             for j in range(m):  # the real values, and U_N in position order (appended when kept)
                 k = keys[j]
@@ -457,7 +510,7 @@ QUERY_BLOCK = 16
 
 @njit(parallel=True, cache=True)
 def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, sink, window, real_index, sequence_keys,
-               values, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
+               gram, values, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
@@ -470,7 +523,9 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
     and a query that does not see the sink (its window starts after it, or the sink comes after
     the query) has no sink (no sink-removed group, never "sink in S_N", no sink fields, every
     key shuffled); ``values [b, g, k, d]`` holds the vectors of value groups ``g0 + g`` (each
-    task lays its group's out by component once, :func:`_columns`). Writes ``metrics[b, h, Q, 4, n, 9]``
+    task lays its group's out by component once, :func:`_columns`), and ``gram [b, g, k, k]``
+    their tied Gram matrices where the inner products are to come from them (empty, ``[0, 0, 0,
+    0]``, where from the vectors; module docstring). Writes ``metrics[b, h, Q, 4, n, 9]``
     (groups: top, random mean, shuffled mean, sink removed; metrics:
     :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
     NaN where N does not fit), ``sink_in_top[b, h, Q, n]`` (sink in the top-N set) and, of
@@ -509,14 +564,21 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
         n_keys = 0  # keys up to the block's last query
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
             n_keys = max(n_keys, queries[cb, qi] + 1)
-        columns = np.empty((d, n_keys))
         gdiag = np.empty(n_pos)
-        _columns(group, n_keys, columns, gdiag)
+        if gram.shape[0] > 0:
+            gram_bg = gram[cb, (h // group_size) - g0]
+            columns = np.empty((d, 0))
+            for k in range(n_keys):
+                gdiag[k] = gram_bg[k, k]
+        else:
+            gram_bg = np.empty((0, 0))
+            columns = np.empty((d, n_keys))
+            _columns(group, n_keys, columns, gdiag)
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
             # Borrowed views (:mod:`.borrow`): the arrays passed down to every order and N count
             # no references; the arrays they borrow from stay referenced through the loop.
             _score_row(pattern, row_of, cb, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys,
-                       borrow(columns), borrow(gdiag), borrow(n_values), samples, shuffles,
+                       borrow(columns), borrow(gram_bg), borrow(gdiag), borrow(n_values), samples, shuffles,
                        shuffle_kind, by_contribution, cosine, borrow(metrics[cb, h, qi]), sink_in_top,
                        sink_mass, borrow(keys_buf), borrow(top_buf), borrow(single), borrow(packed),
                        borrow(floats), borrow(ints), borrow(group), borrow(vecs))
@@ -524,12 +586,12 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
 
 @njit(cache=True)
 def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys, columns,
-               sq_norms, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top,
+               gram_bg, sq_norms, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top,
                sink_mass, keys_buf, top_buf, single, packed, floats, ints, values_bg,
                vecs):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
-    group's vectors are ``values_bg`` (by component: ``columns``; squared norms ``sq_norms``),
-    with the task's scratch arrays."""
+    group's vectors are ``values_bg`` (by component: ``columns``, or its Gram matrix ``gram_bg``;
+    squared norms ``sq_norms``), with the task's scratch arrays."""
     n_sizes = n_values.shape[0]
     n_metrics = out.shape[-1]
     t = queries[b, qi]
@@ -595,7 +657,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     # The output o once per query: the top-N, sink-removed and random selections share α.
     sq_o, total = _output(keys, alpha, values_bg, vecs) if n_top > 0 else (0.0, 0.0)
     identity = ints[5]  # every key holds its own vector
-    _run_order(top, n_top, keys, contiguous, no_key, alpha, columns, gdiag, norms, n_values,
+    _run_order(top, n_top, keys, contiguous, no_key, alpha, columns, gram_bg, gdiag, norms, n_values,
                cosine, dots, penalty, buf, sel, out, top_group, values_bg, identity, vecs, sq_o, total)
     perm = ints[0][:m]
     if n_drop > 0:
@@ -605,7 +667,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
             if top[j] != s:
                 dropped[c] = top[j]
                 c += 1
-        _run_order(dropped, n_drop, keys, contiguous, s, alpha, columns, gdiag, norms,
+        _run_order(dropped, n_drop, keys, contiguous, s, alpha, columns, gram_bg, gdiag, norms,
                    n_values, cosine, dots, penalty, buf, sel, out, dropped_group, values_bg, identity, vecs, sq_o,
                    total)
     if n_top == 0:
@@ -614,7 +676,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     for sample in range(samples):
         perm[:] = keys
         fisher_yates(perm, n_top, row_key, sample)
-        _run_order(perm, n_top, keys, contiguous, no_key, alpha, columns, gdiag, norms,
+        _run_order(perm, n_top, keys, contiguous, no_key, alpha, columns, gram_bg, gdiag, norms,
                    n_values, cosine, dots, penalty, buf, sel, out, random_group, values_bg, identity, vecs, sq_o, total)
     # The nulls permute the non-sink keys, in position order; the sink keeps its value.
     sink_key = s if sees_sink else np.int64(-1)
@@ -626,7 +688,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
             c += 1
     n_others = others.shape[0]
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:  # SPEC §10 figures: the values null only (NaN)
-        _run_unselected(top, n_top, keys, others, sink_key, contiguous, alpha, columns, gdiag, norms, n_values,
+        _run_unselected(top, n_top, keys, others, sink_key, contiguous, alpha, columns, gram_bg, gdiag, norms, n_values,
                         cosine, shuffles, mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3],
                         floats[8], floats[9], ints[2], ints[3], ints[6], ints[7:], out, values_bg, vecs)
     elif shuffles > 0:
@@ -652,7 +714,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
                 sq_w, total_w = _output(keys, weights, values_bg, vecs)
             else:  # the SPEC §10 figures are the values null's only: NaN for the others
                 sq_w, total_w = np.nan, np.nan
-            _run_order(order, n_top, keys, contiguous, no_key, weights, columns, gdiag, norms,
+            _run_order(order, n_top, keys, contiguous, no_key, weights, columns, gram_bg, gdiag, norms,
                        n_values, cosine, dots, penalty, buf, sel, out, shuffled_group, values_bg, identity, vecs, sq_w,
                        total_w)
     for ni in range(n_sizes):

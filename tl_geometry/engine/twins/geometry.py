@@ -1,4 +1,5 @@
-"""Sink geometry in torch: the twin of :mod:`..compiled.geometry`, for every device."""
+"""Sink geometry and tied Gram matrices in torch: the twin of :mod:`..compiled.geometry`, for
+every device."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS
+from ...functional.heads import first_duplicate
 
 
 def write_sink_geometry(
@@ -24,6 +26,16 @@ def write_sink_geometry(
     ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
     geometry = torch.where(ok, geometry.repeat_interleave(group_size, dim=1), torch.nan)
     sink_fields[:, h0 : h0 + values.shape[1] * group_size, :, 1:4] = geometry
+
+
+def tied_gram(values: Float[Tensor, "b g k d"]) -> Float[Tensor, "b g k j"]:
+    """``G = V Vᵀ`` with duplicate rows made bit-identical (BLAS may round them apart)."""
+    gram = values @ values.transpose(-1, -2)  # b g k j; matmul is markedly faster than einsum here
+    dup = first_duplicate(values)
+    if not torch.equal(dup, torch.arange(dup.shape[-1], device=dup.device).expand_as(dup)):
+        gram = gram.gather(-2, dup[..., :, None].expand(gram.shape))
+        gram = gram.gather(-1, dup[..., None, :].expand(gram.shape))
+    return gram
 
 
 def sink_geometry(

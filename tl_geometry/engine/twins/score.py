@@ -33,15 +33,15 @@ def score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
 
 def score_rows(
     rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
-    start: Tensor, sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, values: Tensor,
-    n_values: Tensor, samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool, cosine: bool,
-    metrics: Tensor,
-    sink_in_top: Tensor, sink_fields: Tensor,
+    start: Tensor, sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor,
+    values: Tensor, n_values: Tensor, samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool,
+    cosine: bool, metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor,
 ) -> None:
     """:func:`..compiled.score.score_rows` in torch: same arguments, same outputs (written in place).
 
-    Inner products come from ``s = Σ w_k v_k`` of every selection and N, ``⟨v_k, s⟩ = V s``
-    (:class:`_Dots`), as in the kernel but vectorised: no Gram matrix. The truncation figures
+    Inner products come from ``s = Σ w_k v_k`` of every selection and N, ``⟨v_k, s⟩ = V s``, or
+    from the tied Gram matrices ``gram`` where they are given (not empty), ``⟨v_k, s⟩ = Σ w_j G[j, k]``
+    (:class:`_Dots`), as in the kernel but vectorised. The truncation figures
     (SPEC §10) come from inner products here (:func:`_truncation`), not from the difference
     vectors as in the kernel: two computations that the tests hold to each other. ``start`` is
     not read: ``is_token`` keeps padding out of the candidates."""
@@ -50,10 +50,11 @@ def score_rows(
     n_sel = 2 + samples + shuffles
     per_query = rows.shape[0] * n_ch * n_sel * len(n_values) * n_key
     step = max(1, BLOCK_ELEMENTS // max(per_query, 1))
+    inner = _Dots(values, gram if gram.numel() else None)
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
         _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, window, real_index,
-                     sequence_keys, _Dots(values), n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
+                     sequence_keys, inner, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1])
 
@@ -120,19 +121,22 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
 
 
 class _Dots:
-    """``⟨v_k, Σ_j w_j v_j⟩`` for rows of weights ``w`` over the keys of each value group, from
-    the value vectors (``O(k·d)`` per row; the Gram matrix ``V Vᵀ`` would cost ``O(k²)``
-    memory). Keys with bit-identical value vectors read the first one's products and squared
-    norm: BLAS may round equal rows apart, which would split exact ties (SPEC §3)."""
+    """``⟨v_k, Σ_j w_j v_j⟩`` for rows of weights ``w`` over the keys of each value group: from
+    the value vectors (``O(k·d)`` per row, no ``O(k²)`` matrix), or from the tied Gram matrices
+    ``gram`` where given. Keys with bit-identical value vectors read the first one's products and
+    squared norm: BLAS may round equal rows apart, which would split exact ties (SPEC §3)."""
 
-    def __init__(self, values: Float[Tensor, "b g k d"]) -> None:
-        self.values = values
+    def __init__(self, values: Float[Tensor, "b g k d"], gram: Float[Tensor, "b g k j"] | None = None) -> None:
+        self.values, self.gram = values, gram
         self.duplicate = first_duplicate(values)  # [b, g, k]
         self.tied = not torch.equal(self.duplicate, torch.arange(values.shape[2], device=values.device)
                                     .expand_as(self.duplicate))
-        self.squared_norms = self._tie((values * values).sum(-1))  # ‖v_k‖², [b, g, k]
+        squared = gram.diagonal(dim1=-2, dim2=-1) if gram is not None else (values * values).sum(-1)
+        self.squared_norms = self._tie(squared)  # ‖v_k‖², [b, g, k]
 
     def __call__(self, weights: Float[Tensor, "b g rows k"]) -> Float[Tensor, "b g rows k"]:
+        if self.gram is not None:
+            return weights @ self.gram  # tied already
         return self.of(self.aggregate(weights))
 
     def aggregate(self, weights: Float[Tensor, "b g rows k"]) -> Float[Tensor, "b g rows d"]:
@@ -176,8 +180,8 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
     weights = alpha[..., None, :] * selected
     grouped = rearrange(weights, "b (g r) q s n k -> b g (r q s n) k", r=group_size)
     aggregate = inner.aggregate(grouped)
-    dots = rearrange(inner.of(aggregate), "b g (r q s n) k -> b (g r) q s n k", r=group_size,
-                     q=alpha.shape[2], s=rank.shape[3])
+    dots = rearrange(inner(grouped) if inner.gram is not None else inner.of(aggregate),
+                     "b g (r q s n) k -> b (g r) q s n k", r=group_size, q=alpha.shape[2], s=rank.shape[3])
     sq_s = (weights * dots).sum(-1, keepdim=True)
     a = alpha[..., None, :]
     g = gdiag[:, :, :, None, None, :]
