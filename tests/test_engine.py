@@ -210,19 +210,36 @@ def test_rows_added_four_at_a_time_round_as_one_at_a_time(stop):
 @pytest.mark.parametrize("options", [{"queries": "all"}, {"queries": "last", "shuffle": "unselected"},
                                      {"queries": "all", "distance": "cosine"}])
 def test_inner_products_from_the_gram_matrix_or_from_the_vectors_agree(backend, options, monkeypatch):
-    """Many queries read the inner products from tied Gram matrices, few from the vectors
-    (``layer._uses_gram``): forced either way, the same numbers within round-off, exact ties
-    kept (duplicated vectors, tied weights), the same votes."""
+    """Short sequences and many queries read the inner products from tied Gram matrices, the
+    last query of long ones from the vectors (``layer._uses_gram``): forced either way, the same
+    numbers within round-off, exact ties kept (duplicated vectors, tied weights), the same votes."""
     from tl_geometry.engine import layer
 
     case = make_case(72, batch=3, ties=True, duplicates=True, sink=True, padding="left")
     kwargs = dict(n_values=N_VALUES, attention_mask=case.attention_mask, random_samples=5, backend=backend,
                   **options)
-    monkeypatch.setattr(layer, "GRAM_QUERY_SHARE", 0.0)
+    monkeypatch.setattr(layer, "_uses_gram", lambda *args: True)
     from_gram = tl_geometry.analyze_heads(case.cache(), **kwargs)
-    monkeypatch.setattr(layer, "GRAM_QUERY_SHARE", float("inf"))
+    monkeypatch.setattr(layer, "_uses_gram", lambda *args: False)
     from_vectors = tl_geometry.analyze_heads(case.cache(), **kwargs)
     torch.testing.assert_close(from_gram.scores, from_vectors.scores, equal_nan=True, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(from_gram.sink, from_vectors.sink, equal_nan=True, rtol=1e-12, atol=1e-12)
     assert torch.equal(from_gram.group_counts, from_vectors.group_counts)
     assert torch.equal(from_gram.vote_counts, from_vectors.vote_counts)
+
+
+def test_the_gram_matrix_is_read_where_it_is_cheaper():
+    """The cost rule: every query of a short window and the last query of a short one read Gram
+    matrices, the last query of a long window reads the vectors, and no matrix above the cap."""
+    from types import SimpleNamespace as NS
+
+    from tl_geometry.engine import layer
+    from tl_geometry.engine.options import check_options
+
+    def uses(n_pos, n_queries, group_size=3, d=64):
+        block = NS(source=NS(shape=(1, 9, n_pos)), queries=torch.zeros(1, n_queries), group_size=group_size)
+        return layer._uses_gram(block, check_options(), d)
+
+    assert uses(128, 1) and uses(1024, 1024) and uses(4096, 4096)
+    assert not uses(4096, 1) and not uses(16384, 1) and not uses(16384, 256)
+    assert not uses(12000, 12000)  # 1.07 GiB per group: above GRAM_MAX_BYTES

@@ -10,9 +10,9 @@ no more than a fraction of the pattern's size is held at once (:func:`_chunk_pla
 3. the sink geometry (κ, cosines, SPEC §4) from running sums along the keys;
 4. every selection of every chosen query (SPEC §2–3, §10), its inner products ``⟨v_k, s_N⟩``
    from the vectors and each selection's aggregate ``s_N`` where few queries of a sequence are
-   read (memory ``O(keys·d)`` per group), from the group's Gram matrix ``G = V Vᵀ`` where many are
-   (:func:`_uses_gram`; rows and columns of bit-identical vectors tied, so exact ties stay
-   exact, SPEC §3);
+   read from long sequences (memory ``O(keys·d)`` per group), from the group's Gram matrix
+   ``G = V Vᵀ`` where that is cheaper (:func:`_uses_gram`; rows and columns of bit-identical
+   vectors tied, so exact ties stay exact, SPEC §3);
 
 then the per-query rows are reduced over queries (:func:`_reduce`); the top-N set's truncation
 figures (SPEC §10) are also handed on per query, for their exact percentiles.
@@ -114,26 +114,37 @@ def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
     return out.to(device)
 
 
-#: Chosen queries per sequence, as a share of its positions, from which a layer's inner products
-#: come from Gram matrices (ours): one ``T × T`` matrix per group costs ``T²·d`` and is read
-#: ``max N`` rows per order, against ``|grid|·T·d`` per order from the vectors.
-GRAM_QUERY_SHARE = 1 / 8
+#: The largest Gram matrix a value group may get (float64 bytes): beyond it (about 11,600
+#: positions) the inner products come from the vectors, whatever the queries.
+GRAM_MAX_BYTES = 1 << 30
 
 
-def _uses_gram(layer: LayerBlock) -> bool:
-    """Whether the layer's scores read Gram matrices: where at least :data:`GRAM_QUERY_SHARE` of
-    the positions are chosen queries (every query, a dense sample), not at the last query."""
-    return layer.queries.shape[1] >= GRAM_QUERY_SHARE * layer.source.shape[2]
+def _uses_gram(layer: LayerBlock, opts: AnalysisOptions, d_values: int) -> bool:
+    """Whether the layer's inner products ``⟨v_k, s_N⟩`` come from Gram matrices (ours): where
+    that costs fewer multiply-adds than reading them from the vectors, and the matrix fits
+    :data:`GRAM_MAX_BYTES`. Per value group of a sequence of ``T`` positions, with ``r`` scored
+    rows (its heads × chosen queries × orders: top, sink removed, the random subsets and the
+    shuffles), ``T²·d`` to build the matrix and ``r·max N·T`` to read it, against ``r·|grid|·T·d``
+    from the vectors: the Gram matrix wins for short sequences and for many queries (every query
+    of a 1,024-token window), the vectors for the last query of long ones."""
+    n_pos = layer.source.shape[2]
+    fits = opts.n_values[opts.n_values < n_pos]
+    if not len(fits) or n_pos * n_pos * 8 > GRAM_MAX_BYTES:
+        return False
+    rows = layer.group_size * layer.queries.shape[1] * (2 + opts.random_samples + opts.shuffle_samples)
+    from_gram = n_pos * n_pos * d_values + rows * int(fits.max()) * n_pos
+    from_vectors = rows * len(fits) * n_pos * d_values
+    return from_gram < from_vectors
 
 
-def _chunk_plan(layer: LayerBlock, d_values: int) -> list[tuple[int, int, int, int]]:
+def _chunk_plan(layer: LayerBlock, opts: AnalysisOptions, d_values: int) -> list[tuple[int, int, int, int]]:
     """``(b0, b1, g0, g1)`` chunks whose value vectors, Gram matrices (where read) and rows fit
     the budget."""
     batch, n_heads, n_pos = layer.source.shape
     itemsize = torch.empty((), dtype=layer.source.dtype).element_size()
     # The budget is a fraction of what the layer's whole pattern takes (or would take).
     budget = max(MIN_CHUNK_BYTES, int(CHUNK_FRACTION * batch * n_heads * n_pos * n_pos * itemsize))
-    group_bytes = n_pos * d_values * 8 + (n_pos * n_pos * 8 if _uses_gram(layer) else 0)
+    group_bytes = n_pos * d_values * 8 + (n_pos * n_pos * 8 if _uses_gram(layer, opts, d_values) else 0)
     per_seq = layer.n_groups * group_bytes
     if layer.source.dtype not in (torch.float32, torch.float64):
         per_seq += n_heads * n_pos * n_pos * 4  # the float32 copy of the rows
@@ -185,7 +196,7 @@ def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor,
     seq_ids = range(sequence_offset, sequence_offset + source.shape[0])
     keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(source.device)
     d_values = v.shape[-1] if W_O is None else W_O.shape[-1]
-    for b0, b1, g0, g1 in _chunk_plan(data, d_values):
+    for b0, b1, g0, g1 in _chunk_plan(data, opts, d_values):
         if g0 == 0:  # the first chunk of these sequences: validate and vote, one read of the rows
             values = _check_and_vote(data, b0, b1, rows_out, layer, backend, mask_given=mask_given)
         _score_chunk(data, opts, values, keys, rows_out, b0, b1, g0, g1, backend)
@@ -196,7 +207,7 @@ def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor,
     # Only the sink-dependent figures are read there: no baseline, null or bound is needed.
     plain = replace(opts, random_samples=0, shuffle_samples=0, bounds=False)
     sink_out = _RowOutputs.empty(at_sink, len(opts.n_values))
-    for b0, b1, g0, g1 in _chunk_plan(at_sink, d_values):
+    for b0, b1, g0, g1 in _chunk_plan(at_sink, plain, d_values):
         if g0 == 0:
             values = group_values(at_sink, b0, b1, at_sink.source.shape[2])
         _score_chunk(at_sink, plain, values, keys, sink_out, b0, b1, g0, g1, backend)
@@ -316,7 +327,7 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
     h0 = g0 * data.group_size
     backend.sink_geometry(chunk, is_token[:, :n_keys], sink, queries, h0, data.group_size, data.kernel_window,
                           out.sink_fields[b0:b1])
-    gram = backend.gram(chunk) if _uses_gram(data) else chunk.new_empty(0, 0, 0, 0)
+    gram = backend.gram(chunk) if _uses_gram(data, opts, chunk.shape[-1]) else chunk.new_empty(0, 0, 0, 0)
     real_index = is_token.long().cumsum(-1) - 1
     vectors = backend.score_vectors(data, chunk)  # laid out once for every block of queries
     for q0, q1 in _query_blocks(data.source, queries, n_keys):

@@ -265,12 +265,11 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     if cosine:
         out[grp, ni, 3] += e_min - e_max
     else:
-        # The two distances from the vectors (exact at D = 0), their difference as
-        # (E_min − E_max)/(D_min + D_max): its sign is the E order's, and no near-equal roots
-        # are subtracted.
+        # γ = D_min − D_max with both distances from the vectors (as the reference computes
+        # them): exactly 0 where a key's contribution is all s_N holds, never the square root of
+        # a rounding error of E + ‖s‖², nor a rounding error of E divided by two near-zero roots.
         d_min = _distance(k_min, alpha, values, source, vecs) if k_min >= 0 else np.sqrt(max(e_min + sq_s, 0.0))
-        d_max = _distance(i_max, alpha, values, source, vecs)
-        out[grp, ni, 3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
+        out[grp, ni, 3] += d_min - _distance(i_max, alpha, values, source, vecs)
     out[grp, ni, 4] += inversions
     _truncation(vecs, sq_o, tail, out, grp, ni)
 
@@ -435,8 +434,7 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 
 @njit(cache=True)
 def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, columns, gram, gdiag, norms, n_values,
-                    cosine,
-                    shuffles, shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
+                    cosine, shuffles, shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
                     listed, drawn, moved_source, sigma, out, values, vecs):  # pragma: no cover - compiled
     """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
     over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
@@ -444,9 +442,9 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, colum
 
     ``S_N`` keeps its values, so ``s_N`` and ``⟨v_k, s_N⟩`` are the top-N set's, grown once
     along ``top`` (``vecs[1]``, :func:`_fill_dots`, or the rows of ``gram``); an unselected key
-    ``j`` that takes ``v_π(j)``
-    has ``E_j = α_j(α_j ‖v_π(j)‖² − 2⟨v_π(j), s_N⟩)``: the arrays ``moved_*`` hold the moved
-    ``⟨v, s⟩``, ``‖v‖²`` and ``‖v‖`` and :func:`_score` reads them in place of the real ones.
+    ``j`` that takes ``v_π(j)`` has ``E_j = α_j(α_j ‖v_π(j)‖² − 2⟨v_π(j), s_N⟩)``: the arrays
+    ``moved_*`` hold the moved ``⟨v, s⟩``, ``‖v‖²``, ``‖v‖`` and source key, and :func:`_score`
+    reads them in place of the real ones.
 
     ``π`` comes from the value-shuffle null's permutation ``σ`` of each sample (the shuffle of
     ``others``, the non-sink keys in position order: every visible key but ``sink_key``, −1 where

@@ -211,7 +211,7 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
                               q=alpha.shape[2], s=rank.shape[3])
         d_min = inner.distance(alpha, torch.where(unselected, e, torch.inf).argmin(-1), aggregate, group_size, source)
         d_max = inner.distance(alpha, torch.where(selected, e, -torch.inf).argmax(-1), aggregate, group_size, source)
-        margin = torch.where(d_min + d_max > 0, (e_min - e_max) / (d_min + d_max), 0.0)
+        margin = d_min - d_max
     n_keys = keyset.sum(-1)  # [b, 1, q, 1, 1]
     precision_cc, f_score_cc = chance_corrected(precision, recall, nf, n_keys.to(COMPUTE_DTYPE))
     out = torch.stack([precision, recall, f_score, margin, inversions, precision_cc, f_score_cc], dim=-1)
