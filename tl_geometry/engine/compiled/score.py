@@ -174,7 +174,7 @@ def _distance(k, alpha, values, source, vecs):  # pragma: no cover - compiled
 
 @njit(cache=True, inline="always")
 def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, out,
-           grp, ni, vecs, sq_o, tail, values, source):
+           grp, ni, vecs, sq_o, tail, values, source, direct):
     """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[grp, ni, 0:7]``,
     and τ_N (``tail``) and the relative truncation error (SPEC §10) to ``out[grp, ni, 7:9]``.
 
@@ -184,6 +184,8 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     the others past every comparison, so the passes over the keys carry no branches.
     ``vecs`` holds the output ``o`` and ``s_N`` in the analysis space, ``sq_o = ‖o‖²``; key
     ``k`` holds the vector ``values[source[k]]`` (moved by the unselected null, else its own).
+    ``direct``: the margin's two distances are computed from the vectors (the inner products came
+    from them), else from E (they came from the Gram matrix).
     """
     sq_s = 0.0
     for r in range(n):
@@ -191,13 +193,9 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
         sq_s += alpha[i] * dots[i]
     norm_s = np.sqrt(max(sq_s, 0.0))
     e_max = -np.inf
-    i_max = -1  # the lowest key of largest E in S_N (the margin's D_max)
     for r in range(n):
-        i = order[r]
-        sel[r] = _key_e(i, alpha, dots, gdiag, norms, norm_s, cosine)
-        if sel[r] > e_max or (sel[r] == e_max and i < i_max):
-            e_max = sel[r]
-            i_max = i
+        sel[r] = _key_e(order[r], alpha, dots, gdiag, norms, norm_s, cosine)
+        e_max = max(e_max, sel[r])
     m = keys.shape[0]
     lo = keys[0]
     hi = keys[m - 1] + 1
@@ -213,12 +211,17 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
             buf[j] = x
             e_min = min(e_min, x)
             contaminating += x <= e_max
-    k_min = -1  # the lowest key of smallest E outside S_N (the margin's D_min)
-    if not cosine and e_min < np.inf:
-        j = 0
-        while j < m - 1 and buf[j] != e_min:
-            j += 1
-        k_min = lo + j if hi - lo == m else keys[j]
+    k_min = i_max = -1  # the lowest keys of smallest E outside S_N and largest inside (D_min, D_max)
+    if direct and not cosine:
+        for r in range(n):
+            i = order[r]
+            if sel[r] == e_max and (i_max < 0 or i < i_max):
+                i_max = i
+        if e_min < np.inf:
+            j = 0
+            while j < m - 1 and buf[j] != e_min:
+                j += 1
+            k_min = lo + j if hi - lo == m else keys[j]
     recalled = 0
     for r in range(n):
         recalled += sel[r] < e_min
@@ -264,12 +267,18 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     out[grp, ni, 6] += 2 * p_cc * recall / (p_cc + recall) if p_cc > 0 and recalled > 0 else 0.0
     if cosine:
         out[grp, ni, 3] += e_min - e_max
-    else:
+    elif direct:
         # γ = D_min − D_max with both distances from the vectors (as the reference computes
-        # them): exactly 0 where a key's contribution is all s_N holds, never the square root of
-        # a rounding error of E + ‖s‖², nor a rounding error of E divided by two near-zero roots.
+        # them): with inner products from the vectors, E + ‖s‖² of a key whose contribution is
+        # all s_N holds is a rounding error, not 0, and its square root would be the margin's.
         d_min = _distance(k_min, alpha, values, source, vecs) if k_min >= 0 else np.sqrt(max(e_min + sq_s, 0.0))
         out[grp, ni, 3] += d_min - _distance(i_max, alpha, values, source, vecs)
+    else:
+        # From the Gram matrix, E + ‖s‖² is exact where it is 0 (N = 1: ⟨v_i, s⟩ = α_i G_ii):
+        # (E_min − E_max)/(D_min + D_max) = D_min − D_max without subtracting near-equal roots.
+        d_min = np.sqrt(max(e_min + sq_s, 0.0))
+        d_max = np.sqrt(max(e_max + sq_s, 0.0))
+        out[grp, ni, 3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
     out[grp, ni, 4] += inversions
     _truncation(vecs, sq_o, tail, out, grp, ni)
 
@@ -315,7 +324,7 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gram, g
         if not use_gram:
             _fill_dots(columns, vecs, keys, contiguous, dots)
         _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
-               buf, sel, out, grp, ni, vecs, sq_o, total - head, values, source)
+               buf, sel, out, grp, ni, vecs, sq_o, total - head, values, source, not use_gram)
         ni += 1
 
 
@@ -497,7 +506,7 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, colum
                     moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
                     moved_source[k] = src
                 _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
-                       cosine, buf, sel, out, 2, ni, vecs, np.nan, np.nan, values, moved_source)
+                       cosine, buf, sel, out, 2, ni, vecs, np.nan, np.nan, values, moved_source, not use_gram)
             ni += 1
 
 

@@ -179,8 +179,8 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
     selected = rank[..., None, :] < n  # [b, h, q, sel, n, k]
     weights = alpha[..., None, :] * selected
     grouped = rearrange(weights, "b (g r) q s n k -> b g (r q s n) k", r=group_size)
-    aggregate = inner.aggregate(grouped)
-    dots = rearrange(inner(grouped) if inner.gram is not None else inner.of(aggregate),
+    aggregate = None if inner.gram is not None else inner.aggregate(grouped)  # the vectors path's s
+    dots = rearrange(inner(grouped) if aggregate is None else inner.of(aggregate),
                      "b g (r q s n) k -> b (g r) q s n k", r=group_size, q=alpha.shape[2], s=rank.shape[3])
     sq_s = (weights * dots).sum(-1, keepdim=True)
     a = alpha[..., None, :]
@@ -206,12 +206,17 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
     f_score = torch.where(recalled > 0, 2 * precision * recall / (precision + recall), 0.0)
     if cosine:
         margin = e_min - e_max
-    else:  # D_min and D_max from the vectors, at the lowest key of each extreme E (as the kernel)
+    elif aggregate is not None:  # D_min and D_max from the vectors, at the lowest key of each extreme E (as the kernel)
         aggregate = rearrange(aggregate, "b g (r q s n) d -> b (g r) q s n d", r=group_size,
                               q=alpha.shape[2], s=rank.shape[3])
         d_min = inner.distance(alpha, torch.where(unselected, e, torch.inf).argmin(-1), aggregate, group_size, source)
         d_max = inner.distance(alpha, torch.where(selected, e, -torch.inf).argmax(-1), aggregate, group_size, source)
         margin = d_min - d_max
+    else:  # from the Gram matrix E + ‖s‖² is exact where it is 0 (as the kernel)
+        s2 = sq_s.squeeze(-1)
+        d_min = (e_min + s2).clamp_min(0).sqrt()
+        d_max = (e_max + s2).clamp_min(0).sqrt()
+        margin = torch.where(d_min + d_max > 0, (e_min - e_max) / (d_min + d_max), 0.0)
     n_keys = keyset.sum(-1)  # [b, 1, q, 1, 1]
     precision_cc, f_score_cc = chance_corrected(precision, recall, nf, n_keys.to(COMPUTE_DTYPE))
     out = torch.stack([precision, recall, f_score, margin, inversions, precision_cc, f_score_cc], dim=-1)
