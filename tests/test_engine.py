@@ -236,10 +236,12 @@ def test_the_gram_matrix_is_read_where_it_is_cheaper():
     from tl_geometry.engine import layer
     from tl_geometry.engine.options import check_options
 
-    def uses(n_pos, n_queries, group_size=3, d=64):
-        block = NS(source=NS(shape=(1, 9, n_pos)), queries=torch.zeros(1, n_queries), group_size=group_size)
+    def uses(n_pos, n_queries, group_size=3, d=64, window=None):
+        block = NS(source=NS(shape=(1, 9, n_pos)), queries=torch.zeros(1, n_queries), group_size=group_size,
+                   window=window)
         return layer._uses_gram(block, check_options(), d)
 
     assert uses(128, 1) and uses(1024, 1024) and uses(4096, 4096)
     assert not uses(4096, 1) and not uses(16384, 1) and not uses(16384, 256)
+    assert uses(512, 1) and not uses(512, 1, window=64)  # a window's rows read few keys
     assert not uses(12000, 12000)  # 1.07 GiB per group: above GRAM_MAX_BYTES

@@ -124,16 +124,18 @@ def _uses_gram(layer: LayerBlock, opts: AnalysisOptions, d_values: int) -> bool:
     that costs fewer multiply-adds than reading them from the vectors, and the matrix fits
     :data:`GRAM_MAX_BYTES`. Per value group of a sequence of ``T`` positions, with ``r`` scored
     rows (its heads × chosen queries × orders: top, sink removed, the random subsets and the
-    shuffles), ``T²·d`` to build the matrix and ``r·max N·T`` to read it, against ``r·|grid|·T·d``
-    from the vectors: the Gram matrix wins for short sequences and for many queries (every query
-    of a 1,024-token window), the vectors for the last query of long ones."""
+    shuffles), ``T²·d`` to build the matrix and ``r·max N·k`` to read it, against ``r·|grid|·k·d``
+    from the vectors, ``k`` the keys a query sees (``T``, or the sliding window): the Gram matrix
+    wins for short sequences and for many queries (every query of a 1,024-token window), the
+    vectors for the last query of long ones and for sliding-window layers of long sequences."""
     n_pos = layer.source.shape[2]
     fits = opts.n_values[opts.n_values < n_pos]
     if not len(fits) or n_pos * n_pos * 8 > GRAM_MAX_BYTES:
         return False
     rows = layer.group_size * layer.queries.shape[1] * (2 + opts.random_samples + opts.shuffle_samples)
-    from_gram = n_pos * n_pos * d_values + rows * int(fits.max()) * n_pos
-    from_vectors = rows * len(fits) * n_pos * d_values
+    keys = n_pos if layer.window is None else min(n_pos, layer.window)  # keys a query sees
+    from_gram = n_pos * n_pos * d_values + rows * int(fits.max()) * keys
+    from_vectors = rows * len(fits) * keys * d_values
     return from_gram < from_vectors
 
 
