@@ -128,11 +128,14 @@ class _Dots:
 
     def __init__(self, values: Float[Tensor, "b g k d"], gram: Float[Tensor, "b g k j"] | None = None) -> None:
         self.values, self.gram = values, gram
+        if gram is not None:  # tied already (twins.geometry.tied_gram): its diagonal too
+            self.tied = False
+            self.squared_norms = gram.diagonal(dim1=-2, dim2=-1)  # ‖v_k‖², [b, g, k]
+            return
         self.duplicate = first_duplicate(values)  # [b, g, k]
         self.tied = not torch.equal(self.duplicate, torch.arange(values.shape[2], device=values.device)
                                     .expand_as(self.duplicate))
-        squared = gram.diagonal(dim1=-2, dim2=-1) if gram is not None else (values * values).sum(-1)
-        self.squared_norms = self._tie(squared)  # ‖v_k‖², [b, g, k]
+        self.squared_norms = self._tie((values * values).sum(-1))
 
     def __call__(self, weights: Float[Tensor, "b g rows k"]) -> Float[Tensor, "b g rows k"]:
         if self.gram is not None:
