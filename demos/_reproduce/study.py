@@ -120,8 +120,8 @@ def analyze(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool =
     ``"values"`` is the main analysis, with the bounds and the random baseline; every other
     kind is that decomposition null's analysis (SPEC §3: same windows and seed, so the same
     top-N sets; no bounds and no random baseline, which it does not read). Every analysis keeps
-    its per-window arrays (``per_window=True``: ``window_scores``, ``window_sink``), which the
-    page's intervals resample (SPEC §8)."""
+    its per-window arrays (``per_window=True``: ``window_scores``, ``window_sink`` and, with the
+    bounds, ``window_bounds``), which the page's intervals resample (SPEC §8)."""
     tokens = windows(model, corpus, config.n_windows, config.seq_len)
     return tl_geometry.analyze_model_nulls(
         model, tokens, nulls=kinds, batch_size=batch_size(model, config.seq_len), n_values=config.n_values,
