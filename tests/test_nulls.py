@@ -274,3 +274,24 @@ def test_the_null_kind_survives_a_file_and_old_files_read_as_values(tmp_path):
     old = {k: v for k, v in r.metadata.items() if k != "shuffle"}  # a file written before the option
     loaded = HeadAnalysis.load(HeadAnalysis(**{**vars(r), "metadata": old}).save(tmp_path / "old.pt"))
     assert "shuffle" not in loaded.metadata and loaded.shuffle == "values"  # metadata round-trips as is
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("path", ["gram", "vectors"])
+@pytest.mark.parametrize("options", [{}, {"queries": "all"}])
+def test_both_inner_product_paths_equal_the_reference(backend, path, options, monkeypatch):
+    """Every metric of every group against the loop reference on each path the cost rule can
+    choose (``layer._uses_gram``): the inner products from Gram matrices, and from the vectors
+    with the margin's distances computed directly (ties, duplicated values, a compressed sink)."""
+    from tl_geometry.engine import layer
+
+    monkeypatch.setattr(layer, "_uses_gram", lambda *args: path == "gram")
+    case = make_case(73, batch=3, ties=True, duplicates=True, sink=True)
+    result = tl_geometry.analyze_heads(case.cache(), n_values=N_VALUES, random_samples=0,
+                                       shuffle_samples=SHUFFLES, backend=backend, **options)
+    want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES,
+                       queries=options.get("queries", "last"), shuffles=engine_shuffles(0, 0, None))
+    for group in ("top", "shuffled", "sink_removed", "sink_in", "sink_out"):
+        for m in METRICS:
+            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
+                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{path} {group} {m}")
