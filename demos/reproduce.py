@@ -164,7 +164,8 @@ def _header(study: Study, seconds: float, whole: Step | None = None,
     lines += [
         "- **Saved results:** one `HeadAnalysis.save` file per model × corpus "
         "(`results/<model>__<corpus>.pt`, `tl_geometry.HeadAnalysis.load` reads it), one per "
-        "decomposition null (`results/<model>__<corpus>__<null>.pt`) when they were run, and the "
+        "decomposition null (`results/<model>__<corpus>__<null>.pt`) when they were run, the "
+        "per-window slices the intervals read beside each (`….windows.pt`, float32), and the "
         "ablation and capacity tables (`results/<model>__ablation.*`, `__capacity.*`), beside "
         "this page.",
         f"- **Reproduce:** `{command}` (this page's run; `--reuse` re-renders and re-checks it "

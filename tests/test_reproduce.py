@@ -440,6 +440,7 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     import json
     from dataclasses import asdict
 
+    from _reproduce import saved
     from _reproduce.study import analysis_path, load_run, run_study, save_run
 
     study = _fake_study()
@@ -447,7 +448,7 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
     for (model, corpus), r in study.analyses.items():
         r.metadata.update(reproduce_options=options, reproduce_seconds=12.0, reproduce_threads=2,
                           reproduce_date="2026-01-02 03:04", window=None)
-        _as_saved_today(r).save(analysis_path(tmp_path, model, corpus))
+        saved.save(_as_saved_today(r), analysis_path(tmp_path, model, corpus), "values")
     again = run_study({}, list(study.corpora.values()), study.config, models=("m1", "m2"),
                       cache_dir=tmp_path, reuse=True, log=lambda _: None)  # no model is loaded
     assert set(again.analyses) == set(study.analyses) and again.reused
@@ -464,6 +465,7 @@ def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
 def test_reuse_counts_a_forward_shared_by_the_nulls_once(tmp_path):
     """Analyses computed from one forward record it (``reproduce_together``): reused, the
     forward is one step, named after every analysis it made."""
+    from _reproduce import saved
     from _reproduce.study import DECOMPOSITION_NULLS, analysis_path, options_of, run_study
 
     study = _fake_study()
@@ -473,7 +475,7 @@ def test_reuse_counts_a_forward_shared_by_the_nulls_once(tmp_path):
             r.metadata.update(reproduce_options=options_of(study.config), reproduce_seconds=30.0,
                               reproduce_threads=2, reproduce_date="2026-01-02 03:04", window=None,
                               reproduce_together=kinds)
-            _as_saved_today(r).save(analysis_path(tmp_path, model, corpus, kind))
+            saved.save(_as_saved_today(r), analysis_path(tmp_path, model, corpus, kind), kind)
     again = run_study({}, list(study.corpora.values()), study.config, models=("m1", "m2"),
                       cache_dir=tmp_path, reuse=True, nulls=DECOMPOSITION_NULLS, log=lambda _: None)
     assert set(again.nulls["m1", "c1"]) == set(DECOMPOSITION_NULLS)
@@ -659,6 +661,37 @@ def test_run_study_recomputes_an_analysis_saved_before_sliding_windows(tmp_path,
     assert again.steps["analyze plain c1"].reused and not again.steps["analyze local c1"].reused
 
 
+def test_saved_analyses_keep_the_slices_the_page_reads(tmp_path):
+    """The study saves an analysis without its per-window arrays (any reader loads it) and the
+    slices the page reads beside it, float32; loading puts them back in place, NaN elsewhere."""
+    from _reproduce import saved
+    from _reproduce.intervals import window_sink_values, window_values
+
+    import tl_geometry
+
+    r = _as_saved_today(_fake_study().analyses["m1", "c1"])
+    r.window_scores = torch.rand(r.window_scores.shape, dtype=torch.float64)
+    r.window_sink = torch.rand(r.window_sink.shape, dtype=torch.float64)
+    r.window_bounds = torch.rand(r.window_bounds.shape, dtype=torch.float64)
+    for kind in ("values", "norms"):
+        path = tmp_path / f"{kind}.pt"
+        saved.save(r, path, kind)
+        assert tl_geometry.HeadAnalysis.load(path).window_scores is None
+        back = saved.load(path, kind)
+        assert back is not None and torch.equal(back.scores, r.scores)
+        for group, metric in saved.kept(kind)["window_scores"]:
+            want = window_values(r, metric, group).float().double()
+            torch.testing.assert_close(window_values(back, metric, group), want, rtol=0, atol=0)
+        assert window_values(back, "precision").isnan().all()  # not kept
+        assert window_values(back, "f_score_cc", "sink_removed").isnan().all()
+    values = saved.load(tmp_path / "values.pt", "values")
+    assert values is not None
+    torch.testing.assert_close(window_sink_values(values, "mass"),
+                               window_sink_values(r, "mass").float().double(), rtol=0, atol=0)
+    assert window_sink_values(values, "share").isnan().all()
+    assert saved.load(tmp_path / "norms.pt", "values") is None  # a null keeps fewer slices than the main reads
+
+
 def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch):
     """A saved analysis without per-window arrays (SPEC §8) or a sink check (SPEC §1), or whose
     windows started otherwise, is recomputed; saved ablation tables are reused only where
@@ -666,9 +699,8 @@ def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch
     import json
 
     from _reproduce import ablation as ablation_module
+    from _reproduce import saved as saved_module
     from _reproduce import study as study_module
-
-    import tl_geometry
 
     calls = []
 
@@ -690,17 +722,24 @@ def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch
     study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
     assert calls == ["analyze", "ablation"]  # everything reused
     path = study_module.analysis_path(tmp_path, "m1", "c1")
-    for spoil in ("window_scores", "window_bounds", "sink", "start"):
-        saved = tl_geometry.HeadAnalysis.load(path)
-        if spoil == "window_scores":
-            saved.window_scores = None
+    side = saved_module.windows_path(path)
+    for spoil in ("window_scores", "window_bounds", "slice", "sink", "start"):
+        saved = saved_module.load(path, "values")
+        slices = torch.load(side, weights_only=True)
+        if spoil == "window_scores":  # no per-window slices beside the analysis
+            side.unlink()
         elif spoil == "window_bounds":  # bounds saved, but not per window
-            saved.window_bounds = None
+            del slices["window_bounds"]
+            torch.save(slices, side)
+        elif spoil == "slice":  # fewer slices than the page reads
+            del slices["window_scores"]["top/recall"]
+            torch.save(slices, side)
         elif spoil == "sink":
             del saved.metadata["sink"]
+            saved_module.save(saved, path, "values")
         else:
             saved.metadata["reproduce_window_start"] = "bos"  # "m1" is unknown: its windows start with text
-        saved.save(path)
+            saved_module.save(saved, path, "values")
         calls.clear()
         study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
         assert calls == ["analyze"], spoil  # the new analysis gives the same order: tables reused

@@ -7,7 +7,8 @@ analysis per decomposition null of SPEC §3 (norms, directions, unselected: same
 no random baseline), which split the value-shuffle null's net effect. Every analysis keeps each
 window's own means (``per_window=True``), which the bootstrap over windows of SPEC §8
 resamples. Results are saved next to the page (one :meth:`~tl_geometry.HeadAnalysis.save`
-file per model × corpus and per null, CSV/JSON tables for the ablation and capacity studies)
+file per model × corpus and per null, with the per-window slices the page reads beside it, see
+:mod:`.saved`; CSV/JSON tables for the ablation and capacity studies)
 with their options, how long they took, on how many threads and when, so that ``--reuse``
 re-renders the page from them and says honestly how long the run took.
 """
@@ -29,6 +30,7 @@ from tl_geometry.inputs.capture import model_windows
 from tl_geometry.inputs.models import stated_bos
 
 from . import ablation as _ablation
+from . import saved as _saved
 from .corpora import Corpus
 from .protocol import MODELS, StudyConfig, windows
 
@@ -176,7 +178,11 @@ def run_study(
         path = None if cache is None else analysis_path(cache, name, corpus.name, kind)
         if not (reuse and path is not None and path.exists()):
             return None
-        result = tl_geometry.HeadAnalysis.load(path)
+        result = _saved.load(path, kind)
+        if result is None:
+            log(f"{name} on {corpus.name}{what}: {path} has no per-window slices beside it, or fewer than "
+                "the page reads (SPEC §8's intervals resample them); recomputing")
+            return None
         if result.metadata.get("reproduce_options") != options:
             return None
         if not _same_windows(result, lambda: model_of(name)):
@@ -210,7 +216,7 @@ def run_study(
                                    reproduce_window_start=window_start(name))
             result.metadata.update({f"reproduce_{k}": v for k, v in step.record().items()})
             if cache is not None:
-                result.save(analysis_path(cache, name, corpus.name, kind))
+                _saved.save(result, analysis_path(cache, name, corpus.name, kind), kind)
         return {kind: found[kind] if kind in found else computed[kind] for kind in kinds}
 
     for name in models:
@@ -269,13 +275,9 @@ def window_start(model_name: str) -> str:
 
 
 def _stale_analysis(saved: tl_geometry.HeadAnalysis, model_name: str) -> str | None:
-    """Why a saved analysis cannot serve today's page (None where it can): the intervals need
-    its per-window arrays (SPEC §8), the sink figures its sink check (SPEC §1), and its windows
-    must start as today's do."""
-    if saved.window_scores is None or saved.window_sink is None:
-        return "has no per-window arrays (SPEC §8's intervals resample them)"
-    if saved.bounds is not None and saved.window_bounds is None:
-        return "has no per-window bounds (claim 4's intervals resample them)"
+    """Why a saved analysis cannot serve today's page (None where it can): the sink figures need
+    its sink check (SPEC §1), and its windows must start as today's do. (Its per-window slices,
+    which the intervals resample, :func:`.saved.load` has checked.)"""
     if "sink" not in saved.metadata:
         return "was saved before the sink was chosen and checked (SPEC §1)"
     if saved.metadata.get("reproduce_window_start", "bos") != window_start(model_name):
