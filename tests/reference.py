@@ -85,6 +85,37 @@ def _nanmean(xs) -> float:
     return sum(kept) / len(kept)
 
 
+def _variance_of_mean(xs) -> float:
+    """The Monte Carlo variance of the mean of the draws ``xs``: their sample variance (n − 1)
+    over n; NaN below two draws or where a draw is NaN."""
+    xs = [float(x) for x in xs]
+    if len(xs) < 2 or any(math.isnan(x) for x in xs):
+        return math.nan
+    mean = sum(xs) / len(xs)
+    return sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
+
+
+def _baseline_errors(rows) -> tuple[float, float]:
+    """The random baseline's standard errors (SPEC section 3) from ``rows``, one list per
+    sequence of ``(row mean, variance of the row mean)`` over its chosen queries: over sequences
+    (the sample standard deviation of the per-sequence nan-means over sqrt(S)) and Monte Carlo
+    (sqrt(sum over sequences of sum of the defined rows' variances / Q_s^2) / S)."""
+    means, variances = [], []
+    for seq in rows:
+        defined = [(x, var) for x, var in seq if not math.isnan(x)]
+        if not defined:
+            continue
+        means.append(sum(x for x, _ in defined) / len(defined))
+        variances.append(sum(var for _, var in defined) / len(defined) ** 2)
+    if not means:
+        return math.nan, math.nan
+    over = math.nan
+    if len(means) >= 2:
+        mean = sum(means) / len(means)
+        over = math.sqrt(sum((x - mean) ** 2 for x in means) / (len(means) - 1) / len(means))
+    return over, math.sqrt(sum(variances)) / len(means)
+
+
 def _plain_mean(xs) -> float:
     """Plain mean of ``xs`` (NaN propagates); NaN when ``xs`` is empty."""
     xs = [float(x) for x in xs]
@@ -567,6 +598,9 @@ def ref_analyze(
     out["sink_out_count"] = np.zeros((n_heads, n_n), dtype=np.int64)
     for k in SINK_KEYS:
         out[f"sink_{k}"] = np.full(n_heads, np.nan)
+    for m in every:  # the random baseline's standard errors (SPEC section 3)
+        out[f"random_se_sequences_{m}"] = np.full((n_heads, n_n), np.nan)
+        out[f"random_se_monte_carlo_{m}"] = np.full((n_heads, n_n), np.nan)
     out["vote_counts"] = np.zeros((n_heads, 3), dtype=np.int64)
     out["beyond_counts"] = np.zeros((n_heads, 3), dtype=np.int64)
     out["block_counts"] = {}
@@ -576,6 +610,8 @@ def ref_analyze(
     for h in range(n_heads):
         # per (N, group, metric): list over sequences of that sequence's nan-mean
         per_seq = {(ni, g, m): [] for ni in range(n_n) for g in scored for m in every}
+        # per (N, metric): per sequence, the list of (row mean, its Monte Carlo variance)
+        random_rows = {(ni, m): [] for ni in range(n_n) for m in every}
         # per (N, group, metric): pooled list of instance values (sink_in / sink_out)
         pooled = {(ni, g, m): [] for ni in range(n_n) for g in ("sink_in", "sink_out")
                   for m in every}
@@ -600,6 +636,8 @@ def ref_analyze(
             # --- separability groups ---
             for ni, n in enumerate(n_values):
                 this_seq = {(g, m): [] for g in scored for m in every}
+                for m in every:
+                    random_rows[(ni, m)].append([])
                 for t in chosen:
                     alpha = pattern[b, h, t, :]
                     valid = _key_mask(mask[b], t, window)
@@ -676,6 +714,8 @@ def ref_analyze(
                                             **ref_truncation(alpha, values, subset, valid)})
                         for m in every:
                             this_seq[("random", m)].append(_plain_mean([x[m] for x in samples]))
+                            random_rows[(ni, m)][-1].append((_plain_mean([x[m] for x in samples]),
+                                                             _variance_of_mean([x[m] for x in samples])))
 
                 for g in scored:
                     for m in every:
@@ -713,6 +753,10 @@ def ref_analyze(
                     cell[h] = [counts[name] for name in VOTES]
 
         for ni in range(n_n):
+            for m in every:
+                over, monte_carlo = _baseline_errors(random_rows[(ni, m)])
+                out[f"random_se_sequences_{m}"][h, ni] = over
+                out[f"random_se_monte_carlo_{m}"][h, ni] = monte_carlo
             for g in scored:
                 for m in every:
                     out[f"{g}_{m}"][h, ni] = _nanmean(per_seq[(ni, g, m)])

@@ -10,14 +10,27 @@ import torch
 # By module path: tl_geometry.analyze's own `head_scores` attribute is the function.
 _head_scores = importlib.import_module("tl_geometry.analyze.head_scores")
 
-#: What result file formats 6 and 7 added: fields (and their axes) and named axes.
-FORMAT_7_FIELDS = ("window_bounds",)
+#: What result file formats 6, 7 and 8 added: fields (and their axes) and named axes.
+FORMAT_8_FIELDS = ("baseline_se",)
+FORMAT_8_NAMES = ("se_kind",)
+FORMAT_7_FIELDS = ("window_bounds", *FORMAT_8_FIELDS)
 FORMAT_6_FIELDS = ("beyond_votes", "block_votes", "window_scores", "window_sink", *FORMAT_7_FIELDS)
-FORMAT_6_NAMES = ("window_group",)
+FORMAT_6_NAMES = ("window_group", *FORMAT_8_NAMES)
+
+
+def drop_format_8(payload: dict) -> dict:
+    """``payload`` (a loaded result file) without what format 8 added, in place."""
+    for key in FORMAT_8_FIELDS:
+        payload.pop(key, None)
+        payload.get("axes", {}).pop(key, None)
+    for key in FORMAT_8_NAMES:
+        payload.get("names", {}).pop(key, None)
+    return payload
 
 
 def drop_format_7(payload: dict) -> dict:
-    """``payload`` (a loaded result file) without what format 7 added, in place."""
+    """``payload`` (a loaded result file) without what formats 7 and 8 added, in place."""
+    drop_format_8(payload)
     for key in FORMAT_7_FIELDS:
         payload.pop(key, None)
         payload.get("axes", {}).pop(key, None)
@@ -25,7 +38,7 @@ def drop_format_7(payload: dict) -> dict:
 
 
 def drop_format_6(payload: dict) -> dict:
-    """``payload`` (a loaded result file) without what formats 6 and 7 added, in place."""
+    """``payload`` (a loaded result file) without what formats 6, 7 and 8 added, in place."""
     for key in FORMAT_6_FIELDS:
         payload.pop(key, None)
         payload.get("axes", {}).pop(key, None)

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 from result_fakes import fake
-from shared_checks import drop_format_6, drop_format_7
+from shared_checks import drop_format_6, drop_format_7, drop_format_8
 
 import tl_geometry
 from tl_geometry.capacity.policy import MAX_HEADS, MAX_LAYERS, POLICY_FORMAT, TopNPolicy
@@ -185,10 +185,12 @@ def test_a_newer_file_relabelled_as_older_is_refused(tmp_path, version):
         HeadAnalysis.load(tmp_path / "old.pt")
 
 
-@pytest.mark.parametrize("version", [3, 4, 5, 6, 7])
+@pytest.mark.parametrize("version", [3, 4, 5, 6, 7, 8])
 def test_every_format_since_3_must_carry_its_checksum(tmp_path, version):
     _, payload = _payload(tmp_path)
     del payload["checksum"]
+    if version < 8:  # no baseline standard errors
+        drop_format_8(payload)
     if version < 7:  # no per-window bounds
         drop_format_7(payload)
     if version < 6:  # no votes apart or per block, no per-window arrays

@@ -676,7 +676,9 @@ def test_saved_analyses_keep_the_slices_the_page_reads(tmp_path):
     for kind in ("values", "norms"):
         path = tmp_path / f"{kind}.pt"
         saved.save(r, path, kind)
-        assert tl_geometry.HeadAnalysis.load(path).window_scores is None
+        plain = tl_geometry.HeadAnalysis.load(path)
+        assert plain.window_scores is None
+        assert (plain.sequence_votes is None) == (kind != "values")  # a null's votes are the main's
         back = saved.load(path, kind)
         assert back is not None and torch.equal(back.scores, r.scores)
         for group, metric in saved.kept(kind)["window_scores"]:

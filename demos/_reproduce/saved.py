@@ -15,6 +15,12 @@ What is kept (:data:`KEPT`), by the reader that needs it:
   (claims 1 and 4, the decomposition), the sink's mass, κ and cosine (claims 2, 3, 4, 5(c)),
   and the shell bounds on F (claim 4);
 - a decomposition null: its top and shuffled groups' F_cc (the decomposition of SPEC §3).
+
+Two more fields are left out where nothing reads them: the votes per block of 128 queries
+(``block_votes``, the units of the label stability below :data:`MIN_UNITS` sequences: the study
+has 64, so its bootstrap resamples sequences), and a null's per-sequence votes (the main
+analysis's, bit for bit: the votes do not depend on the null). Both take more room than the
+means (``[window, block, layer, head, 3]``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import torch
 
 import tl_geometry
+from tl_geometry.functional.taxonomy import MIN_UNITS
 from tl_geometry.result.schema import AXES, names
 
 #: Field → the (label, label) pairs of its first two named axes that the page reads, per kind
@@ -62,8 +69,8 @@ def _index(field: str, key: Sequence[str]) -> tuple[slice | int, ...]:
 
 
 def save(result: tl_geometry.HeadAnalysis, path: Path, kind: str) -> None:
-    """Write ``result`` to ``path`` without its per-window arrays, and the slices the page reads
-    (:func:`kept`) beside it, float32."""
+    """Write ``result`` to ``path`` without its per-window arrays (nor the votes the module
+    docstring names), and the slices the page reads (:func:`kept`) beside it, float32."""
     slices: dict[str, dict[str, Any]] = {}
     for field, keys in kept(kind).items():
         value = getattr(result, field)
@@ -71,7 +78,13 @@ def save(result: tl_geometry.HeadAnalysis, path: Path, kind: str) -> None:
             continue
         slices[field] = {"shape": list(value.shape),
                          **{"/".join(k): value[_index(field, k)].float().contiguous() for k in keys}}
-    tl_geometry.HeadAnalysis(**{**vars(result), **dict.fromkeys(FIELDS)}).save(path)
+    dropped: dict[str, None] = dict.fromkeys(FIELDS)
+    votes = result.sequence_votes
+    if kind != "values" or (votes is not None and len(votes) >= MIN_UNITS):
+        dropped["block_votes"] = None
+    if kind != "values":
+        dropped["sequence_votes"] = None
+    tl_geometry.HeadAnalysis(**{**vars(result), **dropped}).save(path)
     torch.save(slices, windows_path(path))
 
 

@@ -44,7 +44,7 @@ from ..functional.sink import SINK_FIELDS
 from ..functional.stats import nearest_rank_percentile
 from ..result import BOUND_KINDS, BOUND_METRICS, PERCENTILE, HeadAnalysis
 from .layer import LayerStats
-from .layout import SEQUENCE_GROUPS, TRUNCATION
+from .layout import RANDOM_GROUP, SEQUENCE_GROUPS, TRUNCATION
 from .options import AnalysisOptions
 from .paired import N_BINS, paired_figures
 
@@ -88,6 +88,12 @@ class Accumulator:
     """With ``per_window`` and bounds: each sequence's mean bounds, as ``window_scores``."""
     votes_rechecked: Int[Tensor, " layer"]
     """Rows whose vote was read from their float64 row (the logits could not settle it)."""
+    random_sq: Float[Tensor, "layer head n metric"]
+    """Σ over sequences of the square of each sequence's random-baseline mean (for its
+    standard error over sequences, SPEC §3)."""
+    random_mc: Float[Tensor, "layer head n metric"]
+    """Σ over sequences of the Monte Carlo variance of each sequence's random-baseline mean
+    (:attr:`.layer.LayerStats.random_mc`)."""
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
@@ -111,6 +117,8 @@ class Accumulator:
             "bound_count": (len(BOUND_KINDS), n_sizes, len(BOUND_METRICS)),
             "regime_sum": (len(REGIME_FIELDS),),
             "regime_count": (len(REGIME_FIELDS),),
+            "random_sq": (n_sizes, len(METRIC_NAMES)),
+            "random_mc": (n_sizes, len(METRIC_NAMES)),
         }
         sums = {name: torch.zeros(n_layers, n_heads, *shape, dtype=COMPUTE_DTYPE, device=device)
                 for name, shape in shapes.items()}
@@ -217,6 +225,11 @@ class Accumulator:
             self.sink_visible[li] += stats.sink_visible.to(self.sink_visible.device)
         if stats.votes_rechecked is not None:
             self.votes_rechecked[li] += stats.votes_rechecked.to(self.votes_rechecked.device)
+        random = seq_mean[:, :, RANDOM_GROUP]
+        defined = ~torch.isnan(random)
+        self.random_sq[li] += torch.where(defined, random.square(), 0.0).sum(0)
+        if stats.random_mc is not None:
+            self.random_mc[li] += torch.where(defined, stats.random_mc.to(random.device), 0.0).sum(0)
 
     def finish(
         self, layers: Sequence[int], opts: AnalysisOptions, n_pos: int, metadata: dict[str, Any],
@@ -279,7 +292,19 @@ class Accumulator:
             if self.window_sink.shape[1] else None,
             window_bounds=rearrange(self.window_bounds, "s l h k n b -> s k b l h n").cpu().contiguous()
             if self.window_bounds.shape[1] and opts.bounds else None,
+            baseline_se=rearrange(self._baseline_se(), "k l h n m -> k m l h n").cpu().contiguous(),
         )
+
+    def _baseline_se(self) -> Float[Tensor, "se_kind layer head n metric"]:
+        """The random baseline's standard errors (SPEC §3): over its ``S`` sequences,
+        ``√(Σ(x_s − x̄)² / ((S − 1) S))`` (NaN below 2), and Monte Carlo, ``√(Σ_s Var_s) / S``
+        with ``Var_s`` each sequence's Monte Carlo variance (NaN where ``R < 2``)."""
+        total, count = self.seq_sum[:, :, RANDOM_GROUP], self.seq_count[:, :, RANDOM_GROUP]
+        spread = (self.random_sq - total.square() / count).clamp_min(0.0)
+        sequences = (spread / ((count - 1) * count)).sqrt()
+        sequences = torch.where(count >= 2, sequences, torch.nan)
+        monte_carlo = self.random_mc.clamp_min(0.0).sqrt() / count
+        return torch.stack([sequences, monte_carlo])
 
 
 def _add_means(total: Tensor, count: Tensor, per_sequence: Tensor) -> None:

@@ -193,11 +193,11 @@ def _score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
 
 
 def _score_rows(*args: Any) -> None:
-    # The last three arguments are the outputs: views into the layer's results, written
+    # The last four arguments are the outputs: views into the layer's results, written
     # through NumPy views of them (never through contiguous copies).
-    *inputs, metrics, sink_in_top, sink_fields = args
+    *inputs, metrics, sink_in_top, sink_fields, random_var = args
     _kernels().score.score_rows(*(_numpy(x) for x in inputs),
-                                metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy())
+                                metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(), random_var.numpy())
 
 
 def _reduce_rows(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees_sink: Tensor) -> Reduced:

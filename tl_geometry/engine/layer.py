@@ -41,7 +41,7 @@ from . import checks, key_votes, votes
 from .backend import Backend, choose_backend, run_layer
 from .block import AttentionRows, KeyedRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
-from .layout import INVERSIONS, SEQUENCE_GROUPS, SINK_REMOVED, TOP_GROUP, TRUNCATION
+from .layout import INVERSIONS, RANDOM_GROUP, SEQUENCE_GROUPS, SINK_REMOVED, TOP_GROUP, TRUNCATION
 from .options import SHUFFLE_KINDS, AnalysisOptions, n_chosen
 from .rng import sampled_positions, sequence_keys
 
@@ -86,6 +86,10 @@ class LayerStats(NamedTuple):
     votes_rechecked: Int[Tensor, ""] | None = None
     """(query, head) rows whose vote was read from their float64 row because the logits could
     not settle it (:mod:`.key_votes`; 0 where the votes are read from the rows)."""
+    random_mc: Float[Tensor, "batch head n metric"] | None = None
+    """The Monte Carlo variance of each sequence's random-baseline mean (SPEC §3):
+    ``Σ_q s_q²/R / Q²`` over its ``Q`` chosen queries where the baseline is defined, ``s_q²``
+    the sample variance of query ``q``'s ``R`` subsets; NaN where undefined or ``R < 2``."""
 
 
 def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
@@ -279,6 +283,8 @@ class _RowOutputs(NamedTuple):
     sink_fields: Float[Tensor, "batch head q field"]
     vote_of: Int[Tensor, "batch head pos"]
     rechecked: Int[Tensor, ""]
+    random_var: Float[Tensor, "batch head q n metric"]
+    """The Monte Carlo variance of each row's random-baseline mean, ``s²/R``."""
 
     @classmethod
     def empty(cls, data: LayerBlock, n_sizes: int) -> _RowOutputs:
@@ -291,6 +297,8 @@ class _RowOutputs(NamedTuple):
             torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device),
             torch.full((batch, n_heads, data.source.shape[2]), -1, dtype=torch.int8, device=device),
             torch.zeros((), dtype=torch.int64),
+            torch.full((batch, n_heads, n_q, n_sizes, len(METRIC_NAMES)), torch.nan, dtype=COMPUTE_DTYPE,
+                       device=device),
         )
 
 
@@ -339,7 +347,8 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
             real_index, keys[b0:b1], gram, vectors, opts.n_values.to(vectors.device), opts.random_samples,
             opts.shuffle_samples, SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution",
             opts.distance == "cosine",
-            out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1])
+            out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1],
+            out.random_var[b0:b1, :, q0:q1])
         del rows
     del gram  # this chunk's Gram matrices go before the next chunk's are made
 
@@ -357,7 +366,7 @@ def _query_blocks(source: AttentionRows, queries: Tensor, n_keys: int) -> list[t
 
 def _reduce(
     data: LayerBlock, opts: AnalysisOptions, metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor,
-    vote_of: Tensor, rechecked: Tensor, layer: int, backend: Backend,
+    vote_of: Tensor, rechecked: Tensor, random_var: Tensor, layer: int, backend: Backend,
 ) -> LayerStats:
     """Per-query rows → per-sequence means, sink-in/out instance sums, paired-sink counts, votes."""
     queries = data.queries
@@ -380,4 +389,14 @@ def _reduce(
                                  ).to(COMPUTE_DTYPE),
         truncation_rows=rearrange(metrics[:, :, :, TOP_GROUP, :, TRUNCATION], "b h q n m -> b q h n m"),
         votes_rechecked=rechecked,
+        random_mc=_random_mc(metrics[:, :, :, RANDOM_GROUP], random_var),
     )
+
+
+def _random_mc(random: Float[Tensor, "batch head q n metric"], variance: Float[Tensor, "batch head q n metric"]
+               ) -> Float[Tensor, "batch head n metric"]:
+    """The Monte Carlo variance of each sequence's random-baseline mean, the mean of its ``Q``
+    defined rows: ``Σ_q Var(row mean) / Q²`` (the rows' subsets are drawn independently)."""
+    defined = ~torch.isnan(random)
+    n_rows = defined.sum(2).to(variance.dtype)
+    return torch.where(defined, variance, 0.0).sum(2) / n_rows.square()

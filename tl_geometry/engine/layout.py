@@ -40,6 +40,7 @@ VOTE_QUERY_BLOCK = 32
 #: Groups scored per query, in the order of ``LayerStats.seq_mean`` (SPEC §3).
 SEQUENCE_GROUPS = ("top", "random", "shuffled", "sink_removed")
 TOP_GROUP, SINK_REMOVED = SEQUENCE_GROUPS.index("top"), SEQUENCE_GROUPS.index("sink_removed")
+RANDOM_GROUP = SEQUENCE_GROUPS.index("random")
 F_SCORE, INVERSIONS = METRIC_NAMES.index("f_score"), METRIC_NAMES.index("inversions")
 #: The truncation metrics (SPEC §10), contiguous at the end of the metric axis.
 TRUNCATION = slice(METRIC_NAMES.index(TRUNCATION_NAMES[0]), METRIC_NAMES.index(TRUNCATION_NAMES[-1]) + 1)

@@ -35,6 +35,7 @@ from .schema import (
     NO_BOUNDS,
     PAIRED_FIELDS,
     PERCENTILE,
+    SE_KINDS,
     NoBoundsError,
     UnknownNameError,
     check_fields,
@@ -149,6 +150,10 @@ class HeadAnalysis(Shortcuts):
     """With ``per_window=True`` and ``bounds=True``: each sequence's mean lower bounds (as
     :attr:`bounds`), for intervals over windows of what the bounds are compared with (SPEC §8);
     ``None`` otherwise and in files of format 6 and earlier."""
+    baseline_se: Float[Tensor, "se_kind metric layer head n"] | None = None
+    """The random baseline's standard errors ``[SE_KINDS, metric, layer, head, n]`` (SPEC §3):
+    over sequences, and Monte Carlo (of its ``R`` subsets per query; NaN where ``R < 2``); see
+    :meth:`baseline_error`. ``None`` in files of format 7 and earlier."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
@@ -192,6 +197,22 @@ class HeadAnalysis(Shortcuts):
         if self.truncation_p90 is None:
             return torch.full_like(self.scores[0, 0], torch.nan)
         return self.truncation_p90[i]
+
+    def baseline_error(self, metric: str = "f_score", kind: str = "monte_carlo") -> Float[Tensor, "layer head n"]:
+        """Standard error of the random baseline's mean ``metric(metric, "random")`` (SPEC §3),
+        ``[layer, head, n]``: ``"monte_carlo"`` — from its ``R`` subsets per query, ``√(Σ_s
+        Var_s)/S`` with ``Var_s`` the variance of sequence ``s``'s mean over the draws of the
+        subsets (NaN where ``R < 2``); ``"sequences"`` — over its ``S`` sequences, the sample
+        standard deviation of the per-sequence means over ``√S`` (NaN below 2 sequences). The
+        first says whether ``R`` draws are enough; the second, what another sample of sequences
+        would move. NaN for files of format 7 and earlier, which lack them.
+
+        >>> r.baseline_error("f_score")[:, :, 1]  # Monte Carlo SE of the random F_N at the second N  # doctest: +SKIP
+        """
+        m, k = check_name("metric", metric, METRIC_NAMES), check_name("standard error kind", kind, SE_KINDS)
+        if self.baseline_se is None:
+            return torch.full_like(self.scores[0, 0], torch.nan)
+        return self.baseline_se[k, m]
 
     def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
         """Mean lower bound ``[layer, head, n]`` of ``kind`` (``inversion``, ``certified``,
@@ -312,12 +333,17 @@ class HeadAnalysis(Shortcuts):
     # --- selection by coordinates ------------------------------------------------------------------
     def quantities(self) -> dict[str, tuple[Tensor, bool]]:
         """Every per-head quantity by name, as ``(values, has_n_axis)``: the metrics of every group,
-        ``f_gain``, the instance counts (``count``, ``random_count``, ...), sink figures, vote
-        fractions (``vote_current``, ...) and, with bounds, the bounds and regime diagnostics."""
+        ``f_gain``, the random baseline's standard errors (``random_f_score_se_mc``,
+        ``random_f_score_se_sequences``, ...), the instance counts (``count``, ``random_count``,
+        ...), sink figures, vote fractions (``vote_current``, ...) and, with bounds, the bounds
+        and regime diagnostics."""
         out: dict[str, tuple[Tensor, bool]] = {}
         for g in GROUPS:
             out.update({_name(g, m): (self.metric(m, g), True) for m in METRIC_NAMES})
         out["f_gain"] = (self.f_gain, True)
+        if self.baseline_se is not None:  # the random baseline's standard errors (SPEC §3)
+            out.update({f"{_name('random', m)}_se_{k}": (self.baseline_error(m, kind), True)
+                        for m in METRIC_NAMES for kind, k in zip(SE_KINDS, ("sequences", "mc"))})
         out.update({f"paired_sink_{f}": (self.paired_sink(f), True) for f in PAIRED_FIELDS})
         out.update({f"p90_{m}": (self.truncation_percentile(m), True) for m in TRUNCATION_NAMES})
         out.update({_name(g, "count"): (self.count(g), True) for g in GROUPS})
@@ -485,8 +511,9 @@ class HeadAnalysis(Shortcuts):
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
         number of instances behind the mean (``count``), and the head's label, votes and sink
-        figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
-        the ``separated`` fraction."""
+        figures; rows ``group="random_se_monte_carlo"`` and ``"random_se_sequences"`` hold the
+        random baseline's standard errors of every metric (SPEC §3); with bounds, rows
+        ``group="bound_<kind>"`` hold the lower bounds on P, R, F and the ``separated`` fraction."""
         return tables.to_pandas(self)
 
     def top(self, k: SupportsIndex = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True,

@@ -3,7 +3,7 @@
 A file is a ``torch.save`` dict of plain tensors and strings, read back with
 ``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
 
-* ``format``: ``"tl_geometry.HeadAnalysis/7"`` (3 added the checksum, 4 ``sequence_votes``, the
+* ``format``: ``"tl_geometry.HeadAnalysis/8"`` (3 added the checksum, 4 ``sequence_votes``, the
   per-sequence vote counts behind the label stability: older files load with it ``None``; 5 the
   truncation metrics ``tail_mass`` and ``truncation_error`` on the metric axis and
   ``truncation_p90``, their 90th percentiles (SPEC §10): older files load with those metrics NaN,
@@ -11,7 +11,8 @@ A file is a ``torch.save`` dict of plain tensors and strings, read back with
   the votes of sliding-window queries that cannot see the sink and the block bootstrap's units
   (SPEC §5), and, with ``per_window=True``, ``window_scores`` / ``window_sink`` (SPEC §8's
   per-window arrays): older files load with all four ``None``; 7 ``window_bounds``, the
-  per-window bound means beside them (``None`` in older files));
+  per-window bound means beside them (``None`` in older files); 8 ``baseline_se``, the random
+  baseline's standard errors over sequences and Monte Carlo (SPEC §3; ``None`` in older files));
 * ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
   named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
 * the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged);
@@ -44,7 +45,7 @@ from torch import Tensor
 
 from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 FORMAT = f"tl_geometry.HeadAnalysis/{FORMAT_VERSION}"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
 #: The first format version that stores a checksum.
@@ -69,7 +70,7 @@ _FIELD_SINCE: dict[str, int] = {
     "axes": 2, "names": 2, "paired": 2, "paired_field": 2,
     "checksum": 3, "sequence_votes": 4, "truncation_p90": 5, "truncation_metric": 5,
     "beyond_votes": 6, "block_votes": 6, "window_scores": 6, "window_sink": 6, "window_group": 6,
-    "window_bounds": 7,
+    "window_bounds": 7, "baseline_se": 8, "se_kind": 8,
 }
 #: Tensors in metadata up to this many elements are stored as (nested) lists.
 MAX_METADATA_TENSOR = 10_000

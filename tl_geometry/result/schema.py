@@ -66,14 +66,18 @@ AXES: dict[str, tuple[str, ...]] = {
     "window_scores": ("sequence", "window_group", "metric", "layer", "head", "n"),
     "window_sink": ("sequence", "sink_field", "layer", "head"),
     "window_bounds": ("sequence", "bound_kind", "bound_metric", "layer", "head", "n"),
+    "baseline_se": ("se_kind", "metric", "layer", "head", "n"),
 }
+#: The random baseline's standard errors (SPEC §3): over sequences, and Monte Carlo (its ``R``
+#: subsets per query).
+SE_KINDS: tuple[str, ...] = ("sequences", "monte_carlo")
 #: The groups whose means are taken per sequence first (SPEC §8): the per-window arrays'.
 WINDOW_GROUPS: tuple[str, ...] = GROUPS[:4]
 #: Fields that may be ``None``: the bounds (only with ``analyze_heads(bounds=True)``), the
 #: paired sink effect, the per-sequence votes, the truncation percentiles and the votes apart
 #: and per block (absent from files of earlier versions).
 OPTIONAL = ("bounds", "regime", "paired", "sequence_votes", "truncation_p90", "beyond_votes", "block_votes",
-            "window_scores", "window_sink", "window_bounds")
+            "window_scores", "window_sink", "window_bounds", "baseline_se")
 #: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
 COUNT_FIELDS = ("group_counts", "vote_counts", "sequence_votes", "beyond_votes", "block_votes")
 
@@ -85,6 +89,7 @@ def names() -> dict[str, tuple[str, ...]]:
         "vote": tuple(VOTES), "bound_kind": BOUND_KINDS, "bound_metric": BOUND_METRICS,
         "regime_field": tuple(REGIME_FIELDS), "class": tuple(CLASSES), "paired_field": PAIRED_FIELDS,
         "truncation_metric": tuple(TRUNCATION_NAMES), "window_group": WINDOW_GROUPS,
+        "se_kind": SE_KINDS,
     }
 
 

@@ -85,8 +85,9 @@ def heads_table(result: AnalysisLike, scores: Any = None):
 def to_pandas(result: AnalysisLike):
     """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
     number of instances behind the mean (``count``), and the head's label, votes and sink
-    figures; with bounds, rows ``group="bound_<kind>"`` hold the lower bounds on P, R, F and
-    the ``separated`` fraction."""
+    figures; rows ``group="random_se_monte_carlo"`` and ``"random_se_sequences"`` hold the
+    random baseline's standard errors of every metric (SPEC §3); with bounds, rows
+    ``group="bound_<kind>"`` hold the lower bounds on P, R, F and the ``separated`` fraction."""
     import pandas as pd
 
     n_layers, n_heads, n_n = result.n_layers, result.n_heads, len(result.n_values)
@@ -100,6 +101,12 @@ def to_pandas(result: AnalysisLike):
                       "count": result.count(group).flatten().numpy()})
         for group in names()["group"]
     ]
+    if getattr(result, "baseline_se", None) is not None:  # SPEC §3: the random baseline's standard errors
+        frames += [
+            pd.DataFrame({**coords, "group": f"random_se_{kind}",
+                          **{m: result.baseline_error(m, kind).flatten().numpy() for m in names()["metric"]}})
+            for kind in names()["se_kind"]
+        ]
     if result.bounds is not None:
         frames += [
             pd.DataFrame({**coords, "group": f"bound_{kind}",

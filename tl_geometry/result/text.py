@@ -132,6 +132,26 @@ def _group_line(result: AnalysisLike, label: str, i: int | list[int]) -> str:
     return line
 
 
+def _baseline_error_line(result: AnalysisLike, shown: list[int]) -> list[str]:
+    """The random baseline's standard errors of F_N at the shown N, median over heads (SPEC §3);
+    none for a run without the baseline or a file without them."""
+    def median(kind: str, i: int) -> float:
+        values = result.baseline_error("f_score", kind)[..., i]
+        values = values[torch.isfinite(values)]
+        return float(values.median()) if values.numel() else float("nan")
+
+    cells = [(n, median("monte_carlo", result._n_index(n)), median("sequences", result._n_index(n))) for n in shown]
+    cells = [c for c in cells if not (math.isnan(c[1]) and math.isnan(c[2]))]
+    if not cells:
+        return []
+    draws = result.metadata.get("random_samples")
+    line = (f"  random F_N standard error, median over heads: Monte Carlo ({draws} subsets per query) "
+            "| over sequences: " if draws else "  random F_N standard error, median over heads: Monte Carlo "
+            "| over sequences: ")
+    return textwrap.wrap(line + ", ".join(f"N={n_label(result, n)}: {mc:.4f} | {seq:.4f}" for n, mc, seq in cells),
+                         100, subsequent_indent="    ")
+
+
 def _paired_lines(result: AnalysisLike, shown: list[int]) -> list[str]:
     """The paired sink effect at the shown N (SPEC §3, comparison 3); none if it is undefined."""
     table = result.paired_sink_summary().set_index("n")
@@ -170,6 +190,7 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
         span = f"{headline[0]}" if len(headline) == 1 else f"{headline[0]}..{headline[-1]}"
         lines.append(_group_line(result, f"headline N = {span}",
                                  [result._n_index(n) for n in headline]))
+    lines += _baseline_error_line(result, shown)
     lines += _paired_lines(result, shown)
     if result.bounds is not None:
         frac = result.certified_fraction

@@ -518,7 +518,7 @@ QUERY_BLOCK = 16
 @njit(parallel=True, cache=True)
 def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, sink, window, real_index, sequence_keys,
                gram, values, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
-               metrics, sink_in_top, sink_mass):  # pragma: no cover - compiled
+               metrics, sink_in_top, sink_mass, random_var):  # pragma: no cover - compiled
     """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
 
     ``pattern [b, H, r, k]`` holds query ``queries[b, i]``'s row at ``row_of[b, i]`` (the whole
@@ -537,7 +537,9 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
     :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
     NaN where N does not fit), ``sink_in_top[b, h, Q, n]`` (sink in the top-N set) and, of
     ``sink_mass[b, h, Q, 5]`` (the fields of SPEC §4), field 0 (α_sink) and field 4 (the
-    sink's share of Σ α_j‖v_j‖).
+    sink's share of Σ α_j‖v_j‖), and ``random_var[b, h, Q, n, 9]``: the Monte Carlo variance
+    of the random group's mean over its ``R`` subsets, ``s²/R`` with ``s²`` their sample variance
+    (SPEC §3; NaN where N does not fit or ``R < 2``).
 
     The value-shuffle null (SPEC §3) gives key ``k`` the value of key ``π(k)`` (``π`` permutes
     the non-sink keys). Its distances are those of weights ``α'_{π(k)} = α_k`` on the *unmoved*
@@ -567,6 +569,7 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
         for k in range(n_pos):
             ints[5, k] = k
         vecs = np.zeros((2, d))  # o and s_N in the analysis space (SPEC §10)
+        one_sample = np.empty((1, n_values.shape[0], metrics.shape[-1]))  # one random subset's scores
         group = values[cb, (h // group_size) - g0]
         n_keys = 0  # keys up to the block's last query
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
@@ -588,20 +591,22 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
                        borrow(columns), borrow(gram_bg), borrow(gdiag), borrow(n_values), samples, shuffles,
                        shuffle_kind, by_contribution, cosine, borrow(metrics[cb, h, qi]), sink_in_top,
                        sink_mass, borrow(keys_buf), borrow(top_buf), borrow(single), borrow(packed),
-                       borrow(floats), borrow(ints), borrow(group), borrow(vecs))
+                       borrow(floats), borrow(ints), borrow(group), borrow(vecs), borrow(random_var[cb, h, qi]),
+                       borrow(one_sample))
 
 
 @njit(cache=True)
 def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys, columns,
                gram_bg, sq_norms, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top,
                sink_mass, keys_buf, top_buf, single, packed, floats, ints, values_bg,
-               vecs):  # pragma: no cover - compiled
+               vecs, random_var, one_sample):  # pragma: no cover - compiled
     """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
     group's vectors are ``values_bg`` (by component: ``columns``, or its Gram matrix ``gram_bg``;
     squared norms ``sq_norms``), with the task's scratch arrays."""
     n_sizes = n_values.shape[0]
     n_metrics = out.shape[-1]
     t = queries[b, qi]
+    random_var[:] = np.nan
     if t < 0 or not is_token[b, t]:
         out[:] = np.nan
         sink_mass[b, h, qi, :] = np.nan
@@ -680,11 +685,27 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     if n_top == 0:
         return
     row_key = mix(mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
+    # Each subset is scored on its own (``one_sample``) and added to the group's sum, which is
+    # what scoring into the sum directly adds (0 + x is x), and to a sum of squares for its
+    # Monte Carlo variance.
+    for ni in range(n_sizes):
+        if n_values[ni] < m:
+            random_var[ni, :] = 0.0
     for sample in range(samples):
         perm[:] = keys
         fisher_yates(perm, n_top, row_key, sample)
+        for ni in range(n_sizes):
+            if n_values[ni] < m:
+                one_sample[0, ni, :] = 0.0
         _run_order(perm, n_top, keys, contiguous, no_key, alpha, columns, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out, random_group, values_bg, identity, vecs, sq_o, total)
+                   n_values, cosine, dots, penalty, buf, sel, one_sample, top_group, values_bg, identity, vecs, sq_o,
+                   total)
+        for ni in range(n_sizes):
+            if n_values[ni] < m:
+                for f in range(n_metrics):
+                    x = one_sample[0, ni, f]
+                    out[random_group, ni, f] += x
+                    random_var[ni, f] += x * x
     # The nulls permute the non-sink keys, in position order; the sink keeps its value.
     sink_key = s if sees_sink else np.int64(-1)
     others = ints[4][: m - (1 if sees_sink else 0)]
@@ -727,6 +748,13 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     for ni in range(n_sizes):
         if n_values[ni] < m:
             for f in range(n_metrics):
+                if samples > 1:  # s²/R = (Σx² − (Σx)²/R) / ((R − 1) R), never below 0 by round-off
+                    spread = random_var[ni, f] - out[1, ni, f] * out[1, ni, f] / samples
+                    if spread < 0.0:  # NaN stays NaN
+                        spread = 0.0
+                    random_var[ni, f] = spread / ((samples - 1) * samples)
+                else:
+                    random_var[ni, f] = np.nan
                 if samples > 0:
                     out[1, ni, f] /= samples
                 if shuffles > 0:

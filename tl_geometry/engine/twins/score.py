@@ -35,7 +35,7 @@ def score_rows(
     rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
     start: Tensor, sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor,
     values: Tensor, n_values: Tensor, samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool,
-    cosine: bool, metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor,
+    cosine: bool, metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, random_var: Tensor,
 ) -> None:
     """:func:`..compiled.score.score_rows` in torch: same arguments, same outputs (written in place).
 
@@ -56,12 +56,12 @@ def score_rows(
         _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, window, real_index,
                      sequence_keys, inner, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
-                     sink_fields[:, h0 : h0 + n_ch, q0:q1])
+                     sink_fields[:, h0 : h0 + n_ch, q0:q1], random_var[:, h0 : h0 + n_ch, q0:q1])
 
 
 def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, real_index, sequence_keys, dots,
                  n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, metrics, sink_in_top,
-                 sink_fields) -> None:
+                 sink_fields, random_var) -> None:
     device = dots.values.device
     n_b, n_cg, n_key = dots.values.shape[:3]
     n_ch = n_cg * group_size
@@ -109,9 +109,13 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     groups["sink_removed"] = (whole, dropped[:, :, :, None], keep, None)
     # [b, h, q, n, metric]; each part averaged over the selections on its own, so that adding
     # the truncation figures leaves the reduction of the others as it was, bit for bit.
-    out = {name: torch.cat([part.mean(3) for part in _score(w, dots, gdiag, rank, keyset[:, None, :, None, None],
-                                                            n_values, group_size, cosine, source)], dim=-1)
-           for name, (w, rank, keyset, source) in groups.items()}
+    scored = {name: _score(w, dots, gdiag, rank, keyset[:, None, :, None, None], n_values, group_size, cosine, source)
+              for name, (w, rank, keyset, source) in groups.items()}
+    out = {name: torch.cat([part.mean(3) for part in parts], dim=-1) for name, parts in scored.items()}
+    random_var.fill_(torch.nan)
+    if samples > 1:  # the Monte Carlo variance of the mean over the R subsets, s²/R (SPEC §3)
+        spread = torch.cat([part.var(3) for part in scored["random"]], dim=-1) / samples
+        random_var.copy_(torch.where(ok[:, None, :, None, None], spread, torch.nan))
     if "shuffled" in out and shuffle_kind != NULL_VALUES:  # SPEC §10 figures: the values null only
         out["shuffled"][..., TRUNCATION] = torch.nan
     nan = torch.full_like(out["top"], torch.nan)
