@@ -752,3 +752,19 @@ def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch
     calls.clear()
     study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
     assert calls == ["ablation"]
+
+
+def test_claim6_names_an_order_whose_loss_falls_below_the_unablated_model():
+    """Removing heads that lower the loss (the oracle removes them first) can take the held-out
+    loss below the dense model's: the page says so, with how many heads lower it alone."""
+    import pandas as pd
+    from _reproduce.ablation import _below_dense
+
+    curve = pd.DataFrame({"ordering": ["oracle"] * 3 + ["taxonomy"] * 3, "seed": [None] * 6,
+                          "retention": [1.0, 0.9, 0.5] * 2, "loss": [4.3, 3.7, 4.9, 4.3, 4.6, 5.2]})
+    sens = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "loss_increase": [-0.1, 0.2, -0.05]})
+    notes = _below_dense("m", curve, sens, 4.3)
+    assert notes == ["m: the oracle order's held-out loss falls below the unablated 4.300: 3.700 at "
+                     "retention 0.9. 2 of 3 heads lower the ablation windows' loss when removed alone "
+                     "(together -0.150 nats, the largest -0.100); the oracle removes them first."]
+    assert _below_dense("m", curve[curve.ordering == "taxonomy"], sens, 4.3) == []
