@@ -20,6 +20,7 @@ from tl_geometry import ablation as api
 from tl_geometry.functional.uncertainty import critical_threshold
 
 from . import plots
+from .capacity import NO_INTERVAL
 from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
 from .protocol import StudyConfig, beside, windows
@@ -234,7 +235,7 @@ def claim6(study, figures: Path):
         "95 % interval over the ablation windows (Student t on the paired per-window changes) is "
         "above 0; a robust outlier of the sweep alone (median + k · MAD) does not count. Held: "
         "(a), (b), (c) for both models; not held: neither (a) nor (c) for any model; else partly "
-        "held.",
+        "held. " + NO_INTERVAL,
         result, because,
         blocks=[
             "Loss (nats) on held-out windows after removing heads in each order:",

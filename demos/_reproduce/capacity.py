@@ -28,6 +28,11 @@ TOLERANCE = 0.05  # N*: within 5 % of the dense loss (the issue's rule)
 HEAD_N = 4  # the per-head sweep's N
 HEAD_WINDOWS, HEAD_SEQ_LEN = 2, 128  # the per-head sweep's tokens: the first windows, cut (BOS kept)
 RHO_CUT = -0.2  # (ours) "geometry tracks capacity": ρ(F_4, Δ loss) at or below this
+#: What the page says of the ablation and capacity verdicts' uncertainty (SPEC §8), until their
+#: tables keep the per-block losses a bootstrap over fewer than 8 windows resamples.
+NO_INTERVAL = ("No interval yet (SPEC §8): the ablation and capacity windows are fewer than 8, where "
+               "the bootstrap resamples 128-token blocks, and their tables keep no per-block losses; "
+               "each loss change carries its standard error over windows instead.")
 
 
 def describe(config: StudyConfig) -> str:
@@ -128,7 +133,8 @@ def claim7(study, figures: Path):
         f"most T/4. (b) *Geometry tracks capacity*: over all heads, Spearman ρ between F_{HEAD_N} "
         f"(last query, mean over windows) and the loss increase when that head alone is cut to "
         f"{HEAD_N} keys is at most {RHO_CUT} (ours). Held: (a) and (b) for both models; not held: "
-        "neither for any model; else partly held. The shell certificates' ρ is reported beside it.",
+        "neither for any model; else partly held. The shell certificates' ρ is reported beside it. "
+        + NO_INTERVAL,
         result, because,
         blocks=[
             "Relative loss increase over the dense model when every head keeps its top-N keys:",
