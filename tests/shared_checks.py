@@ -18,33 +18,29 @@ FORMAT_6_FIELDS = ("beyond_votes", "block_votes", "window_scores", "window_sink"
 FORMAT_6_NAMES = ("window_group", *FORMAT_8_NAMES)
 
 
-def drop_format_8(payload: dict) -> dict:
-    """``payload`` (a loaded result file) without what format 8 added, in place."""
-    for key in FORMAT_8_FIELDS:
+def _drop(payload: dict, fields: tuple[str, ...], named_axes: tuple[str, ...]) -> dict:
+    """``payload`` without ``fields`` (and their axes) and the labels of ``named_axes``, in place."""
+    for key in fields:
         payload.pop(key, None)
         payload.get("axes", {}).pop(key, None)
-    for key in FORMAT_8_NAMES:
+    for key in named_axes:
         payload.get("names", {}).pop(key, None)
     return payload
+
+
+def drop_format_8(payload: dict) -> dict:
+    """``payload`` (a loaded result file) without what format 8 added, in place."""
+    return _drop(payload, FORMAT_8_FIELDS, FORMAT_8_NAMES)
 
 
 def drop_format_7(payload: dict) -> dict:
     """``payload`` (a loaded result file) without what formats 7 and 8 added, in place."""
-    drop_format_8(payload)
-    for key in FORMAT_7_FIELDS:
-        payload.pop(key, None)
-        payload.get("axes", {}).pop(key, None)
-    return payload
+    return _drop(payload, FORMAT_7_FIELDS, FORMAT_8_NAMES)
 
 
 def drop_format_6(payload: dict) -> dict:
     """``payload`` (a loaded result file) without what formats 6, 7 and 8 added, in place."""
-    for key in FORMAT_6_FIELDS:
-        payload.pop(key, None)
-        payload.get("axes", {}).pop(key, None)
-    for key in FORMAT_6_NAMES:
-        payload.get("names", {}).pop(key, None)
-    return payload
+    return _drop(payload, FORMAT_6_FIELDS, FORMAT_6_NAMES)
 
 
 def as_format_2(payload: dict) -> dict:
