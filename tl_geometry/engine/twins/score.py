@@ -109,12 +109,15 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     groups["sink_removed"] = (whole, dropped[:, :, :, None], keep, None)
     # [b, h, q, n, metric]; each part averaged over the selections on its own, so that adding
     # the truncation figures leaves the reduction of the others as it was, bit for bit.
-    scored = {name: _score(w, dots, gdiag, rank, keyset[:, None, :, None, None], n_values, group_size, cosine, source)
-              for name, (w, rank, keyset, source) in groups.items()}
-    out = {name: torch.cat([part.mean(3) for part in parts], dim=-1) for name, parts in scored.items()}
+    out: dict[str, Tensor] = {}
+    spread: Tensor | None = None
+    for name, (w, rank, keyset, held) in groups.items():
+        parts = _score(w, dots, gdiag, rank, keyset[:, None, :, None, None], n_values, group_size, cosine, held)
+        out[name] = torch.cat([part.mean(3) for part in parts], dim=-1)
+        if name == "random" and samples > 1:  # the Monte Carlo variance of the mean over R subsets, s²/R (SPEC §3)
+            spread = torch.cat([part.var(3) for part in parts], dim=-1) / samples
     random_var.fill_(torch.nan)
-    if samples > 1:  # the Monte Carlo variance of the mean over the R subsets, s²/R (SPEC §3)
-        spread = torch.cat([part.var(3) for part in scored["random"]], dim=-1) / samples
+    if spread is not None:
         random_var.copy_(torch.where(ok[:, None, :, None, None], spread, torch.nan))
     if "shuffled" in out and shuffle_kind != NULL_VALUES:  # SPEC §10 figures: the values null only
         out["shuffled"][..., TRUNCATION] = torch.nan
