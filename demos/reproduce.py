@@ -10,7 +10,7 @@ that test it and a verdict (held / partly held / not held) by a rule stated on t
 
     python demos/reproduce.py                # full: 64 windows × 1024 tokens per corpus (the
                                              # paper's length; hours on a CPU: Qwen's ablation
-                                             # sweep alone is ~336 forwards of 4 × 256 tokens)
+                                             # sweep alone is ~336 forwards of 8 × 128 tokens)
     python demos/reproduce.py --device cuda  # the same on a GPU (minutes); the measured run
                                              # time is on docs/results.md
     python demos/reproduce.py --reuse        # re-render docs/results.md from the saved analyses
@@ -18,7 +18,8 @@ that test it and a verdict (held / partly held / not held) by a rule stated on t
     python demos/reproduce.py --n-windows 16 --seq-len 256 --out build/medium   # a medium run
 
 The analyses (one :meth:`tl_geometry.HeadAnalysis.save` file per model × corpus), the
-ablation and capacity tables and the run's wall time (``run.json``) are saved beside the page,
+ablation and capacity tables with their per-window losses (the windows claims 6 and 7 resample
+for their intervals) and the run's wall time (``run.json``) are saved beside the page,
 in ``<out>/results/``, so that
 ``--reuse`` re-renders (and re-checks) the page without recomputing them (an analysis saved
 before sliding windows were read is recomputed for a model that has them). The study code lives
@@ -226,8 +227,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--n-windows", type=int, help="windows per corpus (full: 64)")
     parser.add_argument("--seq-len", type=int, help="tokens per window, BOS included (full: 1024)")
     parser.add_argument("--ablation-windows", type=int,
-                        help="windows for the sensitivity sweep, and as many held out (full: 4)")
-    parser.add_argument("--ablation-seq-len", type=int, help="their length (full: 256)")
+                        help="windows for the sensitivity sweep and the capacity study, and as many "
+                             "held out (full: 8, the fewest SPEC §8's intervals resample)")
+    parser.add_argument("--ablation-seq-len", type=int, help="their length (full: 128)")
     parser.add_argument("--wikitext", type=Path, default=corpora.WIKITEXT_PATH,
                         help="WikiText-2 test text (default: ../shared/data/wikitext-2-test.txt)")
     parser.add_argument("--out", type=Path,

@@ -169,7 +169,7 @@ def test_ablate_prints_the_standard_error_and_the_random_sets(monkeypatch, capsy
 
 
 _EACH_LINE = re.compile(r"^  L(\d+)H(\d+)  loss \d+\.\d{4}  \(perplexity \d+\.\d{2}, "
-                        r"Δ ([+-]\d+\.\d{4}) ± (\d+\.\d{4}) SE\)(  critical)?$", re.M)
+                        r"Δ ([+-]\d+\.\d{4}) ± (\d+\.\d{4}) SE\)(  critical|  undecided)?$", re.M)
 
 
 def test_ablate_each_prints_one_line_per_head_in_the_order_given(monkeypatch, capsys):

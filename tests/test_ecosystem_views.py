@@ -254,7 +254,10 @@ def test_from_hf_on_smollm2_gives_the_bridge_cache(plain_hf, smollm2):
     for name, tensor in cache.items():
         want = smollm2.cache[name]
         assert tensor.shape == want.shape, name
-        torch.testing.assert_close(tensor, want, rtol=1e-5, atol=1e-6)
+        # Two forwards computed apart (Hugging Face's and the bridge's kernels) agree to round-off,
+        # which grows over 30 layers and with the threads the kernels split over: 1.2e-5 seen in
+        # layer 21's values. A head out of place would be off by O(1).
+        torch.testing.assert_close(tensor, want, rtol=1e-4, atol=1e-4)
     assert not cache["blocks.0.attn.hook_v"].is_contiguous()  # the cache's own storage, permuted
     layers = [0, 15, 29]
     ours = tl_geometry.analyze_heads(cache, n_values=(2, 4), layers=layers, random_samples=2)
@@ -282,7 +285,7 @@ def test_from_hf_with_v_proj_hooks_on_some_layers(plain_hf, smollm2):
     values = [saved[layer].unflatten(-1, (n_kv, -1)).transpose(1, 2) for layer in (3, 5)]
     cache = from_hf([out.attentions[3], out.attentions[5]], values, layers=[3, 5])
     for name in ("blocks.3.attn.hook_v", "blocks.5.attn.hook_v", "blocks.5.attn.hook_pattern"):
-        torch.testing.assert_close(cache[name], smollm2.cache[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(cache[name], smollm2.cache[name], rtol=1e-4, atol=1e-4)  # round-off
     assert tl_geometry.analyze_heads(cache, n_values=(2,), random_samples=2).layers == (3, 5)
 
 

@@ -491,10 +491,10 @@ def test_dotted_model_names_keep_their_ablation_and_capacity_tables_apart(tmp_pa
 
     abl = {"sensitivity": pd.DataFrame({"layer": [0], "loss_increase": [0.5]}),
            "curve": pd.DataFrame({"ordering": ["taxonomy"], "loss": [3.0]}),
-           "base_loss": 3.0, "options": "a"}
+           "base_loss": 3.0, "options": "a", "windows": {"curve": torch.ones(1, 8)}}
     cap = {"curve": pd.DataFrame({"n": [4], "mode": ["renormalize"]}),
            "heads": pd.DataFrame({"layer": [0], "f_score": [0.9]}),
-           "rho": {"f_score": -0.1}, "seq_len": 128, "options": "c"}
+           "rho": {"f_score": -0.1}, "seq_len": 128, "options": "c", "windows": {"dense": torch.zeros(8)}}
     ablation.save(abl, tmp_path / "qwen2.5-coder-0.5b__ablation")
     capacity.save(cap, tmp_path / "qwen2.5-coder-0.5b__capacity")
     got_abl = ablation.load(tmp_path / "qwen2.5-coder-0.5b__ablation")
@@ -503,56 +503,125 @@ def test_dotted_model_names_keep_their_ablation_and_capacity_tables_apart(tmp_pa
     assert got_abl["options"] == "a" and got_abl["curve"].equals(abl["curve"])
     assert got_cap["options"] == "c" and got_cap["rho"] == {"f_score": -0.1}
     assert got_cap["curve"].equals(cap["curve"]) and got_cap["heads"].equals(cap["heads"])
+    assert got_abl["windows"]["curve"].equal(torch.ones(1, 8)) and got_cap["windows"]["dense"].equal(torch.zeros(8))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f"qwen2.5-coder-0.5b__{s}" for s in ("ablation.curve.csv", "ablation.json",
-                                             "ablation.sensitivity.csv", "capacity.curve.csv",
-                                             "capacity.heads.csv", "capacity.json")]
+                                             "ablation.sensitivity.csv", "ablation.windows.pt",
+                                             "capacity.curve.csv", "capacity.heads.csv", "capacity.json",
+                                             "capacity.windows.pt")]
 
 
-def _ablation_tables(increase: list[float], se: list[float] | None, base_loss: float = 3.0) -> dict:
-    """One model's claim-6 tables: a 2 × 2 head sweep and curves where the taxonomy order wins."""
+def _ablation_tables(increase: list[float], spread: list[float] | None, base_loss: float = 3.0,
+                    n_windows: int = 8) -> dict:
+    """One model's claim-6 tables: a 2 × 2 head sweep and curves where the taxonomy order wins,
+    with per-window losses: head ``i`` raises window ``b``'s loss by ``increase[i] ± spread[i]``
+    (alternating signs) and each curve row's loss moves by ± 0.01 across windows. ``spread=None``:
+    tables saved before the per-window losses were kept."""
     import pandas as pd
-
-    from tl_geometry.functional.uncertainty import confidence_interval, critical_mask
 
     sens = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "loss_increase": increase})
     sens["loss"] = base_loss + sens.loss_increase
-    if se is not None:
-        x, s = torch.tensor(increase, dtype=torch.float64), torch.tensor(se, dtype=torch.float64)
-        low, high = confidence_interval(x, s, n_windows=4)
-        sens = sens.assign(loss_increase_se=se, ci_low=low.numpy(), ci_high=high.numpy(),
-                           critical=critical_mask(x, low, base_loss).numpy())
-    else:
-        sens["critical"] = [False, True, False, False]  # an old table's MAD flag: not the rule
     rows = []
     for name, losses in (("taxonomy", [3.0, 3.1, 3.2, 5.0, 6.0]), ("weight_norm", [3.0, 3.5, 3.9, 4.0, 5.0]),
                          ("entropy", [3.0, 3.5, 3.9, 4.0, 5.0]), ("random", [3.0, 3.4, 3.8, 4.5, 5.5])):
         rows += [{"ordering": name, "seed": 0 if name == "random" else None, "retention": r, "loss": x}
                  for r, x in zip((1.0, 0.9, 0.75, 0.5, 0.25), losses)]
-    return {"sensitivity": sens, "curve": pd.DataFrame(rows), "base_loss": base_loss,
-            "held_out_base_loss": base_loss}
+    curve = pd.DataFrame(rows)
+    signs = torch.tensor([(-1.0) ** b for b in range(n_windows)], dtype=torch.float64)
+    windows = None
+    if spread is not None:
+        x, s = torch.tensor(increase, dtype=torch.float64), torch.tensor(spread, dtype=torch.float64)
+        dense = torch.full((n_windows,), base_loss, dtype=torch.float64)
+        windows = {"sensitivity": (base_loss + x[:, None] + s[:, None] * signs).reshape(2, 2, n_windows),
+                   "base": dense, "weight": torch.full((n_windows,), 15.0),
+                   "curve": torch.tensor(curve.loss.values, dtype=torch.float64)[:, None] + 0.01 * signs,
+                   "held_out_base": dense, "held_out_weight": torch.full((n_windows,), 15.0)}
+    return {"sensitivity": sens, "curve": curve, "base_loss": base_loss, "held_out_base_loss": base_loss,
+            "windows": windows}
 
 
-def test_claim6_reads_the_critical_rule_with_standard_errors(tmp_path):
-    from _reproduce.ablation import claim6
+def test_claim6_reads_every_check_on_its_interval_over_windows(tmp_path):
+    from _reproduce.ablation import claim6, head_intervals
 
     study = _fake_study()
-    # Head (0, 1) is large and above noise; (1, 0) is large but noisy; (1, 1) is small.
-    study.ablation = {m: _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.005, 0.05, 0.3, 0.001])
-                      for m in ("m1", "m2")}
+    # Head (0, 1) is large with its whole interval above 0.15 nats: critical; (1, 0) is large
+    # but its interval straddles 0.15: undecided; (0, 0) and (1, 1) stay below: not critical.
+    tables = _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.005, 0.05, 0.8, 0.001])
+    intervals, n_heads = head_intervals(tables)
+    assert n_heads == 4 and intervals[1].low > 0.15 and intervals[2].low < 0.15 < intervals[2].high
+    assert intervals[1].value == pytest.approx(0.5) and intervals[1].n == 8
+    study.ablation = dict.fromkeys(("m1", "m2"), tables)
     claim = claim6(study, tmp_path)
-    assert claim.verdict == HELD and "critical single heads found for 2/2" in claim.because
+    assert claim.verdict == HELD and "critical single heads for 2/2 models" in claim.because
     page = document.page(["# fake"], [claim], "results")
-    row = next(line for line in page.splitlines() if "L0H1 (+0.50 ± 0.05)" in line)
-    assert row.startswith("| m1 | 3.000 | 0.150 | L0H1 |") and "L1H0" not in row  # the noisy head is not critical
-    study.ablation = {m: _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.2, 0.3, 0.3, 0.1]) for m in ("m1", "m2")}
+    row = next(line for line in page.splitlines() if line.startswith("| m1 | 3.000 | 0.150 | L0H1 |"))
+    assert "| 1 | 1 | L0H1 (0.50 [" in row  # one critical head, one undecided
+    assert "| m1 | taxonomy − random (mean) at r = 0.9 | -0.300 [" in page
+    # Every head's interval straddles the threshold: (c) is undecided, and so is the verdict.
+    study.ablation = {m: _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.2, 0.8, 0.8, 0.2]) for m in ("m1", "m2")}
     noisy = claim6(study, tmp_path)
-    assert noisy.verdict == PARTLY and "found for 0/2" in noisy.because
+    assert noisy.verdict == f"{UNDECIDED} ({PARTLY} or {HELD})", noisy.verdict
+    assert "critical single heads for 0/2 models (2 undecided)" in noisy.because
     assert any("no single head is critical" in note for note in noisy.disagreements)
+    # Fewer than 8 windows: too few for an interval, no verdict.
+    study.ablation = {m: _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.005, 0.05, 0.8, 0.001], n_windows=4)
+                      for m in ("m1", "m2")}
+    assert claim6(study, tmp_path).verdict == TOO_FEW
+    # Tables saved before the per-window losses were kept: no interval, no verdict.
     study.ablation = {m: _ablation_tables([0.01, 0.5, 0.4, 0.12], None) for m in ("m1", "m2")}
-    old = claim6(study, tmp_path)  # tables saved before the rule: the MAD flag is not read
-    assert "found for 0/2 (not determined for m1, m2" in old.because
-    assert any("no standard errors" in note for note in old.disagreements)
+    old = claim6(study, tmp_path)
+    assert old.verdict == NO_INTERVAL and any("keep no per-window losses" in n for n in old.disagreements)
+
+
+def _capacity_tables(rho_sign: float, n_windows: int = 8, seq_len: int = 32) -> dict:
+    """One model's claim-7 tables: relative increases 40 %, 10 %, 3 %, 1 % at N = 1, 2, 4, 8 (± 0.2
+    % across windows), and 12 heads whose F_4 orders their loss increase (``rho_sign`` −1: the
+    most separable lose least)."""
+    import pandas as pd
+
+    ns = [1, 2, 4, 8, 16]
+    rel = torch.tensor([0.4, 0.1, 0.03, 0.01, 0.0], dtype=torch.float64)
+    signs = torch.tensor([(-1.0) ** b for b in range(n_windows)], dtype=torch.float64)
+    dense = torch.full((n_windows,), 3.0, dtype=torch.float64)
+    loss = 3.0 * (1 + rel[:, None] + 0.002 * signs)
+    f = torch.linspace(0.1, 0.9, 12, dtype=torch.float64).reshape(3, 4)
+    increase = 0.01 + 0.1 * (0.5 + rho_sign * (f - 0.5))
+    curve = pd.concat([pd.DataFrame({"n": ns, "mode": mode, "dense_loss": 3.0, "relative_increase": rel.numpy(),
+                                     "within_tolerance": (rel <= 0.05).numpy()}) for mode in ("renormalize", "delete")])
+    heads = pd.DataFrame({"layer": torch.arange(3).repeat_interleave(4).numpy(),
+                          "head": torch.arange(4).repeat(3).numpy(),
+                          "n": 4, "f_score": f.flatten().numpy(), "loss_increase": increase.flatten().numpy()})
+    windows = {"renormalize_loss": loss, "delete_loss": loss, "dense": dense, "weight": torch.full((n_windows,), 31.0),
+               "head_increase": increase[..., None] + 0.001 * signs,
+               **{f"head_{name}": f.expand(n_windows, 3, 4) + 0.01 * signs[:, None, None]
+                  for name in ("f_score", "shell_k0", "shell_kn")}}
+    return {"curve": curve, "heads": heads, "rho": {"f_score": rho_sign, "shell_k0": rho_sign, "shell_kn": rho_sign},
+            "seq_len": seq_len, "windows": windows}
+
+
+def test_claim7_reads_n_star_and_rho_on_their_intervals(tmp_path):
+    from _reproduce.capacity import claim7, curve_intervals, rho_intervals
+
+    study = _fake_study()
+    tables = _capacity_tables(-1.0)
+    spread = curve_intervals(tables)
+    assert spread["n"] == [1, 2, 4, 8, 16] and spread["n_star"]["renormalize"].value == 4
+    assert spread["smallest"].value == pytest.approx(0.01)  # N ≤ T/4 = 8
+    assert spread["relative"]["renormalize"][1].value == pytest.approx(0.1)
+    assert rho_intervals(tables)["f_score"].value == pytest.approx(-1.0)
+    study.capacity = dict.fromkeys(("m1", "m2"), tables)
+    claim = claim7(study, tmp_path)
+    assert claim.verdict == HELD, claim.because
+    assert "m1 ρ = -1.000 [-1.000, -1.000], N* = 4 [4, 4]" in claim.because
+    study.capacity = {m: _capacity_tables(1.0) for m in ("m1", "m2")}
+    wrong = claim7(study, tmp_path)  # the separable heads lose more: (b) not held
+    assert wrong.verdict == PARTLY and any("> 0 on its whole interval" in n for n in wrong.disagreements)
+    study.capacity = {m: _capacity_tables(-1.0, seq_len=8) for m in ("m1", "m2")}
+    assert "N* (renormalised, within 5%) at most T/4 for 0/2 models" in claim7(study, tmp_path).because
+    study.capacity = {m: {**_capacity_tables(-1.0), "windows": None} for m in ("m1", "m2")}
+    assert claim7(study, tmp_path).verdict == NO_INTERVAL
+
+
 def test_claim1_splits_the_net_effect_over_the_decomposition_nulls(tmp_path):
     from _reproduce.separability import claim1
 
@@ -712,7 +781,7 @@ def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch
 
     def fake_ablation(model, analysis, corpus, config, *, progress=True):
         calls.append("ablation")
-        return _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.005, 0.05, 0.3, 0.001])
+        return _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.005, 0.05, 0.8, 0.001])
 
     monkeypatch.setattr(study_module, "analyze", fake_analyze)
     monkeypatch.setattr(ablation_module, "run", fake_ablation)

@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
 import tl_geometry
 from tl_geometry import ablation as api
-from tl_geometry.functional.uncertainty import critical_threshold
+from tl_geometry.functional.uncertainty import critical_threshold, window_mean
 
 from . import plots
-from .capacity import NO_INTERVAL
 from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
+from .intervals import NO_INTERVAL, UNDECIDED, Interval, bootstraps, combine, decide, every, some
+from .losses import tally
 from .protocol import StudyConfig, beside, windows
 
 MODERATE = (0.9, 0.75)  # retentions where the taxonomy should be "a useful coarse signal"
@@ -47,7 +49,10 @@ def run(model: Any, analysis: tl_geometry.HeadAnalysis, corpus: Corpus, config: 
     orders = api.head_orderings(model, rank, analysis=analysis, sensitivity=sensitivity,
                                 seeds=tuple(range(config.random_orderings)), progress=progress)
     curve = api.sparsification_curve(model, held_out, orders, progress=progress)
-    return {"sensitivity": sensitivity.to_pandas(), "curve": curve.to_pandas(),
+    per_window = {"sensitivity": sensitivity.window_loss, "base": sensitivity.base_window_loss,
+                  "weight": sensitivity.window_weight, "curve": curve.window_loss,
+                  "held_out_base": curve.base_window_loss, "held_out_weight": curve.window_weight}
+    return {"sensitivity": sensitivity.to_pandas(), "curve": curve.to_pandas(), "windows": per_window,
             "base_loss": sensitivity.base_loss, "held_out_base_loss": curve.base_loss}
 
 
@@ -59,20 +64,24 @@ def taxonomy_heads(analysis: tl_geometry.HeadAnalysis) -> list[list[int]]:
 
 
 def save(tables: dict[str, Any], path: Path) -> None:
-    """Write one model's ablation tables: two CSV files and a JSON of the base losses and the
-    study options."""
+    """Write one model's ablation tables: two CSV files, a JSON of the base losses and the
+    study options, and the per-window losses (``.windows.pt``) the intervals resample: the
+    sensitivity sweep's ``[layer, head, window]`` and the curve's ``[row, window]`` (rows in the
+    curve table's order), each with its dense losses and prediction counts."""
     import json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tables["sensitivity"].to_csv(beside(path, ".sensitivity.csv"), index=False)
     tables["curve"].to_csv(beside(path, ".curve.csv"), index=False)
+    torch.save(tables["windows"], beside(path, ".windows.pt"))
     keys = ("base_loss", "held_out_base_loss", "options", "seconds", "threads", "date", "accelerator",
             "window_start", "taxonomy_order")
     beside(path, ".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
 
 
 def load(path: Path) -> dict[str, Any] | None:
-    """Tables written by :func:`save`, or None when absent."""
+    """Tables written by :func:`save`, or None when absent. ``windows`` is None for tables saved
+    before the per-window losses were kept (then the study computes them again)."""
     import json
 
     if not beside(path, ".json").exists():
@@ -80,6 +89,8 @@ def load(path: Path) -> dict[str, Any] | None:
     out = json.loads(beside(path, ".json").read_text())
     out["sensitivity"] = pd.read_csv(beside(path, ".sensitivity.csv"))
     out["curve"] = pd.read_csv(beside(path, ".curve.csv"))
+    side = beside(path, ".windows.pt")
+    out["windows"] = torch.load(side) if side.exists() else None
     return out
 
 
@@ -117,17 +128,79 @@ def _below_dense(model: str, curve: pd.DataFrame, sens: pd.DataFrame, dense: flo
     return notes
 
 
+def _rows(curve: pd.DataFrame, ordering: str, retention: float) -> list[int]:
+    """Positions (in the saved table's order, which the per-window losses follow) of the rows of
+    ``ordering`` at ``retention``: one per seed for the random orders."""
+    hit = (curve.ordering == ordering) & ((curve.retention - retention).abs() < 1e-9)
+    return [i for i, h in enumerate(hit.tolist()) if h]
+
+
+def order_checks(tables: dict[str, Any]) -> list[tuple[str, str, Interval]] | None:
+    """Claim 6 (a) and (b) per model on their 95 % intervals over the held-out windows (SPEC §8):
+    ``(check, label, interval)`` for the taxonomy order's loss minus the random orders' mean at
+    each moderate retention (check ``"moderate"``: held where below 0), and each single-metric
+    order's loss minus the taxonomy's at each aggressive retention (``"not_uniform"``: held
+    where ≤ 0). Every resample recomputes each order's loss from the drawn windows. None for
+    tables saved without per-window losses."""
+    per_window = tables.get("windows")
+    if per_window is None:
+        return None
+    curve = tables["curve"]
+    spec = [("moderate", f"taxonomy − random (mean) at r = {r:g}", _rows(curve, "taxonomy", r),
+             _rows(curve, "random", r)) for r in MODERATE]
+    spec += [("not_uniform", f"{b} − taxonomy at r = {r:g}", _rows(curve, b, r), _rows(curve, "taxonomy", r))
+             for b in BASELINES for r in AGGRESSIVE]
+    loss, weight = per_window["curve"], per_window["held_out_weight"]
+
+    def statistic(idx: torch.Tensor) -> torch.Tensor:
+        per_row = window_mean(loss, weight, idx)
+        nan = torch.tensor(math.nan, dtype=torch.float64)
+        return torch.stack([per_row[plus].mean() - per_row[minus].mean() if plus and minus else nan
+                            for _, _, plus, minus in spec])
+
+    intervals = bootstraps(statistic, loss.shape[-1])
+    return [(check, label, iv) for (check, label, _, _), iv in zip(spec, intervals)]
+
+
+def head_intervals(tables: dict[str, Any]) -> tuple[list[Interval], int] | None:
+    """Each head's single-head loss increase ``[layer · head]`` (layer-major, the sensitivity
+    table's order) with its 95 % bootstrap interval over the ablation windows (SPEC §7–§8), and
+    the number of heads; None for tables saved without per-window losses."""
+    per_window = tables.get("windows")
+    if per_window is None:
+        return None
+    loss, base, weight = per_window["sensitivity"], per_window["base"], per_window["weight"]
+
+    def statistic(idx: torch.Tensor) -> torch.Tensor:
+        return (window_mean(loss, weight, idx) - window_mean(base, weight, idx)).flatten()
+
+    return bootstraps(statistic, loss.shape[-1]), loss.shape[0] * loss.shape[1]
+
+
+def head_outcome(interval: Interval, threshold: float) -> str:
+    """SPEC §7 on a head's interval: critical (held) where its lower end reaches ``threshold``,
+    not critical (not held) where its upper end stays below, undecided otherwise."""
+    return decide(interval, low=threshold)
+
+
+def _rule6(checks: dict[str, list[bool]]) -> str:
+    """Held: (a), (b) and (c) for every model; not held: neither (a) nor (c) for any; else partly."""
+    if all(all(v) for v in checks.values()):
+        return HELD
+    return NOT_HELD if not any(checks["moderate"]) and not any(checks["critical"]) else PARTLY
+
+
 def claim6(study, figures: Path):
-    """Taxonomy order vs random and single-metric orders; critical single heads."""
+    """Taxonomy order vs random and single-metric orders; critical single heads; each check on its
+    95 % interval over the windows (SPEC §7–§8)."""
     statement = ("The taxonomy is a useful coarse signal for head removal at moderate retention, "
                  "not uniformly better than single-metric baselines under aggressive pruning; "
                  "single heads can be critical.")
     if not study.ablation:
         return Claim(6, "Head removal guided by the taxonomy", statement, "–", NOT_HELD,
                      "not measured in this run (no ablation study was run).")
-    checks: dict[str, list[bool]] = {"moderate": [], "not_uniform": [], "critical": []}
-    loss_rows, crit_rows, notes = [], [], []
-    undetermined: list[str] = []  # models whose saved sensitivity table has no standard errors
+    checks: dict[str, list[str]] = {"moderate": [], "not_uniform": [], "critical": []}
+    loss_rows, check_rows, crit_rows, notes = [], [], [], []
     for model, tables in study.ablation.items():
         curve, sens = tables["curve"], tables["sensitivity"]
         orderings = list(dict.fromkeys(curve.ordering))
@@ -139,21 +212,26 @@ def claim6(study, figures: Path):
             if name == "random":
                 loss_rows.append([model, "random (min – max)"] + [
                     "{} – {}".format(*(fmt(x) for x in _range(curve, name, r))) for r in retentions])
-        moderate = all(_loss(curve, "taxonomy", r) < _loss(curve, "random", r) for r in MODERATE)
-        not_uniform = any(_loss(curve, b, r) <= _loss(curve, "taxonomy", r)
-                          for b in BASELINES for r in AGGRESSIVE)
-        # SPEC §7: critical = large (≥ max(0.1 nats, 5 % of the dense loss)) and above noise
-        # (95 % interval over the windows above 0). A table saved without standard errors
-        # cannot tell: no head counts as critical, and the page says why.
-        determined = "loss_increase_se" in sens
-        critical = (sens[sens.critical.astype(bool)] if determined else sens.iloc[:0]).sort_values(
-            "loss_increase", ascending=False)
-        worst = sens.sort_values("loss_increase", ascending=False).iloc[0]
-        worst_se = float(worst.loss_increase_se) if determined else math.nan
-        for r in (r for r in MODERATE if not _loss(curve, "taxonomy", r) < _loss(curve, "random", r)):
-            notes.append(f"{model}: at retention {r:g} the taxonomy order's loss is "
-                         f"{fmt(_loss(curve, 'taxonomy', r))} vs {fmt(_loss(curve, 'random', r))} "
-                         "for random orders (mean).")
+        orders = order_checks(tables)
+        heads = head_intervals(tables)
+        threshold = critical_threshold(tables["base_loss"])
+        if orders is None or heads is None:
+            checks["moderate"].append(NO_INTERVAL)
+            checks["not_uniform"].append(NO_INTERVAL)
+            checks["critical"].append(NO_INTERVAL)
+            notes.append(f"{model}: the saved ablation tables keep no per-window losses, so no "
+                         "interval and no verdict (SPEC §8); re-run the ablation study.")
+        else:
+            found = {"moderate": [], "not_uniform": []}
+            for check, label, iv in orders:
+                outcome = decide(iv, high=0.0)
+                found[check].append(outcome)
+                check_rows.append([model, label, iv.show(), outcome])
+            checks["moderate"].append(every(found["moderate"]))
+            checks["not_uniform"].append(some(found["not_uniform"]))
+            if checks["not_uniform"][-1] == NOT_HELD:
+                notes.append(f"{model}: the taxonomy order beats weight magnitude and entropy at "
+                             "retention 0.5 and 0.25 on the whole interval — better than the paper found.")
         for r in MODERATE:
             low, high = _range(curve, "random", r)
             if low <= _loss(curve, "taxonomy", r) <= high:
@@ -161,37 +239,36 @@ def claim6(study, figures: Path):
                              f"{fmt(_loss(curve, 'taxonomy', r))} lies within the random orders' "
                              f"range {fmt(low)} – {fmt(high)}.")
         notes += _below_dense(model, curve, sens, tables["held_out_base_loss"])
-        if not not_uniform:
-            notes.append(f"{model}: the taxonomy order beats weight magnitude and entropy at "
-                         "retention 0.5 and 0.25 — better than the paper found.")
+        worst = sens.sort_values("loss_increase", ascending=False).iloc[0]
+        worst_at = int(worst.layer) * int(sens["head"].max() + 1) + int(worst["head"])
         if float(worst.loss_increase) < BREAKS_MODEL:
             notes.append(f"{model}: no single head breaks the model — the worst, "
                          f"L{int(worst.layer)}H{int(worst['head'])}, adds "
                          f"{fmt(float(worst.loss_increase), 2)} nats (the paper's Gemma-7B layer 0 "
                          "head 12 broke it alone).")
-        if not determined:
-            notes.append(f"{model}: the saved sensitivity table has no standard errors over "
-                         "windows, so SPEC §7's critical-head rule cannot be applied; re-run the "
-                         "ablation study.")
-        elif critical.empty:
-            low = float(worst.ci_low) if "ci_low" in sens else math.nan
-            notes.append(f"{model}: no single head is critical (largest loss increase "
-                         f"{fmt(float(worst.loss_increase))} ± {fmt(worst_se)} SE, 95 % interval "
-                         f"from {fmt(low)} (Student t over {study.config.ablation_windows} windows); the rule "
-                         f"needs ≥ {fmt(critical_threshold(tables['base_loss']))} nats and an "
-                         "interval above 0).")
-        checks["moderate"].append(moderate)
-        checks["not_uniform"].append(not_uniform)
-        checks["critical"].append(len(critical) > 0)
-        undetermined += [] if determined else [model]
+        if heads is None:
+            crit_rows.append([model, fmt(tables["base_loss"]), fmt(threshold),
+                              f"L{int(worst.layer)}H{int(worst['head'])}",
+                              f"{fmt(float(worst.loss_increase))} (no interval)",
+                              fmt(float(sens.loss_increase.median())), NO_INTERVAL, NO_INTERVAL, "–"])
+            continue
+        intervals, _ = heads
+        outcomes = [head_outcome(iv, threshold) for iv in intervals]
+        checks["critical"].append(some(outcomes))
+        critical = sorted((i for i, o in enumerate(outcomes) if o == HELD),
+                          key=lambda i: -intervals[i].value)
+        n_heads = int(sens["head"].max() + 1)
+        if not critical:
+            notes.append(f"{model}: no single head is critical: the largest loss increase, "
+                         f"L{int(worst.layer)}H{int(worst['head'])}'s "
+                         f"{intervals[worst_at].show()}, does not reach "
+                         f"{fmt(threshold)} nats (max(0.1 nats, 5 % of the dense loss)) with its "
+                         f"whole interval over {study.config.ablation_windows} windows.")
         crit_rows.append([
-            model, fmt(tables["base_loss"]), fmt(critical_threshold(tables["base_loss"])),
-            f"L{int(worst.layer)}H{int(worst['head'])}",
-            f"{fmt(float(worst.loss_increase))} ± {fmt(worst_se)}",
-            fmt(float(sens.loss_increase.median())),
-            str(len(critical)) if determined else "not determined",
-            ", ".join(f"L{int(r.layer)}H{int(r.head)} (+{r.loss_increase:.2f} ± {r.loss_increase_se:.2f})"
-                      for r in critical.head(5).itertuples()) or "none",
+            model, fmt(tables["base_loss"]), fmt(threshold), f"L{int(worst.layer)}H{int(worst['head'])}",
+            intervals[worst_at].show(), fmt(float(sens.loss_increase.median())),
+            str(len(critical)), str(outcomes.count(UNDECIDED)),
+            ", ".join(f"L{i // n_heads}H{i % n_heads} ({intervals[i].show(2)})" for i in critical[:5]) or "none",
         ])
 
     models = list(study.ablation)
@@ -209,18 +286,13 @@ def claim6(study, figures: Path):
     plots.grid(figures / "claim6_sparsification.png", models, ["held-out WikiText"], draw,
                title="Loss after removing heads in each order", xlabel="retention (fraction kept)",
                ylabel="loss (nats, log)", logx=False, share_y=False)
-    result = HELD if all(all(v) for v in checks.values()) else (
-        NOT_HELD if not any(checks["moderate"]) and not any(checks["critical"]) else PARTLY)
-    n = len(models)
+    result = combine(checks, _rule6)
     because = (f"taxonomy order below the random orders' mean loss at retention 0.9 and 0.75 for "
-               f"{sum(checks['moderate'])}/{n} models; a single-metric order at least as good at "
-               f"retention 0.5 or 0.25 for {sum(checks['not_uniform'])}/{n}; critical single heads "
-               f"found for {sum(checks['critical'])}/{n}"
-               + (f" (not determined for {', '.join(undetermined)}: no standard errors saved)"
-                  if undetermined else "")
-               + "; largest single-head loss increase: "
-               + ", ".join(f"{m} {fmt(float(t['sensitivity'].loss_increase.max()), 2)} nats"
-                           for m, t in study.ablation.items()) + ".")
+               f"{tally(checks['moderate'])}; a single-metric order at least as good at retention "
+               f"0.5 or 0.25 for {tally(checks['not_uniform'])}; critical single heads for "
+               f"{tally(checks['critical'])}; each on its 95 % interval over the windows; largest "
+               "single-head loss increase: "
+               + ", ".join(f"{row[0]} {row[4]} nats" for row in crit_rows) + ".")
     retentions = sorted(set(next(iter(study.ablation.values()))["curve"].retention), reverse=True)
     return Claim(
         6, "Head removal guided by the taxonomy", statement,
@@ -230,20 +302,27 @@ def claim6(study, figures: Path):
         "a lower loss than the mean of the random orders at retention 0.9 and 0.75. (b) *Not "
         "uniformly better under aggressive pruning*: at retention 0.5 or 0.25, weight magnitude "
         "or attention entropy gives a loss no higher than the taxonomy's. (c) *Single heads can "
-        "be critical*: at least one head is critical by SPEC §7's rule (ours): its single-head "
-        "loss increase is at least max(0.1 nats, 5 % of the dense loss) and the lower end of its "
-        "95 % interval over the ablation windows (Student t on the paired per-window changes) is "
-        "above 0; a robust outlier of the sweep alone (median + k · MAD) does not count. Held: "
-        "(a), (b), (c) for both models; not held: neither (a) nor (c) for any model; else partly "
-        "held. " + NO_INTERVAL,
+        "be critical*: at least one head is critical by SPEC §7's rule (ours): the lower end of "
+        "the 95 % interval of its single-head loss increase reaches max(0.1 nats, 5 % of the "
+        "dense loss); not critical where the upper end stays below, undecided otherwise; a "
+        "robust outlier of the sweep alone (median + k · MAD) does not count. Every difference "
+        "and loss increase is read on its 95 % interval from a seeded bootstrap over the "
+        "windows (SPEC §8: 1,000 resamples; each resample recomputes every order's loss, and "
+        "every head's, as the prediction-weighted mean over the drawn windows): held where the "
+        "whole interval satisfies the rule, not held where none of it does, undecided otherwise. "
+        "Held: (a), (b), (c) for every model; not held: neither (a) nor (c) for any model; else "
+        "partly held.",
         result, because,
         blocks=[
             "Loss (nats) on held-out windows after removing heads in each order:",
             table(["model", "ordering"] + [f"r={r:g}" for r in retentions], loss_rows,
                   "ll" + "r" * len(retentions)),
-            "Single-head sensitivity (ablation windows):",
-            table(["model", "base loss", "critical from (nats)", "worst head",
-                   "its Δloss ± SE", "median Δloss", "critical heads", "largest"], crit_rows),
+            "The differences the rule reads, with their 95 % intervals over the held-out windows "
+            "((a): below 0 holds; (b): at most 0 holds):",
+            table(["model", "difference (nats)", "value [95 % interval]", "outcome"], check_rows, "llrl"),
+            "Single-head sensitivity (ablation windows; intervals over the windows):",
+            table(["model", "base loss", "critical from (nats)", "worst head", "its Δloss [95 %]",
+                   "median Δloss", "critical heads", "undecided heads", "largest critical"], crit_rows),
         ],
         figures=[("claim6_sparsification.png",
                   "Held-out loss against the fraction of heads kept; dotted: unablated.")],

@@ -32,7 +32,7 @@ from tl_geometry.inputs.models import stated_bos
 from . import ablation as _ablation
 from . import saved as _saved
 from .corpora import Corpus
-from .protocol import MODELS, StudyConfig, windows
+from .protocol import ANALYSIS_FIELDS, MODELS, STUDY_FIELDS, StudyConfig, windows
 
 #: The decomposition nulls of SPEC §3 analysed beside each main analysis (whose ``shuffled``
 #: group is the values null).
@@ -183,7 +183,7 @@ def run_study(
             log(f"{name} on {corpus.name}{what}: {path} has no per-window slices beside it, or fewer than "
                 "the page reads (SPEC §8's intervals resample them); recomputing")
             return None
-        if result.metadata.get("reproduce_options") != options:
+        if not same_options(result.metadata.get("reproduce_options"), config, ANALYSIS_FIELDS):
             return None
         if not _same_windows(result, lambda: model_of(name)):
             log(f"{name} on {corpus.name}{what}: {path} was saved before sliding windows were read "
@@ -246,6 +246,8 @@ def _stale_tables(saved: Mapping[str, Any], model_name: str) -> str | None:
     differently (None where they can)."""
     if saved.get("window_start", "bos") != window_start(model_name):
         return "read windows that start differently from today's (SPEC §1)"
+    if saved.get("windows") is None:
+        return "keep no per-window losses (SPEC §8's intervals resample them)"
     return None
 
 
@@ -290,6 +292,16 @@ def options_of(config: StudyConfig) -> str:
     return json.dumps(asdict(config), sort_keys=True)
 
 
+def same_options(saved: str | None, config: StudyConfig, fields: Sequence[str]) -> bool:
+    """Whether the options string ``saved`` (:func:`options_of`) agrees with ``config`` on
+    ``fields``: an analysis is reused whatever the ablation study's sizes, and the other way
+    round."""
+    if saved is None:
+        return False
+    record, today = json.loads(saved), asdict(config)
+    return all(record.get(f) == today[f] for f in fields)
+
+
 def save_run(cache: Path, config: StudyConfig, seconds: float) -> None:
     """Record the whole run (wall time, model loading included) beside its saved results."""
     record = Step.now(seconds).record() | {"options": options_of(config)}
@@ -319,14 +331,16 @@ def _ablation_step(study: Study, name: str, model_of: Callable[[str], Any], corp
     saved = _ablation.load(path) if reuse and path is not None else None
     analysis = study.analyses[name, corpus.name]
     order = _ablation.taxonomy_heads(analysis)
-    if saved is not None and saved.get("options") == options:
+    if saved is not None and not same_options(saved.get("options"), study.config, STUDY_FIELDS):
+        saved = None
+    if saved is not None:
         why = _stale_tables(saved, name)
         if why is None and saved.get("taxonomy_order") != order:
             why = "were ranked by a taxonomy order that today's analysis does not give"
         if why is not None:
             log(f"{name}: the saved ablation tables {why}; recomputing")
             saved = None
-    if saved is not None and saved.get("options") == options:
+    if saved is not None:
         log(f"{name}: reusing the ablation tables in {cache}")
         study.ablation[name] = saved
         study.steps[f"ablation {name}"] = Step.saved(saved)
@@ -351,14 +365,16 @@ def _capacity_step(study: Study, name: str, model_of: Callable[[str], Any], corp
 
     path = None if cache is None else cache / f"{name}__capacity"
     saved = _capacity.load(path) if reuse and path is not None else None
-    if saved is not None and saved.get("options") == options:
+    if saved is not None and not same_options(saved.get("options"), study.config, STUDY_FIELDS):
+        saved = None
+    if saved is not None:
         why = _stale_tables(saved, name)
         if why is None and not saved.get("windows_read") and _has_windows(model_of(name)):
             why = "were computed before capacity_correlation read sliding windows"
         if why is not None:
             log(f"{name}: the saved capacity tables {why}; recomputing")
             saved = None
-    if saved is not None and saved.get("options") == options:
+    if saved is not None:
         log(f"{name}: reusing the capacity tables in {cache}")
         study.capacity[name] = saved
         study.steps[f"capacity {name}"] = Step.saved(saved)

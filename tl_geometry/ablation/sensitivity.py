@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Iterable
@@ -18,8 +19,10 @@ from ..functional.uncertainty import (
     CRITICAL_LEVEL,
     CRITICAL_MIN_FRACTION,
     CRITICAL_MIN_NATS,
+    CRITICALITY,
     confidence_interval,
     critical_mask,
+    criticality,
     paired_window_se,
 )
 from . import hooks as _hooks
@@ -84,7 +87,18 @@ class HeadSensitivity:
                       level: float = CRITICAL_LEVEL) -> Bool[Tensor, "layer head"]:
         """``[layer, head]`` bool: the critical heads of :func:`critical_heads`."""
         low, _ = self.interval(level)
-        return critical_mask(self.loss_increase, low, self.base_loss, min_nats, min_fraction)
+        return critical_mask(low, self.base_loss, min_nats, min_fraction)
+
+    def criticality(self, *, min_nats: float = CRITICAL_MIN_NATS,
+                    min_fraction: float = CRITICAL_MIN_FRACTION,
+                    level: float = CRITICAL_LEVEL) -> list[list[str]]:
+        """``[layer][head]``: SPEC §7's outcome per head, "critical" (the interval's lower end
+        reaches the threshold), "not critical" (its upper end stays below) or "undecided";
+        "not scored" for a head that was not swept or has no standard error."""
+        low, high = self.interval(level)
+        codes = criticality(low, high, self.base_loss, min_nats, min_fraction)
+        return [["not scored" if math.isnan(c) else CRITICALITY[int(c)] for c in row]
+                for row in codes.tolist()]
 
     def critical(self, *, min_nats: float = CRITICAL_MIN_NATS, min_fraction: float = CRITICAL_MIN_FRACTION,
                  level: float = CRITICAL_LEVEL) -> list[tuple[int, int]]:
@@ -98,8 +112,9 @@ class HeadSensitivity:
 
     def to_pandas(self, k: float = CRITICAL_K):
         """Long table, one row per head: ``layer, head, loss, loss_increase, loss_increase_se,
-        ci_low, ci_high`` (the 95 % interval), ``critical`` (SPEC §7's rule) and ``outlier``
-        (the median + ``k``·1.4826·MAD flag, reported only)."""
+        ci_low, ci_high`` (the 95 % interval), ``critical`` (SPEC §7's rule), ``criticality``
+        (critical / not critical / undecided, :meth:`criticality`) and ``outlier`` (the median
+        + ``k``·1.4826·MAD flag, reported only)."""
         import pandas as pd
 
         n_layers, n_heads = self.loss.shape
@@ -116,6 +131,7 @@ class HeadSensitivity:
             "ci_low": low.flatten().numpy(),
             "ci_high": high.flatten().numpy(),
             "critical": self.critical_mask().flatten().numpy(),
+            "criticality": [c for row in self.criticality() for c in row],
             "outlier": outlier.flatten().numpy(),
         })
 
@@ -222,13 +238,12 @@ def critical_heads(
 ) -> list[tuple[int, int]]:
     """Critical heads of a sensitivity sweep (SPEC §7, ours), largest loss increase first.
 
-    Head ``h`` is critical when both hold:
-
-    * its loss increase is large: ``ΔL_h ≥ max(min_nats, min_fraction · L_dense)`` — by default
-      0.1 nats or 5 % of the dense loss, whichever is larger;
-    * it is not noise: the lower end of its ``level`` (95 %) interval over windows,
-      ``ΔL_h − t_{level, n−1} · SE_h``, is above 0 (SE: :attr:`HeadSensitivity.loss_increase_se`,
-      paired over the ``n`` windows).
+    Head ``h`` is critical when the lower end of the ``level`` (95 %) interval of its loss
+    increase over windows, ``ΔL_h − t_{level, n−1} · SE_h`` (SE:
+    :attr:`HeadSensitivity.loss_increase_se`, paired over the ``n`` windows), is at least
+    ``max(min_nats, min_fraction · L_dense)`` — by default 0.1 nats or 5 % of the dense loss,
+    whichever is larger: a large effect, beyond noise. Where the upper end stays below that the
+    head is not critical; in between it is undecided (:meth:`HeadSensitivity.criticality`).
 
     A robust-outlier rule alone (median + k·MAD) is not enough: it flags heads whose effect is
     tiny in absolute terms, or is within the noise of a few windows. The MAD flag is still

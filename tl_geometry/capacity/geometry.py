@@ -26,6 +26,7 @@ from torch import Tensor
 from ..forward import hooks as _hooks
 from ..functional import last_positions, separability, shell_bounds, truncation
 from ..functional.stats import spearman
+from ..functional.uncertainty import window_mean
 from ..inputs.cache import CACHE_NAMES_FILTER, check_attention_mask
 from ..inputs.capture import model_windows
 from ..inputs.tokens import token_digest
@@ -47,7 +48,18 @@ def head_geometry(
     output error of the renormalised top-``N`` (``"truncation_error"``, SPEC §10); NaN where
     ``N`` is out of range. One cached forward (``hook_pattern`` and ``hook_v`` only). On a
     sliding-window layer (the model's config: Gemma-3's local layers see 512 keys) only the keys
-    the last query sees are candidates, as in :func:`tl_geometry.analyze_heads` (SPEC §1)."""
+    the last query sees are candidates, as in :func:`tl_geometry.analyze_heads` (SPEC §1).
+    Each sequence's own values: :func:`window_geometry`."""
+    return {name: score.nanmean(0) for name, score in
+            window_geometry(model, tokens, n, attention_mask=attention_mask).items()}
+
+
+@torch.no_grad()
+def window_geometry(
+    model: Any, tokens: Int[Tensor, "batch pos"], n: int, *, attention_mask: Tensor | None = None,
+) -> dict[str, Float[Tensor, "batch layer head"]]:
+    """:func:`head_geometry` per sequence: each score at each sequence's last valid query,
+    ``[batch, layer, head]`` (the rows an interval over windows resamples, SPEC §8)."""
     check_n(n)
     tokens = _hooks.check_tokens(tokens, model=model)
     n_layers, n_heads = _hooks.model_shape(model)
@@ -59,7 +71,7 @@ def head_geometry(
     last = last_positions(valid)
     key_mask = valid & (torch.arange(n_pos)[None, :] <= last[:, None])  # [batch, key]
     windows = model_windows(model) or [None] * n_layers
-    out = {name: torch.full((n_layers, n_heads), math.nan, dtype=torch.float64) for name in SCORES}
+    out = {name: torch.full((batch, n_layers, n_heads), math.nan, dtype=torch.float64) for name in SCORES}
     for layer in range(n_layers):
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"].cpu()
         v = cache[f"blocks.{layer}.attn.hook_v"].cpu()
@@ -79,7 +91,7 @@ def head_geometry(
             "truncation_error": cut.truncation_error,
         }
         for name, score in scores.items():
-            out[name][layer] = score.reshape(batch, n_heads).nanmean(0)
+            out[name][:, layer] = score.reshape(batch, n_heads)
     return out
 
 
@@ -101,6 +113,10 @@ class CapacityCorrelation:
     ``scores[name]`` is ``[layer, head]`` for ``name`` in :data:`SCORES` (``F_N``, its shell
     certificates, the tail mass ``τ_N`` and the relative truncation error); ``loss_increase`` is
     ``[layer, head]``; ``rho[name]`` Spearman's ρ of that predictor against the loss increase.
+    ``window_scores[name]`` (``[window, layer, head]``), ``window_loss_increase`` (``[layer, head,
+    window]``) and ``window_weight`` (``[window]``, valid predictions) are the same per window, so
+    that :meth:`rho_over` can recompute ρ on a resample of the windows (SPEC §8; ``None`` for an
+    object built without them).
     """
 
     n: int
@@ -109,6 +125,21 @@ class CapacityCorrelation:
     loss_increase: Float[Tensor, "layer head"]
     dense_loss: float
     metadata: dict[str, Any] = field(default_factory=dict)
+    window_scores: dict[str, Float[Tensor, "window layer head"]] | None = None
+    window_loss_increase: Float[Tensor, "layer head window"] | None = None
+    window_weight: Float[Tensor, " window"] | None = None
+
+    def rho_over(self, windows: Int[Tensor, " k"]) -> dict[str, float]:
+        """Spearman's ρ per score recomputed on the windows ``windows`` (indices, repeats
+        allowed: one bootstrap resample, SPEC §8), the heads fixed: each head's score is its
+        mean over those windows' last queries and its loss increase the prediction-weighted
+        mean of their per-window increases (``Σ w_b ΔL_b / Σ w_b``)."""
+        if self.window_scores is None or self.window_loss_increase is None or self.window_weight is None:
+            raise ValueError("This CapacityCorrelation holds no per-window values (built without "
+                             "them); run capacity_correlation again to resample windows.")
+        increase = window_mean(self.window_loss_increase, self.window_weight, windows)
+        return {name: spearman(score[windows].nanmean(0), increase)
+                for name, score in self.window_scores.items()}
 
     @property
     def rho(self) -> dict[str, float]:
@@ -187,10 +218,15 @@ def capacity_correlation(
                                batch_size=batch_size, progress=progress)
     else:
         _check_sweep(sweep, n, mode, _hooks.check_tokens(tokens, model=model), attention_mask)
-    scores = head_geometry(model, tokens, n, attention_mask=attention_mask)
-    increase = sweep.loss_increase[sweep.n_values.index(n)]
+    per_window = window_geometry(model, tokens, n, attention_mask=attention_mask)
+    scores = {name: score.nanmean(0) for name, score in per_window.items()}
+    i = sweep.n_values.index(n)
+    increase = sweep.loss_increase[i]
+    window_increase = (None if sweep.window_loss is None or sweep.dense_window_loss is None
+                       else sweep.window_loss[i] - sweep.dense_window_loss)
     result = CapacityCorrelation(n, mode, scores, increase, sweep.dense_loss,
-                                 {"tokens": list(tokens.shape), "sweep": sweep.metadata})
+                                 {"tokens": list(tokens.shape), "sweep": sweep.metadata},
+                                 per_window, window_increase, sweep.window_weight)
     for name, why in result.notes.items():
         warnings.warn(f"capacity_correlation: rho[{name!r}] is NaN: {why}", UserWarning, stacklevel=2)
     return result

@@ -20,7 +20,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..forward import hooks as _hooks
-from ..forward.losses import model_loss, replicas_per_forward
+from ..forward.losses import WindowLosses, model_loss, replicas_per_forward, window_losses
 from ..inputs.tokens import token_digest
 from ..progress import check_progress
 from . import topn as _topn
@@ -59,24 +59,27 @@ def _bar(progress: bool, total: int, desc: str) -> Any:
 
 
 def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: SparsifyMode,
-            attention_mask: Tensor | None, dense: float, batch_size: int | None,
-            progress: bool, desc: str) -> tuple[Tensor, int]:
-    """Loss per replica; replicas with ``N ≥ pos`` change nothing and get the dense loss without
-    a forward (so ``N ≥ T`` is exactly dense). Returns the losses and the forwards run."""
+            attention_mask: Tensor | None, dense: float, dense_windows: WindowLosses,
+            batch_size: int | None, progress: bool, desc: str) -> tuple[Tensor, Tensor, int]:
+    """Loss per replica and per window (``[replica]``, ``[replica, window]``); replicas with
+    ``N ≥ pos`` change nothing and get the dense losses without a forward (so ``N ≥ T`` is
+    exactly dense). Returns both losses and the forwards run."""
     losses = torch.full((len(n),), dense, dtype=torch.float64)
+    window = dense_windows.loss.expand(len(n), -1).clone()
     run = n < tokens.shape[1]
     if not run.any():
-        return losses, 0
+        return losses, window, 0
     per_forward = batch_size or replicas_per_forward(model, *tokens.shape)
     bar = _bar(progress, int(run.sum()), desc)
     try:
-        losses[run] = _topn.sparsified_losses(model, tokens, n[run], masks[run], mode,
-                                              attention_mask=attention_mask, per_forward=per_forward,
-                                              progress=bar)
+        sparse = _topn.sparsified_losses(model, tokens, n[run], masks[run], mode,
+                                         attention_mask=attention_mask, per_forward=per_forward,
+                                         progress=bar)
     finally:
         if bar is not None:
             bar.close()
-    return losses, -(-int(run.sum()) // per_forward)
+    losses[run], window[run] = sparse.total, sparse.loss
+    return losses, window, -(-int(run.sum()) // per_forward)
 
 
 def _check_batch_size(batch_size: Any) -> None:
@@ -92,6 +95,9 @@ class RetrievalCapacity:
 
     ``loss[i]`` is the mean next-token loss at ``n_values[i]`` (same order); ``dense_loss`` the
     model's own loss; ``n_star`` the smallest ``N`` with ``(loss − dense) / dense ≤ tolerance``.
+    ``window_loss[i, b]``, ``dense_window_loss[b]`` and ``window_weight[b]`` are the same losses
+    on each window (sequence) ``b`` alone and its number of valid predictions, for an interval
+    over windows (SPEC §8; ``None`` for an object built without them).
     """
 
     n_values: tuple[int, ...]
@@ -101,6 +107,9 @@ class RetrievalCapacity:
     tolerance: float = DEFAULT_TOLERANCE
     scope: str = "all heads"
     metadata: dict[str, Any] = field(default_factory=dict)
+    window_loss: Float[Tensor, "n window"] | None = None
+    dense_window_loss: Float[Tensor, " window"] | None = None
+    window_weight: Float[Tensor, " window"] | None = None
 
     @property
     def relative_increase(self) -> Float[Tensor, " n"]:
@@ -177,12 +186,15 @@ def retrieval_capacity(
 
     start = time.perf_counter()
     dense = model_loss(model, tokens, attention_mask)
+    dense_windows = window_losses(model, tokens, attention_mask)
     n = torch.tensor(values)
-    losses, forwards = _losses(model, tokens, n, mask.expand(len(values), -1, -1), mode, attention_mask,
-                               dense, batch_size, progress, "retrieval capacity")
+    losses, per_window, forwards = _losses(model, tokens, n, mask.expand(len(values), -1, -1), mode,
+                                           attention_mask, dense, dense_windows, batch_size, progress,
+                                           "retrieval capacity")
     metadata = {"tokens": list(tokens.shape), "forwards": forwards,
                 "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
-    return RetrievalCapacity(values, losses, dense, mode, tolerance, scope, metadata)
+    return RetrievalCapacity(values, losses, dense, mode, tolerance, scope, metadata, per_window,
+                             dense_windows.loss[0], dense_windows.weight)
 
 
 # --- per-layer and per-head sweeps ------------------------------------------------------------------
@@ -191,7 +203,9 @@ class CapacitySweep:
     """Loss with one layer (``by="layer"``) or one head (``by="head"``) alone sparsified.
 
     ``loss[i, l]`` (layer sweep) or ``loss[i, l, h]`` (head sweep) at ``N = n_values[i]``; NaN
-    for what was not swept.
+    for what was not swept. ``window_loss[..., b]`` (same leading axes), ``dense_window_loss[b]``
+    and ``window_weight[b]``: the same losses on each window ``b`` alone and its number of valid
+    predictions (``None`` for an object built without them).
     """
 
     n_values: tuple[int, ...]
@@ -200,6 +214,9 @@ class CapacitySweep:
     by: str = "head"
     mode: str = "renormalize"
     metadata: dict[str, Any] = field(default_factory=dict)
+    window_loss: Float[Tensor, "n layer *head window"] | None = None
+    dense_window_loss: Float[Tensor, " window"] | None = None
+    window_weight: Float[Tensor, " window"] | None = None
 
     @property
     def loss_increase(self) -> Float[Tensor, "n layer *head"]:
@@ -273,16 +290,18 @@ def capacity_sweep(
 
     start = time.perf_counter()
     dense = model_loss(model, tokens, attention_mask)
-    losses, forwards = _losses(model, tokens, n, masks, mode, attention_mask, dense, batch_size,
-                               progress, f"capacity per {by}")
+    dense_windows = window_losses(model, tokens, attention_mask)
+    losses, per_window, forwards = _losses(model, tokens, n, masks, mode, attention_mask, dense,
+                                           dense_windows, batch_size, progress, f"capacity per {by}")
     shape = (len(values), n_layers, n_heads) if by == "head" else (len(values), n_layers)
     loss = torch.full(shape, math.nan, dtype=torch.float64)
+    window_loss = torch.full((*shape, tokens.shape[0]), math.nan, dtype=torch.float64)
     i = torch.arange(len(values)).repeat_interleave(len(units))
-    if by == "head":
-        loss[i, units[:, 0].repeat(len(values)), units[:, 1].repeat(len(values))] = losses
-    else:
-        loss[i, units[:, 0].repeat(len(values))] = losses
+    at = (i, units[:, 0].repeat(len(values))) + (
+        (units[:, 1].repeat(len(values)),) if by == "head" else ())
+    loss[at], window_loss[at] = losses, per_window
     metadata = {"tokens": list(tokens.shape), "tokens_digest": token_digest(tokens, attention_mask),
                 "replicas": len(n), "forwards": forwards,
                 "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
-    return CapacitySweep(values, loss, dense, by, mode, metadata)
+    return CapacitySweep(values, loss, dense, by, mode, metadata, window_loss, dense_windows.loss[0],
+                         dense_windows.weight)

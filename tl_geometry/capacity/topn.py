@@ -24,7 +24,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..forward import hooks as _hooks
-from ..forward.losses import stacked_losses
+from ..forward.losses import WindowLosses, stacked_window_losses
 from ..functional.selection import top_n_ranks
 from .policy import TopNPolicy, as_policy
 
@@ -321,13 +321,15 @@ def sparsified_losses(
     attention_mask: Tensor | None = None,
     per_forward: int | None = None,
     progress: Any = None,
-) -> Float[Tensor, " replica"]:
-    """Mean next-token loss with the heads ``masks[r]`` sparsified to ``n[r]`` keys, per ``r``
-    (``n [R]``), or head ``(l, h)`` to ``n[r, l, h]`` keys (``n [R, layer, head]``: policies).
+) -> WindowLosses:
+    """Next-token loss with the heads ``masks[r]`` sparsified to ``n[r]`` keys, per ``r``
+    (``n [R]``), or head ``(l, h)`` to ``n[r, l, h]`` keys (``n [R, layer, head]``: policies),
+    on every window of ``tokens`` (:class:`~tl_geometry.forward.losses.WindowLosses`; ``.total``
+    is each replica's mean over all valid predictions).
 
     ``per_forward`` copies of the batch go through one forward, each with its own ``N`` and
-    heads; the loss of a copy is the mean over its valid predictions (float64 sums), as in
-    :func:`~tl_geometry.forward.losses.stacked_losses`.
+    heads; losses are summed in float64, as in
+    :func:`~tl_geometry.forward.losses.stacked_window_losses`.
     """
     _, n_heads = _hooks.model_shape(model)
 
@@ -341,5 +343,5 @@ def sparsified_losses(
         return [(PATTERN_HOOK.format(layer=layer),
                  replica_pattern_hook(layer, at(layer), chunk[:, layer], mode, n_heads)) for layer in layers]
 
-    return stacked_losses(model, tokens, len(n), hooks_for, attention_mask=attention_mask,
-                          per_forward=per_forward, progress=progress)
+    return stacked_window_losses(model, tokens, len(n), hooks_for, attention_mask=attention_mask,
+                                 per_forward=per_forward, progress=progress)

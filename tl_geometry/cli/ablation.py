@@ -191,7 +191,7 @@ def _ablate_each(model: Any, tokens: Any, args: argparse.Namespace) -> int:
     from ..ablation import head_sensitivity
 
     sens = head_sensitivity(model, tokens, args.mode, heads=args.heads, progress=False)
-    increase, se, critical = sens.loss_increase, sens.loss_increase_se, sens.critical_mask()
+    increase, se, verdicts = sens.loss_increase, sens.loss_increase_se, sens.criticality()
     print(f"{tokens.shape[0]} × {tokens.shape[1]} tokens of {args.text or 'the built-in sample'}")
     print(f"loss without ablation  {sens.base_loss:.4f}  (perplexity {math.exp(sens.base_loss):.2f})")
     print(f"one head at a time, {args.mode}-ablated (Δ ± SE over {sens.n_windows} windows):")
@@ -199,10 +199,10 @@ def _ablate_each(model: Any, tokens: Any, args: argparse.Namespace) -> int:
         loss = float(sens.loss[layer, head])
         print(f"  L{layer}H{head}  loss {loss:.4f}  (perplexity {math.exp(loss):.2f}, "
               f"Δ {float(increase[layer, head]):+.4f} ± {float(se[layer, head]):.4f} SE)"
-              + ("  critical" if bool(critical[layer, head]) else ""))
-    if any(bool(critical[layer, head]) for layer, head in args.heads):
-        print("critical: Δ ≥ max(0.1 nats, 5% of the unablated loss) and its 95% interval over the "
-              "windows above 0 (docs/ablation.md)")
+              + (f"  {verdicts[layer][head]}" if verdicts[layer][head] in ("critical", "undecided") else ""))
+    if any(verdicts[layer][head] in ("critical", "undecided") for layer, head in args.heads):
+        print("critical: the 95% interval of Δ over the windows lies at or above max(0.1 nats, 5% "
+              "of the unablated loss); undecided: it straddles that (docs/ablation.md)")
     return 0
 
 
@@ -241,8 +241,8 @@ def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
           f"{sens.base_loss:.4f} (scoring), {curve.base_loss:.4f} (held out)")
     critical = sens.critical()
     threshold = max(0.1, 0.05 * sens.base_loss)
-    print(f"\ncritical heads (Δ loss ≥ {threshold:.3f} nats = max(0.1, 5% of the dense loss), and "
-          f"the 95% interval over {sens.n_windows} windows above 0): {len(critical)}"
+    print(f"\ncritical heads (the 95% interval of Δ loss over {sens.n_windows} windows at or above "
+          f"{threshold:.3f} nats = max(0.1, 5% of the dense loss)): {len(critical)}"
           + (" — " + ", ".join(f"L{layer}H{head}" for layer, head in critical) if critical else ""))
     top = sens.top(10)
     print(top.to_string(index=False, float_format=lambda x: f"{x:.4f}"))

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..functional.uncertainty import window_mean
 from ..inputs.cache import check_attention_mask
 from .hooks import HookList, model_device
 
@@ -66,8 +67,7 @@ class WindowLosses(NamedTuple):
     @property
     def total(self) -> Float[Tensor, " replica"]:
         """``Σ_b w_b L_b / Σ_b w_b``: the mean over every valid prediction of the batch."""
-        w = self.weight.double()
-        return torch.where(w > 0, self.loss * w, 0.0).sum(-1) / w.sum()
+        return window_mean(self.loss, self.weight)
 
 
 @torch.no_grad()

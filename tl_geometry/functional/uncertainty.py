@@ -4,9 +4,12 @@ Pure arithmetic: tensors (or floats) in, tensors (or floats) out.
 
 * :func:`paired_window_se` — the standard error of a loss change from its per-window changes
   (paired: the same windows with and without the ablation);
+* :func:`window_mean` — a loss over some windows (a bootstrap resample of them) from the
+  per-window losses: their prediction-weighted mean;
 * :func:`t_quantile` / :func:`confidence_interval` — the Student-t interval of a mean over windows;
-* :func:`critical_mask` — SPEC §7's critical-head rule: an increase of at least
-  ``max(0.1 nats, 5 % of the dense loss)`` whose 95 % interval lies above 0;
+* :func:`criticality` / :func:`critical_mask` — SPEC §7's critical-head rule on the 95 %
+  interval of each increase: critical where its lower end reaches ``max(0.1 nats, 5 % of the
+  dense loss)``, not critical where its upper end stays below, undecided otherwise;
 * :func:`null_z` / :func:`empirical_p` — an observed loss change against a null sample (random
   head sets of the same size).
 """
@@ -23,8 +26,31 @@ from torch import Tensor
 CRITICAL_MIN_NATS = 0.1
 #: ... or by this fraction of the dense (unablated) loss, whichever is larger ...
 CRITICAL_MIN_FRACTION = 0.05
-#: ... and the lower end of its interval at this level is above 0.
+#: ... with the whole interval of the increase at this level (its lower end at least that).
 CRITICAL_LEVEL = 0.95
+#: The outcomes of :func:`criticality`, in its codes' order (0, 1, 2).
+CRITICALITY = ("not critical", "undecided", "critical")
+
+
+def window_mean(
+    loss: Float[Tensor, "*set window"], weight: Float[Tensor, " window"], windows: Tensor | None = None,
+) -> Float[Tensor, "*set"]:
+    """``Σ_b w_b L_b / Σ_b w_b`` over the windows ``windows`` (indices into the last axis, repeats
+    counted again: one bootstrap resample, SPEC §8; default all windows), with ``w_b`` window
+    ``b``'s number of valid predictions: on all windows, the loss over every prediction of the
+    batch. A window without predictions (``w_b = 0``, its loss NaN) adds nothing.
+
+    Examples:
+        >>> window_mean(torch.tensor([2.0, 4.0]), torch.tensor([1.0, 3.0])).item()
+        3.5
+        >>> window_mean(torch.tensor([2.0, 4.0]), torch.tensor([1.0, 3.0]), torch.tensor([0, 0])).item()
+        2.0
+    """
+    if windows is not None:
+        loss, weight = loss[..., windows], weight[windows]
+    w = weight.double()
+    # where, not a product: a window without predictions has a NaN loss, and NaN · 0 is NaN.
+    return torch.where(w > 0, loss.double() * w, 0.0).sum(-1) / w.sum()
 
 
 def paired_window_se(
@@ -135,15 +161,33 @@ def critical_threshold(dense_loss: float, min_nats: float = CRITICAL_MIN_NATS,
     return max(min_nats, min_fraction * dense_loss)
 
 
+def criticality(
+    low: Float[Tensor, "*head"], high: Float[Tensor, "*head"], dense_loss: float,
+    min_nats: float = CRITICAL_MIN_NATS, min_fraction: float = CRITICAL_MIN_FRACTION,
+) -> Float[Tensor, "*head"]:
+    """SPEC §7's outcome per head from the interval ``[low, high]`` of its loss increase, with
+    ``c = max(min_nats, min_fraction · dense_loss)``: 2 (critical) where ``low ≥ c``, 0 (not
+    critical) where ``high < c``, 1 (undecided) otherwise; NaN where the interval is (an unscored
+    head, or no standard error). Names: :data:`CRITICALITY`.
+
+    Examples:
+        >>> criticality(torch.tensor([0.3, 0.0, 0.05]), torch.tensor([0.5, 0.05, 0.4]), 4.0).tolist()
+        [2.0, 0.0, 1.0]
+    """
+    threshold = critical_threshold(dense_loss, min_nats, min_fraction)
+    low, high = low.double(), high.double()
+    code = torch.where(low >= threshold, 2.0, torch.where(high < threshold, 0.0, 1.0))
+    return torch.where(low.isnan() | high.isnan(), torch.nan, code)
+
+
 def critical_mask(
-    increase: Float[Tensor, "*head"], low: Float[Tensor, "*head"], dense_loss: float,
+    low: Float[Tensor, "*head"], dense_loss: float,
     min_nats: float = CRITICAL_MIN_NATS, min_fraction: float = CRITICAL_MIN_FRACTION,
 ) -> Bool[Tensor, "*head"]:
-    """SPEC §7's critical heads: ``increase ≥ max(min_nats, min_fraction · dense_loss)`` **and**
-    ``low > 0``, with ``low`` the lower end of the increase's interval. NaN (an unscored head,
-    or no standard error) is never critical."""
-    threshold = critical_threshold(dense_loss, min_nats, min_fraction)
-    return (increase.double() >= threshold) & (low.double() > 0)
+    """SPEC §7's critical heads: the lower end ``low`` of the loss increase's interval is at
+    least ``max(min_nats, min_fraction · dense_loss)`` (a large effect, beyond noise). NaN (an
+    unscored head, or no standard error) is never critical."""
+    return low.double() >= critical_threshold(dense_loss, min_nats, min_fraction)
 
 
 def null_z(observed: float, null: Float[Tensor, " sample"]) -> tuple[float, float, float]:
