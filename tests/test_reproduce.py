@@ -547,8 +547,8 @@ def test_claim6_reads_every_check_on_its_interval_over_windows(tmp_path):
     # Head (0, 1) is large with its whole interval above 0.15 nats: critical; (1, 0) is large
     # but its interval straddles 0.15: undecided; (0, 0) and (1, 1) stay below: not critical.
     tables = _ablation_tables([0.01, 0.5, 0.4, 0.12], [0.005, 0.05, 0.8, 0.001])
-    intervals, n_heads = head_intervals(tables)
-    assert n_heads == 4 and intervals[1].low > 0.15 and intervals[2].low < 0.15 < intervals[2].high
+    intervals = head_intervals(tables)
+    assert len(intervals) == 4 and intervals[1].low > 0.15 and intervals[2].low < 0.15 < intervals[2].high
     assert intervals[1].value == pytest.approx(0.5) and intervals[1].n == 8
     study.ablation = dict.fromkeys(("m1", "m2"), tables)
     claim = claim6(study, tmp_path)

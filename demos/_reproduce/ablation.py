@@ -162,10 +162,10 @@ def order_checks(tables: dict[str, Any]) -> list[tuple[str, str, Interval]] | No
     return [(check, label, iv) for (check, label, _, _), iv in zip(spec, intervals)]
 
 
-def head_intervals(tables: dict[str, Any]) -> tuple[list[Interval], int] | None:
+def head_intervals(tables: dict[str, Any]) -> list[Interval] | None:
     """Each head's single-head loss increase ``[layer · head]`` (layer-major, the sensitivity
-    table's order) with its 95 % bootstrap interval over the ablation windows (SPEC §7–§8), and
-    the number of heads; None for tables saved without per-window losses."""
+    table's order) with its 95 % bootstrap interval over the ablation windows (SPEC §7–§8);
+    None for tables saved without per-window losses."""
     per_window = tables.get("windows")
     if per_window is None:
         return None
@@ -174,7 +174,7 @@ def head_intervals(tables: dict[str, Any]) -> tuple[list[Interval], int] | None:
     def statistic(idx: torch.Tensor) -> torch.Tensor:
         return (window_mean(loss, weight, idx) - window_mean(base, weight, idx)).flatten()
 
-    return bootstraps(statistic, loss.shape[-1]), loss.shape[0] * loss.shape[1]
+    return bootstraps(statistic, loss.shape[-1])
 
 
 def head_outcome(interval: Interval, threshold: float) -> str:
@@ -213,9 +213,9 @@ def claim6(study, figures: Path):
                 loss_rows.append([model, "random (min – max)"] + [
                     "{} – {}".format(*(fmt(x) for x in _range(curve, name, r))) for r in retentions])
         orders = order_checks(tables)
-        heads = head_intervals(tables)
+        intervals = head_intervals(tables)
         threshold = critical_threshold(tables["base_loss"])
-        if orders is None or heads is None:
+        if orders is None or intervals is None:
             checks["moderate"].append(NO_INTERVAL)
             checks["not_uniform"].append(NO_INTERVAL)
             checks["critical"].append(NO_INTERVAL)
@@ -244,33 +244,30 @@ def claim6(study, figures: Path):
                              f"range {fmt(low)} – {fmt(high)}.")
         notes += _below_dense(model, curve, sens, tables["held_out_base_loss"])
         worst = sens.sort_values("loss_increase", ascending=False).iloc[0]
-        worst_at = int(worst.layer) * int(sens["head"].max() + 1) + int(worst["head"])
+        n_heads = int(sens["head"].max() + 1)
+        worst_at = int(worst.layer) * n_heads + int(worst["head"])
+        worst_name = f"L{int(worst.layer)}H{int(worst['head'])}"
         if float(worst.loss_increase) < BREAKS_MODEL:
-            notes.append(f"{model}: no single head breaks the model — the worst, "
-                         f"L{int(worst.layer)}H{int(worst['head'])}, adds "
+            notes.append(f"{model}: no single head breaks the model — the worst, {worst_name}, adds "
                          f"{fmt(float(worst.loss_increase), 2)} nats (the paper's Gemma-7B layer 0 "
                          "head 12 broke it alone).")
-        if heads is None:
-            crit_rows.append([model, fmt(tables["base_loss"]), fmt(threshold),
-                              f"L{int(worst.layer)}H{int(worst['head'])}",
+        if intervals is None:
+            crit_rows.append([model, fmt(tables["base_loss"]), fmt(threshold), worst_name,
                               f"{fmt(float(worst.loss_increase))} (no interval)",
                               fmt(float(sens.loss_increase.median())), NO_INTERVAL, NO_INTERVAL, "–"])
             continue
-        intervals, _ = heads
         outcomes = [head_outcome(iv, threshold) for iv in intervals]
         checks["critical"].append(some(outcomes))
         critical = sorted((i for i, o in enumerate(outcomes) if o == HELD),
                           key=lambda i: -intervals[i].value)
-        n_heads = int(sens["head"].max() + 1)
         if not critical:
             notes.append(f"{model}: no single head is critical: the largest loss increase, "
-                         f"L{int(worst.layer)}H{int(worst['head'])}'s "
-                         f"{intervals[worst_at].show()}, does not reach "
+                         f"{worst_name}'s {intervals[worst_at].show()}, does not reach "
                          f"{fmt(threshold)} nats (max(0.1 nats, 5 % of the dense loss)) with its "
                          f"whole interval over {study.config.ablation_windows} windows.")
         crit_rows.append([
-            model, fmt(tables["base_loss"]), fmt(threshold), f"L{int(worst.layer)}H{int(worst['head'])}",
-            intervals[worst_at].show(), fmt(float(sens.loss_increase.median())),
+            model, fmt(tables["base_loss"]), fmt(threshold), worst_name, intervals[worst_at].show(),
+            fmt(float(sens.loss_increase.median())),
             str(len(critical)), str(outcomes.count(UNDECIDED)),
             ", ".join(f"L{i // n_heads}H{i % n_heads} ({intervals[i].show(2)})" for i in critical[:5]) or "none",
         ])
