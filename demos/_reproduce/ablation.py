@@ -94,15 +94,22 @@ def load(path: Path) -> dict[str, Any] | None:
     return out
 
 
+def _rows(curve: pd.DataFrame, ordering: str, retention: float) -> list[int]:
+    """Positions (in the saved table's order, which the per-window losses follow) of the rows of
+    ``ordering`` at ``retention``: one per seed for the random orders."""
+    hit = (curve.ordering == ordering) & ((curve.retention - retention).abs() < 1e-9)
+    return [i for i, h in enumerate(hit.tolist()) if h]
+
+
 def _loss(curve: pd.DataFrame, ordering: str, retention: float) -> float:
-    rows = curve[(curve.ordering == ordering) & ((curve.retention - retention).abs() < 1e-9)]
-    return float(rows.loss.mean()) if len(rows) else math.nan
+    rows = curve.loss.iloc[_rows(curve, ordering, retention)]
+    return float(rows.mean()) if len(rows) else math.nan
 
 
 def _range(curve: pd.DataFrame, ordering: str, retention: float) -> tuple[float, float]:
     """Smallest and largest loss over the seeds of ``ordering`` at ``retention``."""
-    rows = curve[(curve.ordering == ordering) & ((curve.retention - retention).abs() < 1e-9)]
-    return (float(rows.loss.min()), float(rows.loss.max())) if len(rows) else (math.nan, math.nan)
+    rows = curve.loss.iloc[_rows(curve, ordering, retention)]
+    return (float(rows.min()), float(rows.max())) if len(rows) else (math.nan, math.nan)
 
 
 def _below_dense(model: str, curve: pd.DataFrame, sens: pd.DataFrame, dense: float) -> list[str]:
@@ -126,13 +133,6 @@ def _below_dense(model: str, curve: pd.DataFrame, sens: pd.DataFrame, dense: flo
                      "the oracle removes them first.")
         notes.append(note)
     return notes
-
-
-def _rows(curve: pd.DataFrame, ordering: str, retention: float) -> list[int]:
-    """Positions (in the saved table's order, which the per-window losses follow) of the rows of
-    ``ordering`` at ``retention``: one per seed for the random orders."""
-    hit = (curve.ordering == ordering) & ((curve.retention - retention).abs() < 1e-9)
-    return [i for i, h in enumerate(hit.tolist()) if h]
 
 
 def order_checks(tables: dict[str, Any]) -> list[tuple[str, str, Interval]] | None:

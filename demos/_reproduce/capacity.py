@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from tl_geometry import capacity as api
-from tl_geometry.functional.stats import spearman
+from tl_geometry.capacity.geometry import window_rho
 from tl_geometry.functional.uncertainty import window_mean
 
 from .corpora import Corpus
@@ -131,12 +131,11 @@ def rho_intervals(tables: dict[str, Any]) -> dict[str, Interval] | None:
     if per_window is None:
         return None
     names = ("f_score", "shell_k0", "shell_kn")
+    scores = {name: per_window[f"head_{name}"] for name in names}
     increase, weight = per_window["head_increase"], per_window["weight"]
 
     def statistic(idx: torch.Tensor) -> torch.Tensor:
-        dl = window_mean(increase, weight, idx)
-        return torch.tensor([spearman(per_window[f"head_{name}"][idx].nanmean(0), dl) for name in names],
-                            dtype=torch.float64)
+        return torch.tensor(list(window_rho(scores, increase, weight, idx).values()), dtype=torch.float64)
 
     return dict(zip(names, bootstraps(statistic, weight.shape[-1])))
 

@@ -95,6 +95,20 @@ def window_geometry(
     return out
 
 
+def window_rho(
+    window_scores: dict[str, Float[Tensor, "window layer head"]],
+    window_loss_increase: Float[Tensor, "layer head window"],
+    window_weight: Float[Tensor, " window"],
+    windows: Int[Tensor, " k"],
+) -> dict[str, float]:
+    """Spearman's ρ over heads (fixed) per score, on the windows ``windows`` (indices, repeats
+    allowed): each head's score is its mean over those windows, its loss increase their
+    prediction-weighted mean (:func:`~tl_geometry.functional.uncertainty.window_mean`).
+    :meth:`CapacityCorrelation.rho_over` on arrays, e.g. ones saved apart from the object."""
+    increase = window_mean(window_loss_increase, window_weight, windows)
+    return {name: spearman(score[windows].nanmean(0), increase) for name, score in window_scores.items()}
+
+
 def _why_nan(score: Tensor, increase: Tensor) -> str:
     """The reason Spearman's ρ of ``score`` against ``increase`` is undefined."""
     swept = int(torch.isfinite(increase).sum())
@@ -137,9 +151,7 @@ class CapacityCorrelation:
         if self.window_scores is None or self.window_loss_increase is None or self.window_weight is None:
             raise ValueError("This CapacityCorrelation holds no per-window values (built without "
                              "them); run capacity_correlation again to resample windows.")
-        increase = window_mean(self.window_loss_increase, self.window_weight, windows)
-        return {name: spearman(score[windows].nanmean(0), increase)
-                for name, score in self.window_scores.items()}
+        return window_rho(self.window_scores, self.window_loss_increase, self.window_weight, windows)
 
     @property
     def rho(self) -> dict[str, float]:
