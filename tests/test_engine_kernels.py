@@ -122,9 +122,39 @@ def test_tie_kernel_equals_the_torch_tied_gram():
     values[:, :, 7] = values[:, :, 4]
     values[0, 1, 9] = values[0, 1, 2]
     gram = (values @ values.transpose(-1, -2)).contiguous()
-    tie_duplicates(values.numpy(), gram.numpy())
+    tie_duplicates(values.numpy(), gram.numpy(), 11)
     assert torch.equal(gram, tied_gram(values))
     assert torch.equal(gram[:, :, 7], gram[:, :, 4]) and torch.equal(gram[:, :, :, 7], gram[:, :, :, 4])
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 5, 40])
+def test_the_band_of_a_sliding_window_is_tied_like_the_whole_matrix(window):
+    """A sliding-window layer builds only the band ``|i − j| < w`` of its Gram matrix; tied, every
+    entry of the band is the whole tied matrix's to round-off, duplicates' rows and columns are
+    equal bit for bit within the band (also where their first keys lie beyond each other's
+    window), and the tie writes nothing outside the band."""
+    from tl_geometry.engine.twins.geometry import band_gram
+
+    rng = np.random.default_rng(5)
+    values = torch.from_numpy(rng.normal(size=(2, 1, 23, 6)))
+    values[:, :, 17] = values[:, :, 3]  # 14 apart: beyond every window but the last
+    values[:, :, 18] = values[:, :, 3]
+    values[1, 0, 9] = values[1, 0, 8]
+    gram = band_gram(values, window)
+    built = gram.clone()
+    tie_duplicates(values.numpy(), gram.numpy(), min(window, 23))
+    i, j = torch.meshgrid(torch.arange(23), torch.arange(23), indexing="ij")
+    band = (i - j).abs() < window
+    torch.testing.assert_close(gram[..., band], tied_gram(values)[..., band], rtol=1e-12, atol=1e-12)
+    assert torch.equal(gram[..., ~band], built[..., ~band])  # never read, never tied
+    for a, b in ((17, 3), (18, 3), (18, 17)):
+        for k in range(23):
+            if abs(k - a) < window and abs(k - b) < window:
+                assert torch.equal(gram[0, 0, a, k], gram[0, 0, b, k])
+                assert torch.equal(gram[0, 0, k, a], gram[0, 0, k, b])
+    assert torch.equal(gram[1, 0, 9, 9], gram[1, 0, 8, 8])
+    if window > 1:  # neighbours: within every band but the diagonal's
+        assert torch.equal(gram[1, 0, 8, 9], gram[1, 0, 8, 8])
 
 
 def test_reduce_kernel_equals_its_torch_twin():

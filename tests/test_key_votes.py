@@ -76,6 +76,38 @@ def test_votes_from_keys_equal_the_float64_rows(case):
     checks.raise_for_stats(got[0], 0, 0, mask_given=qk.key_mask is not None, window=qk.window)
 
 
+@SETTINGS
+@given(case=layers(), rows=st.integers(1, 7))
+def test_votes_from_block_logits_equal_the_float64_rows(case, rows):
+    """Long layers take their logits from matrix products of blocks of queries with the keys
+    they see (``key_votes._vote_by_blocks``); forced here on short ones, with blocks of a few
+    queries: the same votes as the float64 rows, bit for bit, ties and windows included."""
+    qk, is_token, sink, norms, group = case
+    taken = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(key_votes, "BLAS_MIN_KEYS", 0)
+        mp.setattr(key_votes, "LOGIT_BLOCK_ROWS", rows)
+        by_blocks = key_votes._vote_by_blocks
+        mp.setattr(key_votes, "_vote_by_blocks", lambda *a: (taken.append(1), by_blocks(*a)))
+        got = key_votes.check_and_vote(qk, is_token, sink, norms, group, qk.window, NUMBA)
+    assert taken and got is not None
+    assert torch.equal(got[1], _rows_votes(qk, is_token, sink, norms, group)[1])
+    checks.raise_for_stats(got[0], 0, 0, mask_given=qk.key_mask is not None, window=qk.window)
+
+
+def test_block_logits_only_under_ieee_float32_products(monkeypatch):
+    """A lowered float32 matrix-product precision would break the margin test's bound: the votes
+    then come from the compiled loop."""
+    monkeypatch.setattr(key_votes, "BLAS_MIN_KEYS", 0)
+    assert key_votes._ieee_matmul()
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert not key_votes._ieee_matmul()
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def test_ties_are_read_from_the_float64_rows(monkeypatch):
     """Every other key repeats the sink's key and value: "sink" and "other" tie exactly, no
     margin settles them, and those rows (only those) are read from their float64 rows."""

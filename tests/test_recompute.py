@@ -4,6 +4,8 @@ attention with ``hook_pattern`` against SDPA), on real models; and the option is
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -86,3 +88,98 @@ class _NoHF:
 
     class cfg:
         n_layers, n_heads, d_vocab, device = 1, 2, 10, "cpu"
+
+
+def _captures(model, tokens, mask=None):
+    """Every layer's capture of one forward, copied out of the forward."""
+    from tl_geometry.inputs.capture import capture_attention
+
+    kept = []
+    capture_attention(model, tokens, lambda c: kept.append(dataclasses.replace(
+        c, q=c.q.clone(), k=c.k.clone(), v=c.v.clone())), attention_mask=mask)
+    return kept
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("padded", [False, True])
+def test_first_keys_mass_from_leading_columns_equals_the_float64_rows(smollm2, padded):
+    """``sink="auto"`` reads the first 32 keys' columns of every query through the layer's own
+    SDPA kernel (float32) instead of the float64 rows: the same masses to the forward's round-off,
+    and the same choice, also for a left-padded window (read from its first real token); a gap in
+    the keys falls back to the rows."""
+    from tl_geometry.analyze.recompute import RecomputedRows
+    from tl_geometry.engine.sink_choice import choose_sink, first_keys_mass
+
+    tokens = tl_geometry.text_windows(smollm2.model, tl_geometry.sample_text(), n_seqs=2, seq_len=200)
+    mask = torch.ones_like(tokens)
+    if padded:  # the second window starts 20 positions later (left padding)
+        mask[1, :20] = 0
+    masses, from_rows = [], []
+    for c in _captures(smollm2.model, tokens, mask if padded else None)[::7]:
+        source = RecomputedRows(c, mask if padded else None)
+        lead = source.leading_columns(torch.tensor([0, 20 if padded else 0]), torch.tensor([200, 200]), 32)
+        assert lead is not None
+        holed = mask.clone()
+        holed[0, 100] = 0
+        assert RecomputedRows(c, holed).leading_columns(torch.tensor([0, 0]), torch.tensor([200, 200]), 32) is None
+        masses.append(first_keys_mass(source, mask.bool(), None))
+
+        class _RowsOnly:  # the same rows, without the columns
+            shape, device, dtype, rows, blocks = (source.shape, source.device, source.dtype, source.rows,
+                                                  source.blocks)
+        from_rows.append(first_keys_mass(_RowsOnly(), mask.bool(), None))
+        torch.testing.assert_close(masses[-1], from_rows[-1], rtol=0, atol=2e-6, equal_nan=True)
+    assert torch.equal(choose_sink(masses), choose_sink(from_rows))
+
+
+@pytest.mark.real_model
+@pytest.mark.filterwarnings("ignore:weak sink")  # three layers of a short window
+def test_sink_auto_on_the_recompute_path_takes_one_forward(smollm2, monkeypatch):
+    """``sink="auto"`` with recomputed rows runs one forward per batch: its captures wait until the
+    sink is chosen (in memory, or in a temporary folder past the budget), and the analysis equals
+    the one given those sinks."""
+    from tl_geometry.analyze import from_model, stash
+    from tl_geometry.inputs import capture
+
+    tokens = tl_geometry.text_windows(smollm2.model, tl_geometry.sample_text(), n_seqs=2, seq_len=96)
+    kwargs = dict(attention="recompute", layers=[0, 7, 29], random_samples=2, shuffle_samples=2, progress=False)
+    forwards = []
+    real = capture.capture_attention
+    monkeypatch.setattr(from_model, "capture_attention",
+                        lambda *a, **k: (forwards.append(1), real(*a, **k))[1])
+    auto = tl_geometry.analyze_model(smollm2.model, tokens, sink="auto", **kwargs)
+    assert len(forwards) == 1 and auto.metadata["sink"]["rule"] == "auto"
+    given = tl_geometry.analyze_model(smollm2.model, tokens, sink=auto.metadata["sink"]["positions"], **kwargs)
+    monkeypatch.setattr(stash, "STASH_BYTES", 0)
+    spilled = tl_geometry.analyze_model(smollm2.model, tokens, sink="auto", **kwargs)
+    for other in (given, spilled):  # the same computation in another forward of this process
+        assert torch.equal(auto.vote_counts, other.vote_counts) and auto.labels == other.labels
+        torch.testing.assert_close(other.scores, auto.scores, rtol=0, atol=1e-9, equal_nan=True)
+    assert spilled.metadata["sink"] == auto.metadata["sink"]
+
+
+def test_the_capture_stash_hands_back_equal_copies_and_cleans_up(tmp_path, monkeypatch):
+    from tl_geometry.analyze.stash import CaptureStash
+    from tl_geometry.inputs.capture import AttentionParams, LayerCapture
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    g = torch.Generator().manual_seed(0)
+    params = AttentionParams(0.125, None, None, None, n_heads=4, n_kv_heads=2)
+    base = torch.randn(2, 5, 8, 16, generator=g)
+    made = [LayerCapture(layer, base[:, :, :4].transpose(0, 0) * layer, base[:, :, 4:6] + layer,
+                         base[:, :, 6:] - layer, params) for layer in range(3)]
+    size = sum(t.numel() * t.element_size() for t in (made[0].q, made[0].k, made[0].v))
+    stash = CaptureStash(budget=size)  # the first layer in memory, the others on disk
+    for c in made:
+        stash.keep(c)
+    base.zero_()  # the stash holds copies, not the caller's views
+    assert stash.held == size and len(list(tmp_path.iterdir())) == 1
+    back = list(stash.drain())
+    assert [c.layer for c in back] == [0, 1, 2] and stash.held == 0
+    for c, layer in zip(back, range(3)):
+        want = torch.randn(2, 5, 8, 16, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(c.q, want[:, :, :4] * layer) and torch.equal(c.k, want[:, :, 4:6] + layer)
+        assert torch.equal(c.v, want[:, :, 6:] - layer) and c.params == params
+    assert not list(tmp_path.iterdir())  # the temporary folder is gone

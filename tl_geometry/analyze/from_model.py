@@ -42,6 +42,7 @@ from . import sink as _sink
 from . import windows as _windows
 from .recompute import RecomputedRows, can_recompute, pattern_bytes
 from .sink import Sink
+from .stash import CaptureStash
 from .windows import Window
 
 #: With ``attention="auto"``, one layer's pattern for one batch above this size is recomputed.
@@ -139,30 +140,53 @@ class _LayerHooks:
 
         return hook
 
-    def capture(self, model: Any, tokens: Tensor, mask: Tensor | None) -> None:
-        """One batch by the recompute path: every analysed layer's captured q/k/v to the engine."""
+    def capture(self, model: Any, tokens: Tensor, mask: Tensor | None, stash: CaptureStash | None = None) -> None:
+        """One batch by the recompute path: every analysed layer's captured q/k/v to the engine,
+        and a copy of each into ``stash`` where given (:meth:`capture_choosing`)."""
         seen: set[int] = set()
 
         def on_layer(c: LayerCapture) -> None:
             if c.layer not in self.row:
                 return
             seen.add(c.layer)
-            assert self.mask is not None and self.sink is not None
-            device = c.q.device
-            W = None if self.W is None else self.W[c.layer].to(device)
-            self.n_kv = int(c.v.shape[2])
-            source = RecomputedRows(c, None if mask is None else self.mask)
-            window = self.windows[self.row[c.layer]]
-            if self.from_config and window != c.params.window:
-                raise ValueError(f"Layer {c.layer}: the model config gives sliding window {window} but its "
-                                 f"attention ran with {c.params.window}; pass window= explicitly.")
-            self._analyze(c.layer, source, c.v, self.mask.to(device), self.sink.to(device), W, window)
+            self._captured(c, masked=mask is not None)
+            if stash is not None:
+                stash.keep(c)
 
         capture_attention(model, tokens, on_layer, attention_mask=mask)
         missing = sorted(set(self.row) - seen)
         if missing:
             raise _cache.CacheError(f"Layers {missing} ran no attention the capture could see: the "
                                     "model's attention must go through transformers' attention functions.")
+
+    def capture_choosing(self, model: Any, tokens: Tensor, mask: Tensor | None) -> None:
+        """One batch by the recompute path with ``sink='auto'``, in one forward: every layer's
+        first 32 keys are read as it runs and its capture is kept (:class:`.stash.CaptureStash`);
+        once all are read the sinks are chosen and the kept layers analysed."""
+        stash = CaptureStash()
+        try:
+            self.probing = True
+            self.capture(model, tokens, mask, stash)
+            self.choose()
+            self.probing = False
+            for c in stash.drain():
+                self._captured(c, masked=mask is not None)
+        finally:
+            self.probing = False
+            stash.close()
+
+    def _captured(self, c: LayerCapture, masked: bool) -> None:
+        """One captured layer of the batch to the engine."""
+        assert self.mask is not None and self.sink is not None
+        device = c.q.device
+        W = None if self.W is None else self.W[c.layer].to(device)
+        self.n_kv = int(c.v.shape[2])
+        source = RecomputedRows(c, self.mask if masked else None)
+        window = self.windows[self.row[c.layer]]
+        if self.from_config and window != c.params.window:
+            raise ValueError(f"Layer {c.layer}: the model config gives sliding window {window} but its "
+                             f"attention ran with {c.params.window}; pass window= explicitly.")
+        self._analyze(c.layer, source, c.v, self.mask.to(device), self.sink.to(device), W, window)
 
     def _layer(self, layer: int, pattern: Tensor, v: Tensor) -> None:
         names = (_cache.PATTERN_HOOK.format(layer=layer), _cache.VALUE_HOOK.format(layer=layer))
@@ -259,9 +283,12 @@ def analyze_model(
         sink: which key of each window is the sink (SPEC §1; see :func:`tl_geometry.analyze_heads`).
             ``None`` (default): the first token where the window starts with BOS (texts get BOS
             only where the model was trained with one), ``"auto"`` where the model is known to
-            have been trained without (Qwen2/2.5). ``"auto"`` reads each batch twice: a first
-            forward finds the sinks, the second analyses (pass the recorded
-            ``metadata["sink"]["positions"]`` as ``sink=`` to skip the first).
+            have been trained without (Qwen2/2.5). ``"auto"`` reads every layer's attention
+            before analysing any: the recompute path keeps each layer's captured queries, keys
+            and values from its one forward until the sinks are chosen (in memory up to
+            :data:`~tl_geometry.analyze.stash.STASH_BYTES`, the rest in a temporary folder);
+            the pattern path runs each batch twice. Pass the recorded
+            ``metadata["sink"]["positions"]`` as ``sink=`` to skip that.
 
     The other arguments, and the analysis options (``n_values``, ``queries``, ``seed``, ...:
     :class:`~tl_geometry.engine.options.AnalysisArgs`), are those of
@@ -389,6 +416,9 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
             hooks.batch(full_mask[start:stop], start)
             batch_tokens = tokens[start:stop].to(device)
             batch_mask = None if mask is None else full_mask[start:stop].long().to(device)
+            if recompute and chosen == _sink.AUTO:
+                hooks.capture_choosing(model, batch_tokens, batch_mask)
+                continue
             for probing in (True, False) if chosen == _sink.AUTO else (False,):
                 hooks.probing = probing
                 if recompute:

@@ -73,6 +73,47 @@ class RecomputedRows:
         return QueryKeys(c.q[b0:b1], c.k[b0:b1], c.params.scale, c.params.window, self._mask(b0, b1),
                          self._block(b0, b1))
 
+    def leading_columns(self, start: Tensor, stop: Tensor, n_keys: int) -> Tensor | None:
+        """``α[b, h, t, j]`` of key ``start[b] + j`` (``j < n_keys``) for the queries
+        ``start[b] ≤ t < stop[b]``, 0 at every other query: ``[batch, head, pos, n_keys]``
+        float32. Every such query must see all those keys (``stop − start`` at most the window).
+
+        The columns come from the layer's own attention kernel (SDPA, causal, float32) run on
+        one-hot values, one window at a time over its keys ``start … stop − 1``: one causal
+        attention pass, where the float64 rows would cost ``T²·d`` products and as many
+        exponentials per head. They carry the forward's rounding (3e-7 from the float64 rows at
+        4,096 tokens), as a cached ``hook_pattern`` does. ``None`` where SDPA cannot give them: a
+        softcap or sink logits, or padding between ``start`` and ``stop`` (read the rows then).
+
+            >>> rows.leading_columns(torch.tensor([0]), torch.tensor([512]), 32)  # doctest: +SKIP
+        """
+        c = self.capture
+        if c.params.softcap is not None or c.params.sinks is not None:
+            return None
+        batch, n_heads, n_pos = self.shape
+        d = c.q.shape[-1]
+        if n_keys > d:  # the one-hot values need one component per key
+            return None
+        dtype = torch.promote_types(c.q.dtype, torch.float32)
+        out = torch.zeros(batch, n_heads, n_pos, n_keys, dtype=dtype, device=self.device)
+        for b in range(batch):
+            lo, hi = int(start[b]), int(stop[b])
+            if hi <= lo:
+                continue
+            if self.key_mask is not None and not bool(self.key_mask[b, lo:hi].all()):
+                return None
+            width = min(n_keys, hi - lo)
+            # One-hot values of the same width as q and k, so that the fused kernels take them.
+            onehot = torch.zeros(1, 1, hi - lo, d, dtype=dtype, device=self.device)
+            onehot[0, 0, torch.arange(width), torch.arange(width)] = 1.0
+            q = c.q[b:b + 1, lo:hi].transpose(1, 2).to(dtype)
+            k = c.k[b:b + 1, lo:hi].transpose(1, 2).to(dtype)
+            columns = torch.nn.functional.scaled_dot_product_attention(
+                q, k, onehot.expand(1, k.shape[1], -1, -1), is_causal=True, scale=c.params.scale,
+                enable_gqa=k.shape[1] != n_heads)
+            out[b, :, lo:hi, :width] = columns[0, :, :, :width]
+        return out
+
     def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]:
         c = self.capture
         yield from attention_row_blocks(c.q[b0:b1], c.k[b0:b1], block=self._block(b0, b1),

@@ -41,11 +41,13 @@ T = TypeVar("T")
 
 class FromKeys(NamedTuple):
     """The compiled kernels of the votes from queries and keys (:mod:`.key_votes`), on NumPy
-    arrays: :func:`.compiled.vote.vote_from_keys` and, for the rows it cannot settle,
+    arrays: :func:`.compiled.vote.vote_from_keys` (or :func:`.compiled.vote.vote_from_logits`
+    on logits from matrix products) and, for the rows they cannot settle,
     :func:`.compiled.check.check_and_vote_rows`."""
 
     vote_from_keys: Callable[..., None]
     check_rows: Callable[..., None]
+    vote_from_logits: Callable[..., None]
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,9 @@ class Backend:
     adds one block of rows to the validation statistics and writes its queries' votes
     (:func:`.compiled.check.check_and_vote`); ``sink_geometry(values, is_token, sink, queries, h0,
     group_size, window, sink_fields)`` writes the sink geometry (:func:`.compiled.geometry.sink_geometry`);
-    ``gram(values) → gram`` gives the tied Gram matrices, for layers scored from them
-    (:func:`.compiled.geometry.tie_duplicates`);
+    ``gram(values, window) → gram`` gives the tied Gram matrices, for layers scored from them
+    (:func:`.compiled.geometry.tie_duplicates`; with a sliding window, the compiled backend's
+    holds only the band the window reads, :func:`.twins.geometry.band_gram`);
     ``score_vectors(layer, values)`` lays the value vectors out as ``score_rows`` reads them;
     ``score_rows(...)`` scores every selection (:func:`.compiled.score.score_rows`);
     ``reduce_rows(metrics, sink_in_top, sink_fields, sees_sink) → Reduced`` reduces over queries
@@ -69,7 +72,7 @@ class Backend:
     """The kernels read float32 or float64 rows only: a half-precision pattern is upcast."""
     check_and_vote: Callable[..., None]
     sink_geometry: Callable[..., None]
-    gram: Callable[[Tensor], Tensor]
+    gram: Callable[[Tensor, int], Tensor]
     score_vectors: Callable[[LayerBlock, Tensor], Tensor]
     score_rows: Callable[..., None]
     reduce_rows: Callable[[Tensor, Tensor, Tensor, Tensor], Reduced]
@@ -175,10 +178,10 @@ def _sink_geometry(values: Tensor, is_token: Tensor, sink: Tensor, queries: Tens
                                       sink_fields.numpy(), window)
 
 
-def _gram(values: Tensor) -> Tensor:
+def _gram(values: Tensor, window: int) -> Tensor:
     # Our own contiguous tensor: the kernel ties it in place, writing through its view.
-    gram = (values @ values.transpose(-1, -2)).detach().contiguous()
-    _kernels().geometry.tie_duplicates(_numpy(values), gram.numpy())
+    gram = twin_geometry.band_gram(values.detach(), window)
+    _kernels().geometry.tie_duplicates(_numpy(values), gram.numpy(), min(window, gram.shape[-1]))
     return gram
 
 
@@ -220,6 +223,10 @@ def _vote_from_keys(*args: Any) -> None:
     _kernels().vote.vote_from_keys(*args)
 
 
+def _vote_from_logits(*args: Any) -> None:
+    _kernels().vote.vote_from_logits(*args)
+
+
 def _check_and_vote_rows(*args: Any) -> None:
     _kernels().check.check_and_vote_rows(*args)
 
@@ -234,7 +241,7 @@ NUMBA = Backend(
     score_vectors=_score_vectors,
     score_rows=_score_rows,
     reduce_rows=_reduce_rows,
-    from_keys=FromKeys(_vote_from_keys, _check_and_vote_rows),
+    from_keys=FromKeys(_vote_from_keys, _check_and_vote_rows, _vote_from_logits),
 )
 #: The torch twins (any device).
 TORCH = Backend(

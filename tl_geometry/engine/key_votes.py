@@ -5,7 +5,8 @@ source-winner votes and the checks. Rows recomputed from finite queries and keys
 softmax rows: nothing on future, padding or out-of-window keys, no negative entry, a sum of 1 and
 never a row without mass, so the checks have nothing to find. The votes come from the
 backend's compiled :func:`.compiled.vote.vote_from_keys`, which compares logits plus ``log‖v‖``
-(no ``exp``, no row of probabilities) and settles each row by a margin test; the few rows it
+(no ``exp``, no row of probabilities) and settles each row by a margin test (on long layers the
+logits come from matrix products of blocks of queries with their keys, :func:`_vote_by_blocks`); the few rows it
 cannot settle (exact ties, and near-ties within the float32 logits' error bound) are recomputed
 in float64, in the blocks the rows path computes them
 in, and read as the pattern path reads them (:func:`.compiled.check.check_and_vote_rows`). The
@@ -70,21 +71,70 @@ def check_and_vote(
     kernel_window = NO_WINDOW if window is None else window
     stats, vote_of = new_stats(batch, n_heads, n_pos)
     uncertain = np.zeros((batch, n_heads, n_pos), dtype=np.bool_)
-    kernels.vote_from_keys(
-        q.to(dtype).contiguous().numpy(),
-        keys.permute(0, 2, 3, 1).contiguous().numpy(),  # [b, kv, d, pos]: one key per lane
-        float(qk.scale),
-        is_token.contiguous().numpy(),
-        sink.contiguous().numpy(),
-        log_norms.contiguous().numpy(),
-        log_norms.amax(-1).contiguous().numpy(),
-        key_norm_max.contiguous().numpy(),
-        kernel_window, n_heads // k.shape[2], group_size, unit, vote_of, uncertain,
-    )
+    fixed = (is_token.contiguous().numpy(), sink.contiguous().numpy(), log_norms.contiguous().numpy(),
+             log_norms.amax(-1).contiguous().numpy(), key_norm_max.contiguous().numpy())
+    if n_pos >= BLAS_MIN_KEYS and _ieee_matmul():
+        _vote_by_blocks(q.to(dtype), keys, float(qk.scale), fixed, kernel_window, group_size, unit, vote_of,
+                        uncertain, kernels.vote_from_logits)
+    else:
+        kernels.vote_from_keys(
+            q.to(dtype).contiguous().numpy(),
+            keys.permute(0, 2, 3, 1).contiguous().numpy(),  # [b, kv, d, pos]: one key per lane
+            float(qk.scale), *fixed, kernel_window, n_heads // k.shape[2], group_size, unit, vote_of, uncertain,
+        )
     if uncertain.any():
         _recheck(qk, torch.from_numpy(uncertain), is_token, sink, norms, group_size, kernel_window, stats, vote_of,
                  kernels.check_rows)
     return torch.from_numpy(stats), torch.from_numpy(vote_of), int(uncertain.sum())
+
+
+#: From this many positions on, the logits come from matrix products of blocks of queries with
+#: their keys (BLAS, several times the compiled loop's speed on long rows); below, from the
+#: compiled loop (:func:`.compiled.vote.vote_from_keys`).
+BLAS_MIN_KEYS = 2048
+#: Bytes of logits per block of queries (every head at once), and the most queries per block.
+LOGIT_BLOCK_BYTES = 1 << 25
+LOGIT_BLOCK_ROWS = 256
+
+
+def _ieee_matmul() -> bool:
+    """Whether float32 matrix products are IEEE float32 (the default): the margin test's bound
+    assumes it, and a lowered precision (``torch.set_float32_matmul_precision("high")``, oneDNN's
+    bf16 or tf32) would break it."""
+    if torch.get_float32_matmul_precision() != "highest":
+        return False
+    for backend in (torch.backends, getattr(torch.backends.mkldnn, "matmul", None)):
+        if getattr(backend, "fp32_precision", "none") not in ("none", "ieee"):
+            return False
+    return True
+
+
+def _vote_by_blocks(q: Tensor, keys: Tensor, scale: float, fixed: tuple[np.ndarray, ...], window: int,
+                    group_size: int, unit: float, vote_of: np.ndarray, uncertain: np.ndarray,
+                    vote_from_logits: Callable[..., None]) -> None:
+    """The votes of :func:`.compiled.vote.vote_from_keys`, with each block of queries' logits
+    from one batched matrix product per sequence (every head at once; a query head reads its KV
+    head's keys through the grouping, never an expanded copy): the keys ``max(0, t0 − window + 1)
+    … t1 − 1`` that the block's queries ``t0 … t1 − 1`` can see. Whatever order the product sums
+    in, its error is within the margin test's ``γ_{d+4}`` bound."""
+    is_token, sink, log_norms, log_norm_max, key_norm_max = fixed
+    batch, n_pos, n_heads, d = q.shape
+    n_kv = keys.shape[2]
+    kv_size = n_heads // n_kv
+    gamma = (d + 4) * unit / (1.0 - (d + 4) * unit)
+    width = min(n_pos, window + LOGIT_BLOCK_ROWS)  # the most keys a block sees
+    rows = min(LOGIT_BLOCK_ROWS, max(1, LOGIT_BLOCK_BYTES // (n_heads * width * q.element_size())))
+    q_np = q.contiguous().numpy()
+    for b in range(batch):
+        by_column = keys[b].permute(1, 2, 0).contiguous()  # [kv, d, pos]: a block's keys are a column range
+        for t0 in range(0, n_pos, rows):
+            t1 = min(n_pos, t0 + rows)
+            k0 = max(0, t0 - window + 1)
+            block = q[b, t0:t1].permute(1, 0, 2).reshape(n_kv, kv_size * (t1 - t0), d)  # [kv, group·rows, d]
+            x = block @ by_column[:, :, k0:t1]  # [kv, group·rows, keys]
+            vote_from_logits(x.reshape(n_heads, t1 - t0, t1 - k0).numpy(), t0, k0, q_np[b], scale, is_token[b],
+                             int(sink[b]), log_norms[b], log_norm_max[b], key_norm_max[b], window, kv_size,
+                             group_size, gamma, vote_of[b], uncertain[b])
 
 
 def _same_mask(key_mask: Tensor | None, is_token: Tensor) -> bool:

@@ -128,7 +128,8 @@ def _uses_gram(layer: LayerBlock, opts: AnalysisOptions, d_values: int) -> bool:
     that costs fewer multiply-adds than reading them from the vectors, and the matrix fits
     :data:`GRAM_MAX_BYTES`. Per value group of a sequence of ``T`` positions, with ``r`` scored
     rows (its heads × chosen queries × orders: top, sink removed, the random subsets and the
-    shuffles), ``T²·d`` to build the matrix and ``r·max N·k`` to read it, against ``r·|grid|·k·d``
+    shuffles), ``T²·d`` to build the matrix (``3·T·w·d`` for its band on a sliding-window layer)
+    and ``r·max N·k`` to read it, against ``r·|grid|·k·d``
     from the vectors, ``k`` the keys a query sees (``T``, or the sliding window): the Gram matrix
     wins for short sequences and for many queries (every query of a 1,024-token window), the
     vectors for the last query of long ones and for sliding-window layers of long sequences."""
@@ -138,7 +139,9 @@ def _uses_gram(layer: LayerBlock, opts: AnalysisOptions, d_values: int) -> bool:
         return False
     rows = layer.group_size * layer.queries.shape[1] * (2 + opts.random_samples + opts.shuffle_samples)
     keys = n_pos if layer.window is None else min(n_pos, layer.window)  # keys a query sees
-    from_gram = n_pos * n_pos * d_values + rows * int(fits.max()) * keys
+    # A sliding window's matrix is built on its band alone (twins.geometry.band_gram).
+    built = n_pos if layer.window is None or layer.window >= n_pos else min(n_pos, 3 * layer.window)
+    from_gram = n_pos * built * d_values + rows * int(fits.max()) * keys
     from_vectors = rows * len(fits) * keys * d_values
     return from_gram < from_vectors
 
@@ -337,7 +340,8 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
     h0 = g0 * data.group_size
     backend.sink_geometry(chunk, is_token[:, :n_keys], sink, queries, h0, data.group_size, data.kernel_window,
                           out.sink_fields[b0:b1])
-    gram = backend.gram(chunk) if _uses_gram(data, opts, chunk.shape[-1]) else chunk.new_empty(0, 0, 0, 0)
+    gram = (backend.gram(chunk, data.kernel_window) if _uses_gram(data, opts, chunk.shape[-1])
+            else chunk.new_empty(0, 0, 0, 0))
     real_index = is_token.long().cumsum(-1) - 1
     vectors = backend.score_vectors(data, chunk)  # laid out once for every block of queries
     for q0, q1 in _query_blocks(data.source, queries, n_keys):

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -36,6 +36,15 @@ CHECK_QUERIES = 128
 ROWS_BYTES = 1 << 26
 
 
+@runtime_checkable
+class LeadingColumns(Protocol):
+    """A source that gives the first keys' columns of many queries at once
+    (:meth:`tl_geometry.analyze.recompute.RecomputedRows.leading_columns`), or ``None`` where
+    it cannot (then the rows are read)."""
+
+    def leading_columns(self, start: Tensor, stop: Tensor, n_keys: int) -> Tensor | None: ...
+
+
 def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], window: int | None,
                     max_queries: int | None = None, sink: Int[Tensor, " batch"] | None = None,
                     ) -> Float[Tensor, "batch head 33"]:
@@ -47,7 +56,8 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     ours) moves the first query read to ``p + 1``, so that every query read sees it.
 
     ``source`` is any :class:`.block.AttentionRows` (a cached pattern, read in place, or
-    recomputed rows, in blocks of queries), never written.
+    recomputed rows, in blocks of queries), never written. Without a given sink, a source that
+    gives its first keys' columns (:class:`LeadingColumns`) is read through them instead.
     """
     batch, n_heads, n_pos = source.shape
     device = source.device
@@ -67,6 +77,13 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     columns = None
     if isinstance(source, PatternRows):  # the 33 columns first: no whole row is copied
         columns = source.pattern.gather(3, keys[:, None, None, :].expand(batch, n_heads, n_pos, -1))
+    elif sink is None and isinstance(source, LeadingColumns):
+        # Every query read sees the 32 candidates: the source may give their columns in one
+        # pass (recomputed rows: the layer's own attention kernel), far cheaper than the rows.
+        # The last column is the first candidate again (NaN below: no sink is given).
+        lead = source.leading_columns(start, stop, CANDIDATES)
+        columns = None if lead is None else torch.cat([lead, lead[..., :1]], dim=-1)
+    if columns is not None:
         step = max(1, n_queries)
     for q0 in range(0, n_queries, step):
         queries = first[:, None] + torch.arange(q0, min(n_queries, q0 + step), device=device)  # [b, q]

@@ -8,7 +8,8 @@ duplicates tied in a Gram matrix.
   (``O(k·d)`` per group, memory ``O(d)``).
 - :func:`tie_duplicates` makes the rows and columns of ``G = V Vᵀ`` whose value vectors are
   bit-identical identical (BLAS may round them apart, which would split exact ties, SPEC §3),
-  as :func:`..twins.geometry.tied_gram` does: for the scoring of many queries per sequence,
+  as :func:`..twins.geometry.tied_gram` does (also on a sliding-window layer's band of ``G``):
+  for the scoring of many queries per sequence,
   where one Gram matrix per group is cheaper than the inner products at every N
   (:func:`..layer._uses_gram`).
 
@@ -66,22 +67,42 @@ def _first_duplicates(values):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True)
-def tie_duplicates(values, gram):  # pragma: no cover - compiled
+def tie_duplicates(values, gram, window):  # pragma: no cover - compiled
     """Make the rows and columns of ``gram [b, g, k, k]`` of bit-identical vectors of
-    ``values [b, g, k, d]`` identical, in place: ``G'[i, j] = G[first(i), first(j)]``."""
+    ``values [b, g, k, d]`` identical, in place: ``G'[i, j] = G[first(i), first(j)]``.
+
+    With a sliding ``window`` the matrix holds only its band ``|i − j| < window`` (the pairs a
+    query's keys can form: :func:`..layer._band_gram`), and only the band is tied: where
+    ``first(i)`` and ``first(j)`` lie beyond each other's window, ``G'[i, j]`` is their inner product
+    summed over the components in order (:func:`_dot`). Every pair of the same first keys gets the
+    same number either way, so duplicates stay ties (SPEC §3).
+    """
     n_b, n_g, n_k, _ = values.shape
     for unit in prange(n_b * n_g):
         G = gram[unit // n_g, unit % n_g]
-        first = _first_duplicates(values[unit // n_g, unit % n_g])
+        V = values[unit // n_g, unit % n_g]
+        first = _first_duplicates(V)
         if not np.any(first >= 0):
             continue
-        for i in range(n_k):  # rows first, then columns
-            if first[i] >= 0 and first[i] != i:
-                G[i, :] = G[first[i], :]
-        for j in range(n_k):
-            if first[j] >= 0 and first[j] != j:
-                for i in range(n_k):
-                    G[i, j] = G[i, first[j]]
+        if window >= n_k:
+            for i in range(n_k):  # rows first, then columns
+                if first[i] >= 0 and first[i] != i:
+                    G[i, :] = G[first[i], :]
+            for j in range(n_k):
+                if first[j] >= 0 and first[j] != j:
+                    for i in range(n_k):
+                        G[i, j] = G[i, first[j]]
+            continue
+        for i in range(n_k):
+            fi = first[i] if first[i] >= 0 else i
+            for j in range(max(0, i - window + 1), min(n_k, i + window)):
+                fj = first[j] if first[j] >= 0 else j
+                if fi == i and fj == j:
+                    continue  # a pair of first keys: its own entry, never written
+                if abs(fi - fj) < window:
+                    G[i, j] = G[fi, fj]
+                else:
+                    G[i, j] = _dot(V, fi, fj)
 
 
 @njit(cache=True, inline="always")

@@ -22,7 +22,9 @@ the votes are defined on (*the margin test*):
 A row that fails the test (an exact tie, a tie within the slack, a row whose keys all have zero
 values) is marked ``uncertain`` and counted nowhere: the caller recomputes its float64 row and
 votes as the pattern path does (:func:`.check.check_and_vote_rows`), so the votes are the
-float64 rows' bit for bit. Compiled on first use and cached on disk.
+float64 rows' bit for bit. :func:`vote_from_logits` applies the same test to logits computed
+elsewhere (a BLAS matrix product of a block of queries with their keys,
+:mod:`..key_votes`). Compiled on first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -165,3 +167,31 @@ def _vote(q_row, x, t, lo, s, ln, scale, key_norm_max, log_norm_max, gamma):  # 
     if best - second > bound and best - peak > log_norm_max - 700.0:
         return vote
     return -1
+
+
+@njit(parallel=True, cache=True)
+def vote_from_logits(x, t0, k0, q, scale, is_token, sink, log_norms, log_norm_max, key_norm_max, window, kv_size,
+                     group_size, gamma, vote_of, uncertain):  # pragma: no cover - compiled
+    """:func:`vote_from_keys` for one block of queries of one sequence whose logits are given:
+    ``x [head, row, key]`` holds ``⟨q_t, k_k⟩`` (unscaled, summed in ``q``'s precision by any
+    order: the margin test's bound holds for every order) for the queries ``t = t0 + row`` and
+    the keys ``k = k0 + key``. ``q [pos, head, d]``, ``is_token [pos]``, ``sink`` (a position),
+    ``log_norms [g, pos]``, ``log_norm_max [g]``, ``key_norm_max [kv]`` and the outputs
+    ``vote_of``, ``uncertain [head, pos]`` are the sequence's, as :func:`vote_from_keys` reads
+    them; ``gamma`` is ``γ_{d+4}`` of the logits' unit roundoff. A row reads only its own keys
+    ``max(0, t − window + 1) … t``, all of which ``x`` must hold."""
+    n_h, n_rows, _ = x.shape
+    for task in prange(n_h * n_rows):
+        h, row = task // n_rows, task % n_rows
+        t = t0 + row
+        if not is_token[t] or t == 0 or not is_token[t - 1]:
+            continue  # no vote: padding, the first real position (a hole in a mask is refused)
+        kh, g = h // kv_size, h // group_size
+        lo = max(0, t - window + 1)
+        # The row's keys shifted by k0: x holds key k at k − k0, and so does the slice of log‖v‖.
+        vote = _vote(q[t, h], x[h, row], t - k0, lo - k0, sink - k0, log_norms[g, k0:], scale, key_norm_max[kh],
+                     log_norm_max[g], gamma)
+        if vote >= 0:
+            vote_of[h, t] = vote
+        else:
+            uncertain[h, t] = True
