@@ -8,7 +8,10 @@ and keys). Each run is a fresh process, so its peak RSS is its own: the model lo
 and the analysis. A plain SDPA forward of the base model (no hooks, no logits) in the same
 process gives the ratio. ``engine_s`` is the time spent in the engine alone (every layer's rows
 read or recomputed, checked, voted and scored; the forward excluded): the recompute path's
-against the pattern path's is issue 26's bound (≤ 1.5× at T = 1024).
+against the pattern path's is issue 26's bound (≤ 1.5× at T = 1024). On the recompute path,
+``capture_s`` is its forward with all that runs inside it, of which ``first_keys_s`` reads the
+first 32 keys' attention (the sink check, or the choice of ``sink="auto"``) and ``stash_s``
+keeps the captures until the sinks are chosen (``sink="auto"``).
 
     python benchmarks/bench_long_context.py [--models smollm2-135m,gemma3-270m] [--lengths 1024,2048]
         [--paths pattern,recompute] [--n-seqs 1] [--queries last|K] [--timeout 1800]
@@ -45,21 +48,29 @@ tokens = tl_geometry.text_windows(model, text, n_seqs=n_seqs, seq_len=T)
 loaded = time.perf_counter()
 capture_attention(model, tokens, lambda c: None)  # the plain SDPA forward: no analysis, no logits
 forward = time.perf_counter()
-from tl_geometry.analyze import from_model
-engine = [0.0]  # the engine's share: every layer's rows read (or recomputed), checked, voted and scored
-_analyze_layer = from_model.analyze_layer
-def timed_layer(*args, **kwargs):
-    start = time.perf_counter()
-    try:
-        return _analyze_layer(*args, **kwargs)
-    finally:
-        engine[0] += time.perf_counter() - start
-from_model.analyze_layer = timed_layer
+from tl_geometry.analyze import from_model, stash
+parts = dict(engine_s=0.0, capture_s=0.0, first_keys_s=0.0, stash_s=0.0)
+def timed(owner, name, part):
+    inner = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            parts[part] += time.perf_counter() - start
+    setattr(owner, name, wrapper)
+# engine: every layer's rows read (or recomputed), checked, voted and scored; capture: the
+# recompute path's forward with everything its layers do inside it (the first 32 keys' columns
+# for the sink, the captures kept for sink="auto"), each of those also on its own.
+timed(from_model, "analyze_layer", "engine_s")
+timed(from_model, "capture_attention", "capture_s")
+timed(from_model, "first_keys_mass", "first_keys_s")
+timed(stash.CaptureStash, "keep", "stash_s")
 result = tl_geometry.analyze_model(model, tokens, attention=path, queries=queries, progress=False)
 done = time.perf_counter()
 assert len(result.layers) == model.cfg.n_layers
 print(json.dumps(dict(load_s=loaded - t0, sdpa_forward_s=forward - loaded, analyze_model_s=done - forward,
-                      engine_s=engine[0],
+                      **parts, sink=result.metadata["sink"]["rule"],
                       peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                       labelled=sum(x is not None for row in result.labels for x in row))))
 """
