@@ -72,7 +72,7 @@ def tie_duplicates(values, gram, window):  # pragma: no cover - compiled
     ``values [b, g, k, d]`` identical, in place: ``G'[i, j] = G[first(i), first(j)]``.
 
     With a sliding ``window`` the matrix holds only its band ``|i − j| < window`` (the pairs a
-    query's keys can form: :func:`..layer._band_gram`), and only the band is tied: where
+    query's keys can form: :func:`..twins.geometry.band_gram`), and only the band is tied: where
     ``first(i)`` and ``first(j)`` lie beyond each other's window, ``G'[i, j]`` is their inner product
     summed over the components in order (:func:`_dot`). Every pair of the same first keys gets the
     same number either way, so duplicates stay ties (SPEC §3).
