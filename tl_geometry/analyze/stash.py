@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..inputs.capture import LayerCapture
+from ..inputs.capture import AttentionParams, LayerCapture
 
 #: Bytes of captures kept in memory; the layers beyond go to a temporary folder (``TMPDIR``).
 STASH_BYTES = 1 << 30
@@ -36,7 +36,9 @@ class CaptureStash:
         self.budget = budget
         self.held = 0  # bytes kept in memory
         self._kept: list[LayerCapture | Path] = []
-        self._params: dict[Path, LayerCapture] = {}  # the parameters of each layer on disk
+        # What each layer on disk needs besides its tensors. Never a view of the forward's tensors:
+        # even an empty view would keep their whole storage alive.
+        self._on_disk: dict[Path, tuple[int, AttentionParams, torch.device]] = {}
         self._folder: tempfile.TemporaryDirectory[str] | None = None
 
     def keep(self, capture: LayerCapture) -> None:
@@ -53,7 +55,7 @@ class CaptureStash:
             self._folder = tempfile.TemporaryDirectory(prefix="tl_geometry-")
         path = Path(self._folder.name) / f"layer{capture.layer}-{len(self._kept)}.pt"
         torch.save({"q": q, "k": k, "v": v}, path)
-        self._params[path] = dataclasses.replace(capture, q=capture.q[:0], k=capture.k[:0], v=capture.v[:0])
+        self._on_disk[path] = (capture.layer, capture.params, capture.q.device)
         self._kept.append(path)
 
     def drain(self) -> Iterator[LayerCapture]:
@@ -63,10 +65,10 @@ class CaptureStash:
             while self._kept:
                 item = self._kept.pop(0)
                 if isinstance(item, Path):
-                    stub = self._params.pop(item)
-                    tensors = torch.load(item, map_location=stub.q.device, weights_only=True)
+                    layer, params, device = self._on_disk.pop(item)
+                    tensors = torch.load(item, map_location=device, weights_only=True)
                     item.unlink()
-                    yield dataclasses.replace(stub, q=tensors["q"], k=tensors["k"], v=tensors["v"])
+                    yield LayerCapture(layer, tensors["q"], tensors["k"], tensors["v"], params)
                 else:
                     self.held -= sum(t.numel() * t.element_size() for t in (item.q, item.k, item.v))
                     yield item
@@ -76,7 +78,7 @@ class CaptureStash:
     def close(self) -> None:
         """Drop everything kept and remove the temporary folder."""
         self._kept.clear()
-        self._params.clear()
+        self._on_disk.clear()
         self.held = 0
         if self._folder is not None:
             self._folder.cleanup()
