@@ -180,6 +180,39 @@ def test_tally_counts_the_first_real_position_nowhere():
     assert counted.deciding.tolist() == [[[1, 0, 0]]] and counted.beyond.tolist() == [[[0, 1, 1]]]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_tally_equals_a_loop_over_the_queries(seed):
+    """Every count of :func:`tally` against a plain loop over (sequence, head, query), with left
+    padding, sinks after the first token, windows and votes of every kind (−1 none)."""
+    g = torch.Generator().manual_seed(seed)
+    batch, n_heads, n_pos = 3, 2, 300
+    window = (2**62, 150, 7)[seed % 3]
+    start = torch.randint(0, 40, (batch,), generator=g)
+    is_token = torch.arange(n_pos) >= start[:, None]
+    sink = start + torch.randint(0, 5, (batch,), generator=g)
+    vote_of = torch.randint(-1, 3, (batch, n_heads, n_pos), generator=g, dtype=torch.int8)
+    got = tally(vote_of, is_token, start, sink, window)
+    deciding = torch.zeros(batch, n_heads, 3, dtype=torch.long)
+    beyond = torch.zeros_like(deciding)
+    blocks = torch.zeros(batch, n_heads, -(-n_pos // LABEL_BLOCK), 3, dtype=torch.long)
+    sizes = torch.zeros(batch, blocks.shape[2], dtype=torch.long)
+    for b in range(batch):
+        for t in range(int(start[b]) + 1, n_pos):
+            decides = t - window < int(sink[b])
+            block = (t - int(start[b]) - 1) // LABEL_BLOCK
+            sizes[b, block] += decides
+            for h in range(n_heads):
+                vote = int(vote_of[b, h, t])
+                if vote < 0:
+                    continue
+                (deciding if decides else beyond)[b, h, vote] += 1
+                if decides:
+                    blocks[b, h, block, vote] += 1
+    blocks *= (sizes == LABEL_BLOCK)[:, None, :, None]
+    assert torch.equal(got.deciding, deciding) and torch.equal(got.beyond, beyond)
+    assert torch.equal(got.blocks, blocks.permute(0, 2, 1, 3))
+
+
 def test_label_stability_resamples_blocks_below_eight_sequences():
     """One 1,100-token window: its 1,099 voting queries hold 8 complete blocks of 128 (the rest
     dropped), enough for a block bootstrap (SPEC §5); cut to 1,000 tokens it holds 7: no stability."""
@@ -235,13 +268,14 @@ class _Rows:
         yield 0, self.pattern[b0:b1]
 
 
+@pytest.mark.parametrize("padding", ["left", None])  # None: the pattern is read as one slice
 @pytest.mark.parametrize("window, cap", [(None, None), (50, None), (None, 7)])
-def test_first_keys_mass_reads_the_spec_queries_from_a_pattern_and_from_rows(window, cap):
+def test_first_keys_mass_reads_the_spec_queries_from_a_pattern_and_from_rows(window, cap, padding):
     from tl_geometry.engine.block import PatternRows
     from tl_geometry.engine.sink_choice import first_keys_mass
 
-    case = make_case(102, batch=3, n_pos=70, padding="left", window=window)
-    mask = case.attention_mask.bool()
+    case = make_case(102, batch=3, n_pos=70, padding=padding, window=window)
+    mask = case.attention_mask.bool() if padding else torch.ones(3, 70, dtype=torch.bool)
     got = first_keys_mass(PatternRows(case.pattern), mask, window, cap)
     torch.testing.assert_close(first_keys_mass(_Rows(case.pattern), mask, window, cap), got, equal_nan=True)
     assert torch.isnan(got[..., 32]).all()  # no sink given: no sink column

@@ -75,7 +75,17 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     count = torch.zeros(batch, dtype=COMPUTE_DTYPE, device=device)
     step = max(1, ROWS_BYTES // max(1, batch * n_heads * n_pos * 8))
     columns = None
-    if isinstance(source, PatternRows):  # the 33 columns first: no whole row is copied
+    if isinstance(source, PatternRows) and n_queries > 0 and _same(start, first, stop):
+        # No padding (every window starts, and is read, at the same positions): the queries'
+        # rows and the candidates' columns are one slice of the pattern, summed where it lies.
+        f, s0 = int(first[0]), int(start[0])
+        rows = source.pattern[:, :, f:f + n_queries]
+        sink_column = rows.gather(3, keys[:, -1, None, None, None].expand(batch, n_heads, n_queries, 1))
+        total = torch.cat([rows[..., s0:s0 + CANDIDATES].sum(2, dtype=COMPUTE_DTYPE),
+                           sink_column.sum(2, dtype=COMPUTE_DTYPE)], dim=-1)
+        n_queries = 0  # nothing left to read
+        count.fill_(int(stop[0]) - f)
+    elif isinstance(source, PatternRows):  # the 33 columns first: no whole row is copied
         columns = source.pattern.gather(3, keys[:, None, None, :].expand(batch, n_heads, n_pos, -1))
     elif sink is None and isinstance(source, LeadingColumns):
         # Every query read sees the 32 candidates: the source may give their columns in one
@@ -101,6 +111,11 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     if sink is None:
         out[..., CANDIDATES] = torch.nan
     return out
+
+
+def _same(*positions: Tensor) -> bool:
+    """Whether each of the per-window ``positions`` is one position for every window."""
+    return all(bool((p == p[0]).all()) for p in positions)
 
 
 def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor, " batch"]:

@@ -62,22 +62,22 @@ def tally(
         >>> t.deciding.tolist()
         [[[1, 3, 1]]]
     """
-    batch, _, n_pos = vote_of.shape
+    batch, n_heads, n_pos = vote_of.shape
     device = vote_of.device
+    n_block = n_blocks(n_pos)
     positions = torch.arange(n_pos, device=device)
     counted = is_token & (positions > start[:, None])  # [b, t]
     decides = counted & (positions - window < sink[:, None])
-    kind = vote_of.long().clamp_min(0)
-    has = vote_of >= 0
-    one_hot = torch.nn.functional.one_hot(kind, 3) * has[..., None]  # [b, h, t, 3]
-    deciding = (one_hot * decides[:, None, :, None]).sum(2)
-    beyond = (one_hot * (counted & ~decides)[:, None, :, None]).sum(2)
     # Deciding queries are consecutive (a hole in a mask is refused), from start + 1 on.
-    block = ((positions - start[:, None] - 1).clamp_min(0) // LABEL_BLOCK).clamp_max(n_blocks(n_pos) - 1)
-    size = torch.zeros(batch, n_blocks(n_pos), dtype=torch.long, device=device)
-    size.scatter_add_(1, block, decides.long())
-    index = rearrange(block, "b t -> b 1 t 1").expand_as(one_hot)
-    per_block = torch.zeros(*vote_of.shape[:2], n_blocks(n_pos), 3, dtype=torch.long, device=device)
-    per_block.scatter_add_(2, index, one_hot * decides[:, None, :, None])
-    per_block = per_block * (size == LABEL_BLOCK)[:, None, :, None]
-    return Tally(deciding, beyond, rearrange(per_block, "b h k v -> b k h v"))
+    block = ((positions - start[:, None] - 1).clamp_min(0) // LABEL_BLOCK).clamp_max(n_block - 1)
+    # Each query's slot: its block where it decides, ``n_block`` where it is counted apart,
+    # ``n_block + 1`` where it is not counted; one count of (sequence, head, slot, vote).
+    slot = torch.where(decides, block, torch.where(counted, n_block, n_block + 1))
+    cell = (torch.arange(batch * n_heads, device=device).view(batch, n_heads, 1) * (n_block + 2)
+            + slot[:, None, :]) * 3 + vote_of.long().clamp_min(0)
+    counts = torch.bincount(cell[vote_of >= 0], minlength=batch * n_heads * (n_block + 2) * 3)
+    counts = counts.view(batch, n_heads, n_block + 2, 3)
+    size = torch.zeros(batch, n_block, dtype=torch.long, device=device).scatter_add_(1, block, decides.long())
+    per_block = counts[:, :, :n_block] * (size == LABEL_BLOCK)[:, None, :, None]
+    return Tally(counts[:, :, :n_block].sum(2), counts[:, :, n_block],
+                 rearrange(per_block, "b h k v -> b k h v"))

@@ -53,34 +53,49 @@ from .order import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
 
 
 @njit(cache=True, inline="always")
-def _free_keys(lo, hi, alpha, dots, gdiag, norms, penalty, norm_s, cosine, e_max, buf):
-    """``buf[k − lo]`` = E (Euclidean) or D (cosine) of key ``k`` plus its penalty (+inf for
-    keys that are not candidates), for ``0 ≤ lo ≤ k < hi``; returns the smallest and how many
-    are ``≤ e_max``."""
+def _row_e(lo, hi, alpha, dots, gdiag, norms, norm_s, cosine, raw):
+    """``raw[k]`` = E (Euclidean) or D (cosine) of every key ``lo ≤ k < hi``, candidate or not:
+    one vectorised pass, the expression of :func:`_key_e`, so each entry is the same bits."""
     # Unsigned indices: numba adds no wraparound for negative ones, so the loops vectorise.
     ulo, uhi = np.uint64(lo), np.uint64(hi)
-    if cosine:  # one vectorised pass for the keys …
+    if cosine:
         for k in range(ulo, uhi):
-            buf[k - ulo] = 1.0 - alpha[k] * dots[k] / (alpha[k] * norms[k] * norm_s + COSINE_EPS) + penalty[k]
+            raw[k] = 1.0 - alpha[k] * dots[k] / (alpha[k] * norms[k] * norm_s + COSINE_EPS)
     else:
         for k in range(ulo, uhi):
-            buf[k - ulo] = alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k]) + penalty[k]
-    # … then the minimum and the count. LLVM leaves a float min reduction serial (one min's
-    # latency per key); four independent chains run four times as many per cycle.
-    n = hi - lo
-    m0 = m1 = m2 = m3 = np.inf
+            raw[k] = alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k])
+
+
+#: The bits below the sign of a float64, as an int64: flipping them on a negative float makes
+#: the int64 order of the bits the float order (:func:`_free_keys`).
+_MAGNITUDE = np.int64(0x7FFFFFFFFFFFFFFF)
+#: The bits of +inf.
+_INF_BITS = np.int64(0x7FF0000000000000)
+
+
+@njit(cache=True, inline="always")
+def _free_keys(lo, hi, raw, penalty, e_max, buf):
+    """``buf[k − lo]`` = ``raw[k]`` plus the key's penalty (+inf for keys that are not
+    candidates), for ``0 ≤ lo ≤ k < hi``; returns the smallest and how many are ``≤ e_max``.
+
+    The smallest is found on the bits: with the magnitude bits of a negative float flipped, the
+    int64 order is the float order (−0 before +0, which compare equal), and LLVM vectorises an
+    integer minimum, where it leaves a float one serial (a float minimum is not associative
+    under NaN). No entry is NaN: the rows and values are checked first.
+    """
+    ulo, uhi = np.uint64(lo), np.uint64(hi)
+    bits = buf.view(np.int64)
+    lowest = _INF_BITS
     contaminating = 0
-    k = 0
-    while k + 4 <= n:
-        m0, m1, m2, m3 = min(m0, buf[k]), min(m1, buf[k + 1]), min(m2, buf[k + 2]), min(m3, buf[k + 3])
-        contaminating += ((buf[k] <= e_max) + (buf[k + 1] <= e_max)
-                          + (buf[k + 2] <= e_max) + (buf[k + 3] <= e_max))
-        k += 4
-    while k < n:
-        m0 = min(m0, buf[k])
-        contaminating += buf[k] <= e_max
-        k += 1
-    return min(min(m0, m1), min(m2, m3)), contaminating
+    for k in range(ulo, uhi):
+        x = raw[k] + penalty[k]
+        buf[k - ulo] = x
+        contaminating += x <= e_max
+    for k in range(np.uint64(0), uhi - ulo):
+        b = bits[k]
+        lowest = min(lowest, b ^ ((b >> 63) & _MAGNITUDE))
+    lowest = lowest ^ ((lowest >> 63) & _MAGNITUDE)
+    return np.int64(lowest).view(np.float64), contaminating
 
 
 @njit(cache=True)
@@ -173,7 +188,7 @@ def _distance(k, alpha, values, source, vecs):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, out,
+def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, raw, out,
            grp, ni, vecs, sq_o, tail, values, source, direct):
     """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[grp, ni, 0:7]``,
     and τ_N (``tail``) and the relative truncation error (SPEC §10) to ``out[grp, ni, 7:9]``.
@@ -185,29 +200,35 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     ``vecs`` holds the output ``o`` and ``s_N`` in the analysis space, ``sq_o = ‖o‖²``; key
     ``k`` holds the vector ``values[source[k]]`` (moved by the unselected null, else its own).
     ``direct``: the margin's two distances are computed from the vectors (the inner products came
-    from them), else from E (they came from the Gram matrix).
+    from them), else from E (they came from the Gram matrix). ``raw`` (by key) and ``sel`` (by
+    rank) are scratch: every key's E once, and the selection's, read from it.
     """
     sq_s = 0.0
     for r in range(n):
         i = order[r]
         sq_s += alpha[i] * dots[i]
     norm_s = np.sqrt(max(sq_s, 0.0))
-    e_max = -np.inf
-    for r in range(n):
-        sel[r] = _key_e(order[r], alpha, dots, gdiag, norms, norm_s, cosine)
-        e_max = max(e_max, sel[r])
     m = keys.shape[0]
     lo = keys[0]
     hi = keys[m - 1] + 1
-    if hi - lo == m:  # no padding inside the row: one contiguous range, the loop vectorises
-        e_min, contaminating = _free_keys(lo, hi, alpha, dots, gdiag, norms, penalty, norm_s,
-                                          cosine, e_max, buf)
+    if hi - lo == m:  # no padding inside the row: one contiguous range, the loops vectorise
+        _row_e(lo, hi, alpha, dots, gdiag, norms, norm_s, cosine, raw)
+    else:
+        for j in range(m):
+            k = keys[j]
+            raw[k] = _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine)
+    e_max = -np.inf
+    for r in range(n):
+        sel[r] = raw[order[r]]
+        e_max = max(e_max, sel[r])
+    if hi - lo == m:
+        e_min, contaminating = _free_keys(lo, hi, raw, penalty, e_max, buf)
     else:
         e_min = np.inf
         contaminating = 0
         for j in range(m):
             k = keys[j]
-            x = _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine) + penalty[k]
+            x = raw[k] + penalty[k]
             buf[j] = x
             e_min = min(e_min, x)
             contaminating += x <= e_max
@@ -285,7 +306,8 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
 
 @njit(cache=True)
 def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gram, gdiag, norms, n_values, cosine,
-               dots, penalty, buf, sel, out, grp, values, source, vecs, sq_o, total):  # pragma: no cover - compiled
+               dots, penalty, buf, sel, raw, out, grp, values, source, vecs, sq_o,
+               total):  # pragma: no cover - compiled
     """Grow ``s_N`` along ``order`` and add the scores of every N ≤ ``n_max`` to ``out[grp]``.
 
     ``out[grp, i]`` must hold zeros (or a running sum over random samples) for every such N.
@@ -324,7 +346,7 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gram, g
         if not use_gram:
             _fill_dots(columns, vecs, keys, contiguous, dots)
         _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
-               buf, sel, out, grp, ni, vecs, sq_o, total - head, values, source, not use_gram)
+               buf, sel, raw, out, grp, ni, vecs, sq_o, total - head, values, source, not use_gram)
         ni += 1
 
 
@@ -443,7 +465,7 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 
 @njit(cache=True)
 def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, columns, gram, gdiag, norms, n_values,
-                    cosine, shuffles, shuffle_key, dots, penalty, buf, sel, moved_dots, moved_gdiag, moved_norms,
+                    cosine, shuffles, shuffle_key, dots, penalty, buf, sel, raw, moved_dots, moved_gdiag, moved_norms,
                     listed, drawn, moved_source, sigma, out, values, vecs):  # pragma: no cover - compiled
     """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
     over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
@@ -506,7 +528,7 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, colum
                     moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
                     moved_source[k] = src
                 _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
-                       cosine, buf, sel, out, 2, ni, vecs, np.nan, np.nan, values, moved_source, not use_gram)
+                       cosine, buf, sel, raw, out, 2, ni, vecs, np.nan, np.nan, values, moved_source, not use_gram)
             ni += 1
 
 
@@ -561,7 +583,7 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
         top_buf = np.empty(n_pos, dtype=np.int64)
         packed = np.empty(n_pos, dtype=np.uint64)
         single = np.empty(n_pos, dtype=np.float32)
-        floats = np.zeros((10 if shuffle_kind == NULL_UNSELECTED else 8, n_pos))  # 8, 9: the unselected null's
+        floats = np.zeros((11 if shuffle_kind == NULL_UNSELECTED else 9, n_pos))  # 9, 10: the unselected null's
         # Row 4 holds the non-sink keys, row 5 every key's own index (whose vector it holds), row 6
         # the vector each key holds under the unselected null, rows 7 … that null's permutations
         # (one per sample).
@@ -622,7 +644,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     keys = keys_buf[:m]
     contiguous = m == t + 1 - lo
     alpha, gdiag, norms, score = floats[0], floats[1], floats[2], floats[3][:m]
-    dots, penalty, buf, sel = floats[4], floats[5], floats[6], floats[7]
+    dots, penalty, buf, sel, raw = floats[4], floats[5], floats[6], floats[7], floats[8]
     total = 0.0
     for j in range(m):
         k = keys[j]
@@ -670,7 +692,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     sq_o, total = _output(keys, alpha, values_bg, vecs) if n_top > 0 else (0.0, 0.0)
     identity = ints[5]  # every key holds its own vector
     _run_order(top, n_top, keys, contiguous, no_key, alpha, columns, gram_bg, gdiag, norms, n_values,
-               cosine, dots, penalty, buf, sel, out, top_group, values_bg, identity, vecs, sq_o, total)
+               cosine, dots, penalty, buf, sel, raw, out, top_group, values_bg, identity, vecs, sq_o, total)
     perm = ints[0][:m]
     if n_drop > 0:
         dropped = ints[1][: m - 1]
@@ -680,7 +702,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
                 dropped[c] = top[j]
                 c += 1
         _run_order(dropped, n_drop, keys, contiguous, s, alpha, columns, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, out, dropped_group, values_bg, identity, vecs, sq_o,
+                   n_values, cosine, dots, penalty, buf, sel, raw, out, dropped_group, values_bg, identity, vecs, sq_o,
                    total)
     if n_top == 0:
         return
@@ -698,8 +720,8 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
             if n_values[ni] < m:
                 one_sample[0, ni, :] = 0.0
         _run_order(perm, n_top, keys, contiguous, no_key, alpha, columns, gram_bg, gdiag, norms,
-                   n_values, cosine, dots, penalty, buf, sel, one_sample, top_group, values_bg, identity, vecs, sq_o,
-                   total)
+                   n_values, cosine, dots, penalty, buf, sel, raw, one_sample, top_group, values_bg, identity, vecs,
+                   sq_o, total)
         for ni in range(n_sizes):
             if n_values[ni] < m:
                 for f in range(n_metrics):
@@ -717,8 +739,8 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     n_others = others.shape[0]
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:  # SPEC §10 figures: the values null only (NaN)
         _run_unselected(top, n_top, keys, others, sink_key, contiguous, alpha, columns, gram_bg, gdiag, norms, n_values,
-                        cosine, shuffles, mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, floats[3],
-                        floats[8], floats[9], ints[2], ints[3], ints[6], ints[7:], out, values_bg, vecs)
+                        cosine, shuffles, mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, raw, floats[3],
+                        floats[9], floats[10], ints[2], ints[3], ints[6], ints[7:], out, values_bg, vecs)
     elif shuffles > 0:
         shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
         moved = ints[2]  # π(k)
@@ -743,8 +765,8 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
             else:  # the SPEC §10 figures are the values null's only: NaN for the others
                 sq_w, total_w = np.nan, np.nan
             _run_order(order, n_top, keys, contiguous, no_key, weights, columns, gram_bg, gdiag, norms,
-                       n_values, cosine, dots, penalty, buf, sel, out, shuffled_group, values_bg, identity, vecs, sq_w,
-                       total_w)
+                       n_values, cosine, dots, penalty, buf, sel, raw, out, shuffled_group, values_bg, identity, vecs,
+                       sq_w, total_w)
     for ni in range(n_sizes):
         if n_values[ni] < m:
             for f in range(n_metrics):
