@@ -307,9 +307,10 @@ def attention_row_blocks(
     The inputs are checked as :func:`attention_rows` checks them (and ``block`` must be a
     positive int) when this is called, before the first block.
 
-    >>> q = k = torch.zeros(1, 5, 2, 4)
-    >>> [(start, tuple(rows.shape)) for start, rows in attention_row_blocks(q, k, block=2, scale=0.5)]
-    [(0, (1, 2, 2, 5)), (2, (1, 2, 2, 5)), (4, (1, 2, 1, 5))]
+    Examples:
+        >>> q = k = torch.zeros(1, 5, 2, 4)
+        >>> [(start, tuple(rows.shape)) for start, rows in attention_row_blocks(q, k, block=2, scale=0.5)]
+        [(0, (1, 2, 2, 5)), (2, (1, 2, 2, 5)), (4, (1, 2, 1, 5))]
     """
     scale, window, softcap, mask = _validate(q, k, scale=scale, window=window, softcap=softcap,
                                              sinks=sinks, key_mask=key_mask)
