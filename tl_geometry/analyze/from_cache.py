@@ -103,26 +103,26 @@ def analyze_heads(
             "weak sink".
 
     Other Parameters:
-        n_values (Sequence[int]): selection sizes N (default ``(1, 2, 4, 8, 16, 32, 64)``). A size that a
-            query cannot hold (``N ≥ t + 1``) gives NaN for that query, never a smaller N.
-        queries (str | int | Sequence[int]): ``"last"`` (default) — each sequence's last real query (the paper's
-            protocol); ``"all"`` — every real query; an int ``k`` — ``k`` positions per
-            sequence drawn from its real ones, seeded by ``seed`` and the sequence's index (the
-            same on every layer, head and batch); a list of positions, counted from each
-            sequence's first real token. The votes read every query whatever it is.
+        n_values (Sequence[int]): selection sizes N (default ``(1, 2, 4, 8, 16, 32, 64)``). A size
+            that a query cannot hold (``N ≥ t + 1``) gives NaN for that query, never a smaller N.
+        queries (str | int | Sequence[int]): ``"last"`` (default) — each sequence's last real query
+            (the paper's protocol); ``"all"`` — every real query; an int ``k`` — ``k`` positions per
+            sequence drawn from its real ones, seeded by ``seed`` and the sequence's index (the same
+            on every layer, head and batch); a list of positions, counted from each sequence's first
+            real token. The votes read every query whatever it is.
         random_samples (int): random permutations per (query, head) for the baseline; default SPEC
-            §3's ``R``: 16 where one query per sequence is read (the last), 4 where more are;
-            0 turns the baseline off (its metrics are NaN).
+            §3's ``R``: 16 where one query per sequence is read (the last), 4 where more are; 0
+            turns the baseline off (its metrics are NaN).
         shuffle_samples (int): permutations per (query, head) for the null of the ``shuffled`` group
-            (same α, same top-N set, the non-sink keys' values permuted); default the
-            baseline's ``R`` (SPEC §3: every null uses it); 0 turns it off.
+            (same α, same top-N set, the non-sink keys' values permuted); default the baseline's
+            ``R`` (SPEC §3: every null uses it); 0 turns it off.
         shuffle (str): which null the ``shuffled`` group is (SPEC §3; recorded as
             ``metadata["shuffle"]``): ``"values"`` (default) permutes the non-sink values;
             ``"norms"`` gives each non-sink key a permuted norm and keeps its direction;
-            ``"directions"`` keeps its norm and gives it a permuted direction;
-            ``"unselected"`` permutes only the values of the non-sink keys outside ``S_N``.
-            Runs with the same seed use the same permutations, so ``F(top) − F(null)`` of the
-            four decompose the net effect of the geometry (:func:`tl_geometry.result.null_decomposition`).
+            ``"directions"`` keeps its norm and gives it a permuted direction; ``"unselected"``
+            permutes only the values of the non-sink keys outside ``S_N``. Runs with the same seed
+            use the same permutations, so ``F(top) − F(null)`` of the four decompose the net effect
+            of the geometry (:func:`tl_geometry.result.null_decomposition`).
         seed (int): seed of the random baseline and the shuffle (default 0); the same seed gives the
             same numbers, whatever the batch size, chunking, device or front-end.
         distance (str): ``"euclidean"`` (default) or ``"cosine"``.
@@ -131,15 +131,15 @@ def analyze_heads(
         rank_by (str): rank keys for the top-N set by ``"attention"`` (α, default) or
             ``"contribution"`` (α‖v‖), SPEC §2's variant.
         bounds (bool): also compute, per (layer, head, N), the inversion certificates, the certified
-            regime bounds, the predicted envelope and the shell certificate (K = 0 and K = N)
-            of the top-N sets, and the regime diagnostics per head (SPEC §6; Euclidean;
-            default False).
-        backend (str): ``"auto"`` (default: numba on CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+            regime bounds, the predicted envelope and the shell certificate (K = 0 and K = N) of the
+            top-N sets, and the regime diagnostics per head (SPEC §6; Euclidean; default False).
+        backend (str): ``"auto"`` (default: numba on CPU, torch elsewhere), ``"numba"`` or
+            ``"torch"``.
         per_window (bool): also keep each sequence's own means (``window_scores``: top, random,
             shuffled and sink-removed metrics; ``window_sink``: the sink diagnostics;
-            ``window_bounds``: the bounds, with ``bounds=True``), the
-            per-window arrays a bootstrap over windows resamples (SPEC §8); default False
-            (4 bytes × groups × metrics × N per sequence and head).
+            ``window_bounds``: the bounds, with ``bounds=True``), the per-window arrays a bootstrap
+            over windows resamples (SPEC §8); default False (4 bytes × groups × metrics × N per
+            sequence and head).
 
     These options are :class:`~tl_geometry.engine.options.AnalysisArgs`, the same keywords for
     :func:`analyze_model` and :func:`analyze_model_nulls`; their defaults and checks are
