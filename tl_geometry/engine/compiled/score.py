@@ -100,7 +100,7 @@ def _free_keys(lo, hi, raw, penalty, e_max, buf):
 
 @njit(cache=True)
 def _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine):
-    """E (Euclidean) or D (cosine) of one key: the same expression as :func:`_free_keys`."""
+    """E (Euclidean) or D (cosine) of one key: the same expression as :func:`_row_e`."""
     if cosine:
         return 1.0 - alpha[k] * dots[k] / (alpha[k] * norms[k] * norm_s + COSINE_EPS)
     return alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k])
@@ -211,7 +211,8 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     m = keys.shape[0]
     lo = keys[0]
     hi = keys[m - 1] + 1
-    if hi - lo == m:  # no padding inside the row: one contiguous range, the loops vectorise
+    in_range = hi - lo == m  # no padding inside the row: one contiguous range, the loops vectorise
+    if in_range:
         _row_e(lo, hi, alpha, dots, gdiag, norms, norm_s, cosine, raw)
     else:
         for j in range(m):
@@ -221,7 +222,7 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
     for r in range(n):
         sel[r] = raw[order[r]]
         e_max = max(e_max, sel[r])
-    if hi - lo == m:
+    if in_range:
         e_min, contaminating = _free_keys(lo, hi, raw, penalty, e_max, buf)
     else:
         e_min = np.inf
@@ -242,7 +243,7 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
             j = 0
             while j < m - 1 and buf[j] != e_min:
                 j += 1
-            k_min = lo + j if hi - lo == m else keys[j]
+            k_min = lo + j if in_range else keys[j]
     recalled = 0
     for r in range(n):
         recalled += sel[r] < e_min
