@@ -15,7 +15,12 @@ scaled to the whole model, with the largest difference between the two, and the 
 one long layer (T = 2048, 4 heads), measured in a fresh process against the size of its pattern.
 Peak resident memory of each phase is read from /proc (VmHWM, reset before each phase).
 
-    python benchmarks/bench_analyze.py [--models smollm2-135m,gemma3-270m] [--repeats 3] [--skip-all]
+    python benchmarks/bench_analyze.py [--models smollm2-135m,gemma3-270m] [--repeats 3] [--skip-all] [--parts]
+
+``--parts`` also times every default once more per query set with each compiled entry point of
+the engine timed apart (the scoring, validation-and-vote, Gram, tie, sink-geometry and reduction
+kernels) and the rest (per-layer torch and Python work) as the difference: the run with the
+shortest total is kept.
 
 Targets (issue 26, reported, not enforced): every default on, the last query ≤ 0.05× the forward
 (8 × 128) and all queries ≤ 2× (4 × 128); extra memory ≤ 1× the pattern at T = 2048.
@@ -24,6 +29,8 @@ Targets (issue 26, reported, not enforced): every default on, the last query ≤
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import platform
 import sys
 import time
@@ -127,6 +134,54 @@ SETTINGS = (
 )
 
 
+#: The engine's compiled entry points that ``--parts`` times apart: (module, function).
+PARTS = (("compiled.score", "score_rows"), ("compiled.check", "check_and_vote"), ("twins.geometry", "band_gram"),
+         ("compiled.geometry", "tie_duplicates"), ("compiled.geometry", "sink_geometry"),
+         ("compiled.reduce", "reduce_rows"))
+
+
+@contextlib.contextmanager
+def _timing_parts(spent: dict[str, float]):
+    """Each function of :data:`PARTS` wrapped, while inside, to add its time to ``spent``: the
+    backend looks each one up on its module at every call, so the wrapper is what it calls."""
+    saved = []
+    for module_name, attr in PARTS:
+        module = importlib.import_module(f"tl_geometry.engine.{module_name}")
+        inner = getattr(module, attr)
+
+        def timed(*args, _inner=inner, _name=attr, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                spent[_name] = spent.get(_name, 0.0) + time.perf_counter() - start
+
+        saved.append((module, attr, inner))
+        setattr(module, attr, timed)
+    try:
+        yield
+    finally:
+        for module, attr, inner in saved:
+            setattr(module, attr, inner)
+
+
+def _parts(fn, repeats: int) -> dict[str, float]:
+    """Seconds of one call of ``fn`` in each of :data:`PARTS` and in the rest, from the run (of
+    ``repeats``) with the shortest total."""
+    best: dict[str, float] | None = None
+    for _ in range(repeats):
+        spent: dict[str, float] = {}
+        with _timing_parts(spent):
+            start = time.perf_counter()
+            fn()
+            total = time.perf_counter() - start
+        if best is None or total < best["total_s"]:
+            best = {"total_s": total, **{f"{name}_s": s for name, s in spent.items()}}
+    assert best is not None
+    best["rest_s"] = best["total_s"] - sum(s for name, s in best.items() if name != "total_s")
+    return best
+
+
 def _installed(name: str) -> bool:
     """Whether a built-in model's weight packages are installed (loads and assembles nothing)."""
     from tl_geometry.inputs.models import ModelNotInstalledError, model_source
@@ -180,6 +235,10 @@ def _bench_model(name: str, model: Any, text: str | None, args: argparse.Namespa
                         "options": options}
             print(f"{name}: {key} {best:.3f} s, {best / fwd:.3f}× the forward ({fwd:.2f} s)",
                   file=sys.stderr, flush=True)
+            if args.parts and setting == "defaults":
+                out[f"{key}_parts"] = _parts(lambda c=cache: tl_geometry.analyze_heads(
+                    c, n_values=n_values, queries=queries, progress=False), args.repeats)
+                print(f"{name}: {key} by parts {out[f'{key}_parts']}", file=sys.stderr, flush=True)
         del cache
     return out
 
@@ -226,6 +285,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-all", action="store_true", help="skip the all-query analysis")
+    parser.add_argument("--parts", action="store_true",
+                        help="also time every default by the engine's compiled entry points")
     parser.add_argument("--out", default=str(RESULTS / "bench_analyze.json"))
     args = parser.parse_args()
 
@@ -241,9 +302,10 @@ def main() -> None:
     report = {
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine()},
-        "input": {"text": text_name, "random_samples": 16, "shuffle_samples": 16,
-                  "defaults": "queries per setting; 16 random subsets, 16 value shuffles, N < seq_len "
-                              "from 1, 2, 4, …, 64, bounds off"},
+        "input": {"text": text_name,
+                  "defaults": "queries per setting; SPEC §3's R random subsets and value shuffles (16 at "
+                              "the last query, 4 at all queries), N < seq_len from 1, 2, 4, …, 64, "
+                              "bounds off"},
         "arithmetic": "float64 (E-form comparisons; numba kernels on CPU)",
         "timing": "minimum over --repeats runs, analysis over the forward pass of the same "
                   "tokens in the same process",
