@@ -90,14 +90,54 @@ class _NoHF:
         n_layers, n_heads, d_vocab, device = 1, 2, 10, "cpu"
 
 
-def _captures(model, tokens, mask=None):
+def _captures(model, tokens, mask=None, logsumexp=False):
     """Every layer's capture of one forward, copied out of the forward."""
     from tl_geometry.inputs.capture import capture_attention
 
     kept = []
     capture_attention(model, tokens, lambda c: kept.append(dataclasses.replace(
-        c, q=c.q.clone(), k=c.k.clone(), v=c.v.clone())), attention_mask=mask)
+        c, q=c.q.clone(), k=c.k.clone(), v=c.v.clone())), attention_mask=mask, logsumexp=logsumexp)
     return kept
+
+
+@pytest.mark.real_model
+def test_the_forwards_logsumexp_gives_the_first_keys_columns(smollm2):
+    """``logsumexp=True`` runs each plain causal layer on the kernel SDPA runs it on, and keeps
+    each query's log-sum-exp: the forward is the same (to the round-off of another forward), the
+    log-sum-exp is the float64 one's to float32 rounding, and the first keys' columns read from it
+    equal the float64 rows' (to that rounding: ℓ is a float32 number of magnitude up to ~100) and
+    give the same sink. A padded batch has a mask, so its layers keep none and the columns come
+    from the SDPA pass."""
+    from tl_geometry.analyze.recompute import RecomputedRows
+    from tl_geometry.engine.sink_choice import choose_sink, first_keys_mass
+
+    tokens = tl_geometry.text_windows(smollm2.model, tl_geometry.sample_text(), n_seqs=2, seq_len=200)
+    plain, kept = _captures(smollm2.model, tokens), _captures(smollm2.model, tokens, logsumexp=True)
+    assert all(c.logsumexp is None for c in plain)
+    assert all(c.logsumexp is not None and c.logsumexp.shape == (2, 9, 200) for c in kept)
+    for a, b in zip(plain, kept):
+        for x, y in ((a.q, b.q), (a.k, b.k), (a.v, b.v)):
+            torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5)
+    masses, from_rows = [], []
+    for c in kept[::7]:
+        q, k = c.q.double(), c.k.double().repeat_interleave(3, dim=2)
+        logits = torch.einsum("bthd,bjhd->bhtj", q, k) * c.params.scale
+        logits = logits.masked_fill(~torch.ones(200, 200, dtype=torch.bool).tril(), -torch.inf)
+        torch.testing.assert_close(c.logsumexp.double(), torch.logsumexp(logits, -1), rtol=0, atol=2e-5)
+        source = RecomputedRows(c, None)
+        lead = source.leading_columns(torch.tensor([0, 0]), torch.tensor([200, 200]), 32)
+        torch.testing.assert_close(lead.double(), torch.softmax(logits, -1)[..., :32], rtol=0, atol=2e-5)
+        masses.append(first_keys_mass(source, torch.ones(2, 200, dtype=torch.bool), None))
+
+        class _RowsOnly:  # the same rows, without the columns
+            shape, device, dtype, rows, blocks = (source.shape, source.device, source.dtype, source.rows,
+                                                  source.blocks)
+        from_rows.append(first_keys_mass(_RowsOnly(), torch.ones(2, 200, dtype=torch.bool), None))
+        torch.testing.assert_close(masses[-1], from_rows[-1], rtol=0, atol=1e-5, equal_nan=True)
+    assert torch.equal(choose_sink(masses), choose_sink(from_rows))
+    mask = torch.ones_like(tokens)
+    mask[1, :20] = 0
+    assert all(c.logsumexp is None for c in _captures(smollm2.model, tokens, mask, logsumexp=True)[::10])
 
 
 @pytest.mark.real_model

@@ -153,7 +153,9 @@ class _LayerHooks:
             if stash is not None:
                 stash.keep(c)
 
-        capture_attention(model, tokens, on_layer, attention_mask=mask)
+        # The probing pass of sink='auto' reads the first keys' weights: from each query's
+        # log-sum-exp where the layer's kernel gives it (no second attention pass).
+        capture_attention(model, tokens, on_layer, attention_mask=mask, logsumexp=stash is not None)
         missing = sorted(set(self.row) - seen)
         if missing:
             raise _cache.CacheError(f"Layers {missing} ran no attention the capture could see: the "

@@ -28,6 +28,8 @@ from ..inputs.capture import LayerCapture
 #: 4 MiB the engine recomputes a SmolLM2 window of 1024 tokens 2.2× faster than at 64 MiB,
 #: with the same results bit for bit (each row is computed alone).
 VOTE_BLOCK_BYTES = 1 << 22
+#: Bytes of float64 queries read at once by :meth:`RecomputedRows._columns_from_logsumexp`.
+LOGSUMEXP_BLOCK_BYTES = 1 << 26
 
 
 class RecomputedRows:
@@ -84,10 +86,14 @@ class RecomputedRows:
         exponentials per head. They carry the forward's rounding (3e-7 from the float64 rows at
         4,096 tokens), as a cached ``hook_pattern`` does. ``None`` where SDPA cannot give them: a
         softcap or sink logits, or padding between ``start`` and ``stop`` (read the rows then).
+        Where the capture holds the forward's log-sum-exp (:attr:`LayerCapture.logsumexp`), they
+        come from it instead, with no attention pass at all (:meth:`_columns_from_logsumexp`).
 
             >>> rows.leading_columns(torch.tensor([0]), torch.tensor([512]), 32)  # doctest: +SKIP
         """
         c = self.capture
+        if c.logsumexp is not None and self.key_mask is None:
+            return self._columns_from_logsumexp(start, stop, n_keys)
         if c.params.softcap is not None or c.params.sinks is not None:
             return None
         batch, n_heads, n_pos = self.shape
@@ -112,6 +118,34 @@ class RecomputedRows:
                 q, k, onehot.expand(1, k.shape[1], -1, -1), is_causal=True, scale=c.params.scale,
                 enable_gqa=k.shape[1] != n_heads)
             out[b, :, lo:hi, :width] = columns[0, :, :, :width]
+        return out
+
+    def _columns_from_logsumexp(self, start: Tensor, stop: Tensor, n_keys: int) -> Tensor:
+        """:meth:`leading_columns` from the forward's log-sum-exp ``ℓ_t`` of every query (no
+        padding): ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys ``j ≤ t``, 0 after the
+        query, the logits in float64, ``T·n_keys·d`` products per head where the attention pass
+        costs ``T²·d``. ``ℓ_t`` is a float32 number (of magnitude up to ~100 on real models: a
+        rounding of a few 1e-6), and the columns carry its rounding, as the SDPA columns carry the
+        forward's."""
+        c = self.capture
+        assert c.logsumexp is not None
+        batch, n_heads, n_pos = self.shape
+        group = n_heads // c.k.shape[2]
+        out = torch.zeros(batch, n_heads, n_pos, n_keys, dtype=torch.float32, device=self.device)
+        step = max(1, LOGSUMEXP_BLOCK_BYTES // (n_heads * c.q.shape[-1] * 8))  # queries at once
+        for b in range(batch):
+            lo, hi = int(start[b]), int(stop[b])
+            if hi <= lo:
+                continue
+            width = min(n_keys, hi - lo)
+            keys = c.k[b, lo:lo + width].to(torch.float64).repeat_interleave(group, dim=1)  # [j, h, d]
+            for t0 in range(lo, hi, step):
+                t1 = min(hi, t0 + step)
+                logits = torch.einsum("thd,jhd->htj", c.q[b, t0:t1].to(torch.float64), keys) * c.params.scale
+                weights = torch.exp(logits - c.logsumexp[b, :, t0:t1, None].to(torch.float64))
+                key_pos = torch.arange(lo, lo + width, device=self.device)
+                future = key_pos > torch.arange(t0, t1, device=self.device)[:, None]  # [t, j]: after the query
+                out[b, :, t0:t1, :width] = weights.masked_fill(future, 0.0).to(torch.float32)
         return out
 
     def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]:

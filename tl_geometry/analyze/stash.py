@@ -49,7 +49,8 @@ class CaptureStash:
         q, k, v = (t.detach().clone() for t in tensors)
         if self.held + size <= self.budget:
             self.held += size
-            self._kept.append(dataclasses.replace(capture, q=q, k=k, v=v))
+            # The log-sum-exp served the sink's choice, which is made before the layer comes back.
+            self._kept.append(dataclasses.replace(capture, q=q, k=k, v=v, logsumexp=None))
             return
         if self._folder is None:
             self._folder = tempfile.TemporaryDirectory(prefix="tl_geometry-")

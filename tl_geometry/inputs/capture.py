@@ -19,6 +19,12 @@ wrapped by TransformerLens's ``TransformerBridge`` has its modules replaced by b
 components that reimplement attention eagerly; they are swapped back to the original Hugging
 Face modules for the forward. Everything (modules, attention implementation, registrations) is
 restored in a ``finally``, also when the callback raises.
+
+Asked for it (``logsumexp=True``), a plain causal layer on CPU (no mask, no window shorter than
+the sequence, no softcap or sink logits, float32) runs through the kernel that SDPA dispatches
+such a layer to, called directly so that it also returns each query's log-sum-exp
+(:func:`_with_logsumexp`): ``sink="auto"`` reads the first keys' weights from it instead of a
+second attention pass (:meth:`tl_geometry.analyze.recompute.RecomputedRows.leading_columns`).
 """
 
 from __future__ import annotations
@@ -82,6 +88,12 @@ class LayerCapture:
     k: Tensor
     v: Tensor
     params: AttentionParams
+    logsumexp: Tensor | None = None
+    """``[batch, head, pos]`` float32: each query's ``log Σ_i exp(scale·⟨q, k_i⟩)`` over the keys it
+    sees, as the layer's own attention kernel formed it, where the capture asked for it
+    (``capture_attention(..., logsumexp=True)``) and that kernel gives it (:func:`_with_logsumexp`);
+    ``None`` elsewhere. With it, any key's attention weight is ``exp(scale·⟨q, k⟩ − logsumexp)``,
+    one inner product, without recomputing the row."""
 
 
 def _unwrapped(model: Any) -> Any:
@@ -192,6 +204,41 @@ def _by_query_blocks(attend: Callable[..., Any], module: torch.nn.Module, query:
     return torch.cat(parts, dim=1), None
 
 
+#: The CPU kernel that SDPA runs a causal float32 layer on, which also returns each query's
+#: log-sum-exp (``None`` where this torch has no such operator).
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
+                    params: AttentionParams, kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
+    """The layer's attention output ``[batch, pos, head, d]`` and each query's log-sum-exp
+    ``[batch, head, pos]``, or ``None`` where the layer is not one that SDPA runs as one plain
+    causal pass of its CPU flash kernel.
+
+    Such a layer (on CPU, float32, no mask, every key up to the query visible, no softcap, sink
+    logits, dropout or position bias, as many queries as keys) is what transformers' SDPA
+    attention hands to ``scaled_dot_product_attention`` with ``is_causal=True`` (and
+    ``enable_gqa`` for grouped heads), which runs it on this kernel: called directly, the same
+    kernel gives the same output and keeps the log-sum-exp it forms anyway.
+    """
+    n_pos = query.shape[2]
+    plain = (mask is None and query.device.type == "cpu"
+             and query.dtype == key.dtype == value.dtype == torch.float32
+             and params.softcap is None and params.sinks is None
+             and (params.window is None or params.window >= n_pos)
+             and n_pos > 1 and key.shape[2] == n_pos and key.shape[-1] == value.shape[-1] == query.shape[-1]
+             and not kwargs.get("dropout") and kwargs.get("position_bias") is None
+             and kwargs.get("is_causal", getattr(module, "is_causal", True)) is True
+             and query.shape[1] % key.shape[1] == 0)
+    if _FLASH_CPU is None or not plain:
+        return None
+    try:
+        out, lse = _FLASH_CPU(query, key, value, 0.0, True, scale=params.scale)
+    except RuntimeError:  # a private operator: a torch whose kernel refuses these inputs gets SDPA
+        return None
+    return out.transpose(1, 2).contiguous(), lse
+
+
 def _delegate(module: torch.nn.Module, softcap: float | None, sinks: Tensor | None) -> Callable[..., Any]:
     """The attention that computes the layer's output: SDPA, or the model's eager attention
     where SDPA cannot express the layer (softcapping, sinks), which then holds ``[query, key]``."""
@@ -282,6 +329,7 @@ def capture_attention(
     on_layer: Callable[[LayerCapture], object],
     *,
     attention_mask: Tensor | None = None,
+    logsumexp: bool = False,
 ) -> None:
     """Run the base model on ``tokens`` ``[batch, pos]`` with SDPA; call ``on_layer`` per layer.
 
@@ -292,7 +340,10 @@ def capture_attention(
     ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model. The model is
     left exactly as it was, also when ``on_layer`` raises. Recompute rows with
     ``key_mask=attention_mask.bool()`` when there is padding. TransformerLens hooks do not fire
-    during the capture (the bridge components are out of the forward).
+    during the capture (the bridge components are out of the forward). ``logsumexp=True`` also
+    hands over each query's log-sum-exp where the layer's kernel gives it
+    (:attr:`LayerCapture.logsumexp`; on those layers ``on_layer`` runs right after the attention
+    instead of right before it).
 
     Example::
 
@@ -311,11 +362,14 @@ def capture_attention(
         # query [batch, head, pos, d], key/value [batch, kv_head, pos, d] (transformers' layout).
         params = _params(module, query, key, kwargs)
         layer = getattr(module, "layer_idx", None)
+        done = _with_logsumexp(module, query, key, value, mask, params, kwargs) if logsumexp else None
         on_layer(LayerCapture(
             layer=int(layer) if layer is not None else -1,
             q=query.transpose(1, 2), k=key.transpose(1, 2), v=value.transpose(1, 2),
-            params=params,
+            params=params, logsumexp=None if done is None else done[1],
         ))
+        if done is not None:
+            return done[0], None
         attend = _delegate(module, params.softcap, params.sinks)
         if mask is None and params.window in skipped and params.window < query.shape[2]:
             return _by_query_blocks(attend, module, query, key, value, params.window, **kwargs)
