@@ -17,9 +17,10 @@ Peak resident memory of each phase is read from /proc (VmHWM, reset before each 
 
     python benchmarks/bench_analyze.py [--models smollm2-135m,gemma3-270m] [--repeats 3] [--skip-all] [--parts]
 
-``--parts`` also times every default once more per query set with each compiled entry point of
-the engine timed apart (the scoring, validation-and-vote, Gram, tie, sink-geometry and reduction
-kernels) and the rest (per-layer torch and Python work) as the difference: the run with the
+``--parts`` also times every default once more per query set with each compiled entry point that
+an analysis of a cache calls timed apart (the scoring, validation-and-vote, Gram, tie,
+sink-geometry and reduction kernels; the votes from queries and keys belong to the recompute
+path) and the rest (per-layer torch and Python work) as the difference: the run with the
 shortest total is kept.
 
 Targets (issue 26, reported, not enforced): every default on, the last query ≤ 0.05× the forward
@@ -134,7 +135,7 @@ SETTINGS = (
 )
 
 
-#: The engine's compiled entry points that ``--parts`` times apart: (module, function).
+#: The engine's compiled entry points of an analysis of a cache, timed apart by ``--parts``.
 PARTS = (("compiled.score", "score_rows"), ("compiled.check", "check_and_vote"), ("twins.geometry", "band_gram"),
          ("compiled.geometry", "tie_duplicates"), ("compiled.geometry", "sink_geometry"),
          ("compiled.reduce", "reduce_rows"))

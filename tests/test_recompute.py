@@ -127,6 +127,13 @@ def test_the_forwards_logsumexp_gives_the_first_keys_columns(smollm2):
         source = RecomputedRows(c, None)
         lead = source.leading_columns(torch.tensor([0, 0]), torch.tensor([200, 200]), 32)
         torch.testing.assert_close(lead.double(), torch.softmax(logits, -1)[..., :32], rtol=0, atol=2e-5)
+        # An all-ones mask is no padding (the model drops it): the same columns. A window that
+        # starts later is normalised from its start, which ℓ is not: the one-hot pass serves it.
+        all_ones = RecomputedRows(c, torch.ones(2, 200, dtype=torch.bool))
+        assert torch.equal(all_ones.leading_columns(torch.tensor([0, 0]), torch.tensor([200, 200]), 32), lead)
+        later = (torch.tensor([0, 20]), torch.tensor([200, 200]), 32)
+        assert torch.equal(source.leading_columns(*later),
+                           RecomputedRows(dataclasses.replace(c, logsumexp=None), None).leading_columns(*later))
         masses.append(first_keys_mass(source, torch.ones(2, 200, dtype=torch.bool), None))
 
         class _RowsOnly:  # the same rows, without the columns

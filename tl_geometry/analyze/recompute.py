@@ -92,7 +92,10 @@ class RecomputedRows:
             >>> rows.leading_columns(torch.tensor([0]), torch.tensor([512]), 32)  # doctest: +SKIP
         """
         c = self.capture
-        if c.logsumexp is not None and self.key_mask is None:
+        # The log-sum-exp runs over every key up to the query: the columns' rows, where every
+        # window starts at position 0 (no padding: the model was given no mask, or an all-ones one).
+        if (c.logsumexp is not None and bool((start == 0).all())
+                and (self.key_mask is None or bool(self.key_mask.all()))):
             return self._columns_from_logsumexp(start, stop, n_keys)
         if c.params.softcap is not None or c.params.sinks is not None:
             return None
@@ -122,7 +125,7 @@ class RecomputedRows:
 
     def _columns_from_logsumexp(self, start: Tensor, stop: Tensor, n_keys: int) -> Tensor:
         """:meth:`leading_columns` from the forward's log-sum-exp ``ℓ_t`` of every query (no
-        padding): ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys ``j ≤ t``, 0 after the
+        padding, every ``start`` 0): ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys ``j ≤ t``, 0 after the
         query, the logits in float64, ``T·n_keys·d`` products per head where the attention pass
         costs ``T²·d``. ``ℓ_t`` is a float32 number (of magnitude up to ~100 on real models: a
         rounding of a few 1e-6), and the columns carry its rounding, as the SDPA columns carry the

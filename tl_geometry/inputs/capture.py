@@ -207,6 +207,9 @@ def _by_query_blocks(attend: Callable[..., Any], module: torch.nn.Module, query:
 #: The CPU kernel that SDPA runs a causal float32 layer on, which also returns each query's
 #: log-sum-exp (``None`` where this torch has no such operator).
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+#: Whether that kernel takes fewer key/value heads than query heads (grouped-query attention came
+#: with SDPA's ``enable_gqa`` in torch 2.5; before, transformers repeated the KV heads itself).
+_FLASH_CPU_GQA = torch.__version__ >= "2.5"  # a TorchVersion: compared as a version, not as text
 
 
 def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
@@ -216,7 +219,7 @@ def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: 
     causal pass of its CPU flash kernel.
 
     Such a layer (on CPU, float32, no mask, every key up to the query visible, no softcap, sink
-    logits, dropout or position bias, as many queries as keys) is what transformers' SDPA
+    logits, dropout or position bias, as many queries as keys, contiguous vectors) is what transformers' SDPA
     attention hands to ``scaled_dot_product_attention`` with ``is_causal=True`` (and
     ``enable_gqa`` for grouped heads), which runs it on this kernel: called directly, the same
     kernel gives the same output and keeps the log-sum-exp it forms anyway.
@@ -229,7 +232,9 @@ def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: 
              and n_pos > 1 and key.shape[2] == n_pos and key.shape[-1] == value.shape[-1] == query.shape[-1]
              and not kwargs.get("dropout") and kwargs.get("position_bias") is None
              and kwargs.get("is_causal", getattr(module, "is_causal", True)) is True
-             and query.shape[1] % key.shape[1] == 0)
+             and query.shape[1] % key.shape[1] == 0 and (_FLASH_CPU_GQA or query.shape[1] == key.shape[1])
+             # The kernel reads each vector as contiguous and does not check it (SDPA does).
+             and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1)
     if _FLASH_CPU is None or not plain:
         return None
     try:
