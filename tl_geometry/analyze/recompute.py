@@ -125,11 +125,11 @@ class RecomputedRows:
 
     def _columns_from_logsumexp(self, start: Tensor, stop: Tensor, n_keys: int) -> Tensor:
         """:meth:`leading_columns` from the forward's log-sum-exp ``ℓ_t`` of every query (no
-        padding, every ``start`` 0): ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys ``j ≤ t``, 0 after the
-        query, the logits in float64, ``T·n_keys·d`` products per head where the attention pass
-        costs ``T²·d``. ``ℓ_t`` is a float32 number (of magnitude up to ~100 on real models: a
-        rounding of a few 1e-6), and the columns carry its rounding, as the SDPA columns carry the
-        forward's."""
+        padding, every ``start`` 0): ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys
+        ``j ≤ t``, 0 after the query, the logits in float64, ``T·n_keys·d`` products per head
+        where the attention pass costs ``T²·d``. ``ℓ_t`` is a float32 number (of magnitude up to
+        ~100 on real models: a rounding of a few 1e-6), and the columns carry its rounding, as the
+        SDPA columns carry the forward's."""
         c = self.capture
         assert c.logsumexp is not None
         batch, n_heads, n_pos = self.shape

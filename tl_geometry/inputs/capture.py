@@ -219,10 +219,11 @@ def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: 
     causal pass of its CPU flash kernel.
 
     Such a layer (on CPU, float32, no mask, every key up to the query visible, no softcap, sink
-    logits, dropout or position bias, as many queries as keys, contiguous vectors) is what transformers' SDPA
-    attention hands to ``scaled_dot_product_attention`` with ``is_causal=True`` (and
-    ``enable_gqa`` for grouped heads), which runs it on this kernel: called directly, the same
-    kernel gives the same output and keeps the log-sum-exp it forms anyway.
+    logits, dropout or position bias, as many queries as keys, contiguous vectors) is what
+    transformers' SDPA attention hands to ``scaled_dot_product_attention`` with
+    ``is_causal=True`` (and ``enable_gqa`` for grouped heads), which runs it on this kernel:
+    called directly, the same kernel gives the same output and keeps the log-sum-exp it forms
+    anyway.
     """
     n_pos = query.shape[2]
     plain = (mask is None and query.device.type == "cpu"
