@@ -229,16 +229,17 @@ def _bench_model(name: str, model: Any, text: str | None, args: argparse.Namespa
             # Warm-up on one layer: each setting's kernels are loaded before it is timed.
             tl_geometry.analyze_heads(cache, n_values=n_values, queries=queries, layers=[0],
                                       progress=False, **options)
-            best, runs, peak, _ = _timed(lambda c=cache, o=options: tl_geometry.analyze_heads(
-                c, n_values=n_values, queries=queries, progress=False, **o), args.repeats)
+            def analysis(c=cache, o=options):
+                return tl_geometry.analyze_heads(c, n_values=n_values, queries=queries, progress=False, **o)
+
+            best, runs, peak, _ = _timed(analysis, args.repeats)
             key = f"{queries}_{setting}"
             out[key] = {"s": best, "runs_s": runs, "over_forward": best / fwd, "peak_rss_mib": peak,
                         "options": options}
             print(f"{name}: {key} {best:.3f} s, {best / fwd:.3f}× the forward ({fwd:.2f} s)",
                   file=sys.stderr, flush=True)
             if args.parts and setting == "defaults":
-                out[f"{key}_parts"] = _parts(lambda c=cache: tl_geometry.analyze_heads(
-                    c, n_values=n_values, queries=queries, progress=False), args.repeats)
+                out[f"{key}_parts"] = _parts(analysis, args.repeats)
                 print(f"{name}: {key} by parts {out[f'{key}_parts']}", file=sys.stderr, flush=True)
         del cache
     return out

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..engine.block import QueryKeys
-from ..functional.attention import attention_row_blocks, attention_rows
+from ..functional.attention import _logits, attention_row_blocks, attention_rows, visible_keys
 from ..inputs.capture import LayerCapture
 
 #: Bytes of float64 rows recomputed at once for the votes and the checks. Small enough that a
@@ -96,7 +96,7 @@ class RecomputedRows:
         # window starts at position 0 (no padding: the model was given no mask, or an all-ones one).
         if (c.logsumexp is not None and bool((start == 0).all())
                 and (self.key_mask is None or bool(self.key_mask.all()))):
-            return self._columns_from_logsumexp(start, stop, n_keys)
+            return self._columns_from_logsumexp(stop, n_keys)
         if c.params.softcap is not None or c.params.sinks is not None:
             return None
         batch, n_heads, n_pos = self.shape
@@ -123,32 +123,28 @@ class RecomputedRows:
             out[b, :, lo:hi, :width] = columns[0, :, :, :width]
         return out
 
-    def _columns_from_logsumexp(self, start: Tensor, stop: Tensor, n_keys: int) -> Tensor:
-        """:meth:`leading_columns` from the forward's log-sum-exp ``ℓ_t`` of every query (no
-        padding, every ``start`` 0): ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys
-        ``j ≤ t``, 0 after the query, the logits in float64, ``T·n_keys·d`` products per head
-        where the attention pass costs ``T²·d``. ``ℓ_t`` is a float32 number (of magnitude up to
-        ~100 on real models: a rounding of a few 1e-6), and the columns carry its rounding, as the
-        SDPA columns carry the forward's."""
+    def _columns_from_logsumexp(self, stop: Tensor, n_keys: int) -> Tensor:
+        """:meth:`leading_columns` from the forward's log-sum-exp ``ℓ_t`` of every query, where
+        every window starts at 0: ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys
+        ``j ≤ t``, 0 after the query, the logits in float64 (``functional.attention``'s),
+        ``T·n_keys·d`` products per head where the attention pass costs ``T²·d``. ``ℓ_t`` is a
+        float32 number (of magnitude up to ~100 on real models: a rounding of a few 1e-6), and the
+        columns carry its rounding, as the SDPA columns carry the forward's."""
         c = self.capture
         assert c.logsumexp is not None
         batch, n_heads, n_pos = self.shape
-        group = n_heads // c.k.shape[2]
+        keys = c.k[:, :n_keys]
         out = torch.zeros(batch, n_heads, n_pos, n_keys, dtype=torch.float32, device=self.device)
-        step = max(1, LOGSUMEXP_BLOCK_BYTES // (n_heads * c.q.shape[-1] * 8))  # queries at once
-        for b in range(batch):
-            lo, hi = int(start[b]), int(stop[b])
-            if hi <= lo:
-                continue
-            width = min(n_keys, hi - lo)
-            keys = c.k[b, lo:lo + width].to(torch.float64).repeat_interleave(group, dim=1)  # [j, h, d]
-            for t0 in range(lo, hi, step):
-                t1 = min(hi, t0 + step)
-                logits = torch.einsum("thd,jhd->htj", c.q[b, t0:t1].to(torch.float64), keys) * c.params.scale
-                weights = torch.exp(logits - c.logsumexp[b, :, t0:t1, None].to(torch.float64))
-                key_pos = torch.arange(lo, lo + width, device=self.device)
-                future = key_pos > torch.arange(t0, t1, device=self.device)[:, None]  # [t, j]: after the query
-                out[b, :, t0:t1, :width] = weights.masked_fill(future, 0.0).to(torch.float32)
+        stop = stop.to(self.device)
+        step = max(1, LOGSUMEXP_BLOCK_BYTES // (batch * n_heads * c.q.shape[-1] * 8))  # queries at once
+        for t0 in range(0, int(stop.max()), step):
+            t1 = min(n_pos, t0 + step)
+            positions = torch.arange(t0, t1, device=self.device).expand(batch, -1)
+            queries = torch.where(positions < stop[:, None], positions, -1)  # −1: past the window
+            logits = _logits(c.q, keys, queries, c.params.scale)
+            weights = logits.sub_(c.logsumexp[:, :, t0:t1, None].to(logits.dtype)).exp_()
+            seen = visible_keys(queries, keys.shape[1]).unsqueeze(1)
+            out[:, :, t0:t1, :keys.shape[1]] = weights.masked_fill_(~seen, 0.0).to(torch.float32)
         return out
 
     def blocks(self, b0: int, b1: int) -> Iterator[tuple[int, Tensor]]:
