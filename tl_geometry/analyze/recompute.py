@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..engine.block import QueryKeys
-from ..functional.attention import _logits, attention_row_blocks, attention_rows, visible_keys
+from ..functional.attention import attention_row_blocks, attention_rows, visible_keys
 from ..inputs.capture import LayerCapture
 
 #: Bytes of float64 rows recomputed at once for the votes and the checks. Small enough that a
@@ -126,14 +126,15 @@ class RecomputedRows:
     def _columns_from_logsumexp(self, stop: Tensor, n_keys: int) -> Tensor:
         """:meth:`leading_columns` from the forward's log-sum-exp ``ℓ_t`` of every query, where
         every window starts at 0: ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys
-        ``j ≤ t``, 0 after the query, the logits in float64 (``functional.attention``'s),
+        ``j ≤ t``, 0 after the query (``functional.visible_keys``), the logits in float64,
         ``T·n_keys·d`` products per head where the attention pass costs ``T²·d``. ``ℓ_t`` is a
         float32 number (of magnitude up to ~100 on real models: a rounding of a few 1e-6), and the
         columns carry its rounding, as the SDPA columns carry the forward's."""
         c = self.capture
         assert c.logsumexp is not None
         batch, n_heads, n_pos = self.shape
-        keys = c.k[:, :n_keys]
+        group = n_heads // c.k.shape[2]
+        keys = c.k[:, :n_keys].to(torch.float64).repeat_interleave(group, dim=2)  # query head h reads h // group
         out = torch.zeros(batch, n_heads, n_pos, n_keys, dtype=torch.float32, device=self.device)
         stop = stop.to(self.device)
         step = max(1, LOGSUMEXP_BLOCK_BYTES // (batch * n_heads * c.q.shape[-1] * 8))  # queries at once
@@ -141,7 +142,7 @@ class RecomputedRows:
             t1 = min(n_pos, t0 + step)
             positions = torch.arange(t0, t1, device=self.device).expand(batch, -1)
             queries = torch.where(positions < stop[:, None], positions, -1)  # −1: past the window
-            logits = _logits(c.q, keys, queries, c.params.scale)
+            logits = torch.einsum("bthd,bjhd->bhtj", c.q[:, t0:t1].to(torch.float64), keys).mul_(c.params.scale)
             weights = logits.sub_(c.logsumexp[:, :, t0:t1, None].to(logits.dtype)).exp_()
             seen = visible_keys(queries, keys.shape[1]).unsqueeze(1)
             out[:, :, t0:t1, :keys.shape[1]] = weights.masked_fill_(~seen, 0.0).to(torch.float32)
