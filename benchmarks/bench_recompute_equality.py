@@ -10,10 +10,16 @@ are within that of a tie; the report says how far apart the two results are:
 * votes and labels: how many (layer, head) vote counts and labels differ;
 * sink figures: the largest absolute difference;
 * scores: the share of finite per-(layer, head, N, metric) entries that differ by more than 1e-6,
-  and the largest difference, per group (top, random, shuffled, sink-removed).
+  and the largest difference, per group (top, random, shuffled, sink-removed);
+* the truncation figures (SPEC §10): the largest difference, and the largest relative to
+  ``max(1, |figure|)``, which must stay within 1e-5 (the kept mass is summed over the selected
+  keys, so round-off of α decides no figure; a relative error of 5 carries the forwards' 1e-6).
+
+With ``--cache`` a third analysis, ``analyze_heads`` of the model's own ``run_with_cache`` on the
+same windows (the path a TransformerLens user takes), is compared with the recompute path too.
 
     python benchmarks/bench_recompute_equality.py [--cases smollm2-135m:2x640,gemma3-270m:1x900]
-        [--queries last,all] [--out benchmarks/results/bench_recompute_equality.json]
+        [--queries last,all] [--cache] [--out benchmarks/results/bench_recompute_equality.json]
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from _common import RESULTS, ROOT, real_text, write_report
 
 sys.path.insert(0, str(ROOT))
 import tl_geometry
+from tl_geometry.functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from tl_geometry.result.schema import GROUPS
 
 TOLERANCE = 1e-6
@@ -45,6 +52,8 @@ def compare(a: tl_geometry.HeadAnalysis, b: tl_geometry.HeadAnalysis) -> dict:
         if bool(f.any()):
             groups[group] = dict(share_over_tolerance=float((d > TOLERANCE)[f].double().mean()),
                                  max_abs_diff=float(d[f].max()))
+    cut = [METRIC_NAMES.index(m) for m in TRUNCATION_NAMES]
+    cut_finite = finite[:, cut]
     sink = (a.sink - b.sink).abs()
     return dict(
         heads=int(votes_differ.numel()),
@@ -55,6 +64,11 @@ def compare(a: tl_geometry.HeadAnalysis, b: tl_geometry.HeadAnalysis) -> dict:
         sink_max_abs_diff=float(sink[torch.isfinite(sink)].max()),
         score_share_over_tolerance=float((diff > TOLERANCE)[finite].double().mean()),
         score_max_abs_diff=float(diff[finite].max()),
+        truncation_finite=int(cut_finite.sum()),
+        truncation_max_abs_diff=float(diff[:, cut][cut_finite].max()) if bool(cut_finite.any()) else None,
+        # Relative errors above 1 (an output o_N far from a small o) scale their forwards' difference.
+        truncation_max_scaled_diff=float((diff[:, cut] / a.scores[:, cut].abs().clamp_min(1))[cut_finite].max())
+        if bool(cut_finite.any()) else None,
         groups=groups,
     )
 
@@ -63,6 +77,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="smollm2-135m:2x640,gemma3-270m:1x900")
     parser.add_argument("--queries", default="last,all")
+    parser.add_argument("--cache", action="store_true",
+                        help="also compare analyze_heads(run_with_cache) with the recompute path")
     parser.add_argument("--out", default=str(RESULTS / "bench_recompute_equality.json"))
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -83,6 +99,14 @@ def main() -> None:
                                                           progress=False)
                 row[f"{path}_s"] = time.perf_counter() - start
             row.update(compare(results["pattern"], results["recompute"]))
+            if args.cache:
+                start = time.perf_counter()
+                _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
+                sinks = results["pattern"].metadata["sink"]["positions"]
+                from_cache = tl_geometry.analyze_heads(cache, queries=queries, sink=sinks, progress=False)
+                row["cache_s"] = time.perf_counter() - start
+                row["cache_vs_recompute"] = compare(from_cache, results["recompute"])
+                del cache
             print(row, file=sys.stderr)
             report["runs"].append(row)
         del model

@@ -283,8 +283,9 @@ def ref_truncation(alpha, values, selected, valid, candidates=None) -> dict:
 
         o    = sum_{i in T_t} alpha_i v_i
         tau  = sum_{i in T_t, i not in S} alpha_i
-        o_N  = (sum_{i in S} alpha_i v_i) / (1 - tau)     (o_N = 0 when 1 - tau <= 0: nothing kept)
-        truncation_error = ||o - o_N|| / ||o||              (NaN when o = 0)
+        kept = sum_{i in S} alpha_i                        (over the selected keys, never 1 - tau)
+        o_N  = (sum_{i in S} alpha_i v_i) / kept
+        truncation_error = ||o - o_N|| / ||o||              (NaN when o = 0 or kept < 1e-6)
 
     Both NaN when N = |S| is outside ``1 <= N < #candidates``.
     """
@@ -300,15 +301,16 @@ def ref_truncation(alpha, values, selected, valid, candidates=None) -> dict:
     o = np.zeros(values.shape[1], dtype=np.float64)
     kept = np.zeros(values.shape[1], dtype=np.float64)
     tail = 0.0
+    kept_mass = 0.0
     for i in _valid_indices(valid):
         o = o + alpha[i] * values[i]
         if selected[i]:
             kept = kept + alpha[i] * values[i]
+            kept_mass += float(alpha[i])
         else:
             tail += float(alpha[i])
-    o_n = kept / (1.0 - tail) if 1.0 - tail > 0 else np.zeros_like(kept)
     norm_o = _norm(o)
-    error = _norm(o - o_n) / norm_o if norm_o > 0 else math.nan
+    error = _norm(o - kept / kept_mass) / norm_o if norm_o > 0 and kept_mass >= 1e-6 else math.nan
     return {"tail_mass": tail, "truncation_error": error}
 
 
@@ -552,8 +554,9 @@ def ref_analyze(
       diagnostics are NaN, every valid key is shuffled, and it cannot vote "sink". With
       ``queries="last"``, the sink-dependent figures (sink_in / sink_out, sink_removed, paired,
       sink diagnostics) are read at ``min(t, sink + window - 1)`` (``_sink_query``).
-    * every group also gets the truncation figures of ``ref_truncation`` (SPEC section 10):
-      metrics ``METRICS + TRUNCATION``.
+    * the "top" and "sink_removed" groups (and "sink_in" / "sink_out", which split "top") also
+      get the truncation figures of ``ref_truncation`` (SPEC section 10); the baselines
+      ("random", "shuffled") carry NaN there: metrics ``METRICS + TRUNCATION``.
     * paired sink effect ("paired_ratios"): per (head, N), the list of
       F_N(top) / F_N(sink removed) over the instances whose top-N set holds the sink (inf when
       only the second is 0; instances where both are 0 are left out).
@@ -697,10 +700,9 @@ def ref_analyze(
                         for sigma in shuffles(b, h, t, domain):
                             perm = [k for k in sigma if k in set(listed)]
                             moved = ref_null_values(values, listed, perm, shuffle)
-                            # SPEC section 10's figures are the values null's only (NaN otherwise).
-                            cut = (ref_truncation(alpha, moved, sel, valid) if shuffle == "values"
-                                   else dict.fromkeys(TRUNCATION, math.nan))
-                            samples.append({**ref_separability(alpha, moved, sel, valid, distance), **cut})
+                            # SPEC section 10: the baselines carry no truncation figures.
+                            samples.append({**ref_separability(alpha, moved, sel, valid, distance),
+                                            **dict.fromkeys(TRUNCATION, math.nan)})
                         for m in every:
                             this_seq[("shuffled", m)].append(_plain_mean([x[m] for x in samples]))
 
@@ -711,7 +713,7 @@ def ref_analyze(
                             subset = np.zeros(n_pos, dtype=bool)
                             subset[list(ordering[:n])] = True
                             samples.append({**ref_separability(alpha, values, subset, valid, distance),
-                                            **ref_truncation(alpha, values, subset, valid)})
+                                            **dict.fromkeys(TRUNCATION, math.nan)})
                         for m in every:
                             this_seq[("random", m)].append(_plain_mean([x[m] for x in samples]))
                             random_rows[(ni, m)][-1].append((_plain_mean([x[m] for x in samples]),

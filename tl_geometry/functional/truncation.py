@@ -5,17 +5,20 @@ For one query with valid keys ``T_t``, weights ``α`` and a selection ``H ⊂ T_
 
     τ_N  = Σ_{j∈T_t∖H} α_j                         the tail mass left out
     o    = Σ_{j∈T_t} α_j v_j                        the head's output (value space, before W_O)
-    o_N  = Σ_{j∈H} α_j v_j / (1 − τ_N)              the renormalised top-N output
+    κ_N  = Σ_{j∈H} α_j                              the kept mass (1 − τ_N where Σ α = 1)
+    o_N  = Σ_{j∈H} α_j v_j / κ_N                    the renormalised top-N output
     o − o_N = τ_N (μ_T − μ_H)                       μ_H, μ_T: the kept / left-out weighted means
     truncation_error = ‖o − o_N‖ / ‖o‖
 
 ``τ_N`` is also the total-variation distance between ``α`` and its renormalised truncation.
 
-Edge cases (ours): ``N`` outside ``1 ≤ N < |T_t|`` gives NaN for both (as every metric, SPEC §2);
-``o = 0`` gives a NaN error (no relative error of a zero output); ``τ_N = 1`` (the selection
-holds no weight, possible only for a subset of zero-weight keys) keeps nothing to renormalise:
-``o_N = 0`` and the error is 1, the error of deleting the output. The engine computes the same
-figures from inner products (``tl_geometry.engine``); this is the direct vector form.
+The kept mass is summed in float64 over the selected keys themselves, never formed as ``1 − τ_N``
+(SPEC §10): a float32 row sums to 1 only within about 1e-7, so where little is kept, ``1 − τ_N``
+is that round-off and not the selection's weight. Edge cases: ``N`` outside ``1 ≤ N < |T_t|``
+gives NaN for both (as every metric, SPEC §2); ``o = 0`` gives a NaN error (no relative error of
+a zero output); a kept mass below :data:`~.dtypes.KEPT_MASS_MIN` (1e-6) gives a NaN error, its
+reason being that round-off of ``α`` would decide it. The engine computes the same figures for
+the top-N and sink-removed sets (``tl_geometry.engine``); this is the direct vector form.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from .dtypes import COMPUTE_DTYPE, as_compute
+from .dtypes import COMPUTE_DTYPE, KEPT_MASS_MIN, as_compute
 from .separability import _check_rows, _selection
 
 
@@ -61,7 +64,7 @@ def truncation(
 
     Returns:
         :class:`Truncation`, float64, NaN where ``n`` is outside ``1 ≤ n < |valid keys|``; a NaN
-        error where ``o = 0``; error 1 where ``τ_N = 1``.
+        error where ``o = 0`` or the kept mass ``Σ_H α`` is below ``KEPT_MASS_MIN`` (1e-6).
 
     >>> alpha = torch.tensor([0.5, 0.25, 0.25])
     >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
@@ -79,11 +82,12 @@ def truncation(
     # o and s as (weights @ values): the batch dimensions of values are never expanded per key.
     o = (weights.unsqueeze(-2) @ values).squeeze(-2)
     s = (kept.unsqueeze(-2) @ values).squeeze(-2)
-    keep = 1 - tail
-    o_n = torch.where((keep > 0).unsqueeze(-1), s / keep.clamp_min(torch.finfo(COMPUTE_DTYPE).tiny).unsqueeze(-1), 0.0)
+    keep = kept.sum(-1)  # κ_N over the selected keys themselves, never 1 − τ_N (module docstring)
+    enough = keep >= KEPT_MASS_MIN
+    o_n = s / torch.where(enough, keep, 1.0).unsqueeze(-1)
     norm_o = torch.linalg.vector_norm(o, dim=-1)
     error = torch.linalg.vector_norm(o - o_n, dim=-1) / norm_o
-    error = torch.where(norm_o > 0, error, torch.nan)
+    error = torch.where((norm_o > 0) & enough, error, torch.nan)
     n_keys = key_mask.sum(-1)
     defined = (n >= 1) & (n < n_keys)
     nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=tail.device)

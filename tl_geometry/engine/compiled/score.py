@@ -26,11 +26,12 @@ margin. Keys that are not candidates carry a +∞ penalty, so the passes over th
 data-dependent branches; inversions are counted only when some key contaminates. Each parallel task is a block of
 :data:`QUERY_BLOCK` queries of one (sequence, head) that shares its scratch arrays.
 
-The truncation figures (SPEC §10) are computed in the analysis space itself, from the value
-vectors: the output ``o = Σ_k α_k v_k`` once per query (once per permutation of the value-shuffle
-null, whose output is another vector), ``s_N`` grown along each order between two N of the grid,
-and ``‖o − s_N/(1 − τ_N)‖`` directly, so a small tail is not lost to cancellation. Cost:
-``O(|keys|·d)`` per query and permutation, ``O(max N·d)`` per order, ``O(d)`` per N.
+The truncation figures (SPEC §10) belong to the top-N and sink-removed sets only (the baselines
+carry NaN). They are computed in the analysis space itself, from the value vectors: the output
+``o = Σ_k α_k v_k`` once per query, ``s_N`` grown along each order between two N of the grid,
+and ``‖o − s_N/Σ_{S_N} α‖`` directly, so a small tail is not lost to cancellation; the kept mass
+``Σ_{S_N} α`` is summed over the selected keys in float64, never formed as ``1 − τ_N``. Cost:
+``O(|keys|·d)`` per query, ``O(max N·d)`` per order, ``O(d)`` per N.
 
 The helpers of the per-N work are inlined (``inline="always"``) and every array below
 :func:`score_rows` is a borrowed view (:mod:`.borrow`): numba's reference counting (an atomic
@@ -46,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ...functional.dtypes import COSINE_EPS
+from ...functional.dtypes import COSINE_EPS, KEPT_MASS_MIN
 from ..options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .borrow import borrow
 from .order import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
@@ -148,24 +149,24 @@ def _output(keys, weights, values, vecs):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _truncation(vecs, sq_o, tail, out, grp, ni):  # pragma: no cover - compiled
+def _truncation(vecs, sq_o, tail, kept, out, grp, ni):  # pragma: no cover - compiled
     """Add the tail mass ``τ_N`` and the relative error ``‖o − o_N‖/‖o‖`` of the renormalised
-    selection ``o_N = s_N/(1 − τ_N)`` (SPEC §10) to ``out[grp, ni, 7]`` and ``out[grp, ni, 8]``;
-    ``vecs[0]`` is ``o``, ``vecs[1]`` is ``s_N``. ``o = 0`` gives NaN; ``τ_N ≥ 1`` (nothing kept
-    to renormalise: ``o_N = 0``) gives 1.
+    selection ``o_N = s_N/Σ_{S_N} α`` (SPEC §10) to ``out[grp, ni, 7]`` and ``out[grp, ni, 8]``;
+    ``vecs[0]`` is ``o``, ``vecs[1]`` is ``s_N``, ``kept`` is ``Σ_{S_N} α`` summed over the
+    selected keys themselves (never ``1 − τ_N``: where little is kept, that difference is the
+    pattern's round-off). ``o = 0`` or ``kept`` below :data:`KEPT_MASS_MIN` gives a NaN error;
+    ``tail`` NaN (a baseline, which carries no truncation figures) gives NaN for both.
     """
-    if np.isnan(tail):  # not computed for this selection (the decomposition nulls)
+    if np.isnan(tail):
         out[grp, ni, 7] += np.nan
         out[grp, ni, 8] += np.nan
         return
     tail = max(tail, 0.0)  # Σ α − Σ_{S_N} α: a rounding below 0 is an empty tail
     out[grp, ni, 7] += tail
-    if not sq_o > 0.0:
+    if not (sq_o > 0.0 and kept >= KEPT_MASS_MIN):
         out[grp, ni, 8] += np.nan
-    elif tail >= 1.0:
-        out[grp, ni, 8] += 1.0
     else:
-        c = 1.0 / (1.0 - tail)
+        c = 1.0 / kept
         e = 0.0
         for i in range(vecs.shape[1]):
             x = vecs[0, i] - c * vecs[1, i]
@@ -189,9 +190,10 @@ def _distance(k, alpha, values, source, vecs):  # pragma: no cover - compiled
 
 @njit(cache=True, inline="always")
 def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, raw, out,
-           grp, ni, vecs, sq_o, tail, values, source, direct):
+           grp, ni, vecs, sq_o, tail, kept, values, source, direct):
     """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[grp, ni, 0:7]``,
-    and τ_N (``tail``) and the relative truncation error (SPEC §10) to ``out[grp, ni, 7:9]``.
+    and τ_N (``tail``) and the relative truncation error (SPEC §10; ``kept`` = Σ_{S_N} α) to
+    ``out[grp, ni, 7:9]``.
 
     ``keys`` are the row's valid keys; ``penalty`` is +inf at the keys that are not candidates
     (the first ``n`` of ``order``, and ``excluded`` ≥ 0, the sink of the sink-removed group)
@@ -302,7 +304,7 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
         d_max = np.sqrt(max(e_max + sq_s, 0.0))
         out[grp, ni, 3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
     out[grp, ni, 4] += inversions
-    _truncation(vecs, sq_o, tail, out, grp, ni)
+    _truncation(vecs, sq_o, tail, kept, out, grp, ni)
 
 
 @njit(cache=True)
@@ -347,7 +349,7 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gram, g
         if not use_gram:
             _fill_dots(columns, vecs, keys, contiguous, dots)
         _score(order, r, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
-               buf, sel, raw, out, grp, ni, vecs, sq_o, total - head, values, source, not use_gram)
+               buf, sel, raw, out, grp, ni, vecs, sq_o, total - head, head, values, source, not use_gram)
         ni += 1
 
 
@@ -529,7 +531,8 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, colum
                     moved_dots[k], moved_gdiag[k], moved_norms[k] = dots[src], gdiag[src], norms[src]
                     moved_source[k] = src
                 _score(top, r + 1, keys, -1, alpha, moved_dots, moved_gdiag, moved_norms, penalty,
-                       cosine, buf, sel, raw, out, 2, ni, vecs, np.nan, np.nan, values, moved_source, not use_gram)
+                       cosine, buf, sel, raw, out, 2, ni, vecs, np.nan, np.nan, np.nan, values, moved_source,
+                       not use_gram)
             ni += 1
 
 
@@ -689,8 +692,10 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
                 out[2, ni, :] = 0.0
         if sees_sink and n_values[ni] < m - 1:
             out[3, ni, :] = 0.0
-    # The output o once per query: the top-N, sink-removed and random selections share α.
+    # The output o once per query, for the truncation figures of the top-N and sink-removed sets
+    # (SPEC §10); the baselines carry none (a NaN ``total`` makes them NaN).
     sq_o, total = _output(keys, alpha, values_bg, vecs) if n_top > 0 else (0.0, 0.0)
+    no_figures = np.nan
     identity = ints[5]  # every key holds its own vector
     _run_order(top, n_top, keys, contiguous, no_key, alpha, columns, gram_bg, gdiag, norms, n_values,
                cosine, dots, penalty, buf, sel, raw, out, top_group, values_bg, identity, vecs, sq_o, total)
@@ -722,7 +727,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
                 one_sample[0, ni, :] = 0.0
         _run_order(perm, n_top, keys, contiguous, no_key, alpha, columns, gram_bg, gdiag, norms,
                    n_values, cosine, dots, penalty, buf, sel, raw, one_sample, top_group, values_bg, identity, vecs,
-                   sq_o, total)
+                   no_figures, no_figures)
         for ni in range(n_sizes):
             if n_values[ni] < m:
                 for f in range(n_metrics):
@@ -738,7 +743,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
             others[c] = keys[j]
             c += 1
     n_others = others.shape[0]
-    if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:  # SPEC §10 figures: the values null only (NaN)
+    if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
         _run_unselected(top, n_top, keys, others, sink_key, contiguous, alpha, columns, gram_bg, gdiag, norms, n_values,
                         cosine, shuffles, mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, raw, floats[3],
                         floats[9], floats[10], ints[2], ints[3], ints[6], ints[7:], out, values_bg, vecs)
@@ -761,13 +766,9 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
                 _null_weights(shuffle_kind, keys, moved, alpha, norms, weights)
             for r in range(n_top):
                 order[r] = top[r] if shuffle_kind == NULL_NORMS else moved[top[r]]
-            if shuffle_kind == NULL_VALUES:  # the shuffled values make another output o'
-                sq_w, total_w = _output(keys, weights, values_bg, vecs)
-            else:  # the SPEC §10 figures are the values null's only: NaN for the others
-                sq_w, total_w = np.nan, np.nan
             _run_order(order, n_top, keys, contiguous, no_key, weights, columns, gram_bg, gdiag, norms,
                        n_values, cosine, dots, penalty, buf, sel, raw, out, shuffled_group, values_bg, identity, vecs,
-                       sq_w, total_w)
+                       no_figures, no_figures)
     for ni in range(n_sizes):
         if n_values[ni] < m:
             for f in range(n_metrics):

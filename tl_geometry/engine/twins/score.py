@@ -15,13 +15,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ...functional.attention import visible_keys
-from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS
+from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS, KEPT_MASS_MIN
 from ...functional.heads import first_duplicate
 from ...functional.selection import top_n_ranks
 from ...functional.separability import chance_corrected
 from ..block import LayerBlock
-from ..layout import BLOCK_ELEMENTS, SEQUENCE_GROUPS, TRUNCATION
-from ..options import NULL_UNSELECTED, NULL_VALUES
+from ..layout import BLOCK_ELEMENTS, SEQUENCE_GROUPS
+from ..options import NULL_UNSELECTED
 from ..rng import torch_mix
 from .order import _random_ranks, _shuffled, _unselected_sources
 
@@ -112,15 +112,14 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     out: dict[str, Tensor] = {}
     spread: Tensor | None = None
     for name, (w, rank, keyset, held) in groups.items():
-        parts = _score(w, dots, gdiag, rank, keyset[:, None, :, None, None], n_values, group_size, cosine, held)
+        parts = _score(w, dots, gdiag, rank, keyset[:, None, :, None, None], n_values, group_size, cosine, held,
+                       truncate=name in ("top", "sink_removed"))
         out[name] = torch.cat([part.mean(3) for part in parts], dim=-1)
         if name == "random" and samples > 1:  # the Monte Carlo variance of the mean over R subsets, s²/R (SPEC §3)
             spread = torch.cat([part.var(3) for part in parts], dim=-1) / samples
     random_var.fill_(torch.nan)
     if spread is not None:
         random_var.copy_(torch.where(ok[:, None, :, None, None], spread, torch.nan))
-    if "shuffled" in out and shuffle_kind != NULL_VALUES:  # SPEC §10 figures: the values null only
-        out["shuffled"][..., TRUNCATION] = torch.nan
     nan = torch.full_like(out["top"], torch.nan)
     out["sink_removed"] = torch.where(sees_sink[:, None, :, None, None], out["sink_removed"], nan)  # no sink: skipped
     grouped = torch.stack([out.get(g, nan) for g in SEQUENCE_GROUPS], dim=3)
@@ -177,9 +176,11 @@ class _Dots:
         return x.gather(-1, self.duplicate.view(*self.duplicate.shape[:2], *(1,) * (x.ndim - 3), -1).expand(x.shape))
 
 
-def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, source=None) -> tuple[Tensor, Tensor]:
+def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, source=None,
+           truncate=True) -> tuple[Tensor, Tensor]:
     """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not
-    fit: SPEC §3's, and the truncation figures of SPEC §10 (a second tensor).
+    fit: SPEC §3's, and the truncation figures of SPEC §10 (a second tensor; NaN unless
+    ``truncate``: the baselines carry none).
 
     ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys. With ``source
     [b, h, q, sample, n, k]`` (the unselected null), key ``k`` holds the value of key
@@ -230,9 +231,9 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
     n_keys = keyset.sum(-1)  # [b, 1, q, 1, 1]
     precision_cc, f_score_cc = chance_corrected(precision, recall, nf, n_keys.to(COMPUTE_DTYPE))
     out = torch.stack([precision, recall, f_score, margin, inversions, precision_cc, f_score_cc], dim=-1)
-    if source is None:
+    if truncate:
         cut = torch.stack(_truncation(alpha, inner, dots, selected, sq_s.squeeze(-1), group_size), dim=-1)
-    else:  # the unselected null: SPEC §10's figures are the values null's only
+    else:
         cut = torch.full((*out.shape[:-1], 2), torch.nan, dtype=out.dtype, device=out.device)
     defined = n.squeeze(-1) < n_keys  # [b, 1, q, 1, n]: 1 ≤ N < |keys|
     return torch.where(defined[..., None], out, torch.nan), torch.where(defined[..., None], cut, torch.nan)
@@ -240,10 +241,12 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
 
 def _truncation(alpha, inner, dots, selected, sq_s, group_size) -> tuple[Tensor, Tensor]:
     """``τ_N`` and ``‖o − o_N‖/‖o‖`` (SPEC §10) of every (selection, N), ``[b, h, q, sel, n]``,
-    from the same tail sums as :func:`..compiled.score._truncation`.
+    as :func:`..compiled.score._truncation` defines them: ``o_N = s_N/Σ_{S_N} α`` with the kept
+    mass summed over the selected keys, a NaN error below :data:`KEPT_MASS_MIN`.
 
     ``alpha [b, h, q, sel or 1, k]`` is 0 off the row's keys, so the tail is every key with a
-    weight outside the selection (the sink too, in the sink-removed group).
+    weight outside the selection (the sink too, in the sink-removed group). With ``t = o − s_N``,
+    ``o − o_N = t − r s_N`` where ``r = (1 − kept)/kept``.
     """
     grouped = rearrange(alpha, "b (g r) q s k -> b g (r q s) k", r=group_size)
     o_dots = rearrange(inner(grouped), "b g (r q s) k -> b (g r) q s k", r=group_size,
@@ -251,9 +254,10 @@ def _truncation(alpha, inner, dots, selected, sq_s, group_size) -> tuple[Tensor,
     sq_o = (alpha * o_dots).sum(-1)[..., None]  # ‖o‖², [b, h, q, sel, 1]
     in_tail = alpha[..., None, :] * ~selected  # [b, h, q, sel, n, k]
     tail = in_tail.sum(-1)
+    kept = (alpha[..., None, :] * selected).sum(-1)
     t_s = (in_tail * dots).sum(-1)  # ⟨t, s_N⟩ with t = o − s_N
     t_t = (in_tail * (o_dots[..., None, :] - dots)).sum(-1)  # ‖t‖²
-    r = tail / (1 - tail)
+    enough = kept >= KEPT_MASS_MIN
+    r = (1 - kept) / torch.where(enough, kept, 1.0)
     error = ((t_t - 2 * r * t_s + r * r * sq_s).clamp_min(0) / sq_o).sqrt()
-    error = torch.where(tail >= 1, 1.0, error)  # nothing kept: o_N = 0
-    return tail, torch.where(sq_o > 0, error, torch.nan)
+    return tail, torch.where((sq_o > 0) & enough, error, torch.nan)
