@@ -1,10 +1,14 @@
-"""Verdicts with uncertainty (SPEC §8, ours): a seeded bootstrap over windows, its percentile 95 %
+"""Verdicts with uncertainty (SPEC §8, ours): a seeded bootstrap over windows, its BCa 95 %
 interval, and the three-outcome reading of a threshold rule on it.
 
 * :func:`bootstrap` resamples the units (windows; with fewer than 8 windows, 128-query blocks from
   :func:`blocks`, SPEC §5) with replacement, :data:`RESAMPLES` times from one seed, and recomputes
   the statistic on every resample. The statistic receives the drawn unit indices, so a statistic
   over heads keeps the heads fixed and recomputes everything per resample (votes and labels too).
+  The interval is the bias-corrected and accelerated one (:func:`bca`, SPEC §8 since 2026-12-06:
+  the acceleration from the jackknife over the units), as ``scipy.stats.bootstrap(method="BCa")``
+  computes it from the same draws; a percentile interval of a skewed statistic can exclude its
+  own point estimate.
 * :func:`decide` reads a rule "``low ≤ x ≤ high``": **held** where the whole interval satisfies it,
   **not held** where none of it does, **undecided** otherwise, **too few** below
   :data:`MIN_UNITS` units (no verdict, the page prints n).
@@ -49,8 +53,8 @@ GEOMETRY = (("lowers", -math.inf, -0.05), ("no effect", -0.05, 0.05), ("raises",
 
 @dataclass(frozen=True)
 class Interval:
-    """A statistic, its percentile interval over the resamples and the number of units behind
-    it (NaN ends when the units are too few or no resample defines it)."""
+    """A statistic, its BCa interval over the resamples and the number of units behind it (NaN
+    ends when the units are too few or the resamples do not define it)."""
 
     value: float
     low: float
@@ -83,9 +87,9 @@ def draws(n_units: int, resamples: int = RESAMPLES, seed: int = SEED) -> Tensor:
 
 def bootstrap(statistic: Callable[[Tensor], float], n_units: int, *, seed: int = SEED,
               resamples: int = RESAMPLES) -> Interval:
-    """``statistic`` on all units (the point value) and its percentile 95 % interval over
-    ``resamples`` bootstrap resamples of the units (SPEC §8). ``statistic`` takes a 1-D tensor of
-    unit indices (with repeats); resamples where it is NaN are left out of the interval."""
+    """``statistic`` on all units (the point value) and its BCa 95 % interval over ``resamples``
+    bootstrap resamples of the units (SPEC §8). ``statistic`` takes a 1-D tensor of unit indices
+    (with repeats); resamples where it is NaN are left out of the interval."""
     def one(idx: Tensor) -> Tensor:
         return torch.tensor([float(statistic(idx))], dtype=torch.float64)
 
@@ -93,23 +97,57 @@ def bootstrap(statistic: Callable[[Tensor], float], n_units: int, *, seed: int =
 
 
 def bootstraps(statistic: Callable[[Tensor], Tensor], n_units: int, *, seed: int = SEED,
-               resamples: int = RESAMPLES) -> list[Interval]:
+               resamples: int = RESAMPLES, indices: Tensor | None = None) -> list[Interval]:
     """:func:`bootstrap` for a statistic that returns several numbers (a 1-D tensor) from the same
-    resamples: one :class:`Interval` each, read from one pass over the draws."""
+    resamples: one :class:`Interval` each, read from one pass over the draws and one over the
+    jackknife (each unit left out once). ``indices`` (``[resamples, n_units]``) replaces the
+    seeded draws, e.g. to hold the interval to another implementation's on the same draws."""
     value = statistic(torch.arange(n_units)).double()
     if n_units < MIN_UNITS:
         return [Interval(float(v), math.nan, math.nan, n_units) for v in value]
-    values = torch.stack([statistic(idx).double() for idx in draws(n_units, resamples, seed)])
-    tail = (1 - LEVEL) / 2
+    drawn = draws(n_units, resamples, seed) if indices is None else indices
+    values = torch.stack([statistic(idx).double() for idx in drawn])
+    every_unit = torch.arange(n_units)
+    jackknife = torch.stack([statistic(every_unit[every_unit != i]).double() for i in range(n_units)])
     out = []
-    for v, column in zip(value.tolist(), values.T):
-        column = column[torch.isfinite(column)]
-        if not column.numel():
-            out.append(Interval(v, math.nan, math.nan, n_units))
-            continue
-        low, high = torch.quantile(column, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    for v, column, left_out in zip(value.tolist(), values.T, jackknife.T):
+        low, high = bca(v, column, left_out)
         out.append(Interval(v, low, high, n_units))
     return out
+
+
+def bca(point: float, resampled: Tensor, jackknife: Tensor, level: float = LEVEL) -> tuple[float, float]:
+    """The bias-corrected and accelerated interval (Efron & Tibshirani 1993, §14.3, eq. 14.15;
+    ``scipy.stats.bootstrap(method="BCa")``) of a statistic ``point`` from its bootstrap values
+    ``resampled`` and its leave-one-out values ``jackknife``::
+
+        z0 = Φ⁻¹((#{θ* < θ} + #{θ* ≤ θ}) / 2B)              bias correction
+        a  = Σ d³ / (6 (Σ d²)^{3/2}),  d = mean(θ₍ᵢ₎) − θ₍ᵢ₎    acceleration
+        α₁,₂ = Φ(z0 + (z0 + z)/(1 − a(z0 + z))),  z = Φ⁻¹((1 ∓ level)/2)
+
+    and the ends are the α₁ and α₂ quantiles of ``resampled`` (linear interpolation). Resamples
+    and leave-one-out values that are not finite are left out (a resample where the statistic is
+    undefined); NaN ends where none is left, where the point is not finite, or where every
+    resample lies on one side of the point (z0 infinite: the interval cannot be corrected).
+    A statistic whose leave-one-out values are all equal has no acceleration (a = 0).
+    """
+    resampled = resampled[torch.isfinite(resampled)].double()
+    jackknife = jackknife[torch.isfinite(jackknife)].double()
+    if not resampled.numel() or not math.isfinite(point):
+        return math.nan, math.nan
+    below = (resampled < point).sum() + (resampled <= point).sum()
+    z0 = torch.special.ndtri(below.double() / (2 * resampled.numel()))
+    if not torch.isfinite(z0):
+        return math.nan, math.nan
+    d = jackknife.mean() - jackknife
+    spread = (d * d).sum()
+    a = (d**3).sum() / (6 * spread**1.5) if spread > 0 else torch.tensor(0.0, dtype=torch.float64)
+    ends = []
+    for tail in ((1 - level) / 2, (1 + level) / 2):
+        z = z0 + torch.special.ndtri(torch.tensor(tail, dtype=torch.float64))
+        ends.append(torch.special.ndtr(z0 + z / (1 - a * z)))
+    low, high = torch.quantile(resampled, torch.stack(ends)).tolist()
+    return low, high
 
 
 def blocks(lengths: Sequence[int], block: int = BLOCK) -> Tensor:
@@ -258,7 +296,7 @@ def combine(per_run: dict[str, list[str]],
 
 
 __all__ = ["BLOCK", "GEOMETRY", "HELD", "LEVEL", "MIN_UNITS", "MISSING", "NOT_HELD", "NO_INTERVAL",
-           "NO_SINK", "PARTLY", "RESAMPLES", "TOO_FEW", "UNDECIDED", "Interval", "blocks", "bootstrap",
+           "NO_SINK", "PARTLY", "RESAMPLES", "TOO_FEW", "UNDECIDED", "Interval", "bca", "blocks", "bootstrap",
            "bootstraps", "categorize", "combine", "decide", "draws", "every", "head_means",
            "median_of", "over_heads", "point", "some", "weak_sink", "window_sink_values",
            "window_values", "with_units"]
