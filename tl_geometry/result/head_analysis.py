@@ -25,7 +25,7 @@ from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
-from . import headline, io, select, tables, text, tracking, units
+from . import headline, io, layer_kinds, select, tables, text, tracking, units
 from . import labels as confidence
 from .io import ResultFileError
 from .schema import (
@@ -357,6 +357,21 @@ class HeadAnalysis(Shortcuts):
             out.update({f"{k}_{m}": (self.bound(k, m), True) for k in BOUND_KINDS for m in BOUND_METRICS})
             out.update({f"regime_{f}": (self.regime_diagnostic(f), False) for f in REGIME_FIELDS})
         return out
+
+    def layer_subset(self, layers: Sequence[int]) -> HeadAnalysis:
+        """This analysis restricted to the model layers ``layers``: every figure the full
+        analysis's for them (:func:`~tl_geometry.result.layer_kinds.layer_subset`)."""
+        return layer_kinds.layer_subset(self, layers)
+
+    def by_layer_kind(self) -> dict[str, HeadAnalysis]:
+        """``{"global": …, "local": …}``: the full-attention and the sliding-window layers apart
+        (SPEC §8 (i): a figure pooled over both is never the headline); ``{}`` when every layer
+        is of one kind (:func:`~tl_geometry.result.layer_kinds.by_layer_kind`).
+
+        >>> for kind, part in result.by_layer_kind().items():      # doctest: +SKIP
+        ...     print(kind, part.class_counts())
+        """
+        return layer_kinds.by_layer_kind(self)
 
     def sel(self, layer: Coord = None, head: Coord = None, n: Coord = None) -> HeadSelection:
         """Select by **model layer index**, head and **N value** (not by position), like xarray.

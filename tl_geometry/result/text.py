@@ -192,6 +192,7 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
                                  [result._n_index(n) for n in headline]))
     lines += _baseline_error_line(result, shown)
     lines += _paired_lines(result, shown)
+    lines += _layer_kind_lines(result, shown)
     if result.bounds is not None:
         frac = result.certified_fraction
         lines.append("  heads certified (P̲ = R̲ = 1): " + ", ".join(
@@ -240,6 +241,23 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
         lines.append(row.rstrip())
     lines += ["", *textwrap.wrap(LEGEND, 100)]
     return "\n".join(lines)
+
+
+def _layer_kind_lines(result: AnalysisLike, shown: list[int]) -> list[str]:
+    """On a model with sliding-window layers, the headline figures of its global and its local
+    layers apart (SPEC §8 (i): the pooled lines above mix two kinds of attention): per kind, the
+    mean sink mass and κ, the classes, and mean F per group at each shown N."""
+    parts = result.by_layer_kind() if hasattr(result, "by_layer_kind") else {}
+    lines = []
+    for kind, part in parts.items():
+        lines += textwrap.wrap(f"{kind} layers {_layers(part.layers)}: sink mass {_nanmean(part.sink_mass):.3f}, "
+                               f"κ {_nanmean(part.sink_norm_ratio):.2f}; classes " + class_shares_text(part),
+                               100, initial_indent="  ", subsequent_indent="    ")
+        for n in shown:
+            lines.append(_group_line(part, f"  {kind} mean F_{n_label(part, n)}", part._n_index(n)))
+    if lines:
+        lines.insert(0, "  By layer kind (SPEC §8 (i); read these, not the pooled lines, on this model):")
+    return lines
 
 
 def sink_check_text(result: AnalysisLike) -> str:

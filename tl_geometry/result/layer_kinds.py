@@ -1,0 +1,90 @@
+"""An analysis restricted to some of its layers, and a model's global and local layers apart.
+
+SPEC §8 (i): on a model with sliding-window layers (Gemma-3: five local layers of window 512 to
+one global layer) every figure is read for the global (full-attention) layers and the local
+layers apart; a figure pooled over both kinds is never the headline. :func:`by_layer_kind`
+gives the two analyses, :func:`layer_subset` any set of layers.
+
+What a subset keeps: every tensor field along its ``layer`` axis (:data:`.schema.AXES`), the
+per-layer metadata (:data:`PER_LAYER_METADATA`) for those layers, and the rest of the metadata
+as it is: the sink record (``metadata["sink"]``) describes how the whole analysis chose its sink
+and stays whole. ``metadata["layer_kind"]`` names the kind of a :func:`by_layer_kind` part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from . import select
+from .headline import layer_windows
+from .schema import AXES
+
+if TYPE_CHECKING:
+    from .head_analysis import HeadAnalysis
+
+#: Metadata holding one entry per analysed layer, in layer order.
+PER_LAYER_METADATA = ("window", "sink_visible", "instances", "sink_read_earlier", "votes_rechecked")
+#: The two kinds of layer of a model with sliding windows (SPEC §1): full attention, or a window.
+LAYER_KINDS = ("global", "local")
+
+
+def layer_subset(result: HeadAnalysis, layers: Sequence[int]) -> HeadAnalysis:
+    """``result`` restricted to the model layers ``layers`` (indices as in ``result.layers``, in
+    the order given): a new :class:`~tl_geometry.result.HeadAnalysis` whose every figure is the
+    full analysis's for those layers (nothing is recomputed; ``result`` is not changed).
+
+    >>> local = layer_subset(result, [0, 1, 2])   # doctest: +SKIP
+    >>> local.f_score.shape[0]                     # doctest: +SKIP
+    3
+    """
+    wanted = [int(x) for x in layers]
+    if not wanted:
+        raise ValueError("layer_subset needs at least one layer; give some of result.layers: "
+                         f"{list(result.layers)}.")
+    if len(set(wanted)) != len(wanted):
+        raise ValueError(f"layers={wanted} repeats a layer; give each of them once.")
+    index = select.positions("layer", wanted, list(result.layers))
+    assert isinstance(index, list)
+    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.init}
+    for name, axes in AXES.items():
+        value = fields.get(name)
+        if isinstance(value, Tensor) and "layer" in axes:
+            fields[name] = value.index_select(axes.index("layer"),
+                                              torch.tensor(index, dtype=torch.long, device=value.device))
+    metadata = dict(result.metadata)
+    for key in PER_LAYER_METADATA:
+        saved = metadata.get(key)
+        if isinstance(saved, list) and len(saved) == len(result.layers):
+            metadata[key] = [saved[i] for i in index]
+    fields.update(layers=tuple(wanted), metadata=metadata)
+    return type(result)(**fields)
+
+
+def by_layer_kind(result: HeadAnalysis) -> dict[str, HeadAnalysis]:
+    """The analysis of the global layers and that of the local (sliding-window) layers, by
+    ``metadata["window"]`` (SPEC §1, §8 (i)); ``{}`` for a model whose layers are all of one
+    kind (nothing to split: the whole analysis is the reading).
+
+    >>> parts = by_layer_kind(gemma_result)                          # doctest: +SKIP
+    >>> parts["global"].layers, parts["local"].layers[:5]            # doctest: +SKIP
+    ((5, 11, 17), (0, 1, 2, 3, 4))
+    """
+    windows = layer_windows(result)
+    kinds = {"global": [layer for layer, w in zip(result.layers, windows) if w is None],
+             "local": [layer for layer, w in zip(result.layers, windows) if w is not None]}
+    if not kinds["global"] or not kinds["local"]:
+        return {}
+    out = {}
+    for kind, layers in kinds.items():
+        part = layer_subset(result, layers)
+        part.metadata["layer_kind"] = kind
+        out[kind] = part
+    return out
+
+
+__all__ = ["LAYER_KINDS", "PER_LAYER_METADATA", "by_layer_kind", "layer_subset"]
