@@ -534,7 +534,8 @@ def test_device_and_device_map_are_exclusive():
 
 def test_temporary_folders_of_dead_fillers_are_swept_later(tmp_cache):
     root = tmp_cache / "weights"
-    old, fresh = root / ".dead.tmp", root / ".busy.tmp"
+    name = weight_cache.EntryKey("ab" * 32, 1, "float32").name  # the names store() gives them
+    old, fresh = root / f".{name}.dead1234.tmp", root / f".{name}.busy1234.tmp"
     for folder in (old, fresh):
         folder.mkdir(parents=True)
         (folder / "model.safetensors").write_bytes(b"partial")

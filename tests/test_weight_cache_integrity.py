@@ -221,8 +221,8 @@ def fill_everything(cache: Path, tmp_path: Path) -> dict[str, Path]:
     assembled = cache / name / MODELS[name].gguf_name
     assembled.parent.mkdir()
     assembled.write_bytes(b"g" * 2048)
-    old_tmp = cache / "weights" / ".dead.tmp"
-    young_tmp = cache / "weights" / ".busy.tmp"
+    old_tmp = cache / "weights" / f".{entry.name}.dead1234.tmp"  # the names store() gives them
+    young_tmp = cache / "weights" / f".{entry.name}.busy1234.tmp"
     for folder in (old_tmp, young_tmp):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"partial")

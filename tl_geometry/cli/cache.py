@@ -1,13 +1,15 @@
 """``tl-geometry cache``: where the user cache is and what it holds, and emptying or verifying it.
 
 No model is loaded: ``info`` and ``clear`` only list and unlink files, ``verify`` re-hashes them
-(:mod:`tl_geometry.inputs.weight_cache`).
+(:mod:`tl_geometry.inputs.weight_cache`). A cache path, or its ``weights`` or ``sha256``, that is
+a file and not a folder is one line naming the fix, and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,8 +20,11 @@ The user cache holds the GGUF files assembled from split packages, the weight ca
 model's de-quantised weights, so later loads skip the de-quantisation) and remembered file
 digests. It is $TL_GEOMETRY_CACHE when set, else $XDG_CACHE_HOME/tl_geometry, else
 ~/.cache/tl_geometry. Everything in it is rebuilt when a load needs it. Delete its files (this
-command, or rm), never edit, truncate or copy over them: a process that has loaded a model from
-the cache keeps its weights mapped and dies (SIGBUS) when they are cut short under it.
+command, or rm), never edit, truncate or copy over them in place: a process that is reading or
+mapping one at that moment can die (SIGBUS) or read other weights. The folder may be shared:
+"clear" removes only what the cache wrote itself (entries that carry its marker or manifest,
+its digests, assembled files and temporaries), never follows a symbolic link, and lists what
+else it found in the cache's folders and left alone.
 
 examples:
   tl-geometry cache info       # where the cache is, how that was chosen, entries and size
@@ -29,7 +34,8 @@ examples:
 
 ACTIONS = {
     "info": "print where the cache is, how that was chosen, its entries and size",
-    "clear": "remove everything the cache holds (only its own files) and print what was freed",
+    "clear": "remove what the cache wrote (only its own files; anything else is listed and left "
+             "alone) and print what was freed",
     "verify": "re-hash every cached file against its recorded sha256; one line per stale or "
               "corrupt one, exit status 1 if there is any",
 }
@@ -63,6 +69,16 @@ def _lines(found: Usage) -> list[str]:
     return [f"  {label + ':':<25}{tally.count:>5}  {human(tally.size):>10}" for label, tally in rows]
 
 
+_SHOWN = 5  # foreign items named in full; the rest are counted
+
+
+def _foreign(paths: list[Path]) -> str:
+    """``N item(s) the cache did not write: PATH, PATH, ... (and K more)``; a symbolic link says so."""
+    named = [f"{p} (a symbolic link, not followed)" if p.is_symlink() else str(p) for p in paths[:_SHOWN]]
+    more = f" (and {len(paths) - _SHOWN} more)" if len(paths) > _SHOWN else ""
+    return f"{len(paths)} item(s) the cache did not write: {', '.join(named)}{more}"
+
+
 def _info() -> int:
     from ..inputs import weight_cache
 
@@ -73,6 +89,8 @@ def _info() -> int:
     print(f"  weight cache: {state}")
     print(*_lines(found), sep="\n")
     print(f"  {'total:':<25}{'':>5}  {human(found.total):>10}")
+    if found.foreign:
+        print(f"  not the cache's (left alone by clear): {_foreign(found.foreign)}")
     return 0
 
 
@@ -86,6 +104,8 @@ def _clear() -> int:
     if kept.count:
         print(f"left alone: {kept.count} temporary file(s) of loads that may still be running "
               f"({human(kept.size)}; removed by a clear once they are a day old)")
+    if done.foreign:
+        print(f"left alone: {_foreign(done.foreign)}")
     for error in done.errors:
         print(f"tl-geometry cache clear: could not remove {error}", file=sys.stderr)
     return 1 if done.errors else 0
@@ -103,7 +123,7 @@ def _verify() -> int:
     corrupt = [p for p in problems if p.kind == "corrupt"]
     if corrupt:
         print(f"tl-geometry cache verify: {len(corrupt)} corrupt; a load rebuilds a corrupt entry it "
-              f"needs, and 'tl-geometry cache clear' removes everything", file=sys.stderr)
+              f"needs, and 'tl-geometry cache clear' removes every entry", file=sys.stderr)
         return 1
     stale = f" ({len(problems)} stale entr{'y' if len(problems) == 1 else 'ies'}: whole, only taking space)" \
         if problems else ""

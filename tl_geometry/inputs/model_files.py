@@ -11,6 +11,9 @@ mtime, ctime, inode and device. Any write moves the ctime, which ``touch -r``, `
 ``os.utime`` cannot set back (they restore the mtime only), and a copy or ``rsync -t`` that
 renames a new file into place changes the inode; so a file whose stamp still matches holds what
 was hashed, and any other is hashed again in full.
+
+A cache path that is a file, or lies under one, is refused by :func:`cache_dir`, which every use
+of the cache goes through, with :class:`CacheFolderError` naming the setting and the fix.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 __all__ = [
+    "CacheFolderError",
     "ModelLoadError",
     "ModelNotInstalledError",
     "PackagedGGUF",
@@ -39,6 +44,7 @@ __all__ = [
     "check_file",
     "file_sha256",
     "file_stamp",
+    "not_a_folder",
     "package_dir",
     "recorded_digests",
     "remember_sha256",
@@ -59,22 +65,61 @@ class ModelNotInstalledError(ImportError):
     """The package that ships a model's weights is not installed; the message gives the pip line."""
 
 
-def _cache_choice() -> tuple[Path, str]:
-    """The cache folder, and in words how it was chosen."""
+class CacheFolderError(ValueError):
+    """The user cache, or one of the folders it keeps its files in, is not a folder (a file, a
+    broken symbolic link): the message names the path and the fix. A ``ValueError``: the command
+    line prints it as one line and exits with status 2."""
+
+
+def _cache_choice() -> tuple[Path, str, str]:
+    """The cache folder, in words how it was chosen, and how a message names the setting."""
     if os.environ.get("TL_GEOMETRY_CACHE"):
-        return Path(os.environ["TL_GEOMETRY_CACHE"]).expanduser(), "from $TL_GEOMETRY_CACHE"
+        raw = os.environ["TL_GEOMETRY_CACHE"]
+        return Path(raw).expanduser(), "from $TL_GEOMETRY_CACHE", f"TL_GEOMETRY_CACHE={raw}"
     if os.environ.get("XDG_CACHE_HOME"):
-        return (Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "tl_geometry",
-                "$XDG_CACHE_HOME/tl_geometry, as $TL_GEOMETRY_CACHE is not set")
-    return (Path.home() / ".cache" / "tl_geometry",
-            "the default, as neither $TL_GEOMETRY_CACHE nor $XDG_CACHE_HOME is set")
+        folder = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "tl_geometry"
+        return (folder, "$XDG_CACHE_HOME/tl_geometry, as $TL_GEOMETRY_CACHE is not set",
+                f"the cache folder {folder} ($XDG_CACHE_HOME/tl_geometry)")
+    folder = Path.home() / ".cache" / "tl_geometry"
+    return (folder, "the default, as neither $TL_GEOMETRY_CACHE nor $XDG_CACHE_HOME is set",
+            f"the cache folder {folder} (the default, ~/.cache/tl_geometry)")
+
+
+def not_a_folder(path: Path) -> tuple[Path, str] | None:
+    """Where and what stands in the way when ``path`` cannot be a folder: ``path`` itself, or the
+    nearest existing folder above it, with what it is (``"a file"``, ``"a broken symbolic link"``,
+    ``"a special file"``); ``None`` when ``path`` is a folder, or is missing and can be created."""
+    probe = path
+    while not os.path.lexists(probe):  # nothing exists under a file either
+        if probe.parent == probe:
+            return None
+        probe = probe.parent
+    if probe.is_dir():  # a symbolic link to a folder is one: the user's choice of where
+        return None
+    if probe.is_symlink() and not probe.exists():
+        return probe, "a broken symbolic link"
+    return probe, "a file" if probe.is_file() else "a special file"
 
 
 def cache_dir() -> Path:
     """The user cache of tl_geometry: ``$TL_GEOMETRY_CACHE``, else ``$XDG_CACHE_HOME/tl_geometry``,
     else ``~/.cache/tl_geometry``. It holds assembled GGUF files, checksums and the weight cache;
-    deleting it is always safe (it is rebuilt on the next load)."""
-    return _cache_choice()[0]
+    deleting it is always safe (it is rebuilt on the next load).
+
+    Raises :class:`CacheFolderError` naming the setting and the fix when that path, or one above
+    it, is a file or anything else that is not a folder. Every use of the cache comes here first,
+    so a misplaced setting is one clear error, not a failure deep inside a load.
+    """
+    folder, _, setting = _cache_choice()
+    blocked = not_a_folder(folder)
+    if blocked is None:
+        return folder
+    where, what = blocked
+    fix = ("point it at a folder (or unset it)" if setting.startswith("TL_GEOMETRY_CACHE=") else
+           "move that away, or set TL_GEOMETRY_CACHE to a folder")
+    if where == folder:
+        raise CacheFolderError(f"{setting} is {what}, not a folder: {fix}")
+    raise CacheFolderError(f"{setting} cannot be created: {where} is {what}, not a folder; {fix}")
 
 
 def cache_origin() -> str:
@@ -114,6 +159,12 @@ def file_stamp(path: str | Path) -> str:
     return "\0".join(map(str, (resolved, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)))
 
 
+#: The name of a remembered digest in ``<cache>/sha256`` (:func:`_memo_file`), and of the
+#: temporary file :func:`atomic_write_text` writes it through.
+MEMO_NAME = re.compile(r"[0-9a-f]{32}\.json")
+MEMO_TEMPORARY = re.compile(r"\.[0-9a-f]{32}\.json\.[A-Za-z0-9_]+\.tmp")
+
+
 def _memo_file(stamp: str) -> Path:
     """Where the digest of the file in ``stamp`` is remembered: one memo per resolved path."""
     resolved = stamp.split("\0", 1)[0]
@@ -151,8 +202,9 @@ def file_sha256(path: str | Path) -> str:
     """
     path = Path(path)
     stamp = file_stamp(path)
+    memo = _memo_file(stamp)  # first: a cache path that cannot be a folder is an error, not a miss
     try:
-        saved = json.loads(_memo_file(stamp).read_text(encoding="utf-8"))
+        saved = json.loads(memo.read_text(encoding="utf-8"))
         if saved.get("stamp") == stamp and isinstance(saved.get("sha256"), str):
             return str(saved["sha256"])
     except (OSError, ValueError, AttributeError):
@@ -188,6 +240,8 @@ def recorded_digests() -> Iterator[RecordedDigest]:
     """Every readable digest memo in the cache (unreadable ones are only re-hashed next time)."""
     folder = cache_dir() / "sha256"
     for memo in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        if not MEMO_NAME.fullmatch(memo.name):  # not one of ours: a file the user put there
+            continue
         try:
             saved = json.loads(memo.read_text(encoding="utf-8"))
             stamp, digest = saved["stamp"], saved["sha256"]
@@ -345,7 +399,8 @@ def assemble(parts: Sequence[Path] | Callable[[], Sequence[Path]], target: Path,
 
     An existing ``target`` is used when its size and digest match; otherwise (a partial or
     damaged earlier file) it is rebuilt. Parts that do not make the recorded file raise
-    :class:`ModelLoadError` naming ``fix`` (how to reinstall the parts), and leave no file behind.
+    :class:`ModelLoadError` naming ``fix`` (how to reinstall the parts), and leave no file behind;
+    a file where ``target``'s folder should be raises :class:`CacheFolderError` naming it.
     Two processes assembling at once each write their own temporary file; the last rename wins,
     and both files are whole.
 
@@ -357,6 +412,11 @@ def assemble(parts: Sequence[Path] | Callable[[], Sequence[Path]], target: Path,
         return target
     paths = list(parts() if callable(parts) else parts)
     _check_parts(paths, size, fix)
+    blocked = not_a_folder(target.parent)
+    if blocked is not None:
+        raise CacheFolderError(f"{blocked[0]} is {blocked[1]}, not a folder: {target.name} is assembled "
+                               f"in {target.parent}. Move it away (or set TL_GEOMETRY_CACHE to "
+                               "another folder)")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:

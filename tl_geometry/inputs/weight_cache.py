@@ -19,9 +19,11 @@ few seconds.
 - **Atomic.** An entry is written into a temporary folder beside it and renamed into place
   when complete, so a crash or a second process filling the same entry at once never leaves a
   partial entry under the real name; the second rename finds the entry there and keeps it.
-- **Never edited in place.** A model loaded from the cache keeps its ``*.safetensors`` mapped
-  into memory. Truncating a mapped file kills every process holding it with SIGBUS at its next
-  read of a page that is gone, and overwriting it changes that process's weights under it. So
+- **Never edited in place.** transformers reads ``*.safetensors`` by mapping it into memory.
+  Truncating a mapped file kills every process holding it with SIGBUS at its next read of a page
+  that is gone, and overwriting it changes that process's weights under it. The loader copies
+  the weights out of the mapping once they are loaded, so a loaded model no longer depends on
+  the entry's files; but a load in progress, or any other program that maps them, does. So
   nothing here writes into an existing file: every file is written under a temporary name in its
   folder and renamed into place (``os.replace``), and an entry that is replaced, damaged or
   cleared is renamed away and its files unlinked, never truncated; a process that holds the old
@@ -30,6 +32,22 @@ few seconds.
 - **Verify, clear.** :func:`verify` re-hashes everything the cache records a digest of and lists
   what is stale or corrupt; :func:`usage` and :func:`clear` measure and empty what the cache
   owns. ``tl-geometry cache info | clear | verify`` runs them.
+- **What the cache owns.** The cache folder may be shared with other files, so only what the
+  cache wrote itself is counted and deleted, each recognised by its exact name and kind:
+
+  - in ``weights/``: entry folders named ``{sha256[:32]}-{size}-{dtype}`` that hold the
+    marker ``.tl_geometry_entry`` (written first, before any weights) or, for entries of older
+    versions, a ``manifest.json`` with this cache's ``format`` and ``source``; the temporary
+    folders ``.{entry}.{random}.tmp`` of fills and ``.{entry}.{8 hex}.stale`` of removals;
+  - in ``sha256/``: the remembered digests ``{32 hex}.json`` and their temporaries
+    ``.{32 hex}.json.{random}.tmp``;
+  - in ``<model>/`` (a built-in model assembled from split packages): its GGUF file and the
+    temporaries ``.{file}.{random}.tmp``.
+
+  Everything else (the user's own folders and files, a folder at an entry's name without the
+  marker or manifest) is left alone and listed. A symbolic link is never followed: a linked
+  ``weights``, ``sha256`` or ``<model>`` folder, or a linked entry, is neither entered nor
+  deleted, and a link inside an entry is unlinked, never its target.
 - **Off switch.** ``load_model(..., weight_cache=False)`` or ``TL_GEOMETRY_WEIGHT_CACHE=0``.
   Delete ``<cache>/weights`` (or the whole cache folder) to free the space; nothing else
   refers to it.
@@ -39,22 +57,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 import time
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .model_files import (
+    MEMO_NAME,
+    MEMO_TEMPORARY,
+    CacheFolderError,
     atomic_write_text,
     cache_dir,
     cache_origin,
     file_sha256,
     file_stamp,
     hash_file,
+    not_a_folder,
     recorded_digests,
     remember_sha256,
 )
@@ -78,7 +102,14 @@ __all__ = [
 
 ENV = "TL_GEOMETRY_WEIGHT_CACHE"
 MANIFEST = "manifest.json"
+#: Written first into every entry this cache fills: the proof that it may delete the folder. Not
+#: listed in the manifest (it says who wrote the folder, not what the weights are).
+MARKER = ".tl_geometry_entry"
 FORMAT = 1
+#: The names the cache gives what it writes under ``weights/`` (see the module's docstring).
+_ENTRY_NAME = re.compile(r"[0-9a-f]{32}-[0-9]+-[A-Za-z0-9_]+")
+_TEMPORARY = re.compile(rf"\.(?:{_ENTRY_NAME.pattern})\.[A-Za-z0-9_]+\.tmp")
+_DISCARDED = re.compile(rf"\.(?:{_ENTRY_NAME.pattern})\.[0-9a-f]{{8}}\.stale")
 _OFF = {"0", "false", "no", "off"}
 _STALE_AFTER_S = 24 * 3600  # temporary folders older than this belong to a process that died
 
@@ -140,6 +171,39 @@ def _problem(folder: Path, key: EntryKey) -> str | None:
     return None
 
 
+def _is_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder itself, not a symbolic link to one."""
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself, not a symbolic link to one."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _written_here(folder: Path) -> bool:
+    """Whether ``folder`` is an entry this cache wrote: a folder (not a symbolic link) named like
+    an entry (``{sha256[:32]}-{size}-{dtype}``) that holds the marker, or, for an entry written
+    before the marker was, a ``manifest.json`` with this cache's ``format`` and ``source``."""
+    if not _ENTRY_NAME.fullmatch(folder.name) or not _is_folder(folder):
+        return False
+    if _is_file(folder / MARKER):
+        return True
+    if not _is_file(folder / MANIFEST):
+        return False
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and "format" in manifest and isinstance(manifest.get("source"), dict)
+
+
 def _discard(folder: Path) -> None:
     """Take ``folder`` out of use at once (a rename), then delete it."""
     grave = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.stale")
@@ -158,17 +222,31 @@ def _is_old(path: Path) -> bool:
         return False
 
 
+def _is_temporary(path: Path) -> bool:
+    """Whether ``path``, in ``weights/``, is a folder a fill writes into (``.{entry}.{random}.tmp``)
+    or an entry renamed away to be deleted (``.{entry}.{8 hex}.stale``), not a link to one."""
+    return bool(_TEMPORARY.fullmatch(path.name) or _DISCARDED.fullmatch(path.name)) and _is_folder(path)
+
+
 def _sweep(root: Path) -> None:
     """Delete temporary and discarded folders that a killed process left behind (unlinked)."""
-    for path in root.glob(".*"):
-        if path.suffix in (".tmp", ".stale") and _is_old(path):
+    try:
+        paths = list(root.iterdir())
+    except OSError:  # removed meanwhile: nothing to sweep
+        return
+    for path in paths:
+        if _is_temporary(path) and _is_old(path):
             shutil.rmtree(path, ignore_errors=True)
 
 
 def lookup(key: EntryKey) -> Path | None:
-    """The entry folder for ``key`` when it exists and checks out; a damaged one is removed."""
+    """The entry folder for ``key`` when it exists and checks out; a damaged one is removed. A
+    folder at the entry's name that the cache did not write (:func:`_written_here`), or a
+    symbolic link there, is neither used nor removed."""
     folder = weights_root() / key.name
-    if not folder.exists():
+    if not os.path.lexists(folder):
+        return None
+    if not _written_here(folder):  # the user's: neither used nor removed (store() says so)
         return None
     problem = _problem(folder, key)
     if problem is None:
@@ -184,7 +262,7 @@ def _manifest(folder: Path, key: EntryKey) -> str:
 
     files = {
         path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": hash_file(path)}
-        for path in sorted(folder.rglob("*")) if path.is_file()
+        for path in sorted(folder.rglob("*")) if path.is_file() and path != folder / MARKER
     }
     return json.dumps({
         "format": FORMAT,
@@ -199,14 +277,22 @@ def store(key: EntryKey, write: Callable[[Path], None]) -> Path:
     """Fill the entry for ``key``: ``write(folder)`` saves the files, then the manifest is added
     and the folder renamed into place. Returns the entry folder (this one, or an equal one that
     another process put there first). ``OSError`` (disk full, read-only cache) propagates, with
-    nothing left behind.
+    nothing left behind; so does a file or a folder the cache did not write where the entry goes
+    (``NotADirectoryError``, ``FileExistsError``, naming it).
     """
     root = weights_root()
+    blocked = not_a_folder(root)
+    if blocked is not None:
+        raise NotADirectoryError(f"{blocked[0]} is {blocked[1]}, not a folder: the weight cache keeps "
+                                 f"its entries in {root}; move it away")
     root.mkdir(parents=True, exist_ok=True)
     _sweep(root)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key.name}.", suffix=".tmp"))
     final = root / key.name
     try:
+        # First, before any weights: whatever happens next, the folder says the cache wrote it.
+        (tmp / MARKER).write_text("A tl_geometry weight-cache entry (tl_geometry.inputs.weight_cache)."
+                                  "\n", encoding="utf-8")
         write(tmp)
         atomic_write_text(tmp / MANIFEST, _manifest(tmp, key))
         try:
@@ -215,6 +301,9 @@ def store(key: EntryKey, write: Callable[[Path], None]) -> Path:
             if lookup(key) is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final
+            if os.path.lexists(final) and not _written_here(final):
+                raise FileExistsError(f"{final} stands where a weight-cache entry goes, and the cache "
+                                      f"did not write it (no {MARKER} or manifest): move it away") from None
             tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -265,10 +354,10 @@ class _Hashes:
 
 
 def _entries(root: Path) -> list[Path]:
-    """The entry folders under ``root`` (temporary and discarded ones start with a dot)."""
+    """The entry folders under ``root`` that the cache wrote (:func:`_written_here`)."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p for p in root.iterdir() if _written_here(p))
 
 
 def _check_entry(folder: Path, hashes: _Hashes) -> list[Problem]:
@@ -295,7 +384,7 @@ def _check_entry(folder: Path, hashes: _Hashes) -> list[Problem]:
             problems.append(Problem("corrupt", path, "does not match its recorded sha256"))
     for path in sorted(folder.rglob("*")):
         name = path.relative_to(folder).as_posix()
-        if path.is_file() and name != MANIFEST and name not in wanted:
+        if path.is_file() and name not in (MANIFEST, MARKER) and name not in wanted:
             problems.append(Problem("corrupt", path, "a file the entry's manifest does not list"))
     origin = source.get("path")
     if isinstance(origin, str) and origin:  # entries written before paths were recorded: unknown
@@ -319,9 +408,13 @@ def verify() -> list[Problem]:
       with it, so that loads trust it without reading the file: ``corrupt`` when the file's bytes
       no longer give that digest.
 
-    Nothing is changed: a load removes and rebuilds a corrupt entry it needs, and :func:`clear`
-    removes everything. An empty list means everything checks out.
+    Only entries the cache wrote are checked (:func:`_written_here`); other folders in
+    ``weights/`` are not its own. Nothing is changed: a load removes and rebuilds a corrupt entry
+    it needs, and :func:`clear` removes everything the cache owns. An empty list means everything
+    checks out. A file where ``weights`` or ``sha256`` should be a folder raises
+    :class:`~tl_geometry.inputs.model_files.CacheFolderError`.
     """
+    _check_subfolders()
     hashes = _Hashes()
     problems = []
     for folder in _entries(weights_root()):
@@ -347,7 +440,8 @@ class Tally:
 @dataclass
 class Usage:
     """What the cache owns, by kind: weight-cache entries, GGUF files assembled from split
-    packages, remembered file digests, and temporaries (of loads running or killed)."""
+    packages, remembered file digests, and temporaries (of loads running or killed); and what
+    lies in its folders that it did not write (``foreign``: left alone by :func:`clear`)."""
 
     root: Path
     origin: str  # how the root was chosen, in words
@@ -355,6 +449,7 @@ class Usage:
     assembled: Tally
     digests: Tally
     temporary: Tally
+    foreign: list[Path] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -363,11 +458,17 @@ class Usage:
 
 
 def _size(path: Path) -> int:
-    """Bytes of a file, or of every file under a folder (what is gone meanwhile counts 0)."""
+    """Bytes of a file, or of every file under a folder; a symbolic link counts as itself, and
+    what is gone meanwhile counts 0."""
     try:
-        if not path.is_dir() or path.is_symlink():
+        if not _is_folder(path):
             return path.lstat().st_size
-        return sum(p.lstat().st_size for p in path.rglob("*") if not p.is_dir())
+        total = 0
+        for top, folders, files in os.walk(path):  # links to folders are listed, not entered
+            for name in (*folders, *files):
+                info = os.lstat(os.path.join(top, name))
+                total += 0 if stat.S_ISDIR(info.st_mode) else info.st_size
+        return total
     except OSError:
         return 0
 
@@ -376,31 +477,75 @@ def _size(path: Path) -> int:
 #: table fills it when it is imported (it imports this module, so the names are handed down).
 ASSEMBLED: dict[str, str] = {}
 
-
-def _assembled() -> list[Path]:
-    """The folders under the cache where built-in GGUF files are assembled (``<cache>/<model>``)."""
-    return [cache_dir() / name for name in ASSEMBLED if (cache_dir() / name).is_dir()]
+_SUBFOLDERS = {"weights": "the weight-cache entries", "sha256": "the remembered file digests"}
 
 
-def _owned() -> list[tuple[str, Path]]:
-    """Every file and entry folder the cache owns, with its kind (a field of :class:`Usage`).
-    Nothing else in the cache folder is touched: it may be shared with other files."""
-    items: list[tuple[str, Path]] = []
-    root = weights_root()
-    if root.is_dir():
-        for path in sorted(root.iterdir()):
-            entry = path.is_dir() and not path.name.startswith(".")
-            items.append(("entries" if entry else "temporary", path))
-    digests = cache_dir() / "sha256"
-    if digests.is_dir():
-        items += [("digests", p) for p in sorted(digests.glob("*.json"))]
-        items += [("temporary", p) for p in sorted(digests.glob(".*.tmp"))]
-    for folder in _assembled():
-        name = ASSEMBLED[folder.name]
-        if (folder / name).is_file():
-            items.append(("assembled", folder / name))
-        items += [("temporary", p) for p in sorted(folder.glob(f".{name}.*.tmp"))]
-    return items
+def _check_subfolders() -> None:
+    """Raise :class:`~tl_geometry.inputs.model_files.CacheFolderError` when ``weights`` or
+    ``sha256`` in the cache is a file, or anything else that is neither a folder nor a symbolic
+    link (a link is the user's: left alone and listed, never followed)."""
+    for name, holds in _SUBFOLDERS.items():
+        folder = cache_dir() / name
+        blocked = None if folder.is_symlink() else not_a_folder(folder)
+        if blocked is not None:
+            raise CacheFolderError(f"{blocked[0]} is {blocked[1]}, not a folder: the cache keeps {holds} "
+                                   "there. Move it away (or set TL_GEOMETRY_CACHE to another folder)")
+
+
+def _contents(folder: Path, foreign: list[Path]) -> list[Path]:
+    """What lies in ``folder``, sorted, when it is a folder itself; a symbolic link in its place
+    is added to ``foreign`` and not followed."""
+    if folder.is_symlink():
+        foreign.append(folder)
+        return []
+    return sorted(folder.iterdir()) if _is_folder(folder) else []
+
+
+@dataclass
+class _Owned:
+    items: list[tuple[str, Path]]  # (a tally of Usage, a file or folder the cache wrote)
+    foreign: list[Path]  # what lies in the cache's folders that it did not write
+
+
+def _owned() -> _Owned:
+    """Every file and folder the cache wrote, with its kind (a field of :class:`Usage`), and
+    what else lies in its folders. Only these names are the cache's (anything else, and any
+    symbolic link, is foreign; nothing is looked at through a link):
+
+    - ``weights/``: entries (:func:`_written_here`), and the folders ``.{entry}.{random}.tmp``
+      and ``.{entry}.{8 hex}.stale``;
+    - ``sha256/``: the files ``{32 hex}.json`` and ``.{32 hex}.json.{random}.tmp``;
+    - ``<model>/`` of a built-in model assembled from parts: its GGUF file and the files
+      ``.{file}.{random}.tmp``.
+
+    The cache folder itself may be shared: what lies there besides these folders is not listed.
+    """
+    _check_subfolders()
+    found = _Owned([], [])
+    for path in _contents(weights_root(), found.foreign):
+        if _written_here(path):
+            found.items.append(("entries", path))
+        elif _is_temporary(path):
+            found.items.append(("temporary", path))
+        else:
+            found.foreign.append(path)
+    for path in _contents(cache_dir() / "sha256", found.foreign):
+        if _is_file(path) and MEMO_NAME.fullmatch(path.name):
+            found.items.append(("digests", path))
+        elif _is_file(path) and MEMO_TEMPORARY.fullmatch(path.name):
+            found.items.append(("temporary", path))
+        else:
+            found.foreign.append(path)
+    for model, name in sorted(ASSEMBLED.items()):
+        temporary = re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp")
+        for path in _contents(cache_dir() / model, found.foreign):
+            if _is_file(path) and path.name == name:
+                found.items.append(("assembled", path))
+            elif _is_file(path) and temporary.fullmatch(path.name):
+                found.items.append(("temporary", path))
+            else:
+                found.foreign.append(path)
+    return found
 
 
 def _new_usage() -> Usage:
@@ -408,51 +553,66 @@ def _new_usage() -> Usage:
 
 
 def usage() -> Usage:
-    """Where the cache is, how that was chosen, and what it owns (counts and bytes)."""
+    """Where the cache is, how that was chosen, what it owns (counts and bytes, :func:`_owned`),
+    and what else lies in its folders (``foreign``)."""
     found = _new_usage()
-    for kind, path in _owned():
+    owned = _owned()
+    for kind, path in owned.items:
         tally = getattr(found, kind)
         tally.count += 1
         tally.size += _size(path)
+    found.foreign = owned.foreign
     return found
 
 
 @dataclass
 class Cleared:
-    """What :func:`clear` removed, what it left alone (temporaries of loads that may still be
-    running), and what it could not remove (one message each)."""
+    """What :func:`clear` removed, what it left alone of its own (temporaries of loads that may
+    still be running), what it could not remove (one message each), and what it left alone
+    because the cache did not write it (``foreign``: the user's files and folders in the
+    cache's folders, and symbolic links to folders, never followed)."""
 
     removed: Usage
     kept: Usage
     errors: list[str]
+    foreign: list[Path] = field(default_factory=list)
 
 
-def _unlink(path: Path) -> None:
-    """Remove a file, or a folder and its files: unlinked, never truncated. An entry is renamed
-    away first, so that no load finds it half deleted."""
-    if path.is_dir() and not path.is_symlink():
-        if path.name.startswith("."):
-            shutil.rmtree(path)
-        else:
-            _discard(path)
+def _unlink(kind: str, path: Path) -> None:
+    """Remove a file, or a folder and its files: unlinked, never truncated, and no symbolic link
+    followed. An entry is renamed away first, so that no load finds it half deleted."""
+    if kind == "entries":
+        _discard(path)
+    elif _is_folder(path):
+        shutil.rmtree(path)  # refuses a link; links inside are unlinked, their targets kept
     else:
         path.unlink(missing_ok=True)
 
 
 def clear() -> Cleared:
-    """Empty the cache of what it owns: weight-cache entries, assembled GGUF files, remembered
-    digests, and temporaries over a day old (younger ones may belong to a load still running,
-    and are left alone). Files are unlinked, never truncated: a process that has one open or
-    mapped keeps reading it until it lets go. Anything else in the cache folder stays.
+    """Empty the cache of what it wrote (:func:`_owned`): weight-cache entries, assembled GGUF
+    files, remembered digests, and temporaries over a day old (younger ones may belong to a load
+    still running, and are left alone).
+
+    Nothing else is deleted: the user's files and folders in the cache's folders, a folder at an
+    entry's name without the cache's marker or manifest, and symbolic links (to a ``weights``,
+    ``sha256`` or model folder, or in an entry's place) are left alone, not followed, and listed
+    in ``foreign``; the cache folder itself may be shared and is not looked through. Files are
+    unlinked, never truncated: a process that has one open or mapped keeps reading it until it
+    lets go. A file where ``weights`` or ``sha256`` should be a folder raises
+    :class:`~tl_geometry.inputs.model_files.CacheFolderError` before anything is removed.
     """
-    done = Cleared(_new_usage(), _new_usage(), [])
-    for kind, path in _owned():
+    owned = _owned()
+    done = Cleared(_new_usage(), _new_usage(), [], owned.foreign)
+    for kind, path in owned.items:
         size = _size(path)
-        if kind == "temporary" and path.suffix == ".tmp" and not _is_old(path):
+        if kind == "temporary" and path.name.endswith(".tmp") and not _is_old(path):
             into = done.kept
         else:
             try:
-                _unlink(path)
+                _unlink(kind, path)
+            except FileNotFoundError:  # another process removed it first
+                pass
             except OSError as err:
                 done.errors.append(f"{path}: {err.strerror or err}")
                 continue
@@ -460,9 +620,10 @@ def clear() -> Cleared:
         tally = getattr(into, kind)
         tally.count += 1
         tally.size += size
-    for folder in (*_assembled(), weights_root(), cache_dir() / "sha256"):
-        try:
-            folder.rmdir()  # only when empty
-        except OSError:
-            pass
+    for folder in (*(cache_dir() / model for model in ASSEMBLED), weights_root(), cache_dir() / "sha256"):
+        if _is_folder(folder):
+            try:
+                folder.rmdir()  # only when empty
+            except OSError:
+                pass
     return done

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -24,8 +24,8 @@ from . import select
 from .headline import layer_windows
 from .schema import AXES
 
-if TYPE_CHECKING:
-    from .head_analysis import HeadAnalysis
+#: A :class:`~tl_geometry.result.HeadAnalysis` (not imported: it imports this module).
+Analysis = TypeVar("Analysis", bound=Any)
 
 #: Metadata holding one entry per analysed layer, in layer order.
 PER_LAYER_METADATA = ("window", "sink_visible", "instances", "sink_read_earlier", "votes_rechecked")
@@ -33,7 +33,7 @@ PER_LAYER_METADATA = ("window", "sink_visible", "instances", "sink_read_earlier"
 LAYER_KINDS = ("global", "local")
 
 
-def layer_subset(result: HeadAnalysis, layers: Sequence[int]) -> HeadAnalysis:
+def layer_subset(result: Analysis, layers: Sequence[int]) -> Analysis:
     """``result`` restricted to the model layers ``layers`` (indices as in ``result.layers``, in
     the order given): a new :class:`~tl_geometry.result.HeadAnalysis` whose every figure is the
     full analysis's for those layers (nothing is recomputed; ``result`` is not changed).
@@ -65,7 +65,7 @@ def layer_subset(result: HeadAnalysis, layers: Sequence[int]) -> HeadAnalysis:
     return type(result)(**fields)
 
 
-def by_layer_kind(result: HeadAnalysis) -> dict[str, HeadAnalysis]:
+def by_layer_kind(result: Analysis) -> dict[str, Analysis]:
     """The analysis of the global layers and that of the local (sliding-window) layers, by
     ``metadata["window"]`` (SPEC §1, §8 (i)); ``{}`` for a model whose layers are all of one
     kind (nothing to split: the whole analysis is the reading).
