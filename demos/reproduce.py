@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # demos/_reproduce, wh
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from _reproduce import ablation, capacity, corpora, document, sizes
+from _reproduce import ablation, capacity, corpora, document, layer_kinds, sizes
 from _reproduce.claims import CLAIMS
 from _reproduce.protocol import FULL, MODELS, QUICK, StudyConfig
 from _reproduce.study import DECOMPOSITION_NULLS, Step, Study, load_run, run_study, save_run
@@ -58,6 +58,9 @@ MODEL_NOTES = {
                    "layers attend over a sliding window of 512 keys",
     "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct: Qwen2 architecture, 24 layers × 14 query "
                           "heads sharing 2 KV heads (GQA), q/k/v biases",
+    "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B: Qwen2 architecture, 28 layers × 12 query heads sharing "
+                          "2 KV heads (GQA), q/k/v biases; claims 1–5 only (no ablation or capacity "
+                          "study: a sweep of its 336 heads does not fit the 2-core run)",
 }
 
 
@@ -107,8 +110,9 @@ def reproduce(
                       ablation_corpus=held_out, nulls=nulls, progress=progress, log=log)
     figures.mkdir(parents=True, exist_ok=True)
     every = (*CLAIMS, ablation.claim6, capacity.claim7)
-    claims = [claim(study, figures) for claim in every]
-    by_size = sizes.section(claims, sizes.per_model(study, every)) if len(study.models) > 1 else []
+    runs = layer_kinds.split(study)  # global and local layers apart (SPEC §8 (i))
+    claims = [claim(runs, figures) for claim in every]
+    by_size = sizes.section(claims, sizes.per_model(runs, every)) if len(runs.models) > 1 else []
     seconds = time.perf_counter() - start
     if not study.reused:
         save_run(cache, config, seconds)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import layer_kinds
 from .document import HELD, NOT_HELD, PARTLY, Claim, table
 from .protocol import SIZES
 
@@ -24,14 +25,23 @@ _STRENGTH = {NOT_HELD: 0, PARTLY: 1, HELD: 2}
 
 
 def one_model(study: Any, model: str) -> Any:
-    """The study restricted to ``model``: its analyses, nulls, ablation and capacity tables."""
+    """The study restricted to ``model`` (a model, or one kind of its layers, :mod:`.layer_kinds`):
+    its analyses, nulls, and its model's ablation and capacity tables."""
+    whole = layer_kinds.base(model)
     return dataclasses.replace(
         study,
         analyses={k: v for k, v in study.analyses.items() if k[0] == model},
         nulls={k: v for k, v in study.nulls.items() if k[0] == model},
-        ablation={k: v for k, v in study.ablation.items() if k == model},
-        capacity={k: v for k, v in study.capacity.items() if k == model},
+        ablation={k: v for k, v in study.ablation.items() if k == whole},
+        capacity={k: v for k, v in study.capacity.items() if k == whole},
     )
+
+
+def size_of(model: str) -> str:
+    """The size the page names a run by: ``"270M"``, ``"270M global"`` for one kind of layers."""
+    size = SIZES.get(layer_kinds.base(model), model)
+    kind = layer_kinds.kind(model)
+    return f"{size} {kind}" if kind else size
 
 
 def per_model(study: Any, claims: Sequence[Callable[[Any, Path], Claim]]) -> dict[str, list[Claim]]:
@@ -64,13 +74,15 @@ def section(pooled: Sequence[Claim], by_model: dict[str, list[Claim]]) -> list[s
     """The page's size section: a verdict table (claims × models, smallest first) and, per
     claim, how its verdict moves and each model's numbers under the rule."""
     models = list(by_model)
-    size = [SIZES.get(m, m) for m in models]
+    size = [size_of(m) for m in models]
     header = ["claim"] + [f"{s} ({m})" for s, m in zip(size, models)]
     rows = [[f"{c.number}. {c.title}"] + [f"**{by_model[m][i].verdict}**" for m in models]
             for i, c in enumerate(pooled)]
     out = ["## How the claims move with model size", "",
            f"Each claim's rule applied again to the runs of one model alone ({' → '.join(size)} "
-           "parameters). One model per size, each of another family, so size is confounded with "
+           "parameters; a model with sliding-window layers as its global and its local layers "
+           "apart, SPEC §8 (i), with claims 6 and 7 read on the whole model). One model per size, "
+           "each of another family, so size is confounded with "
            "architecture and training data, and so few sizes are not a trend test: a claim is "
            "said to weaken (strengthen) only when its verdict moves and no step from one size to "
            "the next goes the other way (ours).",

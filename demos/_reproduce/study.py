@@ -32,7 +32,7 @@ from tl_geometry.inputs.models import stated_bos
 from . import ablation as _ablation
 from . import saved as _saved
 from .corpora import Corpus
-from .protocol import ANALYSIS_FIELDS, MODELS, STUDY_FIELDS, StudyConfig, windows
+from .protocol import ANALYSIS_FIELDS, MODELS, NO_ABLATION, STUDY_FIELDS, StudyConfig, windows
 
 #: The decomposition nulls of SPEC §3 analysed beside each main analysis (whose ``shuffled``
 #: group is the values null).
@@ -147,12 +147,13 @@ def run_study(
     reuse: bool = False,
     ablation_corpus: Corpus | None = None,
     nulls: Sequence[str] = (),
+    no_ablation: Sequence[str] = NO_ABLATION,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Study:
     """Analyse every model on every corpus (and, for each of ``nulls``, e.g.
     :data:`DECOMPOSITION_NULLS`, that null's analysis), then run the ablation and capacity
-    studies on ``ablation_corpus``.
+    studies on ``ablation_corpus`` for every model but those of ``no_ablation``.
 
     ``load`` maps a model name to a loaded model (a dict of preloaded models, as the tests pass,
     or a loader such as :func:`tl_geometry.load_model`); each model is loaded once. With
@@ -225,7 +226,7 @@ def run_study(
             study.analyses[name, corpus.name] = found.pop("values")
             if nulls:
                 study.nulls[name, corpus.name] = found
-        if ablation_corpus is not None:
+        if ablation_corpus is not None and name not in no_ablation:
             _capacity_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
             _ablation_step(study, name, model_of, ablation_corpus, cache, reuse, options, progress, log)
         models_loaded.clear()  # one model in memory at a time
