@@ -79,3 +79,27 @@ def test_subset_of_a_fake_slices_every_layer_field_and_leaves_the_original():
         r.layer_subset([3, 3])
     with pytest.raises(ValueError, match="at least one layer"):
         r.layer_subset([])
+
+
+def test_beyond_table_lists_every_local_head_with_its_beyond_window_votes():
+    """Queries whose window starts after the sink vote apart (SPEC §1, §5); the table puts their
+    counts beside the label of the queries that see the sink, head by head (a loop over the
+    result's own fields is the reference)."""
+    whole = tl_geometry.analyze_heads(_cache(91), n_values=(1, 2), queries="all", window=WINDOWS)
+    table = whole.beyond_table()
+    local = [(li, layer) for li, layer in enumerate(whole.layers) if WINDOWS[layer] is not None]
+    assert len(table) == len(local) * whole.n_heads
+    assert int(whole.beyond_votes.sum()) > 0  # windows of 5 in 14 positions: some queries lose the sink
+    for row in table.itertuples():
+        li = whole.layers.index(row.layer)
+        current, sink, other = whole.beyond_votes[li, row.head].tolist()
+        assert sink == 0 and (row.beyond_current, row.beyond_other) == (current, other)
+        assert row.label == whole.labels[li][row.head] and row.window == WINDOWS[row.layer]
+        want = None if current + other == 0 else "Retriever" if current >= other else "Reset"
+        assert row.beyond_label == want
+    from tl_geometry.views.report import layer_kind_section
+
+    section = "".join(layer_kind_section(whole))
+    assert "Global and local layers apart" in section and "beyond the sink" in section
+    one_kind = tl_geometry.analyze_heads(_cache(91), n_values=(1, 2), queries="all", window=None)
+    assert one_kind.beyond_table().empty and layer_kind_section(one_kind) == []

@@ -524,6 +524,17 @@ class HeadAnalysis(Shortcuts):
         """
         return confidence.export_labels(self, path, scores)
 
+    def beyond_table(self):
+        """``pandas.DataFrame``, one row per head of a sliding-window layer: its label from the
+        queries that see the sink beside the votes of the queries beyond the sink's window
+        (``beyond_current``, ``beyond_other``, ``beyond_label``), which the label leaves out
+        (SPEC §1, §5; :func:`~tl_geometry.result.tables.beyond_table`). No rows without local
+        layers.
+
+        >>> result.beyond_table().query("beyond_label != label")   # doctest: +SKIP
+        """
+        return tables.beyond_table(self)
+
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
         number of instances behind the mean (``count``), and the head's label, votes and sink

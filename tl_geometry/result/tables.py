@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .headline import geometry_reading, headline_n, is_dense, shuffle_kind
+from ..functional.taxonomy import CLASSES
+from .headline import geometry_reading, headline_n, is_dense, layer_windows, shuffle_kind
 from .labels import merge_scores, unstable
 from .protocol import AnalysisLike
 from .schema import SHUFFLE_KINDS, check_name, names
@@ -80,6 +81,38 @@ def heads_table(result: AnalysisLike, scores: Any = None):
         frame[key] = per_head[key].flatten().double().numpy()
     frame.insert(frame.columns.get_loc("label_stability") + 1, "unstable", unstable(result).flatten().numpy())
     return frame if scores is None else merge_scores(frame, scores)
+
+
+def beyond_table(result: AnalysisLike):
+    """One row per head of a sliding-window (local) layer: its label and vote fractions from the
+    queries that see the sink (SPEC §5), beside the votes of the queries whose window starts
+    after the sink (``beyond_current``, ``beyond_other``: they cannot vote "sink"), their share
+    of ``current`` and the label they alone would give (``beyond_label``: Retriever or Reset by
+    plurality, ties → Retriever as in SPEC §5; ``None`` without such votes). Empty (no rows)
+    for a model without local layers or a result without the beyond votes (files before
+    format 6)."""
+    import pandas as pd
+
+    from ..functional.taxonomy import labels_from_votes
+
+    columns = ["layer", "head", "window", "label", "vote_current", "vote_sink", "vote_other",
+               "beyond_current", "beyond_other", "beyond_current_share", "beyond_label"]
+    beyond = getattr(result, "beyond_votes", None)
+    windows = layer_windows(result)
+    rows = []
+    if beyond is not None:
+        fractions = result.vote_fractions
+        beyond_labels = labels_from_votes(beyond.double())
+        for li, (layer, window) in enumerate(zip(result.layers, windows)):
+            if window is None:
+                continue
+            for h in range(result.n_heads):
+                current, other = float(beyond[li, h, 0]), float(beyond[li, h, 2])
+                label = int(beyond_labels[li, h])
+                rows.append([layer, h, window, result.labels[li][h], *fractions[li, h].tolist(), current, other,
+                             current / (current + other) if current + other else float("nan"),
+                             CLASSES[label] if label >= 0 else None])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def to_pandas(result: AnalysisLike):

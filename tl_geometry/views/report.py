@@ -131,6 +131,44 @@ def n_means_table(result: HeadAnalysis):
     return pd.DataFrame(rows)
 
 
+def layer_kind_section(result: HeadAnalysis) -> list[str]:
+    """On a model with sliding-window layers, its global and local layers apart (SPEC §8 (i)):
+    per kind, the sink mass and κ, the class counts and mean F per N of each group; then the
+    local heads' votes from the queries beyond the sink's window (SPEC §1, §5), which their
+    labels leave out. Nothing for a model whose layers are of one kind."""
+    import pandas as pd
+
+    parts = result.by_layer_kind()
+    if not parts:
+        return []
+    rows = []
+    for kind, part in parts.items():
+        counts = part.class_counts().sum()
+        for i, n in enumerate(part.n_values.tolist()):
+            rows.append({"layers": kind, "N": n_label(part, n), "α_sink": _mean(part.sink_mass),
+                         "κ": _mean(part.sink_norm_ratio),
+                         **{c: int(counts[c]) for c in counts.index},
+                         **{head: _mean(part.metric(m, g)[..., i]) for head, m, g in _PER_N}})
+    beyond = result.beyond_table()
+    out = ["<h2>Global and local layers apart</h2>", _table(pd.DataFrame(rows)),
+           '<p class="tlg-caption">A sliding-window (local) layer attends over its last w keys, a '
+           "global one over every key; the two kinds are read apart (SPEC §8 (i)): the pooled "
+           "figures above mix them.</p>"]
+    if len(beyond):
+        by_layer = beyond.groupby("layer").agg(
+            window=("window", "first"), heads=("head", "count"),
+            beyond_current=("beyond_current", "sum"), beyond_other=("beyond_other", "sum"),
+            label_reset=("label", lambda x: int((x == "Reset").sum())),
+            beyond_label_reset=("beyond_label", lambda x: int((x == "Reset").sum()))).reset_index()
+        by_layer["beyond_current_share"] = by_layer.beyond_current / (by_layer.beyond_current
+                                                                      + by_layer.beyond_other)
+        out += ["<h3>Local layers: queries beyond the sink's window</h3>", _table(by_layer),
+                '<p class="tlg-caption">Votes of the queries whose window starts after the sink '
+                "(they cannot vote \"sink\"), per local layer, beside the labels from the queries "
+                "that see it; <code>result.beyond_table()</code> has them per head.</p>"]
+    return out
+
+
 def null_decomposition_section(result: HeadAnalysis, nulls: Mapping[str, HeadAnalysis]) -> list[str]:
     """The decomposition of the top − shuffled gap over the nulls of SPEC §3: per N, the mean
     over heads of F*(top) − F*(null) for each null in ``nulls`` and in ``result`` (a mapping
@@ -447,7 +485,7 @@ def _summary_parts(result: HeadAnalysis, scores: Any) -> list[_page.View | str]:
     return [
         taxonomy_view(result, scores=scores, classes_note=f"See {_CLASSES_LINK}."),
         *label_confidence_section(result), *agreement,
-        sink_view(result), *sink_effect_section(result),
+        sink_view(result), *sink_effect_section(result), *layer_kind_section(result),
         "<h2>Mean over heads per N</h2>", _table(n_means_table(result)),
         '<p class="tlg-caption">† dense N > (t+1)/4: the precision floor N/(t+1) lifts F; shown, '
         "never headlined. F* = chance-corrected F (SPEC §3). top − shuffled is the net effect of the "
