@@ -103,3 +103,14 @@ def test_beyond_table_lists_every_local_head_with_its_beyond_window_votes():
     assert "Global and local layers apart" in section and "beyond the sink" in section
     one_kind = tl_geometry.analyze_heads(_cache(91), n_values=(1, 2), queries="all", window=None)
     assert one_kind.beyond_table().empty and layer_kind_section(one_kind) == []
+
+
+def test_the_weak_sink_hint_never_asks_for_the_rule_already_in_use():
+    from tl_geometry.result.text import sink_check_text
+
+    record = {"positions": [0, 0], "sink_mass": [0.1, 0.2], "other_mass": [0.3, 0.4], "weak": True}
+    auto = fake(metadata={"sink": {**record, "rule": "auto", "chosen_from_layers": [0, 1, 2]}})
+    given = fake(metadata={"sink": {**record, "rule": "given"}})
+    assert "may have no sink" in sink_check_text(auto) and "sink='auto'" not in sink_check_text(auto)
+    assert "Chosen from 3 layers: 0, 1, 2." in sink_check_text(auto)
+    assert "re-run with sink='auto'" in sink_check_text(given)

@@ -23,7 +23,7 @@ from ..engine import (
     run_metadata,
 )
 from ..engine.block import PatternRows
-from ..engine.options import AnalysisArgs, check_option_names
+from ..engine.options import AnalysisArgs, check_option_names, check_query_positions
 from ..engine.sink_choice import CHECK_QUERIES, choose_sink, first_keys_mass
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
@@ -96,11 +96,14 @@ def analyze_heads(
             real token, or ``"auto"`` where ``model`` is known to have been trained without
             BOS (Qwen2/2.5); an int ``p`` (the ``p``-th real token of every sequence) or one int
             per sequence; ``"auto"``: per sequence, the most attended of its first 32 real
-            tokens (mean over the queries ``32 ≤ t < min(T, w)``, every layer and head).
-            Keys before the sink are ordinary keys. The positions, the rule and the sink check
-            (per layer, the sink's mean mass and the most attended other key's) are recorded as
+            tokens (mean over the queries ``32 ≤ t < min(T, w)``, every head and every layer
+            the cache holds, whatever ``layers=`` analyses, so that a subset reports the sink
+            of a full analysis; with ``model``, a cache of fewer than its layers warns).
+            Keys before the sink are ordinary keys. The positions, the rule, the layers
+            ``"auto"`` read (``chosen_from_layers``) and the sink check (per analysed layer, the
+            sink's mean mass and the most attended other key's) are recorded as
             ``metadata["sink"]``; a sink that is not the most attended in most layers warns
-            "weak sink".
+            "weak sink". Positions past a window are refused before any layer is analysed.
 
     Other Parameters:
         n_values (Sequence[int]): selection sizes N (default ``(1, 2, 4, 8, 16, 32, 64)``). A size
@@ -109,7 +112,9 @@ def analyze_heads(
             (the paper's protocol); ``"all"`` — every real query; an int ``k`` — ``k`` positions per
             sequence drawn from its real ones, seeded by ``seed`` and the sequence's index (the same
             on every layer, head and batch); a list of positions, counted from each sequence's first
-            real token. The votes read every query whatever it is.
+            real token (a sequence reads those it holds; positions that no sequence holds are
+            named in a warning, before any layer is analysed: where that is all of them, every
+            per-query figure is NaN). The votes read every query whatever it is.
         random_samples (int): random permutations per (query, head) for the baseline; default SPEC
             §3's ``R``: 16 where one query per sequence is read (the last), 4 where more are; 0
             turns the baseline off (its metrics are NaN).
@@ -168,6 +173,7 @@ def analyze_heads(
         if run is None:
             run = _CacheRun.start(pattern, attention_mask, tokens, model, len(layer_ids), len(opts.n_values),
                                   opts.per_window)
+            check_query_positions(opts.queries, run.mask.sum(-1).tolist())
             if chosen != _sink.AUTO:
                 sinks = _sink.positions(chosen, run.mask, n_windows=run.shape[0])
         run.check_shape(pattern, layer)
@@ -175,8 +181,11 @@ def analyze_heads(
                                       None if sinks is None else CHECK_QUERIES, sinks))
     assert run is not None  # resolve_layers refuses an empty cache
     start = sink_positions(run.mask)
+    chosen_from: list[int] | None = None
     if sinks is None:
-        sinks = start + choose_sink(masses)
+        choice = _auto_masses(cache, run, window, model, layer_ids, dict(zip(layer_ids, masses)))
+        chosen_from = sorted(choice)
+        sinks = start + choose_sink([choice[layer] for layer in chosen_from])
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
         W_layer = None if W is None else W[layer].to(pattern.device)
@@ -184,8 +193,29 @@ def analyze_heads(
                                       mask_given=attention_mask is not None, window=layer_windows[li]))
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None)
     metadata["n_kv_heads"] = int(v.shape[2])  # the unit of value-only figures (SPEC §4)
-    metadata["sink"] = _sink.record(chosen, (sinks - start).tolist(), masses, model)
+    n_model_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
+    metadata["sink"] = _sink.record(chosen, (sinks - start).tolist(), masses, model, chosen_from=chosen_from,
+                                    n_layers=n_model_layers if isinstance(n_model_layers, int) else None)
     return run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows)
+
+
+def _auto_masses(cache: Any, run: _CacheRun, window: Window, model: Any, analysed: Sequence[int],
+                 masses: dict[int, Tensor]) -> dict[int, Tensor]:
+    """The first keys' attention that ``sink="auto"`` chooses from: the analysed layers'
+    (``masses``) and every other layer the cache holds with the same windows (SPEC §1: every
+    layer), so that ``layers=`` does not move the sink. A layer that cannot be read alike (a
+    missing hook, another shape) stays out; the record names the layers read."""
+    out = dict(masses)
+    others = _sink.choice_layers(window, model, analysed, _cache.cached_layers(cache), need_model=False)
+    for layer, layer_window in others.items():
+        try:
+            pattern, _ = _cache.read_layer(cache, layer, upcast=False)
+        except (_cache.CacheError, KeyError):
+            continue
+        if pattern.shape[0] != run.shape[0] or pattern.shape[2] != run.shape[2]:
+            continue
+        out[layer] = first_keys_mass(PatternRows(pattern), run.mask, layer_window)
+    return out
 
 
 @dataclass

@@ -27,7 +27,7 @@ from ..engine import (
     run_metadata,
 )
 from ..engine.block import PatternRows
-from ..engine.options import AnalysisArgs, check_option_names, n_chosen
+from ..engine.options import AnalysisArgs, check_option_names, check_query_positions, n_chosen
 from ..engine.sink_choice import CHECK_QUERIES, choose_sink, first_keys_mass
 from ..engine.votes import n_blocks
 from ..functional.heads import sink_positions
@@ -90,7 +90,8 @@ class _LayerHooks:
 
     def __init__(self, runs: Sequence[tuple[Accumulator, AnalysisOptions]], layer_ids: list[int],
                  W: Tensor | None, mask_given: bool, windows: Sequence[int | None] | None = None,
-                 from_config: bool = False, sink: str | list[int] = _sink.AUTO, n_windows: int = 0) -> None:
+                 from_config: bool = False, sink: str | list[int] = _sink.AUTO, n_windows: int = 0,
+                 choice: dict[int, int | None] | None = None) -> None:
         self.runs, self.W, self.mask_given = list(runs), W, mask_given
         self.row = {layer: i for i, layer in enumerate(layer_ids)}
         self.windows = list(windows) if windows is not None else [None] * len(layer_ids)
@@ -105,6 +106,12 @@ class _LayerHooks:
         self.masses: list[list[Tensor]] = [[] for _ in layer_ids]
         self.relative: list[int] = []  # each window's sink, from its first real token
         self.probing = False  # a first pass that only reads the first 32 keys (sink='auto')
+        # sink='auto' reads every layer of the model, not only the analysed ones (SPEC §1), so
+        # that layers= does not move the sink: the other layers and their windows, read only
+        # while probing; this batch's first keys' attention per layer; the layers read.
+        self.choice = dict(choice or {})
+        self.current: dict[int, Tensor] = {}
+        self.chosen_from: set[int] = set()
 
     def batch(self, mask: Tensor, offset: int) -> None:
         """The next batch's mask; its sinks too, unless ``sink='auto'`` (:meth:`choose`)."""
@@ -117,8 +124,11 @@ class _LayerHooks:
         """After the probing pass of a batch: its sinks (``sink='auto'``)."""
         assert self.mask is not None
         batch = self.mask.shape[0]
-        chosen = choose_sink([m[-1] for m in self.masses]) if self.masses and self.masses[0] else (
+        layers = sorted(self.current)  # in layer order, whichever layers are analysed
+        chosen = choose_sink([self.current[layer] for layer in layers]) if layers else (
             torch.zeros(batch, dtype=torch.long))
+        self.chosen_from.update(layers)
+        self.current = {}
         self.sink = sink_positions(self.mask) + chosen.cpu()
         self.relative += chosen.tolist()
 
@@ -127,7 +137,22 @@ class _LayerHooks:
         for layer in self.row:
             out.append((_cache.VALUE_HOOK.format(layer=layer), self._store("v", layer)))
             out.append((_cache.PATTERN_HOOK.format(layer=layer), self._store("pattern", layer)))
+        for layer in self.choice:
+            out.append((_cache.PATTERN_HOOK.format(layer=layer), self._choice_pattern(layer)))
         return out
+
+    def _choice_pattern(self, layer: int) -> Any:
+        """A hook on a layer that is not analysed: its first keys' attention while probing."""
+        def hook(tensor: Tensor, hook: Any = None) -> None:
+            if self.probing:
+                self._choice_mass(layer, PatternRows(tensor.detach()), tensor.device)
+
+        return hook
+
+    def _choice_mass(self, layer: int, rows: Any, device: Any) -> None:
+        """The first keys' attention of a layer read for ``sink='auto'`` alone."""
+        assert self.mask is not None
+        self.current[layer] = first_keys_mass(rows, self.mask.to(device), self.choice[layer]).cpu()
 
     def _store(self, kind: str, layer: int) -> Any:
         def hook(tensor: Tensor, hook: Any = None) -> None:
@@ -147,6 +172,9 @@ class _LayerHooks:
 
         def on_layer(c: LayerCapture) -> None:
             if c.layer not in self.row:
+                if self.probing and c.layer in self.choice:
+                    self._choice_mass(c.layer, RecomputedRows(c, self.mask if mask is not None else None),
+                                      c.q.device)
                 return
             seen.add(c.layer)
             self._captured(c, masked=mask is not None)
@@ -208,8 +236,10 @@ class _LayerHooks:
         if self.probing or self.sink_rule != _sink.AUTO:
             source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
             masses = (first_keys_mass(source, mask, window) if self.probing
-                      else first_keys_mass(source, mask, window, CHECK_QUERIES, sink))
-            self.masses[self.row[layer]].append(masses.cpu())
+                      else first_keys_mass(source, mask, window, CHECK_QUERIES, sink)).cpu()
+            self.masses[self.row[layer]].append(masses)
+            if self.probing:
+                self.current[layer] = masses
         if self.probing:
             return
         for acc, opts in self.runs:
@@ -286,8 +316,12 @@ def analyze_model(
             ``None`` (default): the first token where the window starts with BOS (texts get BOS
             only where the model was trained with one), ``"auto"`` where the model is known to
             have been trained without (Qwen2/2.5). ``"auto"`` reads every layer's attention
-            before analysing any: the recompute path keeps each layer's captured queries, keys
-            and values from its one forward until the sinks are chosen (in memory up to
+            before analysing any, every layer of the model whatever ``layers=`` analyses (the
+            other layers' first keys' columns, read in the probing forward that runs them anyway:
+            at most one more attention pass of each), so that a subset reports the sink of a full
+            analysis; ``metadata["sink"]["chosen_from_layers"]`` names them. The recompute
+            path keeps each analysed layer's captured queries, keys and values from its one
+            forward until the sinks are chosen (in memory up to
             :data:`~tl_geometry.analyze.stash.STASH_BYTES`, the rest in a temporary folder);
             the pattern path runs each batch twice. Pass the recorded
             ``metadata["sink"]["positions"]`` as ``sink=`` to skip that.
@@ -392,6 +426,11 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
         _cache.warn_pad_tokens(tokens, model, (n_seqs, n_heads, n_pos))
     layer_ids = list(range(n_layers)) if layers is None else _cache.check_layer_indices(layers, n_layers)
     layer_windows = _windows.resolve(window, model, layer_ids)
+    # Every window's given sink and the given queries against the windows, before any forward.
+    check_query_positions(opts.queries, full_mask.sum(-1).tolist())
+    if chosen != _sink.AUTO:
+        _sink.positions(chosen, full_mask, 0, n_seqs)
+    choice = _sink.choice_layers(window, model, layer_ids, range(n_layers)) if chosen == _sink.AUTO else {}
     shard = _check_shard(shard)
     W = output_weights(model, None, layer_ids) if opts.space == "output" else None
     device = getattr(cfg, "device", None) or "cpu"
@@ -402,7 +441,7 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
             for run in runs]
     hooks = _LayerHooks(list(zip(accs, runs)), layer_ids, W, mask_given=mask is not None,
                         windows=layer_windows, from_config=window == _windows.AUTO, sink=chosen,
-                        n_windows=n_seqs)
+                        n_windows=n_seqs, choice=choice)
     recompute = _use_recompute(attention, model, min(batch_size, n_seqs), n_heads, n_pos)
 
     lo, hi = 0, n_seqs
@@ -442,7 +481,8 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     relative = hooks.relative
     if shard is not None:  # every rank records every window's sink and the whole check
         masses, relative = _gather_windows(masses, relative, lo, n_seqs, device)
-    sink_record = _sink.record(chosen, relative, masses, model)
+    sink_record = _sink.record(chosen, relative, masses, model, chosen_from=sorted(hooks.chosen_from),
+                               n_layers=n_layers)
     results = []
     for acc, run in zip(accs, runs):
         metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None)

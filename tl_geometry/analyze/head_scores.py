@@ -115,7 +115,8 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
             ``[0, 2**63)``.
         sink: the text windows' sink (SPEC §1; as :func:`tl_geometry.analyze_heads` takes it):
             ``None`` (default) key 0 where the model was trained with BOS, ``"auto"`` where it
-            was trained without; an int or one int per window; ``"auto"``.
+            was trained without; an int or one int per window; ``"auto"`` (chosen from every
+            layer). Checked, its positions against the text windows included, before any forward.
 
     Example:
         >>> scores = tl_geometry.head_scores(model, seq_len=128)           # doctest: +SKIP
@@ -125,13 +126,14 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
 
     cfg = _check_model(model)
     seed = _check_seed(seed)
-    _sink.check(sink)
+    _sink.check(sink)  # its positions against the windows once they are known, before any forward
     layer_window = _layer_windows(model, cfg.n_layers)
     n_ctx = getattr(cfg, "n_ctx", None)
     n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
     # Without windows, text_windows asks (and warns where nothing says) itself.
     with_bos = trained_with_bos(model, warn=windows is not None)
     start = 1 if with_bos else 0
+    chosen = _sink.rule(sink, None, bos_prepended=with_bos)
     # Every argument is checked before the first forward.
     if seq_len is not None:
         seq_len = _check_length(seq_len, "seq_len", MIN_SEQ_LEN, "tokens per text window, BOS included")
@@ -178,6 +180,8 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
         if tokens is not None:
             _check_first_token(model, tokens, name, with_bos)
             _check_no_padding(model, tokens, name)
+    if chosen != _sink.AUTO:  # the given sinks against the text windows, before the first forward
+        _sink.positions(chosen, torch.ones(windows.shape, dtype=torch.bool), 0, int(windows.shape[0]))
     needles = _draw(vocabulary, (windows.shape[0], _scores.NEEDLE_LENGTH), generator)
     middle, queries, keys = _scores.retrieval_layout(length)
     with_needle = torch.cat([windows[:, :middle], needles, windows[:, middle:],
@@ -211,7 +215,6 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
                       f"tl_geometry.text_windows(model, text, seq_len={_scores.SINK_EPSILON_LENGTH})) "
                       "or windows of at least that length.", UserWarning, stacklevel=2)
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
-    chosen = _sink.rule(sink, None, bos_prepended=with_bos)
     selected, positions = (None, [0] * int(windows.shape[0])) if chosen == [0] else _selected_sink_rates(
         model, windows, chosen, layer_window)
     if selected is not None:

@@ -4,21 +4,29 @@
   token (counted from its first real token, so left padding does not move it); keys before it
   are ordinary keys;
 * ``"auto"``: per window, the most attended of its first 32 real tokens
-  (:func:`tl_geometry.engine.sink_choice.choose_sink`), read in a first pass;
+  (:func:`tl_geometry.engine.sink_choice.choose_sink`), read in a first pass over every layer
+  of the model, also where ``layers=`` analyses only some (:func:`choice_layers`: a subset
+  analysis reports the sink of a full one; a cache that holds only some layers is read over
+  those, with a warning);
 * ``None`` (default): ``0`` where the window starts with BOS, which the front doors prepend only
   where the model was trained with one, and ``"auto"`` where the model is known to have been
   trained without (Qwen2/2.5). Without a model, or where nothing says how it was trained, ``0``
   (ours: the first position, the sink of every model trained with BOS); the sink check then
   warns where another key takes more attention.
 
-The chosen positions, the rule and the sink check are recorded in ``metadata["sink"]``.
+Every front door checks ``sink=`` here (:func:`check`, :func:`rule`) and its positions against
+the windows (:func:`positions`) before its first forward. The chosen positions, the rule, the
+layers ``"auto"`` read and the sink check are recorded in ``metadata["sink"]``.
 """
 
 from __future__ import annotations
 
+import numbers
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
@@ -27,50 +35,75 @@ from ..engine.sink_choice import CANDIDATES, CHECK_QUERIES, sink_check
 from ..functional.heads import last_positions, sink_positions
 from ..inputs.models import stated_bos
 from ..warn import warn_caller
+from . import windows as _windows
 
 #: What ``sink=`` accepts.
 Sink = int | Sequence[int] | Tensor | Literal["auto"] | None
 AUTO = "auto"
 _HOW = ("sink must be None (the default rule), 'auto' (the most attended of the first 32 tokens), "
         "a position ≥ 0 counted from the window's first real token, or one such position per window")
+#: The largest position ``sink=`` may name before the windows are known: far past any context.
+MAX_POSITION = 2**62
 
 
 def check(sink: object) -> None:
-    """Validate ``sink=`` before any tensor is read (the positions against the windows: :func:`positions`)."""
-    if sink is None or (isinstance(sink, str) and sink == AUTO):
-        return
-    if isinstance(sink, (str, bool)):
+    """Validate ``sink=`` before any tensor is read: its type, sign and size (the positions
+    against the windows: :func:`positions`, which every front door calls before its first
+    forward). Raises ``ValueError`` naming the problem and the fix."""
+    _given(sink)
+
+
+def _given(sink: object) -> str | list[int] | None:
+    """``sink=`` as ``None``, ``"auto"`` or its positions (``ValueError`` where it is none of
+    what :data:`Sink` names)."""
+    if sink is None:
+        return None
+    if isinstance(sink, str) and sink == AUTO:
+        return AUTO
+    if isinstance(sink, (str, bool, np.bool_)):
         raise ValueError(f"{_HOW}; got {sink!r}.")
-    if isinstance(sink, int):
-        values = [sink]
-    elif isinstance(sink, Tensor):
-        if sink.is_floating_point() or sink.dtype == torch.bool or sink.ndim > 1:
-            raise ValueError(f"{_HOW}; got a {sink.dtype} tensor of shape {list(sink.shape)}.")
-        values = sink.reshape(-1).tolist()
+    if isinstance(sink, numbers.Integral):
+        values = [int(sink)]
+    elif isinstance(sink, (Tensor, np.ndarray)):
+        kind = "tensor" if isinstance(sink, Tensor) else "array"
+        if isinstance(sink, Tensor) and sink.is_meta:
+            raise ValueError(f"sink is a meta tensor (shape {list(sink.shape)}, no values): {_HOW}, "
+                             "e.g. sink=0 or sink='auto'.")
+        integer = (not sink.is_floating_point() and not sink.is_complex() and sink.dtype != torch.bool
+                   if isinstance(sink, Tensor) else bool(np.issubdtype(sink.dtype, np.integer)))
+        if not integer or sink.ndim > 1:
+            raise ValueError(f"{_HOW}; got a {sink.dtype} {kind} of shape {list(sink.shape)}.")
+        values = [int(x) for x in sink.reshape(-1).tolist()]
     elif isinstance(sink, Sequence) and not isinstance(sink, (bytes, bytearray)):
-        if any(isinstance(x, bool) or not isinstance(x, int) for x in sink):
-            raise ValueError(f"{_HOW}; got {list(sink)!r}.")
-        values = list(sink)
+        if any(isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral) for x in sink):
+            raise ValueError(f"{_HOW}; got {list(sink)[:8]!r}.")
+        values = [int(x) for x in sink]
     else:
         raise ValueError(f"{_HOW}; got a {type(sink).__name__}.")
+    if not values:
+        raise ValueError(f"{_HOW}; got no position.")
     if any(x < 0 for x in values):
         raise ValueError(f"{_HOW}; got negative positions {[x for x in values if x < 0][:8]}.")
+    # No window reaches such a position; refused here, where it would otherwise overflow the
+    # int64 positions (a raw RuntimeError) before the windows are read.
+    huge = [x for x in values if x > MAX_POSITION]
+    if huge:
+        raise ValueError(f"sink position {huge[0]} is past the end of any window (positions count from "
+                         "the window's first real token); pass a position below the windows' length, "
+                         "or sink='auto'.")
+    return values
 
 
 def rule(sink: Sink, model: Any, *, bos_prepended: bool | None = None) -> str | list[int]:
     """``"auto"``, or the positions given (one int for every window, or one per window), with
     ``None`` resolved as the module docstring says. ``bos_prepended``: whether the front door put
     BOS first itself (texts), else ``None`` (the caller's tokens)."""
-    check(sink)
-    if sink is None:
+    given = _given(sink)
+    if given is None:
         trained = bos_prepended if bos_prepended is not None else (
             None if model is None else stated_bos(model))
         return AUTO if trained is False else [0]
-    if isinstance(sink, str):
-        return AUTO
-    if isinstance(sink, int):
-        return [sink]
-    return [int(x) for x in (sink.reshape(-1).tolist() if isinstance(sink, Tensor) else sink)]
+    return given
 
 
 def positions(given: str | list[int], is_token: Bool[Tensor, "batch pos"], offset: int = 0,
@@ -98,25 +131,63 @@ def positions(given: str | list[int], is_token: Bool[Tensor, "batch pos"], offse
     return start + chosen
 
 
+def choice_layers(window: object, model: Any, analysed: Sequence[int], available: Sequence[int], *,
+                  need_model: bool = True) -> dict[int, int | None]:
+    """The layers that ``sink="auto"`` reads besides the ``analysed`` ones, each with its sliding
+    window: every layer of ``available`` (the model's layers, or those a cache holds) that
+    ``window=`` covers. The choice then follows the model's rule (every layer, SPEC §1) whatever
+    ``layers=`` is, so a subset analysis reports the sink of a full one; it costs the first
+    keys' columns of those layers, in a forward that runs them anyway."""
+    seen = set(analysed)
+    others = [layer for layer in available if layer not in seen]
+    if isinstance(window, Sequence) and not isinstance(window, str):
+        others = [layer for layer in others if layer < len(window)]  # per model layer: those it names
+    if not others:
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # resolving the analysed layers' windows warned already
+            windows = _windows.resolve(window, model, others, need_model=need_model)
+    except ValueError:  # window= cannot say these layers' windows: they stay out (recorded)
+        return {}
+    return dict(zip(others, windows))
+
+
 def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Tensor],
-           model: Any) -> dict[str, Any]:
-    """``metadata["sink"]``: the rule, the positions (from each window's first real token), what
-    the model's files say of BOS, and the sink check (:func:`~tl_geometry.engine.sink_choice.sink_check`),
-    with a "weak sink" warning where the check finds one."""
+           model: Any, *, chosen_from: Sequence[int] | None = None, n_layers: int | None = None,
+           ) -> dict[str, Any]:
+    """``metadata["sink"]``: the rule, the positions (from each window's first real token), the
+    layers ``sink="auto"`` chose them from (``chosen_from_layers``; ``None`` for given
+    positions), what the model's files say of BOS, and the sink check of the analysed layers
+    (:func:`~tl_geometry.engine.sink_choice.sink_check`), with a "weak sink" warning where the
+    check finds one. Where ``"auto"`` read fewer than the model's ``n_layers`` layers (a cache
+    that holds only some), a warning names them: a cache of every layer may choose otherwise."""
     check_result = sink_check(masses, torch.as_tensor(list(relative), dtype=torch.long)) if masses else {}
-    entry = {"rule": AUTO if chosen == AUTO else "given", "positions": [int(x) for x in relative],
+    auto = chosen == AUTO
+    read = sorted(int(x) for x in chosen_from) if auto and chosen_from is not None else None
+    entry = {"rule": AUTO if auto else "given", "positions": [int(x) for x in relative],
+             "chosen_from_layers": read,
              "trained_with_bos": None if model is None else stated_bos(model),
              "candidates": CANDIDATES,
-             "check_queries": "32 ≤ t < min(T, w)" if chosen == AUTO else f"32 ≤ t < min(T, w, {32 + CHECK_QUERIES})",
+             "check_queries": "32 ≤ t < min(T, w)" if auto else f"32 ≤ t < min(T, w, {32 + CHECK_QUERIES})",
              **check_result}
+    if read is not None and n_layers is not None and len(read) < n_layers:
+        warn_caller(f"sink='auto' chose each window's sink from layers {_layers(read)} only, {len(read)} of "
+                    f"the model's {n_layers} (the others are not in the cache): an analysis of a cache "
+                    "with every layer may choose another key. metadata['sink']['chosen_from_layers'] "
+                    "records them; cache every layer's hook_pattern, or pass the positions as sink=.")
     if check_result.get("weak"):
-        fix = ("pass sink='auto' (the most attended of the first 32 tokens)" if chosen != AUTO
+        fix = ("pass sink='auto' (the most attended of the first 32 tokens)" if not auto
                else "the model may have no sink: read its sink figures with care")
         warn_caller(f"weak sink: the sink (position {_describe(relative)}) is not the most attended of the "
                     f"first {CANDIDATES} tokens in most layers (mean mass per layer "
                     f"{_fmt(check_result['sink_mass'])} against {_fmt(check_result['other_mass'])} for the "
                     f"most attended other key); {fix}. metadata['sink'] holds the check.")
     return entry
+
+
+def _layers(layers: Sequence[int]) -> str:
+    return f"{list(layers[:8])}{' …' if len(layers) > 8 else ''}"
 
 
 def _describe(relative: Sequence[int]) -> str:

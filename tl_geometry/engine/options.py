@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..result.schema import SHUFFLE_KINDS, ShuffleKind
+from ..warn import warn_caller
 
 QueryRule = Literal["last", "all"]
 #: ``"last"`` (the paper's protocol), ``"all"``, an int ``k`` (a seeded sample of ``k`` real
@@ -133,6 +134,35 @@ def check_queries(queries: object) -> QueryRule | int | tuple[int, ...]:
             raise ValueError(f"queries names a position twice: {sorted(values)[:8]}; give each once.")
         return tuple(sorted(int(x) for x in values))
     raise ValueError(f"{how}; got a {type(queries).__name__}.")
+
+
+def check_query_positions(queries: QueryRule | int | tuple[int, ...], lengths: Sequence[int] | Tensor) -> None:
+    """Given positions (``queries=[...]``, checked by :func:`check_queries`) against the windows
+    (``lengths``: each window's real tokens), before any forward or analysis: a warning names
+    the positions that no window holds.
+
+    Each window reads the given positions it holds (a padded batch's shorter windows skip the
+    others), so a position past every window is never read, and where that is every position
+    no query is read: the per-query figures are then NaN (the engine's own case, kept). Neither
+    is an error, but neither should pass unsaid.
+    """
+    if not isinstance(queries, tuple):
+        return
+    sizes = {int(x) for x in lengths}
+    longest = max(sizes, default=0)
+    outside = [p for p in queries if p >= longest]
+    if not outside:
+        return
+    where = (f"every window holds {longest} real tokens" if len(sizes) == 1
+             else f"the longest window holds {longest} real tokens")
+    shown = f"{list(outside[:8])}{' …' if len(outside) > 8 else ''}"
+    if len(outside) == len(queries):
+        warn_caller(f"queries names positions {shown} but {where} (positions count from each window's first "
+                    f"real token): no query is read, and every per-query figure (P/R/F, the baselines, the "
+                    f"sink diagnostics) is NaN. Pass positions below {longest}, or longer windows.")
+    else:
+        warn_caller(f"queries positions {shown} lie past every window ({where}; positions count from each "
+                    f"window's first real token): they are not read. Pass positions below {longest}.")
 
 
 def n_chosen(queries: QueryRule | int | tuple[int, ...], n_pos: int) -> int:

@@ -36,8 +36,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from .tokens import check_token_ids
 
 _names = itertools.count()
 
@@ -351,6 +354,10 @@ def capture_attention(
     (:attr:`LayerCapture.logsumexp`; on those layers ``on_layer`` runs right after the attention
     instead of right before it).
 
+    ``tokens`` must be integer ids in the model's vocabulary (its input embedding's rows),
+    ``attention_mask`` (where given) of the same shape, ``logsumexp`` ``True`` or ``False``: each
+    is checked before the forward, a ``ValueError`` naming the problem and the fix.
+
     Example::
 
         rows = {}
@@ -361,6 +368,7 @@ def capture_attention(
     """
     hf_model = _unwrapped(model)
     base = getattr(hf_model, "base_model", hf_model)  # the decoder stack, without the LM head
+    _check_inputs(base, tokens, attention_mask, logsumexp)
     skipped: set[int] = set()  # the windows whose masks were not formed (_window_mask)
 
     def attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
@@ -386,6 +394,37 @@ def capture_attention(
         device = base.get_input_embeddings().weight.device  # the first layer's, under a device map
         mask = attention_mask.to(device) if attention_mask is not None else None
         base(input_ids=tokens.to(device), attention_mask=mask, use_cache=False)
+
+
+def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -> None:
+    """What :func:`capture_attention` is given, before the forward: a float, 1-D or
+    out-of-vocabulary ``tokens`` would otherwise fail deep in the embedding (or run on
+    truncated ids), and ``logsumexp="no"`` would read as ``True``."""
+    if not isinstance(logsumexp, (bool, np.bool_)):
+        raise ValueError(f"logsumexp must be True or False, got {logsumexp!r} ({type(logsumexp).__name__}); "
+                         "pass logsumexp=True to hand each query's log-sum-exp to the callback.")
+    if not isinstance(tokens, Tensor):
+        raise ValueError(f"tokens must be a [batch, pos] tensor of token ids, got {type(tokens).__name__}; "
+                         "e.g. torch.tensor([ids]) for one sequence, or tokenizer(texts, "
+                         "return_tensors='pt').input_ids.")
+    if tokens.ndim != 2:
+        fix = " (one sequence: tokens[None])" if tokens.ndim == 1 else ""
+        raise ValueError(f"tokens must be [batch, pos] token ids, got shape {list(tokens.shape)}; add or drop "
+                         f"the batch axis{fix}.")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must hold integer token ids, got dtype {tokens.dtype}: pass tokens.long() "
+                         "if they are whole numbers, or the tokenizer's ids.")
+    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise ValueError(f"tokens hold no token (shape {list(tokens.shape)}); pass at least one sequence "
+                         "of at least one token.")
+    embedding = base.get_input_embeddings() if callable(getattr(base, "get_input_embeddings", None)) else None
+    rows = getattr(embedding, "num_embeddings", None)
+    check_token_ids(tokens, rows if isinstance(rows, int) else None, "tokens")
+    if attention_mask is not None and (not isinstance(attention_mask, Tensor)
+                                       or tuple(attention_mask.shape) != tuple(tokens.shape)):
+        got = list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must be a [batch, pos] tensor shaped like tokens "
+                         f"({list(tokens.shape)}), 1 on real tokens; got {got}.")
 
 
 def capture_all(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None) -> list[LayerCapture]:

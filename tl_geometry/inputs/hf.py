@@ -5,19 +5,25 @@ A transformers forward with ``output_attentions=True`` returns one attention ten
 ``[batch, kv_head, pos, d_head]``: the layout of the key/value cache (``use_cache=True``, one
 layer's values at ``outputs.past_key_values.layers[l].values``) and of a ``v_proj`` output once
 split into heads. :func:`from_hf` pairs them per layer under the TransformerLens names, the values
-as a permuted view ``[batch, pos, kv_head, d_head]``: no tensor is copied.
+as a permuted view ``[batch, pos, kv_head, d_head]``: no tensor is copied. Values already in the
+TransformerLens layout go in with ``values_layout="tl"``; where the shape alone cannot tell the
+two apart (as many positions as KV heads), the layout must be named.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 from torch import Tensor
 
 from .cache import PATTERN_HOOK, VALUE_HOOK, CacheError, check_layer_indices
 
 __all__ = ["from_hf"]
+
+#: How ``values`` are laid out: ``"hf"`` ``[batch, kv_head, pos, d_head]`` (transformers' cache and
+#: split ``v_proj`` outputs), ``"tl"`` ``[batch, pos, kv_head, d_head]`` (``hook_v``).
+ValuesLayout = Literal["hf", "tl"]
 
 _VALUES_FIX = (
     "Pass one [batch, kv_head, pos, d_head] tensor per layer, e.g. "
@@ -47,6 +53,7 @@ def from_hf(
     values: Sequence[Tensor],
     *,
     layers: Sequence[int] | None = None,
+    values_layout: ValuesLayout | None = None,
 ) -> dict[str, Tensor]:
     """The ``hook_pattern`` / ``hook_v`` dict of Hugging Face attentions and value states.
 
@@ -66,10 +73,20 @@ def from_hf(
     tensors. Lengths and shapes are checked here, each error naming the fix; dtypes, devices
     and the patterns' rows are checked by :func:`~tl_geometry.analyze_heads` as for any cache.
 
+    ``values_layout`` names the values' layout: ``"hf"`` (the above), or ``"tl"`` for values
+    already ``[batch, pos, kv_head, d_head]`` (TransformerLens's ``hook_v``; put in as given).
+    ``None`` (default) reads them as ``"hf"`` where the shape says so; where the sequence has as
+    many positions as there are KV heads the shape fits both layouts (a transposed tensor would
+    be analysed as another head's values), so it is refused until the layout is named.
+
     >>> out = hf_model(tokens, output_attentions=True, use_cache=True)        # doctest: +SKIP
     >>> values = tuple(layer.values for layer in out.past_key_values.layers)  # doctest: +SKIP
     >>> result = tl_geometry.analyze_heads(from_hf(out.attentions, values))   # doctest: +SKIP
     """
+    if values_layout is not None and values_layout not in get_args(ValuesLayout):
+        raise CacheError(f"values_layout must be 'hf' ([batch, kv_head, pos, d_head], transformers' layout), "
+                         f"'tl' ([batch, pos, kv_head, d_head], hook_v's) or None (read from the shape), "
+                         f"got {values_layout!r}.")
     attentions = _per_layer(attentions, "attentions")
     values = _per_layer(values, "values")
     if not attentions:
@@ -92,7 +109,7 @@ def from_hf(
     out: dict[str, Tensor] = {}
     for i, (layer, pattern, value) in enumerate(zip(indices, attentions, values)):
         out[PATTERN_HOOK.format(layer=layer)] = _check_pattern(pattern, i)
-        out[VALUE_HOOK.format(layer=layer)] = _value_view(value, pattern, i)
+        out[VALUE_HOOK.format(layer=layer)] = _value_view(value, pattern, i, values_layout)
     return out
 
 
@@ -125,7 +142,9 @@ def _check_pattern(pattern: Any, i: int) -> Tensor:
     return pattern
 
 
-def _value_view(value: Any, pattern: Tensor, i: int) -> Tensor:
+def _value_view(value: Any, pattern: Tensor, i: int, layout: ValuesLayout | None = None) -> Tensor:
+    """``values[i]`` as ``[batch, pos, kv_head, d_head]``: permuted from the layout named, or,
+    with none named, from the layout its shape leaves (refused where both fit)."""
     if not isinstance(value, Tensor):
         pair = isinstance(value, (list, tuple)) and len(value) == 2
         hint = (" It looks like a (key, value) pair of the legacy past_key_values format: pass "
@@ -145,10 +164,19 @@ def _value_view(value: Any, pattern: Tensor, i: int) -> Tensor:
             f"values[{i}] has batch {value.shape[0]} and attentions[{i}] has batch {batch}: take "
             "both from the same forward."
         )
+    if layout == "tl":
+        if value.shape[1] != n_pos:
+            raise CacheError(
+                f"values[{i}] has shape {tuple(value.shape)}; values_layout='tl' expects [batch, pos, "
+                f"kv_head, d_head] with pos = {n_pos}, the keys of attentions[{i}]. Are they "
+                "[batch, kv_head, pos, d_head]? Then pass values_layout='hf'."
+            )
+        _check_kv_heads(n_heads, value.shape[2], i, "axis 2")
+        return value
     if value.shape[2] != n_pos:
-        swapped = value.shape[1] == n_pos and n_heads % value.shape[2] == 0
-        hint = (" It looks like [batch, pos, kv_head, d_head] already: pass v.transpose(1, 2), or "
-                f"put it in the dict as {VALUE_HOOK.format(layer='{l}')!r} yourself." if swapped else
+        swapped = layout is None and value.shape[1] == n_pos and n_heads % value.shape[2] == 0
+        hint = (" It looks like [batch, pos, kv_head, d_head] already: pass values_layout='tl', or "
+                "v.transpose(1, 2)." if swapped else
                 " Were they taken from another forward? A sliding-window layer's cache keeps only "
                 "the last window of values: take that layer's values from a hook on v_proj.")
         raise CacheError(
@@ -156,9 +184,23 @@ def _value_view(value: Any, pattern: Tensor, i: int) -> Tensor:
             f"with pos = {n_pos}, the keys of attentions[{i}].{hint}"
         )
     n_kv = value.shape[1]
-    if n_kv == 0 or n_heads % n_kv:
+    _check_kv_heads(n_heads, n_kv, i, "axis 1")
+    if layout is None and n_pos > 1 and value.shape[1] == n_pos:
+        # [batch, T, T, d_head] is [batch, kv_head, pos, d_head] and [batch, pos, kv_head,
+        # d_head] alike: read the wrong way, every head would get another head's values.
         raise CacheError(
-            f"attentions[{i}] has {n_heads} heads and values[{i}] has {n_kv} KV heads (axis 1): the "
-            "query heads must be a multiple of the KV heads. Is axis 1 of the values the KV heads?"
+            f"values[{i}] has shape {tuple(value.shape)}: with {n_pos} positions and {n_kv} KV heads "
+            "it fits both [batch, kv_head, pos, d_head] (transformers' cache, a split v_proj output) "
+            "and [batch, pos, kv_head, d_head] (TransformerLens's hook_v). Name the layout: "
+            "values_layout='hf' or values_layout='tl'."
         )
     return value.permute(0, 2, 1, 3)
+
+
+def _check_kv_heads(n_heads: int, n_kv: int, i: int, axis: str) -> None:
+    """The query heads are a multiple of the KV heads (grouped-query attention)."""
+    if n_kv == 0 or n_heads % n_kv:
+        raise CacheError(
+            f"attentions[{i}] has {n_heads} heads and values[{i}] has {n_kv} KV heads ({axis}): the "
+            f"query heads must be a multiple of the KV heads. Is {axis} of the values the KV heads?"
+        )

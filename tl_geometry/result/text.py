@@ -284,7 +284,12 @@ def sink_check_text(result: AnalysisLike) -> str:
     text += (f" Check: the most attended of the first 32 tokens in {strong} of {len(pairs)} layers "
              f"(mean mass {mean_s:.3f}, the most attended other key {mean_o:.3f}).")
     if record.get("weak"):
-        text += " WEAK SINK: read the sink figures as describing an ordinary token, or re-run with sink='auto'."
+        text += (" WEAK SINK: the model may have no sink; read the sink figures as describing an ordinary token."
+                 if record.get("rule") == "auto" else
+                 " WEAK SINK: read the sink figures as describing an ordinary token, or re-run with sink='auto'.")
+    chosen_from = record.get("chosen_from_layers")
+    if record.get("rule") == "auto" and isinstance(chosen_from, list) and chosen_from:
+        text += f" Chosen from {len(chosen_from)} layer{'s' * (len(chosen_from) != 1)}: {_layers(tuple(chosen_from))}."
     return text
 
 
