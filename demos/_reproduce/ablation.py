@@ -26,6 +26,7 @@ from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
 from .intervals import NO_INTERVAL, UNDECIDED, Interval, bootstraps, combine, decide, every, some
 from .losses import tally
 from .protocol import StudyConfig, beside, windows
+from .saved import TABLES_SHA256, load_windows, save_windows
 
 MODERATE = (0.9, 0.75)  # retentions where the taxonomy should be "a useful coarse signal"
 AGGRESSIVE = (0.5, 0.25)  # where it should not beat every single-metric baseline
@@ -67,21 +68,27 @@ def save(tables: dict[str, Any], path: Path) -> None:
     """Write one model's ablation tables: two CSV files, a JSON of the base losses and the
     study options, and the per-window losses (``.windows.pt``) the intervals resample: the
     sensitivity sweep's ``[layer, head, window]`` and the curve's ``[row, window]`` (rows in the
-    curve table's order), each with its dense losses and prediction counts."""
+    curve table's order), each with its dense losses and prediction counts; the JSON records the
+    side file's SHA-256 (:func:`.saved.save_windows`)."""
     import json
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    # The record goes first and comes back last: a save cut short leaves no tables to reuse.
+    beside(path, ".json").unlink(missing_ok=True)
     tables["sensitivity"].to_csv(beside(path, ".sensitivity.csv"), index=False)
     tables["curve"].to_csv(beside(path, ".curve.csv"), index=False)
-    torch.save(tables["windows"], beside(path, ".windows.pt"))
     keys = ("base_loss", "held_out_base_loss", "options", "seconds", "threads", "date", "accelerator",
             "window_start", "taxonomy_order")
-    beside(path, ".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
+    record = {k: tables.get(k) for k in keys}
+    record[TABLES_SHA256] = save_windows(tables.get("windows"), beside(path, ".windows.pt"))
+    beside(path, ".json").write_text(json.dumps(record))
 
 
 def load(path: Path) -> dict[str, Any] | None:
     """Tables written by :func:`save`, or None when absent. ``windows`` is None for tables saved
-    before the per-window losses were kept (then the study computes them again)."""
+    before the per-window losses were kept, or whose side file is missing (then the study
+    computes them again); a side file that does not match the checksum the JSON records, or
+    cannot be read, raises :class:`.saved.SideFileError` (:func:`.saved.load_windows`)."""
     import json
 
     if not beside(path, ".json").exists():
@@ -89,8 +96,7 @@ def load(path: Path) -> dict[str, Any] | None:
     out = json.loads(beside(path, ".json").read_text())
     out["sensitivity"] = pd.read_csv(beside(path, ".sensitivity.csv"))
     out["curve"] = pd.read_csv(beside(path, ".curve.csv"))
-    side = beside(path, ".windows.pt")
-    out["windows"] = torch.load(side) if side.exists() else None
+    out["windows"] = load_windows(out, beside(path, ".windows.pt"), beside(path, ".json"))
     return out
 
 

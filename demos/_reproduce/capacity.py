@@ -29,6 +29,7 @@ from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
 from .intervals import NO_INTERVAL, Interval, bootstraps, combine, decide
 from .losses import tally
 from .protocol import StudyConfig, beside, windows
+from .saved import TABLES_SHA256, load_windows, save_windows
 
 TOLERANCE = 0.05  # N*: within 5 % of the dense loss (the issue's rule)
 HEAD_N = 4  # the per-head sweep's N
@@ -62,26 +63,31 @@ def run(model: Any, corpus: Corpus, config: StudyConfig, *, progress: bool = Tru
 
 def save(tables: dict[str, Any], path: Path) -> None:
     """Write one model's capacity tables: two CSV files, a JSON of the figures and options, and
-    the per-window values (``.windows.pt``) the intervals resample."""
+    the per-window values (``.windows.pt``) the intervals resample, whose SHA-256 the JSON
+    records (:func:`.saved.save_windows`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # The record goes first and comes back last: a save cut short leaves no tables to reuse.
+    beside(path, ".json").unlink(missing_ok=True)
     tables["curve"].to_csv(beside(path, ".curve.csv"), index=False)
     tables["heads"].to_csv(beside(path, ".heads.csv"), index=False)
-    torch.save(tables["windows"], beside(path, ".windows.pt"))
     keys = ("rho", "seq_len", "seconds", "options", "threads", "date", "accelerator", "window_start",
             "windows_read")
-    beside(path, ".json").write_text(json.dumps({k: tables.get(k) for k in keys}))
+    record = {k: tables.get(k) for k in keys}
+    record[TABLES_SHA256] = save_windows(tables.get("windows"), beside(path, ".windows.pt"))
+    beside(path, ".json").write_text(json.dumps(record))
 
 
 def load(path: Path) -> dict[str, Any] | None:
     """Tables written by :func:`save`, or None when absent. ``windows`` is None for tables saved
-    before the per-window values were kept (then the study computes them again)."""
+    before the per-window values were kept, or whose side file is missing (then the study
+    computes them again); a side file that does not match the checksum the JSON records, or
+    cannot be read, raises :class:`.saved.SideFileError` (:func:`.saved.load_windows`)."""
     if not beside(path, ".json").exists():
         return None
     out = json.loads(beside(path, ".json").read_text())
     out["curve"] = pd.read_csv(beside(path, ".curve.csv"))
     out["heads"] = pd.read_csv(beside(path, ".heads.csv"))
-    side = beside(path, ".windows.pt")
-    out["windows"] = torch.load(side) if side.exists() else None
+    out["windows"] = load_windows(out, beside(path, ".windows.pt"), beside(path, ".json"))
     return out
 
 

@@ -21,10 +21,22 @@ Two more fields are left out where nothing reads them: the votes per block of 12
 has 64, so its bootstrap resamples sequences), and a null's per-sequence votes (the main
 analysis's, bit for bit: the votes do not depend on the null). Both take more room than the
 means (``[window, block, layer, head, 3]``).
+
+Each side file is tied to its analysis: the analysis's metadata records the SHA-256 of the side
+file's bytes (:data:`WINDOWS_SHA256`), and :func:`load` refuses a side file that does not match
+(a changed byte, a cut-short file, another run's file) with a :class:`SideFileError` that says how
+to regenerate it. The ablation and capacity tables tie their side files the same way, through
+:func:`write_side` and :func:`read_side`, with the checksum in their JSON. A side file written
+before checksums were recorded (the analysis records none) is read with a warning.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import os
+import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +60,74 @@ KEPT: dict[str, Kept] = {
     "null": {"window_scores": [("top", "f_score_cc"), ("shuffled", "f_score_cc")]},
 }
 FIELDS = ("window_scores", "window_sink", "window_bounds")
+#: The metadata key of a saved analysis that records the SHA-256 of its side file's bytes.
+WINDOWS_SHA256 = "reproduce_windows_sha256"
+#: The key of the ablation and capacity tables' JSON record that holds the SHA-256 of their side
+#: file's bytes (None: saved without per-window values; absent: saved before checksums).
+TABLES_SHA256 = "windows_sha256"
+
+
+class SideFileError(ValueError):
+    """A ``*.windows.pt`` side file that cannot be read, or does not belong to the saved result
+    beside it; the message names the file and how to regenerate it."""
+
+
+def _regenerate(side: Path) -> str:
+    """How to regenerate ``side``: a result whose side file is missing is recomputed by
+    ``--reuse`` (a saved analysis without its slices, tables without per-window losses)."""
+    return (f"Delete {side} and re-run demos/reproduce.py with the same options and --reuse to "
+            "regenerate it (the result it belongs to is recomputed), or re-run without --reuse.")
+
+
+def write_side(payload: Any, side: Path) -> str:
+    """Write ``payload`` (tensors in dicts) to the side file ``side`` and return the SHA-256 (hex)
+    of the bytes written, which the result it belongs to records for :func:`read_side`."""
+    data = _serialize(payload)
+    _write_atomic(data, side)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _serialize(payload: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def _write_atomic(data: bytes, side: Path) -> None:
+    """Write ``data`` to ``side`` beside it and rename: an interrupted save leaves no partial file."""
+    side.parent.mkdir(parents=True, exist_ok=True)
+    tmp = side.with_name(f".{side.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, side)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_side(side: Path, sha256: Any, owner: Path) -> Any:
+    """The payload of the side file ``side``, after checking its bytes against ``sha256``, the
+    checksum that ``owner`` (the result it belongs to) recorded when both were written.
+
+    ``sha256=None`` is a side file written before checksums were recorded: read with a
+    ``UserWarning``, unchecked. Raises :class:`SideFileError` for a side file whose bytes do not
+    match (changed, cut short, or another run's) and for one that ``torch.load`` cannot read
+    with ``weights_only=True`` (whatever torch raises for a truncated or foreign file)."""
+    data = side.read_bytes()
+    if sha256 is None:
+        warnings.warn(f"{side} was written without a checksum (by an older demos/reproduce.py), so "
+                      f"it is read unchecked: nothing ties it to {owner}. " + _regenerate(side),
+                      UserWarning, stacklevel=3)
+    elif hashlib.sha256(data).hexdigest() != sha256:
+        raise SideFileError(f"{side} does not match the checksum that {owner} recorded for it: it "
+                            "was changed, cut short, or written by another run. " + _regenerate(side))
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, edited or foreign: torch and pickle raise anything
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise SideFileError(f"{side} is not a readable per-window file ({type(exc).__name__}: "
+                            f"{detail}). " + _regenerate(side)) from None
 
 
 def kept(kind: str) -> Kept:
@@ -70,7 +150,8 @@ def _index(field: str, key: Sequence[str]) -> tuple[slice | int, ...]:
 
 def save(result: tl_geometry.HeadAnalysis, path: Path, kind: str) -> None:
     """Write ``result`` to ``path`` without its per-window arrays (nor the votes the module
-    docstring names), and the slices the page reads (:func:`kept`) beside it, float32."""
+    docstring names), and the slices the page reads (:func:`kept`) beside it, float32; the
+    analysis records the side file's SHA-256 (:data:`WINDOWS_SHA256`)."""
     slices: dict[str, dict[str, Any]] = {}
     for field, keys in kept(kind).items():
         value = getattr(result, field)
@@ -84,18 +165,27 @@ def save(result: tl_geometry.HeadAnalysis, path: Path, kind: str) -> None:
         dropped["block_votes"] = None
     if kind != "values":
         dropped["sequence_votes"] = None
-    tl_geometry.HeadAnalysis(**{**vars(result), **dropped}).save(path)
-    torch.save(slices, windows_path(path))
+    side = windows_path(path)
+    # The old side file goes first and the new one last: a save cut short leaves an analysis
+    # without a side file (recomputed by --reuse), never one beside another's slices.
+    side.unlink(missing_ok=True)
+    data = _serialize(slices)
+    metadata = {**result.metadata, WINDOWS_SHA256: hashlib.sha256(data).hexdigest()}
+    tl_geometry.HeadAnalysis(**{**vars(result), **dropped, "metadata": metadata}).save(path)
+    _write_atomic(data, side)
 
 
 def load(path: Path, kind: str) -> tl_geometry.HeadAnalysis | None:
     """The analysis at ``path`` with its kept per-window slices put back (NaN elsewhere); None
-    where the slices beside it are missing or fewer than today's page reads (:func:`kept`)."""
+    where the slices beside it are missing or fewer than today's page reads (:func:`kept`).
+
+    Raises :class:`SideFileError` where the side file is not the one the analysis recorded
+    (:func:`read_side`) or does not hold per-window slices of this analysis."""
     result = tl_geometry.HeadAnalysis.load(path)
     side = windows_path(path)
     if not side.exists():
         return None
-    slices = torch.load(side, weights_only=True)
+    slices = _checked(read_side(side, result.metadata.get(WINDOWS_SHA256), path), side)
     fields: dict[str, torch.Tensor] = {}
     for field, keys in kept(kind).items():
         stored = slices.get(field)
@@ -108,6 +198,84 @@ def load(path: Path, kind: str) -> tl_geometry.HeadAnalysis | None:
             name = "/".join(key)
             if name not in stored:
                 return None
-            full[_index(field, key)] = stored[name]
+            value, want = stored[name], full[_index(field, key)].shape
+            if not isinstance(value, torch.Tensor) or value.shape != want:
+                got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise SideFileError(f"{side}: slice {field}[{name}] is {got}, not {list(want)} as its "
+                                    "recorded shape says. " + _regenerate(side))
+            full[_index(field, key)] = value
         fields[field] = full
-    return tl_geometry.HeadAnalysis(**{**vars(result), **fields})
+    try:
+        return tl_geometry.HeadAnalysis(**{**vars(result), **fields})
+    except ValueError as exc:
+        raise SideFileError(f"{side}: its slices do not fit the analysis in {path} ({exc}). "
+                            + _regenerate(side)) from None
+
+
+def _checked(slices: Any, side: Path) -> dict[str, dict[str, Any]]:
+    """A side file's slices, after checking that they are per-window slices of an analysis: a
+    dict of :data:`FIELDS`, each a dict with its full ``shape`` (whose labelled axes have
+    today's labels) beside the slices themselves."""
+    def refuse(problem: str) -> SideFileError:
+        return SideFileError(f"{side} is not an analysis's per-window slices: {problem}. "
+                             + _regenerate(side))
+
+    if not isinstance(slices, dict):
+        raise refuse(f"it holds a {type(slices).__name__}, not a dict of {', '.join(FIELDS)}")
+    if set(slices) - set(FIELDS):
+        raise refuse(f"it holds {sorted(map(str, set(slices) - set(FIELDS)))}, not only {', '.join(FIELDS)}")
+    for field, stored in slices.items():
+        shape = stored.get("shape") if isinstance(stored, dict) else None
+        axes = AXES[field]
+        if not (isinstance(shape, list) and len(shape) == len(axes)
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)):
+            raise refuse(f"{field} has no shape of {len(axes)} sizes ({', '.join(axes)})")
+        for axis, size in zip(axes, shape):
+            if axis in names() and size != len(names()[axis]):
+                raise refuse(f"{field}'s {axis} axis has {size} labels, today's analyses "
+                             f"{len(names()[axis])}")
+    return slices
+
+
+def save_windows(windows: Mapping[str, Any] | None, side: Path) -> str | None:
+    """Write the per-window values of ablation or capacity tables (named tensors) to their side
+    file ``side`` and return its SHA-256, which their JSON record keeps (:data:`TABLES_SHA256`);
+    None, and no side file (an earlier one is removed), for tables without per-window values."""
+    if windows is None:
+        side.unlink(missing_ok=True)
+        return None
+    problem = _not_named_tensors(windows)
+    if problem:
+        raise ValueError(f"tables['windows'] must map names to per-window tensors, but {problem}: "
+                         "pass the 'windows' that run() returns.")
+    return write_side(dict(windows), side)
+
+
+def load_windows(record: dict[str, Any], side: Path, owner: Path) -> dict[str, Any] | None:
+    """The per-window values of the tables whose JSON record (read from ``owner``) is ``record``,
+    from their side file ``side``, checked against the checksum the record keeps (popped from
+    it); None where they were saved without any, or the side file is missing (``--reuse`` then
+    recomputes the tables). A record without a checksum predates them: its side file is read
+    with a warning (:func:`read_side`). Raises :class:`SideFileError` for a side file that does
+    not match, cannot be read, or does not hold named tensors."""
+    legacy = TABLES_SHA256 not in record
+    sha256 = record.pop(TABLES_SHA256, None)
+    if (sha256 is None and not legacy) or not side.exists():
+        return None  # saved without per-window values: a file at ``side`` is not theirs
+    windows = read_side(side, sha256, owner)
+    if windows is None and legacy:
+        return None  # an older writer saved None for tables without per-window values
+    problem = _not_named_tensors(windows)
+    if problem:
+        raise SideFileError(f"{side} is not a table's per-window values: {problem}. " + _regenerate(side))
+    return windows
+
+
+def _not_named_tensors(windows: Any) -> str | None:
+    """What keeps ``windows`` from being a dict of names to tensors (or None), or None."""
+    if not isinstance(windows, Mapping):
+        return f"it holds a {type(windows).__name__}, not a dict"
+    for name, value in windows.items():
+        if not isinstance(name, str) or not (value is None or isinstance(value, torch.Tensor)):
+            return f"its entry {name!r} is a {type(value).__name__}, not a tensor"
+    return None

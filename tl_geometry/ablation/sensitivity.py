@@ -20,6 +20,7 @@ from ..functional.uncertainty import (
     CRITICAL_MIN_FRACTION,
     CRITICAL_MIN_NATS,
     CRITICALITY,
+    check_thresholds,
     confidence_interval,
     critical_mask,
     criticality,
@@ -73,7 +74,8 @@ class HeadSensitivity:
         :func:`~tl_geometry.functional.uncertainty.paired_window_se` gives the SE of their
         prediction-weighted mean (``sd / sqrt(n_windows)`` for windows of one length). NaN with
         fewer than 2 windows, or without per-window losses."""
-        if self.window_loss is None or self.base_window_loss is None or self.window_weight is None:
+        if (self.window_loss is None or self.base_window_loss is None or self.window_weight is None
+                or self.n_windows == 0):  # no window with a prediction: no SE, as with one window
             return torch.full_like(self.loss, torch.nan, dtype=torch.float64)
         return paired_window_se(self.window_loss - self.base_window_loss, self.window_weight)
 
@@ -85,7 +87,9 @@ class HeadSensitivity:
     def critical_mask(self, *, min_nats: float = CRITICAL_MIN_NATS,
                       min_fraction: float = CRITICAL_MIN_FRACTION,
                       level: float = CRITICAL_LEVEL) -> Bool[Tensor, "layer head"]:
-        """``[layer, head]`` bool: the critical heads of :func:`critical_heads`."""
+        """``[layer, head]`` bool: the critical heads of :func:`critical_heads`. Thresholds that
+        are not finite numbers ≥ 0 are refused, as there."""
+        check_thresholds(min_nats, min_fraction)
         low, _ = self.interval(level)
         return critical_mask(low, self.base_loss, min_nats, min_fraction)
 
@@ -94,7 +98,9 @@ class HeadSensitivity:
                     level: float = CRITICAL_LEVEL) -> list[list[str]]:
         """``[layer][head]``: SPEC §7's outcome per head, "critical" (the interval's lower end
         reaches the threshold), "not critical" (its upper end stays below) or "undecided";
-        "not scored" for a head that was not swept or has no standard error."""
+        "not scored" for a head that was not swept or has no standard error. Thresholds that
+        are not finite numbers ≥ 0 are refused, as in :func:`critical_heads`."""
+        check_thresholds(min_nats, min_fraction)
         low, high = self.interval(level)
         codes = criticality(low, high, self.base_loss, min_nats, min_fraction)
         return [["not scored" if math.isnan(c) else CRITICALITY[int(c)] for c in row]
@@ -261,9 +267,7 @@ def critical_heads(
             "increases alone. For the old robust-outlier flag use "
             "tl_geometry.ablation.mad_outliers(increases)."
         )
-    for name, value in (("min_nats", min_nats), ("min_fraction", min_fraction)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"{name} must be a number ≥ 0, got {value!r}.")
+    check_thresholds(min_nats, min_fraction)
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), e.g. 0.95, got {level!r}.")
     flagged = sensitivity.critical_mask(min_nats=min_nats, min_fraction=min_fraction, level=level)

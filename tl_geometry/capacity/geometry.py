@@ -26,7 +26,7 @@ from torch import Tensor
 from ..forward import hooks as _hooks
 from ..functional import last_positions, separability, shell_bounds, truncation
 from ..functional.stats import spearman
-from ..functional.uncertainty import window_mean
+from ..functional.uncertainty import check_window_indices, check_window_weight, window_mean
 from ..inputs.cache import CACHE_NAMES_FILTER, check_attention_mask
 from ..inputs.capture import model_windows
 from ..inputs.tokens import token_digest
@@ -104,9 +104,38 @@ def window_rho(
     """Spearman's ρ over heads (fixed) per score, on the windows ``windows`` (indices, repeats
     allowed): each head's score is its mean over those windows, its loss increase their
     prediction-weighted mean (:func:`~tl_geometry.functional.uncertainty.window_mean`).
-    :meth:`CapacityCorrelation.rho_over` on arrays, e.g. ones saved apart from the object."""
+    :meth:`CapacityCorrelation.rho_over` on arrays, e.g. ones saved apart from the object.
+
+    ``windows`` must be one resample: a 1-D integer tensor of indices ``0 ≤ i < n_windows``
+    (a ``ValueError`` otherwise, as for shapes that do not share one window axis)."""
+    n_windows = _window_count(window_scores, window_loss_increase, window_weight)
+    windows = check_window_indices(windows, n_windows)
     increase = window_mean(window_loss_increase, window_weight, windows)
     return {name: spearman(score[windows].nanmean(0), increase) for name, score in window_scores.items()}
+
+
+def _window_count(window_scores: dict[str, Tensor], window_loss_increase: Tensor, window_weight: Tensor) -> int:
+    """The number of windows the per-window arrays share (the weight's length, the increases'
+    last axis, every score's first axis), after checking that they do share one and that the
+    weight is a prediction count (:func:`~tl_geometry.functional.uncertainty.check_window_weight`):
+    arrays from different runs or windows would otherwise pair the wrong windows, or fail inside
+    torch."""
+    if not isinstance(window_weight, Tensor) or window_weight.ndim != 1:
+        raise ValueError("window_weight must be a 1-D tensor of per-window prediction counts "
+                         "([window]), as CapacityCorrelation.window_weight.")
+    n = len(window_weight)
+    if not isinstance(window_loss_increase, Tensor) or window_loss_increase.ndim == 0 \
+            or window_loss_increase.shape[-1] != n:
+        shape = list(window_loss_increase.shape) if isinstance(window_loss_increase, Tensor) else None
+        raise ValueError(f"window_loss_increase must be [layer, head, window] with {n} windows (as "
+                         f"window_weight), got shape {shape}: pass both from the same run.")
+    for name, score in window_scores.items():
+        if not isinstance(score, Tensor) or score.ndim == 0 or score.shape[0] != n:
+            shape = list(score.shape) if isinstance(score, Tensor) else type(score).__name__
+            raise ValueError(f"window_scores[{name!r}] must be [window, layer, head] with {n} windows "
+                             f"(as window_weight), got {shape}: pass every array from the same run.")
+    check_window_weight(window_weight, n, "window_weight")
+    return n
 
 
 def _why_nan(score: Tensor, increase: Tensor) -> str:
@@ -147,7 +176,9 @@ class CapacityCorrelation:
         """Spearman's ρ per score recomputed on the windows ``windows`` (indices, repeats
         allowed: one bootstrap resample, SPEC §8), the heads fixed: each head's score is its
         mean over those windows' last queries and its loss increase the prediction-weighted
-        mean of their per-window increases (``Σ w_b ΔL_b / Σ w_b``)."""
+        mean of their per-window increases (``Σ w_b ΔL_b / Σ w_b``). ``windows`` must be a 1-D
+        integer tensor of indices into the windows (a ``ValueError`` otherwise: resample batches
+        one row at a time)."""
         if self.window_scores is None or self.window_loss_increase is None or self.window_weight is None:
             raise ValueError("This CapacityCorrelation holds no per-window values (built without "
                              "them); run capacity_correlation again to resample windows.")

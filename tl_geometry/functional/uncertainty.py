@@ -11,12 +11,16 @@ Pure arithmetic: tensors (or floats) in, tensors (or floats) out.
   interval of each increase: critical where its lower end reaches ``max(0.1 nats, 5 % of the
   dense loss)``, not critical where its upper end stays below, undecided otherwise;
 * :func:`null_z` / :func:`empirical_p` — an observed loss change against a null sample (random
-  head sets of the same size).
+  head sets of the same size);
+* :func:`check_window_weight` / :func:`check_window_indices` / :func:`check_thresholds` — the
+  input checks the functions above share: a ``ValueError`` that names the argument, its value
+  and the fix, rather than a number from nonsense or an error from inside torch.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from jaxtyping import Bool, Float
@@ -32,13 +36,74 @@ CRITICAL_LEVEL = 0.95
 CRITICALITY = ("not critical", "undecided", "critical")
 
 
+def check_window_weight(weight: object, n_windows: int, name: str = "weight") -> None:
+    """Refuse ``weight`` unless it is one finite, non-negative prediction count per window (a 1-D
+    tensor of ``n_windows`` entries) with a positive total: a negative or NaN weight would turn
+    the weighted mean into a number that is no loss over any set of predictions, and a zero
+    total leaves it undefined (0 / 0)."""
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 1:
+        shape = list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"{name} must be a 1-D tensor with one prediction count per window, got "
+                         f"{shape}. Pass the per-window counts, e.g. window_losses(...).weight.")
+    if len(weight) != n_windows:
+        raise ValueError(f"{name} has {len(weight)} entries but the losses have {n_windows} windows "
+                         "(their last axis): pass one prediction count per window, in the losses' "
+                         "window order.")
+    w = weight.double()
+    bad = ~(torch.isfinite(w) & (w >= 0))
+    if bad.any():
+        at = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{name} must hold each window's number of valid predictions, finite and "
+                         f"≥ 0, got {w[at].item()!r} at window {at}. Pass the prediction counts "
+                         "(e.g. window_losses(...).weight), not losses or signed weights.")
+    if not w.sum() > 0:
+        raise ValueError(f"{name} sums to 0: no window has a valid prediction, so no loss is "
+                         "defined. Pass windows with at least one next-token prediction (≥ 2 "
+                         "real tokens each).")
+
+
+def check_window_indices(windows: object, n_windows: int, name: str = "windows") -> torch.Tensor:
+    """``windows`` as a 1-D integer tensor of indices into ``n_windows`` windows (one bootstrap
+    resample: repeats allowed), or a ``ValueError`` naming the problem and the fix. A sequence of
+    ints is taken as a tensor. Refused: a batch of resamples (2-D: each row would be divided by
+    every row's weight), float or bool indices (a mask is not a resample), an empty resample, and
+    indices outside ``0 … n_windows − 1`` (torch would read a negative one from the end)."""
+    if not isinstance(windows, torch.Tensor):
+        try:
+            windows = torch.as_tensor(windows)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"{name} must be a 1-D tensor of window indices, got "
+                             f"{type(windows).__name__}: pass e.g. torch.tensor([0, 2, 2]).") from None
+    if windows.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (the window indices of one resample), got shape "
+                         f"{list(windows.shape)}: pass one resample at a time (one row of a "
+                         "[resample, k] draw), and loop over the rows.")
+    if windows.dtype == torch.bool or windows.is_floating_point() or windows.is_complex():
+        hint = ("a bool mask: pass mask.nonzero().flatten() for its indices" if windows.dtype == torch.bool
+                else f"pass integer indices, e.g. {name}.long() of whole numbers or torch.randint(0, n, (n,))")
+        raise ValueError(f"{name} must hold integer window indices, got dtype {windows.dtype}: {hint}.")
+    if windows.numel() == 0:
+        raise ValueError(f"{name} is empty: a resample needs at least one window index.")
+    low, high = int(windows.min()), int(windows.max())
+    if low < 0 or high >= n_windows:
+        raise ValueError(f"{name} holds index {low if low < 0 else high}, outside 0 … {n_windows - 1} "
+                         f"(there are {n_windows} windows): pass indices into the windows, "
+                         f"0 ≤ i < {n_windows}.")
+    return windows
+
+
 def window_mean(
     loss: Float[Tensor, "*set window"], weight: Float[Tensor, " window"], windows: Tensor | None = None,
 ) -> Float[Tensor, "*set"]:
-    """``Σ_b w_b L_b / Σ_b w_b`` over the windows ``windows`` (indices into the last axis, repeats
-    counted again: one bootstrap resample, SPEC §8; default all windows), with ``w_b`` window
-    ``b``'s number of valid predictions: on all windows, the loss over every prediction of the
-    batch. A window without predictions (``w_b = 0``, its loss NaN) adds nothing.
+    """``Σ_b w_b L_b / Σ_b w_b`` over the windows ``windows`` (a 1-D tensor of indices into the
+    last axis, repeats counted again: one bootstrap resample, SPEC §8; default all windows), with
+    ``w_b`` window ``b``'s number of valid predictions: on all windows, the loss over every
+    prediction of the batch. A window without predictions (``w_b = 0``, its loss NaN) adds
+    nothing; NaN for a resample that draws only such windows.
+
+    ``weight`` must be finite and ≥ 0 with a positive total, and ``windows`` 1-D integer
+    indices in range (:func:`check_window_weight`, :func:`check_window_indices`): a
+    ``ValueError`` otherwise.
 
     Examples:
         >>> window_mean(torch.tensor([2.0, 4.0]), torch.tensor([1.0, 3.0])).item()
@@ -46,7 +111,11 @@ def window_mean(
         >>> window_mean(torch.tensor([2.0, 4.0]), torch.tensor([1.0, 3.0]), torch.tensor([0, 0])).item()
         2.0
     """
+    if not isinstance(loss, torch.Tensor) or loss.ndim == 0:
+        raise ValueError("loss must be a tensor whose last axis is the windows ([..., window]).")
+    check_window_weight(weight, loss.shape[-1])
     if windows is not None:
+        windows = check_window_indices(windows, loss.shape[-1]).to(weight.device)
         loss, weight = loss[..., windows], weight[windows]
     w = weight.double()
     # where, not a product: a window without predictions has a NaN loss, and NaN · 0 is NaN.
@@ -68,11 +137,15 @@ def paired_window_se(
 
     With equal weights (windows of one length, no padding) this is ``sd(d) / sqrt(n)``
     (sample sd, ``n − 1``). Windows with ``w_b = 0`` (no valid prediction) are left out; NaN
-    with fewer than 2 windows (no spread to estimate), and where a used ``d_b`` is NaN.
+    with a single such window (no spread to estimate), and where a used ``d_b`` is NaN.
+    ``weight`` must be finite and ≥ 0 with a positive total (:func:`check_window_weight`).
 
     >>> paired_window_se(torch.tensor([1.0, 2.0, 3.0]), torch.ones(3))   # sd 1, n 3
     tensor(0.5774, dtype=torch.float64)
     """
+    if not isinstance(difference, torch.Tensor) or difference.ndim == 0:
+        raise ValueError("difference must be a tensor whose last axis is the windows ([..., window]).")
+    check_window_weight(weight, difference.shape[-1])
     d, w = difference.double(), weight.double().to(difference.device)
     used = w > 0
     n = int(used.sum())
@@ -154,10 +227,27 @@ def confidence_interval(
     return estimate.double() - half, estimate.double() + half
 
 
+def check_thresholds(min_nats: object, min_fraction: object) -> None:
+    """Refuse a threshold of SPEC §7's critical rule that is not a finite number ≥ 0, naming it,
+    its value and the fix: with a negative one nearly every head is critical, with NaN or
+    infinity none is. Every critical-head entry point checks its thresholds here
+    (:func:`critical_threshold`, :func:`criticality`, :func:`critical_mask`,
+    :func:`tl_geometry.ablation.critical_heads` and :class:`~tl_geometry.ablation.HeadSensitivity`'s
+    methods)."""
+    for name, value, default in (("min_nats", min_nats, CRITICAL_MIN_NATS),
+                                 ("min_fraction", min_fraction, CRITICAL_MIN_FRACTION)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+                math.isfinite(value) and float(value) >= 0):
+            raise ValueError(f"{name} must be a number ≥ 0, not NaN or infinite; got {value!r}. "
+                             f"Pass e.g. {name}={default} (the default, SPEC §7).")
+
+
 def critical_threshold(dense_loss: float, min_nats: float = CRITICAL_MIN_NATS,
                        min_fraction: float = CRITICAL_MIN_FRACTION) -> float:
     """``max(min_nats, min_fraction · dense_loss)``: the smallest loss increase that can make a
-    head critical (SPEC §7: 0.1 nats or 5 % of the dense loss, whichever is larger)."""
+    head critical (SPEC §7: 0.1 nats or 5 % of the dense loss, whichever is larger). Thresholds
+    that are not finite numbers ≥ 0 are refused (:func:`check_thresholds`)."""
+    check_thresholds(min_nats, min_fraction)
     return max(min_nats, min_fraction * dense_loss)
 
 
@@ -168,7 +258,8 @@ def criticality(
     """SPEC §7's outcome per head from the interval ``[low, high]`` of its loss increase, with
     ``c = max(min_nats, min_fraction · dense_loss)``: 2 (critical) where ``low ≥ c``, 0 (not
     critical) where ``high < c``, 1 (undecided) otherwise; NaN where the interval is (an unscored
-    head, or no standard error). Names: :data:`CRITICALITY`.
+    head, or no standard error). Names: :data:`CRITICALITY`. A threshold that is not a finite
+    number ≥ 0 is refused (:func:`check_thresholds`).
 
     Examples:
         >>> criticality(torch.tensor([0.3, 0.0, 0.05]), torch.tensor([0.5, 0.05, 0.4]), 4.0).tolist()
@@ -186,7 +277,8 @@ def critical_mask(
 ) -> Bool[Tensor, "*head"]:
     """SPEC §7's critical heads: the lower end ``low`` of the loss increase's interval is at
     least ``max(min_nats, min_fraction · dense_loss)`` (a large effect, beyond noise). NaN (an
-    unscored head, or no standard error) is never critical."""
+    unscored head, or no standard error) is never critical. A threshold that is not a finite
+    number ≥ 0 is refused (:func:`check_thresholds`)."""
     return low.double() >= critical_threshold(dense_loss, min_nats, min_fraction)
 
 
