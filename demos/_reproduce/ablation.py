@@ -10,6 +10,7 @@ the sensitivity oracle. Zero ablation of ``hook_z``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,19 @@ from tl_geometry.functional.uncertainty import critical_threshold, window_mean
 from . import plots
 from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
-from .intervals import NO_INTERVAL, UNDECIDED, Interval, bootstraps, combine, decide, every, some
+from .intervals import (
+    NO_INTERVAL,
+    TOO_FEW,
+    UNDECIDED,
+    Interval,
+    bootstraps,
+    categorize,
+    combine,
+    decide,
+    every,
+    median_of,
+    some,
+)
 from .losses import tally
 from .protocol import StudyConfig, beside, windows
 from .saved import TABLES_SHA256, load_windows, save_windows
@@ -32,6 +45,11 @@ MODERATE = (0.9, 0.75)  # retentions where the taxonomy should be "a useful coar
 AGGRESSIVE = (0.5, 0.25)  # where it should not beat every single-metric baseline
 BASELINES = ("weight_norm", "entropy")  # the single-metric orders
 BREAKS_MODEL = 1.0  # (ours, reported only) a single-head loss increase ≥ 1 nat "breaks" the model
+LOWER, HIGHER = "lower", "higher"
+#: A loss change read against 0 (SPEC §8 (iv)): each direction on its own interval rule.
+SIGN = ((LOWER, -math.inf, 0.0), (HIGHER, 0.0, math.inf))
+#: In a row list of :func:`curve_intervals`: the unablated model's held-out loss.
+DENSE = -1
 
 
 def describe(config: StudyConfig) -> str:
@@ -118,27 +136,111 @@ def _range(curve: pd.DataFrame, ordering: str, retention: float) -> tuple[float,
     return (float(rows.min()), float(rows.max())) if len(rows) else (math.nan, math.nan)
 
 
-def _below_dense(model: str, curve: pd.DataFrame, sens: pd.DataFrame, dense: float) -> list[str]:
-    """A note for each order whose held-out loss falls below the unablated model's at some
-    retention: removing heads then helps the model on that text. For the oracle order (the
-    smallest single-head loss increase first) the note says how many heads lower the loss when
-    removed alone, and by how much, on the ablation windows."""
+def sign(interval: Interval) -> str:
+    """A loss change read against 0 on its 95 % interval (SPEC §8 (iv)): ``"lower"`` where the
+    whole interval lies below 0, ``"higher"`` where it lies above, undecided where it holds 0,
+    too few below 8 windows."""
+    outcome = categorize(interval, SIGN)
+    return UNDECIDED if outcome.startswith(UNDECIDED) else outcome
+
+
+def curve_intervals(tables: dict[str, Any],
+                    spec: Sequence[tuple[Sequence[int], Sequence[int] | None]]) -> list[Interval] | None:
+    """For each ``(plus, minus)`` of ``spec``: the mean held-out loss of the curve rows ``plus``
+    minus the mean of the rows ``minus`` (``None``: nothing subtracted; :data:`DENSE` stands for
+    the unablated model), with its BCa 95 % interval over the held-out windows (SPEC §8). Every
+    resample recomputes each row's loss, and the unablated one, as the prediction-weighted mean
+    over the drawn windows. NaN where ``plus`` or a given ``minus`` is empty; None for tables saved
+    without per-window losses."""
+    per_window = tables.get("windows")
+    if per_window is None:
+        return None
+    loss, base, weight = per_window["curve"], per_window["held_out_base"], per_window["held_out_weight"]
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+
+    def statistic(idx: torch.Tensor) -> torch.Tensor:
+        rows = torch.cat([window_mean(loss, weight, idx), window_mean(base, weight, idx)[None]])
+        out = []
+        for plus, minus in spec:
+            if not plus or (minus is not None and not minus):
+                out.append(nan)
+            else:
+                out.append(rows[list(plus)].mean() - (rows[list(minus)].mean() if minus else 0.0))
+        return torch.stack(out)
+
+    return bootstraps(statistic, loss.shape[-1])
+
+
+def order_losses(tables: dict[str, Any]) -> dict[tuple[str, float], Interval] | None:
+    """Each order's held-out loss at each retention (the random orders: the mean over their
+    seeds) with its 95 % interval over the held-out windows; None without per-window losses."""
+    curve = tables["curve"]
+    keys = [(name, r) for name in dict.fromkeys(curve.ordering) for r in sorted(set(curve.retention), reverse=True)]
+    intervals = curve_intervals(tables, [(_rows(curve, name, r), None) for name, r in keys])
+    return None if intervals is None else dict(zip(keys, intervals))
+
+
+def _windows(interval: Interval, which: str) -> str:
+    return f"{interval.n} {which} window" + "s" * (interval.n != 1)
+
+
+def below_dense(model: str, tables: dict[str, Any], heads: list[Interval] | None = None) -> list[str]:
+    """A note for each order whose held-out loss minus the unablated model's (paired over the
+    held-out windows) is not above 0 on its whole 95 % interval at some retention below 1: lower
+    there (the whole interval below 0: removing those heads helps the model on that text) or
+    undecided (the interval holds 0), each with its interval and n of windows (SPEC §8 (iv)).
+    For the oracle order (the smallest single-head point estimate removed first) the note adds
+    how many heads lower, and raise, the ablation windows' loss on their whole interval when
+    removed alone (``heads``: :func:`head_intervals`), and how many are undecided. Nothing for
+    tables without per-window losses or with too few windows."""
+    curve = tables["curve"]
+    names = list(dict.fromkeys(curve.ordering))
+    retentions = [r for r in sorted(set(curve.retention), reverse=True) if r < 1]
+    keys = [(name, r) for name in names for r in retentions]
+    intervals = curve_intervals(tables, [(_rows(curve, name, r), [DENSE]) for name, r in keys])
+    if intervals is None:
+        return []
     notes = []
-    lowering = sens[sens.loss_increase < 0]
-    for name in dict.fromkeys(curve.ordering):
-        below = [r for r in sorted(set(curve.retention), reverse=True)
-                 if r < 1 and _loss(curve, name, r) < dense]
-        if not below:
+    for name in names:
+        cells = [(r, iv, sign(iv)) for (n, r), iv in zip(keys, intervals)
+                 if n == name and sign(iv) in (LOWER, UNDECIDED)]
+        if not cells:
             continue
-        cells = ", ".join(f"{fmt(_loss(curve, name, r))} at retention {r:g}" for r in below)
-        note = f"{model}: the {name} order's held-out loss falls below the unablated {fmt(dense)}: {cells}."
-        if name == "oracle":
-            note += (f" {len(lowering)} of {len(sens)} heads lower the ablation windows' loss when "
-                     f"removed alone (together {fmt(float(lowering.loss_increase.sum()))} nats, the "
-                     f"largest {fmt(float(lowering.loss_increase.min()) if len(lowering) else math.nan)}); "
-                     "the oracle removes them first.")
+        seeds = curve[curve.ordering == name].seed.nunique()
+        label = (f"random orders' mean held-out loss ({seeds} seeds)" if name == "random"
+                 else f"{name} order's held-out loss")
+        parts = "; ".join(
+            f"{iv.show()} nats at retention {r:g}, "
+            + ("lower on its whole interval" if outcome == LOWER else "undecided (the interval holds 0)")
+            for r, iv, outcome in cells)
+        note = (f"{model}: the {label} minus the unablated model's, 95 % BCa interval "
+                f"over the same {_windows(cells[0][1], 'held-out')}: {parts}.")
+        if name == "oracle" and heads is not None:
+            note += " " + head_signs(heads, int(tables["sensitivity"]["head"].max() + 1))
         notes.append(note)
     return notes
+
+
+def head_signs(heads: list[Interval], n_heads: int) -> str:
+    """How many heads lower, and raise, the ablation windows' loss when removed alone, each on its
+    whole 95 % interval (SPEC §8 (iv): never a count of point estimates), how many are undecided
+    (and too few), and the largest decrease among the lowering ones with its interval."""
+    outcomes = [sign(iv) for iv in heads]
+    lower = [i for i, o in enumerate(outcomes) if o == LOWER]
+    n = heads[0].n if heads else 0
+    text = (f"On the {_windows(heads[0], 'ablation') if heads else '0 ablation windows'}, "
+            f"{len(lower)} of {len(heads)} heads lower the loss when removed alone on their whole "
+            f"95 % interval, {outcomes.count(HIGHER)} raise it on theirs and "
+            f"{outcomes.count(UNDECIDED)} are undecided")
+    if outcomes.count(TOO_FEW):
+        text += f" ({outcomes.count(TOO_FEW)} with too few windows: n = {n})"
+    if lower:
+        most = min(lower, key=lambda i: heads[i].value)
+        text += (f"; the largest decrease among them is L{most // n_heads}H{most % n_heads}'s "
+                 f"{heads[most].show()} nats")
+    return (text + ". Each head is removed alone; the oracle order removes heads by their "
+            "single-head point estimate, smallest first, and its sparsification curve is the measured "
+            "joint removal.")
 
 
 def order_checks(tables: dict[str, Any]) -> list[tuple[str, str, Interval]] | None:
@@ -148,39 +250,67 @@ def order_checks(tables: dict[str, Any]) -> list[tuple[str, str, Interval]] | No
     order's loss minus the taxonomy's at each aggressive retention (``"not_uniform"``: held
     where ≤ 0). Every resample recomputes each order's loss from the drawn windows. None for
     tables saved without per-window losses."""
-    per_window = tables.get("windows")
-    if per_window is None:
-        return None
     curve = tables["curve"]
     spec = [("moderate", f"taxonomy − random (mean) at r = {r:g}", _rows(curve, "taxonomy", r),
              _rows(curve, "random", r)) for r in MODERATE]
     spec += [("not_uniform", f"{b} − taxonomy at r = {r:g}", _rows(curve, b, r), _rows(curve, "taxonomy", r))
              for b in BASELINES for r in AGGRESSIVE]
-    loss, weight = per_window["curve"], per_window["held_out_weight"]
-
-    def statistic(idx: torch.Tensor) -> torch.Tensor:
-        per_row = window_mean(loss, weight, idx)
-        nan = torch.tensor(math.nan, dtype=torch.float64)
-        return torch.stack([per_row[plus].mean() - per_row[minus].mean() if plus and minus else nan
-                            for _, _, plus, minus in spec])
-
-    intervals = bootstraps(statistic, loss.shape[-1])
+    intervals = curve_intervals(tables, [(plus, minus) for _, _, plus, minus in spec])
+    if intervals is None:
+        return None
     return [(check, label, iv) for (check, label, _, _), iv in zip(spec, intervals)]
 
 
-def head_intervals(tables: dict[str, Any]) -> list[Interval] | None:
-    """Each head's single-head loss increase ``[layer · head]`` (layer-major, the sensitivity
-    table's order) with its 95 % bootstrap interval over the ablation windows (SPEC §7–§8);
-    None for tables saved without per-window losses."""
+def versus_random(model: str, tables: dict[str, Any]) -> list[str]:
+    """At each moderate retention, the taxonomy order's held-out loss minus each random order's
+    (one per seed), each with its 95 % interval over the held-out windows and read lower /
+    undecided / higher (SPEC §8 (iv)): a note where they do not all agree on one decided side,
+    i.e. where the taxonomy order is not shown to lie below (or above) every random order."""
+    curve = tables["curve"]
+    seeds = curve.seed.tolist()
+    notes = []
+    for r in MODERATE:
+        taxonomy, random = _rows(curve, "taxonomy", r), _rows(curve, "random", r)
+        if not taxonomy or not random:
+            continue
+        intervals = curve_intervals(tables, [(taxonomy, [row]) for row in random])
+        if intervals is None:
+            continue
+        outcomes = [sign(iv) for iv in intervals]
+        if TOO_FEW in outcomes or outcomes in ([LOWER] * len(outcomes), [HIGHER] * len(outcomes)):
+            continue
+        cells = ", ".join(f"seed {int(seeds[row])}: {iv.show()} ({o})"
+                          for row, iv, o in zip(random, intervals, outcomes))
+        tally_ = ", ".join(f"{o} than {outcomes.count(o)}" if o != UNDECIDED
+                           else f"undecided against {outcomes.count(o)}"
+                           for o in (LOWER, UNDECIDED, HIGHER) if outcomes.count(o))
+        notes.append(f"{model}: at retention {r:g} the taxonomy order's held-out loss minus each random "
+                     f"order's, 95 % BCa interval over {_windows(intervals[0], 'held-out')}: {cells} "
+                     f"nats — {tally_} of the {len(random)} random orders.")
+    return notes
+
+
+def _sweep(tables: dict[str, Any]) -> list[Interval] | None:
+    """:func:`head_intervals` followed by the median over heads of the single-head loss increase
+    (the heads fixed, the median recomputed in every resample), from the same draws."""
     per_window = tables.get("windows")
     if per_window is None:
         return None
     loss, base, weight = per_window["sensitivity"], per_window["base"], per_window["weight"]
 
     def statistic(idx: torch.Tensor) -> torch.Tensor:
-        return (window_mean(loss, weight, idx) - window_mean(base, weight, idx)).flatten()
+        increase = (window_mean(loss, weight, idx) - window_mean(base, weight, idx)).flatten()
+        return torch.cat([increase, median_of(increase)[None]])
 
     return bootstraps(statistic, loss.shape[-1])
+
+
+def head_intervals(tables: dict[str, Any]) -> list[Interval] | None:
+    """Each head's single-head loss increase ``[layer · head]`` (layer-major, the sensitivity
+    table's order) with its 95 % bootstrap interval over the ablation windows (SPEC §7–§8);
+    None for tables saved without per-window losses."""
+    out = _sweep(tables)
+    return None if out is None else out[:-1]
 
 
 def head_outcome(interval: Interval, threshold: float) -> str:
@@ -196,6 +326,55 @@ def _rule6(checks: dict[str, list[bool]]) -> str:
     return NOT_HELD if not any(checks["moderate"]) and not any(checks["critical"]) else PARTLY
 
 
+def _moderate_note(model: str, label: str, interval: Interval, outcome: str) -> str:
+    """Claim 6 (a) where it is not held at one retention, read on its interval."""
+    if outcome == TOO_FEW:
+        reading = "too few windows for an interval, so no verdict"
+    elif math.isnan(interval.low):
+        reading = "no resample defines its interval, so nothing can be said either way"
+    elif outcome == NOT_HELD:
+        reading = "the taxonomy order's loss is above the random orders' mean on the whole interval"
+    else:
+        reading = ("the interval holds 0: the taxonomy order is not shown to be below the random "
+                   "orders' mean there")
+    return (f"{model}: {label}: {interval.show()} nats over {_windows(interval, 'held-out')}, "
+            f"{outcome} against 'below 0' — {reading}.")
+
+
+def breaks_model(model: str, heads: list[Interval], n_heads: int) -> list[str]:
+    """Whether a single head breaks the model alone (ours, reported only: a single-head loss
+    increase of at least :data:`BREAKS_MODEL` nats), read on each head's 95 % interval over the
+    ablation windows (SPEC §8): breaks where the lower end reaches it, does not where the upper end
+    stays below, undecided otherwise. Nothing with too few windows."""
+    outcomes = [decide(iv, low=BREAKS_MODEL) for iv in heads]
+    if not heads or TOO_FEW in outcomes:
+        return []
+
+    def key(i: int) -> float:
+        return -heads[i].value if math.isfinite(heads[i].value) else math.inf
+
+    def shown(i: int) -> str:
+        return f"L{i // n_heads}H{i % n_heads} {heads[i].show()}"
+
+    broken = sorted((i for i, o in enumerate(outcomes) if o == HELD), key=key)
+    open_ = sorted((i for i, o in enumerate(outcomes) if o == UNDECIDED), key=key)
+    n = _windows(heads[0], "ablation")
+    rule = f"(ours: a loss increase of at least {BREAKS_MODEL:g} nat on the whole 95 % interval over {n})"
+    paper = "the paper's Gemma-7B layer 0 head 12 broke it alone"
+    if broken:
+        more = f"; {len(open_)} more undecided" if open_ else ""
+        return [f"{model}: {len(broken)} of {len(heads)} heads break the model alone {rule}: "
+                + ", ".join(shown(i) for i in broken[:5]) + f" nats{more} ({paper})."]
+    if open_:
+        return [f"{model}: whether a single head breaks the model alone {rule} is undecided: "
+                + ", ".join(shown(i) for i in open_[:5]) + " nats, "
+                + ("an interval that holds" if len(open_) == 1 else f"{len(open_)} intervals that hold")
+                + f" {BREAKS_MODEL:g} nat; no head breaks it on its whole interval ({paper})."]
+    return [f"{model}: no single head breaks the model alone {rule}: every head's interval stays "
+            f"below {BREAKS_MODEL:g} nat, the largest point estimate {shown(sorted(range(len(heads)), key=key)[0])} "
+            f"nats ({paper})."]
+
+
 def claim6(study, figures: Path):
     """Taxonomy order vs random and single-metric orders; critical single heads; each check on its
     95 % interval over the windows (SPEC §7–§8)."""
@@ -206,20 +385,25 @@ def claim6(study, figures: Path):
         return Claim(6, "Head removal guided by the taxonomy", statement, "–", NOT_HELD,
                      "not measured in this run (no ablation study was run).")
     checks: dict[str, list[str]] = {"moderate": [], "not_uniform": [], "critical": []}
-    loss_rows, check_rows, crit_rows, notes = [], [], [], []
+    loss_rows, check_rows, crit_rows, notes, largest = [], [], [], [], []
+    held_out: set[int] = set()
     for model, tables in study.ablation.items():
         curve, sens = tables["curve"], tables["sensitivity"]
         orderings = list(dict.fromkeys(curve.ordering))
         retentions = sorted(set(curve.retention), reverse=True)
+        losses = order_losses(tables)
         for name in orderings:
             label = name + (f" (mean of {curve[curve.ordering == name].seed.nunique()})"
                             if name == "random" else "")
-            loss_rows.append([model, label] + [fmt(_loss(curve, name, r)) for r in retentions])
+            loss_rows.append([model, label] + [
+                losses[name, r].show() if losses is not None else f"{fmt(_loss(curve, name, r))} (no interval)"
+                for r in retentions])
             if name == "random":
-                loss_rows.append([model, "random (min – max)"] + [
+                loss_rows.append([model, "random (min – max over seeds)"] + [
                     "{} – {}".format(*(fmt(x) for x in _range(curve, name, r))) for r in retentions])
         orders = order_checks(tables)
-        intervals = head_intervals(tables)
+        sweep = _sweep(tables)
+        intervals, median = (None, None) if sweep is None else (sweep[:-1], sweep[-1])
         threshold = critical_threshold(tables["base_loss"])
         if orders is None or intervals is None:
             checks["moderate"].append(NO_INTERVAL)
@@ -229,53 +413,56 @@ def claim6(study, figures: Path):
                          "interval and no verdict (SPEC §8); re-run the ablation study.")
         else:
             found = {"moderate": [], "not_uniform": []}
+            held_out.add(orders[0][2].n)
             for check, label, iv in orders:
                 outcome = decide(iv, high=0.0)
                 found[check].append(outcome)
-                check_rows.append([model, label, iv.show(), outcome])
+                check_rows.append([model, label, iv.show(), str(iv.n), outcome])
                 if check == "moderate" and outcome != HELD:
-                    notes.append(f"{model}: {label}: {iv.show()} nats, {outcome} against 'below "
-                                 "0' — the taxonomy order is not below the random orders' mean "
-                                 "there on the whole interval.")
+                    notes.append(_moderate_note(model, label, iv, outcome))
             checks["moderate"].append(every(found["moderate"]))
             checks["not_uniform"].append(some(found["not_uniform"]))
             if checks["not_uniform"][-1] == NOT_HELD:
-                notes.append(f"{model}: the taxonomy order beats weight magnitude and entropy at "
-                             "retention 0.5 and 0.25 on the whole interval — better than the paper found.")
-        for r in MODERATE:
-            low, high = _range(curve, "random", r)
-            if low <= _loss(curve, "taxonomy", r) <= high:
-                notes.append(f"{model}: at retention {r:g} the taxonomy order's loss "
-                             f"{fmt(_loss(curve, 'taxonomy', r))} lies within the random orders' "
-                             f"range {fmt(low)} – {fmt(high)}.")
-        notes += _below_dense(model, curve, sens, tables["held_out_base_loss"])
+                notes.append(f"{model}: the taxonomy order's loss is below weight magnitude's and "
+                             "entropy's at retention 0.5 and 0.25, each difference on its whole "
+                             f"95 % interval over {_windows(orders[0][2], 'held-out')} (table "
+                             "below) — better than the paper found.")
+            notes += versus_random(model, tables)
+            notes += below_dense(model, tables, intervals)
         worst = sens.sort_values("loss_increase", ascending=False).iloc[0]
         n_heads = int(sens["head"].max() + 1)
         worst_at = int(worst.layer) * n_heads + int(worst["head"])
         worst_name = f"L{int(worst.layer)}H{int(worst['head'])}"
-        if float(worst.loss_increase) < BREAKS_MODEL:
-            notes.append(f"{model}: no single head breaks the model — the worst, {worst_name}, adds "
-                         f"{fmt(float(worst.loss_increase), 2)} nats (the paper's Gemma-7B layer 0 "
-                         "head 12 broke it alone).")
         if intervals is None:
             crit_rows.append([model, fmt(tables["base_loss"]), fmt(threshold), worst_name,
                               f"{fmt(float(worst.loss_increase))} (no interval)",
-                              fmt(float(sens.loss_increase.median())), NO_INTERVAL, NO_INTERVAL, "–"])
+                              f"{fmt(float(sens.loss_increase.median()))} (no interval)",
+                              NO_INTERVAL, NO_INTERVAL, "–", NO_INTERVAL, f"–, {len(sens)}"])
+            largest.append(f"{model} {fmt(float(worst.loss_increase))} nats ({worst_name}, no interval)")
             continue
+        notes += breaks_model(model, intervals, n_heads)
         outcomes = [head_outcome(iv, threshold) for iv in intervals]
         checks["critical"].append(some(outcomes))
         critical = sorted((i for i, o in enumerate(outcomes) if o == HELD),
                           key=lambda i: -intervals[i].value)
+        n = _windows(intervals[worst_at], "ablation")
         if not critical:
-            notes.append(f"{model}: no single head is critical: the largest loss increase, "
-                         f"{worst_name}'s {intervals[worst_at].show()}, does not reach "
-                         f"{fmt(threshold)} nats (max(0.1 nats, 5 % of the dense loss)) with its "
-                         f"whole interval over {study.config.ablation_windows} windows.")
+            undecided = outcomes.count(UNDECIDED)
+            notes.append(f"{model}: no single head is critical on its whole interval: the largest "
+                         f"point estimate, {worst_name}'s {intervals[worst_at].show()} nats, does not "
+                         f"reach {fmt(threshold)} nats (max(0.1 nats, 5 % of the dense loss)) with "
+                         f"its whole 95 % interval over {n}"
+                         + (f"; {undecided} of {len(intervals)} heads are undecided." if undecided else "."))
+        signs = [sign(iv) for iv in intervals]
+        largest.append(f"{model} {intervals[worst_at].show()} nats ({worst_name}, {n}, "
+                       f"{len(intervals)} heads)")
         crit_rows.append([
             model, fmt(tables["base_loss"]), fmt(threshold), worst_name, intervals[worst_at].show(),
-            fmt(float(sens.loss_increase.median())),
-            str(len(critical)), str(outcomes.count(UNDECIDED)),
+            median.show(), str(len(critical)), str(outcomes.count(UNDECIDED)),
             ", ".join(f"L{i // n_heads}H{i % n_heads} ({intervals[i].show(2)})" for i in critical[:5]) or "none",
+            " / ".join(str(signs.count(o)) for o in (LOWER, HIGHER, UNDECIDED))
+            + (f" ({signs.count(TOO_FEW)} too few)" if signs.count(TOO_FEW) else ""),
+            f"{intervals[worst_at].n}, {len(intervals)}",
         ])
 
     models = list(study.ablation)
@@ -297,9 +484,11 @@ def claim6(study, figures: Path):
     because = (f"taxonomy order below the random orders' mean loss at retention 0.9 and 0.75 for "
                f"{tally(checks['moderate'])}; a single-metric order at least as good at retention "
                f"0.5 or 0.25 for {tally(checks['not_uniform'])}; critical single heads for "
-               f"{tally(checks['critical'])}; each on its 95 % interval over the windows; largest "
-               "single-head loss increase: "
-               + ", ".join(f"{row[0]} {row[4]} nats" for row in crit_rows) + ".")
+               f"{tally(checks['critical'])}; each on its 95 % BCa interval over the windows"
+               + (f" ({' or '.join(map(str, sorted(held_out)))} held-out windows per model for the "
+                  "orders)" if held_out else "")
+               + "; largest single-head loss increase (point estimate, with its interval): "
+               + ", ".join(largest) + ".")
     retentions = sorted(set(next(iter(study.ablation.values()))["curve"].retention), reverse=True)
     return Claim(
         6, "Head removal guided by the taxonomy", statement,
@@ -318,20 +507,37 @@ def claim6(study, figures: Path):
         "every head's, as the prediction-weighted mean over the drawn windows): held where the "
         "whole interval satisfies the rule, not held where none of it does, undecided otherwise. "
         "Held: (a), (b), (c) for every model; not held: neither (a) nor (c) for any model; else "
-        "partly held.",
+        "partly held. The notes read every other loss the same way (SPEC §8 (iv)): an order's "
+        "loss against the unablated model's, or against another order's, is lower, undecided or "
+        "higher on the 95 % interval of the paired difference over the same held-out windows; a "
+        "head lowers (raises) the loss when removed alone only where its whole interval lies "
+        "below (above) 0, and the heads that do neither are counted as undecided; single-head "
+        "changes are never added up into a joint removal (the curves are the measured joint "
+        "removals). Reported only (ours): a head breaks the model where the lower end of its "
+        "interval reaches 1 nat.",
         result, because,
         blocks=[
-            "Loss (nats) on held-out windows after removing heads in each order:",
+            "Loss (nats) on the held-out windows after removing heads in each order, each with its "
+            "95 % BCa interval over those windows (the random orders: the mean over their seeds, "
+            "recomputed in every resample; r = 1 is the unablated model; the min – max row is the "
+            "spread of the seeds' point losses, not an interval):",
             table(["model", "ordering"] + [f"r={r:g}" for r in retentions], loss_rows,
                   "ll" + "r" * len(retentions)),
-            "The differences the rule reads, with their 95 % intervals over the held-out windows "
-            "((a): below 0 holds; (b): at most 0 holds):",
-            table(["model", "difference (nats)", "value [95 % interval]", "outcome"], check_rows, "llrl"),
-            "Single-head sensitivity (ablation windows; intervals over the windows):",
+            "The differences the rule reads, with their 95 % BCa intervals over the held-out "
+            "windows ((a): below 0 holds; (b): at most 0 holds):",
+            table(["model", "difference (nats)", "value [95 % interval]", "windows", "outcome"],
+                  check_rows, "llrrl"),
+            "Single-head sensitivity on the ablation windows, each loss increase with its 95 % BCa "
+            "interval over them (worst head: the largest point estimate; the median over heads is "
+            "recomputed in every resample; critical: SPEC §7's rule, with the heads it leaves "
+            "undecided; lower / higher / undecided: the heads whose whole interval lies below 0, "
+            "above 0, or neither):",
             table(["model", "base loss", "critical from (nats)", "worst head", "its Δloss [95 %]",
-                   "median Δloss", "critical heads", "undecided heads", "largest critical"], crit_rows),
+                   "median Δloss [95 %]", "critical heads", "undecided (critical)", "largest critical",
+                   "lower / higher / undecided", "windows, heads"], crit_rows, "lrrllrrrlrr"),
         ],
         figures=[("claim6_sparsification.png",
-                  "Held-out loss against the fraction of heads kept; dotted: unablated.")],
+                  "Held-out loss against the fraction of heads kept (point losses; their 95 % "
+                  "intervals are in the first table); dotted: unablated.")],
         disagreements=notes,
     )
