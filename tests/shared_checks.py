@@ -10,9 +10,13 @@ import torch
 # By module path: tl_geometry.analyze's own `head_scores` attribute is the function.
 _head_scores = importlib.import_module("tl_geometry.analyze.head_scores")
 
-#: What result file formats 6, 7 and 8 added: fields (and their axes) and named axes.
-FORMAT_8_FIELDS = ("baseline_se",)
-FORMAT_8_NAMES = ("se_kind",)
+#: What result file formats 6 to 9 added: fields (and their axes) and named axes. Format 9 also
+#: added the window groups ``sink_in`` and ``sink_out`` (:func:`drop_format_9`).
+FORMAT_9_FIELDS = ("local_sink",)
+FORMAT_9_NAMES = ("local_field",)
+FORMAT_9_WINDOW_GROUPS = ("sink_in", "sink_out")
+FORMAT_8_FIELDS = ("baseline_se", *FORMAT_9_FIELDS)
+FORMAT_8_NAMES = ("se_kind", *FORMAT_9_NAMES)
 FORMAT_7_FIELDS = ("window_bounds", *FORMAT_8_FIELDS)
 FORMAT_6_FIELDS = ("beyond_votes", "block_votes", "window_scores", "window_sink", *FORMAT_7_FIELDS)
 FORMAT_6_NAMES = ("window_group", *FORMAT_8_NAMES)
@@ -28,18 +32,33 @@ def _drop(payload: dict, fields: tuple[str, ...], named_axes: tuple[str, ...]) -
     return payload
 
 
+def drop_format_9(payload: dict) -> dict:
+    """``payload`` (a loaded result file) without what format 9 added, in place: the local sink
+    and the per-window sink-in / sink-out groups."""
+    _drop(payload, FORMAT_9_FIELDS, FORMAT_9_NAMES)
+    groups = payload.get("names", {}).get("window_group")
+    if groups is not None:
+        keep = [i for i, g in enumerate(groups) if g not in FORMAT_9_WINDOW_GROUPS]
+        payload["names"]["window_group"] = [groups[i] for i in keep]
+        if payload.get("window_scores") is not None:
+            payload["window_scores"] = payload["window_scores"][:, keep].clone()
+    return payload
+
+
 def drop_format_8(payload: dict) -> dict:
-    """``payload`` (a loaded result file) without what format 8 added, in place."""
+    """``payload`` (a loaded result file) without what formats 8 and 9 added, in place."""
+    drop_format_9(payload)
     return _drop(payload, FORMAT_8_FIELDS, FORMAT_8_NAMES)
 
 
 def drop_format_7(payload: dict) -> dict:
-    """``payload`` (a loaded result file) without what formats 7 and 8 added, in place."""
+    """``payload`` (a loaded result file) without what formats 7 to 9 added, in place."""
+    drop_format_9(payload)
     return _drop(payload, FORMAT_7_FIELDS, FORMAT_8_NAMES)
 
 
 def drop_format_6(payload: dict) -> dict:
-    """``payload`` (a loaded result file) without what formats 6, 7 and 8 added, in place."""
+    """``payload`` (a loaded result file) without what formats 6 to 9 added, in place."""
     return _drop(payload, FORMAT_6_FIELDS, FORMAT_6_NAMES)
 
 

@@ -132,7 +132,7 @@ def test_sequence_votes_must_add_up_to_the_vote_counts():
 def test_files_keep_the_sequence_votes_and_format_2_still_loads(tmp_path):
     r = _many(fake())
     path = r.save(tmp_path / "r.pt")
-    assert torch.load(path, weights_only=True)["format"] == "tl_geometry.HeadAnalysis/8"
+    assert torch.load(path, weights_only=True)["format"] == "tl_geometry.HeadAnalysis/9"
     back = HeadAnalysis.load(path)
     assert torch.equal(back.sequence_votes, r.sequence_votes)
     torch.testing.assert_close(back.label_stability, r.label_stability)
@@ -143,7 +143,7 @@ def test_files_keep_the_sequence_votes_and_format_2_still_loads(tmp_path):
     loaded = HeadAnalysis.load(old)
     assert loaded.sequence_votes is None and loaded.labels == r.labels
     assert loaded.label_stability.isnan().all()
-    assert _result_io.FORMAT.endswith("/8")
+    assert _result_io.FORMAT.endswith("/9")
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".json"])

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 from result_fakes import fake
-from shared_checks import drop_format_6, drop_format_7, drop_format_8
+from shared_checks import drop_format_6, drop_format_7, drop_format_8, drop_format_9
 
 import tl_geometry
 from tl_geometry.capacity.policy import MAX_HEADS, MAX_LAYERS, POLICY_FORMAT, TopNPolicy
@@ -189,6 +189,8 @@ def test_a_newer_file_relabelled_as_older_is_refused(tmp_path, version):
 def test_every_format_since_3_must_carry_its_checksum(tmp_path, version):
     _, payload = _payload(tmp_path)
     del payload["checksum"]
+    if version < 9:  # no local sink, no per-window sink-in / sink-out groups
+        drop_format_9(payload)
     if version < 8:  # no baseline standard errors
         drop_format_8(payload)
     if version < 7:  # no per-window bounds

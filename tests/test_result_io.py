@@ -43,7 +43,7 @@ def test_round_trip_is_exact_by_name_and_the_file_is_labelled(tmp_path):
     path = r.save(tmp_path / "sub" / "run.pt")
     _same(HeadAnalysis.load(path), r)
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "tl_geometry.HeadAnalysis/8"
+    assert payload["format"] == "tl_geometry.HeadAnalysis/9"
     assert payload["checksum"] == _result_io.checksum(payload)
     assert payload["axes"]["scores"] == ["group", "metric", "layer", "head", "n"]
     assert payload["names"]["metric"][:3] == ["precision", "recall", "f_score"]
@@ -123,7 +123,7 @@ def test_a_crafted_pickle_is_refused_not_run(tmp_path):
      "bounds and regime come together"),
     (lambda p: {"metadata": "{not json"}, "metadata is not valid JSON"),
     (lambda p: {"metadata": "[1, 2]"}, "metadata is a list, not a dict"),
-    (lambda p: {"format": "tl_geometry.HeadAnalysis/9"}, "newer than this tl_geometry reads"),
+    (lambda p: {"format": "tl_geometry.HeadAnalysis/10"}, "newer than this tl_geometry reads"),
     (lambda p: {"format": "tl_geometry.HeadAnalysis/0"}, "not a valid version"),
     (lambda p: {"format": "tl_geometry.HeadAnalysis/-1"}, "not a valid version"),
     (lambda p: {"axes": {**p["axes"], "sink": ["layer", "head", "sink_field"]}}, "axis labels"),

@@ -302,7 +302,8 @@ def test_per_window_arrays_are_each_windows_own_means_and_round_trip(tmp_path):
     plain = _run(case, "numba", queries="all")
     assert plain.window_scores is None and plain.window_sink is None
     n_metrics = kept.scores.shape[1]
-    assert kept.window_scores.shape == (5, 4, n_metrics, 1, 4, len(N_VALUES))  # [window, group, metric, layer, head, n]
+    # [window, group, metric, layer, head, n]; groups: the four below, then sink in / out (format 9)
+    assert kept.window_scores.shape == (5, 6, n_metrics, 1, 4, len(N_VALUES))
     for gi in range(4):  # top, random, shuffled, sink removed
         torch.testing.assert_close(kept.window_scores[:, gi].double().nanmean(0), plain.scores[gi],
                                    rtol=1e-6, atol=1e-6, equal_nan=True)

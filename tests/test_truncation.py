@@ -324,7 +324,7 @@ def test_files_keep_the_percentiles_and_format_4_files_load_quietly(tmp_path):
     torch.testing.assert_close(loaded.truncation_p90, result.truncation_p90, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(loaded.scores, result.scores, rtol=0, atol=0, equal_nan=True)
     payload = torch.load(path, weights_only=True)
-    assert payload["format"] == "tl_geometry.HeadAnalysis/8"
+    assert payload["format"] == "tl_geometry.HeadAnalysis/9"
     assert payload["names"]["truncation_metric"] == ["tail_mass", "truncation_error"]
     # What format 4 wrote: no truncation metrics, no percentiles.
     names = payload["names"]["metric"]

@@ -12,8 +12,9 @@ relative, far below the printed digits).
 What is kept (:data:`KEPT`), by the reader that needs it:
 
 - the main analysis: the top group's F, R and F_cc, the random and shuffled groups' F_cc
-  (claims 1 and 4, the decomposition), the sink's mass, κ and cosine (claims 2, 3, 4, 5(c)),
-  and the shell bounds on F (claim 4);
+  (claims 1 and 4, the decomposition), the sink-in and sink-removed groups' F (claim 3's paired
+  ratio per window), the sink's mass, κ and cosine (claims 2, 3, 4, 5(c)), and the shell bounds
+  on F (claim 4);
 - a decomposition null: its top and shuffled groups' F_cc (the decomposition of SPEC §3).
 
 Two more fields are left out where nothing reads them: the votes per block of 128 queries
@@ -53,13 +54,22 @@ Kept = Mapping[str, Sequence[tuple[str, ...]]]
 KEPT: dict[str, Kept] = {
     "values": {
         "window_scores": [("top", "f_score"), ("top", "recall"), ("top", "f_score_cc"),
-                          ("random", "f_score_cc"), ("shuffled", "f_score_cc")],
+                          ("random", "f_score_cc"), ("shuffled", "f_score_cc"),
+                          ("sink_in", "f_score"), ("sink_removed", "f_score")],
         "window_sink": [("mass",), ("norm_ratio",), ("cosine",)],
         "window_bounds": [("shell", "f_score"), ("shell_n", "f_score")],
     },
     "null": {"window_scores": [("top", "f_score_cc"), ("shuffled", "f_score_cc")]},
 }
 FIELDS = ("window_scores", "window_sink", "window_bounds")
+#: Kept slices that a side file may lack and still be read (NaN there): claim 3's, which side
+#: files written before claim 3 read them (and before result format 9 kept the per-window sink-in
+#: group) do not hold. Claim 3 then prints its point figures with no interval and no verdict,
+#: rather than every saved analysis being recomputed by ``--reuse``.
+OPTIONAL_KEPT = {("window_scores", ("sink_in", "f_score")), ("window_scores", ("sink_removed", "f_score"))}
+#: Sizes of a named axis that side files written by earlier versions have: the 4 per-window
+#: groups before result format 9 (today's first four, in the same order).
+_EARLIER_SIZES = {"window_group": (4,)}
 #: The metadata key of a saved analysis that records the SHA-256 of its side file's bytes.
 WINDOWS_SHA256 = "reproduce_windows_sha256"
 #: The key of the ablation and capacity tables' JSON record that holds the SHA-256 of their side
@@ -177,7 +187,8 @@ def save(result: tl_geometry.HeadAnalysis, path: Path, kind: str) -> None:
 
 def load(path: Path, kind: str) -> tl_geometry.HeadAnalysis | None:
     """The analysis at ``path`` with its kept per-window slices put back (NaN elsewhere); None
-    where the slices beside it are missing or fewer than today's page reads (:func:`kept`).
+    where the slices beside it are missing or fewer than today's page reads (:func:`kept`; the
+    :data:`OPTIONAL_KEPT` ones aside, NaN where absent).
 
     Raises :class:`SideFileError` where the side file is not the one the analysis recorded
     (:func:`read_side`) or does not hold per-window slices of this analysis."""
@@ -193,10 +204,15 @@ def load(path: Path, kind: str) -> tl_geometry.HeadAnalysis | None:
             if field == "window_bounds" and result.bounds is None:
                 continue
             return None
-        full = torch.full(stored["shape"], float("nan"), dtype=torch.float32)
+        # Today's labels on the named axes (an earlier side file may name fewer, in order).
+        shape = [len(names()[axis]) if axis in names() else size
+                 for axis, size in zip(AXES[field], stored["shape"])]
+        full = torch.full(shape, float("nan"), dtype=torch.float32)
         for key in keys:
             name = "/".join(key)
             if name not in stored:
+                if (field, tuple(key)) in OPTIONAL_KEPT:
+                    continue
                 return None
             value, want = stored[name], full[_index(field, key)].shape
             if not isinstance(value, torch.Tensor) or value.shape != want:
@@ -231,7 +247,7 @@ def _checked(slices: Any, side: Path) -> dict[str, dict[str, Any]]:
                 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)):
             raise refuse(f"{field} has no shape of {len(axes)} sizes ({', '.join(axes)})")
         for axis, size in zip(axes, shape):
-            if axis in names() and size != len(names()[axis]):
+            if axis in names() and size != len(names()[axis]) and size not in _EARLIER_SIZES.get(axis, ()):
                 raise refuse(f"{field}'s {axis} axis has {size} labels, today's analyses "
                              f"{len(names()[axis])}")
     return slices

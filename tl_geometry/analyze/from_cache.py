@@ -29,6 +29,7 @@ from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..progress import progress_bar
 from ..result import HeadAnalysis
+from . import local_sink as _local
 from . import sink as _sink
 from . import windows as _windows
 from .sink import Sink
@@ -65,7 +66,9 @@ def analyze_heads(
     instances that hold it). Per (layer, head) it gives the sink diagnostics of SPEC §4 and the
     source-winner taxonomy of SPEC §5 (always over every query after the first; on a
     sliding-window layer the label comes from the queries that see the sink, and the votes of
-    the others are kept apart in ``beyond_votes``).
+    the others are kept apart in ``beyond_votes``). Per (sequence, sliding-window layer, head) it
+    gives the local sink (ours): the key the queries beyond the sink's window attend most
+    (``local_sink``, :meth:`HeadAnalysis.local_sinks`; :func:`tl_geometry.functional.local_sink`).
 
     The work runs on the cache's device: compiled (numba) kernels for CPU tensors, their pure
     torch twins elsewhere (``backend`` forces one).
@@ -80,7 +83,8 @@ def analyze_heads(
             ``tokens``) and for the run's metadata (name, weight processing).
         W_O: ``[layer, head, d_head, d_model]`` output projections for ``space="output"``.
         tokens: the ``[batch, pos]`` token ids the cache was made from; with ``model`` and no
-            ``attention_mask``, pad tokens at the ends of sequences raise a warning.
+            ``attention_mask``, pad tokens at the ends of sequences raise a warning. They also
+            name each local sink's token (without them it is NaN).
         progress: a progress bar over layers; default: on in a terminal or a notebook.
         window: sliding windows (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees
             keys ``t − w < i ≤ t``, and only those are candidates (top-N, random subsets,
@@ -186,17 +190,22 @@ def analyze_heads(
         choice = _auto_masses(cache, run, window, model, layer_ids, dict(zip(layer_ids, masses)))
         chosen_from = sorted(choice)
         sinks = start + choose_sink([choice[layer] for layer in chosen_from])
+    tokens = _local.check_tokens(tokens, run.shape[0], run.shape[2])
+    local = _local.LocalSinks(layer_windows, run.shape[0])
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
         W_layer = None if W is None else W[layer].to(pattern.device)
         run.acc.add(li, analyze_layer(pattern, v, run.mask, sinks, opts, layer=layer, W_O=W_layer,
                                       mask_given=attention_mask is not None, window=layer_windows[li]))
+        layer_window = layer_windows[li]
+        if layer_window is not None:  # after the engine has checked the pattern against the window
+            local.add(li, 0, _local.from_pattern(pattern, v, run.mask, sinks, layer_window, tokens))
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None)
     metadata["n_kv_heads"] = int(v.shape[2])  # the unit of value-only figures (SPEC §4)
     n_model_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
     metadata["sink"] = _sink.record(chosen, (sinks - start).tolist(), masses, model, chosen_from=chosen_from,
                                     n_layers=n_model_layers if isinstance(n_model_layers, int) else None)
-    return run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows)
+    return local.attach(run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows))
 
 
 def _auto_masses(cache: Any, run: _CacheRun, window: Window, model: Any, analysed: Sequence[int],

@@ -38,6 +38,7 @@ from ..inputs.text import bos_to_prepend
 from ..progress import progress_bar
 from ..result import HeadAnalysis
 from ..result.schema import SHUFFLE_KINDS
+from . import local_sink as _local
 from . import sink as _sink
 from . import windows as _windows
 from .recompute import RecomputedRows, can_recompute, pattern_bytes
@@ -112,10 +113,15 @@ class _LayerHooks:
         self.choice = dict(choice or {})
         self.current: dict[int, Tensor] = {}
         self.chosen_from: set[int] = set()
+        # The local sinks of the sliding-window layers (ours), read once per layer of a batch
+        # whatever the number of analyses, and the batch's tokens that name them.
+        self.local = _local.LocalSinks(self.windows, n_windows)
+        self.tokens: Tensor | None = None
 
-    def batch(self, mask: Tensor, offset: int) -> None:
-        """The next batch's mask; its sinks too, unless ``sink='auto'`` (:meth:`choose`)."""
+    def batch(self, mask: Tensor, offset: int, tokens: Tensor | None = None) -> None:
+        """The next batch's mask and tokens; its sinks too, unless ``sink='auto'`` (:meth:`choose`)."""
         self.mask, self.offset, self.sink = mask, offset, sink_positions(mask)
+        self.tokens = tokens
         if self.sink_rule != _sink.AUTO:
             self.sink = _sink.positions(self.sink_rule, mask, offset, self.n_windows)
             self.relative += (self.sink - sink_positions(mask)).tolist()
@@ -246,6 +252,9 @@ class _LayerHooks:
             stats = analyze_layer(rows, v, mask, sink, opts, layer=layer, W_O=W, sequence_offset=self.offset,
                                   mask_given=self.mask_given, window=window)
             acc.add(self.row[layer], stats, self.offset)
+        if window is not None:  # after the engine has checked the rows against the window
+            self.local.add(self.row[layer], self.offset,
+                           _local.layer_local_sink(rows, v, mask, sink, window, self.tokens))
 
 
 def _check_shard(shard: Any) -> tuple[int, int] | None:
@@ -288,7 +297,9 @@ def analyze_model(
     Each layer's ``hook_pattern`` and ``hook_v`` are reduced to per-head sums and counts at
     once and then dropped, so peak memory is one layer of one batch. The result equals
     ``analyze_heads`` on the full cache of the same inputs (same seeds: sequence ``i`` of
-    ``inputs`` is sequence ``i`` everywhere).
+    ``inputs`` is sequence ``i`` everywhere). The local sinks of the sliding-window layers
+    (``local_sink``, ours) are read from the same rows, one block of the queries beyond the
+    sink's window at a time (:mod:`tl_geometry.analyze.local_sink`), with their token ids.
 
     Args:
         inputs: token ids ``[n, pos]`` (with ``attention_mask`` if padded), a text, or a list
@@ -454,7 +465,7 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
             stack.enter_context(model.hooks(fwd_hooks=hooks.hooks()))
         for start in batches:
             stop = min(start + batch_size, hi)
-            hooks.batch(full_mask[start:stop], start)
+            hooks.batch(full_mask[start:stop], start, tokens[start:stop])
             batch_tokens = tokens[start:stop].to(device)
             batch_mask = None if mask is None else full_mask[start:stop].long().to(device)
             if recompute and chosen == _sink.AUTO:
@@ -477,6 +488,7 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     if shard is not None:
         for acc in accs:
             acc.all_reduce()
+        hooks.local.all_reduce(lo, hi, n_heads, device)
     masses = [torch.cat(m) for m in hooks.masses] if all(hooks.masses) else []
     relative = hooks.relative
     if shard is not None:  # every rank records every window's sink and the whole check
@@ -491,7 +503,7 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
                         world_size=1 if shard is None else shard[1],
                         attention="recompute" if recompute else "pattern",
                         sink=sink_record)
-        results.append(acc.finish(layer_ids, run, n_pos, metadata, layer_windows))
+        results.append(hooks.local.attach(acc.finish(layer_ids, run, n_pos, metadata, layer_windows)))
     return results
 
 

@@ -5,6 +5,11 @@ sink-removed groups, a metric is averaged over the chosen queries of each sequen
 over sequences; the random and shuffled baselines are first averaged over their permutations.
 The sink-in / sink-out groups pool every (sequence, query) instance of the top-N set by whether
 the sink is inside it; the paired sink effect pools the ratios of those inside (:mod:`.paired`).
+With ``per_window``, each sequence's own means of all six groups are kept too
+(:data:`~tl_geometry.result.schema.WINDOW_GROUPS`): the four above averaged over its chosen
+queries, and its plain means over its sink-in / sink-out instances (NaN where it has none; at
+the last query a window's one instance, so its sink-in F_N is the top-N F_N where the sink is in
+``S_N`` and NaN otherwise).
 Sink diagnostics are averaged per sequence, then over sequences. Taxonomy votes are pooled
 counts over every query after the sink; the per-sequence counts are kept too, each sequence in
 its own row (by its index in the inputs), so that the label stability can resample sequences
@@ -43,10 +48,19 @@ from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.stats import nearest_rank_percentile
 from ..result import BOUND_KINDS, BOUND_METRICS, PERCENTILE, HeadAnalysis
+from ..result.schema import WINDOW_GROUPS
 from .layer import LayerStats
 from .layout import RANDOM_GROUP, SEQUENCE_GROUPS, TRUNCATION
 from .options import AnalysisOptions
 from .paired import N_BINS, paired_figures
+
+#: Where the groups of a layer's per-sequence means (``SEQUENCE_GROUPS``) and of its sink-in /
+#: sink-out means sit on the per-window arrays' group axis (``WINDOW_GROUPS``).
+_SEQUENCE_SLOTS = slice(0, len(SEQUENCE_GROUPS))
+_INOUT_SLOTS = slice(len(SEQUENCE_GROUPS), len(SEQUENCE_GROUPS) + 2)
+if (*SEQUENCE_GROUPS, "sink_in", "sink_out") != WINDOW_GROUPS:  # pragma: no cover - a layout error
+    raise ImportError(f"WINDOW_GROUPS {WINDOW_GROUPS} must be SEQUENCE_GROUPS {SEQUENCE_GROUPS} "
+                      "followed by sink_in, sink_out.")
 
 
 @dataclass
@@ -80,8 +94,9 @@ class Accumulator:
     block_votes: Int[Tensor, "sequence block layer head vote"]
     """Deciding votes per block of 128 queries of every sequence (:mod:`.votes`)."""
     window_scores: Float[Tensor, "sequence layer head group n metric"]
-    """With ``per_window``: each sequence's means over its chosen queries (SPEC §8's per-window
-    arrays; NaN where undefined); without, a tensor with no layer (nothing is kept)."""
+    """With ``per_window``: each sequence's means over its chosen queries, groups
+    ``WINDOW_GROUPS`` (SPEC §8's per-window arrays; NaN where undefined); without, a tensor with
+    no layer (nothing is kept)."""
     window_sink: Float[Tensor, "sequence layer head field"]
     """With ``per_window``: each sequence's sink diagnostics (SPEC §4), as ``window_scores``."""
     window_bounds: Float[Tensor, "sequence layer head kind n bmetric"]
@@ -130,7 +145,7 @@ class Accumulator:
         beyond = torch.zeros(n_layers, n_heads, 3, dtype=torch.int64, device=device)
         blocks = torch.zeros(n_sequences, n_blocks, n_layers, n_heads, 3, dtype=torch.int64, device=device)
         kept = n_layers if per_window else 0  # no layer: nothing is kept, whatever the rows
-        window_scores = torch.zeros(n_sequences, kept, n_heads, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES),
+        window_scores = torch.zeros(n_sequences, kept, n_heads, len(WINDOW_GROUPS), n_sizes, len(METRIC_NAMES),
                                     dtype=torch.float32, device=device)
         window_sink = torch.zeros(n_sequences, kept, n_heads, len(SINK_FIELDS), dtype=torch.float32, device=device)
         window_bounds = torch.zeros(n_sequences, kept, n_heads, len(BOUND_KINDS), n_sizes, len(BOUND_METRICS),
@@ -210,7 +225,10 @@ class Accumulator:
                      "window_bounds"):
             setattr(self, name, getattr(grown, name))
         if self.window_scores.shape[1]:  # per_window: one batch writes each sequence's row
-            self.window_scores[sequence_offset:stop, li] = seq_mean.to(self.window_scores)
+            rows = self.window_scores[sequence_offset:stop, li]
+            rows[:, :, _SEQUENCE_SLOTS] = seq_mean.to(rows)
+            rows[:, :, _INOUT_SLOTS] = (stats.window_inout.to(rows) if stats.window_inout is not None
+                                        else torch.nan)
             self.window_sink[sequence_offset:stop, li] = stats.sink_mean.to(self.window_sink)
             if stats.bound_mean is not None:
                 self.window_bounds[sequence_offset:stop, li] = stats.bound_mean.to(self.window_bounds)

@@ -90,6 +90,10 @@ class LayerStats(NamedTuple):
     """The Monte Carlo variance of each sequence's random-baseline mean (SPEC §3):
     ``Σ_q s_q²/R / Q²`` over its ``Q`` chosen queries where the baseline is defined, ``s_q²``
     the sample variance of query ``q``'s ``R`` subsets; NaN where undefined or ``R < 2``."""
+    window_inout: Float[Tensor, "batch head inout n metric"] | None = None
+    """With ``per_window``: each sequence's plain mean of the top-N metrics over its instances
+    with the sink inside / outside the set (the pooled ``inst_sum`` split by sequence; NaN where
+    it has none); ``None`` without."""
 
 
 def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
@@ -221,9 +225,10 @@ def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor,
             values = group_values(at_sink, b0, b1, at_sink.source.shape[2])
         _score_chunk(at_sink, plain, values, keys, sink_out, b0, b1, g0, g1, backend)
     instances = at_sink.queries >= 0
-    read = backend.reduce_rows(sink_out.metrics, sink_out.sink_in_top, sink_out.sink_fields,
-                               at_sink.sees_sink(at_sink.queries, at_sink.sink) & instances)
-    return _with_sink_reading(stats, read, int(instances.sum()))
+    sees = at_sink.sees_sink(at_sink.queries, at_sink.sink) & instances
+    read = backend.reduce_rows(sink_out.metrics, sink_out.sink_in_top, sink_out.sink_fields, sees)
+    inout = _window_inout(sink_out.metrics, sink_out.sink_in_top, sees) if opts.per_window else None
+    return _with_sink_reading(stats, read, int(instances.sum()), inout)
 
 
 def _sink_reading(data: LayerBlock, opts: AnalysisOptions) -> LayerBlock | None:
@@ -241,10 +246,11 @@ def _sink_reading(data: LayerBlock, opts: AnalysisOptions) -> LayerBlock | None:
     return data._replace(queries=torch.where(earlier, t_sink, -1)[:, None])
 
 
-def _with_sink_reading(stats: LayerStats, read: Any, n_read: int) -> LayerStats:
+def _with_sink_reading(stats: LayerStats, read: Any, n_read: int, inout: Tensor | None = None) -> LayerStats:
     """``stats`` with the sink-dependent figures of the sequences whose last query cannot see
-    the sink taken from ``read`` (the :class:`.layout.Reduced` of their ``t_sink``): per sequence
-    exactly one of the two defines them, and the instance sums and paired counts add."""
+    the sink taken from ``read`` (the :class:`.layout.Reduced` of their ``t_sink``) and, with
+    ``per_window``, ``inout`` (their :func:`_window_inout`): per sequence exactly one of the two
+    defines them, and the instance sums and paired counts add."""
     def either(main: Tensor, other: Tensor) -> Tensor:
         return torch.where(torch.isnan(main), other.to(main.device), main)
 
@@ -257,7 +263,9 @@ def _with_sink_reading(stats: LayerStats, read: Any, n_read: int) -> LayerStats:
         seq_mean=seq_mean,
         inst_sum=stats.inst_sum + read.inst_sum, inst_count=stats.inst_count + read.inst_count,
         paired_hist=stats.paired_hist + read.paired_hist, paired_halved=stats.paired_halved + read.paired_halved,
-        sink_mean=either(stats.sink_mean, read.sink_mean), sink_visible=visible)
+        sink_mean=either(stats.sink_mean, read.sink_mean), sink_visible=visible,
+        window_inout=either(stats.window_inout, inout) if stats.window_inout is not None and inout is not None
+        else stats.window_inout)
 
 
 def _layer_block(source: AttentionRows, v: Tensor, is_token: Tensor, sink: Tensor, opts: AnalysisOptions,
@@ -394,7 +402,22 @@ def _reduce(
         truncation_rows=rearrange(metrics[:, :, :, TOP_GROUP, :, TRUNCATION], "b h q n m -> b q h n m"),
         votes_rechecked=rechecked,
         random_mc=_random_mc(metrics[:, :, :, RANDOM_GROUP], random_var),
+        window_inout=_window_inout(metrics, sink_in_top, sees_sink) if opts.per_window else None,
     )
+
+
+def _window_inout(metrics: Float[Tensor, "batch head q group n metric"], sink_in_top: Bool[Tensor, "batch head q n"],
+                  sees_sink: Bool[Tensor, "batch q"]) -> Float[Tensor, "batch head inout n metric"]:
+    """Each sequence's plain mean of the top-N metrics over its instances whose top-N set holds
+    the sink / does not (the instances of the pooled sink-in / sink-out sums: N defined and the
+    sink visible), NaN where it has none; at the last query, a window's one instance or none."""
+    top = metrics[:, :, :, TOP_GROUP]  # [b, h, q, n, metric]
+    defined = torch.isfinite(top[..., 0]) & sees_sink[:, None, :, None]
+    means = []
+    for inside in (sink_in_top & defined, ~sink_in_top & defined):  # one group at a time: less memory
+        total = torch.where(inside[..., None], top, 0.0).sum(2)
+        means.append(total / inside.sum(2).to(total.dtype)[..., None])  # 0 / 0 = NaN: no instance
+    return torch.stack(means, dim=2)
 
 
 def _random_mc(random: Float[Tensor, "batch head q n metric"], variance: Float[Tensor, "batch head q n metric"]

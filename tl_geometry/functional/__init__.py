@@ -3,8 +3,9 @@
 The pipeline's mathematics (``../SPEC``): KV-head mapping and contributions (§1), top-N and
 random selections (§2–3), separability (§3), sink diagnostics (§4) and the source-winner
 taxonomy (§5), bounds (§6: inversion certificates, regime bounds, the shell certificate), the
-truncation figures (§10: tail mass and relative output error of the renormalised top-N), and
-attention rows recomputed from post-rotary queries and keys for chosen queries only.
+truncation figures (§10: tail mass and relative output error of the renormalised top-N), the
+local sink of a sliding-window head (ours: where the queries beyond the sink's window put their
+mass), and attention rows recomputed from post-rotary queries and keys for chosen queries only.
 Every function is vectorised over heads, queries and selections.
 """
 
@@ -31,6 +32,14 @@ from .heads import (
     sink_positions,
     value_dots,
 )
+from .local_sink import (
+    LOCAL_SINK_FIELDS,
+    LocalSink,
+    beyond_columns,
+    beyond_window,
+    local_sink,
+    local_sink_from_columns,
+)
 from .regime import RegimeDiagnostics, regime_diagnostics
 from .selection import random_ranks, top_n_mask, top_n_ranks
 from .separability import Separability, distances, separability
@@ -55,12 +64,14 @@ from .truncation import Truncation, truncation
 
 __all__ = [
     "CLASSES",
+    "LOCAL_SINK_FIELDS",
     "NO_QUERY",
     "N_RESAMPLES",
     "UNLABELLED",
     "UNSTABLE_BELOW",
     "VOTES",
     "Bounds",
+    "LocalSink",
     "RegimeDiagnostics",
     "RegimeParams",
     "Separability",
@@ -69,6 +80,8 @@ __all__ = [
     "attention_row_block",
     "attention_row_blocks",
     "attention_rows",
+    "beyond_columns",
+    "beyond_window",
     "bootstrap_resample_weights",
     "bootstrap_stability",
     "causal_key_mask",
@@ -80,6 +93,8 @@ __all__ = [
     "kv_head_index",
     "labels_from_votes",
     "last_positions",
+    "local_sink",
+    "local_sink_from_columns",
     "random_ranks",
     "regime_bounds",
     "regime_diagnostics",

@@ -11,6 +11,7 @@ groups, metrics, sink fields, ... live in one place (:mod:`tl_geometry.result.sc
 from __future__ import annotations
 
 import operator
+import textwrap
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..functional.local_sink import LOCAL_SINK_FIELDS
 from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
@@ -142,8 +144,11 @@ class HeadAnalysis(Shortcuts):
     fewer than 8 sequences (SPEC §5); ``None`` in files of format 5 and earlier."""
     window_scores: Float[Tensor, "sequence wgroup metric layer head n"] | None = None
     """With ``per_window=True``: each sequence's own means over its chosen queries, groups
-    ``WINDOW_GROUPS`` (top, random, shuffled, sink removed), NaN where undefined: the per-window
-    arrays a bootstrap over windows resamples (SPEC §8); ``None`` otherwise."""
+    ``WINDOW_GROUPS`` (top, random, shuffled, sink removed, and its plain means over its top-N
+    instances with the sink inside / outside the set: at the last query, the top-N figures where
+    the sink is in S_N, else NaN), NaN where undefined: the per-window arrays a bootstrap over
+    windows resamples (SPEC §8); ``None`` otherwise. Files of format 8 and earlier load with the
+    sink-in / sink-out groups NaN."""
     window_sink: Float[Tensor, "sequence field layer head"] | None = None
     """With ``per_window=True``: each sequence's sink diagnostics (SPEC §4); ``None`` otherwise."""
     window_bounds: Float[Tensor, "sequence kind bmetric layer head n"] | None = None
@@ -154,9 +159,22 @@ class HeadAnalysis(Shortcuts):
     """The random baseline's standard errors ``[SE_KINDS, metric, layer, head, n]`` (SPEC §3):
     over sequences, and Monte Carlo (of its ``R`` subsets per query; NaN where ``R < 2``); see
     :meth:`baseline_error`. ``None`` in files of format 7 and earlier."""
+    local_sink: Float[Tensor, "sequence local_field layer head"] | None = None
+    """The local sink of each head of a sliding-window layer (ours): over the queries of a
+    sequence that cannot see the sink (``t − w + 1 > p``), the key with the largest mean attention,
+    fields ``LOCAL_SINK_FIELDS``: its position (from the window's first real token, as
+    ``metadata["sink"]["positions"]``), mass, coverage (the share of those queries whose window
+    holds it), κ (SPEC §4's, of the head's KV group's values) and token id (NaN where the tokens
+    were not given); NaN on global layers and where no query is beyond the window
+    (:mod:`tl_geometry.functional.local_sink`; read it with :meth:`local_sinks`). ``None`` when no
+    analysed layer has a window, and in files of format 8 and earlier."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
+        recorded = self.metadata.get("window")
+        if self.local_sink is not None and isinstance(recorded, list) and all(w is None for w in recorded):
+            # Global layers only (e.g. a layer_subset): no local sink, as an analysis of them alone.
+            self.local_sink = None
 
     # --- accessors: one per named axis ------------------------------------------------------------
     def metric(self, name: str, group: str = "top") -> Float[Tensor, "layer head n"]:
@@ -535,6 +553,20 @@ class HeadAnalysis(Shortcuts):
         """
         return tables.beyond_table(self)
 
+    def local_sinks(self, tokenizer: Any = None):
+        """``pandas.DataFrame``, one row per head of a sliding-window layer: where the queries
+        that cannot see the sink put their mass instead (ours; :attr:`local_sink`). Columns
+        ``layer, head, window, sequences`` (those with a query beyond the window), ``position``
+        (the most frequent local-sink position over them, from the window's first real token; ties
+        → the lower), ``position_share`` (the share of them that chose it), ``token`` and
+        ``token_share`` (the same for its token: decoded with ``tokenizer`` when given, else the
+        id; ``None`` where the tokens were not known), and the medians over sequences of
+        ``mass``, ``coverage`` and ``kappa``. No rows without local layers or without the field.
+
+        >>> result.local_sinks(model.tokenizer).sort_values("mass", ascending=False)  # doctest: +SKIP
+        """
+        return _local_sinks_table(self, tokenizer)
+
     def to_pandas(self):
         """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
         number of instances behind the mean (``count``), and the head's label, votes and sink
@@ -592,9 +624,17 @@ class HeadAnalysis(Shortcuts):
     # --- text -----------------------------------------------------------------------------------
     def summary(self, n_values: Sequence[int] = (2, 4, 8), *, top: int | None = 20) -> str:
         """Readable summary: run, classes, mean F_N against random, then the ``top`` heads by
-        F-gain at the first shown N (``top=None``: every head, in layer order), with a legend.
-        See docs/reading.md for how to read it."""
-        return text.summary(self, n_values, top)
+        F-gain at the first shown N (``top=None``: every head, in layer order), with a legend;
+        with sliding-window layers, one line on their local sinks (:meth:`local_sinks`). See
+        docs/reading.md for how to read it."""
+        out = text.summary(self, n_values, top)
+        line = _local_sink_line(self)
+        if not line:
+            return out
+        # Beside the windows' line, before the first blank line (the classes follow it).
+        lines = out.split("\n")
+        at = lines.index("") if "" in lines else len(lines)
+        return "\n".join([*lines[:at], *textwrap.wrap(line, 100), *lines[at:]])
 
     def _repr_html_(self) -> str:
         """Notebooks show the description, class counts and the top heads as a table, labels
@@ -630,3 +670,66 @@ class HeadAnalysis(Shortcuts):
         """
         return cls(**io.load(path))
 
+
+
+def _mode(values: Any) -> tuple[float, float]:
+    """The most frequent of the finite ``values`` (ties → the lower) and its share; NaN, NaN
+    where none is finite."""
+    import numpy as np
+
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return float("nan"), float("nan")
+    kinds, counts = np.unique(finite, return_counts=True)  # sorted: argmax takes the lower
+    best = int(np.argmax(counts))
+    return float(kinds[best]), float(counts[best] / len(finite))
+
+
+def _local_sinks_table(result: HeadAnalysis, tokenizer: Any):
+    """:meth:`HeadAnalysis.local_sinks`."""
+    import numpy as np
+    import pandas as pd
+
+    columns = ["layer", "head", "window", "sequences", "position", "position_share", "token", "token_share",
+               "mass", "coverage", "kappa"]
+    rows: list[list[Any]] = []
+    if result.local_sink is not None:
+        figures = result.local_sink.double().numpy()  # [sequence, field, layer, head]
+        field_of = {name: i for i, name in enumerate(LOCAL_SINK_FIELDS)}
+        for li, (layer, window) in enumerate(zip(result.layers, result.windows)):
+            if window is None:
+                continue
+            for h in range(result.n_heads):
+                per = figures[:, :, li, h]
+                defined = per[np.isfinite(per[:, field_of["mass"]])]
+                position, position_share = _mode(defined[:, field_of["position"]])
+                token_id, token_share = _mode(defined[:, field_of["token"]])
+                token: Any = None
+                if np.isfinite(token_id):
+                    token = tokenizer.decode([int(token_id)]) if tokenizer is not None else int(token_id)
+                medians = [float(np.median(defined[:, field_of[f]])) if len(defined) else float("nan")
+                           for f in ("mass", "coverage", "kappa")]
+                rows.append([layer, h, window, len(defined), position, position_share, token, token_share, *medians])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _local_sink_line(result: HeadAnalysis) -> str:
+    """One line for :meth:`HeadAnalysis.summary`: the most common local sink over every
+    (sequence, local head) that has one (its token id where known, else its position) and the
+    median mass; empty without local sinks."""
+    import numpy as np
+
+    if result.local_sink is None:
+        return ""
+    local = [li for li, w in enumerate(result.windows) if w is not None]
+    figures = result.local_sink[:, :, local].double().permute(0, 2, 3, 1).reshape(-1, len(LOCAL_SINK_FIELDS)).numpy()
+    figures = figures[np.isfinite(figures[:, LOCAL_SINK_FIELDS.index("mass")])]
+    if not len(figures):
+        return ""
+    tokens = figures[:, LOCAL_SINK_FIELDS.index("token")]
+    what, column = (("token id", tokens) if np.isfinite(tokens).any()
+                    else ("position", figures[:, LOCAL_SINK_FIELDS.index("position")]))
+    value, share = _mode(column)
+    mass = float(np.median(figures[:, LOCAL_SINK_FIELDS.index("mass")]))
+    return (f"Local sinks (local_sinks()): {what} {int(value)} in {100 * share:.0f} % of {len(figures)} "
+            f"(sequence, local head); median mass {mass:.2f}.")

@@ -3,7 +3,7 @@
 A file is a ``torch.save`` dict of plain tensors and strings, read back with
 ``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
 
-* ``format``: ``"tl_geometry.HeadAnalysis/8"`` (3 added the checksum, 4 ``sequence_votes``, the
+* ``format``: ``"tl_geometry.HeadAnalysis/9"`` (3 added the checksum, 4 ``sequence_votes``, the
   per-sequence vote counts behind the label stability: older files load with it ``None``; 5 the
   truncation metrics ``tail_mass`` and ``truncation_error`` on the metric axis and
   ``truncation_p90``, their 90th percentiles (SPEC §10): older files load with those metrics NaN,
@@ -12,7 +12,11 @@ A file is a ``torch.save`` dict of plain tensors and strings, read back with
   (SPEC §5), and, with ``per_window=True``, ``window_scores`` / ``window_sink`` (SPEC §8's
   per-window arrays): older files load with all four ``None``; 7 ``window_bounds``, the
   per-window bound means beside them (``None`` in older files); 8 ``baseline_se``, the random
-  baseline's standard errors over sequences and Monte Carlo (SPEC §3; ``None`` in older files));
+  baseline's standard errors over sequences and Monte Carlo (SPEC §3; ``None`` in older files);
+  9 the ``sink_in`` and ``sink_out`` groups of ``window_scores``, each window's means over its
+  top-N instances with the sink inside / outside the set (SPEC §3, comparison 3): older files
+  load with those groups NaN, without a warning; and ``local_sink``, the local sink of each head
+  of a sliding-window layer (ours): ``None`` in older files);
 * ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
   named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
 * the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged);
@@ -22,7 +26,8 @@ A file is a ``torch.save`` dict of plain tensors and strings, read back with
 On load everything is checked; any problem raises :class:`ResultFileError` naming the file.
 Every file of format 3 or later must carry its checksum. Files of format 2 (no checksum) load as
 before, but only with what format 2 held: a file that calls itself older than the fields it holds
-(a checksum, ``sequence_votes``, ``truncation_p90``, the truncation metrics; :data:`_FIELD_SINCE`)
+(a checksum, ``sequence_votes``, ``truncation_p90``, the truncation metrics, the per-window
+sink groups; :data:`_FIELD_SINCE`, :data:`_ADDED_IN`)
 is refused, since relabelling a newer file and dropping its checksum would otherwise read edited
 numbers unchecked. Files of format 1 (tl_geometry 0.1, no axis labels) load with a warning, read
 with the names that format used; saving them again upgrades them.
@@ -45,7 +50,7 @@ from torch import Tensor
 
 from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 FORMAT = f"tl_geometry.HeadAnalysis/{FORMAT_VERSION}"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
 #: The first format version that stores a checksum.
@@ -63,14 +68,15 @@ _FORMAT1_NAMES = {
 }
 #: Labels that a format version added to a named axis: a file of an earlier version lacks them
 #: by construction, so they are filled (NaN) without a warning.
-_ADDED_IN: dict[str, dict[str, int]] = {"metric": {"tail_mass": 5, "truncation_error": 5}}
+_ADDED_IN: dict[str, dict[str, int]] = {"metric": {"tail_mass": 5, "truncation_error": 5},
+                                         "window_group": {"sink_in": 9, "sink_out": 9}}
 #: Entries of the payload (and of its ``axes`` / ``names``) by the format version that added
 #: them: a file of an earlier version cannot hold them, so one that does was relabelled.
 _FIELD_SINCE: dict[str, int] = {
     "axes": 2, "names": 2, "paired": 2, "paired_field": 2,
     "checksum": 3, "sequence_votes": 4, "truncation_p90": 5, "truncation_metric": 5,
     "beyond_votes": 6, "block_votes": 6, "window_scores": 6, "window_sink": 6, "window_group": 6,
-    "window_bounds": 7, "baseline_se": 8, "se_kind": 8,
+    "window_bounds": 7, "baseline_se": 8, "se_kind": 8, "local_sink": 9, "local_field": 9,
 }
 #: Tensors in metadata up to this many elements are stored as (nested) lists.
 MAX_METADATA_TENSOR = 10_000

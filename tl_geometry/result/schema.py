@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
+from ..functional.local_sink import LOCAL_SINK_FIELDS
 from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
@@ -67,17 +68,21 @@ AXES: dict[str, tuple[str, ...]] = {
     "window_sink": ("sequence", "sink_field", "layer", "head"),
     "window_bounds": ("sequence", "bound_kind", "bound_metric", "layer", "head", "n"),
     "baseline_se": ("se_kind", "metric", "layer", "head", "n"),
+    "local_sink": ("sequence", "local_field", "layer", "head"),
 }
 #: The random baseline's standard errors (SPEC §3): over sequences, and Monte Carlo (its ``R``
 #: subsets per query).
 SE_KINDS: tuple[str, ...] = ("sequences", "monte_carlo")
-#: The groups whose means are taken per sequence first (SPEC §8): the per-window arrays'.
-WINDOW_GROUPS: tuple[str, ...] = GROUPS[:4]
+#: The groups of the per-window arrays (SPEC §8): the four whose means are taken per sequence
+#: first, and (since format 9) each window's own means over its top-N instances with the sink
+#: inside / outside the set (NaN where it has none; at the last query, a window's one instance),
+#: from which the paired sink ratio of every window is formed (SPEC §3, comparison 3).
+WINDOW_GROUPS: tuple[str, ...] = GROUPS
 #: Fields that may be ``None``: the bounds (only with ``analyze_heads(bounds=True)``), the
 #: paired sink effect, the per-sequence votes, the truncation percentiles and the votes apart
 #: and per block (absent from files of earlier versions).
 OPTIONAL = ("bounds", "regime", "paired", "sequence_votes", "truncation_p90", "beyond_votes", "block_votes",
-            "window_scores", "window_sink", "window_bounds", "baseline_se")
+            "window_scores", "window_sink", "window_bounds", "baseline_se", "local_sink")
 #: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
 COUNT_FIELDS = ("group_counts", "vote_counts", "sequence_votes", "beyond_votes", "block_votes")
 
@@ -89,7 +94,7 @@ def names() -> dict[str, tuple[str, ...]]:
         "vote": tuple(VOTES), "bound_kind": BOUND_KINDS, "bound_metric": BOUND_METRICS,
         "regime_field": tuple(REGIME_FIELDS), "class": tuple(CLASSES), "paired_field": PAIRED_FIELDS,
         "truncation_metric": tuple(TRUNCATION_NAMES), "window_group": WINDOW_GROUPS,
-        "se_kind": SE_KINDS,
+        "se_kind": SE_KINDS, "local_field": LOCAL_SINK_FIELDS,
     }
 
 
@@ -148,6 +153,9 @@ def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
     window_scores = fields.get("window_scores")
     if sequence_votes is None and isinstance(window_scores, Tensor) and window_scores.ndim:
         size["sequence"] = window_scores.shape[0]
+    local_sink = fields.get("local_sink")
+    if sequence_votes is None and block_votes is None and window_scores is None and isinstance(local_sink, Tensor):
+        size["sequence"] = local_sink.shape[0] if local_sink.ndim else 0
     size.update({axis: len(labels) for axis, labels in names().items()})
     for key in tensors:
         value = fields[key]

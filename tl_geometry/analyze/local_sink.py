@@ -1,0 +1,186 @@
+"""The local sink of every head of a sliding-window layer, read where each front door holds the
+layer's attention (ours; the definition is :mod:`tl_geometry.functional.local_sink`).
+
+Only the column sums ``Σ_{t∈B} α[t, j]`` over the queries ``B`` beyond the sink's window read
+attention; they are summed a block of queries at a time over the band of keys those queries can
+see (``t − w < j ≤ t``), in float64, so that the work is ``O(T·w)`` per head and nothing larger
+than one block is formed beside what the path already holds:
+
+* a pattern (``analyze_heads``' cache, ``analyze_model``'s ``hook_pattern``): the block of the
+  pattern itself, upcast one block at a time;
+* a capture (``analyze_model(attention="recompute")``): the block's rows recomputed from the
+  captured post-rotary queries and keys with the layer's own scale, window, softcap and sink
+  logits (:func:`tl_geometry.functional.attention_rows`, float64), ``T·w·d`` products per head.
+
+Every configuration the recompute path reads is handled (softcap and sink logits are part of
+the recomputed rows); nothing is left NaN for it. :class:`LocalSinks` keeps the figures per
+(sequence, layer, head) and adds them to the :class:`~tl_geometry.result.HeadAnalysis`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from ..engine.block import PatternRows
+from ..functional.attention import attention_rows
+from ..functional.dtypes import COMPUTE_DTYPE
+from ..functional.local_sink import (
+    LOCAL_SINK_FIELDS,
+    LocalSink,
+    beyond_columns,
+    beyond_window,
+    local_sink_from_columns,
+)
+from ..inputs.cache import CacheError
+from ..inputs.capture import LayerCapture
+from ..result import HeadAnalysis
+from .recompute import RecomputedRows
+
+#: Bytes of float64 rows summed at once (one block of beyond queries over the keys they see):
+#: small enough to stay in cache, as the recompute path's vote blocks
+#: (:data:`~tl_geometry.analyze.recompute.VOTE_BLOCK_BYTES`).
+BLOCK_BYTES = 1 << 22
+
+
+def check_tokens(tokens: Any, batch: int, n_pos: int) -> Tensor | None:
+    """``tokens`` once it is ``None`` or the ``[batch, pos]`` integer token ids of the analysed
+    sequences; a :class:`~tl_geometry.inputs.cache.CacheError` naming the fix otherwise."""
+    if tokens is None:
+        return None
+    if (not isinstance(tokens, Tensor) or tuple(tokens.shape) != (batch, n_pos)
+            or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool):
+        raise CacheError(f"tokens must be the [batch, pos] = [{batch}, {n_pos}] integer token ids the cache "
+                         f"was made from, got {getattr(tokens, 'shape', type(tokens).__name__)}; pass "
+                         "those ids, or tokens=None (the local sinks' token is then NaN).")
+    return tokens
+
+
+def _block_queries(batch: int, n_heads: int, window: int) -> int:
+    """Queries per block: ``batch·head·q·(q + window − 1)`` float64 rows within :data:`BLOCK_BYTES`."""
+    budget = BLOCK_BYTES // (8 * batch * n_heads)
+    # The largest q with q² + (window − 1)·q ≤ budget.
+    return max(1, (math.isqrt((window - 1) ** 2 + 4 * budget) - (window - 1)) // 2)
+
+
+def _beyond_columns(row_block: Any, beyond: Bool[Tensor, "batch pos"], n_heads: int, window: int,
+                    device: Any) -> Float[Tensor, "batch head key"]:
+    """``Σ_{t∈B} α[t, j]`` from ``row_block(t0, t1, lo)`` (the rows of queries ``t0 … t1 − 1``
+    over the keys ``lo … t1 − 1``), a block of beyond queries at a time."""
+    batch, n_pos = beyond.shape
+    columns = torch.zeros(batch, n_heads, n_pos, dtype=COMPUTE_DTYPE, device=device)
+    any_query = beyond.any(0).nonzero().flatten()
+    if not len(any_query):
+        return columns
+    first, stop = int(any_query[0]), int(any_query[-1]) + 1
+    step = _block_queries(batch, n_heads, window)
+    for t0 in range(first, stop, step):
+        t1 = min(stop, t0 + step)
+        lo = max(0, t0 - window + 1)  # the keys these queries can see
+        columns[:, :, lo:t1] += beyond_columns(row_block(t0, t1, lo), beyond[:, t0:t1])
+    return columns
+
+
+def from_pattern(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch pos kv d"],
+    is_token: Bool[Tensor, "batch pos"],
+    sink: Int[Tensor, " batch"],
+    window: int,
+    tokens: Int[Tensor, "batch pos"] | None,
+) -> LocalSink:
+    """The local sinks of one layer from its pattern (zero outside each query's window: the
+    engine has checked it), read one block of beyond queries at a time."""
+    beyond = beyond_window(is_token, sink.to(is_token.device), window)
+    columns = _beyond_columns(lambda t0, t1, lo: pattern[:, :, t0:t1, lo:t1], beyond, pattern.shape[1], window,
+                              pattern.device)
+    return local_sink_from_columns(columns, beyond, v, window=window, key_mask=is_token, tokens=tokens)
+
+
+def from_capture(
+    capture: LayerCapture,
+    key_mask: Bool[Tensor, "batch pos"] | None,
+    is_token: Bool[Tensor, "batch pos"],
+    sink: Int[Tensor, " batch"],
+    window: int,
+    tokens: Int[Tensor, "batch pos"] | None,
+) -> LocalSink:
+    """The local sinks of one layer from its captured queries and keys: each block of beyond
+    queries' rows over the keys they see, recomputed in float64 with the layer's parameters."""
+    q, k = capture.q, capture.k
+    kwargs = capture.params.row_kwargs()
+    batch = q.shape[0]
+    beyond = beyond_window(is_token, sink.to(is_token.device), window)
+
+    def rows(t0: int, t1: int, lo: int) -> Tensor:
+        queries = torch.arange(t0 - lo, t1 - lo, device=q.device).expand(batch, -1)
+        return attention_rows(q[:, lo:t1], k[:, lo:t1], queries,
+                              key_mask=None if key_mask is None else key_mask[:, lo:t1], **kwargs)
+
+    columns = _beyond_columns(rows, beyond, q.shape[2], window, q.device)
+    return local_sink_from_columns(columns, beyond, capture.v, window=window, key_mask=is_token, tokens=tokens)
+
+
+def layer_local_sink(rows: Any, v: Tensor, is_token: Tensor, sink: Tensor, window: int,
+                     tokens: Tensor | None) -> LocalSink:
+    """One layer's local sinks from whichever rows its path holds: a pattern tensor, a
+    :class:`~tl_geometry.engine.block.PatternRows` or :class:`.recompute.RecomputedRows`."""
+    if isinstance(rows, PatternRows):
+        rows = rows.pattern
+    if isinstance(rows, RecomputedRows):
+        return from_capture(rows.capture, rows.key_mask, is_token, sink, window, tokens)
+    return from_pattern(rows, v, is_token, sink, window, tokens)
+
+
+class LocalSinks:
+    """The local sinks of an analysis, ``[sequence, local_field, layer, head]`` float64, NaN on
+    global layers and where no query is beyond the window; nothing when no analysed layer has a
+    window (``HeadAnalysis.local_sink`` is then ``None``)."""
+
+    def __init__(self, windows: Sequence[int | None], n_sequences: int) -> None:
+        self.windows = tuple(windows)
+        self.n_sequences = n_sequences
+        self.values: Tensor | None = None  # sized by the first layer's heads
+
+    @property
+    def active(self) -> bool:
+        """Whether any analysed layer has a window."""
+        return any(w is not None for w in self.windows)
+
+    def add(self, li: int, offset: int, figures: LocalSink) -> None:
+        """The figures ``[batch, head]`` of layer position ``li`` for sequences ``offset …``."""
+        stacked = figures.stack().cpu()
+        if self.values is None:
+            self.values = torch.full((self.n_sequences, len(LOCAL_SINK_FIELDS), len(self.windows), stacked.shape[2]),
+                                     torch.nan, dtype=COMPUTE_DTYPE)
+        self.values[offset:offset + stacked.shape[0], :, li] = stacked
+
+    def all_reduce(self, lo: int, hi: int, n_heads: int, device: Any) -> None:
+        """Every rank's sequences ``lo … hi − 1`` into every rank's figures (``torch.distributed``):
+        each rank writes its own rows into zeros and the rows add up (a NaN stays NaN)."""
+        import torch.distributed as dist
+
+        if not self.active:
+            return
+        full = torch.zeros(self.n_sequences, len(LOCAL_SINK_FIELDS), len(self.windows), n_heads,
+                           dtype=COMPUTE_DTYPE, device=device)
+        if self.values is not None:
+            full[lo:hi] = self.values[lo:hi].to(device)
+        dist.all_reduce(full)
+        self.values = full.cpu()
+
+    def attach(self, result: HeadAnalysis) -> HeadAnalysis:
+        """``result`` with its ``local_sink`` field (a new, checked analysis)."""
+        if not self.active:
+            return result
+        values = self.values
+        if values is None:  # no sequence reached a local layer (an empty shard): NaN throughout
+            values = torch.full((self.n_sequences, len(LOCAL_SINK_FIELDS), len(self.windows), result.n_heads),
+                                torch.nan, dtype=COMPUTE_DTYPE)
+        return dataclasses.replace(result, local_sink=values.clone())
