@@ -79,24 +79,27 @@ def test_claim1_rule_reads_the_headline_range_and_the_shuffled_null():
     ns = [1, 2, 4, 8, 16]
     run = separability.TopVsRandom(ns, [1, 2, 3], top=[1.0, 0.6, 0.5, 0.4, 0.9],
                                    shuffled=[1.0, 0.58, 0.4, 0.38, 0.9], random=[1.0, 0.2, 0.1, 0.1, 0.1])
-    assert run.consistent and run.geometric and run.small and run.best == 2
+    assert run.never_lowers and run.geometric and run.small and run.best == 2
+    assert run.above_random and run.gain[2] == pytest.approx(0.4)  # the attention ranking's: no check
     assert run.geometry[2] == pytest.approx(0.1) and run.ranking[2] == pytest.approx(0.3)
     # Dense N (16 here) never enters the rule, whatever it shows.
     assert run.best == 2 and run.max_geometry == pytest.approx(0.1)
     # The shuffled null matching the top set everywhere: the geometry carries nothing.
     flat = separability.TopVsRandom(ns, [1, 2, 3], top=run.top, shuffled=run.top, random=run.random)
-    assert flat.consistent and not flat.geometric
+    assert flat.above_random and flat.never_lowers and not flat.geometric
     assert flat.lowering == [] and flat.min_geometry == 0.0
     # A negative gap is read too: geometry lowers separability there, never "equal".
     lower = separability.TopVsRandom(ns, [1, 2, 3], top=run.top, shuffled=[1.0, 0.7, 0.52, 0.41, 0.0],
                                      random=run.random)
     assert not lower.geometric and lower.lowering == [2] and lower.min_geometry == pytest.approx(-0.1)
-    # Below random at one headline N, or peaking at N = 8: (a) resp. (c) fail.
+    assert not lower.never_lowers and lower.above_random  # (a) fails; the ranking's gain is unchanged
+    # Below random at one headline N (the ranking's figure, no check), or peaking at N = 8: (c) fails.
     worse = separability.TopVsRandom(ns, [1, 2, 3], top=[1.0, 0.3, 0.5, 0.6, 0.0],
                                      shuffled=[0.0] * 5, random=[0.0, 0.35, 0.1, 0.1, 0.0])
-    assert not worse.consistent and worse.best == 8 and not worse.small
+    assert not worse.above_random and worse.best == 8 and not worse.small
+    assert worse.best_shuffled == 2  # ties → the smaller N
     empty = separability.TopVsRandom(ns, [], top=run.top, shuffled=run.top, random=run.random)
-    assert not empty.consistent and empty.best is None
+    assert not empty.above_random and not empty.never_lowers and empty.best is None
 
 
 def test_claim3_rule_is_the_median_over_heads_of_the_paired_figures():
@@ -224,10 +227,11 @@ def test_quick_mode_writes_a_complete_page(smollm2, gemma3, tmp_path):
         assert match and (match.group(1) in (*VERDICTS, TOO_FEW, NO_SINK)
                           or match.group(1).startswith(UNDECIDED)), \
             f"claim {number} has no verdict"
-    # Every model × corpus appears in the tables, and every figure the page links exists.
-    for model in models:
+    # Every model × corpus appears in the tables (Gemma-3's global and local layers as two runs,
+    # SPEC §8 (i)), and every figure the page links exists.
+    for run in ("smollm2-135m", "gemma3-270m · global", "gemma3-270m · local"):
         for corpus in ("python-stdlib",):
-            assert f"| {model} | {corpus} |" in text
+            assert f"| {run} | {corpus} |" in text
     figures = re.findall(r"!\[[^\]]*\]\((results/[^)]+\.png)\)", text)
     assert len(figures) == 8
     for name in figures:
@@ -375,13 +379,21 @@ def _windows(r, n: int = 12):
     return r
 
 
-def test_claims_read_the_new_measures(tmp_path):
-    """Claim 1 follows the shuffled group, claim 3 the paired figures, claim 4 the shell bound."""
+def _bound_windows(r, n: int = 12):
+    """``r`` with per-window bounds in which every window holds the analysis's own mean bounds."""
+    r.window_bounds = r.bounds.float()[None].expand(n, *r.bounds.shape).clone()
+    return r
+
+
+def test_claims_read_the_new_measures(tmp_path, monkeypatch):
+    """Claim 1 follows the shuffled group, claim 3 the paired figures, claim 4 the §6b envelope."""
     from _reproduce.certificates import claim4
     from _reproduce.separability import claim1
     from _reproduce.sink import claim3
 
     from tl_geometry.result import BOUND_KINDS, GROUPS, METRIC_NAMES, PAIRED_FIELDS
+
+    _quick_intervals(monkeypatch)
 
     study = _fake_study()
     cc, f = METRIC_NAMES.index("f_score_cc"), METRIC_NAMES.index("f_score")
@@ -397,43 +409,189 @@ def test_claims_read_the_new_measures(tmp_path):
     for r in study.analyses.values():
         r.scores[shuffled, cc] = r.scores[top, cc]  # the geometry carries nothing
         _windows(r)
-    nil = claim1(study, tmp_path)
-    assert nil.verdict == PARTLY and "the value-shuffle null matches the top-N set" in " ".join(nil.disagreements)
+    nil = claim1(study, tmp_path)  # F∗(top) > F∗(random) still (the attention ranking): no verdict
+    assert nil.verdict == NOT_HELD and "the value-shuffle null matches the top-N set" in " ".join(nil.disagreements)
     for r in study.analyses.values():
         r.scores[shuffled, cc] = r.scores[top, cc] + 0.1  # the geometry lowers separability
         _windows(r)
     lowered = claim1(study, tmp_path)
     notes = " ".join(lowered.disagreements)
-    assert lowered.verdict == PARTLY and "geometry lowers separability at N = 2" in notes
+    assert lowered.verdict == NOT_HELD and "geometry lowers separability at N = 2" in notes
     assert "matches the top-N set" not in notes and "(and lowers it by ≥ 0.05 at some headline N on 4/4)" \
         in lowered.because
 
+    sink_in, removed = GROUPS.index("sink_in"), GROUPS.index("sink_removed")
     for r in study.analyses.values():
         r.paired[PAIRED_FIELDS.index("ratio")] = 0.4
         r.paired[PAIRED_FIELDS.index("halved")] = 0.6
         r.paired[PAIRED_FIELDS.index("count")] = 12.0
+        # Claim 3 reads each window's paired ratio, F(sink in S_N) / F(sink removed), on intervals.
+        r.window_scores[:, removed, f] = 0.8
+        r.window_scores[:, sink_in, f] = 0.8 * 0.4
     assert claim3(study, tmp_path).verdict == HELD
     for r in study.analyses.values():
         r.paired[PAIRED_FIELDS.index("ratio")] = 1.0  # within heads the sink changes nothing
+        r.window_scores[:, sink_in, f] = r.window_scores[:, removed, f]
     assert claim3(study, tmp_path).verdict == NOT_HELD
 
     for r in study.analyses.values():
         r.scores[top, f] = torch.rand(r.scores[top, f].shape, dtype=torch.float64) * 0.5 + 0.5
         r.bounds[:, 2] = r.scores[top, f] * 0.5  # every F bound below the new measured F
-        for kind in ("shell", "shell_n"):
+        for kind in ("predicted", "shell", "shell_n"):
             r.bounds[BOUND_KINDS.index(kind), 2] = r.scores[top, f] * 0.9  # tracks, same best N
+        _bound_windows(_windows(r))
     sound = claim4(study, tmp_path)
-    assert ("tracks the measured F_N across heads (ρ ≥ 0.5 within every headline N, K = 0 and K = N) "
-            "on 4/4") in sound.because
-    assert "more often than chance on 4/4" in sound.because
-    assert "never violated on 4/4" in sound.because and sound.verdict != NOT_HELD
+    assert ("the paper's regime envelope (SPEC §6b) tracks the measured F_N across heads (ρ ≥ 0.5 within "
+            "every headline N) on 4/4 runs") in sound.because
+    assert "gives the measured best N more often than chance on 4/4 runs" in sound.because
+    assert "the inversion certificate (§6a) never violated on 4/4 runs" in sound.because
+    assert sound.verdict != NOT_HELD
     r = study.analyses["m1", "c1"]
+    r.bounds[BOUND_KINDS.index("inversion"), 2, 0, 0, 1] = r.scores[top, f, 0, 0, 1] + 0.01
+    assert claim4(study, tmp_path).verdict == NOT_HELD  # a violated inversion certificate is a bug
+    r.bounds[BOUND_KINDS.index("inversion"), 2, 0, 0, 1] = 0.0
+    # Our shell certificate decides nothing (SPEC §8 (ii)): violated, it is listed as a bug.
     r.bounds[BOUND_KINDS.index("shell"), 2, 0, 0, 1] = r.scores[top, f, 0, 0, 1] + 0.01
-    assert claim4(study, tmp_path).verdict == NOT_HELD  # a violated certificate is a bug
+    ours = claim4(study, tmp_path)
+    assert ours.verdict == sound.verdict and "below our shell certificate" in " ".join(ours.disagreements)
     r.bounds[BOUND_KINDS.index("shell"), 2, 0, 0, 1] = 0.0
     r.bounds[BOUND_KINDS.index("certified"), 2, 0, 0, 1] = r.scores[top, f, 0, 0, 1] + 0.01
     sampled = claim4(study, tmp_path)  # the regime bound is a diagnostic (sampled on long windows)
-    assert sampled.verdict != NOT_HELD and "certified regime bound" in " ".join(sampled.disagreements)
+    assert sampled.verdict == sound.verdict and "certified regime bound" in " ".join(sampled.disagreements)
+
+
+def _quick_intervals(monkeypatch, resamples: int = 100):
+    """Claims 1 and 4 with fewer bootstrap resamples and no figures: the tests below read the
+    verdict rules, on windows that all hold the same means (every interval is a point)."""
+    import functools
+
+    from _reproduce import intervals, plots
+
+    for module in (certificates, separability):
+        monkeypatch.setattr(module, "bootstraps", functools.partial(intervals.bootstraps, resamples=resamples))
+    monkeypatch.setattr(plots, "grid", lambda *a, **k: None)
+
+
+def _claim4_study(envelope, shell):
+    """The fake study with a measured F_N that differs across heads and N, every §6b envelope and
+    shell bound (K = 0 and K = N) set from it by ``envelope(f)`` and ``shell(f)``, c_sink equal to
+    R_2 (so the sink part of claim 4 holds), and per-window arrays in which every window holds the
+    analysis's means."""
+    from tl_geometry.result import BOUND_KINDS, GROUPS, METRIC_NAMES
+    from tl_geometry.result.schema import names
+
+    study = _fake_study()
+    top, f, recall = GROUPS.index("top"), METRIC_NAMES.index("f_score"), METRIC_NAMES.index("recall")
+    g = torch.Generator().manual_seed(3)
+    for r in study.analyses.values():
+        r.scores[top, f] = torch.rand(r.scores[top, f].shape, generator=g, dtype=torch.float64) * 0.5 + 0.5
+        r.bounds[:, 2] = r.scores[top, f] * 0.5  # every F bound below the measured F
+        r.bounds[BOUND_KINDS.index("predicted"), 2] = envelope(r.scores[top, f])
+        for kind in ("shell", "shell_n"):
+            r.bounds[BOUND_KINDS.index(kind), 2] = shell(r.scores[top, f])
+        r.sink[names()["sink_field"].index("cosine")] = r.scores[top, recall, ..., 1]  # R_2
+        _bound_windows(_windows(r))
+    return study
+
+
+def _tracks(f):
+    return 0.9 * f  # orders the heads as the measured F_N does, at every N: same best N
+
+
+def _reversed(f):
+    return 0.4 * (1.5 - f)  # orders them the other way round (and stays below F_N)
+
+
+def test_claim4_is_decided_on_the_paper_envelope_and_the_shell_never_changes_it(tmp_path, monkeypatch):
+    """SPEC §8 (ii): claim 4 is about the paper's theory, so the §6b envelope decides it; our
+    shell certificate (§6d) is reported beside it and changes no verdict, whether it tracks, is
+    reversed, is empty or is violated."""
+    from _reproduce.certificates import OURS, claim4
+
+    from tl_geometry.result import BOUND_KINDS
+
+    _quick_intervals(monkeypatch)
+
+    def violated(f):
+        out = _tracks(f)
+        out[0, 0, 1] = f[0, 0, 1] + 0.01
+        return out
+
+    shells = (_tracks, _reversed, torch.zeros_like, violated)
+    held = [claim4(_claim4_study(_tracks, s), tmp_path) for s in shells]
+    assert [c.verdict for c in held] == [HELD] * 4, [c.because for c in held]
+    not_held = [claim4(_claim4_study(_reversed, s), tmp_path) for s in shells]
+    assert [c.verdict for c in not_held] == [NOT_HELD] * 4  # however well the shell tracks
+    assert "below our shell certificate (a bug; SPEC §6d is ours and decides no verdict)" in " ".join(
+        held[3].disagreements)
+    # The shell's figures stay on the page, labelled as ours; its outcomes are told apart.
+    text = "\n".join(map(str, not_held[0].blocks))
+    assert OURS == "ours (SPEC §6d), reported, does not decide the paper's claim"
+    assert OURS in text and OURS in not_held[0].because and OURS in not_held[0].rule
+    assert "ρ(shell K=0, F_N), ours" in text and "| tracks (ours) | predicts (ours) |" in text
+    assert "tracks the measured F_N (K = 0 and K = N) on 4/4 runs" in not_held[0].because
+    assert "SPEC §6b) tracks the measured F_N across heads (ρ ≥ 0.5 within every headline N) on 0/4 runs" \
+        in not_held[0].because
+    # Where the envelope fails the page says so with its numbers: F_2 and ρ at every headline N.
+    notes = " ".join(not_held[0].disagreements)
+    assert "the paper's regime envelope (SPEC §6b) does not track the measured F_N: mean envelope / " \
+           "measured F_2 = " in notes
+    assert "Spearman ρ across heads within each headline N: N = 2: -1.000, N = 4: -1.000, N = 8: -1.000 " \
+           "(below 0.5 at N = 2, 4, 8); smallest -1.000 [-1.000, -1.000]; 12 heads (12 windows)" in notes
+    # An envelope equal at every head orders none of them: it does not track.
+    flat = claim4(_claim4_study(lambda f: torch.full_like(f, 0.1), _tracks), tmp_path)
+    assert flat.verdict == NOT_HELD and "undefined (the envelope equal at every head)" in " ".join(
+        flat.disagreements)
+    # A saved analysis that kept no per-window envelope (only the shell's slices) has no interval
+    # for it: not decided, never decided on the shell instead.
+    study = _claim4_study(_tracks, _tracks)
+    for r in study.analyses.values():
+        r.window_bounds[:, BOUND_KINDS.index("predicted")] = float("nan")
+    unsaved = claim4(study, tmp_path)
+    assert unsaved.verdict == NO_INTERVAL
+    assert "holds no per-window values of the §6b envelope" in " ".join(unsaved.disagreements)
+
+
+def test_claim1_is_decided_on_the_geometry_gap_never_on_the_gain_over_random(tmp_path, monkeypatch):
+    """SPEC §8 (iii): with y = α·v the top-N set beats random subsets through the attention
+    ranking alone, so F∗(top) − F∗(random) is shown, labelled, and decides nothing; the verdict
+    moves with F∗(top) − F∗(shuffled) only."""
+    from _reproduce.separability import BY_CONSTRUCTION, claim1
+
+    from tl_geometry.result import GROUPS, METRIC_NAMES
+
+    _quick_intervals(monkeypatch)
+    cc = METRIC_NAMES.index("f_score_cc")
+    top, shuffled, rnd = (GROUPS.index(g) for g in ("top", "shuffled", "random"))
+
+    def claim(gap: float, gain: float, gaps: dict | None = None):
+        study = _fake_study()
+        for key, r in study.analyses.items():
+            r.scores[top, cc] = 0.9 - 0.1 * torch.arange(5.0)  # peaks at N = 2 (N = 1 is skipped)
+            r.scores[shuffled, cc] = r.scores[top, cc] - (gaps or {}).get(key, gap)
+            r.scores[rnd, cc] = r.scores[top, cc] - gain
+            _windows(r)
+        return claim1(study, tmp_path)
+
+    base = claim(0.1, 0.6)
+    assert base.verdict == HELD, base.because
+    for gain in (0.6, 0.02, -0.3):  # the ranking's gain shrinks, even turns negative: no change
+        moved = claim(0.1, gain)
+        assert moved.verdict == base.verdict
+    assert (f"F∗(top) − F∗(random) ({BY_CONSTRUCTION}) is above 0 at every headline N on 0/4 runs and "
+            "decides nothing") in claim(0.1, -0.3).because
+    assert claim(0.0, 0.6).verdict == NOT_HELD  # no effect at every N: (b), the core, on no run
+    assert claim(-0.1, 0.6).verdict == NOT_HELD  # lowers at every N
+    # Raising at some N on one run is enough for partly held, whatever the gain over random.
+    one = {("m1", "c1"): torch.tensor([0.0, 0.1, 0.0, 0.0, 0.0])}
+    assert claim(0.0, 0.6, one).verdict == claim(0.0, -0.3, one).verdict == PARTLY
+    # The label, exactly, wherever the page shows the gain over random.
+    assert BY_CONSTRUCTION == "attention ranking, holds by construction"
+    text = "\n".join(map(str, base.blocks))
+    assert f"F∗(top) − F∗(random) [95 %]: {BY_CONSTRUCTION}" in text and BY_CONSTRUCTION in base.rule
+    # Every thresholded number prints its interval with its windows and heads.
+    assert "| m1 | c1 | 2 | 12 / 12 | 0.800 | 0.700 | 0.100 [0.100, 0.100] | raises |" in text
+    assert "| m1 | c1 | 12 / 12 | 0.100 [0.100, 0.100] (N = 2) |" in text
 
 
 def test_reuse_loads_saved_analyses_with_their_run_time(tmp_path):
@@ -824,19 +982,3 @@ def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch
     calls.clear()
     study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
     assert calls == ["ablation"]
-
-
-def test_claim6_names_an_order_whose_loss_falls_below_the_unablated_model():
-    """Removing heads that lower the loss (the oracle removes them first) can take the held-out
-    loss below the dense model's: the page says so, with how many heads lower it alone."""
-    import pandas as pd
-    from _reproduce.ablation import _below_dense
-
-    curve = pd.DataFrame({"ordering": ["oracle"] * 3 + ["taxonomy"] * 3, "seed": [None] * 6,
-                          "retention": [1.0, 0.9, 0.5] * 2, "loss": [4.3, 3.7, 4.9, 4.3, 4.6, 5.2]})
-    sens = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "loss_increase": [-0.1, 0.2, -0.05]})
-    notes = _below_dense("m", curve, sens, 4.3)
-    assert notes == ["m: the oracle order's held-out loss falls below the unablated 4.300: 3.700 at "
-                     "retention 0.9. 2 of 3 heads lower the ablation windows' loss when removed alone "
-                     "(together -0.150 nats, the largest -0.100); the oracle removes them first."]
-    assert _below_dense("m", curve[curve.ordering == "taxonomy"], sens, 4.3) == []

@@ -226,15 +226,22 @@ def test_a_gap_interval_that_straddles_the_threshold_is_undecided_between_two_re
     assert gap.low < -0.05 < gap.high and gap.value == pytest.approx(-0.05)
     assert straddle.reading(0) == "undecided between lowers and no effect"
     assert straddle.lowering == [] and straddle.geometric == NOT_HELD  # it cannot raise
-    assert straddle.consistent == HELD and straddle.small == HELD  # gain 0.3; N = 2 is the best
+    assert straddle.never_lowers == UNDECIDED  # (a): it may lower
+    assert straddle.above_random == HELD and straddle.small == HELD  # gain 0.3; N = 2 is the best
+    assert straddle.heads == [2] and straddle.windows == 16
     # A clear gap is decided, both ways.
     clear = spread(_windowed(top, top + 0.2 + wobble, top - 0.3))
-    assert clear.reading(0) == "lowers" and clear.lowering == [2]
+    assert clear.reading(0) == "lowers" and clear.lowering == [2] and clear.never_lowers == NOT_HELD
     raised = spread(_windowed(top, top - 0.2 + wobble, top - 0.3))
-    assert raised.reading(0) == "raises" and raised.geometric == HELD
+    assert raised.reading(0) == "raises" and raised.geometric == HELD and raised.never_lowers == HELD
+    # The gain over random (the attention ranking's) is read apart and decides none of (a)–(c).
+    below = spread(_windowed(top, top - 0.2 + wobble, top + 0.3))
+    assert below.above_random == NOT_HELD and below.gain[0].value == pytest.approx(-0.3)
+    assert (below.never_lowers, below.geometric, below.small) == (raised.never_lowers, raised.geometric,
+                                                                    raised.small)
     # Too few windows: no verdict; no per-window arrays: no interval at all.
     few = spread(_windowed(top[:5], top[:5] + 0.2, top[:5] - 0.3))
-    assert few.reading(0) == TOO_FEW and few.consistent == TOO_FEW
+    assert few.reading(0) == TOO_FEW and few.above_random == TOO_FEW and few.never_lowers == TOO_FEW
     from types import SimpleNamespace
     assert spread(SimpleNamespace(window_scores=None, n_values=torch.tensor([2]), headline_n=(2,),
                                   metadata={})) is None
@@ -262,10 +269,11 @@ def test_the_gap_interval_comes_from_the_analysis_own_windows():
 def test_claim4_intervals_come_from_the_analysis_own_windows():
     """Claim 4's thresholded numbers on a real analysis with per-window bounds: each interval's
     point value is the figure the rule reads on the saved means (the smallest within-N ρ, the
-    best-N excess, ρ(c_sink, R_2)); an analysis without per-window bounds has none."""
+    best-N excess, ρ(c_sink, R_2)) for the §6b envelope, which decides, and for the shell bounds,
+    reported; an analysis without per-window bounds has the sink's only."""
     from dataclasses import replace
 
-    from _reproduce.certificates import SHELLS, intervals, measure
+    from _reproduce.certificates import ENVELOPE, SHELLS, intervals, measure
     from cases import make_case
 
     import tl_geometry
@@ -274,14 +282,48 @@ def test_claim4_intervals_come_from_the_analysis_own_windows():
     r = tl_geometry.analyze_heads(case.cache(), per_window=True, bounds=True, n_values=[1, 2, 4, 8],
                                   random_samples=4, shuffle_samples=4, queries="last")
     spread, point = intervals(r), measure(r)
-    for kind, _ in SHELLS:
-        fit = point.shells[kind]
+    fits = {ENVELOPE: point.envelope, **{kind: point.shells[kind] for kind, _ in SHELLS}}
+    for kind, fit in fits.items():
         assert spread[f"{kind} rho"].value == pytest.approx(fit.rho_min, abs=1e-6)
         assert spread[f"{kind} excess"].value == pytest.approx(fit.best.excess, abs=1e-9)
         assert spread[f"{kind} rho"].n == 12
     assert spread["sink rho"].value == pytest.approx(point.sink_recall[2], abs=1e-6)
     assert spread["sink rho"].low <= spread["sink rho"].value <= spread["sink rho"].high
-    assert intervals(replace(r, window_bounds=None)) is None
+    assert set(intervals(replace(r, window_bounds=None))) == {"sink rho"}
+
+
+def test_claim4_best_n_excess_interval_is_the_bca_one():
+    """SPEC §8 (2026-12-06): the best-N excess over chance, a statistic whose resamples can lie
+    mostly on one side of its point, gets the BCa interval over windows — the same ends as
+    :func:`.intervals.bca` on the same draws and leave-one-out values of the excess, recomputed
+    here from the per-window envelope and F_N."""
+    from _reproduce.certificates import ENVELOPE, intervals
+    from _reproduce.intervals import bca, draws, window_values
+    from cases import make_case
+
+    import tl_geometry
+    from tl_geometry.result import BOUND_KINDS
+    from tl_geometry.result.tables import argmax_n
+    from tl_geometry.result.tracking import agreement_vs_chance
+
+    case = make_case(2, batch=12, n_pos=40, sink=True, n_heads=8, n_kv=8)
+    r = tl_geometry.analyze_heads(case.cache(), per_window=True, bounds=True, n_values=[1, 2, 4, 8],
+                                  random_samples=4, shuffle_samples=4, queries="last")
+    f_score = window_values(r, "f_score")
+    envelope = r.window_bounds[:, BOUND_KINDS.index(ENVELOPE), 2].double()
+
+    def excess(idx: torch.Tensor) -> float:
+        measured, bound = f_score[idx].nanmean(0), envelope[idx].nanmean(0)
+        return agreement_vs_chance(argmax_n(r, measured, bound=False), argmax_n(r, bound, bound=True),
+                                   n_shuffles=1).excess
+
+    units = torch.arange(len(f_score))
+    resampled = torch.tensor([excess(idx) for idx in draws(len(units))], dtype=torch.float64)
+    left_out = torch.tensor([excess(units[units != i]) for i in units], dtype=torch.float64)
+    want = bca(excess(units), resampled, left_out)
+    got = intervals(r)[f"{ENVELOPE} excess"]
+    assert (got.low, got.high) == pytest.approx(want, abs=1e-12)
+    assert got.low <= got.value <= got.high
 
 
 def _nulls(main_windows, parts, noise=0.0, flip=()):

@@ -57,16 +57,17 @@ KEPT: dict[str, Kept] = {
                           ("random", "f_score_cc"), ("shuffled", "f_score_cc"),
                           ("sink_in", "f_score"), ("sink_removed", "f_score")],
         "window_sink": [("mass",), ("norm_ratio",), ("cosine",)],
-        "window_bounds": [("shell", "f_score"), ("shell_n", "f_score")],
+        "window_bounds": [("shell", "f_score"), ("shell_n", "f_score"), ("predicted", "f_score")],
     },
     "null": {"window_scores": [("top", "f_score_cc"), ("shuffled", "f_score_cc")]},
 }
 FIELDS = ("window_scores", "window_sink", "window_bounds")
-#: Kept slices that a side file may lack and still be read (NaN there): claim 3's, which side
-#: files written before claim 3 read them (and before result format 9 kept the per-window sink-in
-#: group) do not hold. Claim 3 then prints its point figures with no interval and no verdict,
-#: rather than every saved analysis being recomputed by ``--reuse``.
-OPTIONAL_KEPT = {("window_scores", ("sink_in", "f_score")), ("window_scores", ("sink_removed", "f_score"))}
+#: Kept slices that a side file may lack and still be read (NaN there): claim 3's and claim 4's
+#: envelope's, which side files written before those claims read them (and before result format 9
+#: kept the per-window sink-in group) do not hold. Those claims then print their point figures
+#: with no interval and no verdict, rather than every saved analysis being recomputed by ``--reuse``.
+OPTIONAL_KEPT = {("window_scores", ("sink_in", "f_score")), ("window_scores", ("sink_removed", "f_score")),
+                 ("window_bounds", ("predicted", "f_score"))}
 #: Sizes of a named axis that side files written by earlier versions have: the 4 per-window
 #: groups before result format 9 (today's first four, in the same order).
 _EARLIER_SIZES = {"window_group": (4,)}
