@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "demos"))
 import reproduce  # noqa: E402
 from _reproduce import certificates, corpora, document, rules, separability, sink, stats  # noqa: E402
 from _reproduce.claims import HELD, NOT_HELD, PARTLY, verdict  # noqa: E402
-from _reproduce.intervals import NO_INTERVAL, NO_SINK, TOO_FEW, UNDECIDED  # noqa: E402
+from _reproduce.intervals import NO_INTERVAL, NO_SINK, NOT_MEASURED, TOO_FEW, UNDECIDED  # noqa: E402
 from _reproduce.protocol import FULL, QUICK  # noqa: E402
 from _reproduce.study import Step, Study  # noqa: E402
 
@@ -332,7 +332,7 @@ def test_every_claim_renders_on_fake_analyses(tmp_path):
     claims += [ablation.claim6(study, tmp_path), capacity.claim7(study, tmp_path)]
     # SPEC §8: a verdict may also be undecided on its intervals, have too few windows (the
     # fakes hold 3 windows of votes), or no interval (the fakes hold no per-window values).
-    readable = [c.verdict in (*VERDICTS, TOO_FEW, NO_INTERVAL) or c.verdict.startswith(UNDECIDED)
+    readable = [c.verdict in (*VERDICTS, TOO_FEW, NO_INTERVAL, NOT_MEASURED) or c.verdict.startswith(UNDECIDED)
                 for c in claims]
     assert readable == [True] * 7
     page = document.page(["# fake"], claims, "results")

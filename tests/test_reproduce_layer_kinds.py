@@ -63,3 +63,22 @@ def test_claim5_compares_only_global_layers_with_the_paper_gemma():
     assert not any("not Mixer-dominated" in x for x in readings)
     reset_global = {**dominant, ("gemma3-270m · global", "c2"): "Reset"}
     assert "where the paper found Mixers" in taxonomy._gemma_readings(reset_global)[0]
+
+
+def test_a_split_model_is_one_size_and_an_unmeasured_claim_has_no_level():
+    from _reproduce import ablation, capacity
+    from _reproduce.intervals import NOT_MEASURED
+
+    models = ["smollm2-135m", "gemma3-270m · global", "gemma3-270m · local", "qwen2.5-coder-0.5b"]
+    # The two kinds agree: read across sizes as one model.
+    assert sizes.across_sizes(["held", "held", "held", "not held"], models) == "weakens as size grows"
+    # They disagree: the claim moves with the kind of layer, not with size.
+    assert sizes.across_sizes(["held", "held", "not held", "held"], models).startswith("reads differently")
+    # No step between the two kinds of one model counts as a step in size.
+    assert sizes.across_sizes(["held", "not held", "held", "held"], models) != "moves without a trend"
+    assert sizes.across_sizes(["held", "partly held"], ["a", "b"]) == sizes.direction(["held", "partly held"])
+    # A model without an ablation or capacity study: not measured, no level to read.
+    study = Study(QUICK, {}, {})
+    assert ablation.claim6(study, Path(".")).verdict == NOT_MEASURED
+    assert capacity.claim7(study, Path(".")).verdict == NOT_MEASURED
+    assert sizes.direction(["held", NOT_MEASURED]).startswith("has no direction")

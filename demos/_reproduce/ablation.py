@@ -26,6 +26,7 @@ from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
 from .intervals import (
     NO_INTERVAL,
+    NOT_MEASURED,
     TOO_FEW,
     UNDECIDED,
     Interval,
@@ -382,7 +383,7 @@ def claim6(study, figures: Path):
                  "not uniformly better than single-metric baselines under aggressive pruning; "
                  "single heads can be critical.")
     if not study.ablation:
-        return Claim(6, "Head removal guided by the taxonomy", statement, "–", NOT_HELD,
+        return Claim(6, "Head removal guided by the taxonomy", statement, "–", NOT_MEASURED,
                      "not measured in this run (no ablation study was run).")
     checks: dict[str, list[str]] = {"moderate": [], "not_uniform": [], "critical": []}
     loss_rows, check_rows, crit_rows, notes, largest = [], [], [], [], []

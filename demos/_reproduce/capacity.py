@@ -26,7 +26,7 @@ from tl_geometry.functional.uncertainty import window_mean
 
 from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
-from .intervals import NO_INTERVAL, Interval, bootstraps, combine, decide
+from .intervals import NO_INTERVAL, NOT_MEASURED, Interval, bootstraps, combine, decide
 from .losses import tally
 from .protocol import StudyConfig, beside, windows
 from .saved import TABLES_SHA256, load_windows, save_windows
@@ -162,7 +162,7 @@ def claim7(study, figures: Path):
                  "loss at small N; and a head's geometric separability F_N predicts how much "
                  "sparsifying it to N costs.")
     if not getattr(study, "capacity", None):
-        return Claim(7, "Retrieval capacity under top-N attention (ours)", statement, "–", NOT_HELD,
+        return Claim(7, "Retrieval capacity under top-N attention (ours)", statement, "–", NOT_MEASURED,
                      "not measured in this run (no capacity study was run).")
     checks: dict[str, list[str]] = {"sparse": [], "tracks": []}
     curve_rows, rho_rows, notes, summary = [], [], [], []

@@ -44,8 +44,11 @@ NO_INTERVAL = "no interval"
 #: A sink claim of a model whose sink check found a weak sink (SPEC §1: the sink is not the most
 #: attended of the first 32 keys in most layers): reported as "no sink", never decided.
 NO_SINK = "no sink"
+#: A claim whose study was not run for a model (the ablation and capacity studies of an opt-in
+#: model): no verdict, and no level for the size section's direction.
+NOT_MEASURED = "not measured"
 #: Outcomes that carry no verdict: left out when a claim's checks are combined.
-MISSING = (TOO_FEW, NO_INTERVAL, NO_SINK)
+MISSING = (TOO_FEW, NO_INTERVAL, NO_SINK, NOT_MEASURED)
 
 #: The value-shuffle null's reading (SPEC §3): F∗(top) − F∗(shuffled) against ±0.05.
 GEOMETRY = (("lowers", -math.inf, -0.05), ("no effect", -0.05, 0.05), ("raises", 0.05, math.inf))
@@ -295,8 +298,8 @@ def combine(per_run: dict[str, list[str]],
     return best if best == worst else f"{UNDECIDED} ({worst} or {best})"
 
 
-__all__ = ["BLOCK", "GEOMETRY", "HELD", "LEVEL", "MIN_UNITS", "MISSING", "NOT_HELD", "NO_INTERVAL",
-           "NO_SINK", "PARTLY", "RESAMPLES", "TOO_FEW", "UNDECIDED", "Interval", "bca", "blocks", "bootstrap",
-           "bootstraps", "categorize", "combine", "decide", "draws", "every", "head_means",
-           "median_of", "over_heads", "point", "some", "weak_sink", "window_sink_values",
+__all__ = ["BLOCK", "GEOMETRY", "HELD", "LEVEL", "MIN_UNITS", "MISSING", "NOT_HELD", "NOT_MEASURED",
+           "NO_INTERVAL", "NO_SINK", "PARTLY", "RESAMPLES", "TOO_FEW", "UNDECIDED", "Interval", "bca",
+           "blocks", "bootstrap", "bootstraps", "categorize", "combine", "decide", "draws", "every",
+           "head_means", "median_of", "over_heads", "point", "some", "weak_sink", "window_sink_values",
            "window_values", "with_units"]

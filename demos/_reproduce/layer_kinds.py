@@ -31,9 +31,10 @@ def split(study: Any) -> Any:
             continue
         for kind, part in parts.items():
             analyses[f"{model}{SEPARATOR}{kind}", corpus] = part
-            if (model, corpus) in study.nulls:
+            if (model, corpus) in study.nulls:  # a null without the windows recorded is left out
+                split_nulls = {name: null.by_layer_kind() for name, null in study.nulls[model, corpus].items()}
                 nulls[f"{model}{SEPARATOR}{kind}", corpus] = {
-                    name: null.by_layer_kind()[kind] for name, null in study.nulls[model, corpus].items()}
+                    name: parts_of[kind] for name, parts_of in split_nulls.items() if kind in parts_of}
     return dataclasses.replace(study, analyses=analyses, nulls=nulls)
 
 

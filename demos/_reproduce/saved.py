@@ -13,8 +13,8 @@ What is kept (:data:`KEPT`), by the reader that needs it:
 
 - the main analysis: the top group's F, R and F_cc, the random and shuffled groups' F_cc
   (claims 1 and 4, the decomposition), the sink-in and sink-removed groups' F (claim 3's paired
-  ratio per window), the sink's mass, κ and cosine (claims 2, 3, 4, 5(c)), and the shell bounds
-  on F (claim 4);
+  ratio per window), the sink's mass, κ and cosine (claims 2, 3, 4, 5(c)), and the regime
+  envelope (SPEC §6b, which decides claim 4) and the shell bounds (§6d, reported beside it) on F;
 - a decomposition null: its top and shuffled groups' F_cc (the decomposition of SPEC §3).
 
 Two more fields are left out where nothing reads them: the votes per block of 128 queries

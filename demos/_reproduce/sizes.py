@@ -70,6 +70,21 @@ def direction(verdicts: Sequence[str]) -> str:
     return "moves without a trend"
 
 
+def across_sizes(verdicts: Sequence[str], models: Sequence[str]) -> str:
+    """:func:`direction` across model sizes: a model read as its global and local layers apart
+    (:mod:`.layer_kinds`) is one size, not two, so the direction is read once through each kind
+    of its layers (with every other model) and stated where both readings agree; where they do
+    not, the claim moves with the kind of layer, not with size."""
+    kinds = sorted({k for m in models if (k := layer_kinds.kind(m))})
+    if not kinds:
+        return direction(verdicts)
+    readings = {direction([v for v, m in zip(verdicts, models) if layer_kinds.kind(m) in (None, kind)])
+                for kind in kinds}
+    if len(readings) == 1:
+        return readings.pop()
+    return "reads differently through the global and the local layers, so no direction across sizes"
+
+
 def section(pooled: Sequence[Claim], by_model: dict[str, list[Claim]]) -> list[str]:
     """The page's size section: a verdict table (claims × models, smallest first) and, per
     claim, how its verdict moves and each model's numbers under the rule."""
@@ -91,6 +106,6 @@ def section(pooled: Sequence[Claim], by_model: dict[str, list[Claim]]) -> list[s
         verdicts = [by_model[m][i].verdict for m in models]
         numbers = " ".join(f"*{s}:* **{by_model[m][i].verdict}**; {by_model[m][i].because}"
                            for s, m in zip(size, models))
-        out.append(f"- **Claim {c.number}** {direction(verdicts)}. {numbers}")
+        out.append(f"- **Claim {c.number}** {across_sizes(verdicts, models)}. {numbers}")
     out.append("")
     return out

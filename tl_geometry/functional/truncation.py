@@ -40,7 +40,7 @@ class Truncation(NamedTuple):
     tail_mass: Float[Tensor, "*batch"]
     """``τ_N = Σ_{j∉H} α_j``: the attention left outside the selection."""
     truncation_error: Float[Tensor, "*batch"]
-    """``‖o − o_N‖ / ‖o‖`` of the renormalised selection ``o_N = Σ_H α_j v_j / (1 − τ_N)``."""
+    """``‖o − o_N‖ / ‖o‖`` of the renormalised selection ``o_N = Σ_H α_j v_j / Σ_H α_j``."""
 
 
 def truncation(
