@@ -77,6 +77,8 @@ def test_a_split_model_is_one_size_and_an_unmeasured_claim_has_no_level():
     # No step between the two kinds of one model counts as a step in size.
     assert sizes.across_sizes(["held", "not held", "held", "held"], models) != "moves without a trend"
     assert sizes.across_sizes(["held", "partly held"], ["a", "b"]) == sizes.direction(["held", "partly held"])
+    # One kind without a level (too few): no direction, not "reads differently".
+    assert sizes.across_sizes(["held", "too few", "partly held", "held"], models).startswith("has no direction")
     # A model without an ablation or capacity study: not measured, no level to read.
     study = Study(QUICK, {}, {})
     assert ablation.claim6(study, Path(".")).verdict == NOT_MEASURED

@@ -82,6 +82,8 @@ def across_sizes(verdicts: Sequence[str], models: Sequence[str]) -> str:
                 for kind in kinds}
     if len(readings) == 1:
         return readings.pop()
+    if not all(v in _STRENGTH for v in verdicts):  # some verdict has no level: nothing to compare
+        return direction(verdicts)
     return "reads differently through the global and the local layers, so no direction across sizes"
 
 
