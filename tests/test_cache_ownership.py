@@ -13,9 +13,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from test_model_files import tiny_model_and_tokenizer, write_gguf
 
 from tl_geometry.cli.main import main
 from tl_geometry.inputs import model_files, models, weight_cache
@@ -284,36 +284,6 @@ def test_the_command_in_a_fresh_process_says_so_without_a_traceback(tmp_path):
 
 
 # --- loads -----------------------------------------------------------------------------------------
-def write_gguf(path: Path) -> Path:
-    """A small but valid GGUF file: llama metadata and one tensor (no tokenizer)."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(64)
-    writer.add_tensor("token_embd.weight", np.arange(32, dtype=np.float32).reshape(8, 4))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def tiny_model_and_tokenizer():
-    """A 2-layer Llama and a word-level tokenizer, the same on every call (seeded)."""
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers import models as tokenizer_models
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    vocab = {f"t{i}": i for i in range(31)} | {"<unk>": 31}
-    words = Tokenizer(tokenizer_models.WordLevel(vocab, unk_token="<unk>"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>")
-    return LlamaForCausalLM(config).eval(), tokenizer
-
-
 def fake_gguf_source(folder: Path, calls: list[str]) -> models._Source:
     """A GGUF source whose de-quantisation is the tiny model (``models._from_pretrained`` patched:
     the caller restores it); ``calls`` counts the de-quantisations."""
