@@ -397,8 +397,7 @@ def test_claim7_tables_on_tiny_model_keep_their_windows(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
     from _reproduce import capacity as claim_module
     from _reproduce.corpora import Corpus
-    from _reproduce.document import NOT_HELD
-    from _reproduce.intervals import NO_INTERVAL, TOO_FEW
+    from _reproduce.intervals import NO_INTERVAL, NOT_MEASURED, TOO_FEW
     from _reproduce.protocol import QUICK
 
     from tl_geometry.functional.uncertainty import window_mean
@@ -424,7 +423,7 @@ def test_claim7_tables_on_tiny_model_keep_their_windows(tmp_path):
     assert claim_module.claim7(study, tmp_path).verdict == TOO_FEW  # 2 windows: "n = 2, too few"
     study = SimpleNamespace(capacity={"a": {**again, "windows": None}})
     assert claim_module.claim7(study, tmp_path).verdict == NO_INTERVAL
-    assert claim_module.claim7(SimpleNamespace(capacity={}), tmp_path).verdict == NOT_HELD
+    assert claim_module.claim7(SimpleNamespace(capacity={}), tmp_path).verdict == NOT_MEASURED
 
 
 def test_losses_per_window_match_each_window_alone(tokens):
