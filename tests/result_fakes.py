@@ -9,15 +9,6 @@ import torch
 
 from tl_geometry.result import HeadAnalysis, schema
 
-#: The attribute names the old ``__getattr__`` resolved (format 1's names): they must stay.
-LEGACY_NAMES = (
-    [("" if g == "top" else g + "_") + m for g in ("top", "random", "sink_removed", "sink_in", "sink_out")
-     for m in ("precision", "recall", "f_score", "margin", "inversions")]
-    + [f"sink_{f}" for f in ("mass", "norm_ratio", "cosine", "mean_cosine", "share")]
-    + [f"{k}_{m}" for k in ("inversion", "certified", "predicted") for m in ("precision", "recall", "f_score")]
-    + [f"regime_{f}" for f in ("norm_cv", "kappa", "a", "decay", "b", "fit_mae")]
-)
-
 
 def fake(layers=(3, 5), n_heads: int = 4, n_values=(2, 4, 8), *, bounds: bool = False,
          metadata: dict[str, Any] | None = None, per_sequence: bool = True) -> HeadAnalysis:

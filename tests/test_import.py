@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -44,38 +47,32 @@ def test_every_public_name_resolves():
         assert getattr(tl_geometry, name) is not None, name
 
 
-def test_capacity_names_moved_from_ablation_still_resolve_there_with_a_warning():
-    """Top-N attention and retrieval capacity moved from ``tl_geometry.ablation`` to
-    ``tl_geometry.capacity``; for one release the old home still gives the same objects, with a
-    ``DeprecationWarning`` that names the new one."""
-    import tl_geometry.ablation as ablation
-    import tl_geometry.capacity as capacity
-
-    with pytest.warns(DeprecationWarning, match=r"tl_geometry\.capacity\.top_n_attention"):
-        old = ablation.top_n_attention
-    assert old is capacity.top_n_attention is tl_geometry.capacity.top_n_attention
-    with pytest.warns(DeprecationWarning, match=r"tl_geometry\.capacity"):
-        from tl_geometry.ablation import TopNPolicy
-    assert TopNPolicy is capacity.TopNPolicy
-    for name in capacity.__all__:
-        with pytest.warns(DeprecationWarning, match=rf"tl_geometry\.capacity\.{name}\b"):
-            assert getattr(ablation, name) is getattr(capacity, name), name
-    assert not set(ablation.__all__) & set(capacity.__all__)
-    with pytest.raises(AttributeError, match="no_such_thing"):
-        ablation.no_such_thing  # noqa: B018
-
-
-def test_the_front_door_is_small_and_moved_names_still_resolve_with_a_warning():
-    """At most 20 names in ``tl_geometry.__all__``; the ablation and capacity names live in
-    their subpackages, and the old top-level spelling works for one release, with a warning
-    that names the new home."""
+def test_the_front_door_is_small_and_ablation_and_capacity_names_live_in_their_subpackages():
+    """At most 20 names in ``tl_geometry.__all__``; the ablation and capacity names are read from
+    ``tl_geometry.ablation`` / ``tl_geometry.capacity`` only, with no alias at the top level or of
+    a capacity name in ``tl_geometry.ablation``."""
     from tl_geometry import ablation, capacity
 
     assert len(tl_geometry.__all__) <= 20 and {"ablation", "capacity"} <= set(tl_geometry.__all__)
-    moved = tl_geometry._MOVED
-    assert len(moved) == 20 and not set(moved) & set(tl_geometry.__all__)
-    for name, home in moved.items():
-        assert name not in dir(tl_geometry)
-        with pytest.warns(DeprecationWarning, match=rf"tl_geometry.{name} has moved to tl_geometry.{home}.{name}"):
-            old = getattr(tl_geometry, name)
-        assert old is getattr({"ablation": ablation, "capacity": capacity}[home], name)
+    assert not set(ablation.__all__) & set(capacity.__all__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in (*ablation.__all__, *capacity.__all__):
+            assert not hasattr(tl_geometry, name) and name not in dir(tl_geometry), name
+        for name in capacity.__all__:
+            assert not hasattr(ablation, name), name
+
+
+@pytest.mark.parametrize(("module", "name"), [
+    ("tl_geometry", "ablate_heads"),
+    ("tl_geometry", "top_n_attention"),
+    ("tl_geometry", "TopNPolicy"),
+    ("tl_geometry.ablation", "top_n_attention"),
+    ("tl_geometry.ablation", "TopNPolicy"),
+])
+def test_removed_aliases_are_attribute_errors(module, name):
+    home = importlib.import_module(module)
+    with pytest.raises(AttributeError, match=rf"module '{re.escape(module)}' has no attribute '{name}'"):
+        getattr(home, name)
+    with pytest.raises(ImportError, match=name):
+        exec(f"from {module} import {name}", {})

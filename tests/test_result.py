@@ -3,16 +3,19 @@ the text forms (issue 15, items 3, 4, 6)."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 import torch
 from cases import make_case
-from result_fakes import LEGACY_NAMES, fake
+from result_fakes import fake
 
 import tl_geometry
+from tl_geometry.functional.regime import REGIME_FIELDS
+from tl_geometry.functional.sink import SINK_FIELDS
 from tl_geometry.functional.taxonomy import CLASSES
-from tl_geometry.result import GROUPS, HeadAnalysis, NoBoundsError
+from tl_geometry.result import GROUPS, TRUNCATION_NAMES, HeadAnalysis, NoBoundsError
 from tl_geometry.result import schema as _result_schema
 from tl_geometry.result import select as _result_select
 
@@ -110,31 +113,72 @@ def test_label_by_model_layer_index_where_positional_indexing_fails():
 
 
 # --- explicit fields and accessors ----------------------------------------------------------------
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_documented_attributes_are_explicit_class_attributes_and_older_names_still_read():
-    from tl_geometry.result.shortcuts import DOCUMENTED
+#: The bound figures kept as shortcuts, per kind; every other one is read with ``bound()``.
+_BOUND_SHORTCUTS = {"inversion": ("separated",), "certified": ("f_score",), "predicted": ("f_score",),
+                    "shell": ("f_score", "separated"), "shell_n": ("f_score", "separated")}
 
-    assert "__getattr__" not in vars(HeadAnalysis) and "__dir__" not in vars(HeadAnalysis)
+
+def _schema_shortcuts() -> dict[str, tuple[str, ...]]:
+    """The shortcuts the schema's names imply, each ``name → (accessor, *key)``: every top-N
+    metric, every other group's F-score, the paired ratio and halved fraction, the 90th
+    percentiles, every sink field and the bounds of ``_BOUND_SHORTCUTS``."""
+    out: dict[str, tuple[str, ...]] = {m: ("metric", m) for m in _result_schema.METRIC_NAMES}
+    out |= {f"{g}_f_score": ("metric", "f_score", g) for g in GROUPS if g != "top"}
+    out |= {f"paired_sink_{f}": ("paired_sink", f) for f in _result_schema.PAIRED_FIELDS if f != "count"}
+    out |= {f"p90_{m}": ("truncation_percentile", m) for m in TRUNCATION_NAMES}
+    out |= {f"sink_{f}": ("sink_diagnostic", f) for f in SINK_FIELDS}
+    out |= {f"{k}_{m}": ("bound", k, m) for k, metrics in _BOUND_SHORTCUTS.items() for m in metrics}
+    return out
+
+
+def _schema_slice_names() -> set[str]:
+    """Every ``<group>_<metric>``, ``<kind>_<metric>``, ``regime_<field>``, ... name a slice
+    could be given: the ones that are not shortcuts must not be attributes."""
+    names = {m if g == "top" else f"{g}_{m}" for g in GROUPS for m in _result_schema.METRIC_NAMES}
+    names |= {f"{k}_{m}" for k in _result_schema.BOUND_KINDS for m in _result_schema.BOUND_METRICS}
+    names |= {f"regime_{f}" for f in REGIME_FIELDS} | {f"paired_sink_{f}" for f in _result_schema.PAIRED_FIELDS}
+    return names | {f"sink_{f}" for f in SINK_FIELDS} | {f"p90_{m}" for m in TRUNCATION_NAMES}
+
+
+def test_shortcuts_are_the_declared_class_attributes_the_schema_implies():
+    from tl_geometry.result.shortcuts import DOCUMENTED, Shortcuts, _Slice
+
+    # Declared one by one (type checkers see them), with no fallback lookup behind them.
+    assert not hasattr(Shortcuts, "__getattr__") and not hasattr(HeadAnalysis, "__getattr__")
+    assert "__dir__" not in vars(HeadAnalysis)
+    assert set(_BOUND_SHORTCUTS) == set(_result_schema.BOUND_KINDS)  # a new kind decides its shortcuts
+    declared = {name: value for name, value in vars(Shortcuts).items() if isinstance(value, _Slice)}
+    assert tuple(declared) == DOCUMENTED
+    assert {name: (s.accessor, *s.key) for name, s in declared.items()} == _schema_shortcuts()
+    assert all(name in dir(fake()) for name in DOCUMENTED)
+
+
+def test_each_shortcut_reads_the_same_tensor_as_its_accessor_call():
     r = fake(bounds=True)
-    for name in LEGACY_NAMES:
-        # Documented names are declared on the class, so IDEs and mypy see them; the others
-        # resolve through the deprecation path with the same numbers.
-        assert hasattr(HeadAnalysis, name) == (name in DOCUMENTED), name
-        group, metric = next(((g, name[len(g) + 1:]) for g in sorted(GROUPS, key=len, reverse=True)
-                              if name.startswith(g + "_") and name[len(g) + 1:] in
-                              _result_schema.METRIC_NAMES), ("top", name))
-        if name.startswith(("inversion_", "certified_", "predicted_")):
-            kind, _, m = name.partition("_")
-            assert torch.equal(getattr(r, name), r.bound(kind, m)), name
-        elif name.startswith("regime_"):
-            assert torch.equal(getattr(r, name), r.regime_diagnostic(name[7:])), name
-        elif name.startswith("sink_") and metric not in _result_schema.METRIC_NAMES:
-            assert torch.equal(getattr(r, name), r.sink_diagnostic(name[5:])), name
-        else:
-            assert torch.equal(getattr(r, name), r.metric(metric, group=group)), name
-    with pytest.raises(AttributeError):
-        r.f_scor  # noqa: B018 - a typo is a plain AttributeError, not a lookup through names
+    quantities = r.quantities()
+    for name, (accessor, *key) in _schema_shortcuts().items():
+        value = getattr(r, name)
+        torch.testing.assert_close(value, getattr(r, accessor)(*key), equal_nan=True, rtol=0, atol=0)
+        torch.testing.assert_close(value, quantities[name][0], equal_nan=True, rtol=0, atol=0)  # sel()'s key
     assert torch.equal(r.count("sink_in"), r.group_counts[GROUPS.index("sink_in")])
+
+
+def test_other_slice_names_are_plain_attribute_errors():
+    """The slices without a shortcut (``sink_in_recall``, ``regime_kappa``, ...) are read with
+    their accessor; as attributes they do not exist, without a warning."""
+    r = fake(bounds=True)
+    others = _schema_slice_names() - set(_schema_shortcuts())
+    assert {"sink_in_recall", "sink_in_margin", "regime_kappa", "certified_precision"} <= others
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in sorted(others):
+            assert not hasattr(HeadAnalysis, name), name
+            with pytest.raises(AttributeError, match=rf"'HeadAnalysis' object has no attribute '{name}'"):
+                getattr(r, name)
+        with pytest.raises(AttributeError, match="no attribute 'f_scor'"):
+            r.f_scor  # noqa: B018 - a typo is a plain AttributeError
+    assert torch.equal(r.metric("recall", "sink_in"), r.scores[GROUPS.index("sink_in"), 1])
+    assert torch.equal(r.regime_diagnostic("kappa"), r.regime[REGIME_FIELDS.index("kappa")])
 
 
 @pytest.mark.parametrize(("call", "message"), [
@@ -158,6 +202,10 @@ def test_missing_bounds_raise_one_error_that_is_both_attribute_and_value_error()
             call()
     assert issubclass(NoBoundsError, AttributeError) and issubclass(NoBoundsError, ValueError)
     assert not hasattr(r, "certified_f_score")
+    # A bound shortcut's own error reaches the caller, message and all (not "no attribute").
+    for name in (n for n, (accessor, *_) in _schema_shortcuts().items() if accessor == "bound"):
+        with pytest.raises(NoBoundsError, match=f"^{re.escape(_result_schema.NO_BOUNDS)}$"):
+            getattr(r, name)
     assert list(r.best_n().columns) == ["layer", "head", "measured_best_n"]  # measured needs no bounds
 
 
@@ -252,7 +300,6 @@ def test_repr_is_one_short_line():
 
 @pytest.mark.filterwarnings("ignore:N = .* cannot be evaluated")
 def test_readme_in_python_examples_run(tmp_path, monkeypatch):
-    import re
     from pathlib import Path
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
@@ -271,22 +318,6 @@ def test_readme_in_python_examples_run(tmp_path, monkeypatch):
         exec(line, namespace)  # the README's own lines, checked to run
     assert namespace["head"]["label"] == namespace["result"].label(5, 3)
     assert (tmp_path / "run.pt").is_file()
-
-
-def test_undocumented_shortcuts_warn_and_read_their_accessor():
-    """HeadAnalysis keeps the documented shortcuts as attributes; older generated names still
-    resolve, with a DeprecationWarning naming the accessor call that replaces them."""
-    from tl_geometry.result.shortcuts import DEPRECATED, DOCUMENTED
-
-    r = fake()
-    assert "f_score" in DOCUMENTED and "sink_in_recall" in DEPRECATED and len(DOCUMENTED) <= 30
-    assert not any(name in dir(r) for name in DEPRECATED)  # the surface lists only the documented
-    with pytest.warns(DeprecationWarning, match=r"result.sink_in_recall is deprecated.*"
-                                                r"use result.metric\('recall', 'sink_in'\)"):
-        old = r.sink_in_recall
-    torch.testing.assert_close(old, r.metric("recall", "sink_in"), equal_nan=True, rtol=0, atol=0)
-    with pytest.raises(AttributeError, match="no attribute 'sink_in_recal'"):
-        r.sink_in_recal  # noqa: B018
 
 
 def test_notebooks_show_the_summary_as_a_table_with_coloured_labels():

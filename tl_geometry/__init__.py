@@ -40,26 +40,7 @@ if TYPE_CHECKING:
     from .views.report import write_report
 
 
-#: Names that left the front door for their subpackage; they resolve for one more release,
-#: with a DeprecationWarning that names the new home.
-_MOVED = {
-    **dict.fromkeys(("AblationVsRandom", "HeadAblation", "HeadSensitivity", "Ordering", "SparsificationCurve",
-                     "ablate_heads", "ablation_vs_random", "critical_heads", "head_orderings",
-                     "head_sensitivity", "sparsification_curve"), "ablation"),
-    **dict.fromkeys(("CapacityCorrelation", "CapacitySweep", "RetrievalCapacity", "TopNAttention", "TopNPolicy",
-                     "capacity_correlation", "capacity_sweep", "retrieval_capacity", "top_n_attention"),
-                    "capacity"),
-}
-
-
 def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import warnings
-
-        home = _MOVED[name]
-        warnings.warn(f"tl_geometry.{name} has moved to tl_geometry.{home}.{name}; the top-level name "
-                      "will be removed in a later release.", DeprecationWarning, stacklevel=2)
-        return getattr(globals()[home], name)
     if name not in _LAZY:
         raise AttributeError(f"module 'tl_geometry' has no attribute {name!r}")
     import importlib
@@ -71,7 +52,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY} - set(_MOVED))
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [

@@ -13,9 +13,6 @@ batched loss engine that both build on, in :mod:`tl_geometry.forward`.
         loss = model(tokens, return_type="loss")
 """
 
-import warnings
-from typing import Any
-
 from ..functional.uncertainty import CRITICAL_LEVEL, CRITICAL_MIN_FRACTION, CRITICAL_MIN_NATS
 from .hooks import MODES, HeadAblation, ablate_heads
 from .orderings import (
@@ -64,23 +61,3 @@ __all__ = [
     "weight_norm_order",
     "weight_norms",
 ]
-
-#: Names this package exported before top-N attention and retrieval capacity got their own
-#: folder: for one release they still resolve here, with a ``DeprecationWarning``.
-MOVED_TO_CAPACITY = frozenset({
-    "DEFAULT_N_VALUES", "KEEP_ALL", "SPARSIFY_MODES", "CapacityCorrelation", "CapacitySweep",
-    "RetrievalCapacity", "TopNAttention", "TopNPolicy", "capacity_correlation", "capacity_sweep",
-    "head_geometry", "retrieval_capacity", "sparsify_pattern", "spearman", "top_n_attention",
-})
-
-
-def __getattr__(name: str) -> Any:
-    if name not in MOVED_TO_CAPACITY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .. import capacity
-
-    warnings.warn(
-        f"tl_geometry.ablation.{name} has moved to tl_geometry.capacity.{name}; import it from "
-        "tl_geometry.capacity. The old name will be removed in the next release.",
-        DeprecationWarning, stacklevel=2)
-    return getattr(capacity, name)

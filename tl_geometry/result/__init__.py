@@ -2,7 +2,7 @@
 
 ``schema`` holds every name and axis (one source); ``select`` reads by name (``sel``);
 ``headline`` the dense-N rules; ``tables`` and ``text`` the ``DataFrame`` and text forms; ``io``
-the versioned, checked files; ``shortcuts`` the attribute shortcuts, generated from the schema;
+the versioned, checked files; ``shortcuts`` the attribute shortcuts, one per documented slice;
 ``labels`` the label confidence, the label export and the agreement with other head scores;
 ``null_decomposition`` the table of top − null gaps over the nulls of SPEC §3.
 ``budgets`` the certified top-N budgets (SPEC §10).

@@ -107,10 +107,11 @@ class HeadAnalysis(Shortcuts):
     The constructor checks every shape against those names and raises ``ValueError`` on a
     mismatch.
 
-    Attribute shortcuts, each the accessor of the same name: ``<metric>`` for the top-N group
-    (``f_score``), ``<group>_<metric>`` (``random_f_score``, ``sink_in_recall``; see
-    :meth:`metric`), ``sink_<field>`` (:meth:`sink_diagnostic`), ``<kind>_<metric>``
-    (``certified_f_score``; :meth:`bound`) and ``regime_<field>`` (:meth:`regime_diagnostic`).
+    Attribute shortcuts (:mod:`tl_geometry.result.shortcuts`), each one accessor call: every
+    ``<metric>`` of the top-N group (``f_score``), ``<group>_f_score`` (``random_f_score``; see
+    :meth:`metric`), ``sink_<field>`` (:meth:`sink_diagnostic`) and a few bounds
+    (``certified_f_score``; :meth:`bound`, which reads every other one, as
+    :meth:`regime_diagnostic` reads the regime fields).
     """
 
     layers: tuple[int, ...]

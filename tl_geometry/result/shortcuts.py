@@ -1,31 +1,22 @@
-"""The attribute shortcuts of :class:`~tl_geometry.result.HeadAnalysis`, generated from the schema.
+"""The attribute shortcuts of :class:`~tl_geometry.result.HeadAnalysis`, one per documented slice.
 
 ``result.random_f_score`` is ``result.metric("f_score", "random")``, ``result.sink_mass`` is
 ``result.sink_diagnostic("mass")``, ``result.shell_n_f_score`` is ``result.bound("shell_n",
-"f_score")``: one attribute per documented slice, made from the names in :mod:`.schema`. They are
-real class attributes, so ``dir()``, editors and ``help()`` list them; each is a
-``[layer, head(, n)]`` tensor.
-
-Documented (:data:`DOCUMENTED`): every metric of the top-N group (``f_score``, ``margin``, ...),
-the F-score of every other group (``random_f_score``, ``sink_removed_f_score``, ...), the sink
-diagnostics (``sink_mass``, ...) and the bound, paired and percentile figures that
-:data:`_DOCS` describes. Every other generated name (``sink_in_margin``, ``regime_kappa``, ...)
-still resolves, with a ``DeprecationWarning`` that names its accessor call: the accessors
-(:meth:`~tl_geometry.result.HeadAnalysis.metric`, ``sel()``, ...) read every slice.
+"f_score")``; each is a ``[layer, head(, n)]`` tensor. They are declared one by one in the class
+body, so ``dir()``, editors, ``help()`` and type checkers see them (a misspelt shortcut is a
+type error). The shortcuts are: every metric of the top-N group (``f_score``, ``margin``, ...), the
+F-score of every other group (``random_f_score``, ``sink_removed_f_score``, ...), the sink
+diagnostics (``sink_mass``, ...) and a few paired, percentile and bound figures. Every other
+slice is read through its accessor (:meth:`~tl_geometry.result.HeadAnalysis.metric`,
+``bound()``, ``regime_diagnostic()``, ``sel()``, ...). The test suite checks the declarations
+against the names of :mod:`.schema`.
 """
 
 from __future__ import annotations
 
-import inspect
-import warnings
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 from torch import Tensor
-
-from ..functional.regime import REGIME_FIELDS
-from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
-from ..functional.sink import SINK_FIELDS
-from .schema import BOUND_KINDS, BOUND_METRICS, GROUPS, PAIRED_FIELDS
 
 #: Accessors whose slices have no N axis.
 _PER_HEAD = ("sink_diagnostic", "regime_diagnostic")
@@ -33,7 +24,10 @@ _PER_HEAD = ("sink_diagnostic", "regime_diagnostic")
 
 class _Slice:
     """An attribute that reads one named slice through an accessor, e.g. ``sink_removed_f_score``
-    is ``_Slice("metric", "f_score", "sink_removed")``: ``result.metric("f_score", "sink_removed")``."""
+    is ``_Slice("metric", "f_score", "sink_removed")``: ``result.metric("f_score", "sink_removed")``.
+
+    An accessor's own error (e.g. ``NoBoundsError`` of a bound without ``bounds=True``) reaches
+    the caller unchanged."""
 
     def __init__(self, accessor: str, *key: str, doc: str | None = None) -> None:
         self.accessor, self.key = accessor, key
@@ -49,92 +43,68 @@ class _Slice:
         return self if obj is None else getattr(obj, self.accessor)(*self.key)
 
 
-#: What a shortcut means, where more than its accessor call is worth saying.
-_DOCS: dict[str, str] = {
-    "precision": "Top-N geometric precision P_N",
-    "f_score": "Top-N F_N (``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)",
-    "precision_cc": "Chance-corrected precision P*_N = (P_N − N/(t+1)) / (1 − N/(t+1)) (SPEC §3, ours)",
-    "f_score_cc": "Chance-corrected F*_N: harmonic mean of P*_N and R_N (SPEC §3, ours)",
-    "random_f_score": "Random N-subset baseline of F_N",
-    "shuffled_f_score": "F_N of the top-N set under the null of ``shuffle`` (default: the non-sink values "
-                        "shuffled; SPEC §3)",
-    "sink_removed_f_score": "F_N of the top-N set re-selected without the sink",
-    "paired_sink_ratio": "Per head, median F_N(with sink) / F_N(sink removed) over instances holding the sink",
-    "tail_mass": "Top-N tail mass τ_N = Σ_{j∉S_N} α_j, mean over instances (SPEC §10)",
-    "truncation_error": "Top-N relative output error ‖o − o_N‖/‖o‖ of the renormalised top-N, mean (SPEC §10)",
-    "p90_tail_mass": "90th percentile over instances of the top-N tail mass τ_N (SPEC §10)",
-    "p90_truncation_error": "90th percentile over instances of the top-N relative output error (SPEC §10)",
-    "paired_sink_halved": "Per head, fraction of those instances where the sink halves F_N (ratio ≤ 1/2)",
-    "sink_mass": "Mean attention on the sink",
-    "sink_norm_ratio": "κ = ‖v_sink‖ / mean_{j≠sink} ‖v_j‖ (SPEC §4)",
-    "sink_cosine": "Mean signed cos(v_sink, v_j) over the other keys",
-    "certified_f_score": "Certified lower bound on F_N (``bounds=True``)",
-    "predicted_f_score": "Predicted envelope of F_N (``bounds=True``)",
-    "shell_f_score": "Shell certificate of F_N with K = 0, norm-only (SPEC §6d; ``bounds=True``)",
-    "shell_n_f_score": "Shell certificate of F_N with K = N exact unselected distances (SPEC §6d)",
-    "inversion_separated": "Fraction of instances with P_N = R_N = 1 (GInv = 0: measured, exact)",
-    "shell_separated": "Fraction of instances the K = 0 shell certificate proves separated (P̲ = R̲ = 1, ours)",
-    "shell_n_separated": "Fraction of instances the K = N shell certificate proves separated (P̲ = R̲ = 1, ours)",
-}
-
-
-def shortcut_slices() -> dict[str, tuple[str, ...]]:
-    """Every shortcut name → its accessor and key, in schema order: ``<metric>`` (top-N group),
-    ``<group>_<metric>``, ``paired_sink_<field>``, ``p90_<truncation metric>``, ``sink_<field>``,
-    ``<kind>_<metric>`` and ``regime_<field>``."""
-    out: dict[str, tuple[str, ...]] = {}
-    for group in GROUPS:
-        for metric in METRIC_NAMES:
-            out[metric if group == "top" else f"{group}_{metric}"] = (
-                ("metric", metric) if group == "top" else ("metric", metric, group))
-    out.update({f"paired_sink_{f}": ("paired_sink", f) for f in PAIRED_FIELDS})
-    out.update({f"p90_{m}": ("truncation_percentile", m) for m in TRUNCATION_NAMES})
-    out.update({f"sink_{f}": ("sink_diagnostic", f) for f in SINK_FIELDS})
-    out.update({f"{k}_{m}": ("bound", k, m) for k in BOUND_KINDS for m in BOUND_METRICS})
-    out.update({f"regime_{f}": ("regime_diagnostic", f) for f in REGIME_FIELDS})
-    return out
-
-
-def _documented(slices: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
-    """The shortcuts kept as attributes: the top-N group's metrics, every group's F-score, the
-    sink diagnostics and what :data:`_DOCS` describes."""
-    keep = set(METRIC_NAMES) | {f"{g}_f_score" for g in GROUPS if g != "top"}
-    keep |= {f"sink_{f}" for f in SINK_FIELDS} | set(_DOCS)
-    return tuple(name for name in slices if name in keep)
-
-
-_SLICES = shortcut_slices()
-#: The shortcut attributes of :class:`~tl_geometry.result.HeadAnalysis`, in schema order.
-DOCUMENTED: tuple[str, ...] = _documented(_SLICES)
-#: Older generated names, each resolved through its accessor with a ``DeprecationWarning``.
-DEPRECATED: dict[str, _Slice] = {name: _Slice(accessor, *key) for name, (accessor, *key) in _SLICES.items()
-                                 if name not in DOCUMENTED}
-
-
 class Shortcuts:
-    """Read-only attribute for every documented slice (:data:`DOCUMENTED`); the other
-    generated names (:data:`DEPRECATED`) resolve with a ``DeprecationWarning``."""
+    """Read-only ``[layer, head(, n)]`` tensor attributes, each one accessor call (:data:`DOCUMENTED`)."""
 
-    if TYPE_CHECKING:  # the attributes are made below; type checkers see them as tensors
-        def __getattr__(self, name: str) -> Tensor: ...
-    else:
-        def __getattr__(self, name: str) -> Tensor:
-            # Called when the normal lookup fails, also when a class attribute (a shortcut or a
-            # property) raised an AttributeError such as NoBoundsError: read it again so that
-            # its own error surfaces, not "no attribute".
-            declared = inspect.getattr_static(type(self), name, None)
-            if hasattr(declared, "__get__"):
-                return declared.__get__(self, type(self))
-            old = DEPRECATED.get(name)
-            if old is None:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            call = f"result.{old.accessor}({', '.join(map(repr, old.key))})"
-            warnings.warn(f"result.{name} is deprecated and will be removed; use {call}.",
-                          DeprecationWarning, stacklevel=2)
-            return old.__get__(self)
+    # --- metric(name): the top-N group -----------------------------------------------------------
+    precision = _Slice("metric", "precision", doc="Top-N geometric precision P_N")
+    recall = _Slice("metric", "recall")
+    f_score = _Slice("metric", "f_score",
+                     doc="Top-N F_N (``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)")
+    margin = _Slice("metric", "margin")
+    inversions = _Slice("metric", "inversions")
+    precision_cc = _Slice("metric", "precision_cc", doc="Chance-corrected precision P*_N = (P_N − N/(t+1)) "
+                                                        "/ (1 − N/(t+1)) (SPEC §3, ours)")
+    f_score_cc = _Slice("metric", "f_score_cc", doc="Chance-corrected F*_N: harmonic mean of P*_N and R_N "
+                                                    "(SPEC §3, ours)")
+    tail_mass = _Slice("metric", "tail_mass",
+                       doc="Top-N tail mass τ_N = Σ_{j∉S_N} α_j, mean over instances (SPEC §10)")
+    truncation_error = _Slice("metric", "truncation_error", doc="Top-N relative output error ‖o − o_N‖/‖o‖ "
+                                                                "of the renormalised top-N, mean (SPEC §10)")
+
+    # --- metric("f_score", group): the other groups ----------------------------------------------
+    random_f_score = _Slice("metric", "f_score", "random", doc="Random N-subset baseline of F_N")
+    shuffled_f_score = _Slice("metric", "f_score", "shuffled", doc="F_N of the top-N set under the null of "
+                              "``shuffle`` (default: the non-sink values shuffled; SPEC §3)")
+    sink_removed_f_score = _Slice("metric", "f_score", "sink_removed",
+                                  doc="F_N of the top-N set re-selected without the sink")
+    sink_in_f_score = _Slice("metric", "f_score", "sink_in")
+    sink_out_f_score = _Slice("metric", "f_score", "sink_out")
+
+    # --- paired_sink, truncation_percentile --------------------------------------------------------
+    paired_sink_ratio = _Slice("paired_sink", "ratio", doc="Per head, median F_N(with sink) / F_N(sink "
+                               "removed) over instances holding the sink")
+    paired_sink_halved = _Slice("paired_sink", "halved", doc="Per head, fraction of those instances where "
+                                "the sink halves F_N (ratio ≤ 1/2)")
+    p90_tail_mass = _Slice("truncation_percentile", "tail_mass",
+                           doc="90th percentile over instances of the top-N tail mass τ_N (SPEC §10)")
+    p90_truncation_error = _Slice("truncation_percentile", "truncation_error", doc="90th percentile over "
+                                  "instances of the top-N relative output error (SPEC §10)")
+
+    # --- sink_diagnostic(field) --------------------------------------------------------------------
+    sink_mass = _Slice("sink_diagnostic", "mass", doc="Mean attention on the sink")
+    sink_norm_ratio = _Slice("sink_diagnostic", "norm_ratio",
+                             doc="κ = ‖v_sink‖ / mean_{j≠sink} ‖v_j‖ (SPEC §4)")
+    sink_cosine = _Slice("sink_diagnostic", "cosine", doc="Mean signed cos(v_sink, v_j) over the other keys")
+    sink_mean_cosine = _Slice("sink_diagnostic", "mean_cosine")
+    sink_share = _Slice("sink_diagnostic", "share")
+
+    # --- bound(kind, metric): need bounds=True, else NoBoundsError ---------------------------------
+    inversion_separated = _Slice("bound", "inversion", "separated",
+                                 doc="Fraction of instances with P_N = R_N = 1 (GInv = 0: measured, exact)")
+    certified_f_score = _Slice("bound", "certified", "f_score",
+                               doc="Certified lower bound on F_N (``bounds=True``)")
+    predicted_f_score = _Slice("bound", "predicted", "f_score",
+                               doc="Predicted envelope of F_N (``bounds=True``)")
+    shell_f_score = _Slice("bound", "shell", "f_score",
+                           doc="Shell certificate of F_N with K = 0, norm-only (SPEC §6d; ``bounds=True``)")
+    shell_separated = _Slice("bound", "shell", "separated", doc="Fraction of instances the K = 0 shell "
+                             "certificate proves separated (P̲ = R̲ = 1, ours)")
+    shell_n_f_score = _Slice("bound", "shell_n", "f_score",
+                             doc="Shell certificate of F_N with K = N exact unselected distances (SPEC §6d)")
+    shell_n_separated = _Slice("bound", "shell_n", "separated", doc="Fraction of instances the K = N shell "
+                               "certificate proves separated (P̲ = R̲ = 1, ours)")
 
 
-for _name in DOCUMENTED:
-    _accessor, *_key = _SLICES[_name]
-    setattr(Shortcuts, _name, _Slice(_accessor, *_key, doc=_DOCS.get(_name)))
-del _name, _accessor, _key
+#: The shortcut attributes of :class:`~tl_geometry.result.HeadAnalysis`, in declaration order.
+DOCUMENTED: tuple[str, ...] = tuple(name for name, value in vars(Shortcuts).items() if isinstance(value, _Slice))
