@@ -1,0 +1,242 @@
+"""An nnsight model's attention patterns and values, saved in one trace, as the dict that
+:func:`tl_geometry.analyze_heads` reads.
+
+:func:`from_nnsight` takes an nnsight ``LanguageModel`` (or ``TransformersModel``) around a
+Hugging Face causal LM of the Llama / SmolLM2, Mistral, Qwen2 or Gemma-3 families, recognised by
+structure: ``model.layers[i].self_attn`` (``model.language_model.layers`` for Gemma-3's
+multimodal class) with ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``. In these families ``v``
+is ``v_proj``'s output (with its bias), split into heads; nothing normalises it (Gemma-3's norms
+act on q and k only), and an attention module with any other submodule (a value norm, as in
+Gemma-3n) is refused rather than read wrongly. The pattern is the second output of the attention
+module, which only eager attention forms: the trace runs with every config's attention
+implementation set to ``"eager"`` and restored afterwards. nnsight is imported here, on use: it
+is not a dependency of tl_geometry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from .cache import CacheError, check_layer_indices
+from .hf import from_hf
+from .tokens import check_token_ids
+
+__all__ = ["from_nnsight"]
+
+#: Where the decoder layers live, relative to the Hugging Face model nnsight wraps.
+_LAYER_PATHS = ("model.layers", "model.language_model.layers")
+#: Submodules an attention module of a known family has; anything else (``v_norm``) may change v.
+_KNOWN_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "rotary_emb"})
+_OWN_TRACE = "save the attention weights and v_proj outputs in your own trace and pass them to from_hf"
+
+
+def _nnsight() -> Any:
+    try:
+        import nnsight
+    except ImportError as err:
+        raise ImportError("from_nnsight needs nnsight, an optional dependency: pip install nnsight") from err
+    return nnsight
+
+
+def _hf_model(model: Any, nnsight: Any) -> torch.nn.Module:
+    """The Hugging Face model an nnsight model wraps, its weights loaded."""
+    if not isinstance(model, nnsight.Envoy):
+        hint = (" A TransformerBridge caches hook_pattern and hook_v itself: use "
+                "model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)."
+                if hasattr(model, "run_with_cache") else
+                " Wrap it: nnsight.LanguageModel(hf_model, tokenizer=tokenizer), or run it yourself "
+                "and use tl_geometry.inputs.from_hf.")
+        raise TypeError(f"from_nnsight takes an nnsight LanguageModel, got {type(model).__name__}.{hint}")
+    if not getattr(model, "dispatched", True):
+        model.dispatch()  # what the trace would do first: load the weights
+    hf = getattr(model, "_module", None)
+    if not isinstance(hf, torch.nn.Module) or not hasattr(hf, "config"):
+        raise CacheError(f"from_nnsight reads nnsight models of Hugging Face transformers, got one "
+                         f"around {type(hf).__name__}; {_OWN_TRACE}.")
+    if hf.training:
+        raise CacheError(f"{type(hf).__name__} is in training mode, where attention dropout changes "
+                         "the pattern: call model.eval() first.")
+    return hf
+
+
+def _layer_stack(hf: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
+    """The decoder layers' path and modules, each with a ``self_attn`` of a known family."""
+    for path in _LAYER_PATHS:
+        stack: Any = hf
+        for part in path.split("."):
+            stack = getattr(stack, part, None)
+        if isinstance(stack, torch.nn.ModuleList) and len(stack) and all(hasattr(b, "self_attn") for b in stack):
+            for i, block in enumerate(stack):
+                _check_attention(block.self_attn, f"{path}.{i}.self_attn")
+            return path, stack
+    raise CacheError(f"from_nnsight reads Llama/SmolLM2-, Qwen2- and Gemma-3-style models (model.layers[i]"
+                     f".self_attn); {type(hf).__name__} has no such layers: {_OWN_TRACE}.")
+
+
+def _check_attention(attn: Any, where: str) -> None:
+    parts = dict(attn.named_children())
+    missing = [name for name in ("q_proj", "k_proj", "v_proj", "o_proj") if name not in parts]
+    if missing or not isinstance(getattr(attn, "head_dim", None), int):
+        lacks = f"no {', '.join(missing)}" if missing else "no int head_dim"
+        raise CacheError(f"{where} ({type(attn).__name__}) has {lacks}, so its values cannot be read "
+                         f"from v_proj (fused projections?): {_OWN_TRACE}.")
+    unknown = sorted(set(parts) - _KNOWN_PARTS)
+    if unknown or getattr(attn, "is_kv_shared_layer", False):
+        what = f"has {', '.join(unknown)}, which may change" if unknown else "reuses another layer's"
+        raise CacheError(f"{where} ({type(attn).__name__}) {what} the values after v_proj, so v_proj's "
+                         f"output would not be its v: {_OWN_TRACE}, with v as the model computes it.")
+
+
+@contextlib.contextmanager
+def _eager(hf: torch.nn.Module) -> Iterator[None]:
+    """Every config of the model set to eager attention (which forms the weights), then restored."""
+    from .capture import _configs
+
+    configs = _configs(hf)
+    saved = [config._attn_implementation_internal for config in configs]
+    try:
+        for config in configs:  # the internal attribute: the setter would rewrite sub-configs' choices
+            config._attn_implementation_internal = "eager"
+        yield
+    finally:
+        for config, implementation in zip(configs, saved):
+            config._attn_implementation_internal = implementation
+
+
+def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
+    """``tokens`` as ``[batch, pos]`` ids; text tokenized as :func:`~tl_geometry.text_windows` does."""
+    if isinstance(tokens, Mapping):
+        if "input_ids" not in tokens:
+            raise CacheError(f"tokens is a mapping without input_ids (keys {sorted(tokens)}); pass "
+                             "tokenizer(texts, return_tensors='pt') or the ids tensor.")
+        if attention_mask is None:
+            attention_mask = tokens.get("attention_mask")
+        tokens = tokens["input_ids"]
+    if isinstance(tokens, str) or (isinstance(tokens, (list, tuple)) and tokens
+                                   and all(isinstance(t, str) for t in tokens)):
+        tokens = _tokenize(model, [tokens] if isinstance(tokens, str) else list(tokens))
+    if not isinstance(tokens, Tensor):
+        raise CacheError(f"tokens must be text, a list of texts or a [batch, pos] tensor of token ids, "
+                         f"got {type(tokens).__name__}.")
+    if tokens.ndim != 2 or not tokens.shape[0] or not tokens.shape[1]:
+        fix = " (one sequence: tokens[None])" if tokens.ndim == 1 else ""
+        raise CacheError(f"tokens must be [batch, pos] token ids with at least one of each, got shape "
+                         f"{list(tokens.shape)}{fix}.")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise CacheError(f"tokens must hold integer token ids, got dtype {tokens.dtype}: pass tokens.long().")
+    embedding = hf.get_input_embeddings() if callable(getattr(hf, "get_input_embeddings", None)) else None
+    rows = getattr(embedding, "num_embeddings", None)
+    try:
+        check_token_ids(tokens, rows if isinstance(rows, int) else None, "tokens")
+    except ValueError as err:
+        raise CacheError(str(err)) from None
+    if attention_mask is not None:
+        mask = torch.as_tensor(attention_mask)
+        if tuple(mask.shape) != tuple(tokens.shape):
+            raise CacheError(f"attention_mask has shape {list(mask.shape)}; expected {list(tokens.shape)}, "
+                             "the shape of tokens.")
+        padded = (mask == 0).any(-1).nonzero().flatten().tolist()
+        if padded:
+            raise CacheError(f"attention_mask pads sequence(s) {padded[:8]}: from_nnsight reads unpadded "
+                             "batches; pass sequences of one length (or one at a time), or use from_hf "
+                             "and analyze_heads(cache, attention_mask=mask).")
+    return tokens
+
+
+def _tokenize(model: Any, texts: list[str]) -> Tensor:
+    """Each text without the tokenizer's special tokens, after BOS where the model was trained
+    with one (:func:`~tl_geometry.inputs.models.trained_with_bos`)."""
+    from .text import bos_to_prepend
+
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise CacheError("The nnsight model has no tokenizer to read text with: pass token ids, or "
+                         "wrap the model with LanguageModel(hf_model, tokenizer=tokenizer).")
+    bos = bos_to_prepend(tokenizer)
+    rows = [([] if bos is None else [bos]) + list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            for text in texts]
+    lengths = sorted({len(row) for row in rows})
+    if len(lengths) > 1:
+        raise CacheError(f"The texts have {lengths[0]} to {lengths[-1]} tokens; a batch of them would be "
+                         "padded: from_nnsight reads unpadded batches, so pass one text at a time or "
+                         "texts of one length in tokens (e.g. tl_geometry.text_windows(model.tokenizer, text)).")
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def from_nnsight(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"] | str | Sequence[str] | Mapping[str, Any],
+    *,
+    layers: Sequence[int] | None = None,
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+) -> dict[str, Tensor]:
+    """The ``hook_pattern`` / ``hook_v`` dict of an nnsight model, from one trace over ``tokens``.
+
+    ``model`` is an nnsight ``LanguageModel`` (or ``TransformersModel``) around a Hugging Face
+    causal LM whose layers are ``model.layers[i].self_attn`` with ``q_proj``, ``k_proj``,
+    ``v_proj`` and ``o_proj``: Llama / SmolLM2, Mistral, Qwen2 and Gemma-3. One trace saves,
+    for each of ``layers`` (default: all), the attention module's weights ``[batch, head,
+    query, key]`` and ``v_proj``'s output as ``[batch, pos, kv_head, d_head]`` (the values
+    after any bias, before ``W_O``; fewer KV heads than query heads under grouped-query
+    attention), and stops after the last of them. The result is :func:`from_hf`'s dict:
+    ``blocks.{l}.attn.hook_pattern`` and ``blocks.{l}.attn.hook_v`` for each layer analysed.
+
+    Only eager attention forms the weights: the trace runs with the model's attention
+    implementation set to ``"eager"`` (the same attention, computed in full) and restores it
+    after, whatever happens; nothing else about the model changes (an nnsight model not yet
+    dispatched gets its weights loaded, as any trace would). The forward runs without gradients
+    and without a key/value cache.
+
+    ``tokens`` is a ``[batch, pos]`` tensor of token ids, a mapping with ``input_ids`` (the
+    tokenizer's output), or text: a string or a list of strings, each tokenized without the
+    tokenizer's special tokens and started with BOS where the model was trained with one, as
+    :func:`~tl_geometry.text_windows` does. The batch must be unpadded: an ``attention_mask``
+    with a 0 is refused, and so are texts of different lengths in tokens.
+
+    Raises ``ImportError`` naming ``pip install nnsight`` when nnsight is missing, ``TypeError``
+    for a model that is not an nnsight one, and :class:`~tl_geometry.CacheError` (one line: the
+    problem and the fix) for another structure, a value norm after ``v_proj``, a model in
+    training mode, an attention module that returns no weights, and bad tokens or layers.
+
+    >>> from nnsight import LanguageModel                                    # doctest: +SKIP
+    >>> lm = LanguageModel(hf_model, tokenizer=tokenizer)                    # doctest: +SKIP
+    >>> cache = from_nnsight(lm, "The cat sat on the mat.", layers=[3, 5])   # doctest: +SKIP
+    >>> result = tl_geometry.analyze_heads(cache)                            # doctest: +SKIP
+    """
+    nnsight = _nnsight()
+    hf = _hf_model(model, nnsight)
+    path, stack = _layer_stack(hf)
+    wanted = sorted(range(len(stack)) if layers is None else check_layer_indices(layers, len(stack)))
+    ids = _token_ids(model, hf, tokens, attention_mask)
+
+    saved: dict[int, tuple[Any, Any]] = {}
+    envoy_stack: Any = model
+    for part in path.split("."):
+        envoy_stack = getattr(envoy_stack, part)
+    with _eager(hf), torch.no_grad(), model.trace(ids, use_cache=False) as tracer:
+        for layer in wanted:  # in the order the forward reaches them
+            attn = envoy_stack[layer].self_attn
+            saved[layer] = (attn.v_proj.output, attn.output)
+        tracer.stop()
+
+    patterns, values = [], []
+    for layer in wanted:
+        v, out = saved[layer]
+        weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        if not isinstance(weights, Tensor):
+            raise CacheError(f"{path}.{layer}.self_attn returned no attention weights with eager attention "
+                             f"(it does not follow transformers' attention interface): {_OWN_TRACE}.")
+        attention: Any = stack[layer].self_attn
+        d_head: int = attention.head_dim  # an int: _check_attention saw to it
+        if v.ndim != 3 or v.shape[-1] % d_head:
+            raise CacheError(f"{path}.{layer}.self_attn.v_proj gave shape {tuple(v.shape)}, not [batch, pos, "
+                             f"kv_head·{d_head}]: {_OWN_TRACE}.")
+        patterns.append(weights)
+        values.append(v.unflatten(-1, (-1, d_head)))
+    return from_hf(patterns, values, layers=wanted, values_layout="tl")
