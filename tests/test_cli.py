@@ -305,12 +305,48 @@ def test_auto_progress_terminal_notebook_and_pipe(monkeypatch):
 
 
 def test_no_progress_option_wins_over_a_terminal(monkeypatch):
+    """Progress is on unless --no-progress, on a terminal (a bar) and elsewhere (plain lines)."""
     monkeypatch.setattr(_progress, "auto_progress", lambda: True)
     parser = cli.build_parser()
     assert _cli_args.show_progress(parser.parse_args(["analyze"])) is True
     assert _cli_args.show_progress(parser.parse_args(["analyze", "--no-progress"])) is False
     monkeypatch.setattr(_progress, "auto_progress", lambda: False)
-    assert _cli_args.show_progress(parser.parse_args(["report"])) is False
+    assert _cli_args.show_progress(parser.parse_args(["report"])) is True
+    assert _cli_args.show_progress(parser.parse_args(["report", "--no-progress"])) is False
+
+
+#: The commands that run long enough to show progress, with their required arguments.
+_LONG_COMMANDS = {"analyze": [], "report": [], "prune": [], "ablate": ["--heads", "1.2"], "capacity": [],
+                  "scores": []}
+
+
+@pytest.mark.parametrize("command", sorted(_LONG_COMMANDS))
+def test_every_long_command_takes_no_progress(command):
+    parser = cli.build_parser()
+    assert parser.parse_args([command, *_LONG_COMMANDS[command]]).progress is True
+    assert parser.parse_args([command, *_LONG_COMMANDS[command], "--no-progress"]).progress is False
+    assert "--no-progress" in _subparsers(parser)[command].format_help()
+
+
+def _progress_lines(err: str) -> list[str]:
+    assert "\r" not in err and "\x1b" not in err  # no redrawn bar, no colour
+    return [line for line in err.splitlines() if line.startswith("tl_geometry: ") and " elapsed" in line]
+
+
+def test_a_command_logged_to_a_file_writes_progress_lines_and_no_progress_silences_them(monkeypatch, capsys):
+    """Standard error captured (a file, not a terminal): plain progress lines from the start of the
+    work to its end; none with --no-progress."""
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr(_progress, "_clock", lambda: 0.0)  # no time passes: the lines are exact
+    argv = ["ablate", "--heads", "2.0,1.2", "--each", "--n-seqs", "3", "--seq-len", "10"]
+    assert cli.main(argv) == 0
+    assert _progress_lines(capsys.readouterr().err) == [  # both heads in one forward
+        "tl_geometry: head sensitivity 0/2 heads (0 %), 0 s elapsed",
+        "tl_geometry: head sensitivity 2/2 heads (100 %), 0 s elapsed"]
+    assert cli.main([*argv, "--no-progress"]) == 0
+    assert _progress_lines(capsys.readouterr().err) == []
+    assert cli.main(["analyze", "--n-seqs", "2", "--seq-len", "10", "--n-values", "2,3"]) == 0
+    assert _progress_lines(capsys.readouterr().err)[-1] == "tl_geometry: analyze_heads 3/3 layers (100 %), 0 s elapsed"
 
 
 def test_no_progress_silences_library_bars_only_during_the_command(monkeypatch):

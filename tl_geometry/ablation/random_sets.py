@@ -20,6 +20,7 @@ from torch import Tensor
 from ..forward import hooks as _forward
 from ..forward import losses as _losses
 from ..functional.uncertainty import empirical_p, null_z, paired_window_se
+from ..progress import progress_counter
 from . import hooks as _hooks
 from .hooks import Mode
 from .run import positive_int, prepare_ablation
@@ -194,11 +195,7 @@ def ablation_vs_random(
         fill = _hooks.mean_z(model, ref, range(n_layers), ref_mask)
     base = _losses.model_loss(model, tokens, attention_mask)
     dense = _losses.window_losses(model, tokens, attention_mask)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n_random + 1, desc="ablation vs random", unit="set")
+    bar = progress_counter(n_random + 1, "ablation vs random", "set") if progress else None
     try:
         windows = _hooks.replica_window_losses(
             model, tokens, torch.cat([chosen[None], sets]), fill=fill, attention_mask=attention_mask,

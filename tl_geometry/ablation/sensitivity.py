@@ -26,6 +26,7 @@ from ..functional.uncertainty import (
     criticality,
     paired_window_se,
 )
+from ..progress import progress_counter
 from . import hooks as _hooks
 from .hooks import Mode
 from .run import positive_int, prepare_ablation
@@ -149,7 +150,8 @@ class HeadSensitivity:
     def plot(self, ax: Any = None):
         """Heatmap of the loss increase, layer × head, critical heads outlined
         (:func:`tl_geometry.views.plots.sensitivity_plot`): a figure built without pyplot, which
-        a notebook shows once, as an image; with ``ax``, drawn there and ``ax``'s figure returned."""
+        a notebook shows once, as an image; with ``ax``, drawn there and ``ax`` returned (the figure
+        is the caller's to show)."""
         from ..views.plots import sensitivity_plot
 
         return sensitivity_plot(self, ax)
@@ -213,11 +215,7 @@ def head_sensitivity(
             "standard error over windows, so no head can be critical (SPEC §7). Pass ≥ 2 "
             "windows, e.g. tl_geometry.text_windows(model, n_seqs=4).", UserWarning, stacklevel=2)
     per_forward = batch_heads or _losses.replicas_per_forward(model, *tokens.shape)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(pairs), desc="head sensitivity", unit="head")
+    bar = progress_counter(len(pairs), "head sensitivity", "head") if progress else None
     try:
         windows = _hooks.replica_window_losses(model, tokens, remove, fill=fill,
                                                attention_mask=attention_mask,

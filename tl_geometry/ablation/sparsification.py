@@ -15,10 +15,12 @@ from torch import Tensor
 from ..forward import hooks as _forward
 from ..forward import losses as _losses
 from ..functional.uncertainty import paired_window_se
+from ..progress import progress_counter
 from . import hooks as _hooks
 from .orderings import Ordering
 from .run import positive_int, prepare_ablation
 
+#: Fractions of heads kept at which ``sparsification_curve`` measures the loss by default.
 DEFAULT_RETENTION = (1.0, 0.9, 0.75, 0.5, 0.25)
 COLUMNS = ("ordering", "seed", "retention", "n_removed", "loss", "perplexity", "loss_increase",
            "loss_increase_se")
@@ -89,8 +91,8 @@ class SparsificationCurve:
     def plot(self, ax: Any = None):
         """Loss against retention, one line per ordering; random as mean with a ±std band
         (:func:`tl_geometry.views.plots.sparsification_plot`): a figure built without pyplot,
-        which a notebook shows once, as an image; with ``ax``, drawn there and ``ax``'s figure
-        returned."""
+        which a notebook shows once, as an image; with ``ax``, drawn there and ``ax`` returned (the
+        figure is the caller's to show)."""
         from ..views.plots import sparsification_plot
 
         return sparsification_plot(self, ax)
@@ -182,11 +184,7 @@ def sparsification_curve(
             ref = tokens if reference_tokens is None else reference_tokens
             ref_mask = attention_mask if reference_tokens is None else reference_attention_mask
             fill = _hooks.mean_z(model, ref, range(n_layers), ref_mask)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(masks), desc="sparsification", unit="setting")
+        bar = progress_counter(len(masks), "sparsification", "setting") if progress else None
         try:
             windows = _hooks.replica_window_losses(
                 model, tokens, torch.stack(masks), fill=fill, attention_mask=attention_mask,

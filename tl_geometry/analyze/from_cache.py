@@ -85,7 +85,9 @@ def analyze_heads(
         tokens: the ``[batch, pos]`` token ids the cache was made from; with ``model`` and no
             ``attention_mask``, pad tokens at the ends of sequences raise a warning. They also
             name each local sink's token (without them it is NaN).
-        progress: a progress bar over layers; default: on in a terminal or a notebook.
+        progress: progress over layers: a bar on a terminal or in a notebook; ``True`` also
+            writes plain lines to standard error where no bar is visible (a log file, a
+            pipe); default ``None``: the bar where it is visible, else nothing.
         window: sliding windows (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees
             keys ``t − w < i ≤ t``, and only those are candidates (top-N, random subsets,
             nulls, the chance floor ``N/|T_t|``); a query whose window starts after the sink

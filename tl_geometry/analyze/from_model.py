@@ -35,7 +35,7 @@ from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
 from ..inputs.text import bos_to_prepend
-from ..progress import progress_bar
+from ..progress import check_progress, progress_counter
 from ..result import HeadAnalysis
 from ..result.schema import SHUFFLE_KINDS
 from . import local_sink as _local
@@ -117,6 +117,7 @@ class _LayerHooks:
         # whatever the number of analyses, and the batch's tokens that name them.
         self.local = _local.LocalSinks(self.windows, n_windows)
         self.tokens: Tensor | None = None
+        self.progress: Any = None  # advanced by one per layer of a batch analysed (a bar, or lines)
 
     def batch(self, mask: Tensor, offset: int, tokens: Tensor | None = None) -> None:
         """The next batch's mask and tokens; its sinks too, unless ``sink='auto'`` (:meth:`choose`)."""
@@ -255,6 +256,8 @@ class _LayerHooks:
         if window is not None:  # after the engine has checked the rows against the window
             self.local.add(self.row[layer], self.offset,
                            _local.layer_local_sink(rows, v, mask, sink, window, self.tokens))
+        if self.progress is not None:
+            self.progress.update()
 
 
 def _check_shard(shard: Any) -> tuple[int, int] | None:
@@ -459,8 +462,12 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     if shard is not None:
         rank, world = shard
         lo, hi = rank * n_seqs // world, (rank + 1) * n_seqs // world
-    batches = progress_bar(range(lo, hi, batch_size), progress, "analyze_model", "batch")
+    batches = range(lo, hi, batch_size)
     with torch.no_grad(), contextlib.ExitStack() as stack:
+        # Progress per layer of each batch: one batch of a long window can take minutes.
+        if check_progress(progress):
+            hooks.progress = progress_counter(len(batches) * len(layer_ids), "analyze_model", "layer")
+            stack.callback(hooks.progress.close)
         if not recompute:
             stack.enter_context(model.hooks(fwd_hooks=hooks.hooks()))
         for start in batches:

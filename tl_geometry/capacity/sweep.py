@@ -22,10 +22,11 @@ from torch import Tensor
 from ..forward import hooks as _hooks
 from ..forward.losses import WindowLosses, model_loss, replicas_per_forward, window_losses
 from ..inputs.tokens import token_digest
-from ..progress import check_progress
+from ..progress import check_progress, progress_counter
 from . import topn as _topn
 from .topn import SparsifyMode
 
+#: The keys per query ``N`` that a capacity sweep measures by default.
 DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TOLERANCE = 0.05
 
@@ -51,11 +52,7 @@ def _check_tolerance(tolerance: Any) -> float:
 
 
 def _bar(progress: bool, total: int, desc: str) -> Any:
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="replica")
+    return progress_counter(total, desc, "replica") if progress else None
 
 
 def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: SparsifyMode,
@@ -135,8 +132,10 @@ class RetrievalCapacity:
         })
 
     def plot(self, ax: Any = None):
-        """Loss against ``N`` (log axis), the dense loss and its tolerance band, ``N*`` marked;
-        drawn by :func:`tl_geometry.views.capacity_plot`."""
+        """Loss against ``N`` (log axis), the dense loss and its tolerance band, ``N*`` marked
+        (:func:`tl_geometry.views.capacity.capacity_plot`): a figure built without pyplot, which
+        a notebook shows once, as an image; with ``ax``, drawn there and ``ax`` returned (the
+        figure is the caller's to show)."""
         from ..views.capacity import capacity_plot
 
         return capacity_plot(self.to_pandas(), ax=ax)

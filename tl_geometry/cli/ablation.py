@@ -111,6 +111,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
         ablate.add_argument("--same-layers", action="store_true",
                             help="draw the random sets from the same layers, as many heads per layer")
         ablate.add_argument("--seed", type=seed, default=0, help="seed of the random sets")
+        add_progress_option(ablate)
         return ablate
     prune = sub.add_parser(name, help="head sensitivity, removal orders and sparsification curves",
                            description=PRUNE)
@@ -180,7 +181,7 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
     if args.n_random:
         cmp = ablation_vs_random(model, tokens, args.heads, n_random=args.n_random,
                                  same_layers=args.same_layers, seed=args.seed, mode=args.mode,
-                                 progress=False)
+                                 progress=show_progress(args))
         print(cmp.summary())
     return 0
 
@@ -190,7 +191,7 @@ def _ablate_each(model: Any, tokens: Any, args: argparse.Namespace) -> int:
     them (the same loss changes and standard errors over windows as ``head_sensitivity``)."""
     from ..ablation import head_sensitivity
 
-    sens = head_sensitivity(model, tokens, args.mode, heads=args.heads, progress=False)
+    sens = head_sensitivity(model, tokens, args.mode, heads=args.heads, progress=show_progress(args))
     increase, se, verdicts = sens.loss_increase, sens.loss_increase_se, sens.criticality()
     print(f"{tokens.shape[0]} × {tokens.shape[1]} tokens of {args.text or 'the built-in sample'}")
     print(f"loss without ablation  {sens.base_loss:.4f}  (perplexity {math.exp(sens.base_loss):.2f})")

@@ -20,6 +20,7 @@ from typing import NoReturn
 __all__ = [
     "Parser",
     "UsageError",
+    "add_bos_option",
     "add_model_options",
     "add_progress_option",
     "add_sink_option",
@@ -172,18 +173,28 @@ def add_model_options(parser: argparse.ArgumentParser, *, n_seqs: int, seq_len: 
                         help="windows of text, one sequence each")
     parser.add_argument("--seq-len", type=positive_int, default=seq_len, metavar="T",
                         help="tokens per window, BOS included")
+    add_bos_option(parser)
+
+
+def add_bos_option(parser: argparse.ArgumentParser) -> None:
+    """``--bos yes|no``: ``load_model``'s ``bos=``."""
+    parser.add_argument("--bos", choices=("yes", "no"), default=None,
+                        help="whether --model was trained with BOS at the start of a sequence; needed "
+                             "for your own model where its files do not say (save_pretrained leaves "
+                             "add_bos_token out), and given, it wins over the files")
 
 
 def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress``."""
     parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar (shown by default on a terminal or in a notebook)")
+                        help="no progress (by default a bar on a terminal, and a plain line on standard "
+                             "error every 10%% of the work or 30 s where it is a file or a pipe)")
 
 
 def show_progress(args: argparse.Namespace) -> bool:
-    """The progress bar: on unless ``--no-progress``, and only where someone can see it."""
-    from ..progress import auto_progress
-
-    return bool(getattr(args, "progress", True)) and auto_progress()
+    """Progress on unless ``--no-progress``: a bar on a terminal, plain lines on standard error
+    elsewhere (:mod:`tl_geometry.progress`), so that a run logged to a file is not silent."""
+    return bool(getattr(args, "progress", True))
 
 
 # --- checks before the model load ----------------------------------------------------------------
@@ -214,7 +225,8 @@ def load_cli_model(args: argparse.Namespace):
     from ..inputs import models
 
     try:
-        model = models.load_model(args.model)
+        bos = _bos_option(args)  # passed only when given: the model's files decide otherwise
+        model = models.load_model(args.model) if bos is None else models.load_model(args.model, bos=bos)
     except models.ModelLoadError as err:
         raise UsageError(f"--model: {err}") from None
     n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
@@ -229,17 +241,24 @@ def check_windows(args: argparse.Namespace, min_seq_len: int) -> None:
                          f"{min_seq_len - 1} text token(s); use --seq-len {min_seq_len} or more.")
 
 
-def _trained_with_bos(model: str | None) -> bool:
-    """Whether ``--model`` starts its windows with BOS, read from its table entry or files without
-    loading it; ``True`` (the smaller need) where that cannot be told here."""
+def _bos_option(args: argparse.Namespace) -> bool | None:
+    """``--bos yes|no`` as ``load_model``'s ``bos=``; ``None`` where not given."""
+    given = getattr(args, "bos", None)
+    return None if given is None else given == "yes"
+
+
+def _trained_with_bos(model: str | None, bos: bool | None = None) -> bool:
+    """Whether ``--model`` starts its windows with BOS: ``--bos`` where given, else read from its
+    table entry or files without loading it; ``True`` (the smaller need) where that cannot be
+    told here."""
+    if bos is not None:
+        return bos
     if model is None:
         return True
-    from ..inputs.models import trained_with_bos
+    from ..inputs.models import stated_bos
 
-    try:
-        return trained_with_bos(model, warn=False)  # the load warns, once, where nothing says
-    except (ValueError, TypeError, OSError):
-        return True
+    flag = stated_bos(model)  # None where nothing says: the load refuses it, naming the fix
+    return True if flag is None else flag
 
 
 def read_input_text(args: argparse.Namespace) -> str | None:
@@ -252,7 +271,7 @@ def read_input_text(args: argparse.Namespace) -> str | None:
     BOS (``args.model``, where given). A longer text that still tokenizes short is caught after
     the model load.
     """
-    with_bos = _trained_with_bos(getattr(args, "model", None))
+    with_bos = _trained_with_bos(getattr(args, "model", None), _bos_option(args))
     body = args.seq_len - 1 if with_bos else args.seq_len
     layout = f"BOS + {body}" if with_bos else f"{body} text tokens, no BOS"
     need = args.n_seqs * body

@@ -28,6 +28,7 @@ from ..capacity.topn import SPARSIFY_MODES
 from .args import (
     UsageError,
     add_model_options,
+    add_progress_option,
     check_model,
     check_output_dir,
     check_windows,
@@ -35,6 +36,7 @@ from .args import (
     load_cli_model,
     positive_int,
     read_input_text,
+    show_progress,
 )
 
 if TYPE_CHECKING:
@@ -95,6 +97,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="replicas per forward (default: by a 2 GiB memory budget)")
     p.add_argument("--out", metavar="DIR", default="capacity-results", help="output folder")
+    add_progress_option(p)
     return p
 
 
@@ -143,12 +146,12 @@ def _capacity(model: Any, text: str | None, args: argparse.Namespace) -> int:
     curves, heads = [], []
     for mode in modes:
         cap = retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance,
-                                             batch_size=args.batch_size, progress=sys.stderr.isatty())
+                                             batch_size=args.batch_size, progress=show_progress(args))
         curves.append(cap.to_pandas())
         line = f"{mode:>11}: dense loss {cap.dense_loss:.4f}, N* = {cap.n_star} (within {args.tolerance:.0%})"
         if args.head_n:
             corr = capacity_correlation(model, tokens, args.head_n, mode=mode,
-                                                    batch_size=args.batch_size, progress=sys.stderr.isatty())
+                                                    batch_size=args.batch_size, progress=show_progress(args))
             heads.append(corr.to_pandas())
             line += f"; Spearman ρ vs Δ loss at N={args.head_n}: " + ", ".join(
                 f"{name} {rho:+.3f}" for name, rho in corr.rho.items())

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
+from .. import progress
 from . import ablation, analyze, cache, capacity, report, scores
 from .args import Parser, show_progress
 
@@ -64,8 +65,10 @@ def build_parser() -> Parser:
 
 @contextmanager
 def _bars(show: bool) -> Iterator[None]:
-    """Without a progress bar, also silence the bars of libraries we call (transformers draws one
-    while it de-quantises a GGUF file, whatever its own settings say); restored on exit."""
+    """Without a visible progress bar (``--no-progress``, or standard error is a file or a pipe,
+    where our progress is plain lines), also silence the bars of libraries we call (transformers
+    draws one while it de-quantises a GGUF file, whatever its own settings say; in a file it is
+    carriage returns); restored on exit."""
     previous = os.environ.get("TQDM_DISABLE")
     if not show:
         os.environ["TQDM_DISABLE"] = "1"
@@ -82,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tl-geometry``; returns 0, or raises ``SystemExit(2)`` after one line for bad input."""
     args = build_parser().parse_args(argv)  # a syntax error: one line and SystemExit(2)
     try:
-        with _bars(show_progress(args)):
+        with _bars(show_progress(args) and progress.auto_progress()):
             return int(_module(args.command).run(args))
     except (ValueError, ImportError) as err:
         # UsageError (a ValueError) before the load; after it, the library's own errors (a text

@@ -7,10 +7,10 @@ matplotlib and the views.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
+from ..progress import progress_counter
 from .args import (
     add_model_options,
     add_progress_option,
@@ -76,25 +76,27 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     stages = ["load model", "tokenize", "forward", "analyze", "write report"]
-    bar = tqdm(stages, desc="tl-geometry report", unit="stage", file=sys.stderr,
-               disable=not show_progress(args),
-               bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}]")
-    bar.set_postfix_str(stages[0])
+    # The postfix names the stage under way: set before each update, so that a plain line (where
+    # standard error is a file) names the stage that starts.
+    bar = (progress_counter(len(stages), "tl-geometry report", "stage", postfix=stages[0],
+                            bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}]")
+           if show_progress(args) else tqdm(total=len(stages), disable=True))
     model = load_cli_model(args)
-    bar.update()
     bar.set_postfix_str(stages[1])
-    tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     bar.update()
+    tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     bar.set_postfix_str(stages[2])
+    bar.update()
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=CACHE_NAMES_FILTER)
-    bar.update()
     bar.set_postfix_str(stages[3])
-    n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
-    result = analyze_heads(cache, model=model, n_values=n_values, bounds=not args.no_bounds)
-    result.metadata["text"] = args.text or "built-in sample"
     bar.update()
+    n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
+    result = analyze_heads(cache, model=model, n_values=n_values, bounds=not args.no_bounds,
+                           progress=show_progress(args))
+    result.metadata["text"] = args.text or "built-in sample"
     bar.set_postfix_str(stages[4])
+    bar.update()
     scores = None
     if args.scores:
         from ..analyze.head_scores import head_scores
@@ -104,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
         sink_windows = None if args.seq_len >= 64 else text_windows(model, text, n_seqs=args.n_seqs, seq_len=64)
         scores = head_scores(model, windows=tokens, sink_windows=sink_windows)
     index = write_report(result, args.out, cache=cache, tokens=tokens, model=model, scores=scores)
-    bar.update()
     bar.set_postfix_str("done")
+    bar.update()
     bar.close()
     size = sum(p.stat().st_size for p in index.parent.rglob("*") if p.is_file())
     print(f"wrote {index} ({index.stat().st_size / 1e6:.1f} MB; folder {size / 1e6:.1f} MB) "

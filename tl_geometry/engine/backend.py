@@ -6,13 +6,14 @@ points the orchestration calls.
 device or when asked for. Both tables take and write torch tensors with the same arguments, so
 the orchestration (:mod:`.layer`, :mod:`.checks`, :mod:`.key_votes`) never asks which it holds:
 the compiled entries hand the kernels NumPy views of the tensors' own memory (outputs are
-written in place through them, never copied back).
+written in place through them; a strided block of them through a contiguous copy, copied back).
 
 The kernels are imported on the first CPU layer, not with the package: numba loads then, and
-compiles each kernel at its first call unless its disk cache has it (one line on standard error
-says so, :func:`run_layer`). A numba that cannot be imported or cannot compile a kernel sends
-``backend="auto"`` to the torch twins for the rest of the process, with one warning; a forced
-``backend="numba"`` raises instead.
+every specialisation the engine calls (:data:`.compiled.signatures.SIGNATURES`) is compiled
+at once, or loaded from numba's disk cache where a previous process compiled it (one line on
+standard error says when a compilation happens, :func:`run_layer`). A numba that cannot be
+imported or cannot compile a kernel sends ``backend="auto"`` to the torch twins for the rest of
+the process, with one warning; a forced ``backend="numba"`` raises instead.
 """
 
 from __future__ import annotations
@@ -107,9 +108,11 @@ def run_layer(backend: Backend, name: str, work: Callable[[Backend], T]) -> T:
     """``work(backend)``, one layer's work on the backend :func:`choose_backend` gave for the
     option ``name``.
 
-    On the compiled kernels, a compilation that really happens (not a load from numba's disk
-    cache) is announced on standard error, one line when it starts and one with its time at the
-    end (:func:`.compiled.compilation.reporting`); a kernel that numba cannot compile makes the
+    On the compiled kernels, the first layer of a process first compiles every specialisation
+    the engine calls (:func:`_compile_all`), so that a process that compiles leaves numba's disk
+    cache whole and later ones only load from it. A compilation that really happens (not a load
+    from the disk cache) is announced on standard error, one line when it starts and one with its
+    time at the end (:func:`.compiled.compilation.reporting`); a kernel that numba cannot compile makes the
     layer start over on the torch twins, and ``"auto"`` keep to them for the rest of the process,
     with one warning. ``work`` must only write what it creates itself, so that starting over
     leaves nothing of the first try. A forced ``backend="numba"`` re-raises the error.
@@ -119,6 +122,7 @@ def run_layer(backend: Backend, name: str, work: Callable[[Backend], T]) -> T:
     compilation = _kernels().compilation
     try:
         with compilation.reporting():
+            _compile_all()
             return work(backend)
     except compilation.COMPILE_ERRORS as error:
         if name == "numba":
@@ -138,10 +142,22 @@ _fallback: BaseException | None = None
 @functools.cache
 def _kernels() -> Any:
     """The compiled modules, imported (numba with them) on first use."""
-    from .compiled import check, compilation, geometry, reduce, score, vote
+    from .compiled import check, compilation, geometry, reduce, score, signatures, vote
 
     return SimpleNamespace(check=check, compilation=compilation, geometry=geometry, reduce=reduce, score=score,
-                           vote=vote)
+                           signatures=signatures, vote=vote)
+
+
+@functools.cache
+def _compile_all() -> None:
+    """Every specialisation the engine calls, compiled, or loaded from numba's disk cache (a
+    fraction of a second for all of them), once per process.
+
+    numba compiles one specialisation per combination of argument types, at its first call: a
+    run that compiled only the kernels its own inputs needed left the others to a later run (a
+    float64 cache, the recompute path, a near tie in the votes), which compiled again. Compiling
+    them all in the first run makes "once per install" true."""
+    _kernels().signatures.compile_all()
 
 
 def _fall_back(error: BaseException, *, loading: bool) -> None:
@@ -196,11 +212,16 @@ def _score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
 
 
 def _score_rows(*args: Any) -> None:
-    # The last four arguments are the outputs: views into the layer's results, written
-    # through NumPy views of them (never through contiguous copies).
-    *inputs, metrics, sink_in_top, sink_fields, random_var = args
-    _kernels().score.score_rows(*(_numpy(x) for x in inputs),
-                                metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(), random_var.numpy())
+    # The last four arguments are the outputs: views into the layer's results, written through
+    # NumPy views of them. A block of the queries (recomputed rows) is a strided view, which numba
+    # would compile a second kernel for (layout "A"): the kernel writes a contiguous copy of it
+    # instead, copied back, so that one specialisation serves every layout.
+    inputs, outputs = args[:-4], args[-4:]
+    staged = [x if x.numpy().flags.c_contiguous else x.contiguous() for x in outputs]
+    _kernels().score.score_rows(*(_numpy(x) for x in inputs), *(x.numpy() for x in staged))
+    for out, written in zip(outputs, staged):
+        if written is not out:
+            out.copy_(written)
 
 
 def _reduce_rows(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees_sink: Tensor) -> Reduced:

@@ -1,11 +1,13 @@
 """The one-time compilation of the kernels as the user sees it, and the errors that mean a kernel
 cannot be compiled here.
 
-numba compiles each kernel at its first call, for the argument types of that call, and keeps the
-machine code in its disk cache (``cache=True`` on every kernel): in ``NUMBA_CACHE_DIR`` when that
-is set, else next to the module (``compiled/__pycache__``) when that folder is writable, else in
-the user-wide cache (``~/.cache/numba``, or under ``XDG_CACHE_HOME``), so an install in a
-read-only ``site-packages`` caches too. A later process loads the kernels from there instead.
+numba compiles a kernel for the argument types of a call (one specialisation per combination)
+and keeps the machine code in its disk cache (``cache=True`` on every kernel): in
+``NUMBA_CACHE_DIR`` when that is set, else next to the module (``compiled/__pycache__``) when that
+folder is writable, else in the user-wide cache (``~/.cache/numba``, or under ``XDG_CACHE_HOME``),
+so an install in a read-only ``site-packages`` caches too. The first layer of a process compiles
+every specialisation the engine calls (:mod:`.signatures`), so a later process loads them all
+from there instead, whatever its inputs.
 
 :func:`reporting` prints one line to standard error when a compilation of these kernels really
 starts, and one when the work it wraps ends, with the seconds spent compiling. numba's
@@ -28,7 +30,10 @@ from numba.core.errors import NumbaError
 #: (their common base). Errors of the kernels' own run (an index out of range) are not these.
 COMPILE_ERRORS: tuple[type[Exception], ...] = (NumbaError,)
 
-START_LINE = "tl_geometry: compiling the analysis kernels (once per install, about 30 s) ..."
+#: Measured for every specialisation (benchmarks/bench_compile_once.py): 166 s and 207 s on a
+#: 2-core machine busy with other work.
+START_LINE = ("tl_geometry: compiling the analysis kernels (once per install: 1 to 4 min, depending on "
+              "the machine and its load) ...")
 
 
 class _Report(event.Listener):

@@ -1,0 +1,94 @@
+"""Every combination of argument types the engine calls the kernels with, to compile them at once.
+
+numba compiles a kernel once per combination of argument types (a specialisation) and caches
+each on disk apart, so a run that reaches a new combination compiles again even where the disk
+cache holds the others: a float64 cache after a float32 one, the float64 rows of the recompute
+path, the logits of long windows, the rows that only a near tie makes the votes read again.
+:data:`SIGNATURES` lists every combination the engine reaches, for float32, bfloat16, float16
+and float64 inputs, value or output space, rows from a cached pattern or from queries and keys;
+:func:`compile_all` compiles each (or loads it from the disk cache), so that the process that
+compiles leaves the cache whole and no later process compiles again.
+
+The backend hands every kernel C-contiguous arrays (:mod:`..backend`), so every array type here
+is C-ordered. tests/test_first_run.py checks that the engine's calls are exactly these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from numba import types
+
+from . import check, geometry, reduce, score, vote
+
+#: The precisions of the attention rows (float32: a cached pattern, narrower ones upcast;
+#: float64: a float64 pattern or recomputed rows), of the value vectors the scores read (float32
+#: where that is exact, :func:`..backend._score_vectors`) and of queries and keys (:mod:`..key_votes`).
+PRECISIONS = (types.float32, types.float64)
+
+#: Scalars and array elements: numba types a Python int, float and bool as these.
+_I, _F, _B = types.int64, types.float64, types.boolean
+
+
+def _a(dtype: Any, ndim: int) -> types.Array:
+    """A C-contiguous, writable array type."""
+    return types.Array(dtype, ndim, "C")
+
+
+def _signatures() -> list[tuple[str, tuple[Any, ...]]]:
+    """``(kernel, argument types)`` of every call of :mod:`..backend` and :mod:`..key_votes`."""
+    stats, vote_of = _a(_F, 3), _a(types.int8, 3)
+    found: list[tuple[str, tuple[Any, ...]]] = []
+    for rows in PRECISIONS:
+        found.append(("check.check_and_vote", (_a(rows, 4), _I, _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I, stats,
+                                               vote_of)))
+    found += [
+        ("check.check_and_vote_rows", (_a(_F, 4), _a(_I, 2), _a(_B, 3), _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I,
+                                       stats, vote_of)),
+        ("geometry.sink_geometry", (_a(_F, 4), _a(_B, 2), _a(_I, 1), _a(_I, 2), _I, _I, _a(_F, 4), _I)),
+        ("geometry.tie_duplicates", (_a(_F, 4), _a(_F, 4), _I)),
+        ("reduce.reduce_rows", (_a(_F, 6), _a(_B, 4), _a(_F, 4), _a(_B, 2), _I, _I, _I, _a(_F, 5), _a(_F, 4),
+                                _a(_F, 3), _a(_F, 3), _a(_F, 2), _a(_F, 3))),
+    ]
+    for rows in PRECISIONS:
+        for vectors in PRECISIONS:
+            found.append(("score.score_rows", (
+                _a(rows, 4), _a(_I, 2), _I, _I, _I, _a(_I, 2), _a(_B, 2), _a(_I, 1), _a(_I, 1), _I, _a(_I, 2),
+                _a(_I, 1), _a(_F, 4), _a(vectors, 4), _a(_I, 1), _I, _I, _I, _B, _B, _a(_F, 6), _a(_B, 4),
+                _a(_F, 4), _a(_F, 5))))
+    for qk in PRECISIONS:
+        found += [
+            ("vote.vote_from_keys", (_a(qk, 4), _a(qk, 4), _F, _a(_B, 2), _a(_I, 1), _a(_F, 3), _a(_F, 2),
+                                     _a(_F, 2), _I, _I, _I, _F, vote_of, _a(_B, 3))),
+            ("vote.vote_from_logits", (_a(qk, 3), _I, _I, _a(qk, 3), _F, _a(_B, 1), _I, _a(_F, 2), _a(_F, 1),
+                                       _a(_F, 1), _I, _I, _I, _F, _a(types.int8, 2), _a(_B, 2))),
+        ]
+    return found
+
+
+#: ``(kernel, argument types)`` of every specialisation the engine calls; ``kernel`` is
+#: ``module.function`` in this package.
+SIGNATURES: tuple[tuple[str, tuple[Any, ...]], ...] = tuple(_signatures())
+
+_MODULES = {"check": check, "geometry": geometry, "reduce": reduce, "score": score, "vote": vote}
+
+
+def _dispatcher(name: str) -> Any:
+    module, function = name.split(".")
+    return getattr(_MODULES[module], function)
+
+
+#: The dispatchers by name, taken when this module is imported (a test that replaces a kernel
+#: in its module does not replace it here).
+KERNELS: dict[str, Any] = {name: _dispatcher(name) for name, _ in SIGNATURES}
+
+
+def compile_all(done: Callable[[str, tuple[Any, ...]], None] | None = None) -> None:
+    """Compile every specialisation of :data:`SIGNATURES`, or load it from numba's disk cache
+    where a previous process compiled it (milliseconds each); ``done(name, argument types)``
+    after each."""
+    for name, signature in SIGNATURES:
+        KERNELS[name].compile(signature)
+        if done is not None:
+            done(name, signature)
