@@ -79,10 +79,11 @@ def test_ablation_plots_are_plot_figures_pyplot_never_sees():
     assert ax.get_xlabel() == "head" and [(p.get_x(), p.get_y()) for p in ax.patches] == [(1.5, 0.5)]
     assert {line.get_label() for line in lines.axes[0].get_lines()} >= {
         "taxonomy", "random (mean ± std, 2 seeds)", "unablated"}
-    # Into the caller's axes: drawn there, that figure returned.
+    # Into the caller's axes: drawn there, those axes returned, no figure made.
     fig = PlotFigure()
     left, right = fig.subplots(1, 2)
-    assert sens.plot(ax=left) is fig and curve.plot(ax=right) is fig
+    assert sens.plot(ax=left) is left and curve.plot(ax=right) is right
+    assert plt.get_fignums() == before and fig.axes[:2] == [left, right]
     assert left.get_title().startswith("Δ loss") and right.get_xlabel().startswith("retention")
 
 
@@ -95,6 +96,12 @@ NOTEBOOK = [
     "import matplotlib.pyplot as plt\nplt.close(plt.figure())\nsens.plot()",
     "curve.plot()",
     "from result_fakes import fake\nfake()",  # 5: a HeadAnalysis
+    # 6-8: into the axes of a pyplot figure, the way matplotlib's own examples draw
+    "fig, ax = plt.subplots()\nsens.plot(ax=ax)",
+    "fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))\nsens.plot(ax=left)\ncurve.plot(ax=right)",
+    "from tl_geometry.capacity import RetrievalCapacity\n"
+    "cap = RetrievalCapacity((1, 2, 4), torch.tensor([4.0, 3.5, 3.05]), 3.0)\n"
+    "fig, ax = plt.subplots()\ncap.plot(ax=ax)",
 ]
 
 
@@ -120,6 +127,18 @@ def test_an_ablation_plot_shows_one_image_in_a_notebook(executed, index):
     images = [o for o in _shown(cell) if "image/png" in o.get("data", {})]
     assert len(images) == 1 and len(_shown(cell)) == 1, [o.output_type for o in cell.outputs]
     assert not re.search(r"<\w*Figure size", "".join(o.get("text", "") for o in cell.outputs))
+
+
+@pytest.mark.parametrize("index", [6, 7, 8])
+def test_a_plot_into_a_pyplot_axes_shows_that_figure_once_in_a_notebook(executed, index):
+    """``plot(ax=ax)`` draws into the caller's figure and returns ``ax``: pyplot's inline backend
+    shows that figure once at the end of the cell; the returned value is no second image."""
+    cell = executed.cells[index]
+    assert not [o for o in cell.outputs if o.output_type == "error"], cell.outputs
+    images = [o for o in _shown(cell) if "image/png" in o.get("data", {})]
+    assert len(images) == 1, [(o.output_type, sorted(o.get("data", {}))) for o in cell.outputs]
+    (result,) = [o for o in cell.outputs if o.output_type == "execute_result"]
+    assert result["data"]["text/plain"].startswith("<Axes")
 
 
 def test_a_head_analysis_shows_an_html_table_in_a_notebook(executed):

@@ -34,6 +34,8 @@ from ..inputs.cache import check_attention_mask
 
 Z_HOOK = "blocks.{layer}.attn.hook_z"
 Mode = Literal["zero", "mean"]
+#: How an ablated head's ``hook_z`` is replaced: by zeros, or by its mean over the valid
+#: positions of a reference batch.
 MODES: tuple[str, ...] = get_args(Mode)
 
 

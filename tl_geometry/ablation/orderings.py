@@ -20,6 +20,7 @@ from ..inputs.cache import check_attention_mask
 from . import hooks as _hooks
 from .sensitivity import HeadSensitivity
 
+#: The head removal orders that ``head_orderings`` builds, by name.
 ORDERINGS = ("taxonomy", "weight_norm", "entropy", "random", "oracle")
 #: Taxonomy order (ours): Mixers go first, then Resets, Retrievers last.
 TAXONOMY_REMOVAL = ("Mixer", "Reset", "Retriever")

@@ -30,6 +30,8 @@ from .policy import TopNPolicy, as_policy
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 SparsifyMode = Literal["renormalize", "delete"]
+#: What happens to the weights a top-N pattern drops: the kept ones renormalised to sum to
+#: one, or the dropped ones set to zero and the rest left as they are.
 SPARSIFY_MODES: tuple[str, ...] = get_args(SparsifyMode)
 
 

@@ -16,6 +16,7 @@ from ..analyze.head_scores import DEFAULT_SEQ_LEN, MIN_REPEAT, MIN_SEQ_LEN, RETR
 from ..functional.head_scores import REPEAT_LENGTH, SINK_EPSILON_LENGTH
 from .args import (
     UsageError,
+    add_bos_option,
     add_progress_option,
     add_sink_option,
     check_distinct_paths,
@@ -67,6 +68,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, metavar="NAME|PATH",
         help=f"a built-in model ({', '.join(sorted(MODELS))}), a local Hugging Face folder or a .gguf file")
+    add_bos_option(parser)
     parser.add_argument("--text", metavar="FILE",
                         help="UTF-8 plain-text file to cut into windows (default: the built-in sample)")
     parser.add_argument("--n-seqs", type=positive_int, default=8, metavar="K",

@@ -46,6 +46,7 @@ class AnalysisArgs(TypedDict, total=False):
 #: Every option's name, in :class:`AnalysisArgs`' order.
 OPTION_NAMES: tuple[str, ...] = tuple(AnalysisArgs.__annotations__)
 
+#: The selection sizes ``N`` that an analysis scores by default.
 DEFAULT_N_VALUES = (1, 2, 4, 8, 16, 32, 64)
 #: ``R``, the permutations of the random baseline and of every null per (query, head) (SPEC §3,
 #: decided 2026-12-05): 16 where one query per sequence is evaluated (the last), 4 where more are

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..inputs.tokens import check_token_ids, model_vocabulary
 
+#: ``(hook_name, fn)`` pairs, as ``model.run_with_hooks(fwd_hooks=...)`` takes them.
 HookList = list[tuple[str, Callable[..., Tensor]]]
 
 
@@ -34,6 +35,7 @@ def model_shape(model: Any) -> tuple[int, int]:
 
 
 def model_device(model: Any) -> torch.device:
+    """The device of a TransformerLens model (``model.cfg.device``); CPU where it names none."""
     return torch.device(getattr(getattr(model, "cfg", None), "device", None) or "cpu")
 
 

@@ -17,7 +17,11 @@ from torch import Tensor
 from .dtypes import as_compute
 from .heads import value_norms
 
+#: The three votes of a query (SPEC §5), in vote-count order: its winner is the query itself,
+#: the sink, or another key.
 VOTES = ("current", "sink", "other")
+#: The head classes, in the votes' order: a plurality of current votes makes a Retriever, of
+#: sink votes a Mixer, of other votes a Reset.
 CLASSES = ("Retriever", "Mixer", "Reset")
 CURRENT, SINK, OTHER = 0, 1, 2
 #: Class index of a head with no votes (SPEC §5): no label, left out of class counts and shares.
@@ -78,9 +82,10 @@ def labels_from_votes(counts: Float[Tensor, "*batch 3"]) -> Int[Tensor, "*batch"
     return torch.where(voted, counts.argmax(-1), UNLABELLED)
 
 
-#: Bootstrap resamples behind a label's stability, and the share below which a label is
-#: "unstable" (SPEC §5).
+#: Bootstrap resamples behind a label's stability (SPEC §5).
 N_RESAMPLES = 200
+#: The stability (share of resamples that keep a head's label) below which the label is
+#: "unstable" (SPEC §5).
 UNSTABLE_BELOW = 0.8
 #: The fewest resampling units (sequences) that give a stability (SPEC §5): below it a bootstrap
 #: of so few units says nothing (one sequence always "keeps" its label), so the stability is NaN,

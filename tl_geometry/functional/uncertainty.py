@@ -26,11 +26,12 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-#: SPEC §7: a critical head raises the loss by at least this many nats ...
+#: SPEC §7: a critical head raises the loss by at least this many nats, or by
+#: :data:`CRITICAL_MIN_FRACTION` of the dense loss, whichever is larger ...
 CRITICAL_MIN_NATS = 0.1
-#: ... or by this fraction of the dense (unablated) loss, whichever is larger ...
+#: ... or by this fraction of the dense (unablated) loss, whichever is larger (SPEC §7) ...
 CRITICAL_MIN_FRACTION = 0.05
-#: ... with the whole interval of the increase at this level (its lower end at least that).
+#: ... with the whole interval of the increase at this level above that threshold (SPEC §7).
 CRITICAL_LEVEL = 0.95
 #: The outcomes of :func:`criticality`, in its codes' order (0, 1, 2).
 CRITICALITY = ("not critical", "undecided", "critical")

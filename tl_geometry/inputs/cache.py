@@ -31,6 +31,7 @@ def cache_names_filter(name: str) -> bool:
     return name.endswith(("attn.hook_pattern", "attn.hook_v"))
 
 
+#: :func:`cache_names_filter`, the ``names_filter`` that keeps only ``hook_pattern`` and ``hook_v``.
 CACHE_NAMES_FILTER = cache_names_filter
 
 

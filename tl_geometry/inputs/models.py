@@ -24,7 +24,8 @@ Whether a model was trained with BOS at the start of a sequence decides how its 
 (SPEC §1): :func:`trained_with_bos` reads it from the model table for the built-ins, from a GGUF
 file's ``tokenizer.ggml.add_bos_token`` or a folder's ``tokenizer_config.json`` ``add_bos_token``
 for the user's own models, never from a tokenizer transformers converted from a GGUF file. The
-loader records it on what it returns (``tokenizer.tl_geometry_bos``, ``model.tl_geometry_bos``).
+loader records it on what it returns (``tokenizer.tl_geometry_bos``, ``model.tl_geometry_bos``),
+and refuses a model of the user's whose files do not say, unless ``load_model(..., bos=)`` does.
 """
 
 from __future__ import annotations
@@ -470,6 +471,25 @@ _BOS_UNSTATED = (
 )
 
 
+def _bos_refused(source: _Source) -> str:
+    """Why ``load_model`` refuses a model whose files do not say whether it was trained with BOS,
+    with the fixes that apply to where it came from."""
+    if source.gguf_file is not None:
+        where = f"{source.folder / source.gguf_file}: its GGUF header has no tokenizer.ggml.add_bos_token"
+        fix = ""
+    else:
+        where = (f"{source.folder}: its tokenizer_config.json has no add_bos_token (save_pretrained "
+                 "leaves it out)")
+        # A hub snapshot's files are links into huggingface_hub's blobs: not to be edited.
+        fix = ("" if source.hub_id is not None else
+               f'add "add_bos_token": true (or false) to {source.folder / "tokenizer_config.json"}, or ')
+    return (f"{where}, so nothing says whether the model was "
+            "trained with BOS at the start of a sequence. That decides how every window starts, "
+            "and so which token is the sink (SPEC §1): guessed wrong, the sink figures describe "
+            f"an ordinary token. Say it: {fix}pass load_model(..., bos=True) for a model trained "
+            "with BOS (bos=False for one trained without; --bos yes / --bos no on the command line).")
+
+
 def _files_bos(path: Path) -> bool | None:
     """What a user's GGUF file (``tokenizer.ggml.add_bos_token``) or model folder (its
     ``tokenizer_config.json``'s ``add_bos_token``) says; ``None`` where it does not say."""
@@ -586,13 +606,22 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
     return flag
 
 
-def _mark_bos(tokenizer: Any, source: _Source) -> None:
-    """Record on the loaded tokenizer whether the model was trained with BOS (from the source's
-    files or the table, never from the tokenizer's own attribute)."""
-    flag = _source_bos(source)
+def _load_bos(source: _Source, bos: bool | None = None) -> bool:
+    """Whether the model of ``source`` was trained with BOS: ``bos`` where given, else what the
+    table or its files say (never the tokenizer's own attribute). Raises :class:`ModelLoadError`
+    with the fix where neither says: a guess would move the sink without a word."""
+    if bos is not None and not isinstance(bos, bool):
+        raise ValueError(f"bos must be True (trained with BOS), False (trained without) or None "
+                         f"(read it from the model's files), got {bos!r}.")
+    flag = _source_bos(source) if bos is None else bos
     if flag is None:
-        warn_caller(_BOS_UNSTATED.format(name=repr(source.name), attribute=BOS_ATTRIBUTE))
-        flag = False
+        raise ModelLoadError(_bos_refused(source))
+    return flag
+
+
+def _mark_bos(tokenizer: Any, source: _Source, bos: bool | None = None) -> None:
+    """Record on the loaded tokenizer whether the model was trained with BOS (:func:`_load_bos`)."""
+    flag = _load_bos(source, bos)
     with contextlib.suppress(AttributeError, TypeError):
         setattr(tokenizer, BOS_ATTRIBUTE, flag)
 
@@ -751,11 +780,14 @@ class _Loaded:
 
 
 def _load_hf(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
-             use_cache: bool | None = None) -> _Loaded:
+             use_cache: bool | None = None, bos: bool | None = None) -> _Loaded:
     """Load ``source``; a GGUF file goes through the weight cache unless it is turned off. The
-    tokenizer records whether the model was trained with BOS (:data:`BOS_ATTRIBUTE`)."""
+    tokenizer records whether the model was trained with BOS (:data:`BOS_ATTRIBUTE`): ``bos``, or
+    what the table or the files say; where nothing does, the load is refused before the weights
+    are read."""
+    _load_bos(source, bos)
     loaded = _load_weights(source, dtype, device_map=device_map, use_cache=use_cache)
-    _mark_bos(loaded.tokenizer, source)
+    _mark_bos(loaded.tokenizer, source, bos)
     return loaded
 
 
@@ -845,14 +877,15 @@ def _own_memory(model: Any) -> None:
 def load_hf_model(
     name: str | os.PathLike[str] = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
     device_map: str | dict[str, Any] | None = None, weight_cache: bool | None = None,
+    bos: bool | None = None,
 ) -> tuple[Any, Any]:
     """The transformers model (eager attention, eval mode) and tokenizer, read offline.
 
     ``name`` is a built-in model (read from its GGUF package) or a local path: a folder written
-    by ``save_pretrained`` (model and tokenizer) or a ``.gguf`` file. ``device_map`` and
-    ``weight_cache`` are those of :func:`load_model`.
+    by ``save_pretrained`` (model and tokenizer) or a ``.gguf`` file. ``device_map``,
+    ``weight_cache`` and ``bos`` are those of :func:`load_model`.
     """
-    loaded = _load_hf(_resolved(name), dtype, device_map=device_map, use_cache=weight_cache)
+    loaded = _load_hf(_resolved(name), dtype, device_map=device_map, use_cache=weight_cache, bos=bos)
     return loaded.model, loaded.tokenizer
 
 
@@ -863,6 +896,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device_map: str | dict[str, Any] | None = None,
     weight_cache: bool | None = None,
+    bos: bool | None = None,
 ):
     """A TransformerLens ``TransformerBridge`` around a pretrained model, loaded offline.
 
@@ -894,7 +928,11 @@ def load_model(
     architecture must be one TransformerLens's bridge supports. The bridge keeps the raw HF
     weights (no folding), so ``hook_v`` is the model's own ``v``. The bridge and its tokenizer
     record whether the model was trained with BOS (``tl_geometry_bos``; :func:`trained_with_bos`),
-    which decides how :func:`~tl_geometry.text_windows` starts a window.
+    which decides how :func:`~tl_geometry.text_windows` starts a window and where the sink is.
+    For your own model that comes from its files (a GGUF file's ``tokenizer.ggml.add_bos_token``,
+    a folder's ``tokenizer_config.json`` ``add_bos_token``) or from ``bos=``; where neither
+    says, the load is refused with :class:`ModelLoadError` naming both fixes
+    (``save_pretrained`` leaves ``add_bos_token`` out).
 
     Args:
         device: where the bridge (and so its cache) lives; default the CPU.
@@ -905,6 +943,9 @@ def load_model(
             runs on its device; activations move between them. Exclusive with ``device``.
         weight_cache: keep a GGUF model's de-quantised weights in the user cache, so the next
             process loads in seconds (default: on, unless ``TL_GEOMETRY_WEIGHT_CACHE=0``).
+        bos: whether the model was trained with BOS at the start of a sequence; ``None``
+            (default) reads it from the model table or the model's files. Given, it wins over
+            both.
 
     Examples:
         >>> model = tl_geometry.load_model()  # doctest: +SKIP
@@ -917,7 +958,7 @@ def load_model(
         raise ValueError(f"load_model: pass device= ({device!r}) or device_map= ({device_map!r}), "
                          "not both; device_map places every layer itself.")
     source = _resolved(name)
-    loaded = _load_hf(source, dtype, device_map=device_map, use_cache=weight_cache)
+    loaded = _load_hf(source, dtype, device_map=device_map, use_cache=weight_cache, bos=bos)
     return _bridge_from_hf(source.name, loaded.model, loaded.tokenizer, device=device, dtype=dtype,
                            source=source, cache_entry=loaded.cache_entry)
 

@@ -6,9 +6,10 @@ capacity`` writes), so the report can draw them again from the files alone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from .plots import PlotFigure
@@ -25,13 +26,19 @@ def _axes(ax: Any, size: tuple[float, float]) -> tuple[Figure, Any]:
     return fig, fig.subplots()
 
 
-def capacity_plot(table: Any, ax: Any = None) -> Figure:
+@overload
+def capacity_plot(table: Any, ax: None = None) -> Figure: ...
+@overload
+def capacity_plot(table: Any, ax: Axes) -> Axes: ...
+def capacity_plot(table: Any, ax: Any = None) -> Figure | Axes:
     """Loss against N (log axis), one line per mode, the dense loss, its tolerance band and each
-    mode's N* (smallest N within tolerance). ``table`` has columns ``n, mode, loss, dense_loss``
-    and ``within_tolerance`` (``RetrievalCapacity.to_pandas()``, ``capacity.csv``)."""
+    mode's N* (smallest N within tolerance): drawn into ``ax`` and ``ax`` returned, or into a new
+    :class:`~tl_geometry.views.PlotFigure`, returned. ``table`` has columns ``n, mode, loss,
+    dense_loss`` and ``within_tolerance`` (``RetrievalCapacity.to_pandas()``, ``capacity.csv``)."""
     need = {"n", "mode", "loss", "dense_loss", "within_tolerance"}
     if missing := need - set(table.columns):
         raise ValueError(f"capacity table lacks columns {sorted(missing)}; expected {sorted(need)}.")
+    given = ax  # the caller's axes are returned, not their figure: see views.plots
     fig, ax = _axes(ax, (6.5, 4.0))
     dense = float(table["dense_loss"].iloc[0])
     for mode, part in table.groupby("mode", sort=True):
@@ -52,7 +59,7 @@ def capacity_plot(table: Any, ax: Any = None) -> Figure:
     ax.set_title("Retrieval capacity: top-N attention")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return fig
+    return fig if given is None else ax
 
 
 def _tolerance(table: Any) -> float | None:

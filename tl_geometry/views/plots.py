@@ -6,7 +6,10 @@ Figures are built without pyplot, so library code touches no global pyplot state
 display. Each is a :class:`PlotFigure`: a plain matplotlib ``Figure`` (``savefig``,
 :func:`save_figure`, the report) that Jupyter also shows as a PNG image when it is a cell's
 last value, with no ``%matplotlib`` magic and no ``plt.show()``. No pyplot figure manager knows
-it, so an active inline backend never shows it a second time.
+it, so an active inline backend never shows it a second time. A plot drawn into the caller's
+``ax`` returns that ``ax``, as matplotlib's own plotting functions do: the figure is the
+caller's, shown once by whatever shows the caller's figures (returning the figure as well would
+show a pyplot figure twice in a notebook: once as the cell's value, once by the inline backend).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
@@ -257,12 +261,17 @@ def _figure_and_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Figure, Any
     return fig, fig.subplots()
 
 
-def sensitivity_plot(sensitivity: Any, ax: Any = None) -> Figure:
+@overload
+def sensitivity_plot(sensitivity: Any, ax: None = None) -> Figure: ...
+@overload
+def sensitivity_plot(sensitivity: Any, ax: Axes) -> Axes: ...
+def sensitivity_plot(sensitivity: Any, ax: Any = None) -> Figure | Axes:
     """Heatmap of a :class:`~tl_geometry.ablation.HeadSensitivity`'s loss increase, layer ×
-    head, its critical heads (SPEC §7) outlined: drawn into ``ax`` (its figure is returned),
-    or into a new :class:`PlotFigure`."""
+    head, its critical heads (SPEC §7) outlined: drawn into ``ax`` and ``ax`` returned, or into
+    a new :class:`PlotFigure`, returned."""
     from matplotlib.patches import Rectangle
 
+    given = ax
     fig, ax = _figure_and_axes(ax, (6, 7))
     increase = sensitivity.loss_increase
     bound = float(abs(increase).nan_to_num().max()) or 1.0  # white = no effect
@@ -272,13 +281,19 @@ def sensitivity_plot(sensitivity: Any, ax: Any = None) -> Figure:
     ax.set(xlabel="head", ylabel="layer",
            title=f"Δ loss, one head {sensitivity.mode}-ablated (outlined: critical)")
     fig.colorbar(image, ax=ax, label="Δ loss (nats)")
-    return fig
+    return fig if given is None else ax
 
 
-def sparsification_plot(curve: Any, ax: Any = None) -> Figure:
+@overload
+def sparsification_plot(curve: Any, ax: None = None) -> Figure: ...
+@overload
+def sparsification_plot(curve: Any, ax: Axes) -> Axes: ...
+def sparsification_plot(curve: Any, ax: Any = None) -> Figure | Axes:
     """Loss against retention of a :class:`~tl_geometry.ablation.SparsificationCurve`, one line
     per ordering, orderings with seeds (random) as the mean with a ±std band, the unablated
-    loss dotted: drawn into ``ax`` (its figure is returned), or into a new :class:`PlotFigure`."""
+    loss dotted: drawn into ``ax`` and ``ax`` returned, or into a new :class:`PlotFigure`,
+    returned."""
+    given = ax
     fig, ax = _figure_and_axes(ax, (6.5, 4.5))
     table = curve.to_pandas()
     for name, group in table.groupby("ordering", sort=False):
@@ -295,7 +310,7 @@ def sparsification_plot(curve: Any, ax: Any = None) -> Figure:
            title=f"structured sparsification ({curve.mode} ablation)")
     ax.invert_xaxis()
     ax.legend(fontsize=8)
-    return fig
+    return fig if given is None else ax
 
 
 def save_figure(
