@@ -45,6 +45,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from _reproduce import ablation, capacity, corpora, document, layer_kinds, sizes
 from _reproduce.claims import CLAIMS
+from _reproduce.intervals import remembered
 from _reproduce.protocol import FULL, MODELS, OPT_IN, QUICK, StudyConfig
 from _reproduce.study import DECOMPOSITION_NULLS, Step, Study, load_run, run_study, save_run
 
@@ -111,8 +112,9 @@ def reproduce(
     figures.mkdir(parents=True, exist_ok=True)
     every = (*CLAIMS, ablation.claim6, capacity.claim7)
     runs = layer_kinds.split(study)  # global and local layers apart (SPEC §8 (i))
-    claims = [claim(runs, figures) for claim in every]
-    by_size = sizes.section(claims, sizes.per_model(runs, every)) if len(runs.models) > 1 else []
+    with remembered():  # the size section reads each run's intervals again, model by model
+        claims = [claim(runs, figures) for claim in every]
+        by_size = sizes.section(claims, sizes.per_model(runs, every)) if len(runs.models) > 1 else []
     seconds = time.perf_counter() - start
     if not study.reused:
         save_run(cache, config, seconds)
@@ -170,7 +172,8 @@ def _header(study: Study, seconds: float, whole: Step | None = None,
         "- **Saved results:** one `HeadAnalysis.save` file per model × corpus "
         "(`results/<model>__<corpus>.pt`, `tl_geometry.HeadAnalysis.load` reads it), one per "
         "decomposition null (`results/<model>__<corpus>__<null>.pt`) when they were run, the "
-        "per-window slices the intervals read beside each (`….windows.pt`, float32), and the "
+        "per-window slices the intervals read beside each (`….windows.pt`, float32; every file "
+        "deflated, a null's analysis with only the slices the page reads), and the "
         "ablation and capacity tables (`results/<model>__ablation.*`, `__capacity.*`), beside "
         "this page.",
         f"- **Reproduce:** `{command}` (this page's run; `--reuse` re-renders and re-checks it "

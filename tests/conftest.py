@@ -59,6 +59,18 @@ def real(request) -> RealModel:
 
 
 @pytest.fixture
+def own_cache(tmp_path, monkeypatch) -> Path:
+    """A user cache of the test's own (``TL_GEOMETRY_CACHE``), never the user's, with no weight
+    cache setting inherited from the environment."""
+    from tl_geometry.inputs import weight_cache
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(folder))
+    monkeypatch.delenv(weight_cache.ENV, raising=False)
+    return folder
+
+
+@pytest.fixture
 def no_model_load(monkeypatch):
     """Any attempt to load weights fails the test (the CLI catches ValueError, not
     AssertionError): what a test of a refusal "before the model loads" runs under."""

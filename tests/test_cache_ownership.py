@@ -25,12 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch) -> Path:
+def cache(own_cache: Path) -> Path:
     """Every test here writes into its own user cache, never the user's."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(folder))
-    monkeypatch.delenv(weight_cache.ENV, raising=False)
-    return folder
+    return own_cache
 
 
 def fill(key: weight_cache.EntryKey, weights: bytes = b"w" * 5000) -> Path:
@@ -287,7 +284,7 @@ def test_the_command_in_a_fresh_process_says_so_without_a_traceback(tmp_path):
 def fake_gguf_source(folder: Path, calls: list[str]) -> models._Source:
     """A GGUF source whose de-quantisation is the tiny model (``models._from_pretrained`` patched:
     the caller restores it); ``calls`` counts the de-quantisations."""
-    path = write_gguf(folder / "fake.gguf")
+    path = write_gguf(folder / "fake.gguf", add_bos=True)
     real = models._from_pretrained
 
     def from_pretrained(src, dtype, device_map=None):

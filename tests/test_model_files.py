@@ -28,20 +28,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def tmp_cache(tmp_path, monkeypatch) -> Path:
+def tmp_cache(own_cache: Path) -> Path:
     """Every test here writes into its own user cache."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(cache))
-    monkeypatch.delenv(weight_cache.ENV, raising=False)
-    return cache
+    return own_cache
 
 
-def write_gguf(path: Path, context_length: int = 64) -> Path:
-    """A small but valid GGUF file: llama metadata and two tensors (no tokenizer)."""
+def write_gguf(path: Path, context_length: int = 64, add_bos: bool | None = None) -> Path:
+    """A small but valid GGUF file: llama metadata and two tensors (no tokenizer); with
+    ``add_bos``, the header says whether the model was trained with BOS (a load needs that)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(context_length)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
     writer.add_tensor("token_embd.weight", np.arange(32, dtype=np.float32).reshape(8, 4))
     writer.add_tensor("output.weight", np.ones((8, 4), dtype=np.float16))
     writer.write_header_to_file()
@@ -137,7 +137,7 @@ def test_what_transformers_still_refuses_is_a_model_load_error(tmp_path):
     """A whole safetensors file with a config transformers cannot use: one clear error."""
     folder = hf_folder(tmp_path / "m", valid_safetensors())
     with pytest.raises(ModelLoadError, match=r"transformers could not load a causal language model from"):
-        models.load_hf_model(folder)
+        models.load_hf_model(folder, bos=True)  # the folder does not say it: stated, to reach transformers
 
 
 def test_unreadable_config_is_refused(tmp_path):
@@ -292,7 +292,7 @@ def tiny_model_and_tokenizer():
 @pytest.fixture
 def fake_gguf(tmp_path, monkeypatch):
     """A GGUF source whose de-quantisation is the tiny model; counts the de-quantisations."""
-    path = write_gguf(tmp_path / "fake.gguf")
+    path = write_gguf(tmp_path / "fake.gguf", add_bos=True)
     source = models._Source("fake", path.parent, path.name, None)
     real = models._from_pretrained
     calls: list[str] = []

@@ -119,6 +119,27 @@ def test_claim3_rule_is_the_median_over_heads_of_the_paired_figures():
     assert sink.run_checks([none]) == (False, False)
 
 
+def test_claim3_counts_heads_whose_sink_removed_f_is_zero_as_the_largest_ratio():
+    """A head whose median paired ratio is +inf (the sink-removed F_N is 0 where the sink's is
+    not) is a head where the sink raises F_N: dropping it would pull the median head towards
+    "the sink lowers F_N". It counts, as the largest ratio, in the point figure and over windows."""
+    ratio = torch.tensor([[0.4, 0.8, math.inf], [math.inf, math.inf, math.nan]])
+    halved = torch.zeros(2, 3)
+    count = torch.full((2, 3), 10.0)
+    p = sink.paired(4, ratio, halved, count, min_count=8)
+    assert p.heads == 5 and p.ratio == math.inf and not p.lowers
+    assert p.ratio_q[0] == pytest.approx(0.8) and p.ratio_q[1] == math.inf
+    finite = sink.paired(4, torch.tensor([[0.4, 0.8, 1.2]]), halved[:1], count[:1], min_count=8)
+    assert finite.ratio == pytest.approx(0.8) and finite.ratio_q == pytest.approx((0.6, 1.0))
+    # Per window: 8 windows, three heads; the third has F_N = 0 without the sink in every window.
+    with_sink = torch.tensor([0.3, 0.4, 0.5]).repeat(8, 1)[:, None, :, None].double()
+    removed = torch.tensor([0.6, 0.5, 0.0]).repeat(8, 1)[:, None, :, None].double()
+    ratios = torch.where(removed > 0, with_sink / removed, math.inf)
+    med, _, heads, quartiles = sink._over_heads(ratios, min_count=8)
+    assert int(heads[0]) == 3 and float(med[0]) == pytest.approx(0.8)  # 0.5, 0.8, +inf
+    assert float(quartiles[0, 1]) == math.inf
+
+
 def test_claim4_rule_on_a_bound_that_tracks_and_one_that_does_not():
     ns, hl = [1, 2, 4, 8], [1, 2, 3]
     measured = torch.tensor([[[1.0, 0.9, 0.5, 0.2], [1.0, 0.4, 0.8, 0.1]],
@@ -982,3 +1003,35 @@ def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch
     calls.clear()
     study_module.run_study({"m1": object()}, [corpus], QUICK, reuse=True, **kwargs)
     assert calls == ["ablation"]
+
+
+def test_claim1_share_of_heads_above_the_null_at_n2_has_its_interval_over_windows():
+    """The share of heads with F∗(top) > F∗(shuffled) at N = 2 is a resampled statistic like the
+    gap: its point is the share on the heads' means over every window, and its interval comes
+    from the same resamples of windows (a per-query loop over heads as the reference)."""
+    from types import SimpleNamespace
+
+    from tl_geometry.result.schema import WINDOW_GROUPS, names
+
+    g = torch.Generator().manual_seed(0)
+    windows, layers, heads, ns = 12, 2, 5, [2, 4]
+    scores = torch.rand(windows, len(WINDOW_GROUPS), len(names()["metric"]), layers, heads, len(ns),
+                        generator=g, dtype=torch.float64)
+    scores[:, WINDOW_GROUPS.index("top"), names()["metric"].index("f_score_cc"), 0, 0, 0] = math.nan
+    r = SimpleNamespace(n_values=torch.tensor(ns), headline_n=ns, window_scores=scores, metadata={})
+    sp = separability.spread(r)
+    assert sp is not None and sp.above_at_2 is not None
+    top = scores[:, WINDOW_GROUPS.index("top"), names()["metric"].index("f_score_cc"), ..., 0]
+    shuffled = scores[:, WINDOW_GROUPS.index("shuffled"), names()["metric"].index("f_score_cc"), ..., 0]
+    above = defined = 0
+    for li in range(layers):
+        for h in range(heads):
+            gap = top[:, li, h].nanmean() - shuffled[:, li, h].nanmean()
+            if not math.isnan(float(gap)):
+                defined += 1
+                above += float(gap) > 0
+    assert defined == 9 and sp.above_at_2.value == pytest.approx(above / defined)
+    assert sp.above_at_2.n == windows and sp.above_at_2.low <= sp.above_at_2.value <= sp.above_at_2.high
+    # Without N = 2 among the headline N there is no share to resample.
+    r4 = SimpleNamespace(n_values=torch.tensor([4, 8]), headline_n=[4, 8], window_scores=scores, metadata={})
+    assert separability.spread(r4).above_at_2 is None

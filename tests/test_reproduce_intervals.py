@@ -4,6 +4,7 @@ SPEC §8, on synthetic numbers (no model, no saved results)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -488,3 +489,54 @@ def test_bca_without_defined_resamples_or_on_one_side_has_no_interval():
     assert all(math.isnan(x) for x in intervals.bca(1.0, torch.tensor([math.nan]), torch.ones(3)))
     assert all(math.isnan(x) for x in intervals.bca(0.0, torch.tensor([1.0, 2.0]), torch.ones(3)))  # z0 = −∞
     assert intervals.bca(2.0, torch.full((50,), 2.0), torch.full((9,), 2.0)) == (2.0, 2.0)
+
+
+def test_window_means_are_each_heads_nan_aware_mean_over_the_drawn_windows():
+    """:class:`WindowMeans` (two products with the draw counts) against a loop over heads that
+    averages the defined values of the drawn windows, repeats included; an array with ±inf is
+    read by gathering, and sums over the drawn windows are NaN where a drawn window is."""
+    g = torch.Generator().manual_seed(3)
+    values = torch.rand(9, 2, 3, 4, generator=g, dtype=torch.float64)
+    values[torch.rand(values.shape, generator=g) < 0.3] = math.nan
+    values[:, 1, 2, 0] = math.nan  # a head undefined on every window
+    ready = intervals.WindowMeans(values)
+    for idx in (torch.arange(9), torch.tensor([0, 0, 0, 4, 8, 8, 2, 2, 2]), torch.tensor([5])):
+        got = intervals.head_means(ready, idx)
+        want = torch.full(values.shape[1:], math.nan, dtype=torch.float64)
+        for entry in itertools.product(*(range(n) for n in values.shape[1:])):
+            drawn = [float(values[(int(w), *entry)]) for w in idx]
+            defined = [x for x in drawn if not math.isnan(x)]
+            if defined:
+                want[entry] = sum(defined) / len(defined)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15, equal_nan=True)
+        torch.testing.assert_close(got, values[idx].nanmean(0), rtol=1e-12, atol=1e-15, equal_nan=True)
+    with_inf = values.clone()
+    with_inf[0, 0, 0, 0] = math.inf
+    idx = torch.tensor([1, 2, 3])  # window 0 not drawn: its inf must not reach the mean
+    torch.testing.assert_close(intervals.head_means(intervals.WindowMeans(with_inf), idx),
+                               with_inf[idx].nanmean(0), equal_nan=True)
+    votes = torch.randint(0, 5, (9, 6, 3), generator=g).double()
+    idx = torch.tensor([0, 0, 7])
+    torch.testing.assert_close(intervals.WindowMeans(votes).sums_over(idx), votes[idx].sum(0))
+    assert torch.isnan(ready.sums_over(torch.arange(9))[1, 2, 0])
+
+
+def test_per_run_functions_compute_once_per_arguments_only_within_remembered():
+    calls: list[tuple] = []
+
+    @intervals.per_run
+    def figure(result, n):
+        calls.append((result, n))
+        return [n]
+
+    a, b = object(), object()
+    assert figure(a, 2) == [2] and figure(a, 2) == [2] and len(calls) == 2  # outside: every call
+    with intervals.remembered():
+        first = figure(a, 2)
+        assert figure(a, 2) is first and figure(a, [2]) is not first  # by value: 2 is not [2]
+        figure(b, 2)
+        with intervals.remembered():  # nested: the same memo
+            assert figure(b, 2) == [2]
+    assert len(calls) == 5
+    figure(a, 2)
+    assert len(calls) == 6  # the memo ended with the outer block

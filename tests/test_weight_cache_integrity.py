@@ -24,12 +24,9 @@ OLD = 1_600_000_000 * 10**9  # a file time long past, in ns
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch) -> Path:
+def cache(own_cache: Path) -> Path:
     """Every test here writes into its own user cache, never the user's."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("TL_GEOMETRY_CACHE", str(folder))
-    monkeypatch.delenv(weight_cache.ENV, raising=False)
-    return folder
+    return own_cache
 
 
 @pytest.fixture

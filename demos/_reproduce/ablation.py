@@ -36,6 +36,7 @@ from .intervals import (
     decide,
     every,
     median_of,
+    per_run,
     some,
 )
 from .losses import tally
@@ -172,6 +173,7 @@ def curve_intervals(tables: dict[str, Any],
     return bootstraps(statistic, loss.shape[-1])
 
 
+@per_run
 def order_losses(tables: dict[str, Any]) -> dict[tuple[str, float], Interval] | None:
     """Each order's held-out loss at each retention (the random orders: the mean over their
     seeds) with its 95 % interval over the held-out windows; None without per-window losses."""
@@ -291,6 +293,7 @@ def versus_random(model: str, tables: dict[str, Any]) -> list[str]:
     return notes
 
 
+@per_run
 def _sweep(tables: dict[str, Any]) -> list[Interval] | None:
     """:func:`head_intervals` followed by the median over heads of the single-head loss increase
     (the heads fixed, the median recomputed in every resample), from the same draws."""

@@ -26,7 +26,7 @@ from tl_geometry.functional.uncertainty import window_mean
 
 from .corpora import Corpus
 from .document import HELD, NOT_HELD, PARTLY, Claim, fmt, table
-from .intervals import NO_INTERVAL, NOT_MEASURED, Interval, bootstraps, combine, decide
+from .intervals import NO_INTERVAL, NOT_MEASURED, Interval, bootstraps, combine, decide, per_run
 from .losses import tally
 from .protocol import StudyConfig, beside, windows
 from .saved import TABLES_SHA256, load_windows, save_windows
@@ -128,6 +128,7 @@ def curve_intervals(tables: dict[str, Any]) -> dict[str, Any] | None:
             "smallest": ivs[-1]}
 
 
+@per_run
 def rho_intervals(tables: dict[str, Any]) -> dict[str, Interval] | None:
     """Claim 7 (b) on its 95 % interval over the windows (SPEC §8): Spearman's ρ over heads (fixed)
     between each geometric score (``f_score``, ``shell_k0``, ``shell_kn``; each head's mean over

@@ -46,10 +46,13 @@ from .intervals import (
     NO_INTERVAL,
     UNDECIDED,
     Interval,
+    WindowMeans,
     bootstraps,
     combine,
     decide,
     every,
+    head_means,
+    per_run,
     point,
     window_sink_values,
     window_values,
@@ -219,6 +222,7 @@ def measure(r: Any, default_keys: int | None = None) -> BoundsRun:
                      sink_heads)
 
 
+@per_run
 def intervals(r: Any, default_keys: int | None = None) -> dict[str, Interval] | None:
     """95 % BCa intervals over windows (SPEC §8) of what claim 4's rule thresholds: for the
     envelope (``"predicted"``) and each shell kind, ``"<kind> rho"`` (the smallest within-N
@@ -243,16 +247,19 @@ def intervals(r: Any, default_keys: int | None = None) -> dict[str, Interval] | 
                     kinds[kind] = values
     i2 = ns.index(2) if 2 in ns else None
 
+    f_means, recall_means, cosine_means = WindowMeans(f_score), WindowMeans(recall), WindowMeans(cosine)
+    bound_means = [WindowMeans(b) for b in kinds.values()]
+
     def figures(idx: Tensor) -> Tensor:
-        f = f_score[idx].nanmean(0)
+        f = head_means(f_means, idx)
         out = []
-        for b in kinds.values():
-            bound = b[idx].nanmean(0)
+        for b in bound_means:
+            bound = head_means(b, idx)
             rhos = [x for x in (spearman(bound[..., i], f[..., i]) for i in hl) if not math.isnan(x)]
             best = agreement_vs_chance(argmax_n(r, f, bound=False), argmax_n(r, bound, bound=True), n_shuffles=1)
             out += [min(rhos) if rhos else math.nan, best.excess]
-        r2 = recall[idx].nanmean(0)[..., i2] if i2 is not None else torch.full(f.shape[:-1], math.nan)
-        out.append(spearman(cosine[idx].nanmean(0), r2))
+        r2 = head_means(recall_means, idx)[..., i2] if i2 is not None else torch.full(f.shape[:-1], math.nan)
+        out.append(spearman(head_means(cosine_means, idx), r2))
         return torch.tensor(out, dtype=torch.float64)
 
     keys = [f"{kind} {what}" for kind in kinds for what in ("rho", "excess")] + ["sink rho"]

@@ -19,10 +19,12 @@ interval, and the three-outcome reading of a threshold rule on it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -218,10 +220,91 @@ def window_sink_values(result: Any, field: str) -> Tensor | None:
     return sink[:, names()["sink_field"].index(field)].double()
 
 
-def head_means(values: Tensor, idx: Tensor) -> Tensor:
+#: Within :func:`remembered`: what each :func:`per_run` function returned, by its arguments.
+_REMEMBERED: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] | None = None
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def remembered() -> Iterator[None]:
+    """Within it, each :func:`per_run` function computes once per arguments: the page decides
+    every claim on all runs and again on each model's runs alone (its size section), on the
+    same result objects, and their resampled intervals are most of its time. The functions'
+    results must not be changed by their readers."""
+    global _REMEMBERED
+    outer = _REMEMBERED
+    _REMEMBERED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _REMEMBERED = outer
+
+
+def per_run(fn: _Fn) -> _Fn:
+    """``fn`` computed once per arguments within :func:`remembered` (an object argument by its
+    identity, which the memo pins by holding it; numbers, strings and tuples of them by value),
+    and every time outside it."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        if _REMEMBERED is None:
+            return fn(*args)
+        key = (fn.__module__, fn.__qualname__, *map(_identity, args))
+        if key not in _REMEMBERED:
+            _REMEMBERED[key] = (args, fn(*args))
+        return _REMEMBERED[key][1]
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _identity(arg: Any) -> Any:
+    """An argument's memo key: a number, string or ``None`` itself, a list or tuple by its
+    items, anything else by ``id`` (pinned by the memo, so never reused meanwhile)."""
+    if arg is None or isinstance(arg, (bool, int, float, str)):
+        return arg
+    if isinstance(arg, (list, tuple)):
+        return (type(arg).__name__, *map(_identity, arg))
+    return ("id", id(arg))
+
+
+def head_means(values: Tensor | WindowMeans, idx: Tensor) -> Tensor:
     """Each head's mean over the drawn windows ``idx`` (NaN-aware: a window where the figure is
-    undefined is left out, as the analysis's own means do), the heads fixed."""
-    return values[idx].nanmean(0)
+    undefined is left out, as the analysis's own means do), the heads fixed. ``values`` is the
+    per-window array ``[window, ...]``, or its :class:`WindowMeans` for a statistic that reads it
+    on every resample."""
+    return values(idx) if isinstance(values, WindowMeans) else values[idx].nanmean(0)
+
+
+class WindowMeans:
+    """The per-window array ``values`` (``[window, ...]``) made ready for :func:`head_means` on
+    many resamples: a resample ``idx`` draws window ``w`` ``c_w`` times, so each entry's mean over
+    the drawn windows is ``Σ_w c_w·x_w / Σ_w c_w·[x_w defined]`` — two products with the counts
+    ``c`` instead of gathering ``len(idx)`` copies of the windows (``values[idx].nanmean(0)``, the
+    same mean up to the order of the float64 sums). An array holding ``±inf`` is read the gathering
+    way (``0·inf`` would poison the products)."""
+
+    def __init__(self, values: Tensor) -> None:
+        self.values = values
+        self.n_windows, self.shape = values.shape[0], values.shape[1:]
+        self.gather = bool(torch.isinf(values).any())
+        if not self.gather:
+            defined = ~torch.isnan(values)
+            self.sums = torch.where(defined, values, 0.0).reshape(self.n_windows, -1)
+            self.defined = defined.to(values.dtype).reshape(self.n_windows, -1)
+
+    def __call__(self, idx: Tensor) -> Tensor:
+        if self.gather:
+            return self.values[idx].nanmean(0)
+        counts = torch.bincount(idx, minlength=self.n_windows).to(self.sums.dtype)
+        return (counts @ self.sums / (counts @ self.defined)).reshape(self.shape)
+
+    def sums_over(self, idx: Tensor) -> Tensor:
+        """The sum over the drawn windows ``idx`` (NaN where a drawn window's entry is NaN), e.g.
+        each head's votes over a resample."""
+        if self.gather:
+            return self.values[idx].sum(0)
+        counts = torch.bincount(idx, minlength=self.n_windows).to(self.sums.dtype)
+        undefined = counts @ (1.0 - self.defined) > 0
+        return torch.where(undefined, math.nan, counts @ self.sums).reshape(self.shape)
 
 
 def over_heads(values: Tensor) -> Tensor:
@@ -298,8 +381,39 @@ def combine(per_run: dict[str, list[str]],
     return best if best == worst else f"{UNDECIDED} ({worst} or {best})"
 
 
-__all__ = ["BLOCK", "GEOMETRY", "HELD", "LEVEL", "MIN_UNITS", "MISSING", "NOT_HELD", "NOT_MEASURED",
-           "NO_INTERVAL", "NO_SINK", "PARTLY", "RESAMPLES", "TOO_FEW", "UNDECIDED", "Interval", "bca",
-           "blocks", "bootstrap", "bootstraps", "categorize", "combine", "decide", "draws", "every",
-           "head_means", "median_of", "over_heads", "point", "some", "weak_sink", "window_sink_values",
-           "window_values", "with_units"]
+__all__ = [
+    "BLOCK",
+    "GEOMETRY",
+    "HELD",
+    "LEVEL",
+    "MIN_UNITS",
+    "MISSING",
+    "NOT_HELD",
+    "NOT_MEASURED",
+    "NO_INTERVAL",
+    "NO_SINK",
+    "PARTLY",
+    "RESAMPLES",
+    "TOO_FEW",
+    "UNDECIDED",
+    "Interval",
+    "WindowMeans",
+    "bca",
+    "blocks",
+    "bootstrap",
+    "bootstraps",
+    "categorize",
+    "combine",
+    "decide",
+    "draws",
+    "every",
+    "head_means",
+    "median_of",
+    "over_heads",
+    "point",
+    "some",
+    "weak_sink",
+    "window_sink_values",
+    "window_values",
+    "with_units",
+]

@@ -1,13 +1,20 @@
-"""The study's saved analyses, with only the per-window slices the page reads.
+"""The study's saved analyses, deflated, with only the per-window slices the page reads.
 
 An analysis with ``per_window=True`` keeps every window's means of every group, metric and bound
 (SPEC §8): 35 MB per file for Qwen2.5-Coder-0.5B at 64 windows. The page's intervals read a few
 of those slices, so the study writes the analysis itself without them
 (``<model>__<corpus>.pt``, which :meth:`tl_geometry.HeadAnalysis.load` reads as ever) and the
-slices it reads beside it in float32 (``<model>__<corpus>.windows.pt``: about 1 MB per slice for
-336 heads). :func:`load` puts them back where they were, NaN in every slice not kept, so the
-page reads the arrays it would read from the full analysis (float32 rounding aside: about 1e-7
-relative, far below the printed digits).
+slices it reads beside it (``<model>__<corpus>.windows.pt``). :func:`load` puts them back where
+they were, NaN in every slice not kept, so the page reads the arrays it would read from the full
+analysis (float32 rounding aside: about 6e-8 relative, far below the printed digits).
+
+Both files are stored compact, since the study's results are tracked beside the page: every
+file's zip entries are deflated (``torch.load`` reads deflated entries as it reads its own files;
+3 to 4 times smaller for these figures), and a decomposition null's analysis keeps only the
+slices of its ``scores`` the page reads (:data:`NULL_SCORES`), NaN elsewhere. Nothing is rounded:
+the analysis keeps its float64 (its certificates compare exactly with its measured means, and
+claim 4 ranks heads by bounds that reach 1e-8), the per-window slices float32 (:data:`STORED`;
+float16 would move printed digits of the intervals).
 
 What is kept (:data:`KEPT`), by the reader that needs it:
 
@@ -38,6 +45,7 @@ import io
 import os
 import uuid
 import warnings
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +70,11 @@ KEPT: dict[str, Kept] = {
     "null": {"window_scores": [("top", "f_score_cc"), ("shuffled", "f_score_cc")]},
 }
 FIELDS = ("window_scores", "window_sink", "window_bounds")
+#: The (group, metric) slices of a decomposition null's ``scores`` that the page reads (SPEC §3:
+#: F∗ of the top-N set, which the nulls share with the main analysis, and of the null itself);
+#: a null is saved with NaN in its other slices, which it shares with the main analysis or
+#: which nothing reads.
+NULL_SCORES = (("top", "f_score_cc"), ("shuffled", "f_score_cc"))
 #: Kept slices that a side file may lack and still be read (NaN there): claim 3's and claim 4's
 #: envelope's, which side files written before those claims read them (and before result format 9
 #: kept the per-window sink-in group) do not hold. Those claims then print their point figures
@@ -71,6 +84,10 @@ OPTIONAL_KEPT = {("window_scores", ("sink_in", "f_score")), ("window_scores", ("
 #: Sizes of a named axis that side files written by earlier versions have: the 4 per-window
 #: groups before result format 9 (today's first four, in the same order).
 _EARLIER_SIZES = {"window_group": (4,)}
+#: The dtype each per-window field is stored in (float32: about 6e-8 relative, far below the
+#: printed digits; the analysis's own means are float64).
+STORED: dict[str, torch.dtype] = {"window_scores": torch.float32, "window_sink": torch.float32,
+                                  "window_bounds": torch.float32}
 #: The metadata key of a saved analysis that records the SHA-256 of its side file's bytes.
 WINDOWS_SHA256 = "reproduce_windows_sha256"
 #: The key of the ablation and capacity tables' JSON record that holds the SHA-256 of their side
@@ -101,7 +118,18 @@ def write_side(payload: Any, side: Path) -> str:
 def _serialize(payload: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    return buffer.getvalue()
+    return _deflate(buffer.getvalue())
+
+
+def _deflate(data: bytes) -> bytes:
+    """``torch.save``'s bytes with every zip entry deflated: ``torch.save`` stores them as they
+    are (3 to 4 times larger for these figures), and ``torch.load`` reads deflated entries too."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, \
+            zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as target:
+        for info in source.infolist():
+            target.writestr(info.filename, source.read(info.filename))
+    return out.getvalue()
 
 
 def _write_atomic(data: bytes, side: Path) -> None:
@@ -161,15 +189,16 @@ def _index(field: str, key: Sequence[str]) -> tuple[slice | int, ...]:
 
 def save(result: tl_geometry.HeadAnalysis, path: Path, kind: str) -> None:
     """Write ``result`` to ``path`` without its per-window arrays (nor the votes the module
-    docstring names), and the slices the page reads (:func:`kept`) beside it, float32; the
-    analysis records the side file's SHA-256 (:data:`WINDOWS_SHA256`)."""
+    docstring names; a null with only its :data:`NULL_SCORES`), and the slices the page reads
+    (:func:`kept`) beside it in their :data:`STORED` dtype, both deflated; the analysis records
+    the side file's SHA-256 (:data:`WINDOWS_SHA256`)."""
     slices: dict[str, dict[str, Any]] = {}
     for field, keys in kept(kind).items():
         value = getattr(result, field)
         if value is None:
             continue
         slices[field] = {"shape": list(value.shape),
-                         **{"/".join(k): value[_index(field, k)].float().contiguous() for k in keys}}
+                         **{"/".join(k): value[_index(field, k)].to(STORED[field]).contiguous() for k in keys}}
     dropped: dict[str, None] = dict.fromkeys(FIELDS)
     votes = result.sequence_votes
     if kind != "values" or (votes is not None and len(votes) >= MIN_UNITS):
@@ -182,8 +211,24 @@ def save(result: tl_geometry.HeadAnalysis, path: Path, kind: str) -> None:
     side.unlink(missing_ok=True)
     data = _serialize(slices)
     metadata = {**result.metadata, WINDOWS_SHA256: hashlib.sha256(data).hexdigest()}
-    tl_geometry.HeadAnalysis(**{**vars(result), **dropped, "metadata": metadata}).save(path)
+    compact = {"scores": _only(result.scores, NULL_SCORES)} if kind != "values" else {}
+    raw = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.raw")
+    try:
+        tl_geometry.HeadAnalysis(**{**vars(result), **compact, **dropped, "metadata": metadata}).save(raw)
+        _write_atomic(_deflate(raw.read_bytes()), path)
+    finally:
+        raw.unlink(missing_ok=True)
     _write_atomic(data, side)
+
+
+def _only(scores: torch.Tensor, keys: Sequence[tuple[str, str]]) -> torch.Tensor:
+    """``scores`` (``[group, metric, layer, head, n]``) with NaN outside the ``(group, metric)``
+    slices ``keys``."""
+    out = torch.full_like(scores, float("nan"))
+    for group, metric in keys:
+        at = (names()["group"].index(group), names()["metric"].index(metric))
+        out[at] = scores[at]
+    return out
 
 
 def load(path: Path, kind: str) -> tl_geometry.HeadAnalysis | None:

@@ -38,6 +38,7 @@ from .intervals import (
     NO_INTERVAL,
     UNDECIDED,
     Interval,
+    WindowMeans,
     bootstraps,
     categorize,
     combine,
@@ -45,6 +46,7 @@ from .intervals import (
     every,
     head_means,
     over_heads,
+    per_run,
     some,
     window_values,
 )
@@ -170,6 +172,9 @@ class Spread:
     best: Interval
     best_shuffled: Interval
     heads: list[int]  # per headline N, the heads whose gap is defined (mean over all windows)
+    #: The share of heads (those with a defined gap) whose F∗(top) − F∗(shuffled) is above 0 at
+    #: N = 2, each head's mean over the drawn windows; None where 2 is not a headline N.
+    above_at_2: Interval | None = None
 
     @property
     def windows(self) -> int:
@@ -234,6 +239,7 @@ def _not_lowering(reading: str) -> str:
     return HELD if reading in {name for name, _, _ in GEOMETRY} else reading
 
 
+@per_run
 def spread(result: Any, default_keys: int | None = None) -> Spread | None:
     """:class:`Spread` of one analysis from its per-window arrays (``window_scores``); None
     where it holds none (no interval: nothing is decided on the point values)."""
@@ -252,18 +258,28 @@ def spread(result: Any, default_keys: int | None = None) -> Spread | None:
             return torch.tensor([math.nan], dtype=torch.float64)
         return order[finite][curve[finite].argmax()].reshape(1)
 
+    at_2 = [ns.index(2)] if 2 in ns else []
+
+    ready = [WindowMeans(c) for c in (top, shuffled, random)]
+
     def statistic(idx: torch.Tensor) -> torch.Tensor:
-        t, s, r = (over_heads(head_means(c, idx)) for c in (top, shuffled, random))
-        return torch.cat([t - s, t - r, first_best(t), first_best(s)])
+        means = [head_means(c, idx) for c in ready]
+        t, s, r = (over_heads(m) for m in means)
+        gaps = (means[0] - means[1])[..., at_2]
+        above = [fraction(gaps > 0, torch.isfinite(gaps))] if at_2 else []
+        return torch.cat([t - s, t - r, first_best(t), first_best(s),
+                          torch.tensor(above, dtype=torch.float64)])
 
     values = bootstraps(statistic, len(top))
     every_window = torch.arange(len(top))
     gap = head_means(top, every_window) - head_means(shuffled, every_window)
     heads = [int(torch.isfinite(gap[..., k]).sum()) for k in range(len(ns))]
     k = len(ns)
-    return Spread(ns, values[:k], values[k:2 * k], values[2 * k], values[2 * k + 1], heads)
+    return Spread(ns, values[:k], values[k:2 * k], values[2 * k], values[2 * k + 1], heads,
+                  values[2 * k + 2] if at_2 else None)
 
 
+@per_run
 def parts(main: Any, nulls: dict[str, Any] | None, n: int) -> dict[str, Interval] | None:
     """The net gap's parts at ``N = n`` with their intervals over the same resampled windows
     (SPEC §3, §8): for each decomposition null, F∗(top) − F∗(null), each head's mean over the
@@ -283,8 +299,10 @@ def parts(main: Any, nulls: dict[str, Any] | None, n: int) -> dict[str, Interval
         per_window[kind] = top[..., i] - other[..., i]  # [window, layer, head]
     pairs = [(a, b) for ai, a in enumerate(PARTS) for b in PARTS[ai + 1:]]
 
+    ready = {kind: WindowMeans(v) for kind, v in per_window.items()}
+
     def statistic(idx: torch.Tensor) -> torch.Tensor:
-        means = {kind: over_heads(head_means(v, idx)[..., None])[0] for kind, v in per_window.items()}
+        means = {kind: over_heads(head_means(v, idx)[..., None])[0] for kind, v in ready.items()}
         return torch.stack([means[k] for k in PARTS] + [means[a] - means[b] for a, b in pairs])
 
     values = bootstraps(statistic, len(main.window_scores))
@@ -431,9 +449,11 @@ def claim1(study: Any, figures: Path) -> Claim:
                           reading, gain, fmt(m.ranking[i]), f"{fmt(raw_top[i])} / {fmt(raw_random[i])}"])
         i2 = ns.index(2) if 2 in ns else None
         per_head = "–"
-        if i2 is not None:
+        if sp is not None and sp.above_at_2 is not None:
+            per_head = sp.above_at_2.show(1, percent=True)
+        elif i2 is not None:
             gap = (r.metric("f_score_cc") - r.metric("f_score_cc", "shuffled"))[..., i2]
-            per_head = pct(fraction(gap > 0, torch.isfinite(gap)))
+            per_head = f"{pct(fraction(gap > 0, torch.isfinite(gap)))} ({NO_INTERVAL})"
         if sp and sp.ns:
             largest = max(range(len(sp.ns)), key=lambda j: _finite(sp.gap[j].value, -math.inf))
             smallest = min(range(len(sp.ns)), key=lambda j: _finite(sp.gap[j].value, math.inf))
@@ -491,7 +511,8 @@ def claim1(study: Any, figures: Path) -> Claim:
             "read; the last column is the attention ranking's, with no verdict:",
             table(["model", "corpus", "n (windows / heads)", "largest geometry gap [95 %]",
                    "smallest geometry gap [95 %]", "best headline N of F∗(top) [95 %]",
-                   "best headline N of F∗(shuffled) [95 %]", "heads with F∗(top) > F∗(shuffled) at N=2",
+                   "best headline N of F∗(shuffled) [95 %]",
+                   "heads with F∗(top) > F∗(shuffled) at N=2 [95 %]",
                    "(a)", "(b)", "(c)", f"min F∗(top) − F∗(random) [95 %]: {BY_CONSTRUCTION}"], detail),
             *decomposition_blocks(study, spreads),
             "Mean F∗_N over heads on the headline range, top-N / shuffled values / random (top vs "

@@ -28,12 +28,14 @@ from .intervals import (
     TOO_FEW,
     UNDECIDED,
     Interval,
+    WindowMeans,
     bootstraps,
     combine,
     decide,
     every,
     head_means,
     median_of,
+    per_run,
     some,
     weak_sink,
     window_sink_values,
@@ -56,6 +58,7 @@ def sink_units(r: Any) -> tuple[Tensor, Tensor]:
     return sink_heads, sink_heads.reshape(r.n_layers, r.n_heads // group, group).any(-1)
 
 
+@per_run
 def sink_spread(r: Any) -> dict[str, Interval] | None:
     """Claim 2's medians over KV heads with their 95 % intervals over windows (SPEC §4, §8): κ and
     c_sink over all KV heads, and over the KV heads of the sink heads (query heads with α_sink ≥
@@ -72,8 +75,10 @@ def sink_spread(r: Any) -> dict[str, Interval] | None:
     def kv_of(heads: Tensor) -> Tensor:
         return heads.reshape(heads.shape[0], -1, group).any(-1)
 
+    ready = [WindowMeans(x) for x in (kappa, cos, mass)]
+
     def statistic(idx: Tensor) -> Tensor:
-        k, c, m = head_means(kappa, idx), head_means(cos, idx), head_means(mass, idx)
+        k, c, m = (head_means(x, idx) for x in ready)
         sink_kv = kv_of(m >= SINK_HEAD_MASS)
         return torch.stack([median_of(k), median_of(c), median_of(k[sink_kv]), median_of(c[sink_kv])])
 
@@ -246,11 +251,30 @@ class Paired:
 
 def paired(n: int, ratio: Tensor, halved: Tensor, count: Tensor, min_count: int) -> Paired:
     """Median over heads of the per-head paired figures (``[layer, head]`` each), over the heads
-    with ``count ≥ min_count`` sink-holding instances and a finite ratio."""
-    keep = (torch.nan_to_num(count.double(), nan=0.0) >= min_count) & torch.isfinite(ratio)
+    with ``count ≥ min_count`` sink-holding instances and a defined ratio: a head whose median
+    ratio is ``+inf`` (the sink-removed F is 0 where the sink's is not) counts, as the largest
+    ratio, so the median head is not pulled towards "the sink lowers F"."""
+    keep = (torch.nan_to_num(count.double(), nan=0.0) >= min_count) & ~torch.isnan(ratio)
     values = ratio[keep].double()
-    q = (float(values.quantile(0.25)), float(values.quantile(0.75))) if values.numel() else (math.nan, math.nan)
-    return Paired(n, int(keep.sum()), median(values), median(halved[keep]), q)
+    q = _quantiles(values, (0.25, 0.75))
+    return Paired(n, int(keep.sum()), float(_quantiles(values, (0.5,))[0]), median(halved[keep]),
+                  (float(q[0]), float(q[1])))
+
+
+def _quantiles(values: Tensor, qs: tuple[float, ...]) -> Tensor:
+    """The ``qs`` quantiles of ``values`` (no NaN; ``+inf`` allowed), interpolated linearly as
+    ``torch.quantile`` does, where ``torch.quantile`` would give NaN between two ``+inf``: a
+    quantile between a finite value and ``+inf`` is ``+inf``. NaN for no values."""
+    if not values.numel():
+        return torch.full((len(qs),), math.nan, dtype=torch.float64)
+    ordered = values.double().sort().values
+    out = []
+    for q in qs:
+        at = q * (len(ordered) - 1)
+        below, w = math.floor(at), at - math.floor(at)
+        a, b = ordered[below], ordered[min(below + 1, len(ordered) - 1)]
+        out.append(a if w == 0 or a == b else a + (b - a) * w)
+    return torch.stack(out)
 
 
 def min_paired(result: Any, default: int) -> int:
@@ -320,14 +344,12 @@ def _over_heads(ratios: Tensor, min_count: int) -> tuple[Tensor, Tensor, Tensor,
     """``(median ratio, median halved share, heads)`` over the qualifying heads at each N of
     ``ratios`` (``[window, layer, head, k]``), and the qualifying heads' ratios' 25 % and 75 %
     quantiles ``[k, 2]``: a head qualifies with ≥ ``min_count`` sink-holding windows and a
-    finite median ratio (:func:`paired`)."""
+    defined median ratio, ``+inf`` included (:func:`paired`)."""
     med, halved, count = _head_figures(ratios.flatten(1, 2))  # [head, k]
-    keep = (count >= min_count) & torch.isfinite(med)
-    ratio = torch.stack([median_of(med[keep[:, k], k]) for k in range(med.shape[-1])])
+    keep = (count >= min_count) & ~torch.isnan(med)
+    ratio = torch.stack([_quantiles(med[keep[:, k], k], (0.5,))[0] for k in range(med.shape[-1])])
     share = torch.stack([median_of(halved[keep[:, k], k]) for k in range(med.shape[-1])])
-    quartiles = torch.stack([med[keep[:, k], k].double().quantile(torch.tensor([0.25, 0.75], dtype=torch.float64))
-                             if keep[:, k].any() else torch.full((2,), math.nan, dtype=torch.float64)
-                             for k in range(med.shape[-1])])
+    quartiles = torch.stack([_quantiles(med[keep[:, k], k], (0.25, 0.75)) for k in range(med.shape[-1])])
     return ratio, share, keep.sum(0), quartiles
 
 
@@ -344,6 +366,7 @@ class PairedSpread:
     windows: int
 
 
+@per_run
 def paired_spread(result: Any, sizes: list[tuple[int, int]], min_count: int) -> dict[int, PairedSpread] | None:
     """:class:`PairedSpread` per ``(N, position)`` of ``sizes``; None where the analysis holds no
     per-window paired ratios (:func:`missing_windows`). A median over fewer than 8 qualifying

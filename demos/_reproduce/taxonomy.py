@@ -28,10 +28,13 @@ from .intervals import (
     TOO_FEW,
     UNDECIDED,
     Interval,
+    WindowMeans,
     bootstraps,
     categorize,
     combine,
     decide,
+    head_means,
+    per_run,
 )
 from .rules import runs
 from .stats import mean
@@ -56,6 +59,7 @@ def _shares(is_class: dict[str, torch.Tensor]) -> dict[str, float]:
 DOMINANCE = (("Mixer", -math.inf, 0.0), ("Reset", 0.0, math.inf))
 
 
+@per_run
 def _share_intervals(r: Any) -> dict[str, Interval]:
     """95 % intervals over windows (SPEC §8) of the Retriever share, of Retriever − the smaller of
     Mixer and Reset (below 0: the smallest class) and of Reset − Mixer, each recomputed from the
@@ -75,6 +79,7 @@ def _share_intervals(r: Any) -> dict[str, Interval]:
     return dict(zip(("retriever", "minority", "dominance"), bootstraps(figures, len(votes))))
 
 
+@per_run
 def _sink_interval(r: Any) -> Interval | None:
     """(c): the Mixers' mean α_sink minus the larger of the Retrievers' and the Resets' (a class
     without heads drops out; NaN without Mixers or without either other class), with its 95 %
@@ -86,9 +91,11 @@ def _sink_interval(r: Any) -> Interval | None:
     votes = r.sequence_votes.reshape(len(r.sequence_votes), -1, 3).double()
     mass = r.window_sink[:, SINK_FIELDS.index("mass")].reshape(len(r.window_sink), -1).double()
 
+    vote_sums, mass_means = WindowMeans(votes), WindowMeans(mass)
+
     def figure(idx: torch.Tensor) -> torch.Tensor:
-        labels = labels_from_votes(votes[idx].sum(0))
-        per_head = mass[idx].nanmean(0)
+        labels = labels_from_votes(vote_sums.sums_over(idx))
+        per_head = head_means(mass_means, idx)
         by_class = [per_head[labels == k].nanmean() for k in range(len(CLASSES))]  # NaN: no head
         others = torch.stack([by_class[0], by_class[2]])
         others = others[torch.isfinite(others)]
