@@ -286,6 +286,11 @@ case "$cmd" in
     test)
         setup
         system_deps
+        # --fast: the inner loop, without the real models and the fresh installs (not what CI runs).
+        if [ "${1:-}" = "--fast" ]; then
+            shift
+            exec "$venv/bin/python" -m pytest -m "not real_model and not slow" -q "$@"
+        fi
         if [ $# -gt 0 ]; then exec "$venv/bin/python" -m pytest "$@"; fi
         "$venv/bin/python" -m pytest
         lint

@@ -18,6 +18,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 N_SEQS, SEQ_LEN = 3, 40
 
 
+#: The session fixtures that load a real model: a test that uses one (directly or through another
+#: fixture) is marked ``real_model``, which ``bash scripts/dev.sh test --fast`` leaves out.
+REAL_MODEL_FIXTURES = frozenset({"smollm2", "gemma3", "real"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_model)
+
+
 @dataclass
 class RealModel:
     name: str

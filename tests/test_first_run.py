@@ -66,6 +66,7 @@ def test_every_kernel_is_cached_on_disk():
     assert not uncached, uncached
 
 
+@pytest.mark.slow
 def test_the_compilation_is_announced_on_the_first_run_only(tmp_path):
     """A fresh process with an empty numba cache prints the start line once and the end line with
     the time; the next process loads the kernels from the cache and prints neither, even where

@@ -28,7 +28,7 @@ PACKAGE_DATA = ("tl_geometry/py.typed", "tl_geometry/inputs/sample_text.txt")
 FALLBACK = "tl_geometry: the compiled (numba) kernels"
 
 # The command line loads SmolLM2 (a real model, from its weights package and the weight cache).
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # a build and a fresh install that compiles every kernel
 
 
 def run(cmd: list[str], *, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
