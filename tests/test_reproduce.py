@@ -911,11 +911,16 @@ def test_run_study_recomputes_an_analysis_saved_before_sliding_windows(tmp_path,
 
 def test_saved_analyses_keep_the_slices_the_page_reads(tmp_path):
     """The study saves an analysis without its per-window arrays (any reader loads it) and the
-    slices the page reads beside it, float32; loading puts them back in place, NaN elsewhere."""
+    slices the page reads beside it, float32; loading puts them back in place, NaN elsewhere. A
+    null keeps only the F∗ slices of its scores the page reads (NaN elsewhere); both files are
+    deflated zips that torch.load reads."""
+    import zipfile
+
     from _reproduce import saved
     from _reproduce.intervals import window_sink_values, window_values
 
     import tl_geometry
+    from tl_geometry.result.schema import names
 
     r = _as_saved_today(_fake_study().analyses["m1", "c1"])
     r.window_scores = torch.rand(r.window_scores.shape, dtype=torch.float64)
@@ -928,7 +933,19 @@ def test_saved_analyses_keep_the_slices_the_page_reads(tmp_path):
         assert plain.window_scores is None
         assert (plain.sequence_votes is None) == (kind != "values")  # a null's votes are the main's
         back = saved.load(path, kind)
-        assert back is not None and torch.equal(back.scores, r.scores)
+        assert back is not None
+        if kind == "values":
+            assert torch.equal(back.scores, r.scores)
+        else:
+            for group, metric in saved.NULL_SCORES:
+                at = (names()["group"].index(group), names()["metric"].index(metric))
+                assert torch.equal(back.scores[at], r.scores[at])
+            kept = sum(back.scores[names()["group"].index(g), names()["metric"].index(m)].numel()
+                       for g, m in saved.NULL_SCORES)
+            assert int(back.scores.isnan().logical_not().sum()) == kept  # the rest NaN
+        for file in (path, saved.windows_path(path)):
+            with zipfile.ZipFile(file) as z:
+                assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_DEFLATED}
         for group, metric in saved.kept(kind)["window_scores"]:
             want = window_values(r, metric, group).float().double()
             torch.testing.assert_close(window_values(back, metric, group), want, rtol=0, atol=0)

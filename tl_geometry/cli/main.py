@@ -8,6 +8,7 @@ that as one line and exits with status 2.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -81,9 +82,17 @@ def _bars(show: bool) -> Iterator[None]:
             os.environ["TQDM_DISABLE"] = previous
 
 
+class _Args(argparse.Namespace):
+    """The parsed arguments. argparse gives an option its default only where the namespace has
+    no attribute of its name, and nnsight, once imported, gives every object a ``save`` method:
+    without this class attribute, ``args.save`` would be that method, not ``--save``'s default."""
+
+    save = None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tl-geometry``; returns 0, or raises ``SystemExit(2)`` after one line for bad input."""
-    args = build_parser().parse_args(argv)  # a syntax error: one line and SystemExit(2)
+    args = build_parser().parse_args(argv, _Args())  # a syntax error: one line and SystemExit(2)
     try:
         with _bars(show_progress(args) and progress.auto_progress()):
             return int(_module(args.command).run(args))
