@@ -18,8 +18,10 @@ CHECKS = Path(__file__).resolve().with_name("nnsight_checks.py")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nnsight") is None, reason="nnsight is not installed")
-def test_from_nnsight_in_its_own_process():
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(CHECKS), "-q", "-p", "no:cacheprovider"],
+def test_from_nnsight_in_its_own_process(request):
+    marks = request.config.option.markexpr  # e.g. dev.sh test --fast: the child leaves out the same
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(CHECKS), "-q", "-p", "no:cacheprovider",
+                           *(["-m", marks] if marks else [])],
                           cwd=CHECKS.parent.parent, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout

@@ -245,12 +245,14 @@ def per_run(fn: _Fn) -> _Fn:
     identity, which the memo pins by holding it; numbers, strings and tuples of them by value),
     and every time outside it."""
     @functools.wraps(fn)
-    def wrapper(*args: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _REMEMBERED is None:
-            return fn(*args)
-        key = (fn.__module__, fn.__qualname__, *map(_identity, args))
+            return fn(*args, **kwargs)
+        named = sorted(kwargs.items())
+        key = (fn.__module__, fn.__qualname__, *map(_identity, args),
+               *((name, _identity(value)) for name, value in named))
         if key not in _REMEMBERED:
-            _REMEMBERED[key] = (args, fn(*args))
+            _REMEMBERED[key] = ((args, kwargs), fn(*args, **kwargs))
         return _REMEMBERED[key][1]
 
     return wrapper  # type: ignore[return-value]
@@ -260,7 +262,7 @@ def _identity(arg: Any) -> Any:
     """An argument's memo key: a number, string or ``None`` itself, a list or tuple by its
     items, anything else by ``id`` (pinned by the memo, so never reused meanwhile)."""
     if arg is None or isinstance(arg, (bool, int, float, str)):
-        return arg
+        return (type(arg).__name__, arg)  # True and 1 apart
     if isinstance(arg, (list, tuple)):
         return (type(arg).__name__, *map(_identity, arg))
     return ("id", id(arg))

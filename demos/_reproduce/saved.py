@@ -128,7 +128,9 @@ def _deflate(data: bytes) -> bytes:
     with zipfile.ZipFile(io.BytesIO(data)) as source, \
             zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as target:
         for info in source.infolist():
-            target.writestr(info.filename, source.read(info.filename))
+            entry = zipfile.ZipInfo(info.filename, date_time=info.date_time)  # torch's fixed stamp:
+            entry.compress_type = zipfile.ZIP_DEFLATED  # the same bytes for the same analysis
+            target.writestr(entry, source.read(info.filename), compresslevel=9)
     return out.getvalue()
 
 

@@ -587,7 +587,7 @@ def decomposition_blocks(study: Any, spreads: dict[tuple[str, str], Spread | Non
         for i in headline(r, study.config.seq_len):
             row = table_.iloc[i]
             n = int(row.n)
-            found = parts(r, nulls, n) or {}
+            found = dict(parts(r, nulls, n) or {})  # the memo's own dict stays as it was
             if sp is not None and n in sp.ns:
                 found["values"] = sp.gap[sp.ns.index(n)]
             heads = int(torch.isfinite(r.metric("f_score_cc")[..., i]).sum())

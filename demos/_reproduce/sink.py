@@ -263,8 +263,10 @@ def paired(n: int, ratio: Tensor, halved: Tensor, count: Tensor, min_count: int)
 
 def _quantiles(values: Tensor, qs: tuple[float, ...]) -> Tensor:
     """The ``qs`` quantiles of ``values`` (no NaN; ``+inf`` allowed), interpolated linearly as
-    ``torch.quantile`` does, where ``torch.quantile`` would give NaN between two ``+inf``: a
-    quantile between a finite value and ``+inf`` is ``+inf``. NaN for no values."""
+    ``torch.quantile`` does (up to rounding), where ``torch.quantile`` would give NaN between two
+    ``+inf``: a quantile between a finite value and ``+inf`` is ``+inf``. NaN for no values. (The
+    BCa interval over such medians leaves out the resamples whose median is ``+inf``, and has
+    NaN ends where the point itself is: undecided, SPEC §8.)"""
     if not values.numel():
         return torch.full((len(qs),), math.nan, dtype=torch.float64)
     ordered = values.double().sort().values
