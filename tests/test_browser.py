@@ -87,7 +87,7 @@ def report_dir(smollm2, tmp_path_factory) -> Path:
     args = argparse.Namespace(model="smollm2-135m", text=None, scores=False, n_seqs=2, seq_len=40, out=str(out),
                               no_bounds=False)
     mp = pytest.MonkeyPatch()
-    mp.setattr("tl_geometry.inputs.models.load_model", lambda name: smollm2.model)
+    mp.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: smollm2.model)
     try:
         assert report_cli.run(args) == 0
     finally:

@@ -344,7 +344,7 @@ def test_cli_writes_csv_plots_and_report_section(tmp_path, monkeypatch, capsys):
 
     model = tiny_lm(2)
     model.tokenizer = _CharTokenizer()
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: model)
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: model)
     out = tmp_path / "cap"
     status = cli.main(["capacity", "--n-seqs", "2", "--seq-len", "12", "--n-values", "1,2,16",
                        "--head-n", "2", "--batch-size", "8", "--out", str(out)])

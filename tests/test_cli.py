@@ -150,7 +150,7 @@ def test_a_real_process_exits_2_with_one_line_and_never_imports_transformers(fil
 
 def test_ablate_heads_out_of_range_is_one_line_after_the_load(monkeypatch, capsys):
     """Head indices need the model's shape: checked after the load, reported the same way."""
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: _tiny_with_tokenizer())
     with pytest.raises(SystemExit) as info:
         cli.main(["ablate", "--heads", "9.0", "--n-seqs", "1", "--seq-len", "8"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -160,7 +160,7 @@ def test_ablate_heads_out_of_range_is_one_line_after_the_load(monkeypatch, capsy
 
 
 def test_ablate_prints_the_standard_error_and_the_random_sets(monkeypatch, capsys):
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: _tiny_with_tokenizer())
     assert cli.main(["ablate", "--heads", "1.2,2.0", "--n-seqs", "3", "--seq-len", "10",
                      "--n-random", "3", "--same-layers"]) == 0
     out = capsys.readouterr().out
@@ -173,7 +173,7 @@ _EACH_LINE = re.compile(r"^  L(\d+)H(\d+)  loss \d+\.\d{4}  \(perplexity \d+\.\d
 
 
 def test_ablate_each_prints_one_line_per_head_in_the_order_given(monkeypatch, capsys):
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: _tiny_with_tokenizer())
     assert cli.main(["ablate", "--heads", "2.0,1.2", "--each", "--n-seqs", "3", "--seq-len", "10"]) == 0
     out = capsys.readouterr().out
     assert [(int(m[1]), int(m[2])) for m in _EACH_LINE.finditer(out)] == [(2, 0), (1, 2)]
@@ -185,7 +185,7 @@ def test_ablate_each_on_smollm2_matches_head_sensitivity(smollm2, monkeypatch, c
     """``--each`` on the real model: one line per head with its Δ loss ± SE over the windows, the
     numbers of ``head_sensitivity(heads=...)`` on the same windows; without it, one line for the
     heads together."""
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: smollm2.model)
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: smollm2.model)
     size = ["--n-seqs", "3", "--seq-len", "16"]
     assert cli.main(["ablate", "--heads", "1.4,0.8,3.2", "--each", *size]) == 0
     out = capsys.readouterr().out
@@ -336,7 +336,7 @@ def _progress_lines(err: str) -> list[str]:
 def test_a_command_logged_to_a_file_writes_progress_lines_and_no_progress_silences_them(monkeypatch, capsys):
     """Standard error captured (a file, not a terminal): plain progress lines from the start of the
     work to its end; none with --no-progress."""
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: _tiny_with_tokenizer())
     monkeypatch.setattr(_progress, "_clock", lambda: 0.0)  # no time passes: the lines are exact
     argv = ["ablate", "--heads", "2.0,1.2", "--each", "--n-seqs", "3", "--seq-len", "10"]
     assert cli.main(argv) == 0
@@ -386,7 +386,7 @@ def _tiny_with_tokenizer():
 def test_prune_then_report_into_one_folder(monkeypatch, tmp_path, capsys):
     """The commands' wiring end to end on a tiny model: prune writes its tables, report reuses the
     folder and adds the Ablation section."""
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: _tiny_with_tokenizer())
     out = tmp_path / "run"
     size = ["--n-seqs", "2", "--seq-len", "10", "--no-progress"]
     assert cli.main(["prune", *size, "--out", str(out), "--n-random", "1"]) == 0
@@ -414,7 +414,7 @@ def test_a_model_folder_transformers_cannot_read_is_one_line(tmp_path, capsys):
 
 
 def test_analyze_shuffle_picks_the_null_and_the_file_records_it(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: _tiny_with_tokenizer())
     path = tmp_path / "norms.pt"
     argv = ["analyze", "--n-seqs", "2", "--seq-len", "10", "--n-values", "2,3", "--no-progress"]
     assert cli.main([*argv, "--shuffle", "norms", "--save", str(path)]) == 0

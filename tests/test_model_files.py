@@ -512,13 +512,13 @@ def test_cli_checks_the_context_after_the_load_when_the_files_do_not_say(monkeyp
     from types import SimpleNamespace
 
     model = SimpleNamespace(cfg=SimpleNamespace(n_ctx=16))
-    monkeypatch.setattr(models, "load_model", lambda name: model)
+    monkeypatch.setattr(models, "load_model", lambda name, **_: model)
     monkeypatch.setattr(models, "context_length", lambda name: None)
     assert "context length of 16" in _one_line_exit_2(capsys, ["analyze", "--seq-len", "20"], loaded=True)
 
 
 def test_cli_maps_a_load_error_after_the_checks_to_one_line(monkeypatch, capsys):
-    def fail(name):
+    def fail(name, **_):
         raise ModelLoadError("transformers could not load a causal language model from /m: broken")
 
     monkeypatch.setattr(models, "load_model", fail)

@@ -393,7 +393,7 @@ def test_outputs_naming_one_file_are_refused_before_the_load(capsys, no_model_lo
 def test_distinct_outputs_still_run(monkeypatch, tmp_path, capsys):
     from test_cli import _tiny_with_tokenizer
 
-    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name: _tiny_with_tokenizer())
+    monkeypatch.setattr("tl_geometry.inputs.models.load_model", lambda name, **_: _tiny_with_tokenizer())
     argv = ["analyze", "--n-seqs", "2", "--seq-len", "10", "--n-values", "2,3", "--no-progress",
             "--csv", str(tmp_path / "a.csv"), "--labels", str(tmp_path / "a.json"),
             "--save", str(tmp_path / "a.pt")]
@@ -457,7 +457,7 @@ def test_scores_bad_repeat_and_seq_len_are_refused_before_the_load(capsys, no_mo
 
 def test_scores_repeat_beyond_a_sliding_window_is_one_line_after_the_load(monkeypatch, capsys):
     """The window is known only once the model is loaded: then one line and exit 2."""
-    def load(name):
+    def load(name, **_):
         model = tiny(True)
         model.cfg.attn_types, model.cfg.window_size = ["local", "global", "local"], 8
         return model
@@ -476,7 +476,7 @@ def test_scores_repeat_beyond_a_sliding_window_is_one_line_after_the_load(monkey
 
 
 def test_scores_seq_len_and_repeat_reach_the_table(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(models, "load_model", lambda name: tiny(True))
+    monkeypatch.setattr(models, "load_model", lambda name, **_: tiny(True))
     seen = spy_head_score_inputs(monkeypatch)
     csv = tmp_path / "s.csv"
     assert cli.main(["scores", "--seq-len", "24", "--repeat", "5", "--n-seqs", "3", "--no-progress",

@@ -225,8 +225,7 @@ def load_cli_model(args: argparse.Namespace):
     from ..inputs import models
 
     try:
-        bos = _bos_option(args)  # passed only when given: the model's files decide otherwise
-        model = models.load_model(args.model) if bos is None else models.load_model(args.model, bos=bos)
+        model = models.load_model(args.model, bos=_bos_option(args))  # None: the model's files say
     except models.ModelLoadError as err:
         raise UsageError(f"--model: {err}") from None
     n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
