@@ -9,7 +9,6 @@ tensors; the caller's model keeps its attention implementation; and each refusal
 
 from __future__ import annotations
 
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import beartype  # noqa: F401
 import pytest
 import torch
-from shared_checks import assert_same_analysis
+from shared_checks import assert_same_analysis, own_model_snippet
 
 import tl_geometry
 from tl_geometry import CacheError
@@ -89,19 +88,13 @@ def test_smollm2_text_starts_with_bos_as_text_windows_does(smol_nnsight):
         assert torch.equal(from_text[name], from_ids[name])
 
 
-def _section_snippet(heading: str) -> str:
-    text = (DOCS / "own_model.md").read_text(encoding="utf-8")
-    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
 @pytest.mark.real_model
 @pytest.mark.filterwarnings("ignore:N = .* cannot be evaluated:UserWarning")  # the snippet's default N
 def test_the_docs_snippet_runs(smol_nnsight, smollm2):
     namespace = {"hf": smol_nnsight._module, "tokenizer": smol_nnsight.tokenizer, "tokens": smollm2.tokens[:1, :16]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        exec(_section_snippet("An nnsight model"), namespace)
+        exec(own_model_snippet("An nnsight model"), namespace)
     assert namespace["result"].layers == (3, 5)
     assert smol_nnsight.attn_implementation == "sdpa"
 

@@ -4,6 +4,8 @@ passes head_scores makes, and a saved result made to look like an earlier file f
 from __future__ import annotations
 
 import importlib
+import re
+from pathlib import Path
 
 import torch
 
@@ -102,3 +104,12 @@ def spy_head_score_inputs(monkeypatch) -> list[torch.Tensor]:
 
     monkeypatch.setattr(_head_scores, "_patterns", patterns)
     return seen
+
+
+def own_model_snippet(heading: str) -> str:
+    """The first Python block under ``## heading`` in docs/own_model.md (run as written)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "own_model.md").read_text(encoding="utf-8")
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None, f"docs/own_model.md: no Python block under '## {heading}'"
+    return match.group(1)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_checks import own_model_snippet
 
 import tl_geometry
 from tl_geometry import CacheError
@@ -254,20 +255,13 @@ def plain_hf():
     return model
 
 
-def _snippet(heading: str) -> str:
-    """The first Python block under ``heading`` in docs/own_model.md."""
-    text = (DOCS / "own_model.md").read_text(encoding="utf-8")
-    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
 @pytest.mark.real_model
 @pytest.mark.filterwarnings("ignore:N = .* cannot be evaluated:UserWarning")  # the snippet's default N
 def test_from_hf_on_smollm2_gives_the_bridge_cache(plain_hf, smollm2):
     """docs/own_model.md's snippet, run as written: the past_key_values values and the
     output_attentions patterns are the tensors the bridge caches, and the analyses agree."""
     namespace = {"hf": plain_hf, "tokens": smollm2.tokens}
-    exec(_snippet("Plain Hugging Face or nnsight tensors"), namespace)
+    exec(own_model_snippet("Plain Hugging Face or nnsight tensors"), namespace)
     cache = namespace["cache"]
     assert len(cache) == 2 * 30
     for name, tensor in cache.items():
