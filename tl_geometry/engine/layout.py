@@ -4,7 +4,8 @@ metric indices of a layer's per-query rows, the partial vote counts' blocks, and
 the query reduction (:class:`Reduced`).
 
 The compiled kernels freeze the values they read (``ST_*``, :data:`LEAK_TOL`,
-:data:`VOTE_QUERY_BLOCK`) at compilation, and numba's disk cache is keyed on the kernel's own
+:data:`VOTE_QUERY_BLOCK`, the result slots of :data:`~tl_geometry.functional.figures.FIGURES`)
+at compilation, and numba's disk cache is keyed on the kernel's own
 source file, not this one: after changing one of those, delete the cached kernels (the
 ``*.nbi`` / ``*.nbc`` files of ``compiled/`` in numba's cache: ``compiled/__pycache__``, or
 ``$NUMBA_CACHE_DIR`` / ``~/.cache/numba`` where the package folder is read-only), or the old
@@ -17,6 +18,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from ..functional.figures import slot
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 
 #: Validation statistics per (sequence, head), in this order on their last axis: the count of
@@ -41,7 +43,9 @@ VOTE_QUERY_BLOCK = 32
 SEQUENCE_GROUPS = ("top", "random", "shuffled", "sink_removed")
 TOP_GROUP, SINK_REMOVED = SEQUENCE_GROUPS.index("top"), SEQUENCE_GROUPS.index("sink_removed")
 RANDOM_GROUP = SEQUENCE_GROUPS.index("random")
-F_SCORE, INVERSIONS = METRIC_NAMES.index("f_score"), METRIC_NAMES.index("inversions")
+F_SCORE, INVERSIONS = slot("metric", "f_score"), slot("metric", "inversions")
+#: The sink fields both backends' scoring writes (the others come from the sink geometry).
+SINK_MASS, SINK_SHARE = slot("sink_field", "mass"), slot("sink_field", "share")
 #: The truncation metrics (SPEC §10), contiguous at the end of the metric axis.
 TRUNCATION = slice(METRIC_NAMES.index(TRUNCATION_NAMES[0]), METRIC_NAMES.index(TRUNCATION_NAMES[-1]) + 1)
 

@@ -6,7 +6,8 @@ taxonomy (§5), bounds (§6: inversion certificates, regime bounds, the shell ce
 truncation figures (§10: tail mass and relative output error of the renormalised top-N), the
 local sink of a sliding-window head (ours: where the queries beyond the sink's window put their
 mass), and attention rows recomputed from post-rotary queries and keys for chosen queries only.
-Every function is vectorised over heads, queries and selections.
+Every function is vectorised over heads, queries and selections; ``figures`` lists every figure
+once (name, axis, SPEC section, doc line, shortcut).
 """
 
 from .attention import (
@@ -42,7 +43,8 @@ from .local_sink import (
 )
 from .regime import RegimeDiagnostics, regime_diagnostics
 from .selection import random_ranks, top_n_mask, top_n_ranks
-from .separability import Separability, distances, separability
+from .figures import FIGURES, Figure
+from .separability import Separability, distances, scores_from_energies, separability
 from .shell import shell_bounds
 from .sink import SinkDiagnostics, sink_diagnostics
 from .stats import spearman
@@ -64,6 +66,7 @@ from .truncation import Truncation, truncation
 
 __all__ = [
     "CLASSES",
+    "FIGURES",
     "LOCAL_SINK_FIELDS",
     "NO_QUERY",
     "N_RESAMPLES",
@@ -71,6 +74,7 @@ __all__ = [
     "UNSTABLE_BELOW",
     "VOTES",
     "Bounds",
+    "Figure",
     "LocalSink",
     "RegimeDiagnostics",
     "RegimeParams",
@@ -98,6 +102,7 @@ __all__ = [
     "random_ranks",
     "regime_bounds",
     "regime_diagnostics",
+    "scores_from_energies",
     "separability",
     "shell_bounds",
     "sink_diagnostics",

@@ -34,10 +34,12 @@ from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
 from .dtypes import COMPUTE_DTYPE
+from .figures import labels
 from .heads import kv_head_index, sink_positions
 
-#: The figures of a local sink, in storage order (``HeadAnalysis.local_sink``'s ``local_field`` axis).
-LOCAL_SINK_FIELDS: tuple[str, ...] = ("position", "mass", "coverage", "kappa", "token")
+#: The figures of a local sink, in storage order (``HeadAnalysis.local_sink``'s ``local_field``
+#: axis, :data:`.figures.FIGURES`).
+LOCAL_SINK_FIELDS: tuple[str, ...] = labels("local_field")
 
 
 class LocalSink(NamedTuple):

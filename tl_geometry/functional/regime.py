@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .bounds import PairStats, pair_stats
 from .dtypes import COMPUTE_DTYPE
+from .figures import labels
 
 
 class RegimeDiagnostics(NamedTuple):
@@ -31,7 +32,8 @@ class RegimeDiagnostics(NamedTuple):
     """Mean absolute error of that fit over the pairs."""
 
 
-REGIME_FIELDS = RegimeDiagnostics._fields
+#: The regime figures in storage order (the result's ``regime_field`` axis, :data:`.figures.FIGURES`).
+REGIME_FIELDS = labels("regime_field")
 
 #: λ grid of the coherence fit (per-token decay rates from 1e-3 to 10).
 DECAY_GRID = torch.logspace(-3, 1, 81, dtype=COMPUTE_DTYPE)

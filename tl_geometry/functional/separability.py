@@ -27,6 +27,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .dtypes import COMPUTE_DTYPE, COSINE_EPS, as_compute
+from .figures import labels
 from .heads import first_duplicate, value_dots
 from .selection import top_n_mask
 
@@ -47,11 +48,12 @@ class Separability(NamedTuple):
     """Harmonic mean of ``P*`` and ``R`` (0 when either is 0; ours)."""
 
 
+#: Metric names in storage order (the result's ``metric`` axis, :data:`.figures.FIGURES`):
+#: SPEC §3's (:class:`Separability`'s fields), then SPEC §10's.
+METRIC_NAMES: tuple[str, ...] = labels("metric")
 #: The truncation figures of SPEC §10 (:mod:`.truncation`, ours): tail mass ``τ_N`` and the
-#: relative output error of the renormalised selection, scored by the engine for every selection.
-TRUNCATION_NAMES: tuple[str, ...] = ("tail_mass", "truncation_error")
-#: Metric names in storage order (the result's ``metric`` axis): SPEC §3's, then SPEC §10's.
-METRIC_NAMES: tuple[str, ...] = Separability._fields + TRUNCATION_NAMES
+#: relative output error of the renormalised selection, at the end of the metric axis.
+TRUNCATION_NAMES: tuple[str, ...] = METRIC_NAMES[len(Separability._fields):]
 
 
 def chance_corrected(
@@ -110,33 +112,50 @@ def scores_from_distances(
     key_mask: Bool[Tensor, "*mbatch key"],
     n: Tensor,
 ) -> Separability:
-    """P, R, F, γ, GInv from the distances of one selection per row (SPEC §3).
+    """P, R, F, γ, GInv, P*, F* from the distances of one selection per row (SPEC §3).
 
     ``n`` is the selection size of each row; rows with ``n`` outside ``1 ≤ n < |T_t|`` are NaN.
     """
-    dist, selected, key_mask = torch.broadcast_tensors(dist, selected, key_mask)
+    return scores_from_energies(dist, selected, key_mask, n)[0]
+
+
+def scores_from_energies(
+    energy: Float[Tensor, "*dbatch key"],
+    selected: Bool[Tensor, "*sbatch key"],
+    key_mask: Bool[Tensor, "*mbatch key"],
+    n: Tensor,
+) -> tuple[Separability, Tensor, Tensor]:
+    """SPEC §3's figures of one selection per row from any per-key ``energy`` that orders the keys
+    as their distances ``D`` do: ``D`` itself, or the engine's ``E = D² − ‖s‖²``.
+
+    Every figure but the margin reads only that order (P, R, F, GInv, P*, F*). Returns the
+    scores, the smallest energy outside the selection and the largest inside it; ``scores.margin``
+    is their difference (γ where ``energy`` is ``D``; the engine forms γ from ``E`` itself).
+    Rows with ``n`` outside ``1 ≤ n < |T_t|`` are NaN.
+    """
+    energy, selected, key_mask = torch.broadcast_tensors(energy, selected, key_mask)
     unselected = key_mask & ~selected
-    rho_max = torch.where(selected, dist, -torch.inf).amax(-1)
-    rho_min = torch.where(unselected, dist, torch.inf).amin(-1)
+    high_in = torch.where(selected, energy, -torch.inf).amax(-1)
+    low_out = torch.where(unselected, energy, torch.inf).amin(-1)
     # Written as "not farther than ρ_max" so that a NaN distance counts against precision.
-    contaminating = (unselected & ~(dist > rho_max.unsqueeze(-1))).sum(-1)
-    recalled = (selected & (dist < rho_min.unsqueeze(-1))).sum(-1)
+    contaminating = (unselected & ~(energy > high_in.unsqueeze(-1))).sum(-1)
+    recalled = (selected & (energy < low_out.unsqueeze(-1))).sum(-1)
     n = n.to(COMPUTE_DTYPE)
     precision = n / (n + contaminating)
     recall = recalled / n
     f_score = torch.where(recall > 0, 2 * precision * recall / (precision + recall), 0.0)
-    margin = rho_min - rho_max
     # GInv = Σ_{i∈S} |{j∉S : D_j ≤ D_i}|: count by binary search in the sorted unselected D.
-    sorted_unselected = torch.where(unselected, dist, torch.inf).sort(-1).values
-    probes = torch.where(selected, dist, -torch.inf).contiguous()
+    sorted_unselected = torch.where(unselected, energy, torch.inf).sort(-1).values
+    probes = torch.where(selected, energy, -torch.inf).contiguous()
     below = torch.searchsorted(sorted_unselected, probes, right=True)
     inversions = (below * selected).sum(-1).to(COMPUTE_DTYPE)
     n_keys = key_mask.sum(-1)
     defined = (n >= 1) & (n < n_keys)
     precision_cc, f_score_cc = chance_corrected(precision, recall, n, n_keys.to(COMPUTE_DTYPE))
-    nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=dist.device)
-    return Separability(*(torch.where(defined, x, nan) for x in (
-        precision, recall, f_score, margin, inversions, precision_cc, f_score_cc)))
+    nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=energy.device)
+    scores = Separability(*(torch.where(defined, x, nan) for x in (
+        precision, recall, f_score, low_out - high_in, inversions, precision_cc, f_score_cc)))
+    return scores, low_out, high_in
 
 
 def _check_rows(alpha: Tensor, values: Tensor, n: int) -> None:

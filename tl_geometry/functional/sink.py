@@ -21,9 +21,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .dtypes import COSINE_EPS, as_compute
+from .figures import labels
 from .heads import value_dots
 
-SINK_FIELDS = ("mass", "norm_ratio", "cosine", "mean_cosine", "share")
+#: The sink figures in storage order (the result's ``sink_field`` axis, :data:`.figures.FIGURES`).
+SINK_FIELDS = labels("sink_field")
 
 
 class SinkDiagnostics(NamedTuple):

@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
+from ..functional.figures import labels
 from ..functional.local_sink import LOCAL_SINK_FIELDS
 from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
@@ -23,7 +24,7 @@ from ..functional.taxonomy import CLASSES, VOTES
 #: Paired sink effect per (layer, head, N) (SPEC §3, comparison 3; ours): the median of
 #: F_N(with sink) / F_N(sink removed) over the instances whose top-N set holds the sink, the
 #: fraction of them with ratio ≤ 1/2, and their number.
-PAIRED_FIELDS: tuple[str, ...] = ("ratio", "halved", "count")
+PAIRED_FIELDS: tuple[str, ...] = labels("paired_field")
 
 #: Selection groups scored per (layer, head, N) (SPEC §3): the top-N set, the random baseline,
 #: a null of :data:`SHUFFLE_KINDS` (same α and top-N set; by default the non-sink values permuted), the top-N
@@ -41,7 +42,7 @@ SHUFFLE_KINDS: tuple[str, ...] = get_args(ShuffleKind)
 BOUND_KINDS: tuple[str, ...] = ("inversion", "certified", "predicted", "shell", "shell_n")
 #: Means of the lower bounds on P, R, F, and (ours) ``separated``: the fraction of instances
 #: where the bound certifies P = R = 1 (γ_N > 0); for ``inversion`` that is the measured fraction.
-BOUND_METRICS: tuple[str, ...] = ("precision", "recall", "f_score", "separated")
+BOUND_METRICS: tuple[str, ...] = labels("bound_metric")
 
 #: The percentile of the truncation figures over instances (SPEC §10): ``truncation_p90`` holds,
 #: per (layer, head, N), the nearest-rank 90th percentile over every (sequence, chosen query)

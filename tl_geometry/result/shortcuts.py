@@ -18,8 +18,13 @@ from typing import Any, overload
 
 from torch import Tensor
 
+from ..functional.figures import figure
+
 #: Accessors whose slices have no N axis.
 _PER_HEAD = ("sink_diagnostic", "regime_diagnostic")
+#: The axis of :data:`~tl_geometry.functional.figures.FIGURES` that an accessor's one name reads,
+#: where the shortcut's docstring is that figure's doc line.
+_AXIS = {"metric": "metric", "sink_diagnostic": "sink_field", "paired_sink": "paired_field"}
 
 
 class _Slice:
@@ -31,6 +36,9 @@ class _Slice:
 
     def __init__(self, accessor: str, *key: str, doc: str | None = None) -> None:
         self.accessor, self.key = accessor, key
+        if doc is None and accessor in _AXIS and len(key) == 1:
+            row = figure(_AXIS[accessor], key[0])
+            doc = f"{row.doc} (SPEC {row.spec})"
         call = f"``result.{accessor}({', '.join(map(repr, key))})``"
         shape = "[layer, head]" if accessor in _PER_HEAD else "[layer, head, n]"
         self.__doc__ = f"{doc + ': ' if doc else ''}{call}, ``{shape}``."
@@ -46,21 +54,21 @@ class _Slice:
 class Shortcuts:
     """Read-only ``[layer, head(, n)]`` tensor attributes, each one accessor call (:data:`DOCUMENTED`)."""
 
-    # --- metric(name): the top-N group -----------------------------------------------------------
-    precision = _Slice("metric", "precision", doc="Top-N geometric precision P_N")
+    # --- metric(name): the top-N group; sink_diagnostic(field) (docs: functional.figures) ----------
+    precision = _Slice("metric", "precision")
     recall = _Slice("metric", "recall")
-    f_score = _Slice("metric", "f_score",
-                     doc="Top-N F_N (``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)")
+    f_score = _Slice("metric", "f_score")
     margin = _Slice("metric", "margin")
     inversions = _Slice("metric", "inversions")
-    precision_cc = _Slice("metric", "precision_cc", doc="Chance-corrected precision P*_N = (P_N − N/(t+1)) "
-                                                        "/ (1 − N/(t+1)) (SPEC §3, ours)")
-    f_score_cc = _Slice("metric", "f_score_cc", doc="Chance-corrected F*_N: harmonic mean of P*_N and R_N "
-                                                    "(SPEC §3, ours)")
-    tail_mass = _Slice("metric", "tail_mass",
-                       doc="Top-N tail mass τ_N = Σ_{j∉S_N} α_j, mean over instances (SPEC §10)")
-    truncation_error = _Slice("metric", "truncation_error", doc="Top-N relative output error ‖o − o_N‖/‖o‖ "
-                                                                "of the renormalised top-N, mean (SPEC §10)")
+    precision_cc = _Slice("metric", "precision_cc")
+    f_score_cc = _Slice("metric", "f_score_cc")
+    tail_mass = _Slice("metric", "tail_mass")
+    truncation_error = _Slice("metric", "truncation_error")
+    sink_mass = _Slice("sink_diagnostic", "mass")
+    sink_norm_ratio = _Slice("sink_diagnostic", "norm_ratio")
+    sink_cosine = _Slice("sink_diagnostic", "cosine")
+    sink_mean_cosine = _Slice("sink_diagnostic", "mean_cosine")
+    sink_share = _Slice("sink_diagnostic", "share")
 
     # --- metric("f_score", group): the other groups ----------------------------------------------
     random_f_score = _Slice("metric", "f_score", "random", doc="Random N-subset baseline of F_N")
@@ -72,22 +80,12 @@ class Shortcuts:
     sink_out_f_score = _Slice("metric", "f_score", "sink_out")
 
     # --- paired_sink, truncation_percentile --------------------------------------------------------
-    paired_sink_ratio = _Slice("paired_sink", "ratio", doc="Per head, median F_N(with sink) / F_N(sink "
-                               "removed) over instances holding the sink")
-    paired_sink_halved = _Slice("paired_sink", "halved", doc="Per head, fraction of those instances where "
-                                "the sink halves F_N (ratio ≤ 1/2)")
+    paired_sink_ratio = _Slice("paired_sink", "ratio")
+    paired_sink_halved = _Slice("paired_sink", "halved")
     p90_tail_mass = _Slice("truncation_percentile", "tail_mass",
                            doc="90th percentile over instances of the top-N tail mass τ_N (SPEC §10)")
     p90_truncation_error = _Slice("truncation_percentile", "truncation_error", doc="90th percentile over "
                                   "instances of the top-N relative output error (SPEC §10)")
-
-    # --- sink_diagnostic(field) --------------------------------------------------------------------
-    sink_mass = _Slice("sink_diagnostic", "mass", doc="Mean attention on the sink")
-    sink_norm_ratio = _Slice("sink_diagnostic", "norm_ratio",
-                             doc="κ = ‖v_sink‖ / mean_{j≠sink} ‖v_j‖ (SPEC §4)")
-    sink_cosine = _Slice("sink_diagnostic", "cosine", doc="Mean signed cos(v_sink, v_j) over the other keys")
-    sink_mean_cosine = _Slice("sink_diagnostic", "mean_cosine")
-    sink_share = _Slice("sink_diagnostic", "share")
 
     # --- bound(kind, metric): need bounds=True, else NoBoundsError ---------------------------------
     inversion_separated = _Slice("bound", "inversion", "separated",

@@ -48,9 +48,18 @@ import numpy as np
 from numba import njit, prange
 
 from ...functional.dtypes import COSINE_EPS, KEPT_MASS_MIN
+from ...functional.figures import slot
+from ..layout import SINK_MASS, SINK_SHARE
 from ..options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .borrow import borrow
 from .order import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
+
+#: Where :func:`_score` writes each figure in a row of ``out[group, n]``: its index on the metric
+#: axis of :data:`~tl_geometry.functional.figures.FIGURES`, looked up by name (compiled in as
+#: constants).
+(PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_CC, TAIL_MASS, TRUNCATION_ERROR) = (
+    slot("metric", name) for name in ("precision", "recall", "f_score", "margin", "inversions", "precision_cc",
+                                      "f_score_cc", "tail_mass", "truncation_error"))
 
 
 @njit(cache=True, inline="always")
@@ -151,27 +160,27 @@ def _output(keys, weights, values, vecs):  # pragma: no cover - compiled
 @njit(cache=True, inline="always")
 def _truncation(vecs, sq_o, tail, kept, out, grp, ni):  # pragma: no cover - compiled
     """Add the tail mass ``τ_N`` and the relative error ``‖o − o_N‖/‖o‖`` of the renormalised
-    selection ``o_N = s_N/Σ_{S_N} α`` (SPEC §10) to ``out[grp, ni, 7]`` and ``out[grp, ni, 8]``;
+    selection ``o_N = s_N/Σ_{S_N} α`` (SPEC §10) to their slots of ``out[grp, ni]``;
     ``vecs[0]`` is ``o``, ``vecs[1]`` is ``s_N``, ``kept`` is ``Σ_{S_N} α`` summed over the
     selected keys themselves (never ``1 − τ_N``: where little is kept, that difference is the
     pattern's round-off). ``o = 0`` or ``kept`` below :data:`KEPT_MASS_MIN` gives a NaN error;
     ``tail`` NaN (a baseline, which carries no truncation figures) gives NaN for both.
     """
     if np.isnan(tail):
-        out[grp, ni, 7] += np.nan
-        out[grp, ni, 8] += np.nan
+        out[grp, ni, TAIL_MASS] += np.nan
+        out[grp, ni, TRUNCATION_ERROR] += np.nan
         return
     tail = max(tail, 0.0)  # Σ α − Σ_{S_N} α: a rounding below 0 is an empty tail
-    out[grp, ni, 7] += tail
+    out[grp, ni, TAIL_MASS] += tail
     if not (sq_o > 0.0 and kept >= KEPT_MASS_MIN):
-        out[grp, ni, 8] += np.nan
+        out[grp, ni, TRUNCATION_ERROR] += np.nan
     else:
         c = 1.0 / kept
         e = 0.0
         for i in range(vecs.shape[1]):
             x = vecs[0, i] - c * vecs[1, i]
             e += x * x
-        out[grp, ni, 8] += np.sqrt(e / sq_o)
+        out[grp, ni, TRUNCATION_ERROR] += np.sqrt(e / sq_o)
 
 
 @njit(cache=True, inline="always")
@@ -191,9 +200,9 @@ def _distance(k, alpha, values, source, vecs):  # pragma: no cover - compiled
 @njit(cache=True, inline="always")
 def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, raw, out,
            grp, ni, vecs, sq_o, tail, kept, values, source, direct):
-    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order`` to ``out[grp, ni, 0:7]``,
-    and τ_N (``tail``) and the relative truncation error (SPEC §10; ``kept`` = Σ_{S_N} α) to
-    ``out[grp, ni, 7:9]``.
+    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order``, and τ_N (``tail``) and
+    the relative truncation error (SPEC §10; ``kept`` = Σ_{S_N} α), to their slots of
+    ``out[grp, ni]`` (:mod:`..layout`).
 
     ``keys`` are the row's valid keys; ``penalty`` is +inf at the keys that are not candidates
     (the first ``n`` of ``order``, and ``excluded`` ≥ 0, the sink of the sink-removed group)
@@ -281,29 +290,29 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
             r += 1
     precision = n / (n + contaminating)
     recall = recalled / n
-    out[grp, ni, 0] += precision
-    out[grp, ni, 1] += recall
-    out[grp, ni, 2] += 2 * precision * recall / (precision + recall) if recalled > 0 else 0.0
+    out[grp, ni, PRECISION] += precision
+    out[grp, ni, RECALL] += recall
+    out[grp, ni, F_SCORE] += 2 * precision * recall / (precision + recall) if recalled > 0 else 0.0
     # Chance-corrected precision (SPEC §3): the floor N/|keys| is P when every key contaminates.
     floor = n / (m - (excluded >= 0))
     p_cc = (precision - floor) / (1.0 - floor)
-    out[grp, ni, 5] += p_cc
-    out[grp, ni, 6] += 2 * p_cc * recall / (p_cc + recall) if p_cc > 0 and recalled > 0 else 0.0
+    out[grp, ni, PRECISION_CC] += p_cc
+    out[grp, ni, F_SCORE_CC] += 2 * p_cc * recall / (p_cc + recall) if p_cc > 0 and recalled > 0 else 0.0
     if cosine:
-        out[grp, ni, 3] += e_min - e_max
+        out[grp, ni, MARGIN] += e_min - e_max
     elif direct:
         # γ = D_min − D_max with both distances from the vectors (as the reference computes
         # them): with inner products from the vectors, E + ‖s‖² of a key whose contribution is
         # all s_N holds is a rounding error, not 0, and its square root would be the margin's.
         d_min = _distance(k_min, alpha, values, source, vecs) if k_min >= 0 else np.sqrt(max(e_min + sq_s, 0.0))
-        out[grp, ni, 3] += d_min - _distance(i_max, alpha, values, source, vecs)
+        out[grp, ni, MARGIN] += d_min - _distance(i_max, alpha, values, source, vecs)
     else:
         # From the Gram matrix, E + ‖s‖² is exact where it is 0 (N = 1: ⟨v_i, s⟩ = α_i G_ii):
         # (E_min − E_max)/(D_min + D_max) = D_min − D_max without subtracting near-equal roots.
         d_min = np.sqrt(max(e_min + sq_s, 0.0))
         d_max = np.sqrt(max(e_max + sq_s, 0.0))
-        out[grp, ni, 3] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
-    out[grp, ni, 4] += inversions
+        out[grp, ni, MARGIN] += (e_min - e_max) / (d_min + d_max) if d_min + d_max > 0 else 0.0
+    out[grp, ni, INVERSIONS] += inversions
     _truncation(vecs, sq_o, tail, kept, out, grp, ni)
 
 
@@ -660,10 +669,10 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
         score[j] = -(contribution if by_contribution else alpha[k])
     s = sink[b]
     if m > 1 and sees_sink:  # SPEC §4 needs a key besides the sink
-        sink_mass[b, h, qi, 0] = alpha[s]
+        sink_mass[b, h, qi, SINK_MASS] = alpha[s]
         # No key contributes (zero values or a zero row): the share is 0/0, NaN as in torch
         # (numba's division would raise ZeroDivisionError).
-        sink_mass[b, h, qi, 4] = alpha[s] * norms[s] / total if total > 0.0 else np.nan
+        sink_mass[b, h, qi, SINK_SHARE] = alpha[s] * norms[s] / total if total > 0.0 else np.nan
     top = top_buf[:m]
     rank_keys(keys, score, single, packed, top)  # descending weight, ties → lower index (SPEC §2)
     sink_rank = 0 if sees_sink else m  # without the sink in the window, it is in no S_N

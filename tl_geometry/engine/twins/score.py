@@ -18,9 +18,9 @@ from ...functional.attention import visible_keys
 from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS, KEPT_MASS_MIN
 from ...functional.heads import first_duplicate
 from ...functional.selection import top_n_ranks
-from ...functional.separability import chance_corrected
+from ...functional.separability import scores_from_energies
 from ..block import LayerBlock
-from ..layout import BLOCK_ELEMENTS, SEQUENCE_GROUPS
+from ..layout import BLOCK_ELEMENTS, SEQUENCE_GROUPS, SINK_MASS, SINK_SHARE
 from ..options import NULL_UNSELECTED
 from ..rng import torch_mix
 from .order import _random_ranks, _shuffled, _unselected_sources
@@ -83,8 +83,8 @@ def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, 
     mass = (alpha * is_sink[:, None]).sum(-1)
     sink_norm = (norms * is_sink[:, None]).sum(-1)
     has_other = (ok & sees_sink & (valid.sum(-1) > 1))[:, None]  # SPEC §4 needs a key besides the sink
-    sink_fields[..., 0] = torch.where(has_other, mass, torch.nan)
-    sink_fields[..., 4] = torch.where(has_other, mass * sink_norm / total, torch.nan)
+    sink_fields[..., SINK_MASS] = torch.where(has_other, mass, torch.nan)
+    sink_fields[..., SINK_SHARE] = torch.where(has_other, mass * sink_norm / total, torch.nan)
 
     score = alpha * norms if by_contribution else alpha
     top = top_n_ranks(score, valid[:, None])
@@ -203,20 +203,10 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
         e = 1 - a * dots / (a * g.clamp_min(0).sqrt() * sq_s.clamp_min(0).sqrt() + COSINE_EPS)
     else:
         e = a * (a * g - 2 * dots)
+    scores, e_min, e_max = scores_from_energies(e, selected, keyset, n.squeeze(-1))
     unselected = keyset & ~selected
-    e_max = torch.where(selected, e, -torch.inf).amax(-1)
-    e_min = torch.where(unselected, e, torch.inf).amin(-1)
-    contaminating = (unselected & (e <= e_max[..., None])).sum(-1)
-    recalled = (selected & (e < e_min[..., None])).sum(-1)
-    sorted_out = torch.where(unselected, e, torch.inf).sort(-1).values
-    below = torch.searchsorted(sorted_out, torch.where(selected, e, -torch.inf).contiguous(), right=True)
-    inversions = (below * selected).sum(-1).to(COMPUTE_DTYPE)
-    nf = n.to(COMPUTE_DTYPE).squeeze(-1)
-    precision = nf / (nf + contaminating)
-    recall = recalled / nf
-    f_score = torch.where(recalled > 0, 2 * precision * recall / (precision + recall), 0.0)
     if cosine:
-        margin = e_min - e_max
+        margin = scores.margin
     elif aggregate is not None:  # D_min and D_max from the vectors, at the lowest key of each extreme E (as the kernel)
         aggregate = rearrange(aggregate, "b g (r q s n) d -> b (g r) q s n d", r=group_size,
                               q=alpha.shape[2], s=rank.shape[3])
@@ -229,8 +219,7 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
         d_max = (e_max + s2).clamp_min(0).sqrt()
         margin = torch.where(d_min + d_max > 0, (e_min - e_max) / (d_min + d_max), 0.0)
     n_keys = keyset.sum(-1)  # [b, 1, q, 1, 1]
-    precision_cc, f_score_cc = chance_corrected(precision, recall, nf, n_keys.to(COMPUTE_DTYPE))
-    out = torch.stack([precision, recall, f_score, margin, inversions, precision_cc, f_score_cc], dim=-1)
+    out = torch.stack(tuple(scores._replace(margin=margin)), dim=-1)
     if truncate:
         cut = torch.stack(_truncation(alpha, inner, dots, selected, sq_s.squeeze(-1), group_size), dim=-1)
     else:
