@@ -1,5 +1,6 @@
 """Reproduction study: test the paper's six claims (and our claim 7) on SmolLM2-135M, Gemma-3-270M
-and Qwen2.5-Coder-0.5B (and, with ``--models``, Qwen2.5-Coder-1.5B on claims 1–5).
+and Qwen2.5-Coder-0.5B, and Qwen2.5-Coder-1.5B on claims 1–5 (opt-in: named with ``--models``, or
+read by default where its analyses are saved beside the page).
 
 Runs the protocol of SPEC §8 (BOS + real-text windows, last query, N = 1, 2, 4, … below the
 window length, 16 random permutations, bounds) on every model and two corpora, WikiText-2 test
@@ -14,6 +15,7 @@ that test it and a verdict (held / partly held / not held) by a rule stated on t
     python demos/reproduce.py --device cuda  # the same on a GPU (minutes); the measured run
                                              # time is on docs/results.md
     python demos/reproduce.py --reuse        # re-render docs/results.md from the saved analyses
+                                             # (the 1.5B model's included: they are saved)
     python demos/reproduce.py --quick        # CI: 3 × 48, into build/reproduce-quick/
     python demos/reproduce.py --n-windows 16 --seq-len 256 --out build/medium   # a medium run
 
@@ -47,7 +49,7 @@ from _reproduce import ablation, capacity, corpora, document, layer_kinds, sizes
 from _reproduce.claims import CLAIMS
 from _reproduce.intervals import remembered
 from _reproduce.protocol import FULL, MODELS, OPT_IN, QUICK, StudyConfig
-from _reproduce.study import DECOMPOSITION_NULLS, Step, Study, load_run, run_study, save_run
+from _reproduce.study import DECOMPOSITION_NULLS, Step, Study, analysis_path, load_run, run_study, save_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = "results"  # figures directory, next to the page
@@ -242,9 +244,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", type=Path,
                         help="directory of results.md and results/ (default: docs, or "
                              "build/reproduce-quick with --quick)")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated model names (default: {','.join(MODELS)}; opt-in: "
-                             f"{','.join(OPT_IN)})")
+    parser.add_argument("--models",
+                        help=f"comma-separated model names (default: {','.join(MODELS)}, and an opt-in "
+                             f"model, {','.join(OPT_IN)}, where its analyses are saved beside the page)")
     parser.add_argument("--reuse", action="store_true",
                         help="load the analyses and tables saved beside the page by an earlier "
                              "run with the same options")
@@ -268,7 +270,8 @@ def main(argv: list[str] | None = None) -> Path:
                      "N ≤ T/4), --ablation-windows ≥ 2 (a loss change's standard error needs two "
                      "windows) and --ablation-seq-len ≥ 2.")
     out = args.out or ROOT / ("build/reproduce-quick" if args.quick else "docs")
-    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    models = (tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models is not None
+              else default_models(out / FIGURES))
     unknown = sorted(set(models) - set(MODELS) - set(OPT_IN))
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {list(MODELS + OPT_IN)}.")
@@ -283,9 +286,19 @@ def main(argv: list[str] | None = None) -> Path:
     if args.device is not None and torch.device(args.device).type == "cuda":
         study_module.ACCELERATOR = torch.cuda.get_device_name(torch.device(args.device))
     load = functools.partial(tl_geometry.load_model, device=args.device)
+    command = _command(argv) + (f" --models {','.join(models)}" if args.models is None and models != MODELS else "")
     return reproduce(load, config, out, wikitext=args.wikitext, models=models,
                      reuse=args.reuse, nulls=() if args.no_nulls else DECOMPOSITION_NULLS,
-                     progress=not args.no_progress, command=_command(argv))
+                     progress=not args.no_progress, command=command)
+
+
+def default_models(cache: Path) -> tuple[str, ...]:
+    """The page's models when ``--models`` is not given: :data:`MODELS`, and each opt-in model
+    whose main analyses are saved in ``cache`` (so that ``--reuse`` renders the page they made,
+    while a fresh run never starts hours of an opt-in model unasked)."""
+    corpus_names = ("wikitext-2", "python-stdlib")
+    saved = [m for m in OPT_IN if all(analysis_path(cache, m, c).exists() for c in corpus_names)]
+    return (*MODELS, *saved)
 
 
 def _command(argv: list[str] | None) -> str:

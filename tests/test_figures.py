@@ -57,6 +57,13 @@ def test_the_shortcut_column_names_the_shortcuts_that_read_one_figure():
     assert set(by_table) <= set(DOCUMENTED)
 
 
+def test_the_file_format_follows_the_figures_it_saves():
+    from tl_geometry.result import io
+
+    assert io._ADDED_IN["metric"] == {"tail_mass": 5, "truncation_error": 5}
+    assert io.FORMAT_VERSION >= max(f.since for f in FIGURES)
+
+
 def test_unknown_names_are_refused_with_the_valid_ones():
     with pytest.raises(KeyError, match="f_score"):
         figure("metric", "f_scroe")

@@ -20,14 +20,17 @@ from typing import NamedTuple
 
 class Figure(NamedTuple):
     """One figure: its label on ``axis`` (the result's axis name), where SPEC defines it, one doc
-    line, and the :class:`~tl_geometry.result.HeadAnalysis` shortcut that reads it (``None``:
-    read through its accessor only)."""
+    line, the :class:`~tl_geometry.result.HeadAnalysis` shortcut that reads it (``None``: read
+    through its accessor only), and the result file format that first saved it (``since``:
+    reading a file of an earlier format fills it with NaN, without a warning; a figure added
+    with the next version's number raises :data:`tl_geometry.result.io.FORMAT_VERSION` to it)."""
 
     name: str
     axis: str
     spec: str
     doc: str
     shortcut: str | None = None
+    since: int = 1
 
 
 #: The table, in storage order within each axis. Changing an axis's order changes the file
@@ -45,9 +48,10 @@ FIGURES: tuple[Figure, ...] = (
     Figure("f_score_cc", "metric", "§3", "Chance-corrected F*_N: harmonic mean of P*_N and R_N (ours)",
            "f_score_cc"),
     Figure("tail_mass", "metric", "§10", "Top-N tail mass τ_N = Σ_{j∉S_N} α_j, mean over instances",
-           "tail_mass"),
+           "tail_mass", since=5),
     Figure("truncation_error", "metric", "§10",
-           "Top-N relative output error ‖o − o_N‖/‖o‖ of the renormalised top-N, mean", "truncation_error"),
+           "Top-N relative output error ‖o − o_N‖/‖o‖ of the renormalised top-N, mean", "truncation_error",
+           since=5),
     # The sink (SPEC §4).
     Figure("mass", "sink_field", "§4", "Mean attention on the sink", "sink_mass"),
     Figure("norm_ratio", "sink_field", "§4", "κ = ‖v_sink‖ / mean_{j≠sink} ‖v_j‖", "sink_norm_ratio"),
@@ -98,6 +102,15 @@ def figure(axis: str, name: str) -> Figure:
         if f.axis == axis and f.name == name:
             return f
     raise KeyError(f"no figure {name!r} on axis {axis!r}; valid: {', '.join(labels(axis))}.")
+
+
+def added_since() -> dict[str, dict[str, int]]:
+    """Per axis, the figures a result file format added after the first (``{axis: {name: since}}``)."""
+    added: dict[str, dict[str, int]] = {}
+    for f in FIGURES:
+        if f.since > 1:
+            added.setdefault(f.axis, {})[f.name] = f.since
+    return added
 
 
 def slot(axis: str, name: str) -> int:

@@ -48,9 +48,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..functional.figures import added_since
 from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
-FORMAT_VERSION = 9
+#: The result file format: 9, where the last fields came in (:data:`_FIELD_SINCE`), or the
+#: ``since`` of a figure added later (:func:`~tl_geometry.functional.figures.added_since`).
+FORMAT_VERSION = max(9, *(v for added in added_since().values() for v in added.values()))
 FORMAT = f"tl_geometry.HeadAnalysis/{FORMAT_VERSION}"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
 #: The first format version that stores a checksum.
@@ -68,8 +71,7 @@ _FORMAT1_NAMES = {
 }
 #: Labels that a format version added to a named axis: a file of an earlier version lacks them
 #: by construction, so they are filled (NaN) without a warning.
-_ADDED_IN: dict[str, dict[str, int]] = {"metric": {"tail_mass": 5, "truncation_error": 5},
-                                         "window_group": {"sink_in": 9, "sink_out": 9}}
+_ADDED_IN: dict[str, dict[str, int]] = {**added_since(), "window_group": {"sink_in": 9, "sink_out": 9}}
 #: Entries of the payload (and of its ``axes`` / ``names``) by the format version that added
 #: them: a file of an earlier version cannot hold them, so one that does was relabelled.
 _FIELD_SINCE: dict[str, int] = {
