@@ -1,8 +1,11 @@
 """``head_scores``: the head scores other tools use, from a model's attention patterns (SPEC §9).
 
-One forward pass per kind of sequence, caching ``hook_pattern`` only: repeated random tokens
-(previous-token, duplicate-token, induction), real-text windows (sink rate, Sink^ε) and the same
-windows with a random needle (retrieval). The math is in :mod:`tl_geometry.functional.head_scores`.
+One forward pass per kind of sequence: repeated random tokens (previous-token, duplicate-token,
+induction), real-text windows (sink rate, Sink^ε) and the same windows with a random needle
+(retrieval). Each layer is scored inside the forward, from a hook on its ``hook_pattern``, and
+only the per-head scores are kept: one layer's ``[batch, head, T, T]`` pattern is alive at a
+time, and the forward ends at the last layer's pattern (no unembedding, no logits). The math is
+in :mod:`tl_geometry.functional.head_scores`.
 
 Every sequence starts as the model was trained (SPEC §1): with BOS where it was trained with one
 (:func:`tl_geometry.inputs.models.trained_with_bos`, the loader's record, never the tokenizer's
@@ -17,18 +20,20 @@ the query sees, and ``R`` is at most ``w − 1``, so that the second copy sees t
 
 from __future__ import annotations
 
+import functools
 import numbers
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from ..engine.block import PatternRows
-from ..engine.sink_choice import choose_sink, first_keys_mass
+from ..engine.sink_choice import CANDIDATES, choose_sink, first_keys_mass
+from ..forward.hooks import model_device
 from ..functional import head_scores as _scores
-from ..inputs.cache import PATTERN_HOOK
+from ..inputs.cache import PATTERN_HOOK, CacheError
 from ..inputs.capture import model_windows
 from ..inputs.models import trained_with_bos
 from ..inputs.text import text_windows
@@ -45,13 +50,14 @@ DEFAULT_SEQ_LEN = 128
 MIN_SEQ_LEN, MIN_REPEAT = 4, 2
 #: Tokens a retrieval sequence adds to its text window: the needle and its repeated tokens.
 RETRIEVAL_EXTRA = _scores.NEEDLE_LENGTH + _scores.NEEDLE_REPEATED
-#: The patterns of one forward (every layer, float32) stay below this size: more sequences run
-#: in batches, so the number of windows is bounded by the text, not by memory.
+#: One layer's pattern of one forward (float32) stays below this size: more sequences run in
+#: batches, so the number of windows is bounded by the text, not by memory.
 PATTERN_BUDGET = 1 << 30
 #: Seeds are whole numbers in ``[0, MAX_SEED)``.
 MAX_SEED = 2**63
 
 Score = Callable[[Tensor, int], Tensor]
+T = TypeVar("T")
 
 
 def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = None,
@@ -242,23 +248,29 @@ def _selected_sink_rates(model: Any, windows: Tensor, chosen: str | list[int],
     ``t > p`` that see it (per head, mean over windows); and the positions. ``"auto"`` chooses
     ``p`` per window from the same forward (:func:`tl_geometry.engine.sink_choice.choose_sink`)."""
     n_seqs, n_pos = windows.shape
-    batch = max(1, min(n_seqs, PATTERN_BUDGET // (model.cfg.n_layers * model.cfg.n_heads * n_pos * n_pos * 4)))
-    per_window: dict[int, list[Tensor]] = {}
+    auto = chosen == _sink.AUTO
+    # "auto" chooses from every layer, so only after the forward: until then each layer keeps
+    # the rate of every candidate (choose_sink picks one of the first 32 keys).
+    given = [] if auto else _sink.positions(chosen, torch.ones(windows.shape, dtype=torch.bool), 0, n_seqs).tolist()
+    keys = [range(min(CANDIDATES, n_pos))] * n_seqs if auto else [[p] for p in given]
+
+    def read(lo: int, pattern: Tensor, layer: int) -> tuple[Tensor | None, list[list[Tensor]]]:
+        window = layer_window[layer]
+        is_token = torch.ones(pattern.shape[0], n_pos, dtype=torch.bool, device=pattern.device)
+        mass = first_keys_mass(PatternRows(pattern), is_token, window).cpu() if auto else None
+        return mass, [[_scores.mean_weight(pattern[b:b + 1], *_after(p, n_pos, pattern.device), window)
+                       for p in keys[lo + b]] for b in range(pattern.shape[0])]
+
+    per_window: list[list[Tensor]] = [[] for _ in layer_window]
     positions: list[int] = []
+    batch = _batch_size(model, n_seqs, n_pos)
     for lo in range(0, n_seqs, batch):
-        patterns = _patterns(model, windows[lo:lo + batch])
-        is_token = torch.ones(min(batch, n_seqs - lo), n_pos, dtype=torch.bool)
-        if chosen == _sink.AUTO:
-            sinks = choose_sink([first_keys_mass(PatternRows(p), is_token.to(p.device), layer_window[layer]).cpu()
-                                 for layer, p in sorted(patterns.items())])
-        else:
-            sinks = _sink.positions(chosen, is_token, lo, n_seqs)
-        positions += [int(p) for p in sinks.tolist()]
-        for layer, pattern in patterns.items():
-            per_window.setdefault(layer, []).extend(
-                _scores.mean_weight(pattern[b:b + 1], *_after(p, n_pos, pattern.device), layer_window[layer])
-                for b, p in enumerate(sinks.tolist()))
-    return [torch.stack(per_window[layer]).nanmean(0) for layer in sorted(per_window)], positions
+        masses, rates = zip(*_each_layer(model, windows[lo:lo + batch], functools.partial(read, lo)))
+        sinks = choose_sink(masses).tolist() if auto else given[lo:lo + batch]
+        positions += [int(p) for p in sinks]
+        for layer, per_key in enumerate(rates):
+            per_window[layer].extend(rate[p if auto else 0] for rate, p in zip(per_key, sinks))
+    return [torch.stack(layer_rates).nanmean(0) for layer_rates in per_window], positions
 
 
 def _after(p: int, n_pos: int, device: Any) -> tuple[Tensor, Tensor]:
@@ -288,11 +300,11 @@ def _check_model(model: Any) -> Any:
     """``model.cfg`` of a TransformerLens model; a clear error for anything else (``None``)."""
     cfg = getattr(model, "cfg", None)
     sizes = [getattr(cfg, name, None) for name in ("n_layers", "n_heads", "d_vocab")]
-    if (not callable(getattr(model, "run_with_cache", None))
+    if (not callable(getattr(model, "hooks", None))
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes)):
         got = "None" if model is None else type(model).__name__
         raise ValueError(f"head_scores needs a TransformerLens model (a TransformerBridge from "
-                         f"tl_geometry.load_model, or a HookedTransformer) with run_with_cache and "
+                         f"tl_geometry.load_model, or a HookedTransformer) with hooks() and "
                          f"cfg.n_layers, cfg.n_heads, cfg.d_vocab; got {got}.")
     return cfg
 
@@ -463,31 +475,68 @@ def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
                          "n_seqs=..., seq_len=...).")
 
 
+def _batch_size(model: Any, n_seqs: int, n_pos: int) -> int:
+    """Sequences per forward: as many as keep one layer's float32 pattern within
+    :data:`PATTERN_BUDGET` (at least one)."""
+    return max(1, min(n_seqs, PATTERN_BUDGET // (model.cfg.n_heads * n_pos * n_pos * 4)))
+
+
 def _layer_means(model: Any, tokens: Tensor, scores: dict[str, Score]) -> dict[str, list[Tensor]]:
     """Per score and layer, its per-head mean over every sequence of ``tokens``; each score is
     called with a layer's pattern and the layer's index.
 
-    The sequences run in batches whose patterns fit :data:`PATTERN_BUDGET`; every sequence has
-    as many queries, so the mean is the batches' means weighted by their sizes (one batch, the
-    default: its mean, bit for bit).
+    The sequences run in batches whose layer patterns fit :data:`PATTERN_BUDGET`; every sequence
+    has as many queries, so the mean is the batches' means weighted by their sizes (one batch:
+    its mean, bit for bit).
     """
     n_seqs, n_pos = tokens.shape
-    per_sequence = model.cfg.n_layers * model.cfg.n_heads * n_pos * n_pos * 4
-    batch = max(1, min(n_seqs, PATTERN_BUDGET // per_sequence))
-    parts: dict[str, dict[int, list[Tensor]]] = {name: {} for name in scores}
+    batch = _batch_size(model, n_seqs, n_pos)
+    parts: dict[str, list[list[Tensor]]] = {name: [[] for _ in range(model.cfg.n_layers)] for name in scores}
     for lo in range(0, n_seqs, batch):
         chunk = tokens[lo:lo + batch]
-        for layer, pattern in _patterns(model, chunk).items():
-            for name, score in scores.items():
-                parts[name].setdefault(layer, []).append(score(pattern, layer) * (len(chunk) / n_seqs))
-    return {name: [torch.stack(values).sum(0) for values in layers.values()]
-            for name, layers in parts.items()}
+        per_layer = _each_layer(model, chunk, lambda pattern, layer: {
+            name: score(pattern, layer) for name, score in scores.items()})
+        for layer, values in enumerate(per_layer):
+            for name, value in values.items():
+                parts[name][layer].append(value * (len(chunk) / n_seqs))
+    return {name: [torch.stack(values).sum(0) for values in layers] for name, layers in parts.items()}
 
 
-def _patterns(model: Any, tokens: Tensor) -> dict[int, Tensor]:
-    """``hook_pattern`` of every layer for ``tokens`` (only those hooks are cached)."""
-    names = {PATTERN_HOOK.format(layer=layer): layer for layer in range(model.cfg.n_layers)}
-    device = getattr(model.cfg, "device", None) or "cpu"
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens.to(device), names_filter=lambda name: name in names)
-    return {layer: cache[name] for name, layer in names.items()}
+class _Stop(Exception):
+    """Raised by the last layer's ``hook_pattern`` hook: nothing after it is read."""
+
+
+def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) -> list[T]:
+    """``read(pattern, layer)`` of each layer's ``hook_pattern`` for ``tokens``, in layer order,
+    each called inside the forward as its layer's pattern is formed; the forward then ends. Only
+    what ``read`` returns outlives its layer, and no logits are formed. The hooks are removed on
+    any exit."""
+    n_layers = model.cfg.n_layers
+    out: list[tuple[int, T]] = []
+
+    def hook_for(layer: int) -> Callable[..., None]:
+        def hook(pattern: Tensor, hook: Any = None) -> None:
+            out.append((layer, read(pattern, layer)))
+            if layer == n_layers - 1:
+                raise _Stop
+
+        return hook
+
+    hooks = [(PATTERN_HOOK.format(layer=layer), hook_for(layer)) for layer in range(n_layers)]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        _patterns(model, tokens)
+    fired = [layer for layer, _ in out]
+    if fired != list(range(n_layers)):
+        raise CacheError(f"{_label(model)}'s forward fired hook_pattern on layers {fired}, not once on "
+                         f"each of 0..{n_layers - 1} in order: head_scores reads every layer's attention "
+                         "pattern (TransformerLens hooks on eager attention).")
+    return [value for _, value in out]
+
+
+def _patterns(model: Any, tokens: Tensor) -> None:
+    """One forward of ``tokens`` through the ``hook_pattern`` hooks in place, up to the last
+    layer's, which ends it (:class:`_Stop`); an error of the model's own passes through."""
+    try:
+        model(tokens.to(model_device(model)), return_type=None)
+    except _Stop:
+        pass

@@ -202,7 +202,7 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
            grp, ni, vecs, sq_o, tail, kept, values, source, direct):
     """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order``, and τ_N (``tail``) and
     the relative truncation error (SPEC §10; ``kept`` = Σ_{S_N} α), to their slots of
-    ``out[grp, ni]`` (:mod:`..layout`).
+    ``out[grp, ni]`` (the constants above).
 
     ``keys`` are the row's valid keys; ``penalty`` is +inf at the keys that are not candidates
     (the first ``n`` of ``order``, and ``excluded`` ≥ 0, the sink of the sink-removed group)
@@ -567,12 +567,12 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
     key shuffled); ``values [b, g, k, d]`` holds the vectors of value groups ``g0 + g`` (each
     task lays its group's out by component once, :func:`_columns`), and ``gram [b, g, k, k]``
     their tied Gram matrices where the inner products are to come from them (empty, ``[0, 0, 0,
-    0]``, where from the vectors; module docstring). Writes ``metrics[b, h, Q, 4, n, 9]``
+    0]``, where from the vectors; module docstring). Writes ``metrics[b, h, Q, 4, n, metric]``
     (groups: top, random mean, shuffled mean, sink removed; metrics:
     :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
     NaN where N does not fit), ``sink_in_top[b, h, Q, n]`` (sink in the top-N set) and, of
-    ``sink_mass[b, h, Q, 5]`` (the fields of SPEC §4), field 0 (α_sink) and field 4 (the
-    sink's share of Σ α_j‖v_j‖), and ``random_var[b, h, Q, n, 9]``: the Monte Carlo variance
+    ``sink_mass[b, h, Q, sink_field]`` (the fields of SPEC §4), α_sink (``mass``) and the sink's
+    share of Σ α_j‖v_j‖ (``share``), and ``random_var[b, h, Q, n, metric]``: the Monte Carlo variance
     of the random group's mean over its ``R`` subsets, ``s²/R`` with ``s²`` their sample variance
     (SPEC §3; NaN where N does not fit or ``R < 2``).
 
