@@ -215,28 +215,6 @@ def ablate_heads(
 
 # --- batched losses -----------------------------------------------------------------------------
 @torch.no_grad()
-def replica_losses(
-    model: Any,
-    tokens: Int[Tensor, "batch pos"],
-    remove: Bool[Tensor, "replica layer head"],
-    *,
-    fill: dict[int, Tensor] | None = None,
-    attention_mask: Tensor | None = None,
-    per_forward: int | None = None,
-    progress: Any = None,
-) -> Float[Tensor, " replica"]:
-    """Mean next-token loss of the model with heads ``remove[r]`` ablated, for every ``r``.
-
-    ``per_forward`` copies of the batch go through one forward (stacked along the batch axis),
-    each with its own heads replaced inside one hook per layer; the loss of copy ``r`` is the
-    mean over its valid predictions of the per-token loss, summed in float64. ``progress`` (a
-    tqdm bar or ``None``) is advanced by the number of replicas done.
-    """
-    return replica_window_losses(model, tokens, remove, fill=fill, attention_mask=attention_mask,
-                                 per_forward=per_forward, progress=progress).total
-
-
-@torch.no_grad()
 def replica_window_losses(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
@@ -247,8 +225,14 @@ def replica_window_losses(
     per_forward: int | None = None,
     progress: Any = None,
 ) -> WindowLosses:
-    """:func:`replica_losses` per window: the loss of every replica on every window of
-    ``tokens`` (:class:`WindowLosses`), from the same batched forwards."""
+    """The mean next-token loss of the model with heads ``remove[r]`` ablated, for every ``r``,
+    on every window of ``tokens`` (:class:`WindowLosses`).
+
+    ``per_forward`` copies of the batch go through one forward (stacked along the batch axis),
+    each with its own heads replaced inside one hook per layer; the loss of copy ``r`` is the
+    mean over its valid predictions of the per-token loss, summed in float64. ``progress`` (a
+    tqdm bar or ``None``) is advanced by the number of replicas done.
+    """
     _, n_heads = model_shape(model)
 
     def hooks_for(start: int, stop: int) -> HookList:
