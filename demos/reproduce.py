@@ -1,6 +1,6 @@
 """Reproduction study: test the paper's six claims (and our claim 7) on SmolLM2-135M, Gemma-3-270M
 and Qwen2.5-Coder-0.5B, and Qwen2.5-Coder-1.5B on claims 1–5 (opt-in: named with ``--models``, or
-read by default where its analyses are saved beside the page).
+read by ``--reuse`` where its analyses are saved beside the page).
 
 Runs the protocol of SPEC §8 (BOS + real-text windows, last query, N = 1, 2, 4, … below the
 window length, 16 random permutations, bounds) on every model and two corpora, WikiText-2 test
@@ -49,7 +49,15 @@ from _reproduce import ablation, capacity, corpora, document, layer_kinds, sizes
 from _reproduce.claims import CLAIMS
 from _reproduce.intervals import remembered
 from _reproduce.protocol import FULL, MODELS, OPT_IN, QUICK, StudyConfig
-from _reproduce.study import DECOMPOSITION_NULLS, Step, Study, analysis_path, load_run, run_study, save_run
+from _reproduce.study import (
+    DECOMPOSITION_NULLS,
+    Step,
+    Study,
+    analysis_path,
+    load_run,
+    run_study,
+    save_run,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = "results"  # figures directory, next to the page
@@ -271,7 +279,7 @@ def main(argv: list[str] | None = None) -> Path:
                      "windows) and --ablation-seq-len ≥ 2.")
     out = args.out or ROOT / ("build/reproduce-quick" if args.quick else "docs")
     models = (tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models is not None
-              else default_models(out / FIGURES))
+              else default_models(out / FIGURES) if args.reuse else MODELS)
     unknown = sorted(set(models) - set(MODELS) - set(OPT_IN))
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {list(MODELS + OPT_IN)}.")
@@ -293,9 +301,10 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 def default_models(cache: Path) -> tuple[str, ...]:
-    """The page's models when ``--models`` is not given: :data:`MODELS`, and each opt-in model
-    whose main analyses are saved in ``cache`` (so that ``--reuse`` renders the page they made,
-    while a fresh run never starts hours of an opt-in model unasked)."""
+    """The page's models for ``--reuse`` without ``--models``: :data:`MODELS`, and each opt-in model
+    whose main analyses are saved in ``cache``, so that the page they made is rendered again (a
+    run without ``--reuse`` reads :data:`MODELS` only: it never starts hours of an opt-in model
+    unasked)."""
     corpus_names = ("wikitext-2", "python-stdlib")
     saved = [m for m in OPT_IN if all(analysis_path(cache, m, c).exists() for c in corpus_names)]
     return (*MODELS, *saved)
