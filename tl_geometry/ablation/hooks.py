@@ -229,8 +229,9 @@ def replica_window_losses(
     on every window of ``tokens`` (:class:`WindowLosses`).
 
     ``per_forward`` copies of the batch go through one forward (stacked along the batch axis),
-    each with its own heads replaced inside one hook per layer; the loss of copy ``r`` is the
-    mean over its valid predictions of the per-token loss, summed in float64. ``progress`` (a
+    each with its own heads replaced inside one hook per layer; the loss of copy ``r`` on a
+    window is the mean over that window's valid predictions of the per-token loss, summed in
+    float64. ``progress`` (a
     tqdm bar or ``None``) is advanced by the number of replicas done.
     """
     _, n_heads = model_shape(model)

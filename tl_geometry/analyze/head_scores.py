@@ -31,7 +31,6 @@ from torch import Tensor
 
 from ..engine.block import PatternRows
 from ..engine.sink_choice import CANDIDATES, choose_sink, first_keys_mass
-from ..forward.hooks import model_device
 from ..functional import head_scores as _scores
 from ..inputs.cache import PATTERN_HOOK, CacheError
 from ..inputs.capture import model_windows
@@ -51,8 +50,10 @@ MIN_SEQ_LEN, MIN_REPEAT = 4, 2
 #: Tokens a retrieval sequence adds to its text window: the needle and its repeated tokens.
 RETRIEVAL_EXTRA = _scores.NEEDLE_LENGTH + _scores.NEEDLE_REPEATED
 #: One layer's pattern of one forward (float32) stays below this size: more sequences run in
-#: batches, so the number of windows is bounded by the text, not by memory.
-PATTERN_BUDGET = 1 << 30
+#: batches, so the number of windows is bounded by the text, not by memory. A quarter of the
+#: 1 GiB that every layer's patterns together had: eager attention holds a few tensors of the
+#: pattern's size while its layer runs.
+PATTERN_BUDGET = 1 << 28
 #: Seeds are whole numbers in ``[0, MAX_SEED)``.
 MAX_SEED = 2**63
 
@@ -537,6 +538,6 @@ def _patterns(model: Any, tokens: Tensor) -> None:
     """One forward of ``tokens`` through the ``hook_pattern`` hooks in place, up to the last
     layer's, which ends it (:class:`_Stop`); an error of the model's own passes through."""
     try:
-        model(tokens.to(model_device(model)), return_type=None)
+        model(tokens.to(getattr(model.cfg, "device", None) or "cpu"), return_type=None)
     except _Stop:
         pass

@@ -156,8 +156,10 @@ def _compile_all() -> None:
     numba compiles one specialisation per combination of argument types, at its first call: a
     run that compiled only the kernels its own inputs needed left the others to a later run (a
     float64 cache, the recompute path, a near tie in the votes), which compiled again. Compiling
-    them all in the first run makes "once per install" true."""
+    them all in the first run makes "once per install" true. Kernels cached with other result
+    slots than the figures table gives are refused (:func:`.compiled.signatures.check_slots`)."""
     _kernels().signatures.compile_all()
+    _kernels().signatures.check_slots()
 
 
 def _fall_back(error: BaseException, *, loading: bool) -> None:

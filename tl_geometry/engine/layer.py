@@ -37,6 +37,7 @@ from torch import Tensor
 from ..functional.dtypes import COMPUTE_DTYPE
 from ..functional.heads import last_positions, sink_positions
 from ..functional.separability import METRIC_NAMES
+from ..functional.sink import SINK_FIELDS
 from . import checks, key_votes, votes
 from .backend import Backend, choose_backend, run_layer
 from .block import AttentionRows, KeyedRows, LayerBlock, PatternRows, group_values
@@ -305,7 +306,7 @@ class _RowOutputs(NamedTuple):
             torch.full((batch, n_heads, n_q, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)), torch.nan,
                        dtype=COMPUTE_DTYPE, device=device),
             torch.zeros(batch, n_heads, n_q, n_sizes, dtype=torch.bool, device=device),
-            torch.full((batch, n_heads, n_q, 5), torch.nan, dtype=COMPUTE_DTYPE, device=device),
+            torch.full((batch, n_heads, n_q, len(SINK_FIELDS)), torch.nan, dtype=COMPUTE_DTYPE, device=device),
             torch.full((batch, n_heads, data.source.shape[2]), -1, dtype=torch.int8, device=device),
             torch.zeros((), dtype=torch.int64),
             torch.full((batch, n_heads, n_q, n_sizes, len(METRIC_NAMES)), torch.nan, dtype=COMPUTE_DTYPE,

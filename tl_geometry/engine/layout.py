@@ -44,8 +44,10 @@ SEQUENCE_GROUPS = ("top", "random", "shuffled", "sink_removed")
 TOP_GROUP, SINK_REMOVED = SEQUENCE_GROUPS.index("top"), SEQUENCE_GROUPS.index("sink_removed")
 RANDOM_GROUP = SEQUENCE_GROUPS.index("random")
 F_SCORE, INVERSIONS = slot("metric", "f_score"), slot("metric", "inversions")
-#: The sink fields both backends' scoring writes (the others come from the sink geometry).
+#: The sink fields both backends' scoring writes, and those their sink geometry writes.
 SINK_MASS, SINK_SHARE = slot("sink_field", "mass"), slot("sink_field", "share")
+SINK_NORM_RATIO, SINK_COSINE, SINK_MEAN_COSINE = (slot("sink_field", name) for name in ("norm_ratio", "cosine",
+                                                                                        "mean_cosine"))
 #: The truncation metrics (SPEC §10), contiguous at the end of the metric axis.
 TRUNCATION = slice(METRIC_NAMES.index(TRUNCATION_NAMES[0]), METRIC_NAMES.index(TRUNCATION_NAMES[-1]) + 1)
 

@@ -24,6 +24,7 @@ from .bounds import (
     inversion_bounds,
     regime_bounds,
 )
+from .figures import FIGURES, Figure
 from .heads import (
     causal_key_mask,
     contribution_norms,
@@ -43,7 +44,6 @@ from .local_sink import (
 )
 from .regime import RegimeDiagnostics, regime_diagnostics
 from .selection import random_ranks, top_n_mask, top_n_ranks
-from .figures import FIGURES, Figure
 from .separability import Separability, distances, scores_from_energies, separability
 from .shell import shell_bounds
 from .sink import SinkDiagnostics, sink_diagnostics

@@ -3,8 +3,9 @@
 :data:`FIGURES` is the table the rest of the package reads. The result's axis labels
 (``METRIC_NAMES``, ``SINK_FIELDS``, ...), the shape checks and the file format
 (:mod:`tl_geometry.result.schema`), the documented shortcuts' docstrings
-(:mod:`tl_geometry.result.shortcuts`) and the compiled kernels' result slots
-(:mod:`tl_geometry.engine.layout`: a figure's slot is its index on its axis) all derive from it.
+(:mod:`tl_geometry.result.shortcuts`), the plots' [0, 1] axes, and the slots where the scoring
+kernels write the metrics and the sink's mass and share (:mod:`tl_geometry.engine.compiled.score`,
+:mod:`tl_geometry.engine.layout`: a figure's slot is its index on its axis) all derive from it.
 docs/where_things_go.md lists the files that adding a figure touches.
 
 >>> labels("sink_field")
@@ -21,34 +22,38 @@ from typing import NamedTuple
 class Figure(NamedTuple):
     """One figure: its label on ``axis`` (the result's axis name), where SPEC defines it, one doc
     line, the :class:`~tl_geometry.result.HeadAnalysis` shortcut that reads it (``None``: read
-    through its accessor only), and the result file format that first saved it (``since``:
-    reading a file of an earlier format fills it with NaN, without a warning; a figure added
-    with the next version's number raises :data:`tl_geometry.result.io.FORMAT_VERSION` to it)."""
+    through its accessor only), whether it lies in [0, 1] (``unit``: plotted on that range), and
+    ``since``: the result file format from which every file holds it, so that a file of an
+    earlier format lacks it by construction and is read with it filled (NaN) without a warning
+    (the default, 1, promises nothing: a file that lacks it is read with a warning). A figure
+    added with the next format's number raises :data:`tl_geometry.result.io.FORMAT_VERSION` to it."""
 
     name: str
     axis: str
     spec: str
     doc: str
     shortcut: str | None = None
+    unit: bool = False
     since: int = 1
 
 
-#: The table, in storage order within each axis. Changing an axis's order changes the file
-#: format (:data:`tl_geometry.result.io.FORMAT`) and the compiled kernels' slots.
+#: The table, in storage order within each axis. Files are read by label, so an axis's order
+#: is only the kernels' slots; SPEC §10's metrics stay last on theirs (the truncation figures
+#: are read as one slice of it).
 FIGURES: tuple[Figure, ...] = (
     # Separability of a key selection (SPEC §3), then its truncation (SPEC §10, ours).
-    Figure("precision", "metric", "§3", "Top-N geometric precision P_N", "precision"),
-    Figure("recall", "metric", "§3", "Top-N geometric recall R_N", "recall"),
-    Figure("f_score", "metric", "§3",
-           "Top-N F_N (``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)", "f_score"),
+    Figure("precision", "metric", "§3", "Top-N geometric precision P_N", "precision", unit=True),
+    Figure("recall", "metric", "§3", "Top-N geometric recall R_N", "recall", unit=True),
+    Figure("f_score", "metric", "§3", "Top-N F_N, the harmonic mean of P_N and R_N", "f_score", unit=True),
     Figure("margin", "metric", "§3", "Top-N margin γ_N = ρ_min − ρ_max", "margin"),
     Figure("inversions", "metric", "§3", "Top-N inversion count GInv_N", "inversions"),
     Figure("precision_cc", "metric", "§3",
-           "Chance-corrected precision P*_N = (P_N − N/(t+1)) / (1 − N/(t+1)) (ours)", "precision_cc"),
-    Figure("f_score_cc", "metric", "§3", "Chance-corrected F*_N: harmonic mean of P*_N and R_N (ours)",
-           "f_score_cc"),
+           "Chance-corrected precision P*_N = (P_N − N/(t+1)) / (1 − N/(t+1)), ours", "precision_cc",
+           unit=True),
+    Figure("f_score_cc", "metric", "§3", "Chance-corrected F*_N: harmonic mean of P*_N and R_N, ours",
+           "f_score_cc", unit=True),
     Figure("tail_mass", "metric", "§10", "Top-N tail mass τ_N = Σ_{j∉S_N} α_j, mean over instances",
-           "tail_mass", since=5),
+           "tail_mass", unit=True, since=5),
     Figure("truncation_error", "metric", "§10",
            "Top-N relative output error ‖o − o_N‖/‖o‖ of the renormalised top-N, mean", "truncation_error",
            since=5),

@@ -126,18 +126,20 @@ def scores_from_energies(
     n: Tensor,
 ) -> tuple[Separability, Tensor, Tensor]:
     """SPEC §3's figures of one selection per row from any per-key ``energy`` that orders the keys
-    as their distances ``D`` do: ``D`` itself, or the engine's ``E = D² − ‖s‖²``.
+    as their distances ``D`` do: ``D`` itself, the cosine distance, or the engine's Euclidean
+    ``E = D² − ‖s‖²``.
 
     Every figure but the margin reads only that order (P, R, F, GInv, P*, F*). Returns the
     scores, the smallest energy outside the selection and the largest inside it; ``scores.margin``
-    is their difference (γ where ``energy`` is ``D``; the engine forms γ from ``E`` itself).
+    is their difference, in the energy's units (γ where ``energy`` is a distance; the engine
+    forms the Euclidean γ from ``E`` itself).
     Rows with ``n`` outside ``1 ≤ n < |T_t|`` are NaN.
     """
     energy, selected, key_mask = torch.broadcast_tensors(energy, selected, key_mask)
     unselected = key_mask & ~selected
     high_in = torch.where(selected, energy, -torch.inf).amax(-1)
     low_out = torch.where(unselected, energy, torch.inf).amin(-1)
-    # Written as "not farther than ρ_max" so that a NaN distance counts against precision.
+    # Written as "not above the largest selected energy" so that a NaN counts against precision.
     contaminating = (unselected & ~(energy > high_in.unsqueeze(-1))).sum(-1)
     recalled = (selected & (energy < low_out.unsqueeze(-1))).sum(-1)
     n = n.to(COMPUTE_DTYPE)

@@ -179,10 +179,9 @@ class HeadAnalysis(Shortcuts):
 
     # --- accessors: one per named axis ------------------------------------------------------------
     def metric(self, name: str, group: str = "top") -> Float[Tensor, "layer head n"]:
-        """Mean of metric ``name`` (``precision``, ``recall``, ``f_score``, ``margin``,
-        ``inversions``, ``precision_cc``, ``f_score_cc``; SPEC §3 — or ``tail_mass`` and
-        ``truncation_error``, SPEC §10, which the baselines ``random`` and ``shuffled`` do not
-        carry) over the instances of ``group`` (``top``, ``random``, ``shuffled``,
+        """Mean of metric ``name`` (one of :data:`METRIC_NAMES`: SPEC §3's, then SPEC §10's
+        truncation figures, which the baselines ``random`` and ``shuffled`` do not carry) over
+        the instances of ``group`` (``top``, ``random``, ``shuffled``,
         ``sink_removed``, ``sink_in``, ``sink_out``), ``[layer, head, n]``; NaN where none was
         defined."""
         return self.scores[check_name("group", group, GROUPS), check_name("metric", name, METRIC_NAMES)]

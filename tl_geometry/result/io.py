@@ -53,7 +53,7 @@ from .schema import AXES, COUNT_FIELDS, OPTIONAL, check_fields, names
 
 #: The result file format: 9, where the last fields came in (:data:`_FIELD_SINCE`), or the
 #: ``since`` of a figure added later (:func:`~tl_geometry.functional.figures.added_since`).
-FORMAT_VERSION = max(9, *(v for added in added_since().values() for v in added.values()))
+FORMAT_VERSION = max([9, *(v for added in added_since().values() for v in added.values())])
 FORMAT = f"tl_geometry.HeadAnalysis/{FORMAT_VERSION}"
 _FORMAT_PREFIX = "tl_geometry.HeadAnalysis/"
 #: The first format version that stores a checksum.

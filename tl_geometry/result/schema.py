@@ -1,8 +1,9 @@
 """The names and axes of :class:`~tl_geometry.result.HeadAnalysis`, in one place.
 
 Every tensor field has named axes (:data:`AXES`); every named axis has its labels in one tuple
-(:data:`names`). Adding a selection group (e.g. a ``"shuffled"`` null) or a metric (e.g.
-``"precision_cc"``) means extending one tuple: the accessors, ``sel``, ``to_pandas``, the file
+(:data:`names`): a figure's axis reads them from :data:`~tl_geometry.functional.figures.FIGURES`,
+a selection group's from :data:`GROUPS`. Adding a group (e.g. a ``"shuffled"`` null) or a figure
+(docs/where_things_go.md) extends one of them: the accessors, ``sel``, ``to_pandas``, the file
 format (which saves these labels) and the shape checks follow.
 """
 

@@ -38,7 +38,7 @@ class _Slice:
         self.accessor, self.key = accessor, key
         if doc is None and accessor in _AXIS and len(key) == 1:
             row = figure(_AXIS[accessor], key[0])
-            doc = f"{row.doc} (SPEC {row.spec})"
+            doc = f"{row.doc}; SPEC {row.spec}"
         call = f"``result.{accessor}({', '.join(map(repr, key))})``"
         shape = "[layer, head]" if accessor in _PER_HEAD else "[layer, head, n]"
         self.__doc__ = f"{doc + ': ' if doc else ''}{call}, ``{shape}``."
@@ -57,7 +57,8 @@ class Shortcuts:
     # --- metric(name): the top-N group; sink_diagnostic(field) (docs: functional.figures) ----------
     precision = _Slice("metric", "precision")
     recall = _Slice("metric", "recall")
-    f_score = _Slice("metric", "f_score")
+    f_score = _Slice("metric", "f_score", doc="Top-N F_N, the harmonic mean of P_N and R_N; SPEC §3 "
+                     "(``f_score[li, h, i]``: layer ``layers[li]``, N ``n_values[i]``)")
     margin = _Slice("metric", "margin")
     inversions = _Slice("metric", "inversions")
     precision_cc = _Slice("metric", "precision_cc")

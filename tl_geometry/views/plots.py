@@ -25,6 +25,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ..functional.figures import FIGURES
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from ..result import BOUND_KINDS, BOUND_METRICS, GROUPS, METRIC_NAMES, HeadAnalysis
 from ..result.headline import dense_from
@@ -123,7 +124,7 @@ _METRIC_TITLES = {"precision": ("Precision", "precision"), "recall": ("Recall", 
                   "f_score_cc": ("Chance-corrected F score F*", "F*"),
                   "tail_mass": ("Tail mass τ", "τ"),
                   "truncation_error": ("Relative truncation error ‖o − o_N‖/‖o‖", "relative error")}
-_UNIT_RANGE = ("precision", "recall", "f_score", "precision_cc", "f_score_cc", "tail_mass")
+_UNIT_RANGE = tuple(f.name for f in FIGURES if f.axis == "metric" and f.unit)
 
 
 def f_curves_plot(result: HeadAnalysis, *, by: str = "class", metric: str = "f_score") -> PlotFigure:

@@ -22,6 +22,16 @@ import numpy as np
 from numba import njit, prange
 
 from ...functional.dtypes import COSINE_EPS
+from ..layout import SINK_COSINE, SINK_MEAN_COSINE, SINK_NORM_RATIO
+
+#: Every slot this module's kernels write, as Python computes them today.
+SLOTS = (SINK_NORM_RATIO, SINK_COSINE, SINK_MEAN_COSINE)
+
+
+@njit(cache=True)
+def compiled_slots():  # pragma: no cover - compiled
+    """:data:`SLOTS` as this module's cached machine code holds them (:func:`.score.compiled_slots`)."""
+    return (SINK_NORM_RATIO, SINK_COSINE, SINK_MEAN_COSINE)
 
 
 @njit(cache=True)
@@ -129,8 +139,8 @@ def _dot(V, i, j):  # pragma: no cover - compiled
 
 @njit(parallel=True, cache=True)
 def sink_geometry(values, is_token, sink, queries, h0, group_size, sink_fields, window):  # pragma: no cover - compiled
-    """Write the sink geometry of every chosen query into ``sink_fields[b, h, q, 1:4]`` for the
-    heads ``h0 + …`` of each value group.
+    """Write the sink geometry of every chosen query into the κ and cosine slots of
+    ``sink_fields[b, h, q]`` for the heads ``h0 + …`` of each value group.
 
     ``values [b, g, k, d]`` (padding zeroed), ``is_token [b, k]`` (False at padding),
     ``sink [b]``, ``queries [b, Q]`` (−1: none; ascending
@@ -201,6 +211,6 @@ def sink_geometry(values, is_token, sink, queries, h0, group_size, sink_fields, 
             cos_mean = (dot_sum / count) / (sink_norm * (total_norm / count) + COSINE_EPS)
             for r in range(group_size):
                 out = sink_fields[b, h0 + g * group_size + r, qi]
-                out[1] = kappa
-                out[2] = mean_cos
-                out[3] = cos_mean
+                out[SINK_NORM_RATIO] = kappa
+                out[SINK_COSINE] = mean_cos
+                out[SINK_MEAN_COSINE] = cos_mean

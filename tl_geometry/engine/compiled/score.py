@@ -60,6 +60,17 @@ from .order import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
 (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_CC, TAIL_MASS, TRUNCATION_ERROR) = (
     slot("metric", name) for name in ("precision", "recall", "f_score", "margin", "inversions", "precision_cc",
                                       "f_score_cc", "tail_mass", "truncation_error"))
+#: Every slot this module's kernels write, as Python computes them today.
+SLOTS = (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_CC, TAIL_MASS, TRUNCATION_ERROR,
+         SINK_MASS, SINK_SHARE)
+
+
+@njit(cache=True)
+def compiled_slots():  # pragma: no cover - compiled
+    """:data:`SLOTS` as this module's cached machine code holds them: numba keys its disk cache on
+    this file, so kernels compiled before the figures table changed keep the old slots."""
+    return (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_CC, TAIL_MASS, TRUNCATION_ERROR,
+            SINK_MASS, SINK_SHARE)
 
 
 @njit(cache=True, inline="always")

@@ -92,3 +92,21 @@ def compile_all(done: Callable[[str, tuple[Any, ...]], None] | None = None) -> N
         KERNELS[name].compile(signature)
         if done is not None:
             done(name, signature)
+
+
+class StaleKernelsError(RuntimeError):
+    """numba's disk cache holds kernels compiled with other result slots than the figures table
+    gives today (:func:`check_slots`)."""
+
+
+def check_slots() -> None:
+    """Refuse cached kernels that write their figures to other slots than
+    :data:`tl_geometry.functional.figures.FIGURES` gives: numba keys its disk cache on a kernel's
+    own source file, so a changed table alone would leave the old slots compiled in."""
+    stale = [module.__name__ for module in (score, geometry) if module.compiled_slots() != module.SLOTS]
+    if stale:
+        raise StaleKernelsError(
+            f"the cached kernels of {', '.join(stale)} write to other result slots than "
+            "tl_geometry.functional.figures gives (they were compiled before the table changed). "
+            "Delete numba's cached kernels of tl_geometry/engine/compiled (the *.nbi and *.nbc files "
+            "in its __pycache__, or under $NUMBA_CACHE_DIR or ~/.cache/numba) and run again.")

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ...functional.dtypes import COMPUTE_DTYPE, COSINE_EPS
 from ...functional.heads import first_duplicate
+from ..layout import SINK_COSINE, SINK_MEAN_COSINE, SINK_NORM_RATIO
 
 
 def write_sink_geometry(
@@ -17,15 +18,16 @@ def write_sink_geometry(
     queries: Int[Tensor, "b q"], h0: int, group_size: int, window: int,
     sink_fields: Float[Tensor, "b head q field"],
 ) -> None:
-    """:func:`..compiled.geometry.sink_geometry` in torch, same arguments: fields 1–3 of
-    ``sink_fields`` (SPEC §4) at the chosen queries for the heads ``h0 …`` of value groups
+    """:func:`..compiled.geometry.sink_geometry` in torch, same arguments: κ and the two cosines
+    of ``sink_fields`` (SPEC §4) at the chosen queries for the heads ``h0 …`` of value groups
     ``values``, NaN at −1 and padded queries and where the query's ``window`` does not hold
     the sink."""
     sees_sink = (queries - window < sink[:, None]) & (sink[:, None] <= queries)
     geometry = sink_geometry(values, is_token, sink, queries, sees_sink, window)
     ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
     geometry = torch.where(ok, geometry.repeat_interleave(group_size, dim=1), torch.nan)
-    sink_fields[:, h0 : h0 + values.shape[1] * group_size, :, 1:4] = geometry
+    fields = [SINK_NORM_RATIO, SINK_COSINE, SINK_MEAN_COSINE]
+    sink_fields[:, h0 : h0 + values.shape[1] * group_size, :, fields] = geometry
 
 
 def band_gram(values: Float[Tensor, "b g k d"], window: int) -> Float[Tensor, "b g k j"]:

@@ -204,12 +204,12 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
     else:
         e = a * (a * g - 2 * dots)
     scores, e_min, e_max = scores_from_energies(e, selected, keyset, n.squeeze(-1))
-    unselected = keyset & ~selected
     if cosine:
         margin = scores.margin
     elif aggregate is not None:  # D_min and D_max from the vectors, at the lowest key of each extreme E (as the kernel)
         aggregate = rearrange(aggregate, "b g (r q s n) d -> b (g r) q s n d", r=group_size,
                               q=alpha.shape[2], s=rank.shape[3])
+        unselected = keyset & ~selected
         d_min = inner.distance(alpha, torch.where(unselected, e, torch.inf).argmin(-1), aggregate, group_size, source)
         d_max = inner.distance(alpha, torch.where(selected, e, -torch.inf).argmax(-1), aggregate, group_size, source)
         margin = d_min - d_max
