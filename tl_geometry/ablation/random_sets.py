@@ -18,12 +18,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..forward import hooks as _forward
-from ..forward import losses as _losses
 from ..functional.uncertainty import empirical_p, null_z, paired_window_se
-from ..progress import progress_counter
 from . import hooks as _hooks
 from .hooks import Mode
-from .run import positive_int, prepare_ablation
+from .run import ablated_losses, positive_int, prepare_ablation
 
 
 @dataclass
@@ -188,21 +186,11 @@ def ablation_vs_random(
     _hooks.check_hooks(model, range(n_layers))
     start = time.perf_counter()
     sets = random_head_sets(chosen, n_random, same_layers=same_layers, seed=seed)
-    fill = None
-    if mode == "mean":
-        ref = tokens if reference_tokens is None else reference_tokens
-        ref_mask = attention_mask if reference_tokens is None else reference_attention_mask
-        fill = _hooks.mean_z(model, ref, range(n_layers), ref_mask)
-    base = _losses.model_loss(model, tokens, attention_mask)
-    dense = _losses.window_losses(model, tokens, attention_mask)
-    bar = progress_counter(n_random + 1, "ablation vs random", "set") if progress else None
-    try:
-        windows = _hooks.replica_window_losses(
-            model, tokens, torch.cat([chosen[None], sets]), fill=fill, attention_mask=attention_mask,
-            per_forward=batch_size, progress=bar)
-    finally:
-        if bar is not None:
-            bar.close()
+    base, dense, windows = ablated_losses(
+        model, tokens, torch.cat([chosen[None], sets]), mode, attention_mask=attention_mask,
+        reference_tokens=reference_tokens, reference_attention_mask=reference_attention_mask,
+        per_forward=batch_size, progress=progress, label="ablation vs random", unit="set")
+    assert windows is not None  # the chosen set is not empty
     se = paired_window_se(windows.loss - dense.loss, dense.weight)
     total = windows.total
     metadata = {"tokens": list(tokens.shape), "n_windows": int((dense.weight > 0).sum()),

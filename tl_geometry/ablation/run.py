@@ -1,18 +1,21 @@
-"""The checks that open every ablation sweep, in one place.
+"""What every ablation sweep does first and last, in one place.
 
 :func:`head_sensitivity`, :func:`ablation_vs_random` and :func:`sparsification_curve` take the
 same model, tokens, ``mode``, reference batch and ``progress``; :func:`prepare_ablation` checks
-them in one order, with one set of messages, and returns what the sweep goes on with.
+them in one order, with one set of messages, and :func:`ablated_losses` runs the dense model and
+every ablated replica of the batch the same way for all three.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from jaxtyping import Bool
 from torch import Tensor
 
+from ..forward import losses as _losses
 from ..forward.hooks import check_tokens, model_shape
-from ..progress import check_progress
+from ..progress import check_progress, progress_counter
 from . import hooks as _hooks
 
 
@@ -56,3 +59,50 @@ def positive_int(name: str, value: Any, allow_none: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
+
+
+class AblatedLosses(NamedTuple):
+    """The dense model's loss on a batch (``base``, its own ``return_type="loss"``), its
+    per-window losses (``dense``) and those of every ablated replica (``ablated``; None where
+    nothing was ablated)."""
+
+    base: float
+    dense: _losses.WindowLosses
+    ablated: _losses.WindowLosses | None
+
+
+def ablated_losses(
+    model: Any,
+    tokens: Tensor,
+    remove: Bool[Tensor, "replica layer head"],
+    mode: str,
+    *,
+    attention_mask: Tensor | None,
+    reference_tokens: Tensor | None,
+    reference_attention_mask: Tensor | None,
+    per_forward: int | None,
+    progress: bool,
+    label: str,
+    unit: str,
+) -> AblatedLosses:
+    """The losses of :class:`AblatedLosses`: replica ``r`` has heads ``remove[r]`` ablated
+    (:func:`~tl_geometry.ablation.hooks.replica_window_losses`, ``per_forward`` replicas per
+    forward), by zeros or, with ``mode="mean"``, by each head's mean ``z`` over
+    ``reference_tokens`` (default: ``tokens``); a ``label`` bar counts the replicas in ``unit``."""
+    base = _losses.model_loss(model, tokens, attention_mask)
+    dense = _losses.window_losses(model, tokens, attention_mask)
+    if len(remove) == 0:
+        return AblatedLosses(base, dense, None)
+    fill = None
+    if mode == "mean":
+        if reference_tokens is None:
+            reference_tokens, reference_attention_mask = tokens, attention_mask
+        fill = _hooks.mean_z(model, reference_tokens, range(remove.shape[1]), reference_attention_mask)
+    bar = progress_counter(len(remove), label, unit) if progress else None
+    try:
+        ablated = _hooks.replica_window_losses(model, tokens, remove, fill=fill, attention_mask=attention_mask,
+                                               per_forward=per_forward, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return AblatedLosses(base, dense, ablated)

@@ -26,10 +26,8 @@ from ..functional.uncertainty import (
     criticality,
     paired_window_se,
 )
-from ..progress import progress_counter
-from . import hooks as _hooks
 from .hooks import Mode
-from .run import positive_int, prepare_ablation
+from .run import ablated_losses, positive_int, prepare_ablation
 
 #: ``k`` of the robust-outlier flag (reported, not the critical rule): Iglewicz & Hoaglin's cut
 #: on the modified z-score, ``0.6745 (x − median) / MAD > 3.5``.
@@ -197,32 +195,21 @@ def head_sensitivity(
     pairs = wanted.nonzero()  # [k, 2], layer-major
     if len(pairs) == 0:
         raise ValueError("heads is empty: nothing to score.")
-    fill = None
-    if mode == "mean":
-        ref = tokens if reference_tokens is None else reference_tokens
-        ref_mask = attention_mask if reference_tokens is None else reference_attention_mask
-        fill = _hooks.mean_z(model, ref, range(n_layers), ref_mask)
     # One replica per head: replica r removes exactly head pairs[r].
     remove = torch.zeros(len(pairs), n_layers, n_heads, dtype=torch.bool)
     remove[torch.arange(len(pairs)), pairs[:, 0], pairs[:, 1]] = True
-
+    per_forward = batch_heads or _losses.replicas_per_forward(model, *tokens.shape)
     start = time.perf_counter()
-    base = _losses.model_loss(model, tokens, attention_mask)
-    dense = _losses.window_losses(model, tokens, attention_mask)
+    base, dense, windows = ablated_losses(
+        model, tokens, remove, mode, attention_mask=attention_mask, reference_tokens=reference_tokens,
+        reference_attention_mask=reference_attention_mask, per_forward=per_forward, progress=progress,
+        label="head sensitivity", unit="head")
+    assert windows is not None  # pairs is not empty
     if int((dense.weight > 0).sum()) < 2:
         warnings.warn(
             "head_sensitivity got one window with next-token predictions: a loss increase has no "
             "standard error over windows, so no head can be critical (SPEC §7). Pass ≥ 2 "
             "windows, e.g. tl_geometry.text_windows(model, n_seqs=4).", UserWarning, stacklevel=2)
-    per_forward = batch_heads or _losses.replicas_per_forward(model, *tokens.shape)
-    bar = progress_counter(len(pairs), "head sensitivity", "head") if progress else None
-    try:
-        windows = _hooks.replica_window_losses(model, tokens, remove, fill=fill,
-                                               attention_mask=attention_mask,
-                                               per_forward=per_forward, progress=bar)
-    finally:
-        if bar is not None:
-            bar.close()
     loss = torch.full((n_layers, n_heads), float("nan"), dtype=torch.float64)
     loss[pairs[:, 0], pairs[:, 1]] = windows.total
     window_loss = torch.full((n_layers, n_heads, tokens.shape[0]), float("nan"), dtype=torch.float64)

@@ -13,12 +13,10 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..forward import hooks as _forward
-from ..forward import losses as _losses
 from ..functional.uncertainty import paired_window_se
-from ..progress import progress_counter
 from . import hooks as _hooks
 from .orderings import Ordering
-from .run import positive_int, prepare_ablation
+from .run import ablated_losses, positive_int, prepare_ablation
 
 #: Fractions of heads kept at which ``sparsification_curve`` measures the loss by default.
 DEFAULT_RETENTION = (1.0, 0.9, 0.75, 0.5, 0.25)
@@ -175,23 +173,13 @@ def sparsification_curve(
                 mask = torch.zeros(n_total, dtype=torch.bool)
                 mask[flat[:n_removed]] = True
                 masks.append(mask.reshape(n_layers, n_heads))
-    base = _losses.model_loss(model, tokens, attention_mask)
-    dense = _losses.window_losses(model, tokens, attention_mask)
+    remove = torch.stack(masks) if masks else torch.zeros(0, n_layers, n_heads, dtype=torch.bool)
+    base, dense, windows = ablated_losses(
+        model, tokens, remove, mode, attention_mask=attention_mask, reference_tokens=reference_tokens,
+        reference_attention_mask=reference_attention_mask, per_forward=batch_size, progress=progress,
+        label="sparsification", unit="setting")
     ablated: Iterator[tuple[float, Tensor, float]] = iter(())
-    if masks:
-        fill = None
-        if mode == "mean":
-            ref = tokens if reference_tokens is None else reference_tokens
-            ref_mask = attention_mask if reference_tokens is None else reference_attention_mask
-            fill = _hooks.mean_z(model, ref, range(n_layers), ref_mask)
-        bar = progress_counter(len(masks), "sparsification", "setting") if progress else None
-        try:
-            windows = _hooks.replica_window_losses(
-                model, tokens, torch.stack(masks), fill=fill, attention_mask=attention_mask,
-                per_forward=batch_size, progress=bar)
-        finally:
-            if bar is not None:
-                bar.close()
+    if windows is not None:
         se = paired_window_se(windows.loss - dense.loss, dense.weight)
         ablated = iter(zip(windows.total.tolist(), windows.loss, se.tolist()))
     window_loss = []
