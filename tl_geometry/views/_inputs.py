@@ -98,14 +98,9 @@ def heads_phrase(heads: Sequence[int]) -> str:
     return "heads " + ", ".join(map(str, heads[:-1])) + f" and {heads[-1]}"
 
 
-def crop_note(cropped: int, kept: list[int], n_pos: int, *, rows: bool = False) -> list[str]:
-    """The note of a cropped view; ``rows``: also how the pattern widget's row numbers (the
-    number circuitsvis writes after each token) map to positions."""
+def crop_note(cropped: int, kept: list[int], n_pos: int) -> list[str]:
+    """The note of a cropped view (none where nothing was cropped)."""
     if not cropped:
         return []
-    note = (f"Long sequence: showing the sink (position {kept[0]}) and positions {kept[1]}–{kept[-1]} "
-            f"of {n_pos}; the {cropped} positions in between are cropped. Raise max_tokens to see more.")
-    if rows:
-        note += (f" In the attention pattern, row 0 is the sink, row 1 stands for the cropped "
-                 f"positions, and row k from 2 on is position k + {kept[1] - 2}.")
-    return [note]
+    return [f"Long sequence: showing the sink (position {kept[0]}) and positions {kept[1]}–{kept[-1]} "
+            f"of {n_pos}; the {cropped} positions in between are cropped. Raise max_tokens to see more."]

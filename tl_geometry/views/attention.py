@@ -114,11 +114,9 @@ def attention_view(
 ) -> View:
     """Attention patterns of ``heads`` of ``layer`` with the top-``n`` keys of ``query`` highlighted.
 
-    Shows circuitsvis's ``AttentionHeads`` widget (``blocks.{layer}.attn.hook_pattern`` of
-    sequence ``batch``) and, per head, the tokens up to ``query`` shaded by ``α_j`` with the
-    top-N set ``S_N`` (SPEC §2: largest ``α``, ties to the lower index) outlined and ranked.
-    Sequences longer than ``max_tokens`` keep the sink and the last positions up to the query,
-    with a visible note. ``tokens`` are str tokens or ids (decoded with ``model``'s tokenizer).
+    circuitsvis's ``AttentionHeads`` widget of sequence ``batch`` and, per head, the tokens up to
+    ``query`` shaded by ``α_j``, the top-N set ``S_N`` (SPEC §2) outlined and ranked. Longer than
+    ``max_tokens``: the sink and the last positions, with a note. ``tokens``: str tokens or ids.
 
     >>> view = attention_view(cache, 5, [0, 3], tokens=tokens, model=model, n=4)  # doctest: +SKIP
     >>> view.save("l5.html")                                                      # doctest: +SKIP
@@ -162,10 +160,8 @@ def contribution_view(
 
     For every query ``t`` and key ``j ≤ t``: ``c_tj = α_tj ‖v_j‖ / Σ_{k≤t} α_tk ‖v_k‖`` — the
     share of ``‖y_j‖ = α_j‖v_j‖`` (SPEC §1, ``v`` of the KV head the query head reads) in the
-    query's total. A sink with much attention but a small value norm (κ < 1, SPEC §4) fades
-    from the left panel to the right one. The widget interleaves ``head {h} attention α`` and
-    ``head {h} contribution α‖v‖`` for each head; the rows end at ``query`` and are cropped like
-    :func:`attention_view`.
+    query's total: a sink with a small value norm (κ < 1, SPEC §4) fades from the raw panel to
+    the weighted one. Rows end at ``query``, cropped like :func:`attention_view`.
 
     >>> contribution_view(cache, 5, [0, 3], tokens=tokens, model=model)  # doctest: +SKIP
     """

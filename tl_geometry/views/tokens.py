@@ -30,11 +30,9 @@ def token_view(
 ) -> View:
     """The keys of ``query`` coloured by ``‖y_j‖ = α_j‖v_j‖`` for one (layer, head), sink marked.
 
-    circuitsvis's ``ColoredTokens`` (hover a token for its value); the sink's label starts with
-    ``⟦sink⟧``. The caption gives the source winner ``argmax_j α_j‖v_j‖`` and its vote (SPEC §5:
-    current / sink / other), the sink's share of the total contribution (SPEC §4), and the
-    top-``n`` keys by contribution. Long rows keep the sink and the last ``max_tokens - 1``
-    positions up to the query, with a visible note.
+    circuitsvis's ``ColoredTokens``; the caption gives the source winner ``argmax_j α_j‖v_j‖``
+    and its vote (SPEC §5), the sink's share of the total (SPEC §4) and the top-``n`` keys.
+    Long rows keep the sink and the last ``max_tokens - 1`` positions, with a note.
 
     >>> token_view(cache, 5, 3, tokens=tokens, model=model, query=-1)  # doctest: +SKIP
     """
