@@ -1,10 +1,6 @@
-"""``tl-geometry capacity``: retrieval capacity of a model under top-N attention.
-
-Loads a model, cuts its text into windows, and for each mode (``renormalize``, ``delete``):
-the loss with every head keeping only each query's top-N keys for every ``--n-values`` N, and
-``N*`` (smallest N within ``--tolerance`` of the dense loss); then the per-head sweep at
-``--head-n`` and Spearman's ρ between each head's F_N (its shell certificates, its tail mass and
-relative truncation error) and the loss of sparsifying that head alone. Writes into ``--out DIR``::
+"""``tl-geometry capacity``: retrieval capacity of a model under top-N attention (per mode, the
+loss curve over ``--n-values`` and N*; the per-head sweep at ``--head-n`` and its Spearman ρ with
+each head's geometry). Writes into ``--out DIR``::
 
     capacity.csv          n, mode, scope, tolerance, loss, dense_loss, relative_increase, ...
     capacity_heads.csv    layer, head, n, mode, f_score, shell_k0, shell_kn, tail_mass,
@@ -37,6 +33,7 @@ from .args import (
     positive_int,
     read_input_text,
     show_progress,
+    whole_number,
 )
 
 if TYPE_CHECKING:
@@ -70,10 +67,7 @@ def _fraction(text: str) -> float:
 
 
 def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
+    value = whole_number(text, "a whole number ≥ 0")
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}")
     return value
