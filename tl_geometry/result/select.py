@@ -118,9 +118,7 @@ class HeadSelection(Mapping[str, Any]):
             return (f"HeadSelection({where}; dims={self.dims}; {len(self)} quantities: "
                     f"{', '.join(self._data)})")
         lines = [f"HeadSelection({where})"]
-        for key, value in self.to_dict().items():
-            shown = _fmt(value)
-            lines.append(f"  {key:<24} {shown}")
+        lines += [f"  {key:<24} {_fmt(value)}" for key, value in self.to_dict().items()]
         return "\n".join(lines)
 
 
