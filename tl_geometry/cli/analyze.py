@@ -1,8 +1,7 @@
 """``tl-geometry analyze``: load a model, run it on text, print the per-head summary.
 
-Only ``hook_pattern`` and ``hook_v`` are cached (or, with ``--stream``, ``--attention recompute``
-and under ``torchrun``, nothing is: the analysis runs inside the forward pass). The summary gives, per head, the
-taxonomy, the sink figures and F_N of the top-N sets against random subsets.
+Only ``hook_pattern`` and ``hook_v`` are cached; with ``--stream``, ``--attention recompute`` or
+under ``torchrun`` nothing is: the analysis runs inside the forward pass.
 """
 
 from __future__ import annotations
@@ -15,12 +14,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from ..analyze.from_model import ATTENTION_SOURCES
-from ..engine.options import (
-    DEFAULT_N_VALUES,
-    DEFAULT_SHUFFLE,
-    Distance,
-    ShuffleKind,
-)
+from ..engine.options import DEFAULT_N_VALUES, DEFAULT_SHUFFLE, Distance, ShuffleKind
 from .args import (
     UsageError,
     add_model_options,

@@ -1,9 +1,5 @@
-"""``tl-geometry scores``: the head scores other tools use (SPEC §9), per layer and head.
-
-Previous-token, duplicate-token and induction scores on repeated random tokens, the sink rate
-(and the model's Sink^ε) on real-text windows, and a retrieval score; see
-:func:`tl_geometry.head_scores`.
-"""
+"""``tl-geometry scores``: the head scores other tools use (SPEC §9; :func:`tl_geometry.head_scores`),
+per layer and head."""
 
 from __future__ import annotations
 
