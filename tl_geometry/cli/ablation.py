@@ -15,9 +15,8 @@ from .args import (
     UsageError,
     add_model_options,
     add_progress_option,
-    check_model,
+    check_model_and_windows,
     check_output_dir,
-    check_windows,
     load_cli_model,
     positive_int,
     read_input_text,
@@ -126,8 +125,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``ablate`` or ``prune``; returns the exit status (bad arguments raise ``UsageError``;
     head indices, checked after the load, a ``ValueError``)."""
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=3)
+    check_model_and_windows(args, min_seq_len=3)
     if args.command == "ablate" and args.each and args.n_random:
         raise UsageError("--n-random compares the listed heads as one set with random sets; it "
                          "does not combine with --each. Drop one of them.")
@@ -139,8 +137,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = read_input_text(args)
 
-    print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_cli_model(args)
+    model = load_cli_model(args, log=sys.stderr)
     return _ablate(model, text, args) if args.command == "ablate" else _prune(model, text, args)
 
 

@@ -14,7 +14,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 __all__ = [
     "Parser",
@@ -26,9 +26,9 @@ __all__ = [
     "check_distinct_paths",
     "check_labels_file",
     "check_model",
+    "check_model_and_windows",
     "check_output_dir",
     "check_output_file",
-    "check_windows",
     "int_list",
     "load_cli_model",
     "positive_int",
@@ -211,11 +211,13 @@ def _check_context(name: str, seq_len: int, n_ctx: int | None) -> None:
                          f"tokens; use --seq-len {n_ctx} or less.")
 
 
-def load_cli_model(args: argparse.Namespace):
-    """``load_model(args.model)``, its file errors as :class:`UsageError`; then ``--seq-len``
-    against the loaded model's context length."""
+def load_cli_model(args: argparse.Namespace, log: TextIO | None = None):
+    """``load_model(args.model)``, announced on ``log`` where given, its file errors as
+    :class:`UsageError`; then ``--seq-len`` against the loaded model's context length."""
     from ..inputs import models
 
+    if log is not None:
+        print(f"Loading {args.model} (offline)...", file=log)
     try:
         model = models.load_model(args.model, bos=_bos_option(args))  # None: the model's files say
     except models.ModelLoadError as err:
@@ -226,7 +228,9 @@ def load_cli_model(args: argparse.Namespace):
     return model
 
 
-def check_windows(args: argparse.Namespace, min_seq_len: int) -> None:
+def check_model_and_windows(args: argparse.Namespace, min_seq_len: int) -> None:
+    """:func:`check_model`, then a ``--seq-len`` of at least ``min_seq_len``."""
+    check_model(args.model, args.seq_len)
     if args.seq_len < min_seq_len:
         raise UsageError(f"--seq-len {args.seq_len} is too short: a window needs BOS and at least "
                          f"{min_seq_len - 1} text token(s); use --seq-len {min_seq_len} or more.")

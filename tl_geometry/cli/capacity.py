@@ -25,9 +25,8 @@ from .args import (
     UsageError,
     add_model_options,
     add_progress_option,
-    check_model,
+    check_model_and_windows,
     check_output_dir,
-    check_windows,
     int_list,
     load_cli_model,
     positive_int,
@@ -110,13 +109,11 @@ def _check_n_fits(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``tl-geometry capacity``; returns the exit status (bad arguments raise ``UsageError``)."""
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=3)
+    check_model_and_windows(args, min_seq_len=3)
     _check_n_fits(args)
     check_output_dir(args.out, "--out")
     text = read_input_text(args)
-    print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_cli_model(args)
+    model = load_cli_model(args, log=sys.stderr)
     return _capacity(model, text, args)
 
 

@@ -14,9 +14,8 @@ from ..progress import progress_counter
 from .args import (
     add_model_options,
     add_progress_option,
-    check_model,
+    check_model_and_windows,
     check_output_dir,
-    check_windows,
     load_cli_model,
     read_input_text,
     show_progress,
@@ -60,8 +59,7 @@ def add_parser(sub: Any, name: str = "report") -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """``tl-geometry report``: load, cache, analyse, write the report, with a progress bar;
     every argument is checked first (``UsageError``)."""
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=3)
+    check_model_and_windows(args, min_seq_len=3)
     check_output_dir(args.out, "--out")
     text = read_input_text(args)
     import torch

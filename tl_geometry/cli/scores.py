@@ -16,9 +16,8 @@ from .args import (
     add_progress_option,
     add_sink_option,
     check_distinct_paths,
-    check_model,
+    check_model_and_windows,
     check_output_file,
-    check_windows,
     load_cli_model,
     positive_int,
     read_input_text,
@@ -89,8 +88,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``tl-geometry scores``; returns the exit status (bad arguments raise ``UsageError``)."""
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=MIN_SEQ_LEN)
+    check_model_and_windows(args, min_seq_len=MIN_SEQ_LEN)
     _check_context(args)
     check_output_file(args.csv, "--csv")
     check_distinct_paths(args, ("--csv",))
@@ -102,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from ..analyze.head_scores import head_scores
     from ..inputs.text import text_windows
 
-    print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_cli_model(args)
+    model = load_cli_model(args, log=sys.stderr)
     windows = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     # Sink^ε reads --n-seqs windows of 64 tokens of the same text, the same ones whatever --seq-len.
     sink_windows = None
