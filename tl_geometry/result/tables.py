@@ -54,12 +54,17 @@ def best_n(result: AnalysisLike):
                          **{k: v.flatten().numpy() for k, v in columns.items()}})
 
 
+def measured_and_predicted_best_n(result: AnalysisLike, kind: str) -> tuple[Tensor, Tensor]:
+    """Per head, the measured best N and the one bound ``kind`` predicts (:func:`argmax_n`)."""
+    check_name("bound kind", kind, tuple(BEST_N_KINDS))
+    return (argmax_n(result, result.f_score, bound=False),
+            argmax_n(result, result.bound(kind, "f_score"), bound=True))
+
+
 def best_n_agreement(result: AnalysisLike, kind: str = "shell_n") -> float:
     """Fraction of heads whose ``kind``-predicted best N equals the measured one, among the
     heads where both are defined; NaN if there are none."""
-    check_name("bound kind", kind, tuple(BEST_N_KINDS))
-    measured = argmax_n(result, result.f_score, bound=False)
-    predicted = argmax_n(result, result.bound(kind, "f_score"), bound=True)
+    measured, predicted = measured_and_predicted_best_n(result, kind)
     both = ~torch.isnan(measured) & ~torch.isnan(predicted)
     if not both.any():
         return float("nan")

@@ -18,8 +18,7 @@ from torch import Tensor
 from ..functional.stats import spearman
 from .headline import headline_n
 from .protocol import AnalysisLike
-from .schema import check_name
-from .tables import BEST_N_KINDS, argmax_n
+from .tables import measured_and_predicted_best_n
 
 #: Seeded shuffles behind the permutation p-value of a best-N agreement.
 N_SHUFFLES = 1000
@@ -109,7 +108,5 @@ def best_n_vs_chance(result: AnalysisLike, kind: str = "shell_n", *, n_shuffles:
                      seed: int = 0) -> BestNAgreement:
     """:func:`agreement_vs_chance` of the ``kind``-predicted best N with the measured best N
     over the headline range (``HeadAnalysis.best_n``)."""
-    check_name("bound kind", kind, tuple(BEST_N_KINDS))
-    measured = argmax_n(result, result.f_score, bound=False)
-    predicted = argmax_n(result, result.bound(kind, "f_score"), bound=True)
+    measured, predicted = measured_and_predicted_best_n(result, kind)
     return agreement_vs_chance(measured, predicted, n_shuffles=n_shuffles, seed=seed)
