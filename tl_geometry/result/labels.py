@@ -49,9 +49,10 @@ def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     """Share of :data:`N_RESAMPLES` bootstrap resamples (seed 0) that give the head its label
     (SPEC §5). The units resampled (:func:`stability_units`): the sequences where there are at
     least :data:`MIN_UNITS` (8), else each layer's complete blocks of 128 consecutive voting
-    queries, pooled over the sequences. NaN — never counted :func:`unstable` — for every head of
-    a layer with fewer than 8 units ("too few units"), of a file without per-sequence votes
-    (format ≤ 3), and for an unlabelled head; :func:`stability_note` says why.
+    queries, pooled over the sequences; the label kept is the head's own, from all its votes.
+    NaN — never counted :func:`unstable` — for every head of a layer with fewer than 8 units
+    ("too few units"), of a file without per-sequence votes (format ≤ 3), and for an
+    unlabelled head; :func:`stability_note` says why.
     """
     votes = getattr(result, "sequence_votes", None)
     shape = tuple(result.vote_counts.shape[:2])
