@@ -37,6 +37,7 @@ __all__ = [
     "seed",
     "show_progress",
     "sink_option",
+    "whole_number",
 ]
 
 
