@@ -94,8 +94,6 @@ def run(args: argparse.Namespace) -> int:
     check_distinct_paths(args, ("--csv",))
     if args.top is not None and args.sort is None:
         raise UsageError("--top needs --sort (which score ranks the heads), e.g. --sort induction --top 10.")
-    # read_input_text checks that the text (a --text file or the built-in sample) has enough bytes
-    # for --n-seqs windows, before the load.
     text = read_input_text(args)
     from ..analyze.head_scores import head_scores
     from ..inputs.text import text_windows
