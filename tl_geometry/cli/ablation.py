@@ -1,11 +1,5 @@
-"""``tl-geometry ablate`` and ``tl-geometry prune`` (docs/ablation.md), wired into :mod:`tl_geometry.cli`.
-
-``ablate`` prints the loss of a model on real text with and without some heads (all together,
-or with ``--each`` one at a time).
-``prune`` runs the single-head sensitivity sweep, the geometric analysis and every removal order
-on one set of windows, then the sparsification curves on *other* (held-out) windows, and writes
-``sensitivity.csv``, ``sparsification.csv``, ``sensitivity.png`` and ``sparsification.png``.
-"""
+"""``tl-geometry ablate`` and ``tl-geometry prune`` (docs/ablation.md; what each does: :data:`ABLATE`,
+:data:`PRUNE`)."""
 
 from __future__ import annotations
 
@@ -21,9 +15,8 @@ from .args import (
     UsageError,
     add_model_options,
     add_progress_option,
-    check_model,
+    check_model_and_windows,
     check_output_dir,
-    check_windows,
     load_cli_model,
     positive_int,
     read_input_text,
@@ -130,13 +123,9 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``ablate`` or ``prune``; returns the exit status (bad arguments raise ``UsageError``).
-
-    Head indices are checked against the model after it loads (its shape is not known before);
-    the ``ValueError`` then names the valid range.
-    """
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=3)
+    """Run ``ablate`` or ``prune``; returns the exit status (bad arguments raise ``UsageError``;
+    head indices, checked after the load, a ``ValueError``)."""
+    check_model_and_windows(args, min_seq_len=3)
     if args.command == "ablate" and args.each and args.n_random:
         raise UsageError("--n-random compares the listed heads as one set with random sets; it "
                          "does not combine with --each. Drop one of them.")
@@ -148,8 +137,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = read_input_text(args)
 
-    print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_cli_model(args)
+    model = load_cli_model(args, log=sys.stderr)
     return _ablate(model, text, args) if args.command == "ablate" else _prune(model, text, args)
 
 
@@ -164,8 +152,7 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     if args.each:
         return _ablate_each(model, tokens, args)
-    ablation = ablate_heads(model, args.heads, args.mode,
-                                        reference_tokens=tokens if args.mode == "mean" else None)
+    ablation = ablate_heads(model, args.heads, args.mode, reference_tokens=tokens if args.mode == "mean" else None)
     with torch.no_grad():
         base = float(model(tokens, return_type="loss"))
         dense = window_losses(model, tokens)
@@ -174,8 +161,7 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
             per_window = window_losses(model, tokens)
     se = float(paired_window_se(per_window.loss - dense.loss, dense.weight)[0])
     heads = ", ".join(f"L{layer}H{head}" for layer, head in ablation.heads)
-    print(f"{tokens.shape[0]} × {tokens.shape[1]} tokens of {args.text or 'the built-in sample'}")
-    print(f"loss without ablation  {base:.4f}  (perplexity {math.exp(base):.2f})")
+    _print_unablated(tokens, args, base)
     print(f"loss, {args.mode}-ablated {heads}: {ablated:.4f}  (perplexity {math.exp(ablated):.2f}, "
           f"Δ {ablated - base:+.4f} ± {se:.4f} SE over {tokens.shape[0]} windows)")
     if args.n_random:
@@ -193,8 +179,7 @@ def _ablate_each(model: Any, tokens: Any, args: argparse.Namespace) -> int:
 
     sens = head_sensitivity(model, tokens, args.mode, heads=args.heads, progress=show_progress(args))
     increase, se, verdicts = sens.loss_increase, sens.loss_increase_se, sens.criticality()
-    print(f"{tokens.shape[0]} × {tokens.shape[1]} tokens of {args.text or 'the built-in sample'}")
-    print(f"loss without ablation  {sens.base_loss:.4f}  (perplexity {math.exp(sens.base_loss):.2f})")
+    _print_unablated(tokens, args, sens.base_loss)
     print(f"one head at a time, {args.mode}-ablated (Δ ± SE over {sens.n_windows} windows):")
     for layer, head in args.heads:
         loss = float(sens.loss[layer, head])
@@ -205,6 +190,11 @@ def _ablate_each(model: Any, tokens: Any, args: argparse.Namespace) -> int:
         print("critical: the 95% interval of Δ over the windows lies at or above max(0.1 nats, 5% "
               "of the unablated loss); undecided: it straddles that (docs/ablation.md)")
     return 0
+
+
+def _print_unablated(tokens: Any, args: argparse.Namespace, loss: float) -> None:
+    print(f"{tokens.shape[0]} × {tokens.shape[1]} tokens of {args.text or 'the built-in sample'}")
+    print(f"loss without ablation  {loss:.4f}  (perplexity {math.exp(loss):.2f})")
 
 
 def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
@@ -219,17 +209,15 @@ def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
     scoring, held_out = windows[: args.n_seqs], windows[args.n_seqs:]
     progress = show_progress(args)
     start = time.perf_counter()
-    sens = head_sensitivity(model, scoring, args.mode, batch_heads=args.batch_heads,
-                                        progress=progress)
+    sens = head_sensitivity(model, scoring, args.mode, batch_heads=args.batch_heads, progress=progress)
     swept = time.perf_counter()
     analysis = analyze_model(model, scoring, n_values=(2,), progress=progress)
     seeds = range(args.seed, args.seed + args.n_random)
-    orders = head_orderings(model, scoring, analysis=analysis, sensitivity=sens, seeds=seeds,
-                                        progress=progress)
+    orders = head_orderings(model, scoring, analysis=analysis, sensitivity=sens, seeds=seeds, progress=progress)
     # Mean ablation replaces a head by its mean z over the scoring windows, not the held-out ones.
     curve = sparsification_curve(model, held_out, orders, args.retention, mode=args.mode,
-                                             reference_tokens=scoring if args.mode == "mean" else None,
-                                             batch_size=args.batch_heads, progress=progress)
+                                 reference_tokens=scoring if args.mode == "mean" else None,
+                                 batch_size=args.batch_heads, progress=progress)
     done = time.perf_counter()
 
     sens.to_pandas().to_csv(out / "sensitivity.csv", index=False)

@@ -1,8 +1,7 @@
 """``tl-geometry analyze``: load a model, run it on text, print the per-head summary.
 
-Only ``hook_pattern`` and ``hook_v`` are cached (or, with ``--stream``, ``--attention recompute``
-and under ``torchrun``, nothing is: the analysis runs inside the forward pass). The summary gives, per head, the
-taxonomy, the sink figures and F_N of the top-N sets against random subsets.
+Only ``hook_pattern`` and ``hook_v`` are cached; with ``--stream``, ``--attention recompute`` or
+under ``torchrun`` nothing is: the analysis runs inside the forward pass.
 """
 
 from __future__ import annotations
@@ -15,12 +14,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from ..analyze.from_model import ATTENTION_SOURCES
-from ..engine.options import (
-    DEFAULT_N_VALUES,
-    DEFAULT_SHUFFLE,
-    Distance,
-    ShuffleKind,
-)
+from ..engine.options import DEFAULT_N_VALUES, DEFAULT_SHUFFLE, Distance, ShuffleKind
 from .args import (
     UsageError,
     add_model_options,
@@ -28,9 +22,8 @@ from .args import (
     add_sink_option,
     check_distinct_paths,
     check_labels_file,
-    check_model,
+    check_model_and_windows,
     check_output_file,
-    check_windows,
     int_list,
     load_cli_model,
     positive_int,
@@ -144,8 +137,7 @@ def _recompute(args: argparse.Namespace, model: Any, tokens: Any) -> bool:
 
 def check(args: argparse.Namespace) -> str | None:
     """Every check that needs no model; returns the ``--text`` contents (``None``: built-in)."""
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=2)
+    check_model_and_windows(args, min_seq_len=2)
     if isinstance(args.sink, int) and args.sink >= args.seq_len:
         raise UsageError(f"--sink {args.sink} is past the end of a window of --seq-len {args.seq_len} "
                          f"tokens; use a position below {args.seq_len} or --sink auto.")
@@ -178,8 +170,7 @@ def run(args: argparse.Namespace) -> int:
         dropped = ",".join(str(n) for n in args.n_values if n >= args.seq_len)
         print(f"note: N = {dropped} dropped (not below --seq-len {args.seq_len})", file=log)
     start = time.perf_counter()
-    print(f"Loading {args.model} (offline)...", file=log)
-    model = load_cli_model(args)
+    model = load_cli_model(args, log=log)
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
                    shuffle_samples=args.shuffle_samples, shuffle=args.shuffle, seed=args.seed,

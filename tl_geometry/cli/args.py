@@ -1,10 +1,9 @@
 """What every ``tl-geometry`` subcommand shares: the parser class, common options, and the checks
-that run before a model is loaded.
+that run before a model is loaded (half a minute or more), so a typo costs nothing.
 
 A bad argument ends the command with one line on standard error that names the problem and the
-fix, and exit status 2, never a traceback: argparse's own errors go through :meth:`Parser.error`,
-our checks raise :class:`UsageError`, and :func:`tl_geometry.cli.main` prints either. Every
-check here runs before the model load (half a minute or more), so a typo costs nothing.
+fix, and exit status 2: argparse's errors go through :meth:`Parser.error`, our checks raise
+:class:`UsageError`, which :func:`tl_geometry.cli.main` prints.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 __all__ = [
     "Parser",
@@ -27,9 +26,9 @@ __all__ = [
     "check_distinct_paths",
     "check_labels_file",
     "check_model",
+    "check_model_and_windows",
     "check_output_dir",
     "check_output_file",
-    "check_windows",
     "int_list",
     "load_cli_model",
     "positive_int",
@@ -38,6 +37,7 @@ __all__ = [
     "seed",
     "show_progress",
     "sink_option",
+    "whole_number",
 ]
 
 
@@ -78,12 +78,17 @@ class Parser(argparse.ArgumentParser):
 MAX_INT = 2**63 - 1
 
 
+def whole_number(text: str, expected: str) -> int:
+    """``int(text)``; argparse's ``expected {expected}, got {text!r}`` where it is not one."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
 def positive_int(text: str) -> int:
     """An int ≥ 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}") from None
+    value = whole_number(text, "a whole number ≥ 1")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
     if value > MAX_INT:
@@ -92,11 +97,8 @@ def positive_int(text: str) -> int:
 
 
 def seed(text: str) -> int:
-    """A seed: a whole number in ``[0, 2**63)`` (a 64-bit generator's range), refused before the load."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}") from None
+    """A seed: a whole number in ``[0, 2**63)`` (a 64-bit generator's range)."""
+    value = whole_number(text, "a whole number ≥ 0")
     if not 0 <= value <= MAX_INT:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1] (a 64-bit generator seed), "
                                          f"got {value}")
@@ -107,10 +109,7 @@ def sink_option(text: str) -> str | int:
     """``--sink``: ``auto`` or a position ≥ 0 counted from the window's first token (SPEC §1)."""
     if text == "auto":
         return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a position ≥ 0, got {text!r}") from None
+    value = whole_number(text, "'auto' or a position ≥ 0")
     if not 0 <= value <= MAX_INT:
         raise argparse.ArgumentTypeError(f"a position must be ≥ 0, got {value}")
     return value
@@ -120,10 +119,7 @@ def query_option(text: str) -> str | int:
     """``--queries``: ``last``, ``all`` or a sample size ``K ≥ 1``."""
     if text in ("last", "all"):
         return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected last, all or a number of positions ≥ 1, got {text!r}") from None
+    value = whole_number(text, "last, all or a number of positions ≥ 1")
     if not 1 <= value <= 1 << 20:
         raise argparse.ArgumentTypeError(f"a number of positions must be in [1, 2**20], got {value}")
     return value
@@ -192,16 +188,14 @@ def add_progress_option(parser: argparse.ArgumentParser) -> None:
 
 
 def show_progress(args: argparse.Namespace) -> bool:
-    """Progress on unless ``--no-progress``: a bar on a terminal, plain lines on standard error
-    elsewhere (:mod:`tl_geometry.progress`), so that a run logged to a file is not silent."""
+    """Progress on unless ``--no-progress`` (:mod:`tl_geometry.progress`)."""
     return bool(getattr(args, "progress", True))
 
 
 # --- checks before the model load ----------------------------------------------------------------
 def check_model(name: str, seq_len: int | None = None) -> None:
-    """A built-in name whose package is installed, or a local folder / GGUF file that is whole;
-    and, where the context length can be read without loading (built-ins, GGUF metadata,
-    ``config.json``), a ``--seq-len`` within it."""
+    """A built-in name whose package is installed, or a whole local folder / GGUF file; and a
+    ``--seq-len`` within its context length where that can be read without loading it."""
     from ..inputs.models import ModelNotInstalledError, context_length, model_source
 
     try:
@@ -218,12 +212,13 @@ def _check_context(name: str, seq_len: int, n_ctx: int | None) -> None:
                          f"tokens; use --seq-len {n_ctx} or less.")
 
 
-def load_cli_model(args: argparse.Namespace):
-    """``load_model(args.model)``, with its file errors as :class:`UsageError`; then the
-    ``--seq-len`` check against the loaded model's context length, for models whose files did
-    not say it before the load."""
+def load_cli_model(args: argparse.Namespace, log: TextIO | None = None):
+    """``load_model(args.model)``, announced on ``log`` where given, its file errors as
+    :class:`UsageError`; then ``--seq-len`` against the loaded model's context length."""
     from ..inputs import models
 
+    if log is not None:
+        print(f"Loading {args.model} (offline)...", file=log)
     try:
         model = models.load_model(args.model, bos=_bos_option(args))  # None: the model's files say
     except models.ModelLoadError as err:
@@ -234,7 +229,9 @@ def load_cli_model(args: argparse.Namespace):
     return model
 
 
-def check_windows(args: argparse.Namespace, min_seq_len: int) -> None:
+def check_model_and_windows(args: argparse.Namespace, min_seq_len: int) -> None:
+    """:func:`check_model`, then a ``--seq-len`` of at least ``min_seq_len``."""
+    check_model(args.model, args.seq_len)
     if args.seq_len < min_seq_len:
         raise UsageError(f"--seq-len {args.seq_len} is too short: a window needs BOS and at least "
                          f"{min_seq_len - 1} text token(s); use --seq-len {min_seq_len} or more.")
@@ -247,9 +244,8 @@ def _bos_option(args: argparse.Namespace) -> bool | None:
 
 
 def _trained_with_bos(model: str | None, bos: bool | None = None) -> bool:
-    """Whether ``--model`` starts its windows with BOS: ``--bos`` where given, else read from its
-    table entry or files without loading it; ``True`` (the smaller need) where that cannot be
-    told here."""
+    """Whether ``--model`` starts its windows with BOS: ``--bos``, else its table entry or files;
+    ``True`` (the smaller need) where they do not say."""
     if bos is not None:
         return bos
     if model is None:
@@ -263,12 +259,10 @@ def _trained_with_bos(model: str | None, bos: bool | None = None) -> bool:
 def read_input_text(args: argparse.Namespace) -> str | None:
     """The ``--text`` file's contents (``None``: the built-in sample), refused when it cannot work.
 
-    A token spans at least one byte of UTF-8 (plus, for SentencePiece, one leading marker), so a
-    text of fewer bytes than the windows need tokens is too short whatever the tokenizer; this is
-    decided here, for a ``--text`` file and for the built-in sample alike. A window needs
-    ``--seq-len`` − 1 text tokens after BOS, or ``--seq-len`` of them for a model trained without
-    BOS (``args.model``, where given). A longer text that still tokenizes short is caught after
-    the model load.
+    A token spans at least one byte of UTF-8, so a text (a file or the built-in sample) of fewer
+    bytes than the windows need tokens (``--seq-len`` − 1 each after BOS, ``--seq-len`` without
+    BOS) is too short whatever the tokenizer; a longer one that tokenizes short is caught after
+    the load.
     """
     with_bos = _trained_with_bos(getattr(args, "model", None), _bos_option(args))
     body = args.seq_len - 1 if with_bos else args.seq_len
@@ -323,8 +317,7 @@ def _check_not_empty(path: str, flag: str, example: str) -> None:
 
 
 def check_output_file(path: str | None, flag: str) -> None:
-    """An output file (``--save``, ``--csv``): not empty, not a folder, and its folder writable
-    (or creatable)."""
+    """An output file (``--save``, ``--csv``): not empty, not a folder, its folder writable."""
     if path is None:
         return
     _check_not_empty(path, flag, "result.csv" if flag == "--csv" else "result.pt")
@@ -353,10 +346,8 @@ def check_labels_file(path: str | None, flag: str = "--labels") -> None:
 
 def check_distinct_paths(args: argparse.Namespace, outputs: tuple[str, ...],
                          inputs: tuple[str, ...] = ("--text",)) -> None:
-    """The output files of one command (``outputs``, e.g. ``--save``, ``--csv``, ``--labels``)
-    name different files, and none is an input file (``--text``): compared as resolved paths
-    (``~``, ``..`` and symbolic links followed), so that no file is overwritten by another
-    output of the same run, or read and then overwritten."""
+    """The output files of one command (``outputs``: ``--save``, ``--csv``, ...) name different
+    files, none of them an input (``--text``), compared as resolved paths."""
     seen: dict[Path, tuple[str, str]] = {}
     for flag in (*inputs, *outputs):
         value = getattr(args, flag.removeprefix("--").replace("-", "_"), None)

@@ -1,8 +1,7 @@
 """``tl-geometry cache``: where the user cache is and what it holds, and emptying or verifying it.
 
 No model is loaded: ``info`` and ``clear`` only list and unlink files, ``verify`` re-hashes them
-(:mod:`tl_geometry.inputs.weight_cache`). A cache path, or its ``weights`` or ``sha256``, that is
-a file and not a folder is one line naming the fix, and exit status 2.
+(:mod:`tl_geometry.inputs.weight_cache`).
 """
 
 from __future__ import annotations
@@ -55,11 +54,11 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
 def human(n_bytes: int) -> str:
     """``n_bytes`` in binary units: ``512 B``, ``1.5 KiB``, ``2.3 GiB``."""
     size = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
             return f"{n_bytes} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    raise AssertionError("unreachable")
+    return f"{size:.1f} TiB"
 
 
 def _lines(found: Usage) -> list[str]:

@@ -1,10 +1,6 @@
-"""``tl-geometry capacity``: retrieval capacity of a model under top-N attention.
-
-Loads a model, cuts its text into windows, and for each mode (``renormalize``, ``delete``):
-the loss with every head keeping only each query's top-N keys for every ``--n-values`` N, and
-``N*`` (smallest N within ``--tolerance`` of the dense loss); then the per-head sweep at
-``--head-n`` and Spearman's ρ between each head's F_N (its shell certificates, its tail mass and
-relative truncation error) and the loss of sparsifying that head alone. Writes into ``--out DIR``::
+"""``tl-geometry capacity``: retrieval capacity of a model under top-N attention (per mode, the
+loss curve over ``--n-values`` and N*; the per-head sweep at ``--head-n`` and its Spearman ρ with
+each head's geometry). Writes into ``--out DIR``::
 
     capacity.csv          n, mode, scope, tolerance, loss, dense_loss, relative_increase, ...
     capacity_heads.csv    layer, head, n, mode, f_score, shell_k0, shell_kn, tail_mass,
@@ -29,14 +25,14 @@ from .args import (
     UsageError,
     add_model_options,
     add_progress_option,
-    check_model,
+    check_model_and_windows,
     check_output_dir,
-    check_windows,
     int_list,
     load_cli_model,
     positive_int,
     read_input_text,
     show_progress,
+    whole_number,
 )
 
 if TYPE_CHECKING:
@@ -70,10 +66,7 @@ def _fraction(text: str) -> float:
 
 
 def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
+    value = whole_number(text, "a whole number ≥ 0")
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}")
     return value
@@ -116,13 +109,11 @@ def _check_n_fits(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``tl-geometry capacity``; returns the exit status (bad arguments raise ``UsageError``)."""
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=3)
+    check_model_and_windows(args, min_seq_len=3)
     _check_n_fits(args)
     check_output_dir(args.out, "--out")
     text = read_input_text(args)
-    print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_cli_model(args)
+    model = load_cli_model(args, log=sys.stderr)
     return _capacity(model, text, args)
 
 

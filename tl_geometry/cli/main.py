@@ -51,25 +51,19 @@ Run "tl-geometry COMMAND --help" for a command's options and examples.
 """
 
 
-def _module(command: str) -> ModuleType:
-    return COMMANDS[command]
-
-
 def build_parser() -> Parser:
     """The ``tl-geometry`` parser with every subcommand of :data:`COMMANDS`."""
     parser = Parser(prog="tl-geometry", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        _module(command).add_parser(sub, command)
+        COMMANDS[command].add_parser(sub, command)
     return parser
 
 
 @contextmanager
 def _bars(show: bool) -> Iterator[None]:
-    """Without a visible progress bar (``--no-progress``, or standard error is a file or a pipe,
-    where our progress is plain lines), also silence the bars of libraries we call (transformers
-    draws one while it de-quantises a GGUF file, whatever its own settings say; in a file it is
-    carriage returns); restored on exit."""
+    """Without a visible progress bar, also silence the bars of libraries we call (transformers
+    draws one while it de-quantises a GGUF file); restored on exit."""
     previous = os.environ.get("TQDM_DISABLE")
     if not show:
         os.environ["TQDM_DISABLE"] = "1"
@@ -95,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv, _Args())  # a syntax error: one line and SystemExit(2)
     try:
         with _bars(show_progress(args) and progress.auto_progress()):
-            return int(_module(args.command).run(args))
+            return int(COMMANDS[args.command].run(args))
     except (ValueError, ImportError) as err:
         # UsageError (a ValueError) before the load; after it, the library's own errors (a text
         # that tokenizes too short, a head out of range, an architecture TransformerLens cannot

@@ -14,9 +14,8 @@ from ..progress import progress_counter
 from .args import (
     add_model_options,
     add_progress_option,
-    check_model,
+    check_model_and_windows,
     check_output_dir,
-    check_windows,
     load_cli_model,
     read_input_text,
     show_progress,
@@ -58,12 +57,9 @@ def add_parser(sub: Any, name: str = "report") -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``tl-geometry report``: load, cache, analyse, write the report, with a progress bar.
-
-    Every argument and the output folder are checked first (``UsageError``), before the model load.
-    """
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=3)
+    """``tl-geometry report``: load, cache, analyse, write the report, with a progress bar;
+    every argument is checked first (``UsageError``)."""
+    check_model_and_windows(args, min_seq_len=3)
     check_output_dir(args.out, "--out")
     text = read_input_text(args)
     import torch
@@ -81,22 +77,23 @@ def run(args: argparse.Namespace) -> int:
     bar = (progress_counter(len(stages), "tl-geometry report", "stage", postfix=stages[0],
                             bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}]")
            if show_progress(args) else tqdm(total=len(stages), disable=True))
+
+    def advance(stage: str) -> None:
+        bar.set_postfix_str(stage)
+        bar.update()
+
     model = load_cli_model(args)
-    bar.set_postfix_str(stages[1])
-    bar.update()
+    advance(stages[1])
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
-    bar.set_postfix_str(stages[2])
-    bar.update()
+    advance(stages[2])
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=CACHE_NAMES_FILTER)
-    bar.set_postfix_str(stages[3])
-    bar.update()
+    advance(stages[3])
     n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
     result = analyze_heads(cache, model=model, n_values=n_values, bounds=not args.no_bounds,
                            progress=show_progress(args))
     result.metadata["text"] = args.text or "built-in sample"
-    bar.set_postfix_str(stages[4])
-    bar.update()
+    advance(stages[4])
     scores = None
     if args.scores:
         from ..analyze.head_scores import head_scores
@@ -106,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
         sink_windows = None if args.seq_len >= 64 else text_windows(model, text, n_seqs=args.n_seqs, seq_len=64)
         scores = head_scores(model, windows=tokens, sink_windows=sink_windows)
     index = write_report(result, args.out, cache=cache, tokens=tokens, model=model, scores=scores)
-    bar.set_postfix_str("done")
-    bar.update()
+    advance("done")
     bar.close()
     size = sum(p.stat().st_size for p in index.parent.rglob("*") if p.is_file())
     print(f"wrote {index} ({index.stat().st_size / 1e6:.1f} MB; folder {size / 1e6:.1f} MB) "

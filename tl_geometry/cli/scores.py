@@ -1,9 +1,5 @@
-"""``tl-geometry scores``: the head scores other tools use (SPEC §9), per layer and head.
-
-Previous-token, duplicate-token and induction scores on repeated random tokens, the sink rate
-(and the model's Sink^ε) on real-text windows, and a retrieval score; see
-:func:`tl_geometry.head_scores`.
-"""
+"""``tl-geometry scores``: the head scores other tools use (SPEC §9; :func:`tl_geometry.head_scores`),
+per layer and head."""
 
 from __future__ import annotations
 
@@ -20,9 +16,8 @@ from .args import (
     add_progress_option,
     add_sink_option,
     check_distinct_paths,
-    check_model,
+    check_model_and_windows,
     check_output_file,
-    check_windows,
     load_cli_model,
     positive_int,
     read_input_text,
@@ -93,21 +88,17 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``tl-geometry scores``; returns the exit status (bad arguments raise ``UsageError``)."""
-    check_model(args.model, args.seq_len)
-    check_windows(args, min_seq_len=MIN_SEQ_LEN)
+    check_model_and_windows(args, min_seq_len=MIN_SEQ_LEN)
     _check_context(args)
     check_output_file(args.csv, "--csv")
     check_distinct_paths(args, ("--csv",))
     if args.top is not None and args.sort is None:
         raise UsageError("--top needs --sort (which score ranks the heads), e.g. --sort induction --top 10.")
-    # read_input_text checks that the text (a --text file or the built-in sample) has enough bytes
-    # for --n-seqs windows, before the load.
     text = read_input_text(args)
     from ..analyze.head_scores import head_scores
     from ..inputs.text import text_windows
 
-    print(f"Loading {args.model} (offline)...", file=sys.stderr)
-    model = load_cli_model(args)
+    model = load_cli_model(args, log=sys.stderr)
     windows = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     # Sink^ε reads --n-seqs windows of 64 tokens of the same text, the same ones whatever --seq-len.
     sink_windows = None

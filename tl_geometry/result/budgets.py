@@ -1,10 +1,7 @@
 """Certified top-N budgets of every head from an analysis (SPEC §10, ours).
 
-A head's certified budget ``k_ε`` is the smallest ``N`` of the analysed grid whose 90th
-percentile over instances of the tail mass ``τ_N`` is at most ``ε``: on at least 90 % of the
-analysed queries, keeping the top ``k_ε`` keys and renormalising moves the attention by at most
-``ε`` in total variation. ``τ_N`` falls as ``N`` grows (the top-N sets are nested), so above
-``k_ε`` the certificate holds too.
+On at least 90 % of the analysed queries, keeping a head's top ``k_ε`` keys and renormalising
+moves its attention by at most ``ε`` in total variation (and so does any larger ``N``).
 """
 
 from __future__ import annotations
@@ -27,12 +24,9 @@ NO_BUDGET = 0
 def truncation_budgets(result: AnalysisLike, eps: float = DEFAULT_EPS) -> Int[Tensor, "layer head"]:
     """Per head, the certified budget ``k_ε``: the smallest analysed ``N`` whose 90th-percentile
     tail mass ``τ_N`` (:meth:`~tl_geometry.HeadAnalysis.truncation_percentile`) is ``≤ eps``
-    (SPEC §10).
-
-    Returns an int64 ``[layer, head]`` tensor over ``result.layers``; :data:`NO_BUDGET` (0) where
-    no analysed ``N`` is certified (every percentile above ``eps`` or undefined): such a head
-    keeps every key. Raises ``ValueError`` for an ``eps`` outside ``[0, 1]`` and for a result
-    without percentiles (a file of format 4 or earlier: run the analysis again).
+    (SPEC §10), int64 ``[layer, head]``; :data:`NO_BUDGET` (0) where none is. Raises
+    ``ValueError`` for an ``eps`` outside ``[0, 1]`` and for a result without percentiles (a file
+    of format 4 or earlier).
 
     >>> budgets = tl_geometry.truncation_budgets(result, eps=0.05)      # doctest: +SKIP
     >>> policy = tl_geometry.capacity.TopNPolicy(budgets)   # every layer analysed  # doctest: +SKIP

@@ -29,14 +29,12 @@ from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
 from . import headline, io, layer_kinds, select, tables, text, tracking, units
 from . import labels as confidence
-from .io import ResultFileError
 from .schema import (
     BOUND_KINDS,
     BOUND_METRICS,
     GROUPS,
     NO_BOUNDS,
     PAIRED_FIELDS,
-    PERCENTILE,
     SE_KINDS,
     NoBoundsError,
     UnknownNameError,
@@ -45,25 +43,6 @@ from .schema import (
 )
 from .select import HeadSelection
 from .shortcuts import Shortcuts
-
-__all__ = [
-    "BOUND_KINDS",
-    "BOUND_METRICS",
-    "CLASSES",
-    "GROUPS",
-    "METRIC_NAMES",
-    "PAIRED_FIELDS",
-    "PERCENTILE",
-    "REGIME_FIELDS",
-    "SINK_FIELDS",
-    "TRUNCATION_NAMES",
-    "VOTES",
-    "HeadAnalysis",
-    "HeadSelection",
-    "NoBoundsError",
-    "ResultFileError",
-    "UnknownNameError",
-]
 
 #: A coordinate selection: one value (its axis is dropped), a sequence (kept) or None (all).
 Coord = SupportsIndex | Sequence[SupportsIndex] | None
@@ -105,13 +84,8 @@ class HeadAnalysis(Shortcuts):
     ``scores[g, m, l, h, i]`` is the mean of metric ``METRIC_NAMES[m]`` for group ``GROUPS[g]``
     at layer ``layers[l]``, head ``h``, ``N = n_values[i]`` (axis labels: ``tl_geometry.result.schema.AXES``).
     The constructor checks every shape against those names and raises ``ValueError`` on a
-    mismatch.
-
-    Attribute shortcuts (:mod:`tl_geometry.result.shortcuts`), each one accessor call: every
-    ``<metric>`` of the top-N group (``f_score``), ``<group>_f_score`` (``random_f_score``; see
-    :meth:`metric`), ``sink_<field>`` (:meth:`sink_diagnostic`) and a few bounds
-    (``certified_f_score``; :meth:`bound`, which reads every other one, as
-    :meth:`regime_diagnostic` reads the regime fields).
+    mismatch. The attribute shortcuts (``f_score``, ``random_f_score``, ``sink_mass``,
+    ``certified_f_score``, ...) are each one accessor call (:mod:`tl_geometry.result.shortcuts`).
     """
 
     layers: tuple[int, ...]
@@ -127,48 +101,36 @@ class HeadAnalysis(Shortcuts):
     regime: Float[Tensor, "rfield layer head"] | None = None
     """With ``bounds=True``: regime diagnostics ``[REGIME_FIELDS, layer, head]`` (SPEC §6c)."""
     paired: Float[Tensor, "pfield layer head n"] | None = None
-    """Paired sink effect ``[PAIRED_FIELDS, layer, head, n]`` (SPEC §3; see :meth:`paired_sink`);
-    ``None`` only in files of earlier versions."""
+    """Paired sink effect ``[PAIRED_FIELDS, layer, head, n]`` (SPEC §3; :meth:`paired_sink`)."""
     sequence_votes: Int[Tensor, "sequence layer head 3"] | None = None
-    """Vote counts of each sequence (they add up to ``vote_counts``), behind
-    :attr:`label_stability` (SPEC §5); ``None`` in files of format 3 and earlier."""
+    """Vote counts of each sequence (summing to ``vote_counts``), behind :attr:`label_stability`
+    (SPEC §5); ``None`` in files of format 3 and earlier."""
     truncation_p90: Float[Tensor, "tmetric layer head n"] | None = None
-    """90th percentile over instances of the top-N set's ``[TRUNCATION_NAMES, layer, head, n]``
-    (SPEC §10; see :meth:`truncation_percentile`); ``None`` in files of format 4 and earlier."""
+    """90th percentile over instances of ``[TRUNCATION_NAMES, layer, head, n]`` (SPEC §10;
+    :meth:`truncation_percentile`); ``None`` in files of format 4 and earlier."""
     beyond_votes: Int[Tensor, "layer head 3"] | None = None
-    """Votes of the queries of a sliding-window layer that cannot see the sink (SPEC §5): not
-    in ``vote_counts``, reported apart (zero on a global layer); ``None`` in files of format 5
-    and earlier."""
+    """Votes of the sliding-window queries that cannot see the sink (SPEC §5), apart from
+    ``vote_counts`` (zero on a global layer); ``None`` in files of format 5 and earlier."""
     block_votes: Int[Tensor, "sequence block layer head 3"] | None = None
-    """The deciding votes per block of 128 consecutive queries of each sequence (zero for a
-    partial block): the units of the block bootstrap of :attr:`label_stability` when there are
-    fewer than 8 sequences (SPEC §5); ``None`` in files of format 5 and earlier."""
+    """The votes per block of 128 consecutive queries of each sequence (zero for a partial block):
+    the block bootstrap's units below 8 sequences (SPEC §5); ``None`` in files of format 5 and earlier."""
     window_scores: Float[Tensor, "sequence wgroup metric layer head n"] | None = None
     """With ``per_window=True``: each sequence's own means over its chosen queries, groups
-    ``WINDOW_GROUPS`` (top, random, shuffled, sink removed, and its plain means over its top-N
-    instances with the sink inside / outside the set: at the last query, the top-N figures where
-    the sink is in S_N, else NaN), NaN where undefined: the per-window arrays a bootstrap over
-    windows resamples (SPEC §8); ``None`` otherwise. Files of format 8 and earlier load with the
-    sink-in / sink-out groups NaN."""
+    ``WINDOW_GROUPS``, NaN where undefined: what a bootstrap over windows resamples (SPEC §8).
+    Files of format 8 and earlier load with the sink-in / sink-out groups NaN."""
     window_sink: Float[Tensor, "sequence field layer head"] | None = None
     """With ``per_window=True``: each sequence's sink diagnostics (SPEC §4); ``None`` otherwise."""
     window_bounds: Float[Tensor, "sequence kind bmetric layer head n"] | None = None
-    """With ``per_window=True`` and ``bounds=True``: each sequence's mean lower bounds (as
-    :attr:`bounds`), for intervals over windows of what the bounds are compared with (SPEC §8);
+    """With ``per_window=True`` and ``bounds=True``: each sequence's mean lower bounds (SPEC §8);
     ``None`` otherwise and in files of format 6 and earlier."""
     baseline_se: Float[Tensor, "se_kind metric layer head n"] | None = None
-    """The random baseline's standard errors ``[SE_KINDS, metric, layer, head, n]`` (SPEC §3):
-    over sequences, and Monte Carlo (of its ``R`` subsets per query; NaN where ``R < 2``); see
-    :meth:`baseline_error`. ``None`` in files of format 7 and earlier."""
+    """The random baseline's standard errors ``[SE_KINDS, metric, layer, head, n]`` (SPEC §3;
+    :meth:`baseline_error`); ``None`` in files of format 7 and earlier."""
     local_sink: Float[Tensor, "sequence local_field layer head"] | None = None
-    """The local sink of each head of a sliding-window layer (ours): over the queries of a
-    sequence that cannot see the sink (``t − w + 1 > p``), the key with the largest mean attention,
-    fields ``LOCAL_SINK_FIELDS``: its position (from the window's first real token, as
-    ``metadata["sink"]["positions"]``), mass, coverage (the share of those queries whose window
-    holds it), κ (SPEC §4's, of the head's KV group's values) and token id (NaN where the tokens
-    were not given); NaN on global layers and where no query is beyond the window
-    (:mod:`tl_geometry.functional.local_sink`; read it with :meth:`local_sinks`). ``None`` when no
-    analysed layer has a window, and in files of format 8 and earlier."""
+    """The local sink of each sliding-window head (ours; :mod:`tl_geometry.functional.local_sink`,
+    read with :meth:`local_sinks`): per sequence, fields ``LOCAL_SINK_FIELDS`` of the key the
+    queries beyond the sink's window attend most; NaN on global layers. ``None`` when no analysed
+    layer has a window, and in files of format 8 and earlier."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
@@ -179,11 +141,8 @@ class HeadAnalysis(Shortcuts):
 
     # --- accessors: one per named axis ------------------------------------------------------------
     def metric(self, name: str, group: str = "top") -> Float[Tensor, "layer head n"]:
-        """Mean of metric ``name`` (one of :data:`METRIC_NAMES`: SPEC §3's, then SPEC §10's
-        truncation figures, which the baselines ``random`` and ``shuffled`` do not carry) over
-        the instances of ``group`` (``top``, ``random``, ``shuffled``,
-        ``sink_removed``, ``sink_in``, ``sink_out``), ``[layer, head, n]``; NaN where none was
-        defined."""
+        """Mean of metric ``name`` (:data:`METRIC_NAMES`; SPEC §3, §10) over the instances of
+        ``group`` (:data:`GROUPS`), ``[layer, head, n]``; NaN where none was defined."""
         return self.scores[check_name("group", group, GROUPS), check_name("metric", name, METRIC_NAMES)]
 
     def count(self, group: str = "top") -> Float[Tensor, "layer head n"]:
@@ -197,55 +156,44 @@ class HeadAnalysis(Shortcuts):
 
     def paired_sink(self, name: str = "ratio") -> Float[Tensor, "layer head n"]:
         """Paired sink effect (SPEC §3, comparison 3; ours), ``[layer, head, n]``: over the
-        instances whose top-N set holds the sink, ``"ratio"`` — the median of F_N(with sink) /
-        F_N(sink removed) (the lower median, to within 1.1 %; tl_geometry.engine.paired),
-        ``"halved"`` — the fraction with ratio ≤ 1/2, ``"count"`` — their number. NaN where
-        no instance holds the sink (or for files of earlier versions)."""
-        i = check_name("paired field", name, PAIRED_FIELDS)
-        if self.paired is None:
-            return torch.full_like(self.scores[0, 0], torch.nan)
-        return self.paired[i]
+        instances whose top-N set holds the sink, ``"ratio"`` — the (lower) median of F_N(with
+        sink) / F_N(sink removed), ``"halved"`` — the fraction with ratio ≤ 1/2, ``"count"`` —
+        their number. NaN where no instance holds the sink."""
+        return self._or_nan(self.paired, check_name("paired field", name, PAIRED_FIELDS))
 
     def truncation_percentile(self, name: str = "tail_mass") -> Float[Tensor, "layer head n"]:
-        """90th percentile (nearest rank, :data:`PERCENTILE`) over every (sequence, chosen query)
-        where ``N`` is defined of the top-N set's ``name`` — ``"tail_mass"`` (``τ_N``) or
-        ``"truncation_error"`` (``‖o − o_N‖/‖o‖``) — SPEC §10, ``[layer, head, n]``. At least 90 %
-        of those instances are at or below it. NaN where no instance is defined (and for files
-        of format 4 and earlier, which lack it)."""
-        i = check_name("truncation metric", name, TRUNCATION_NAMES)
-        if self.truncation_p90 is None:
-            return torch.full_like(self.scores[0, 0], torch.nan)
-        return self.truncation_p90[i]
+        """90th percentile (nearest rank) over the instances where ``N`` is defined of the top-N
+        set's ``"tail_mass"`` (``τ_N``) or ``"truncation_error"`` (``‖o − o_N‖/‖o‖``), SPEC §10,
+        ``[layer, head, n]``; NaN where none is defined."""
+        return self._or_nan(self.truncation_p90, check_name("truncation metric", name, TRUNCATION_NAMES))
 
     def baseline_error(self, metric: str = "f_score", kind: str = "monte_carlo") -> Float[Tensor, "layer head n"]:
         """Standard error of the random baseline's mean ``metric(metric, "random")`` (SPEC §3),
-        ``[layer, head, n]``: ``"monte_carlo"`` — from its ``R`` subsets per query, ``√(Σ_s
-        Var_s)/S`` with ``Var_s`` the variance of sequence ``s``'s mean over the draws of the
-        subsets (NaN where ``R < 2``); ``"sequences"`` — over its ``S`` sequences, the sample
-        standard deviation of the per-sequence means over ``√S`` (NaN below 2 sequences). The
-        first says whether ``R`` draws are enough; the second, what another sample of sequences
-        would move. NaN for files of format 7 and earlier, which lack them.
+        ``[layer, head, n]``: ``"monte_carlo"`` — ``√(Σ_s Var_s)/S`` over the draws of its ``R``
+        subsets per query (NaN where ``R < 2``); ``"sequences"`` — the sample standard deviation
+        of the per-sequence means over ``√S`` (NaN below 2 sequences).
 
         >>> r.baseline_error("f_score")[:, :, 1]  # Monte Carlo SE of the random F_N at the second N  # doctest: +SKIP
         """
         m, k = check_name("metric", metric, METRIC_NAMES), check_name("standard error kind", kind, SE_KINDS)
-        if self.baseline_se is None:
-            return torch.full_like(self.scores[0, 0], torch.nan)
-        return self.baseline_se[k, m]
+        return self._or_nan(self.baseline_se, k, m)
+
+    def _or_nan(self, values: Tensor | None, *index: int) -> Tensor:
+        """``values[index]``, or NaN ``[layer, head, n]`` for a file of a format without them."""
+        return torch.full_like(self.scores[0, 0], torch.nan) if values is None else values[index]
 
     def bound(self, kind: str, metric: str = "f_score") -> Float[Tensor, "layer head n"]:
-        """Mean lower bound ``[layer, head, n]`` of ``kind`` (``inversion``, ``certified``,
-        ``predicted``, ``shell`` (K = 0), ``shell_n`` (K = N); SPEC §6) on ``metric``
-        (``precision``, ``recall``, ``f_score``), or with ``metric="separated"`` (ours) the
-        fraction of instances where the bound certifies ``P_N = R_N = 1``."""
+        """Mean lower bound ``[layer, head, n]`` of ``kind`` (:data:`BOUND_KINDS`; SPEC §6) on
+        ``metric`` (``precision``, ``recall``, ``f_score``), or with ``metric="separated"`` (ours)
+        the fraction of instances where the bound certifies ``P_N = R_N = 1``."""
         k, m = check_name("bound kind", kind, BOUND_KINDS), check_name("bound metric", metric, BOUND_METRICS)
         if self.bounds is None:
             raise NoBoundsError(NO_BOUNDS)
         return self.bounds[k, m]
 
     def regime_diagnostic(self, name: str) -> Float[Tensor, "layer head"]:
-        """Regime diagnostic ``name`` (SPEC §6c: ``norm_cv``, ``kappa``, ``a``, ``decay``, ``b``,
-        ``fit_mae``) per head, ``[layer, head]``; needs ``bounds=True``."""
+        """Regime diagnostic ``name`` (:data:`REGIME_FIELDS`, SPEC §6c) per head, ``[layer, head]``;
+        needs ``bounds=True``."""
         i = check_name("regime field", name, REGIME_FIELDS)
         if self.regime is None:
             raise NoBoundsError(NO_BOUNDS)
@@ -269,12 +217,10 @@ class HeadAnalysis(Shortcuts):
 
     @property
     def label_stability(self) -> Float[Tensor, "layer head"]:
-        """Label stability per head (SPEC §5): the share of 200 bootstrap resamples of the
-        sequences (seed 0) whose plurality label is the head's label; below 0.8 the head is
-        "unstable" (:attr:`unstable`). NaN for an unlabelled head; for every head when fewer
-        than 8 sequences were analysed ("too few units": one sequence resampled always gives
-        itself back, so it would read 1.0); and for every head of a file of format 3 or earlier
-        (no per-sequence votes). A NaN stability is never counted as unstable."""
+        """Label stability per head (SPEC §5): the share of 200 bootstrap resamples (seed 0) whose
+        plurality label is the head's; below 0.8 the head is :attr:`unstable`. NaN (never unstable)
+        for an unlabelled head, with too few units, and in files of format 3 or earlier
+        (:func:`~tl_geometry.result.labels.label_stability`)."""
         return confidence.label_stability(self)
 
     @property
@@ -312,24 +258,21 @@ class HeadAnalysis(Shortcuts):
     # --- statistical unit of value-only figures (SPEC §4) -------------------------------------------
     @property
     def kv_group_size(self) -> int:
-        """Query heads per KV head (``n_heads // n_kv``, from ``metadata["n_kv_heads"]``; for a
-        file without it, inferred from the value-only figures), or 1 in output space, where the
-        values are per query head. A value-only figure is identical inside such a group."""
+        """Query heads per KV head (``n_heads // n_kv``; 1 in output space), inside which a
+        value-only figure is identical (:func:`~tl_geometry.result.units.kv_group_size`)."""
         return units.kv_group_size(self)
 
     @property
     def n_kv_heads(self) -> int:
-        """Value groups per layer: the KV heads in value space, the query heads in output space.
-        The unit over which value-only figures (κ, c_sink, cos(v_sink, mean v), the regime
-        diagnostics) are counted, medianed and shared (SPEC §4)."""
+        """Value groups per layer (KV heads in value space, query heads in output space): the
+        unit of the value-only figures (SPEC §4)."""
         return self.n_heads // self.kv_group_size
 
     def kv_heads(self, values: str | Tensor) -> Tensor:
         """A value-only figure per KV head: ``[layer, head, ...]`` → ``[layer, kv, ...]``
         (SPEC §4, statistical unit). ``values`` is a tensor or a key of :meth:`quantities`
-        (``"sink_norm_ratio"``, ``"sink_cosine"``, ``"sink_mean_cosine"``, ``"regime_kappa"``,
-        ...). Raises ``ValueError`` when the query heads of one group disagree: then the figure
-        reads α and stays per query head.
+        (``"sink_norm_ratio"``, ``"regime_kappa"``, ...). Raises ``ValueError`` when the query
+        heads of one group disagree (the figure reads α and stays per query head).
 
         >>> kappa = result.kv_heads("sink_norm_ratio")       # [layer, kv]   # doctest: +SKIP
         >>> float(kappa.nanmedian()), result.n_layers * result.n_kv_heads   # doctest: +SKIP
@@ -344,18 +287,15 @@ class HeadAnalysis(Shortcuts):
         return units.kv_values(self, values, name)
 
     def kv_heads_table(self):
-        """One row per (layer, KV head) with every value-only figure, as a ``DataFrame``:
-        ``layer, kv_head, query_heads, sink_norm_ratio, sink_cosine, sink_mean_cosine`` (and,
-        with bounds, ``regime_*``). Count and share value-only figures over these rows."""
+        """One row per (layer, KV head) with every value-only figure, as a ``DataFrame``
+        (:func:`~tl_geometry.result.units.kv_heads_table`)."""
         return units.kv_heads_table(self)
 
     # --- selection by coordinates ------------------------------------------------------------------
     def quantities(self) -> dict[str, tuple[Tensor, bool]]:
-        """Every per-head quantity by name, as ``(values, has_n_axis)``: the metrics of every group,
-        ``f_gain``, the random baseline's standard errors (``random_f_score_se_mc``,
-        ``random_f_score_se_sequences``, ...), the instance counts (``count``, ``random_count``,
-        ...), sink figures, vote fractions (``vote_current``, ...) and, with bounds, the bounds
-        and regime diagnostics."""
+        """Every per-head quantity by name, as ``(values, has_n_axis)``: metrics of every group,
+        ``f_gain``, the baseline's standard errors (``random_f_score_se_mc``, ...), instance counts,
+        sink figures, vote fractions and, with bounds, the bounds and regime diagnostics."""
         out: dict[str, tuple[Tensor, bool]] = {}
         for g in GROUPS:
             out.update({_name(g, m): (self.metric(m, g), True) for m in METRIC_NAMES})
@@ -377,14 +317,13 @@ class HeadAnalysis(Shortcuts):
         return out
 
     def layer_subset(self, layers: Sequence[int]) -> HeadAnalysis:
-        """This analysis restricted to the model layers ``layers``: every figure the full
-        analysis's for them (:func:`~tl_geometry.result.layer_kinds.layer_subset`)."""
+        """This analysis restricted to the model layers ``layers``
+        (:func:`~tl_geometry.result.layer_kinds.layer_subset`)."""
         return layer_kinds.layer_subset(self, layers)
 
     def by_layer_kind(self) -> dict[str, HeadAnalysis]:
         """``{"global": …, "local": …}``: the full-attention and the sliding-window layers apart
-        (SPEC §8 (i): a figure pooled over both is never the headline); ``{}`` when every layer
-        is of one kind (:func:`~tl_geometry.result.layer_kinds.by_layer_kind`).
+        (SPEC §8 (i)); ``{}`` when every layer is of one kind.
 
         >>> for kind, part in result.by_layer_kind().items():      # doctest: +SKIP
         ...     print(kind, part.class_counts())
@@ -401,20 +340,15 @@ class HeadAnalysis(Shortcuts):
         >>> float(s["f_score"]), float(s["random_f_score"]), s["label"]   # doctest: +SKIP
         >>> result.sel(n=2)["f_score"]                     # [layer, head] F_2   # doctest: +SKIP
         """
-        index = (
-            select.positions("layer", layer, list(self.layers)),
-            select.positions("head", head, list(range(self.n_heads))),
-            select.positions("n", n, self.n_values.tolist()),
-        )
+        every = {"layer": list(self.layers), "head": list(range(self.n_heads)), "n": self.n_values.tolist()}
+        asked = {"layer": layer, "head": head, "n": n}
+        index = tuple(select.positions(a, asked[a], every[a]) for a in select.COORDS)
         data: dict[str, Any] = {
             key: select.take(values, index if has_n else index[:2])
             for key, (values, has_n) in self.quantities().items()
         }
         data["label"] = select.take_labels(self.labels, index[0], index[1])
         dims = tuple(a for a, i in zip(select.COORDS, index) if not isinstance(i, int))
-        every = {"layer": list(self.layers), "head": list(range(self.n_heads)),
-                 "n": self.n_values.tolist()}
-        asked = {"layer": layer, "head": head, "n": n}
         coords = {a: every[a] if v is None else v for a, v in asked.items()}
         return HeadSelection(data, coords, dims)
 
@@ -432,9 +366,8 @@ class HeadAnalysis(Shortcuts):
 
     @property
     def sink_visible(self) -> Float[Tensor, " layer"]:
-        """Per layer, the chosen (sequence, query) instances whose window held the sink (SPEC §1):
-        the others had no sink, so they are in no sink comparison and never vote "sink". Equal
-        to :attr:`n_instances` on global layers; NaN for results made before it was recorded."""
+        """Per layer, the chosen (sequence, query) instances whose window held the sink (SPEC §1);
+        NaN where not recorded."""
         return _per_layer(self.metadata.get("sink_visible"), self.n_layers)
 
     @property
@@ -452,40 +385,33 @@ class HeadAnalysis(Shortcuts):
     @property
     def shuffle(self) -> str:
         """Which null the ``shuffled`` group is (SPEC §3): ``"values"``, ``"norms"``,
-        ``"directions"`` or ``"unselected"`` (``metadata["shuffle"]``; ``"values"`` for results
-        made before the option)."""
+        ``"directions"`` or ``"unselected"``."""
         return headline.shuffle_kind(self)
 
     @property
     def headline_n(self) -> tuple[int, ...]:
-        """The analysed N values in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3), with
-        ``t + 1 = metadata["n_positions"]``; larger N are "dense" (computed, never headlined).
-        Without ``n_positions`` in the metadata (ours): every analysed ``N ≥ 2``."""
+        """The analysed N in the headline range ``2 ≤ N ≤ (t+1)/4`` (SPEC §3); larger N are
+        "dense" (computed, never headlined)."""
         return headline.headline_n(self)
 
     def best_n(self):
-        """Per head, the argmax of F_N over :attr:`headline_n` (SPEC §6d), as a ``DataFrame``.
-
-        Columns ``layer, head, measured_best_n`` and, with bounds, ``shell_best_n`` (K = 0),
-        ``shell_n_best_n`` (K = N) and ``predicted_best_n`` (the §6b envelope), each the argmax
-        of that bound's mean F̲_N. Undefined — every value NaN, or for a bound every value 0 —
-        gives NaN, never a default N; ties go to the smaller N (ours). Floats (NaN-able).
-        """
+        """Per head, the argmax of F_N over :attr:`headline_n` (SPEC §6d), as a ``DataFrame``:
+        ``layer, head, measured_best_n`` and, with bounds, ``shell_best_n``, ``shell_n_best_n``
+        and ``predicted_best_n`` (the argmax of each bound's F̲_N); NaN where undefined, ties →
+        the smaller N."""
         return tables.best_n(self)
 
     def best_n_agreement(self, kind: str = "shell_n") -> float:
         """Fraction of heads whose bound-predicted best N (``kind``: ``shell``, ``shell_n``,
-        ``predicted``) equals the measured one, over the heads where both are defined (NaN if
-        none). Read it next to its chance level: :meth:`best_n_vs_chance`."""
+        ``predicted``) equals the measured one, where both are defined (NaN if none); its
+        chance level: :meth:`best_n_vs_chance`."""
         return tables.best_n_agreement(self, kind)
 
     def best_n_vs_chance(self, kind: str = "shell_n", *, n_shuffles: int = tracking.N_SHUFFLES,
                          seed: int = 0) -> tracking.BestNAgreement:
-        """The best-N agreement of bound ``kind`` next to its chance rate (SPEC §6d, "Reading
-        'tracks'", ours): ``agreement``, ``chance`` (the exact expected agreement when the
-        bound's best Ns are shuffled across the same heads, ``Σ_n p_measured(n) p_bound(n)``),
-        ``excess`` (= agreement − chance), and the p-value over ``n_shuffles`` seeded shuffles.
-        An agreement at or below chance predicts nothing (``above_chance`` is False).
+        """The best-N agreement of bound ``kind`` next to its chance rate ``Σ_n p_measured(n)
+        p_bound(n)`` (SPEC §6d, ours), with the excess and a p-value over ``n_shuffles`` seeded
+        shuffles (:class:`~tl_geometry.result.tracking.BestNAgreement`).
 
         >>> result.best_n_vs_chance("shell_n").text()    # doctest: +SKIP
         '64.8 % of 270 heads (chance 58.2 %, excess +6.6 points, shuffle p = 0.012)'
@@ -493,23 +419,19 @@ class HeadAnalysis(Shortcuts):
         return tracking.best_n_vs_chance(self, kind, n_shuffles=n_shuffles, seed=seed)
 
     def rho_by_n(self, kind: str = "shell_n", metric: str = "f_score"):
-        """Spearman's ρ across heads between bound ``kind`` and the measured ``metric``, **within
-        each headline N** (SPEC §6d; never pooled over N, which inflates ρ through the shared
-        decline with N), as a ``DataFrame`` ``n, rho, heads``."""
+        """Spearman's ρ across heads between bound ``kind`` and the measured ``metric`` within
+        each headline N (SPEC §6d; never pooled over N), as a ``DataFrame`` ``n, rho, heads``."""
         return tracking.rho_by_n(self, kind, metric)
 
     # --- tables -----------------------------------------------------------------------------------
     def paired_sink_summary(self):
-        """Per N, the pooled sink comparison (instances with / without the sink in S_N, pooled
-        over heads; the sink-removed F_N) next to the paired one (median over heads of each
-        head's median F_N(with) / F_N(removed) and fraction ≤ 1/2; SPEC §3), as a
-        ``DataFrame``; dense N flagged."""
+        """Per N, the pooled sink comparison next to the paired one (SPEC §3), as a ``DataFrame``
+        (:func:`~tl_geometry.result.tables.paired_sink_summary`)."""
         return tables.paired_sink_summary(self)
 
     def class_counts(self):
         """``pandas.DataFrame`` of the number of heads of each class per layer (columns
-        :data:`CLASSES`). Unlabelled heads (no votes) are in no column: shares computed from
-        these counts leave them out (SPEC §5); :attr:`n_unlabelled` counts them."""
+        :data:`CLASSES`); unlabelled heads are in none (SPEC §5; :attr:`n_unlabelled`)."""
         import pandas as pd
 
         rows = [{c: row.count(c) for c in CLASSES} for row in self.labels]
@@ -533,46 +455,36 @@ class HeadAnalysis(Shortcuts):
     def export_labels(self, path: str | Path, *, scores=None) -> Path:
         """Write one row per head — ``layer, head, label, vote_current, vote_sink, vote_other,
         margin, stability`` and, with ``scores`` (a :func:`tl_geometry.head_scores` table), its
-        score columns — as CSV or JSON, chosen by the suffix of ``path`` (``.csv`` / ``.json``).
-        The format is documented in docs/labels.md. Returns the path. The stability is empty
-        (NaN) with fewer than 8 sequences ("too few units"); a ``scores`` table that lacks an
-        analysed head or lists one twice, and a ``path`` that is a folder, are refused.
+        score columns — as CSV or JSON by the suffix of ``path`` (docs/labels.md); returns the
+        path. A ``scores`` table that lacks an analysed head or lists one twice, and a ``path``
+        that is a folder, raise ``ValueError``.
 
         >>> result.export_labels("labels.csv")    # doctest: +SKIP
         """
         return confidence.export_labels(self, path, scores)
 
     def beyond_table(self):
-        """``pandas.DataFrame``, one row per head of a sliding-window layer: its label from the
-        queries that see the sink beside the votes of the queries beyond the sink's window
-        (``beyond_current``, ``beyond_other``, ``beyond_label``), which the label leaves out
-        (SPEC §1, §5; :func:`~tl_geometry.result.tables.beyond_table`). No rows without local
-        layers.
+        """``pandas.DataFrame``, one row per sliding-window head: its label beside the votes of
+        the queries beyond the sink's window (SPEC §1, §5; :func:`~tl_geometry.result.tables.beyond_table`).
 
         >>> result.beyond_table().query("beyond_label != label")   # doctest: +SKIP
         """
         return tables.beyond_table(self)
 
     def local_sinks(self, tokenizer: Any = None):
-        """``pandas.DataFrame``, one row per head of a sliding-window layer: where the queries
-        that cannot see the sink put their mass instead (ours; :attr:`local_sink`). Columns
-        ``layer, head, window, sequences`` (those with a query beyond the window), ``position``
-        (the most frequent local-sink position over them, from the window's first real token; ties
-        → the lower), ``position_share`` (the share of them that chose it), ``token`` and
-        ``token_share`` (the same for its token: decoded with ``tokenizer`` when given, else the
-        id; ``None`` where the tokens were not known), and the medians over sequences of
-        ``mass``, ``coverage`` and ``kappa``. No rows without local layers or without the field.
+        """``pandas.DataFrame``, one row per sliding-window head: where the queries that cannot
+        see the sink put their mass instead (ours; :attr:`local_sink`). Columns ``layer, head,
+        window, sequences``, the most frequent ``position`` and ``token`` (decoded with
+        ``tokenizer`` when given; ties → the lower) with their ``*_share``, and the medians over
+        sequences of ``mass``, ``coverage`` and ``kappa``.
 
         >>> result.local_sinks(model.tokenizer).sort_values("mass", ascending=False)  # doctest: +SKIP
         """
         return _local_sinks_table(self, tokenizer)
 
     def to_pandas(self):
-        """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
-        number of instances behind the mean (``count``), and the head's label, votes and sink
-        figures; rows ``group="random_se_monte_carlo"`` and ``"random_se_sequences"`` hold the
-        random baseline's standard errors of every metric (SPEC §3); with bounds, rows
-        ``group="bound_<kind>"`` hold the lower bounds on P, R, F and the ``separated`` fraction."""
+        """Long-form ``DataFrame``, one row per (layer, head, N, group)
+        (:func:`~tl_geometry.result.tables.to_pandas`)."""
         return tables.to_pandas(self)
 
     def top(self, k: SupportsIndex = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True,
@@ -581,12 +493,9 @@ class HeadAnalysis(Shortcuts):
         (the :meth:`heads_table` columns plus ``by``); with ``label`` (``"Retriever"``,
         ``"Mixer"``, ``"Reset"``) only the heads of that class.
 
-        ``by`` is a key of :meth:`quantities`: ``f_gain``, ``f_score``, ``sink_removed_f_score``,
-        ``sink_norm_ratio``, ``vote_sink``, ``label_stability``, ...; a wrong one raises an
-        error listing them all. ``k`` is a positive int (a NumPy int too; not a bool or float):
-        anything else raises a ``ValueError``. Heads whose ``by`` is NaN come last. Equal
-        values keep layer, head order; when a tie straddles the ``k``-th place (so order, not
-        the value, decides who is in), a ``UserWarning`` says so.
+        ``by`` is a key of :meth:`quantities` (a wrong one raises an error listing them); ``k`` a
+        positive int, else ``ValueError``. NaN comes last; ties keep layer, head order, with a
+        ``UserWarning`` when one straddles the ``k``-th place.
 
         >>> result.top(3, by="vote_current", label="Retriever")   # doctest: +SKIP
         """
@@ -652,21 +561,17 @@ class HeadAnalysis(Shortcuts):
 
     # --- persistence ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write the analysis to ``path``: a versioned file holding the tensors, their axis labels
-        and the names of every group, metric and field, with the metadata as JSON (see
-        :func:`tl_geometry.result.io.encode_metadata` for what metadata can hold). Written
-        atomically: an interrupted save never leaves a partial file."""
+        """Write the analysis to ``path``, atomically, as a versioned, checksummed file of named
+        tensors and JSON metadata (:mod:`tl_geometry.result.io`)."""
         return io.save(vars(self), path)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadAnalysis:
         """Read an analysis written by :meth:`save` (bit-exact round trip, by name).
 
-        Raises :class:`ResultFileError` (a ``ValueError``) naming the file and the problem for a
-        truncated, empty, foreign or inconsistent file, a folder, a file of format ≥ 3 without
-        its checksum, or one that holds what a later format added (a newer file relabelled as
-        older); ``FileNotFoundError`` if there is none. Files of format 1 (tl_geometry 0.1) load
-        with a ``UserWarning``.
+        Raises :class:`~tl_geometry.result.io.ResultFileError` naming the file and the problem
+        for an unreadable, foreign, inconsistent or altered file or a folder;
+        ``FileNotFoundError`` if there is none. Files of format 1 load with a ``UserWarning``.
         """
         return cls(**io.load(path))
 

@@ -23,10 +23,8 @@ def layer_windows(result: AnalysisLike) -> tuple[int | None, ...]:
 
 
 def dense_from(result: AnalysisLike) -> float:
-    """``|T_t|/4`` with ``|T_t| = metadata["n_positions"]``, or the narrowest sliding window if
-    that is smaller (ours: a windowed query never has more candidates): a larger N is dense
-    (SPEC §3). ``inf`` when the metadata does not record it: then every N ≥ 2 is in the
-    headline range (ours)."""
+    """``|T_t|/4`` with ``|T_t| = metadata["n_positions"]`` or the narrowest sliding window if
+    smaller (ours): a larger N is dense (SPEC §3). ``inf`` where not recorded."""
     n_positions = result.metadata.get("n_positions")
     if not isinstance(n_positions, int | float) or isinstance(n_positions, bool):
         return math.inf
@@ -70,10 +68,9 @@ RAISES, LOWERS, EQUAL = "geometry raises separability", "geometry lowers separab
 
 
 def geometry_reading(gap: float, threshold: float = GEOMETRY_GAP) -> str:
-    """What a gap ``F(top) − F(null)`` says (SPEC §3): ``≥ threshold`` → :data:`RAISES` (the
-    selected values cohere more than chance), ``≤ −threshold`` → :data:`LOWERS` (attended but
-    unselected keys carry values aligned with the selection and crowd the ball), in between →
-    :data:`EQUAL`; ``"undefined"`` for NaN. A negative gap is geometry too, never "equal"."""
+    """What a gap ``F(top) − F(null)`` says (SPEC §3): ``≥ threshold`` → :data:`RAISES`,
+    ``≤ −threshold`` → :data:`LOWERS` (a negative gap is geometry too, never "equal"), in
+    between → :data:`EQUAL`; ``"undefined"`` for NaN."""
     if math.isnan(gap):
         return "undefined"
     if gap >= threshold:

@@ -3,20 +3,9 @@
 A file is a ``torch.save`` dict of plain tensors and strings, read back with
 ``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
 
-* ``format``: ``"tl_geometry.HeadAnalysis/9"`` (3 added the checksum, 4 ``sequence_votes``, the
-  per-sequence vote counts behind the label stability: older files load with it ``None``; 5 the
-  truncation metrics ``tail_mass`` and ``truncation_error`` on the metric axis and
-  ``truncation_p90``, their 90th percentiles (SPEC §10): older files load with those metrics NaN,
-  without a warning, and ``truncation_p90`` ``None``; 6 ``beyond_votes`` and ``block_votes``,
-  the votes of sliding-window queries that cannot see the sink and the block bootstrap's units
-  (SPEC §5), and, with ``per_window=True``, ``window_scores`` / ``window_sink`` (SPEC §8's
-  per-window arrays): older files load with all four ``None``; 7 ``window_bounds``, the
-  per-window bound means beside them (``None`` in older files); 8 ``baseline_se``, the random
-  baseline's standard errors over sequences and Monte Carlo (SPEC §3; ``None`` in older files);
-  9 the ``sink_in`` and ``sink_out`` groups of ``window_scores``, each window's means over its
-  top-N instances with the sink inside / outside the set (SPEC §3, comparison 3): older files
-  load with those groups NaN, without a warning; and ``local_sink``, the local sink of each head
-  of a sliding-window layer (ours): ``None`` in older files);
+* ``format``: ``"tl_geometry.HeadAnalysis/9"``; the fields each version added are in
+  :data:`_FIELD_SINCE` and :data:`_ADDED_IN`: an older file loads with them ``None`` (or, for a
+  label on a named axis, NaN), without a warning;
 * ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
   named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
 * the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged);
@@ -24,13 +13,9 @@ A file is a ``torch.save`` dict of plain tensors and strings, read back with
   tensor or an edited entry is refused instead of read as true.
 
 On load everything is checked; any problem raises :class:`ResultFileError` naming the file.
-Every file of format 3 or later must carry its checksum. Files of format 2 (no checksum) load as
-before, but only with what format 2 held: a file that calls itself older than the fields it holds
-(a checksum, ``sequence_votes``, ``truncation_p90``, the truncation metrics, the per-window
-sink groups; :data:`_FIELD_SINCE`, :data:`_ADDED_IN`)
-is refused, since relabelling a newer file and dropping its checksum would otherwise read edited
-numbers unchecked. Files of format 1 (tl_geometry 0.1, no axis labels) load with a warning, read
-with the names that format used; saving them again upgrades them.
+Every file of format 3 or later must carry its checksum; a file that calls itself older than
+the fields it holds is refused (a newer file relabelled to skip its checksum). Files of format 1
+(tl_geometry 0.1, no axis labels) load with a warning, read with that format's names.
 """
 
 from __future__ import annotations
@@ -95,11 +80,10 @@ def encode_metadata(value: Any, where: str = "metadata") -> Any:
     """``value`` as JSON-ready data that :func:`decode_metadata` turns back into it.
 
     Kept exactly: ``None``, bools, ints, floats (NaN and ±inf too), strings, lists, tuples, dicts
-    with str / int / float / bool / None / tuple keys. Converted (and read back in this form):
-    ``pathlib`` paths → ``str``; sets → sorted lists; ``torch.dtype`` / ``torch.device`` →
-    ``str`` (``"torch.float32"``); enums → their value; tensors and NumPy arrays of at most
-    10 000 elements → numbers / nested lists. Anything else is refused with a ``ValueError``
-    naming the key (``metadata['loading']['x']``).
+    with str / int / float / bool / None / tuple keys. Converted: paths, ``torch.dtype`` and
+    ``torch.device`` → ``str``; sets → sorted lists; enums → their value; tensors and NumPy
+    arrays of at most 10 000 elements → nested lists. Anything else raises ``ValueError`` naming
+    the key (``metadata['loading']['x']``).
     """
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -155,12 +139,9 @@ def _hashable(key: Any) -> Any:
 
 # --- checksum -----------------------------------------------------------------------------------
 def checksum(payload: dict[str, Any]) -> str:
-    """SHA-256 (hex) of every entry of ``payload`` but ``"checksum"``, by sorted key.
-
-    A tensor enters as its dtype, shape and raw bytes (so a flipped bit, a changed dtype or a
-    reshaped tensor all change the digest); anything else as canonical JSON. Raises
-    ``TypeError`` / ``ValueError`` for an entry that is neither.
-    """
+    """SHA-256 (hex) of every entry of ``payload`` but ``"checksum"``, by sorted key: a tensor
+    as its dtype, shape and raw bytes, anything else as canonical JSON (``TypeError`` /
+    ``ValueError`` for an entry that is neither)."""
     digest = hashlib.sha256()
     for key in sorted(payload):
         if key == "checksum":
@@ -178,9 +159,8 @@ def checksum(payload: dict[str, Any]) -> str:
 
 # --- save ---------------------------------------------------------------------------------------
 def writable_path(path: Path, example: str = "analysis.pt") -> Path:
-    """``path`` if a file can be written there; else a ``ValueError`` naming the user's path and
-    the fix (rather than an ``OSError`` about a temporary file or a parent). ``example`` is the
-    file name suggested inside a folder."""
+    """``path`` if a file can be written there; else a ``ValueError`` naming the path and the fix
+    (``example``: the file name suggested inside a folder)."""
     if path.is_dir():
         raise ValueError(f"cannot save to {path}: it is a folder. Give a file path, e.g. "
                          f"{path / example}.")
@@ -194,11 +174,8 @@ def writable_path(path: Path, example: str = "analysis.pt") -> Path:
 
 
 def save(fields: dict[str, Any], path: str | Path) -> Path:
-    """Write ``fields`` (the HeadAnalysis dataclass fields) to ``path``, atomically: the file is
-    written next to its destination and renamed, so an interrupted save leaves no partial file.
-
-    Raises ``ValueError`` if ``path`` is a folder or lies under a file.
-    """
+    """Write ``fields`` (the HeadAnalysis dataclass fields) to ``path``, atomically (written
+    beside it and renamed); ``ValueError`` if ``path`` is a folder or lies under a file."""
     path = writable_path(Path(path))
     metadata = json.dumps(encode_metadata(fields["metadata"]), allow_nan=True)
     payload: dict[str, Any] = {
@@ -244,8 +221,7 @@ def load(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, empty, text, foreign pickle: torch/pickle raise anything
-        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise fail(f"not a readable tl_geometry result file ({type(exc).__name__}: {detail}). "
+        raise fail(f"not a readable tl_geometry result file ({type(exc).__name__}: {_detail(exc)}). "
                    "Write it with HeadAnalysis.save.") from None
     fmt = payload.get("format") if isinstance(payload, dict) else None
     if not isinstance(fmt, str) or not fmt.startswith(_FORMAT_PREFIX):
@@ -316,8 +292,7 @@ def _version(fmt: str, fail: Any) -> int:
 
 
 def _check_devices(payload: dict[str, Any], fail: Any) -> None:
-    """Refuse tensors without data (``meta``) anywhere in the payload, nested ones and dict keys
-    too: nothing can be read or checked from them."""
+    """Refuse tensors without readable data (``meta``, not on the CPU) anywhere in the payload."""
     stack: list[tuple[str, Any]] = [(str(k), v) for k, v in payload.items()]
     stack += [(f"a key ({type(k).__name__})", k) for k in payload]
     while stack:
@@ -334,8 +309,8 @@ def _check_devices(payload: dict[str, Any], fail: Any) -> None:
 
 
 def _check_fields_of(payload: dict[str, Any], version: int, fail: Any) -> None:
-    """Refuse a file that holds entries added by a format after its own (:data:`_FIELD_SINCE`,
-    :data:`_ADDED_IN`): a newer file relabelled as older, whose checksum would go unchecked."""
+    """Refuse a file that holds entries added by a later format (:data:`_FIELD_SINCE`,
+    :data:`_ADDED_IN`): a newer file relabelled as older."""
     axes, saved = payload.get("axes"), payload.get("names")
     held = [k for k in payload if isinstance(k, str)]
     held += [k for k in (axes if isinstance(axes, dict) else ()) if isinstance(k, str)]
@@ -358,8 +333,7 @@ def _check_checksum(payload: dict[str, Any], fail: Any) -> None:
     try:
         actual = checksum(payload)
     except Exception as exc:  # an entry torch or json cannot digest: anything may be raised
-        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise fail(f"holds an entry that is not a tensor or plain data ({detail}); save the "
+        raise fail(f"holds an entry that is not a tensor or plain data ({_detail(exc)}); save the "
                    "analysis again with HeadAnalysis.save.") from None
     if saved != actual:
         what = "has no checksum" if saved is None else "does not match its checksum"
@@ -367,11 +341,16 @@ def _check_checksum(payload: dict[str, Any], fail: Any) -> None:
                    "Restore a good copy or run the analysis again.")
 
 
+def _detail(exc: Exception) -> str:
+    """The first line of ``exc``'s message (at most 200 characters), or its type's name."""
+    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+
+
 def _align(key: str, value: Tensor, saved: dict[str, Any], fail: Any,
            version: int = FORMAT_VERSION) -> Tensor:
-    """``value`` with its named axes re-ordered to this version's labels, by name: a label the
-    file lacks is filled (NaN, or 0 for counts) with a warning — none for a label added by a
-    format after the file's (:data:`_ADDED_IN`); one it has extra is dropped."""
+    """``value`` with its named axes re-ordered to this version's labels, by name: a missing label
+    is filled (NaN, or 0 for counts; with a warning unless a later format added it), an extra one
+    dropped."""
     if value.ndim != len(AXES[key]):
         raise fail(f"{key} has shape {list(value.shape)}; expected axes {list(AXES[key])}.")
     for dim, axis in enumerate(AXES[key]):

@@ -1,12 +1,6 @@
-"""Label confidence, label export and agreement with other head scores (SPEC §5, §9).
-
-* :func:`label_margin`, :func:`label_stability`: how sure a head's class is — the vote margin
-  and the share of 200 seeded bootstrap resamples of the sequences that keep the label; with
-  fewer than 8 sequences, of the blocks of 128 consecutive voting queries (NaN, "too few units",
-  below 8 of those); :func:`stability_units` says which unit each layer resampled.
-* :func:`export_labels`: one row per head as CSV or JSON (format: docs/labels.md).
-* :func:`label_agreement`: the class × score cross-tab and Spearman's ρ between vote fractions and
-  the scores of :func:`tl_geometry.head_scores`.
+"""Label confidence (:func:`label_margin`, :func:`label_stability`), label export
+(:func:`export_labels`, docs/labels.md) and agreement with other head scores
+(:func:`label_agreement`), SPEC §5, §9.
 """
 
 from __future__ import annotations
@@ -54,19 +48,11 @@ def label_margin(result: AnalysisLike) -> Float[Tensor, "layer head"]:
 def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     """Share of :data:`N_RESAMPLES` bootstrap resamples (seed 0) that give the head its label
     (SPEC §5). The units resampled (:func:`stability_units`): the sequences where there are at
-    least :data:`MIN_UNITS` (8); with fewer (long windows), each layer's blocks of 128
-    consecutive voting queries, pooled over the sequences, partial blocks dropped (a block
-    bootstrap). NaN — a documented "no stability", never a guess:
-
-    * for every head of a layer with fewer than 8 units of either kind: "too few units"
-      (resampling one unit always gives it back, so its labels would all read 1.0);
-    * for every head of a file without per-sequence votes (format ≤ 3): unknown;
-    * for an unlabelled head (no votes, no label to keep).
-
-    The label to keep is the head's own (from all its votes, the dropped partial blocks' too).
-    A NaN stability is not "unstable" (:func:`unstable` is False
-    there); :func:`stability_note` says why every stability is NaN. Computed on each call, not
-    cached on the result (its fields stay exactly its constructor's arguments).
+    least :data:`MIN_UNITS` (8), else each layer's complete blocks of 128 consecutive voting
+    queries, pooled over the sequences; the label kept is the head's own, from all its votes.
+    NaN — never counted :func:`unstable` — for every head of a layer with fewer than 8 units
+    ("too few units"), of a file without per-sequence votes (format ≤ 3), and for an
+    unlabelled head; :func:`stability_note` says why.
     """
     votes = getattr(result, "sequence_votes", None)
     shape = tuple(result.vote_counts.shape[:2])
@@ -97,9 +83,8 @@ def _layer_blocks(result: AnalysisLike) -> list[Tensor | None]:
 
 def stability_units(result: AnalysisLike) -> list[tuple[str, int] | None]:
     """Per layer, the unit the label stability resampled and how many there were (SPEC §5):
-    ``("sequence", n)`` with 8 or more sequences, else ``("block", n)`` (blocks of 128
-    consecutive voting queries, pooled over the sequences; ``("sequence", n)`` again for a file
-    without per-block votes); ``None`` for a file without per-sequence votes (unknown)."""
+    ``("sequence", n)`` with 8 or more sequences (or without per-block votes), else
+    ``("block", n)``; ``None`` for a file without per-sequence votes (unknown)."""
     votes = getattr(result, "sequence_votes", None)
     if votes is None:
         return [None] * len(result.layers)
@@ -141,24 +126,31 @@ def unstable(result: AnalysisLike) -> Bool[Tensor, "layer head"]:
 def labels_frame(result: AnalysisLike, scores: Any = None):
     """The export table: :data:`EXPORT_COLUMNS` (label ``None`` for an unlabelled head) and,
     with ``scores``, the head-score columns matched on (layer, head)."""
-    import pandas as pd
-
     fractions = result.vote_fractions
-    frame = pd.DataFrame({
-        "layer": torch.tensor(result.layers).repeat_interleave(result.n_heads).numpy(),
-        "head": torch.arange(result.n_heads).repeat(result.n_layers).numpy(),
-        "label": [x for row in result.labels for x in row],
-        **{f"vote_{v}": fractions[..., i].flatten().double().numpy() for i, v in enumerate(VOTES)},
-        "margin": label_margin(result).flatten().double().numpy(),
-        "stability": label_stability(result).flatten().double().numpy(),
+    frame = head_frame(result, {
+        **{f"vote_{v}": fractions[..., i] for i, v in enumerate(VOTES)},
+        "margin": label_margin(result),
+        "stability": label_stability(result),
     })
     return frame if scores is None else merge_scores(frame, scores)
 
 
+def head_frame(result: AnalysisLike, columns: dict[str, Tensor]):
+    """A ``DataFrame`` of one row per (layer, head): ``layer, head, label``, then ``columns``
+    (``[layer, head]`` tensors, as float64)."""
+    import pandas as pd
+
+    return pd.DataFrame({
+        "layer": torch.tensor(result.layers).repeat_interleave(result.n_heads).numpy(),
+        "head": torch.arange(result.n_heads).repeat(result.n_layers).numpy(),
+        "label": [x for row in result.labels for x in row],
+        **{name: values.flatten().double().numpy() for name, values in columns.items()},
+    })
+
+
 def merge_scores(frame: Any, scores: Any):
     """``frame`` with the score columns of ``scores`` (a :func:`tl_geometry.head_scores` table)
-    joined on ``layer, head``; a clear error when ``scores`` is not one, lacks a head of
-    ``frame`` or lists a head twice (:func:`check_score_heads`). Neither argument is changed."""
+    joined on ``layer, head`` (checked by :func:`check_scores`, :func:`check_score_heads`)."""
     columns = check_scores(scores)
     check_score_heads(scores, zip(frame["layer"].tolist(), frame["head"].tolist()))
     return frame.merge(scores[["layer", "head", *columns]], on=["layer", "head"], how="left")
@@ -198,9 +190,8 @@ def _heads_text(heads: list[tuple[int, int]]) -> str:
 
 
 def check_score_heads(scores: Any, heads: Any) -> None:
-    """Refuse a head-score table (already through :func:`check_scores`) that lists a head twice
-    or lacks one of ``heads`` (``(layer, head)`` pairs): a merge would repeat those heads or
-    leave their scores NaN without a word. ``ValueError`` naming the first heads and the fix."""
+    """Refuse (``ValueError`` naming the first heads and the fix) a head-score table that lists a
+    head twice or lacks one of ``heads`` (``(layer, head)`` pairs), which a merge would hide."""
     seen: set[tuple[int, int]] = set()
     repeated: dict[tuple[int, int], None] = {}  # in the table's order
     for pair in zip(scores["layer"].tolist(), scores["head"].tolist()):
@@ -223,14 +214,10 @@ def check_score_heads(scores: Any, heads: Any) -> None:
 
 
 def export_labels(result: AnalysisLike, path: str | Path, scores: Any = None) -> Path:
-    """Write :func:`labels_frame` to ``path``: ``.csv`` (header row, empty cell for NaN or no
+    """Write :func:`labels_frame` to ``path``, atomically: ``.csv`` (empty cell for NaN or no
     label) or ``.json`` (``{"format", "model", "sink_epsilon", "columns", "heads": [...]}``, NaN
-    → ``null``). Written next to the destination and renamed, so no partial file is left.
-
-    The stability is NaN (empty / ``null``) for every head with fewer than 8 sequences ("too few
-    units", SPEC §5). Raises ``ValueError`` for another suffix, a ``path`` that is a folder or
-    lies under a file, and a ``scores`` table that lacks one of the result's heads or lists one
-    twice (:func:`check_score_heads`)."""
+    → ``null``). Raises ``ValueError`` for another suffix, a ``path`` that is a folder or lies
+    under a file, and a ``scores`` table refused by :func:`check_score_heads`."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".json"):
@@ -276,15 +263,12 @@ def _plain(value: Any) -> Any:
 
 
 def label_agreement(result: AnalysisLike, scores: Any):
-    """Do the labels agree with other detectors? (SPEC §9) Returns a dict of three DataFrames:
+    """Do the labels agree with other detectors? (SPEC §9) Three DataFrames: ``"mean"`` (class ×
+    score: the mean score of each class's heads), ``"share_high"`` (per score, the share of each
+    class among the ``heads`` with score > 0.3) and ``"spearman"`` (vote fraction × score:
+    Spearman's ρ over the labelled heads).
 
-    * ``"mean"`` — class × score: the mean score of each class's heads;
-    * ``"share_high"`` — per score, the share of each class among the heads with score > 0.3
-      (and how many heads that is, column ``heads``);
-    * ``"spearman"`` — vote fraction × score: Spearman's ρ over the labelled heads.
-
-    ``scores`` must cover every analysed head once (:func:`check_score_heads`): a table of
-    another model, or one with a repeated head, raises ``ValueError`` naming the heads.
+    ``scores`` must cover every analysed head once, else ``ValueError`` (:func:`check_score_heads`).
 
     >>> agreement = label_agreement(result, tl_geometry.head_scores(model))  # doctest: +SKIP
     >>> agreement["share_high"].loc["induction"]                              # doctest: +SKIP

@@ -1,14 +1,9 @@
 """An analysis restricted to some of its layers, and a model's global and local layers apart.
 
-SPEC §8 (i): on a model with sliding-window layers (Gemma-3: five local layers of window 512 to
-one global layer) every figure is read for the global (full-attention) layers and the local
-layers apart; a figure pooled over both kinds is never the headline. :func:`by_layer_kind`
-gives the two analyses, :func:`layer_subset` any set of layers.
-
-What a subset keeps: every tensor field along its ``layer`` axis (:data:`.schema.AXES`), the
-per-layer metadata (:data:`PER_LAYER_METADATA`) for those layers, and the rest of the metadata
-as it is: the sink record (``metadata["sink"]``) describes how the whole analysis chose its sink
-and stays whole. ``metadata["layer_kind"]`` names the kind of a :func:`by_layer_kind` part.
+SPEC §8 (i): on a model with sliding-window layers every figure is read for the global and the
+local layers apart. A subset keeps every tensor field along its ``layer`` axis, the per-layer
+metadata (:data:`PER_LAYER_METADATA`) for those layers and the rest of the metadata whole;
+``metadata["layer_kind"]`` names the kind of a :func:`by_layer_kind` part.
 """
 
 from __future__ import annotations
@@ -34,9 +29,8 @@ LAYER_KINDS = ("global", "local")
 
 
 def layer_subset(result: Analysis, layers: Sequence[int]) -> Analysis:
-    """``result`` restricted to the model layers ``layers`` (indices as in ``result.layers``, in
-    the order given): a new :class:`~tl_geometry.result.HeadAnalysis` whose every figure is the
-    full analysis's for those layers (nothing is recomputed; ``result`` is not changed).
+    """``result`` restricted to the model layers ``layers``, in the order given: a new
+    :class:`~tl_geometry.result.HeadAnalysis` (nothing is recomputed; ``result`` is not changed).
 
     >>> local = layer_subset(result, [0, 1, 2])   # doctest: +SKIP
     >>> local.f_score.shape[0]                     # doctest: +SKIP
@@ -67,8 +61,7 @@ def layer_subset(result: Analysis, layers: Sequence[int]) -> Analysis:
 
 def by_layer_kind(result: Analysis) -> dict[str, Analysis]:
     """The analysis of the global layers and that of the local (sliding-window) layers, by
-    ``metadata["window"]`` (SPEC §1, §8 (i)); ``{}`` for a model whose layers are all of one
-    kind (nothing to split: the whole analysis is the reading).
+    ``metadata["window"]`` (SPEC §1, §8 (i)); ``{}`` when every layer is of one kind.
 
     >>> parts = by_layer_kind(gemma_result)                          # doctest: +SKIP
     >>> parts["global"].layers, parts["local"].layers[:5]            # doctest: +SKIP

@@ -1,10 +1,8 @@
 """The names and axes of :class:`~tl_geometry.result.HeadAnalysis`, in one place.
 
 Every tensor field has named axes (:data:`AXES`); every named axis has its labels in one tuple
-(:data:`names`): a figure's axis reads them from :data:`~tl_geometry.functional.figures.FIGURES`,
-a selection group's from :data:`GROUPS`. Adding a group (e.g. a ``"shuffled"`` null) or a figure
-(docs/where_things_go.md) extends one of them: the accessors, ``sel``, ``to_pandas``, the file
-format (which saves these labels) and the shape checks follow.
+(:data:`names`). Adding a group or a figure (docs/where_things_go.md) extends one of them: the
+accessors, ``sel``, ``to_pandas``, the file format and the shape checks follow.
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ from ..functional.taxonomy import CLASSES, VOTES
 PAIRED_FIELDS: tuple[str, ...] = labels("paired_field")
 
 #: Selection groups scored per (layer, head, N) (SPEC §3): the top-N set, the random baseline,
-#: a null of :data:`SHUFFLE_KINDS` (same α and top-N set; by default the non-sink values permuted), the top-N
-#: re-selected with the sink removed, and the top-N instances with the sink inside / outside
-#: the set.
+#: a null of :data:`SHUFFLE_KINDS`, the top-N re-selected with the sink removed, and the top-N
+#: instances with the sink inside / outside the set.
 GROUPS: tuple[str, ...] = ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out")
 #: The nulls that the ``shuffled`` group can be (SPEC §3; ``analyze_heads(shuffle=...)``, saved as
 #: ``metadata["shuffle"]``): the non-sink values permuted (``"values"``, the default), only their
@@ -45,10 +42,8 @@ BOUND_KINDS: tuple[str, ...] = ("inversion", "certified", "predicted", "shell", 
 #: where the bound certifies P = R = 1 (γ_N > 0); for ``inversion`` that is the measured fraction.
 BOUND_METRICS: tuple[str, ...] = labels("bound_metric")
 
-#: The percentile of the truncation figures over instances (SPEC §10): ``truncation_p90`` holds,
-#: per (layer, head, N), the nearest-rank 90th percentile over every (sequence, chosen query)
-#: of the top-N set's tail mass and relative truncation error (ours: an observed value, with at
-#: least 90 % of the instances at or below it).
+#: The percentile of the truncation figures over instances (SPEC §10): ``truncation_p90`` holds
+#: their nearest-rank 90th percentile (an observed value; ours).
 PERCENTILE = 0.9
 
 #: Axis labels of every tensor field, in storage order; ``layer``, ``head`` and ``n`` are
@@ -75,14 +70,10 @@ AXES: dict[str, tuple[str, ...]] = {
 #: The random baseline's standard errors (SPEC §3): over sequences, and Monte Carlo (its ``R``
 #: subsets per query).
 SE_KINDS: tuple[str, ...] = ("sequences", "monte_carlo")
-#: The groups of the per-window arrays (SPEC §8): the four whose means are taken per sequence
-#: first, and (since format 9) each window's own means over its top-N instances with the sink
-#: inside / outside the set (NaN where it has none; at the last query, a window's one instance),
-#: from which the paired sink ratio of every window is formed (SPEC §3, comparison 3).
+#: The groups of the per-window arrays (SPEC §8): those of :data:`GROUPS`, each window's own means
+#: (the sink-in / sink-out ones NaN where it has none).
 WINDOW_GROUPS: tuple[str, ...] = GROUPS
-#: Fields that may be ``None``: the bounds (only with ``analyze_heads(bounds=True)``), the
-#: paired sink effect, the per-sequence votes, the truncation percentiles and the votes apart
-#: and per block (absent from files of earlier versions).
+#: Fields that may be ``None``: optional outputs, or absent from files of earlier versions.
 OPTIONAL = ("bounds", "regime", "paired", "sequence_votes", "truncation_p90", "beyond_votes", "block_votes",
             "window_scores", "window_sink", "window_bounds", "baseline_se", "local_sink")
 #: Fields holding counts: filled with 0 (not NaN) where a saved file lacks a name.
@@ -123,11 +114,8 @@ def check_name(kind: str, value: str, valid: tuple[str, ...]) -> int:
 
 
 def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
-    """Check and normalise the constructor's fields; returns ``(layers, n_values)``.
-
-    Raises ``ValueError`` naming the field and the expected shape, e.g. ``scores has shape
-    [5, 5, 2, 4, 3]; expected [group=5, metric=5, layer=2, head=4, n=4]``.
-    """
+    """Check and normalise the constructor's fields; returns ``(layers, n_values)``. Raises
+    ``ValueError`` naming the field and the expected shape (``... expected [group=5, metric=5, ...]``)."""
     try:
         layers = tuple(operator.index(x) for x in fields["layers"])
     except TypeError:

@@ -70,16 +70,9 @@ def take_labels(labels: list[list[Any]], layer: Index, head: Index) -> Any:
 
 class HeadSelection(Mapping[str, Any]):
     """What :meth:`HeadAnalysis.sel <tl_geometry.result.HeadAnalysis.sel>` returns: a read-only
-    mapping from quantity names (the ``HeadAnalysis`` attribute names: ``f_score``,
-    ``random_f_score``, ``sink_norm_ratio``, ``vote_sink``, ``label``, ``count``, ...) to the
-    selected values.
-
-    ``coords`` holds what was selected on each axis (``{"layer": 5, "head": [0, 3], "n": [1, 2,
-    4]}``, every analysed value where none was asked); ``dims`` the axes kept, in order
-    (``("head", "n")``).
-    Quantities without an N axis (sink figures, votes, labels) ignore ``n``.
-
-    Quantities read as keys or attributes: ``s["f_score"]`` is ``s.f_score``.
+    mapping from quantity names (``f_score``, ``sink_norm_ratio``, ``label``, ...) to the selected
+    values, also read as attributes (``s.f_score``). ``coords`` holds what was selected on each
+    axis (every analysed value where none was asked), ``dims`` the axes kept, in order.
 
     >>> s = result.sel(layer=5, head=3, n=2)     # doctest: +SKIP
     >>> float(s.f_score), s["label"]              # doctest: +SKIP
@@ -125,9 +118,7 @@ class HeadSelection(Mapping[str, Any]):
             return (f"HeadSelection({where}; dims={self.dims}; {len(self)} quantities: "
                     f"{', '.join(self._data)})")
         lines = [f"HeadSelection({where})"]
-        for key, value in self.to_dict().items():
-            shown = _fmt(value)
-            lines.append(f"  {key:<24} {shown}")
+        lines += [f"  {key:<24} {_fmt(value)}" for key, value in self.to_dict().items()]
         return "\n".join(lines)
 
 

@@ -1,15 +1,9 @@
 """The attribute shortcuts of :class:`~tl_geometry.result.HeadAnalysis`, one per documented slice.
 
 ``result.random_f_score`` is ``result.metric("f_score", "random")``, ``result.sink_mass`` is
-``result.sink_diagnostic("mass")``, ``result.shell_n_f_score`` is ``result.bound("shell_n",
-"f_score")``; each is a ``[layer, head(, n)]`` tensor. They are declared one by one in the class
-body, so ``dir()``, editors, ``help()`` and type checkers see them (a misspelt shortcut is a
-type error). The shortcuts are: every metric of the top-N group (``f_score``, ``margin``, ...), the
-F-score of every other group (``random_f_score``, ``sink_removed_f_score``, ...), the sink
-diagnostics (``sink_mass``, ...) and a few paired, percentile and bound figures. Every other
-slice is read through its accessor (:meth:`~tl_geometry.result.HeadAnalysis.metric`,
-``bound()``, ``regime_diagnostic()``, ``sel()``, ...). The test suite checks the declarations
-against the names of :mod:`.schema`.
+``result.sink_diagnostic("mass")``; each is a ``[layer, head(, n)]`` tensor. They are declared
+one by one in the class body, so ``dir()``, editors, ``help()`` and type checkers see them.
+Every other slice is read through its accessor (``metric()``, ``bound()``, ``sel()``, ...).
 """
 
 from __future__ import annotations

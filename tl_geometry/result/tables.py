@@ -10,9 +10,15 @@ from torch import Tensor
 
 from ..functional.taxonomy import CLASSES
 from .headline import geometry_reading, headline_n, is_dense, layer_windows, shuffle_kind
-from .labels import merge_scores, unstable
+from .labels import head_frame, merge_scores, unstable
 from .protocol import AnalysisLike
 from .schema import SHUFFLE_KINDS, check_name, names
+
+
+def finite_mean(x: Tensor) -> float:
+    """The mean of the finite entries of ``x``; NaN where none is finite."""
+    return float(x.nanmean()) if bool(x.isfinite().any()) else float("nan")
+
 
 #: Bound kinds whose F̲_N predicts a best N, and their ``best_n()`` columns.
 BEST_N_KINDS = {"shell": "shell_best_n", "shell_n": "shell_n_best_n", "predicted": "predicted_best_n"}
@@ -48,12 +54,17 @@ def best_n(result: AnalysisLike):
                          **{k: v.flatten().numpy() for k, v in columns.items()}})
 
 
+def measured_and_predicted_best_n(result: AnalysisLike, kind: str) -> tuple[Tensor, Tensor]:
+    """Per head, the measured best N and the one bound ``kind`` predicts (:func:`argmax_n`)."""
+    check_name("bound kind", kind, tuple(BEST_N_KINDS))
+    return (argmax_n(result, result.f_score, bound=False),
+            argmax_n(result, result.bound(kind, "f_score"), bound=True))
+
+
 def best_n_agreement(result: AnalysisLike, kind: str = "shell_n") -> float:
     """Fraction of heads whose ``kind``-predicted best N equals the measured one, among the
     heads where both are defined; NaN if there are none."""
-    check_name("bound kind", kind, tuple(BEST_N_KINDS))
-    measured = argmax_n(result, result.f_score, bound=False)
-    predicted = argmax_n(result, result.bound(kind, "f_score"), bound=True)
+    measured, predicted = measured_and_predicted_best_n(result, kind)
     both = ~torch.isnan(measured) & ~torch.isnan(predicted)
     if not both.any():
         return float("nan")
@@ -61,24 +72,13 @@ def best_n_agreement(result: AnalysisLike, kind: str = "shell_n") -> float:
 
 
 def heads_table(result: AnalysisLike, scores: Any = None):
-    """One row per (layer, head): label (``None`` for an unlabelled head, SPEC §5: a
-    ``groupby("label")`` or ``value_counts()`` leaves it out), vote fractions (``vote_current``,
-    ...), label confidence (``label_margin``, ``label_stability``, ``unstable``; the stability is
-    NaN with fewer than 8 sequences, "too few units", and ``unstable`` is False wherever it is
-    NaN), sink diagnostics (``sink_mass``, ...) and, with ``scores``, the head scores (SPEC §9;
-    a score table that lacks one of these heads or lists one twice is refused)."""
-    import pandas as pd
-
+    """:meth:`HeadAnalysis.heads_table <tl_geometry.result.HeadAnalysis.heads_table>`: label
+    (``None`` for an unlabelled head), vote fractions, label confidence, sink diagnostics and,
+    with ``scores``, the head scores (SPEC §5, §9)."""
     per_head = {k: v for k, (v, has_n) in result.quantities().items()
                 if not has_n and not k.startswith("regime_")}
-    frame = pd.DataFrame({
-        "layer": torch.tensor(result.layers).repeat_interleave(result.n_heads).numpy(),
-        "head": torch.arange(result.n_heads).repeat(result.n_layers).numpy(),
-        "label": [x for row in result.labels for x in row],
-    })
     votes = [k for k in per_head if k.startswith("vote_")]  # votes first, as before
-    for key in votes + [k for k in per_head if k not in votes]:
-        frame[key] = per_head[key].flatten().double().numpy()
+    frame = head_frame(result, {k: per_head[k] for k in votes + [k for k in per_head if k not in votes]})
     frame.insert(frame.columns.get_loc("label_stability") + 1, "unstable", unstable(result).flatten().numpy())
     return frame if scores is None else merge_scores(frame, scores)
 
@@ -87,10 +87,8 @@ def beyond_table(result: AnalysisLike):
     """One row per head of a sliding-window (local) layer: its label and vote fractions from the
     queries that see the sink (SPEC §5), beside the votes of the queries whose window starts
     after the sink (``beyond_current``, ``beyond_other``: they cannot vote "sink"), their share
-    of ``current`` and the label they alone would give (``beyond_label``: Retriever or Reset by
-    plurality, ties → Retriever as in SPEC §5; ``None`` without such votes). Empty (no rows)
-    for a model without local layers or a result without the beyond votes (files before
-    format 6)."""
+    of ``current`` and the label they alone would give (``beyond_label``, ties → Retriever;
+    ``None`` without such votes). No rows without local layers or beyond votes."""
     import pandas as pd
 
     from ..functional.taxonomy import labels_from_votes
@@ -123,51 +121,39 @@ def to_pandas(result: AnalysisLike):
     ``group="bound_<kind>"`` hold the lower bounds on P, R, F and the ``separated`` fraction."""
     import pandas as pd
 
-    n_layers, n_heads, n_n = result.n_layers, result.n_heads, len(result.n_values)
     li, h, ni = (x.flatten() for x in torch.meshgrid(
-        torch.arange(n_layers), torch.arange(n_heads), torch.arange(n_n), indexing="ij"))
+        torch.arange(result.n_layers), torch.arange(result.n_heads), torch.arange(len(result.n_values)),
+        indexing="ij"))
     coords = {"layer": torch.tensor(result.layers)[li].numpy(), "head": h.numpy(),
               "n": result.n_values[ni].numpy()}
-    frames = [
-        pd.DataFrame({**coords, "group": group,
-                      **{m: result.metric(m, group).flatten().numpy() for m in names()["metric"]},
-                      "count": result.count(group).flatten().numpy()})
-        for group in names()["group"]
-    ]
+
+    def rows(group: str, values: dict[str, Tensor], **extra: Any):
+        return pd.DataFrame({**coords, "group": group, **{m: v.flatten().numpy() for m, v in values.items()},
+                             **extra})
+
+    metrics = names()["metric"]
+    frames = [rows(g, {m: result.metric(m, g) for m in metrics}, count=result.count(g).flatten().numpy())
+              for g in names()["group"]]
     if getattr(result, "baseline_se", None) is not None:  # SPEC §3: the random baseline's standard errors
-        frames += [
-            pd.DataFrame({**coords, "group": f"random_se_{kind}",
-                          **{m: result.baseline_error(m, kind).flatten().numpy() for m in names()["metric"]}})
-            for kind in names()["se_kind"]
-        ]
+        frames += [rows(f"random_se_{k}", {m: result.baseline_error(m, k) for m in metrics})
+                   for k in names()["se_kind"]]
     if result.bounds is not None:
-        frames += [
-            pd.DataFrame({**coords, "group": f"bound_{kind}",
-                          **{m: result.bound(kind, m).flatten().numpy() for m in names()["bound_metric"]}})
-            for kind in names()["bound_kind"]
-        ]
+        frames += [rows(f"bound_{k}", {m: result.bound(k, m) for m in names()["bound_metric"]})
+                   for k in names()["bound_kind"]]
     frame = pd.concat(frames, ignore_index=True)
     return frame.merge(result.heads_table(), on=["layer", "head"], how="left")
 
 
 def paired_sink_summary(result: AnalysisLike):
-    """Per analysed N, the pooled sink comparison next to the paired one (SPEC §3, sink effect),
-    as a ``DataFrame``:
-
-    - ``pooled_f_sink_in`` / ``pooled_f_sink_out``: mean F_N of the top-N instances with / without
-      the sink in S_N, pooled over every instance of every head (comparison 1: each head's mean
-      weighted by its instance count), with ``instances_in`` / ``instances_out``;
-    - ``f_sink_removed``: mean over heads of F_N re-selected without the sink (comparison 2);
-    - ``paired_median_ratio`` / ``paired_median_halved``: the median over heads of each head's
-      median F_N(with sink) / F_N(sink removed) and of its fraction of instances with ratio
-      ≤ 1/2, over the instances whose S_N holds the sink (comparison 3, ours: the headline form);
-      ``paired_heads`` heads have such instances, ``paired_instances`` in all. NaN where no head
-      has one, or for a result saved without paired figures.
-    - ``dense``: N > (t+1)/4, outside the headline range (shown, never headlined).
-    """
+    """Per analysed N (``dense`` flagged), the three sink comparisons of SPEC §3, as a ``DataFrame``:
+    ``pooled_f_sink_in`` / ``_out`` (1: mean F_N of the top-N instances with / without the sink
+    in S_N, pooled over every instance of every head; ``instances_in`` / ``_out``),
+    ``f_sink_removed`` (2: mean over heads of F_N re-selected without the sink), and
+    ``paired_median_ratio`` / ``_halved`` (3, ours: the median over the ``paired_heads`` heads
+    with such instances of each head's median F_N(with) / F_N(removed) and fraction ≤ 1/2;
+    ``paired_instances`` in all; NaN where no head has one)."""
     import numpy as np
     import pandas as pd
-
 
     def pooled(group: str) -> tuple[Tensor, Tensor]:
         f, count = result.metric("f_score", group), result.count(group)
@@ -189,7 +175,7 @@ def paired_sink_summary(result: AnalysisLike):
             "n": n, "dense": is_dense(result, n),
             "pooled_f_sink_in": float(f_in[i]), "instances_in": int(n_in[i]),
             "pooled_f_sink_out": float(f_out[i]), "instances_out": int(n_out[i]),
-            "f_sink_removed": float(removed.nanmean()) if bool(removed.isfinite().any()) else float("nan"),
+            "f_sink_removed": finite_mean(removed),
             "paired_median_ratio": med_ratio, "paired_median_halved": med_halved,
             "paired_heads": int(has.sum()), "paired_instances": int(np.nan_to_num(count[..., i]).sum()),
         })
@@ -200,20 +186,11 @@ def null_decomposition(results: Mapping[str, AnalysisLike], metric: str = "f_sco
     """Per analysed N, the mean over heads of ``metric(top) − metric(null)`` for each null of
     SPEC §3, as a ``DataFrame``: the net effect of the value geometry and its parts.
 
-    ``results`` maps a null (``"values"``, ``"norms"``, ``"directions"``, ``"unselected"``) to
-    the analysis made with it, ``analyze_heads(..., shuffle=kind)``, on the same inputs with the
-    same options and seed: then the top-N sets are the same and the norms and directions nulls
-    draw the values null's permutations. Columns: ``n``; ``dense`` (N > (t+1)/4: shown, never
-    headlined); ``top`` (mean ``metric`` of the top-N set); ``top − <kind>`` for each null given,
-    in that order (the mean over heads of each head's gap); and, with the values null,
-    ``reading``: the net gap read with both signs (:func:`~.headline.geometry_reading`).
-
-    How to read a gap (docs/math.md §3): ``top − values`` is the net effect, positive where the
-    selected values cohere more than chance and negative where attended but unselected keys
-    carry values aligned with the selection; ``top − norms`` is what the real pairing of keys
-    with norms carries (directions kept), ``top − directions`` what the real pairing with
-    directions carries (norms kept), ``top − unselected`` what the real values outside the
-    selection do to it (the selection's own values kept): negative where they crowd the ball.
+    ``results`` maps a null (:data:`SHUFFLE_KINDS`) to the analysis made with it,
+    ``analyze_heads(..., shuffle=kind)``, on the same inputs, options and seed. Columns: ``n``,
+    ``dense``, ``top`` (mean ``metric`` of the top-N set), ``top − <kind>`` for each null given
+    and, with the values null, ``reading`` (:func:`~.headline.geometry_reading`). How to read a
+    gap: docs/math.md §3.
 
     Raises ``ValueError`` for an unknown null, a result made with another null than its key,
     or results that do not share the top-N scores (not the same inputs and options).
@@ -244,14 +221,11 @@ def null_decomposition(results: Mapping[str, AnalysisLike], metric: str = "f_sco
                              "scores, N, layers, seed or permutation count: analyse the same inputs "
                              "with the same options, changing only shuffle=.")
 
-    def mean(x: Tensor) -> float:
-        return float(x.nanmean()) if bool(x.isfinite().any()) else float("nan")
-
     rows = []
     for i, n in enumerate(first.n_values.tolist()):
-        row: dict[str, Any] = {"n": n, "dense": is_dense(first, n), "top": mean(top[..., i])}
+        row: dict[str, Any] = {"n": n, "dense": is_dense(first, n), "top": finite_mean(top[..., i])}
         for kind in kinds:
-            row[f"top − {kind}"] = mean((top - results[kind].metric(metric, "shuffled"))[..., i])
+            row[f"top − {kind}"] = finite_mean((top - results[kind].metric(metric, "shuffled"))[..., i])
         if "values" in results:
             row["reading"] = geometry_reading(row["top − values"])
         rows.append(row)

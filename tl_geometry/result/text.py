@@ -13,6 +13,7 @@ from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from .headline import headline_text, layer_windows, n_label, shuffle_kind
 from .labels import stability_note, stability_units
 from .protocol import AnalysisLike
+from .tables import finite_mean
 from .units import kv_group_size, kv_values
 
 #: One colour per class, shared by the HTML views, the plots and the notebook table;
@@ -60,10 +61,6 @@ def _layers(layers: tuple[int, ...]) -> str:
     return ", ".join(map(str, layers))
 
 
-def _nanmean(x: Tensor) -> float:
-    return float(x.nanmean()) if torch.isfinite(x).any() else float("nan")
-
-
 def class_totals(result: AnalysisLike) -> dict[str, int]:
     """Heads of each class over all layers; unlabelled heads are in none."""
     counts = result.class_counts().sum()
@@ -92,9 +89,8 @@ def unstable_counts(result: AnalysisLike) -> dict[str, int]:
 
 
 def unstable_text(result: AnalysisLike) -> str:
-    """``; unstable (stability < 0.8): 4 — Retriever 2, Mixer 0, Reset 2`` (counted apart, SPEC
-    §5), or a note that no head has a stability: too few units (fewer than 8 sequences) or
-    unknown (a file without per-sequence votes)."""
+    """``; unstable (stability < 0.8): 4 — Retriever 2, Mixer 0, Reset 2`` (SPEC §5), or why no
+    head has a stability (:func:`~.labels.stability_note`)."""
     if (note := stability_note(result)) is not None:
         return f"; label stability {note}"
     counts = unstable_counts(result)
@@ -124,7 +120,7 @@ def _shown(result: AnalysisLike, wanted: Sequence[int]) -> list[int]:
 def _group_line(result: AnalysisLike, label: str, i: int | list[int]) -> str:
     """Mean F (and F*) of every group at N position(s) ``i``, averaged over heads and those N."""
     def mean(name: str, group: str) -> float:
-        return _nanmean(result.metric(name, group)[..., i])
+        return finite_mean(result.metric(name, group)[..., i])
 
     line = f"  {label}: top-N {mean('f_score', 'top'):.3f} (F* {mean('f_score_cc', 'top'):.3f})"
     for group, name in (("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed")):
@@ -145,9 +141,8 @@ def _baseline_error_line(result: AnalysisLike, shown: list[int]) -> list[str]:
     if not cells:
         return []
     draws = result.metadata.get("random_samples")
-    line = (f"  random F_N standard error, median over heads: Monte Carlo ({draws} subsets per query) "
-            "| over sequences: " if draws else "  random F_N standard error, median over heads: Monte Carlo "
-            "| over sequences: ")
+    subsets = f" ({draws} subsets per query)" if draws else ""
+    line = f"  random F_N standard error, median over heads: Monte Carlo{subsets} | over sequences: "
     return textwrap.wrap(line + ", ".join(f"N={n_label(result, n)}: {mc:.4f} | {seq:.4f}" for n, mc, seq in cells),
                          100, subsequent_indent="    ")
 
@@ -244,14 +239,13 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
 
 
 def _layer_kind_lines(result: AnalysisLike, shown: list[int]) -> list[str]:
-    """On a model with sliding-window layers, the headline figures of its global and its local
-    layers apart (SPEC §8 (i): the pooled lines above mix two kinds of attention): per kind, the
-    mean sink mass and κ, the classes, and mean F per group at each shown N."""
+    """On a model with sliding-window layers, per kind of layer (SPEC §8 (i)): the mean sink mass
+    and κ, the classes, and mean F per group at each shown N."""
     parts = result.by_layer_kind() if hasattr(result, "by_layer_kind") else {}
     lines = []
     for kind, part in parts.items():
-        lines += textwrap.wrap(f"{kind} layers {_layers(part.layers)}: sink mass {_nanmean(part.sink_mass):.3f}, "
-                               f"κ {_nanmean(part.sink_norm_ratio):.2f}; classes " + class_shares_text(part),
+        lines += textwrap.wrap(f"{kind} layers {_layers(part.layers)}: sink mass {finite_mean(part.sink_mass):.3f}, "
+                               f"κ {finite_mean(part.sink_norm_ratio):.2f}; classes " + class_shares_text(part),
                                100, initial_indent="  ", subsequent_indent="    ")
         for n in shown:
             lines.append(_group_line(part, f"  {kind} mean F_{n_label(part, n)}", part._n_index(n)))
@@ -261,9 +255,9 @@ def _layer_kind_lines(result: AnalysisLike, shown: list[int]) -> list[str]:
 
 
 def sink_check_text(result: AnalysisLike) -> str:
-    """Where the sink is and how strong (SPEC §1): its rule and positions, and the sink check:
-    in how many layers it is the most attended of the first 32 tokens; "WEAK SINK" where it is
-    not in most. Empty for results made before the check."""
+    """Where the sink is and how strong (SPEC §1): its rule and positions, and in how many layers
+    it is the most attended of the first 32 tokens ("WEAK SINK" where not in most); empty
+    without the record."""
     record = result.metadata.get("sink")
     if not isinstance(record, dict):
         return ""
@@ -294,10 +288,8 @@ def sink_check_text(result: AnalysisLike) -> str:
 
 
 def kind_shares_text(result: AnalysisLike) -> str:
-    """On a model with sliding-window layers, the classes of its global and local layers apart,
-    each with its number of labelled heads (SPEC §1, §5), and the beyond-window votes of the
-    local layers (only ``current`` / ``other``: those queries cannot see the sink); empty
-    otherwise."""
+    """On a model with sliding-window layers, the classes of its global and local layers apart
+    and the local layers' beyond-window votes (SPEC §1, §5); empty otherwise."""
     windows = layer_windows(result)
     if all(w is None for w in windows) or all(w is not None for w in windows):
         return ""
@@ -349,9 +341,8 @@ def _median_and_share(x: Tensor, below: float) -> tuple[float, float]:
 
 
 def value_geometry_text(result: AnalysisLike) -> str:
-    """The sink's value geometry (SPEC §4) summarised over its statistical unit: κ, c_sink and
-    cos(v_sink, mean v) read only the values, so under GQA/MQA their medians and shares are over
-    the KV heads (each group once), not over the query heads that share them."""
+    """Medians and shares of κ, c_sink and cos(v_sink, mean v) (SPEC §4) over their statistical
+    unit: the KV heads under GQA/MQA."""
     group = kv_group_size(result)
     n_units = result.n_layers * (result.n_heads // group)
     unit = (f"over the {n_units} KV heads, not the {result.n_layers * result.n_heads} query heads "
@@ -365,7 +356,7 @@ def value_geometry_text(result: AnalysisLike) -> str:
 
 
 def _ratio(bound: Tensor, measured: Tensor, i: int) -> str:
-    b, m = _nanmean(bound[..., i]), _nanmean(measured[..., i])
+    b, m = finite_mean(bound[..., i]), finite_mean(measured[..., i])
     return f"{b / m:.2f}" if m > 0 else "n/a"
 
 
@@ -392,9 +383,8 @@ def short_repr(result: AnalysisLike) -> str:
 
 
 def html_summary(result: AnalysisLike, top: int = 10, n: int | None = None) -> str:
-    """The notebook face of a result (``HeadAnalysis._repr_html_``): the one-line description,
-    the class counts and the ``top`` heads by F-gain at ``N = n`` (default: the first analysed
-    N ≥ 2, else the first) as an HTML table whose label cells carry their class colour."""
+    """``HeadAnalysis._repr_html_``: the one-line description, the class counts and the ``top``
+    heads by F-gain at ``N = n`` (default: the first analysed N ≥ 2) in class colours."""
     import html
 
     sizes = result.n_values.tolist()

@@ -1,16 +1,9 @@
 """Does a bound track the measured F_N? (SPEC §6d, "Reading 'tracks'", ours.)
 
-Two readings, both against the shell certificate (or any bound kind with a best N):
-
-* **ρ within each headline N** (:func:`rho_by_n`): Spearman's ρ between the bound's mean F̲_N
-  and the measured mean F_N **across heads at one N**. Pooling ``(head, N)`` pairs would inflate
-  ρ through the shared decline of every curve with N (both fall as N grows, whatever the heads
-  do); within one N only the ordering of the heads counts.
-* **best-N agreement against chance** (:func:`agreement_vs_chance`): the share of heads whose
-  bound-predicted best N equals the measured one, next to the agreement expected if the bound's
-  best Ns were shuffled across the same heads — exactly ``Σ_n p_measured(n) · p_bound(n)`` — the
-  excess over it, and a seeded permutation p-value. An agreement at or below chance predicts
-  nothing: when most heads peak at N = 2, a bound that always says 2 agrees often.
+Two readings: Spearman's ρ across heads **within each headline N** (:func:`rho_by_n`; pooling
+``(head, N)`` pairs would inflate ρ through the shared decline with N), and the best-N
+agreement against its chance level (:func:`agreement_vs_chance`): when most heads peak at
+N = 2, a bound that always says 2 agrees often, and predicts nothing.
 """
 
 from __future__ import annotations
@@ -25,8 +18,7 @@ from torch import Tensor
 from ..functional.stats import spearman
 from .headline import headline_n
 from .protocol import AnalysisLike
-from .schema import check_name
-from .tables import BEST_N_KINDS, argmax_n
+from .tables import measured_and_predicted_best_n
 
 #: Seeded shuffles behind the permutation p-value of a best-N agreement.
 N_SHUFFLES = 1000
@@ -72,11 +64,9 @@ def agreement_vs_chance(
     measured: Float[Tensor, "*head"], predicted: Float[Tensor, "*head"], *,
     n_shuffles: int = N_SHUFFLES, seed: int = 0,
 ) -> BestNAgreement:
-    """Best-N agreement of ``predicted`` with ``measured`` (per head, NaN where undefined) and
-    its chance level: the heads where both are defined, the share that agree, the exact
-    expected share under a uniform shuffle of ``predicted`` across those heads
-    (``Σ_n p_measured(n) p_predicted(n)``) and the permutation p-value over ``n_shuffles``
-    seeded shuffles (``torch.Generator().manual_seed(seed)``)."""
+    """Best-N agreement of ``predicted`` with ``measured`` (per head, NaN where undefined) over
+    the heads where both are defined, its exact chance level ``Σ_n p_measured(n) p_predicted(n)``
+    and the permutation p-value over ``n_shuffles`` shuffles seeded with ``seed``."""
     if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 1:
         raise ValueError(f"n_shuffles must be a positive int, got {n_shuffles!r}.")
     a, b = measured.flatten().double(), predicted.flatten().double()
@@ -100,9 +90,8 @@ def agreement_vs_chance(
 
 def rho_by_n(result: AnalysisLike, kind: str = "shell_n", metric: str = "f_score"):
     """Per headline N (SPEC §3), Spearman's ρ across heads between the mean bound ``kind`` on
-    ``metric`` and the measured mean ``metric``, as a ``DataFrame`` with columns ``n, rho,
-    heads`` (heads with both finite; ρ is NaN with fewer than 3 or a constant side). Never
-    pooled over N: pooling inflates ρ through the shared decline of every curve with N."""
+    ``metric`` and the measured mean ``metric``, as a ``DataFrame`` ``n, rho, heads`` (heads
+    with both finite; ρ is NaN with fewer than 3 or a constant side). Never pooled over N."""
     import pandas as pd
 
     bound, measured = result.bound(kind, metric), result.metric(metric)
@@ -119,7 +108,5 @@ def best_n_vs_chance(result: AnalysisLike, kind: str = "shell_n", *, n_shuffles:
                      seed: int = 0) -> BestNAgreement:
     """:func:`agreement_vs_chance` of the ``kind``-predicted best N with the measured best N
     over the headline range (``HeadAnalysis.best_n``)."""
-    check_name("bound kind", kind, tuple(BEST_N_KINDS))
-    measured = argmax_n(result, result.f_score, bound=False)
-    predicted = argmax_n(result, result.bound(kind, "f_score"), bound=True)
+    measured, predicted = measured_and_predicted_best_n(result, kind)
     return agreement_vs_chance(measured, predicted, n_shuffles=n_shuffles, seed=seed)

@@ -1,16 +1,9 @@
 """The statistical unit of a per-head quantity: query head or KV head (SPEC §4, ours).
 
-Under grouped-query (GQA) or multi-query attention (MQA), the ``n_heads // n_kv`` query heads of
-one KV group read the same value vectors, so every **value-only** quantity — the sink norm ratio
-κ, the signed cosine ``c_sink``, ``cos(v_sink, mean v)`` and the regime diagnostics (SPEC §6c) —
-is the same number for every query head of the group. Counting, taking medians or quoting shares
-of such a quantity over query heads would count one measurement ``n_heads // n_kv`` times
-(SmolLM2-135M: 270 query heads but 90 KV heads; Gemma-3-270M: 72 and 18). They are counted over
-KV heads (:func:`kv_reduce`); quantities that read the attention ``α`` (sink mass and share,
-P/R/F, votes) stay per query head.
-
-In output space (``space="output"``: ``y_i = α_i v_i W_O[h]``) the values are per query head, so
-there every quantity is per query head and the unit stays the query head (group size 1).
+Under GQA or MQA the query heads of one KV group read the same values, so every **value-only**
+quantity (κ, ``c_sink``, ``cos(v_sink, mean v)``, the regime diagnostics) is one measurement
+per KV group, counted over KV heads (:func:`kv_reduce`); quantities that read ``α`` stay per
+query head. In output space (``y_i = α_i v_i W_O[h]``) the unit is the query head.
 """
 
 from __future__ import annotations
@@ -57,10 +50,9 @@ def _same_in_groups(values: Tensor, group: int) -> bool:
 
 
 def infer_group_size(result: AnalysisLike) -> int:
-    """Group size of a result that did not record its number of KV heads (files written before
-    ``metadata["n_kv_heads"]``): the largest divisor ``g`` of ``n_heads`` such that every
-    value-only figure is identical inside every run of ``g`` consecutive query heads; 1 when no
-    value-only figure is finite anywhere (nothing to tell by)."""
+    """Group size of a result without ``metadata["n_kv_heads"]``: the largest divisor ``g`` of
+    ``n_heads`` inside whose runs of query heads every value-only figure is identical; 1 when no
+    value-only figure is finite."""
     n_heads = result.n_heads
     tensors = _value_only_tensors(result)
     if not any(bool(t.isfinite().any()) for t in tensors):
@@ -90,9 +82,8 @@ def kv_reduce(values: Float[Tensor, "layer head *rest"], group: int, name: str =
     """``[layer, head, ...]`` → ``[layer, kv, ...]``: one entry per KV group of ``group``
     consecutive query heads (query head ``h`` reads KV head ``h // group``, SPEC §1).
 
-    Raises ``ValueError`` when the entries of a group differ (beyond float rounding; NaN equals
-    NaN): the quantity then reads more than the values (e.g. ``α``) and its unit is the query
-    head, not the KV head.
+    Raises ``ValueError`` when the entries of a group differ (beyond float rounding): the
+    quantity reads more than the values and its unit is the query head.
     """
     if values.ndim < 2 or group < 1 or values.shape[1] % group:
         raise ValueError(f"{name} must be [layer, head, ...] with a head axis divisible by the "
@@ -121,11 +112,9 @@ def unit_text(result: AnalysisLike) -> str:
 
 
 def kv_heads_table(result: AnalysisLike):
-    """One row per (layer, KV head): ``layer, kv_head, query_heads`` (the query heads that read
-    it, ``"3-5"``) and every value-only figure (``sink_norm_ratio``, ``sink_cosine``,
-    ``sink_mean_cosine`` and, with bounds, ``regime_*``), each checked identical inside the group
-    (:func:`kv_reduce`). Count, take medians and quote shares of these over this table's rows
-    (SPEC §4, statistical unit). In output space one row per query head."""
+    """One row per (layer, KV head): ``layer, kv_head, query_heads`` (``"3-5"``) and every
+    value-only figure (:func:`value_only_names`), each checked identical inside the group
+    (:func:`kv_reduce`): the rows to count value-only figures over (SPEC §4)."""
     import pandas as pd
 
     group = kv_group_size(result)

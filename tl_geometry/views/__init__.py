@@ -12,11 +12,9 @@ Head-level views read a :class:`~tl_geometry.HeadAnalysis`::
     views.taxonomy_view(result); views.sink_view(result)
     views.save_figure(views.f_curves_plot(result, by="class"), "f_by_class")   # PNG + SVG
 
-Every view displays in a notebook and ``.save(path)`` writes a self-contained page; several
-views share one page (and one copy of circuitsvis's JavaScript) with :func:`page_html`. In a
-notebook only the first widget output carries that JavaScript (:func:`reset_notebook_bundle`).
-Plots are :class:`PlotFigure` objects, matplotlib figures that a notebook shows as images.
-No view ever refers to a network address.
+Every view displays in a notebook and ``.save(path)`` writes a self-contained, offline page;
+several views share one page with :func:`page_html`. Plots are :class:`PlotFigure` objects,
+matplotlib figures that a notebook shows as images.
 """
 
 from ._notebook import reset_notebook_bundle

@@ -1,8 +1,5 @@
-"""What the token-level views read: token strings, one layer's heads from a cache, cropping.
-
-Everything is read through :func:`tl_geometry.cache.read_layer` (validation, clear errors,
-float upcast into new tensors); nothing here writes to the cache.
-"""
+"""What the token-level views read: token strings, one layer's heads from a cache (through
+:func:`tl_geometry.cache.read_layer`, never written to), cropping."""
 
 from __future__ import annotations
 
@@ -57,12 +54,9 @@ def check_query(query: int, n_pos: int) -> int:
 
 
 def str_tokens(tokens: Any, model: Any, batch: int, n_pos: int) -> list[str]:
-    """Display strings of one sequence's tokens.
-
-    ``tokens`` is a list of strings (used as given), or token ids (``[pos]`` or ``[batch, pos]``)
-    decoded one by one with ``model``'s tokenizer (or ``model`` itself when it is a tokenizer).
-    With neither, positions are labelled ``0, 1, 2, ...``.
-    """
+    """Display strings of one sequence's tokens: ``tokens`` as given (strings), or ids
+    (``[pos]`` or ``[batch, pos]``) decoded with ``model``'s tokenizer (or ``model`` itself);
+    without ``tokens``, the positions ``0, 1, 2, ...``."""
     if tokens is None:
         return [str(i) for i in range(n_pos)]
     if isinstance(tokens, Sequence) and tokens and all(isinstance(t, str) for t in tokens):
@@ -91,6 +85,17 @@ def window(query: int, max_tokens: int, sink: int = 0) -> tuple[list[int], int]:
     return [sink, *range(start, query + 1)], start - sink - 1
 
 
+def prepare(cache: Any, layer: int, heads: int | Sequence[int] | None, tokens: Any, model: Any, batch: int,
+            query: int, max_tokens: int) -> tuple[HeadRows, int, int, list[int], int, list[str]]:
+    """What a token-level view reads: the head rows, the number of positions, the query, the
+    positions shown, how many are cropped, and the token strings."""
+    rows = head_rows(cache, layer, heads, batch)
+    n_pos = rows.pattern.shape[-1]
+    q = check_query(query, n_pos)
+    kept, cropped = window(q, max_tokens)
+    return rows, n_pos, q, kept, cropped, str_tokens(tokens, model, batch, n_pos)
+
+
 def heads_phrase(heads: Sequence[int]) -> str:
     """``head 8``, ``heads 0 and 3``, ``heads 0, 1 and 3``."""
     if len(heads) == 1:
@@ -98,14 +103,9 @@ def heads_phrase(heads: Sequence[int]) -> str:
     return "heads " + ", ".join(map(str, heads[:-1])) + f" and {heads[-1]}"
 
 
-def crop_note(cropped: int, kept: list[int], n_pos: int, *, rows: bool = False) -> list[str]:
-    """The note of a cropped view; ``rows``: also how the pattern widget's row numbers (the
-    number circuitsvis writes after each token) map to positions."""
+def crop_note(cropped: int, kept: list[int], n_pos: int) -> list[str]:
+    """The note of a cropped view (none where nothing was cropped)."""
     if not cropped:
         return []
-    note = (f"Long sequence: showing the sink (position {kept[0]}) and positions {kept[1]}–{kept[-1]} "
-            f"of {n_pos}; the {cropped} positions in between are cropped. Raise max_tokens to see more.")
-    if rows:
-        note += (f" In the attention pattern, row 0 is the sink, row 1 stands for the cropped "
-                 f"positions, and row k from 2 on is position k + {kept[1] - 2}.")
-    return [note]
+    return [f"Long sequence: showing the sink (position {kept[0]}) and positions {kept[1]}–{kept[-1]} "
+            f"of {n_pos}; the {cropped} positions in between are cropped. Raise max_tokens to see more."]

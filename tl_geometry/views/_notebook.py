@@ -1,17 +1,10 @@
 """circuitsvis's 1.3 MB script once per notebook, not once per widget output.
 
 In a Jupyter kernel the first widget output carries the script (it defines ``window.CircuitsVis``)
-and every later one only calls it. Each widget's call waits in ``window.tlgPending`` until the
-script has run, so the outputs of a saved notebook render whatever order a frontend draws them
-in, as long as one output that carries the script is still in the notebook.
-
-That output is lost when its cell runs again (its outputs are replaced), so the kernel keeps the
-cell that carries the script (by the frontend's cell id, or its source when the frontend sends
-none) and, when that cell starts again, lets the next widget output carry the script anew. A
-kernel restart starts afresh too. Outputs cleared by hand are not seen: a widget then shows a
-short message instead, and :func:`reset_notebook_bundle` makes the next widget output carry the
-script. Outside a kernel (saved pages, scripts) and in Colab, whose outputs are separate frames
-that share no JavaScript, every output carries the script.
+and every later call waits in ``window.tlgPending`` until it has run, whatever order a frontend
+draws the outputs in. When the cell that carries it runs again (by cell id, or source), the next
+widget output carries it anew; after clearing it by hand, :func:`reset_notebook_bundle`. Outside
+a kernel, and in Colab (separate frames), every output carries the script.
 """
 
 from __future__ import annotations
@@ -31,10 +24,8 @@ WAITING = (
 
 
 def bundle_loader(bundle: str) -> str:
-    """JavaScript that defines ``window.CircuitsVis`` from ``bundle`` unless it is defined,
-    then runs the widget calls waiting for it. The bundle is a classic script starting with
-    ``"use strict"; var CircuitsVis = ...``: inside a function its name stays local whatever
-    the frontend's way of running scripts, and the function returns it."""
+    """JavaScript that defines ``window.CircuitsVis`` from ``bundle`` (run inside a function that
+    returns it) unless it is defined, then runs the widget calls waiting for it."""
     return (
         f"window.CircuitsVis=window.CircuitsVis||(function(){{\n{bundle}\n;return CircuitsVis}})();"
         "(window.tlgPending||[]).splice(0).forEach(function(f){f()});"
@@ -116,10 +107,8 @@ def in_notebook() -> bool:
 
 
 def reset_notebook_bundle() -> None:
-    """Make the next widget output in this kernel carry circuitsvis's script again.
-
-    Needed only after clearing, by hand, the output that carried it (re-running that cell is
-    noticed without this). Then re-run any widget cell.
+    """Make the next widget output in this kernel carry circuitsvis's script again: after
+    clearing by hand the output that carried it, then re-run any widget cell.
 
     >>> from tl_geometry import views
     >>> views.reset_notebook_bundle()

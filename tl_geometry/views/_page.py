@@ -1,17 +1,10 @@
 """Offline HTML: views made of blocks, pages that load circuitsvis's JavaScript once.
 
-circuitsvis renders each widget as ``<div id=.../>`` plus a ``<script>`` that either imports its
-bundle from a CDN (``str(html)``: blank offline) or inlines the whole 1.3 MB bundle (``local_src``:
-per widget, and its self-closing ``<div/>`` swallows every later widget on the page). Here a page
-inlines the installed package's bundle (``circuitsvis/dist/cdn/iife.js``) exactly once, and every
-widget gets a unique, properly closed ``<div class="tlg-widget" id=...></div>`` and a one-line
-script calling ``CircuitsVis.render``. Nothing on a page refers to a network address.
-
-Every widget root, ours or circuitsvis's, carries the class ``tlg-widget``: a rendered page has
-exactly one filled root per widget, which is what the browser test counts.
-
-In a notebook the script is not repeated in every output: the first widget output of a kernel
-carries it and later ones wait for it (:mod:`._notebook`).
+A page inlines the installed circuitsvis bundle (``circuitsvis/dist/cdn/iife.js``) exactly once,
+rather than per widget or from a CDN, and every widget gets a unique, properly closed
+``<div class="tlg-widget" id=...></div>`` (the class the browser test counts) and a one-line
+script calling ``CircuitsVis.render``. Nothing refers to a network address. In a notebook only
+the first widget output carries the script (:mod:`._notebook`).
 """
 
 from __future__ import annotations
@@ -68,11 +61,8 @@ _CSS = """
 
 @lru_cache(maxsize=1)
 def circuitsvis_bundle() -> str:
-    """The JavaScript of the installed circuitsvis package, safe to inline in a ``<script>``.
-
-    Read from the package's own file (no network). Its source-map comment is dropped (a browser
-    with developer tools open would fetch it) and ``</script`` inside string literals becomes
-    ``<\\/script`` (the same string in JavaScript; an unescaped one would end the script tag).
+    """The JavaScript of the installed circuitsvis package, safe to inline in a ``<script>``:
+    without its source-map comment (a network fetch), ``</script`` written ``<\\/script``.
 
     >>> "CircuitsVis" in circuitsvis_bundle()
     True
@@ -90,12 +80,8 @@ def circuitsvis_bundle() -> str:
 
 
 def _json(value: Any) -> str:
-    """JSON for a ``<script>``: NaN/inf become null, and every ``<`` is written ``\\u003c``.
-
-    Escaping only ``</`` is not enough: a token such as ``<!--<script>`` switches the HTML parser
-    into the "double-escaped" script state, where the real ``</script>`` no longer ends the tag.
-    ``<`` occurs in JSON only inside strings, where ``\\u003c`` is the same character.
-    """
+    """JSON for a ``<script>``: NaN/inf become null, and every ``<`` is written ``\\u003c`` (not
+    only ``</``: ``<!--<script>`` would put the HTML parser in the "double-escaped" state)."""
     return json.dumps(_finite(value), ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
@@ -118,9 +104,8 @@ class Widget:
     props: dict[str, Any]
 
     def render(self, *, deferred: bool = False) -> str:
-        """The widget's root and its script. ``deferred`` (notebooks): the call waits for the
-        bundle, which another output may define later, and the root holds a plain-text note
-        until circuitsvis draws it."""
+        """The widget's root and its script; ``deferred`` (notebooks): the call waits for the
+        bundle, and the root holds a plain-text note until circuitsvis draws it."""
         wid = "tlg-" + uuid.uuid4().hex[:12]  # a valid CSS id: circuitsvis looks it up by #id
         call = f'CircuitsVis.render("{wid}", CircuitsVis.{self.component}, {_json(self.props)});'
         waiting = html.escape(_notebook.WAITING) if deferred else ""
@@ -138,10 +123,8 @@ def html_widget(kind: str, inner: str) -> str:
 
 @dataclass
 class View:
-    """One visualisation: a title, an optional note (cropping etc.) and HTML / widget blocks.
-
-    Displays in Jupyter (``_repr_html_``, offline: the first circuitsvis widget output of a
-    kernel inlines the bundle, later ones use it) and saves as a self-contained HTML file::
+    """One visualisation: a title, optional notes (cropping etc.) and HTML / widget blocks.
+    Displays in Jupyter, offline, and saves as a self-contained HTML file::
 
         view = tl_geometry.views.taxonomy_view(result)
         view                      # in a notebook
@@ -162,8 +145,7 @@ class View:
         return sum(isinstance(b, Widget) or WIDGET_CLASS in b for b in self.blocks)
 
     def fragment(self, *, deferred: bool = False) -> str:
-        """This view's HTML without the bundle (for a page that loads it once); ``deferred``:
-        widget calls wait for the bundle (see :meth:`Widget.render`)."""
+        """This view's HTML without the bundle; ``deferred``: see :meth:`Widget.render`."""
         notes = "".join(f'<div class="tlg-note">{html.escape(n)}</div>' for n in self.notes)
         body = "".join(b.render(deferred=deferred) if isinstance(b, Widget) else b for b in self.blocks)
         return f'<section class="tlg-view"><h3>{html.escape(self.title)}</h3>{notes}{body}</section>'
@@ -196,11 +178,8 @@ class View:
 
 
 def page_html(parts: Iterable[View | str], *, title: str = "tl_geometry", header: str = "") -> str:
-    """A self-contained HTML document of views and raw HTML parts, the bundle inlined once.
-
-    The bundle goes into ``<head>`` only when some view has a circuitsvis widget; the widget
-    scripts after it run in document order, so each finds ``CircuitsVis`` defined.
-    """
+    """A self-contained HTML document of views and raw HTML parts; the bundle goes into
+    ``<head>``, once, when some view has a circuitsvis widget."""
     parts = list(parts)
     needs = any(isinstance(p, View) and p.needs_bundle for p in parts)
     bundle = f"<script>{circuitsvis_bundle()}</script>" if needs else ""

@@ -12,7 +12,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..functional.selection import top_n_ranks
-from ._inputs import check_query, crop_note, head_rows, heads_phrase, str_tokens, window
+from ._inputs import crop_note, heads_phrase, prepare
 from ._page import View, Widget, color_mix, html_widget
 
 __all__ = ["attention_view", "contribution_view"]
@@ -53,15 +53,6 @@ def _patterns_widget(mats: Tensor, names: list[str], labels: list[str], kept: li
         "attentionHeadNames": names,
         "maskUpperTri": True,
     })
-
-
-def _prepare(cache, layer, heads, tokens, model, batch, query, max_tokens):
-    rows = head_rows(cache, layer, heads, batch)
-    n_pos = rows.pattern.shape[-1]
-    q = check_query(query, n_pos)
-    kept, cropped = window(q, max_tokens)
-    labels = str_tokens(tokens, model, batch, n_pos)
-    return rows, n_pos, q, kept, cropped, labels
 
 
 def _token_strip(label: str, labels: list[str], weights: Tensor, ranks: Tensor, n: int,
@@ -114,16 +105,14 @@ def attention_view(
 ) -> View:
     """Attention patterns of ``heads`` of ``layer`` with the top-``n`` keys of ``query`` highlighted.
 
-    Shows circuitsvis's ``AttentionHeads`` widget (``blocks.{layer}.attn.hook_pattern`` of
-    sequence ``batch``) and, per head, the tokens up to ``query`` shaded by ``α_j`` with the
-    top-N set ``S_N`` (SPEC §2: largest ``α``, ties to the lower index) outlined and ranked.
-    Sequences longer than ``max_tokens`` keep the sink and the last positions up to the query,
-    with a visible note. ``tokens`` are str tokens or ids (decoded with ``model``'s tokenizer).
+    circuitsvis's ``AttentionHeads`` widget of sequence ``batch`` and, per head, the tokens up to
+    ``query`` shaded by ``α_j``, the top-N set ``S_N`` (SPEC §2) outlined and ranked. Longer than
+    ``max_tokens``: the sink and the last positions, with a note. ``tokens``: str tokens or ids.
 
     >>> view = attention_view(cache, 5, [0, 3], tokens=tokens, model=model, n=4)  # doctest: +SKIP
     >>> view.save("l5.html")                                                      # doctest: +SKIP
     """
-    rows, n_pos, q, kept, cropped, labels = _prepare(cache, layer, heads, tokens, model, batch, query, max_tokens)
+    rows, n_pos, q, kept, cropped, labels = prepare(cache, layer, heads, tokens, model, batch, query, max_tokens)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= q + 1:
         raise ValueError(f"n must be in 1..{q + 1} (the keys query {q} can attend to), got {n!r}.")
     alpha = rows.pattern[:, q, :]  # [head, key]; keys after q are exact zeros (causal)
@@ -162,14 +151,12 @@ def contribution_view(
 
     For every query ``t`` and key ``j ≤ t``: ``c_tj = α_tj ‖v_j‖ / Σ_{k≤t} α_tk ‖v_k‖`` — the
     share of ``‖y_j‖ = α_j‖v_j‖`` (SPEC §1, ``v`` of the KV head the query head reads) in the
-    query's total. A sink with much attention but a small value norm (κ < 1, SPEC §4) fades
-    from the left panel to the right one. The widget interleaves ``head {h} attention α`` and
-    ``head {h} contribution α‖v‖`` for each head; the rows end at ``query`` and are cropped like
-    :func:`attention_view`.
+    query's total: a sink with a small value norm (κ < 1, SPEC §4) fades from the raw panel to
+    the weighted one. Rows end at ``query``, cropped like :func:`attention_view`.
 
     >>> contribution_view(cache, 5, [0, 3], tokens=tokens, model=model)  # doctest: +SKIP
     """
-    rows, n_pos, q, kept, cropped, labels = _prepare(cache, layer, heads, tokens, model, batch, query, max_tokens)
+    rows, n_pos, q, kept, cropped, labels = prepare(cache, layer, heads, tokens, model, batch, query, max_tokens)
     contrib = rows.pattern * rows.norms[:, None, :]
     contrib = contrib / contrib.sum(-1, keepdim=True).clamp_min(torch.finfo(contrib.dtype).tiny)
     mats = torch.stack([rows.pattern, contrib], dim=1).flatten(0, 1)  # raw, weighted, raw, ...

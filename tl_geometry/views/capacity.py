@@ -12,18 +12,11 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .plots import PlotFigure
+from .plots import PlotFigure, figure_and_axes
 
 SCORE_LABELS = {"f_score": "measured F_N", "shell_k0": "shell certificate, K = 0",
                 "shell_kn": "shell certificate, K = N", "tail_mass": "tail mass τ_N",
                 "truncation_error": "relative error ‖o − o_N‖/‖o‖"}
-
-
-def _axes(ax: Any, size: tuple[float, float]) -> tuple[Figure, Any]:
-    if ax is not None:
-        return ax.figure, ax
-    fig = PlotFigure(figsize=size, layout="constrained")
-    return fig, fig.subplots()
 
 
 @overload
@@ -32,14 +25,13 @@ def capacity_plot(table: Any, ax: None = None) -> Figure: ...
 def capacity_plot(table: Any, ax: Axes) -> Axes: ...
 def capacity_plot(table: Any, ax: Any = None) -> Figure | Axes:
     """Loss against N (log axis), one line per mode, the dense loss, its tolerance band and each
-    mode's N* (smallest N within tolerance): drawn into ``ax`` and ``ax`` returned, or into a new
-    :class:`~tl_geometry.views.PlotFigure`, returned. ``table`` has columns ``n, mode, loss,
-    dense_loss`` and ``within_tolerance`` (``RetrievalCapacity.to_pandas()``, ``capacity.csv``)."""
+    mode's N*: drawn into ``ax`` (returned), or a new :class:`~tl_geometry.views.PlotFigure`.
+    ``table`` is ``RetrievalCapacity.to_pandas()`` (``capacity.csv``)."""
     need = {"n", "mode", "loss", "dense_loss", "within_tolerance"}
     if missing := need - set(table.columns):
         raise ValueError(f"capacity table lacks columns {sorted(missing)}; expected {sorted(need)}.")
     given = ax  # the caller's axes are returned, not their figure: see views.plots
-    fig, ax = _axes(ax, (6.5, 4.0))
+    fig, ax = figure_and_axes(ax, (6.5, 4.0))
     dense = float(table["dense_loss"].iloc[0])
     for mode, part in table.groupby("mode", sort=True):
         part = part.sort_values("n")
@@ -50,8 +42,8 @@ def capacity_plot(table: Any, ax: Any = None) -> Figure | Axes:
             ax.plot([star["n"]], [star["loss"]], marker="*", ms=13, color=line.get_color(),
                     label=f"N* = {int(star['n'])} ({mode})")
     ax.axhline(dense, color="gray", ls=":", label="dense")
-    tol = _tolerance(table)
-    if tol is not None:
+    if "tolerance" in table:
+        tol = float(table["tolerance"].iloc[0])
         ax.axhspan(dense, dense * (1 + tol), color="gray", alpha=0.15, label=f"within {tol:.0%}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("N (keys kept per query)")
@@ -62,18 +54,11 @@ def capacity_plot(table: Any, ax: Any = None) -> Figure | Axes:
     return fig if given is None else ax
 
 
-def _tolerance(table: Any) -> float | None:
-    """The tolerance, read back from the table: ``tolerance`` column when present."""
-    if "tolerance" in table:
-        return float(table["tolerance"].iloc[0])
-    return None
-
-
 def capacity_sweep_plot(sweep: Any, n: int | None = None) -> Figure:
     """Heatmap of a :class:`~tl_geometry.capacity.sweep.CapacitySweep`'s loss increase:
     layer × head at ``N = n`` (default the smallest N) for a head sweep, layer × N for a layer
     sweep."""
-    fig, ax = _axes(None, (6, 6.5))
+    fig, ax = figure_and_axes(None, (6, 6.5))
     if sweep.by == "head":
         n = sweep.n_values[0] if n is None else n
         if n not in sweep.n_values:

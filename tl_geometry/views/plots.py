@@ -1,15 +1,9 @@
-"""Static plots (matplotlib figures, never ``pyplot``): F_N against N, sink figures and class
-counts per layer, the ablation curves and the sensitivity heatmap; :func:`save_figure` writes
-PNG and SVG.
+"""Static plots: F_N against N, sink figures and class counts per layer, the ablation curves and
+the sensitivity heatmap; :func:`save_figure` writes PNG and SVG.
 
-Figures are built without pyplot, so library code touches no global pyplot state and needs no
-display. Each is a :class:`PlotFigure`: a plain matplotlib ``Figure`` (``savefig``,
-:func:`save_figure`, the report) that Jupyter also shows as a PNG image when it is a cell's
-last value, with no ``%matplotlib`` magic and no ``plt.show()``. No pyplot figure manager knows
-it, so an active inline backend never shows it a second time. A plot drawn into the caller's
-``ax`` returns that ``ax``, as matplotlib's own plotting functions do: the figure is the
-caller's, shown once by whatever shows the caller's figures (returning the figure as well would
-show a pyplot figure twice in a notebook: once as the cell's value, once by the inline backend).
+Figures are built without pyplot (no global state, no display): each is a :class:`PlotFigure`,
+which Jupyter shows once as a PNG image. A plot drawn into the caller's ``ax`` returns that
+``ax``, as matplotlib's own functions do (returning its figure would show it twice in a notebook).
 """
 
 from __future__ import annotations
@@ -36,11 +30,8 @@ __all__ = ["PlotFigure", "ablation_plot", "class_counts_plot", "f_curves_plot", 
 
 
 class PlotFigure(Figure):
-    """A matplotlib ``Figure`` that displays itself in Jupyter as a PNG image.
-
-    IPython shows an object as an image when it has ``_repr_png_``; a plain ``Figure`` gets
-    one only after pyplot's inline backend registers it, which library code (built without
-    pyplot) never triggers. Everything else is ``Figure``'s: ``savefig``, ``axes``, pickling.
+    """A matplotlib ``Figure`` that displays itself in Jupyter as a PNG image (``_repr_png_``,
+    which a plain ``Figure`` only gets from pyplot's inline backend); the rest is ``Figure``'s.
 
     >>> fig = PlotFigure(figsize=(2, 1)); fig.subplots().plot([0, 1])  # doctest: +ELLIPSIS
     [<matplotlib.lines.Line2D object at ...>]
@@ -128,15 +119,10 @@ _UNIT_RANGE = tuple(f.name for f in FIGURES if f.axis == "metric" and f.unit)
 
 
 def f_curves_plot(result: HeadAnalysis, *, by: str = "class", metric: str = "f_score") -> PlotFigure:
-    """F_N against N for the top-N sets, the random baseline, the value-shuffle null, the
-    sink-removed selection and the sink-in / sink-out instances (SPEC §3), plus the bounds'
-    curves when analysed with ``bounds=True`` (SPEC §6), averaged over the heads of each class
-    (``by="class"``; unlabelled heads only in "all") or of each layer (``by="layer"``, one small
-    panel per layer). ``metric`` plots another metric the same way (``"f_score_cc"``: F*_N).
-
-    N = 1 is shaded (trivially F_1 = 1), and so is the dense N > (t+1)/4 (t+1 =
-    ``metadata["n_positions"]``), where the precision floor N/(t+1) lifts P and F: outside the
-    headline range 2 ≤ N ≤ (t+1)/4 (SPEC §3).
+    """F_N against N for every selection group (SPEC §3) and, with ``bounds=True``, the bounds
+    (SPEC §6), averaged over the heads of each class (``by="class"``; unlabelled heads only in
+    "all") or of each layer (``by="layer"``); ``metric`` plots another metric the same way.
+    N = 1 (trivial) and the dense N > (t+1)/4 (not headlined) are shaded.
 
     >>> fig = f_curves_plot(result, by="class"); save_figure(fig, "f_by_class")  # doctest: +SKIP
     """
@@ -231,9 +217,8 @@ def class_counts_plot(result: HeadAnalysis) -> PlotFigure:
 
 
 def ablation_plot(sparsification: Any) -> PlotFigure:
-    """Next-token loss against head retention, one line per ordering; orderings with several
-    seeds (random) show the mean with a min–max band. ``sparsification`` is a DataFrame with
-    columns ordering, seed, retention, loss (the ``sparsification.csv`` of ``tl-geometry prune``)."""
+    """Next-token loss against head retention, one line per ordering (several seeds: the mean with
+    a min–max band), from ``sparsification.csv`` (columns ordering, seed, retention, loss)."""
     need = {"ordering", "retention", "loss"}
     if missing := need - set(sparsification.columns):
         raise ValueError(f"sparsification table lacks columns {sorted(missing)}; expected {sorted(need)}.")
@@ -254,7 +239,7 @@ def ablation_plot(sparsification: Any) -> PlotFigure:
     return fig
 
 
-def _figure_and_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Figure, Any]:
+def figure_and_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Figure, Any]:
     """``ax``'s figure and ``ax``, or a new :class:`PlotFigure` with one axes."""
     if ax is not None:
         return ax.figure, ax
@@ -268,12 +253,12 @@ def sensitivity_plot(sensitivity: Any, ax: None = None) -> Figure: ...
 def sensitivity_plot(sensitivity: Any, ax: Axes) -> Axes: ...
 def sensitivity_plot(sensitivity: Any, ax: Any = None) -> Figure | Axes:
     """Heatmap of a :class:`~tl_geometry.ablation.HeadSensitivity`'s loss increase, layer ×
-    head, its critical heads (SPEC §7) outlined: drawn into ``ax`` and ``ax`` returned, or into
-    a new :class:`PlotFigure`, returned."""
+    head, its critical heads (SPEC §7) outlined: drawn into ``ax`` (returned), or a new
+    :class:`PlotFigure`."""
     from matplotlib.patches import Rectangle
 
     given = ax
-    fig, ax = _figure_and_axes(ax, (6, 7))
+    fig, ax = figure_and_axes(ax, (6, 7))
     increase = sensitivity.loss_increase
     bound = float(abs(increase).nan_to_num().max()) or 1.0  # white = no effect
     image = ax.imshow(increase.numpy(), aspect="auto", cmap="RdBu_r", vmin=-bound, vmax=bound)
@@ -291,11 +276,10 @@ def sparsification_plot(curve: Any, ax: None = None) -> Figure: ...
 def sparsification_plot(curve: Any, ax: Axes) -> Axes: ...
 def sparsification_plot(curve: Any, ax: Any = None) -> Figure | Axes:
     """Loss against retention of a :class:`~tl_geometry.ablation.SparsificationCurve`, one line
-    per ordering, orderings with seeds (random) as the mean with a ±std band, the unablated
-    loss dotted: drawn into ``ax`` and ``ax`` returned, or into a new :class:`PlotFigure`,
-    returned."""
+    per ordering (seeded ones: the mean with a ±std band), the unablated loss dotted: drawn
+    into ``ax`` (returned), or a new :class:`PlotFigure`."""
     given = ax
-    fig, ax = _figure_and_axes(ax, (6.5, 4.5))
+    fig, ax = figure_and_axes(ax, (6.5, 4.5))
     table = curve.to_pandas()
     for name, group in table.groupby("ordering", sort=False):
         stats = group.groupby("retention")["loss"].agg(["mean", "std"]).sort_index()

@@ -15,11 +15,8 @@ came from) into a folder::
       null_decomposition.csv  per N: F*(top) − F*(null) for each null (when write_report gets nulls=)
       figures/*.png|svg   F_N (and F*_N) against N by class, F_N by layer, sink per layer, class counts
 
-The ``tl-geometry report`` command lives in :mod:`tl_geometry.cli.report`.
-
-When the folder already holds ``sensitivity.csv`` or ``sparsification.csv`` (written by
-``tl-geometry prune --out DIR``), the report adds an Ablation section; with ``capacity.csv``
-(and ``capacity_heads.csv``, from ``tl-geometry capacity --out DIR``) a Retrieval capacity one.
+``tl-geometry prune`` / ``capacity --out DIR`` tables already in the folder add an Ablation /
+Retrieval capacity section. The command itself lives in :mod:`tl_geometry.cli.report`.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ from ..result.labels import (
     stability_note,
 )
 from ..result.schema import SHUFFLE_KINDS
-from ..result.tables import null_decomposition
+from ..result.tables import finite_mean, null_decomposition
 from ..result.text import (
     CLASSES_TEXT,
     class_shares_text,
@@ -98,10 +95,6 @@ def _table(frame: Any, digits: int = 3) -> str:
     return frame.to_html(index=False, classes="tlg-table", border=0, float_format=lambda x: f"{x:.{digits}f}")
 
 
-def _mean(x: torch.Tensor) -> float:
-    return float(x.nanmean()) if bool(x.isfinite().any()) else float("nan")
-
-
 #: Columns of the per-N table: (heading, metric, group); the two differences follow SPEC §3.
 _PER_N = (("F top-N", "f_score", "top"), ("F* top-N", "f_score_cc", "top"),
           ("F shuffled", "f_score", "shuffled"), ("F random", "f_score", "random"),
@@ -109,21 +102,16 @@ _PER_N = (("F top-N", "f_score", "top"), ("F* top-N", "f_score_cc", "top"),
 
 
 def n_means_table(result: HeadAnalysis):
-    """Mean over heads, per analysed N, of F_N (and F*_N) for each selection group, with the
-    split of SPEC §3 (corrected reading): ``top − shuffled`` is the net effect of the value
-    geometry and has two signs — positive where the selected values cohere more than chance,
-    negative where attended but unselected keys carry values aligned with the selection and
-    crowd the ball; ``shuffled − random`` is what the attention ranking achieves on values with
-    the real norm distribution but no coupling (not "attention magnitudes alone"). ``geometry``
-    reads the first gap with both signs (:func:`~tl_geometry.result.headline.geometry_reading`:
-    ≤ −0.05 is "geometry lowers separability", never "equal"). Dense N (N > (t+1)/4) are
-    marked ``†``: shown, never headlined."""
+    """Mean over heads, per analysed N (dense N marked ``†``), of F_N (and F*_N) for each
+    selection group, with the split of SPEC §3: ``top − shuffled`` (the net effect of the value
+    geometry, of either sign, read by ``geometry``:
+    :func:`~tl_geometry.result.headline.geometry_reading`) and ``shuffled − random``."""
     import pandas as pd
 
     rows = []
     for i, n in enumerate(result.n_values.tolist()):
         row: dict[str, Any] = {"N": n_label(result, n)}
-        row.update({head: _mean(result.metric(m, g)[..., i]) for head, m, g in _PER_N})
+        row.update({head: finite_mean(result.metric(m, g)[..., i]) for head, m, g in _PER_N})
         row["top − shuffled"] = row["F top-N"] - row["F shuffled"]
         row["shuffled − random"] = row["F shuffled"] - row["F random"]
         row["geometry"] = geometry_reading(row["top − shuffled"])
@@ -132,10 +120,8 @@ def n_means_table(result: HeadAnalysis):
 
 
 def layer_kind_section(result: HeadAnalysis) -> list[str]:
-    """On a model with sliding-window layers, its global and local layers apart (SPEC §8 (i)):
-    per kind, the sink mass and κ, the class counts and mean F per N of each group; then the
-    local heads' votes from the queries beyond the sink's window (SPEC §1, §5), which their
-    labels leave out. Nothing for a model whose layers are of one kind."""
+    """On a model with sliding-window layers, its global and local layers apart (SPEC §8 (i)),
+    then the local heads' votes from beyond the sink's window (SPEC §1, §5); else nothing."""
     import pandas as pd
 
     parts = result.by_layer_kind()
@@ -145,10 +131,10 @@ def layer_kind_section(result: HeadAnalysis) -> list[str]:
     for kind, part in parts.items():
         counts = part.class_counts().sum()
         for i, n in enumerate(part.n_values.tolist()):
-            rows.append({"layers": kind, "N": n_label(part, n), "α_sink": _mean(part.sink_mass),
-                         "κ": _mean(part.sink_norm_ratio),
+            rows.append({"layers": kind, "N": n_label(part, n), "α_sink": finite_mean(part.sink_mass),
+                         "κ": finite_mean(part.sink_norm_ratio),
                          **{c: int(counts[c]) for c in counts.index},
-                         **{head: _mean(part.metric(m, g)[..., i]) for head, m, g in _PER_N}})
+                         **{head: finite_mean(part.metric(m, g)[..., i]) for head, m, g in _PER_N}})
     beyond = result.beyond_table()
     out = ["<h2>Global and local layers apart</h2>", _table(pd.DataFrame(rows)),
            '<p class="tlg-caption">A sliding-window (local) layer attends over its last w keys, a '
@@ -170,9 +156,8 @@ def layer_kind_section(result: HeadAnalysis) -> list[str]:
 
 
 def null_decomposition_section(result: HeadAnalysis, nulls: Mapping[str, HeadAnalysis]) -> list[str]:
-    """The decomposition of the top − shuffled gap over the nulls of SPEC §3: per N, the mean
-    over heads of F*(top) − F*(null) for each null in ``nulls`` and in ``result`` (a mapping
-    kind → analysis, :func:`~tl_geometry.result.null_decomposition`); dense N marked †."""
+    """The decomposition of the top − shuffled gap over the nulls of ``result`` and ``nulls``
+    (kind → analysis; :func:`~tl_geometry.result.null_decomposition`, SPEC §3)."""
     table = null_decomposition({result.shuffle: result, **nulls}, "f_score_cc")
     gaps = {f"top − {kind}": f"F*(top) − F*({kind})" for kind in SHUFFLE_KINDS}
     shown = table.assign(n=[n_label(result, n) for n in table.n]).drop(columns="dense").rename(
@@ -193,10 +178,8 @@ def null_decomposition_section(result: HeadAnalysis, nulls: Mapping[str, HeadAna
 
 
 def sink_effect_section(result: HeadAnalysis) -> list[str]:
-    """The sink effect on F_N per N (SPEC §3): the pooled comparison (instances with / without the
-    sink in S_N, pooled over heads; the sink-removed re-selection) next to the paired one (per
-    head, the median ratio F_N(with) / F_N(removed) and the fraction ≤ 1/2 over the instances
-    whose S_N holds the sink; their median over heads). Dense N are marked †."""
+    """The sink effect on F_N per N, pooled and paired (SPEC §3;
+    :meth:`~tl_geometry.result.HeadAnalysis.paired_sink_summary`)."""
     table = result.paired_sink_summary()
     shown = table.assign(n=[n_label(result, n) for n in table.n]).drop(columns="dense").rename(columns={
         "n": "N", "pooled_f_sink_in": "pooled F, sink in S_N", "instances_in": "instances in",
@@ -220,17 +203,15 @@ def sink_effect_section(result: HeadAnalysis) -> list[str]:
 
 
 def label_confidence_section(result: HeadAnalysis) -> list[str]:
-    """How sure the labels are (SPEC §5): the unstable heads (stability < 0.8), counted apart per
-    class, listed with their vote fractions, margin and stability; with fewer than 8 sequences,
-    "too few units": no stability is given (NaN) and no head is counted unstable. The classes,
-    margin and stability are defined once, at the top of the report: the section links there."""
+    """How sure the labels are (SPEC §5): the unstable heads (stability < 0.8), counted per class
+    and listed, or why no head has a stability; it links to the report's class definitions."""
     table = result.heads_table()
     columns = ["layer", "head", "label", "vote_current", "vote_sink", "vote_other", "label_margin", "label_stability"]
     shaky = table[table["unstable"]][columns]
     counts = unstable_counts(result)
     note = stability_note(result)
     median = ("" if note is not None  # no stability to take the median of: said below
-              else f", median stability {_mean(result.label_stability.nanmedian().reshape(1)):.3f}")
+              else f", median stability {finite_mean(result.label_stability.nanmedian().reshape(1)):.3f}")
     if result.sequence_votes is None:
         body = ('<p class="tlg-caption">This result has no per-sequence votes (a file of format 3 or '
                 "earlier): the stability is unknown. Re-run the analysis to get it.</p>")
@@ -247,15 +228,14 @@ def label_confidence_section(result: HeadAnalysis) -> list[str]:
     return [
         "<h2>Label confidence</h2>",
         f'<p class="tlg-caption">See {_CLASSES_LINK}. Median margin '
-        f"{_mean(result.label_margin.nanmedian().reshape(1)):.3f}{median}.</p>",
+        f"{finite_mean(result.label_margin.nanmedian().reshape(1)):.3f}{median}.</p>",
         body,
     ]
 
 
 def agreement_section(result: HeadAnalysis, scores: Any) -> list[str]:
-    """"Do the labels agree with other detectors?" (SPEC §9): the mean of each head score per
-    class, each class's share among the heads above 0.3, Spearman's ρ between the vote fractions
-    and the scores, and the model's Sink^ε."""
+    """"Do the labels agree with other detectors?" (SPEC §9): the tables of
+    :func:`~tl_geometry.result.labels.label_agreement` and the model's Sink^ε."""
     agreement = label_agreement(result, scores)
     mean = agreement["mean"].reset_index().rename(columns={"label": "class"})
     share = agreement["share_high"].reset_index().rename(columns={"index": "score"})
@@ -312,7 +292,7 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
         span = "N = " + (f"{headline[0]}..{headline[-1]}" if len(headline) > 1 else str(headline[0]))
         for metric, name in (("f_score", "F_N"), ("f_score_cc", "F*_N (chance-corrected)")):
             facts[f"mean {name} over {span}: " + " / ".join(n for _, n in groups)] = " / ".join(
-                f"{_mean(result.metric(metric, g)[..., where]):.3f}" for g, _ in groups)
+                f"{finite_mean(result.metric(metric, g)[..., where]):.3f}" for g, _ in groups)
     rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
                    f"{html.escape(str(v))}</td></tr>" for k, v in facts.items())
     links = " · ".join(f'<a href="{html.escape(f)}">{html.escape(f)}</a>' for f in files)
@@ -330,9 +310,8 @@ def _header(result: HeadAnalysis, files: list[str]) -> str:
 
 
 def critical_text(sens: Any) -> str:
-    """The report's line on critical heads from a ``sensitivity.csv`` table (SPEC §7): the heads
-    whose loss increase is ≥ max(0.1 nats, 5 % of the dense loss) with a 95 % interval over the
-    windows above 0. A table without standard errors (``loss_increase_se``) cannot apply the rule."""
+    """The report's line on the critical heads (SPEC §7) of a ``sensitivity.csv`` table; "not
+    determined" for a table without ``loss_increase_se``."""
     if "loss_increase_se" not in sens or "critical" not in sens:
         return ("Critical heads: not determined — this sensitivity.csv has no loss_increase_se "
                 "column (no standard errors over windows); re-run tl-geometry prune.")
@@ -363,9 +342,8 @@ def _ablation(out: Path, figures: Path) -> list[str]:
 
 
 def capacity_section(out: Path, figures: Path) -> list[str]:
-    """The "Retrieval capacity" section from ``out/capacity.csv`` (loss against N per mode,
-    N*) and ``out/capacity_heads.csv`` (Spearman ρ of per-head geometry against Δ loss); empty
-    when the folder has neither."""
+    """The "Retrieval capacity" section from ``out/capacity.csv`` and ``out/capacity_heads.csv``;
+    empty when the folder has neither."""
     import pandas as pd
 
     from ..functional.stats import spearman
@@ -420,17 +398,12 @@ def write_report(
 ) -> Path:
     """Write the report folder for ``result`` and return the path of its ``index.html``.
 
-    With ``cache`` (the one ``result`` was computed from; ``hook_pattern`` and ``hook_v``), the
-    report adds token-level views (:func:`~tl_geometry.views.attention_view`,
-    ``contribution_view``, ``token_view``) of one example head per class, at the last query of
-    sequence 0, highlighting its top-``n`` keys; ``tokens`` and ``model`` turn ids into text.
-    Existing ``sensitivity.csv`` / ``sparsification.csv`` in ``out_dir`` add an Ablation
-    section, ``capacity.csv`` / ``capacity_heads.csv`` a Retrieval capacity section. With
-    ``scores`` (a :func:`tl_geometry.head_scores` table) the report adds "Do the labels agree
-    with other detectors?", the scores in the taxonomy grid's hover, ``heads.csv`` and
-    ``labels.csv``. With ``nulls`` (``{kind: analysis}`` of the same inputs made with other
-    ``shuffle=`` nulls, SPEC §3) the report adds the decomposition of the top − shuffled gap
-    and ``null_decomposition.csv``. The page needs no network: everything is inlined.
+    With ``cache`` (the one ``result`` was computed from), the report adds token-level views of
+    one example head per class at the last query of sequence 0, its top-``n`` keys highlighted;
+    ``tokens`` and ``model`` turn ids into text. With ``scores`` (a :func:`tl_geometry.head_scores`
+    table) it adds their agreement with the labels and the score columns; with ``nulls``
+    (``{kind: analysis}`` of the same inputs with other ``shuffle=`` nulls, SPEC §3) the
+    decomposition of the top − shuffled gap. The page needs no network: everything is inlined.
 
     >>> write_report(result, "tl_geometry_report", cache=cache, tokens=tokens, model=model)  # doctest: +SKIP
     PosixPath('tl_geometry_report/index.html')
@@ -479,8 +452,7 @@ def _write_tables(result: HeadAnalysis, out: Path, scores: Any) -> None:
 
 
 def _summary_parts(result: HeadAnalysis, scores: Any) -> list[_page.View | str]:
-    """The taxonomy grid with the label confidence (and, with head scores, their agreement with
-    the labels), the sink views, the sink effect and the mean-per-N table."""
+    """The taxonomy grid, label confidence, agreement, sink views and tables of the page's top."""
     agreement = agreement_section(result, scores) if scores is not None else []
     return [
         taxonomy_view(result, scores=scores, classes_note=f"See {_CLASSES_LINK}."),
@@ -517,8 +489,7 @@ def _figure_parts(result: HeadAnalysis, figures: Path) -> list[str]:
 
 
 def _top_heads_parts(result: HeadAnalysis) -> list[_page.View | str]:
-    """The heads where top-N beats random the most, at the first N of the headline range (a
-    dense N is never the headline)."""
+    """The heads where top-N beats random the most, at the first N of the headline range."""
     analysed = result.n_values.tolist()
     top_n = next(iter(result.headline_n), 2 if 2 in analysed else analysed[0])
     top = result.top(12, by="f_gain", n=top_n)

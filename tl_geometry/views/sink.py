@@ -68,11 +68,9 @@ def _scale(values: Tensor) -> float:
 
 def sink_view(result: HeadAnalysis) -> View:
     """Sink diagnostics of every head, one heatmap (layer × head, plus the layer mean) each:
-    sink attention mass α_sink, value-norm ratio κ = ‖v_sink‖ / mean_{j≠sink}‖v_j‖ (colour on a
-    log scale around 1), the signed mean cosine c_sink = mean_{j≠sink} cos(v_sink, v_j) (never
-    clipped) and the sink's share of Σ α_j‖v_j‖ (SPEC §4). Hover a cell for the head's details.
-    The caption's medians and shares of κ and c_sink are over KV heads: under GQA/MQA the query
-    heads of one group share those value-only figures (SPEC §4, statistical unit).
+    α_sink, κ = ‖v_sink‖ / mean_{j≠sink}‖v_j‖ (log colour scale around 1), the signed mean
+    cosine c_sink and the sink's share of Σ α_j‖v_j‖ (SPEC §4); the caption's medians of κ and
+    c_sink are over KV heads (their statistical unit).
 
     >>> sink_view(result).save("sink.html")  # doctest: +SKIP
     """

@@ -60,16 +60,11 @@ def head_tooltip(result: HeadAnalysis, li: int, h: int, n: int | None, scores: A
 def taxonomy_view(result: HeadAnalysis, *, n: int = 2, scores: Any = None, classes_note: str | None = None) -> View:
     """Layer × head grid of Retriever / Mixer / Reset, with per-layer counts.
 
-    Each cell is coloured by the head's class (plurality of source-winner votes, SPEC §5), its
-    opacity by the winning vote fraction; hovering shows the vote fractions (current / sink /
-    other), the sink figures (α_sink, κ, signed cosine, share, SPEC §4) and ``F_n`` of the top-N
-    set against the random baseline (``n`` defaults to 2, the first non-trivial N; skipped if
-    ``n`` was not analysed), the label margin and stability and, with ``scores`` (a
-    :func:`tl_geometry.head_scores` table), the head scores. An unstable head (stability < 0.8)
-    is marked "?" and outlined. A head with no votes is unlabelled (grey, "—"): counted apart,
-    left out of the class shares (SPEC §5). ``classes_note`` (HTML) stands in the caption for
-    the definitions of the classes, margin and stability (a page that states them once links to
-    them); by default the caption states them.
+    Each cell is coloured by the head's class (SPEC §5), its opacity by the winning vote
+    fraction; hovering shows :func:`head_tooltip` (``F_n`` where ``n`` was analysed; the head
+    scores with ``scores``). An unstable head is marked "?" and outlined; an unlabelled one is
+    grey ("—"), out of the shares. ``classes_note`` (HTML) replaces the caption's definitions
+    of the classes, margin and stability.
 
     >>> view = taxonomy_view(result); view.save("taxonomy.html")  # doctest: +SKIP
     """

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..functional.selection import top_n_ranks
-from ._inputs import check_query, crop_note, head_rows, str_tokens, window
+from ._inputs import crop_note, prepare
 from ._page import View, Widget
 
 __all__ = ["token_view"]
@@ -30,21 +30,15 @@ def token_view(
 ) -> View:
     """The keys of ``query`` coloured by ``‖y_j‖ = α_j‖v_j‖`` for one (layer, head), sink marked.
 
-    circuitsvis's ``ColoredTokens`` (hover a token for its value); the sink's label starts with
-    ``⟦sink⟧``. The caption gives the source winner ``argmax_j α_j‖v_j‖`` and its vote (SPEC §5:
-    current / sink / other), the sink's share of the total contribution (SPEC §4), and the
-    top-``n`` keys by contribution. Long rows keep the sink and the last ``max_tokens - 1``
-    positions up to the query, with a visible note.
+    circuitsvis's ``ColoredTokens``; the caption gives the source winner ``argmax_j α_j‖v_j‖``
+    and its vote (SPEC §5), the sink's share of the total (SPEC §4) and the top-``n`` keys.
+    Long rows keep the sink and the last ``max_tokens - 1`` positions, with a note.
 
     >>> token_view(cache, 5, 3, tokens=tokens, model=model, query=-1)  # doctest: +SKIP
     """
-    rows = head_rows(cache, layer, head, batch)
-    n_pos = rows.pattern.shape[-1]
-    q = check_query(query, n_pos)
+    rows, n_pos, q, kept, cropped, labels = prepare(cache, layer, head, tokens, model, batch, query, max_tokens)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}.")
-    kept, cropped = window(q, max_tokens)
-    labels = str_tokens(tokens, model, batch, n_pos)
     contrib = rows.contributions(q)[0]  # [key]; zero after q (causal)
     ranks = top_n_ranks(contrib, torch.arange(n_pos) <= q)  # ties → lower index, as the winner rule
     top_keys = ranks.argsort()[: min(n, q + 1)].tolist()  # ranks are a permutation: its inverse
