@@ -492,3 +492,16 @@ def test_scores_seq_len_and_repeat_reach_the_table(monkeypatch, capsys, tmp_path
     assert cli.main(["scores", "--n-seqs", "2", "--no-progress"]) == 0  # the defaults: 128 and 32
     assert [tuple(t.shape) for t in seen] == [(8, 65), (2, 128), (2, 64), (2, 128 + 48)]
     assert "2 windows of 128 tokens; R = 32" in capsys.readouterr().out
+
+
+def test_prune_reads_bos_for_its_doubled_windows(capsys, no_model_load, tmp_path):
+    """prune checks the text for twice --n-seqs windows with the same --bos as every command: 36
+    bytes make four windows of 9 text tokens after BOS, not four of 10 without it."""
+    text = tmp_path / "t.txt"
+    text.write_text("a" * 36)
+    argv = ["prune", "--text", str(text), "--n-seqs", "2", "--seq-len", "10", "--out", str(tmp_path / "out"),
+            "--model", str(write_gguf(tmp_path / "s.gguf", True))]
+    line = _refused(capsys, [*argv, "--bos", "no"])
+    assert "too short" in line and "10 text tokens, no BOS" in line
+    with pytest.raises(AssertionError, match="a model was loaded"):  # passes every check
+        cli.main(argv)

@@ -132,8 +132,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "prune":
         check_output_dir(args.out, "--out")
         # Twice the windows: the first half scores the heads, the second half is held out.
-        text = read_input_text(argparse.Namespace(text=args.text, n_seqs=2 * args.n_seqs,
-                                                  seq_len=args.seq_len, model=args.model))
+        text = read_input_text(argparse.Namespace(**{**vars(args), "n_seqs": 2 * args.n_seqs}))
     else:
         text = read_input_text(args)
 
