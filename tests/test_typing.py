@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,9 @@ SNIPPET = textwrap.dedent("""\
 
 
 def test_mypy_types_the_shortcuts_and_rejects_a_misspelt_one(tmp_path):
-    snippet = tmp_path / "snippet.py"
+    # A module name of its own: mypy's cache remembers a module's file, and a "snippet" cached by
+    # an earlier run in another temporary folder would have its errors reported against that path.
+    snippet = tmp_path / f"snippet_{uuid.uuid4().hex}.py"
     snippet.write_text(SNIPPET)
     # Run from the repository root: mypy finds tl_geometry there, and reuses the cache of
     # `mypy tl_geometry` (the lint step), so only the snippet is checked anew.
