@@ -67,10 +67,10 @@ SLOTS = (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_C
 
 @njit(cache=True)
 def compiled_slots():  # pragma: no cover - compiled
-    """:data:`SLOTS` as this module's cached machine code holds them: numba keys its disk cache on
-    this file, so kernels compiled before the figures table changed keep the old slots."""
-    return (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_CC, TAIL_MASS, TRUNCATION_ERROR,
-            SINK_MASS, SINK_SHARE)
+    """:data:`SLOTS` as this module's cached machine code holds them: numba freezes a global tuple
+    into the code as a constant and keys its disk cache on this file, so kernels compiled before
+    the figures table changed keep the old slots."""
+    return SLOTS
 
 
 @njit(cache=True, inline="always")
