@@ -30,7 +30,15 @@ from torch import Tensor
 from ..functional.dtypes import COMPUTE_DTYPE
 from ..warn import warn_caller
 from .block import LayerBlock
-from .layout import F_SCORE, SINK_REMOVED, TOP_GROUP, Reduced
+from .layout import (
+    F_SCORE,
+    SINK_REMOVED,
+    TOP_GROUP,
+    Reduced,
+    ScoreChunk,
+    ScoreOutputs,
+    ScoreSettings,
+)
 from .paired import N_BINS
 from .twins import check as twin_check
 from .twins import geometry as twin_geometry
@@ -63,7 +71,8 @@ class Backend:
     (:func:`.compiled.geometry.tie_duplicates`; with a sliding window, the compiled backend's
     holds only the band the window reads, :func:`.twins.geometry.band_gram`);
     ``score_vectors(layer, values)`` lays the value vectors out as ``score_rows`` reads them;
-    ``score_rows(...)`` scores every selection (:func:`.compiled.score.score_rows`);
+    ``score_rows(chunk, settings, outputs)`` scores every selection, on the records of
+    :mod:`.layout` (:func:`.compiled.score.score_rows`);
     ``reduce_rows(metrics, sink_in_top, sink_fields, sees_sink) → Reduced`` reduces over queries
     (:func:`.compiled.reduce.reduce_rows`).
     """
@@ -75,7 +84,7 @@ class Backend:
     sink_geometry: Callable[..., None]
     gram: Callable[[Tensor, int], Tensor]
     score_vectors: Callable[[LayerBlock, Tensor], Tensor]
-    score_rows: Callable[..., None]
+    score_rows: Callable[[ScoreChunk, ScoreSettings, ScoreOutputs], None]
     reduce_rows: Callable[[Tensor, Tensor, Tensor, Tensor], Reduced]
     from_keys: FromKeys | None
     """``None``: no vote from queries and keys; the votes are read from the rows."""
@@ -213,14 +222,14 @@ def _score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
     return chunk.contiguous()
 
 
-def _score_rows(*args: Any) -> None:
-    # The last four arguments are the outputs: views into the layer's results, written through
-    # NumPy views of them. A block of the queries (recomputed rows) is a strided view, which numba
-    # would compile a second kernel for (layout "A"): the kernel writes a contiguous copy of it
-    # instead, copied back, so that one specialisation serves every layout.
-    inputs, outputs = args[:-4], args[-4:]
-    staged = [x if x.numpy().flags.c_contiguous else x.contiguous() for x in outputs]
-    _kernels().score.score_rows(*(_numpy(x) for x in inputs), *(x.numpy() for x in staged))
+def _score_rows(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutputs) -> None:
+    # The kernel takes the same records of NumPy views. The outputs are views into the layer's
+    # results, written through NumPy views of them. A block of the queries (recomputed rows) is a
+    # strided view, which numba would compile a second kernel for (layout "A"): the kernel writes
+    # a contiguous copy of it instead, copied back, so that one specialisation serves every layout.
+    staged = ScoreOutputs(*(x if x.numpy().flags.c_contiguous else x.contiguous() for x in outputs))
+    _kernels().score.score_rows(ScoreChunk(*map(_numpy, chunk)), ScoreSettings(*map(_numpy, settings)),
+                                ScoreOutputs(*map(_numpy, staged)))
     for out, written in zip(outputs, staged):
         if written is not out:
             out.copy_(written)

@@ -42,7 +42,17 @@ from . import checks, key_votes, votes
 from .backend import Backend, choose_backend, run_layer
 from .block import AttentionRows, KeyedRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
-from .layout import INVERSIONS, RANDOM_GROUP, SEQUENCE_GROUPS, SINK_REMOVED, TOP_GROUP, TRUNCATION
+from .layout import (
+    INVERSIONS,
+    RANDOM_GROUP,
+    SEQUENCE_GROUPS,
+    SINK_REMOVED,
+    TOP_GROUP,
+    TRUNCATION,
+    ScoreChunk,
+    ScoreOutputs,
+    ScoreSettings,
+)
 from .options import SHUFFLE_KINDS, AnalysisOptions, n_chosen
 from .rng import sampled_positions, sequence_keys
 
@@ -353,15 +363,17 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
             else chunk.new_empty(0, 0, 0, 0))
     real_index = is_token.long().cumsum(-1) - 1
     vectors = backend.score_vectors(data, chunk)  # laid out once for every block of queries
+    settings = ScoreSettings(opts.n_values.to(vectors.device), opts.random_samples, opts.shuffle_samples,
+                             SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution",
+                             opts.distance == "cosine")
     for q0, q1 in _query_blocks(data.source, queries, n_keys):
         rows, row_of = data.source.rows(b0, b1, queries[:, q0:q1])
         backend.score_rows(
-            rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, start, sink, data.kernel_window,
-            real_index, keys[b0:b1], gram, vectors, opts.n_values.to(vectors.device), opts.random_samples,
-            opts.shuffle_samples, SHUFFLE_KINDS.index(opts.shuffle), opts.rank_by == "contribution",
-            opts.distance == "cosine",
-            out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1], out.sink_fields[b0:b1, :, q0:q1],
-            out.random_var[b0:b1, :, q0:q1])
+            ScoreChunk(rows, row_of, h0, data.group_size, g0, queries[:, q0:q1], is_token, start, sink,
+                       data.kernel_window, real_index, keys[b0:b1], gram, vectors),
+            settings,
+            ScoreOutputs(out.metrics[b0:b1, :, q0:q1], out.sink_in_top[b0:b1, :, q0:q1],
+                         out.sink_fields[b0:b1, :, q0:q1], out.random_var[b0:b1, :, q0:q1]))
         del rows
     del gram  # this chunk's Gram matrices go before the next chunk's are made
 

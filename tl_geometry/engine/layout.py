@@ -1,7 +1,8 @@
 """What the two backends and the orchestration agree on, defined once: where each validation
 statistic sits (``ST_*``), the leak tolerance, the torch code's element budget, the groups and
-metric indices of a layer's per-query rows, the partial vote counts' blocks, and the fields of
-the query reduction (:class:`Reduced`).
+metric indices of a layer's per-query rows, the partial vote counts' blocks, the records the
+scoring takes (:class:`ScoreChunk`, :class:`ScoreSettings`, :class:`ScoreOutputs`) and the fields
+of the query reduction (:class:`Reduced`).
 
 The compiled kernels freeze the values they read (``ST_*``, :data:`LEAK_TOL`,
 :data:`VOTE_QUERY_BLOCK`, the result slots of :data:`~tl_geometry.functional.figures.FIGURES`)
@@ -62,3 +63,69 @@ class Reduced(NamedTuple):
     paired_hist: Tensor
     paired_halved: Tensor
     sink_mean: Tensor
+
+
+# The records ``score_rows`` takes, on both backends. The orchestration fills them with tensors;
+# the compiled backend hands the kernel the same records of NumPy views, which numba types field
+# by field (a named-tuple type tied to the class, :mod:`.compiled.signatures`). The annotations
+# are the orchestration's.
+
+
+class ScoreChunk(NamedTuple):
+    """What ``score_rows`` scores: the chosen queries of a chunk of sequences ``[b]``, for heads
+    ``h0 …`` of value groups ``g0 …``.
+
+    ``rows [b, H, r, k]`` holds query ``queries[b, i]``'s attention row at ``row_of[b, i]`` (the
+    whole pattern with ``row_of = queries``, or only the chosen rows); ``queries [b, Q]`` (−1:
+    none). ``is_token [b, k]``, ``start [b]`` (first real positions), ``sink [b]``,
+    ``real_index [b, k]`` (the index among real tokens) and ``sequence_keys [b]`` (the random
+    streams' keys) describe the sequences; ``window`` is the layer's sliding window
+    (:data:`.options.NO_WINDOW` for none). ``values [b, g, k, d]`` holds the vectors of value
+    groups ``g0 + g`` (``group_size`` heads each), and ``gram [b, g, k, k]`` their tied Gram
+    matrices where the inner products come from them (empty, ``[0, 0, 0, 0]``, where from the
+    vectors).
+    """
+
+    rows: Tensor
+    row_of: Tensor
+    h0: int
+    group_size: int
+    g0: int
+    queries: Tensor
+    is_token: Tensor
+    start: Tensor
+    sink: Tensor
+    window: int
+    real_index: Tensor
+    sequence_keys: Tensor
+    gram: Tensor
+    values: Tensor
+
+
+class ScoreSettings(NamedTuple):
+    """How ``score_rows`` scores (SPEC §2–3): the grid of N ``n_values [n]`` (ascending),
+    ``samples`` random subsets and ``shuffles`` permutations of the null ``shuffle_kind``
+    (:data:`.options.NULL_VALUES` …), keys ranked by contribution ``α‖v‖`` (``by_contribution``)
+    or by weight, cosine distances (``cosine``) or Euclidean ones."""
+
+    n_values: Tensor
+    samples: int
+    shuffles: int
+    shuffle_kind: int
+    by_contribution: bool
+    cosine: bool
+
+
+class ScoreOutputs(NamedTuple):
+    """What ``score_rows`` writes, in place, for every head ``h`` and query ``q`` of the chunk:
+    ``metrics [b, H, Q, group, n, metric]`` (groups :data:`SEQUENCE_GROUPS`; metrics
+    :data:`~tl_geometry.functional.separability.METRIC_NAMES`; NaN where N does not fit),
+    ``sink_in_top [b, H, Q, n]`` (the sink in the top-N set), of ``sink_fields [b, H, Q, field]``
+    the fields :data:`SINK_MASS` and :data:`SINK_SHARE` (SPEC §4), and ``random_var [b, H, Q, n,
+    metric]``, the Monte Carlo variance ``s²/R`` of the random group's mean over its ``R`` subsets
+    (SPEC §3; NaN where N does not fit or ``R < 2``)."""
+
+    metrics: Tensor
+    sink_in_top: Tensor
+    sink_fields: Tensor
+    random_var: Tensor

@@ -31,7 +31,7 @@ SLOTS = (SINK_NORM_RATIO, SINK_COSINE, SINK_MEAN_COSINE)
 @njit(cache=True)
 def compiled_slots():  # pragma: no cover - compiled
     """:data:`SLOTS` as this module's cached machine code holds them (:func:`.score.compiled_slots`)."""
-    return (SINK_NORM_RATIO, SINK_COSINE, SINK_MEAN_COSINE)
+    return SLOTS
 
 
 @njit(cache=True)

@@ -44,6 +44,8 @@ install pays the compilation.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
@@ -67,10 +69,10 @@ SLOTS = (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_C
 
 @njit(cache=True)
 def compiled_slots():  # pragma: no cover - compiled
-    """:data:`SLOTS` as this module's cached machine code holds them: numba keys its disk cache on
-    this file, so kernels compiled before the figures table changed keep the old slots."""
-    return (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_CC, TAIL_MASS, TRUNCATION_ERROR,
-            SINK_MASS, SINK_SHARE)
+    """:data:`SLOTS` as this module's cached machine code holds them: numba freezes a global tuple
+    into the code as a constant and keys its disk cache on this file, so kernels compiled before
+    the figures table changed keep the old slots."""
+    return SLOTS
 
 
 @njit(cache=True, inline="always")
@@ -561,68 +563,97 @@ def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, colum
 QUERY_BLOCK = 16
 
 
-@njit(parallel=True, cache=True)
-def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, sink, window, real_index, sequence_keys,
-               gram, values, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
-               metrics, sink_in_top, sink_mass, random_var):  # pragma: no cover - compiled
-    """Score the chosen queries of a chunk of sequences, for heads ``h0 …`` of groups ``g0 …``.
+class _RowArrays(NamedTuple):
+    """What one row of :func:`score_rows` (query ``qi`` of head ``h`` in sequence ``b``) writes
+    and reads beyond the chunk and the settings, as borrowed views (:mod:`.borrow`).
 
-    ``pattern [b, H, r, k]`` holds query ``queries[b, i]``'s row at ``row_of[b, i]`` (the whole
-    pattern with ``row_of = queries``, or only the chosen rows); ``queries [b, Q]`` (−1: none),
-    ``is_token``, ``start`` (first real positions), ``sink``, ``real_index``
-    and ``sequence_keys`` are the chunk's sequences; ``window`` is the layer's sliding window
-    (:data:`..options.NO_WINDOW` for none): query ``t``'s candidates are the real keys
-    ``max(start, t − window + 1) … t`` (SPEC §1, ours; keys before the sink are ordinary keys),
-    and a query that does not see the sink (its window starts after it, or the sink comes after
-    the query) has no sink (no sink-removed group, never "sink in S_N", no sink fields, every
-    key shuffled); ``values [b, g, k, d]`` holds the vectors of value groups ``g0 + g`` (each
-    task lays its group's out by component once, :func:`_columns`), and ``gram [b, g, k, k]``
-    their tied Gram matrices where the inner products are to come from them (empty, ``[0, 0, 0,
-    0]``, where from the vectors; module docstring). Writes ``metrics[b, h, Q, 4, n, metric]``
-    (groups: top, random mean, shuffled mean, sink removed; metrics:
-    :data:`~tl_geometry.functional.separability.METRIC_NAMES`;
-    NaN where N does not fit), ``sink_in_top[b, h, Q, n]`` (sink in the top-N set) and, of
-    ``sink_mass[b, h, Q, sink_field]`` (the fields of SPEC §4), α_sink (``mass``) and the sink's
-    share of Σ α_j‖v_j‖ (``share``), and ``random_var[b, h, Q, n, metric]``: the Monte Carlo variance
-    of the random group's mean over its ``R`` subsets, ``s²/R`` with ``s²`` their sample variance
-    (SPEC §3; NaN where N does not fit or ``R < 2``).
+    Its part of the outputs (:class:`..layout.ScoreOutputs`): ``metrics [group, n, metric]``,
+    ``sink_in_top [n]``, ``sink_fields [field]`` and ``random_var [n, metric]``; and its value
+    group: the vectors ``values [k, d]``, laid out by component ``columns [d, k]`` (empty where
+    the inner products come from the Gram matrix), the tied Gram matrix ``gram [k, k]`` (empty
+    where they come from the vectors) and the squared norms ``sq_norms [k]``.
+    """
+
+    metrics: np.ndarray
+    sink_in_top: np.ndarray
+    sink_fields: np.ndarray
+    random_var: np.ndarray
+    values: np.ndarray
+    columns: np.ndarray
+    gram: np.ndarray
+    sq_norms: np.ndarray
+
+
+class _Scratch(NamedTuple):
+    """A parallel task's scratch arrays, shared by the rows of its block (row ``t`` reads entries
+    ``≤ t`` only), as borrowed views: the row's keys ``keys [k]`` and their ranking ``top [k]``
+    (:func:`.order.rank_keys` uses ``single`` and ``packed``), the per-key ``floats`` and
+    ``ints`` (:func:`_score_row` says which row holds what), ``o`` and ``s_N`` in the analysis
+    space (``vecs [2, d]``, SPEC §10) and one random subset's scores (``one_sample [1, n,
+    metric]``)."""
+
+    keys: np.ndarray
+    top: np.ndarray
+    single: np.ndarray
+    packed: np.ndarray
+    floats: np.ndarray
+    ints: np.ndarray
+    vecs: np.ndarray
+    one_sample: np.ndarray
+
+
+@njit(parallel=True, cache=True)
+def score_rows(chunk, settings, outputs):  # pragma: no cover - compiled
+    """Score the chosen queries of ``chunk`` (:class:`..layout.ScoreChunk`) as ``settings``
+    (:class:`..layout.ScoreSettings`) say, into ``outputs`` (:class:`..layout.ScoreOutputs`).
+
+    Query ``t``'s candidates are the real keys ``max(start, t − window + 1) … t`` (SPEC §1,
+    ours; keys before the sink are ordinary keys), and a query that does not see the sink (its
+    window starts after it, or the sink comes after the query) has no sink (no sink-removed
+    group, never "sink in S_N", no sink fields, every key shuffled). Each task lays its value
+    group's vectors out by component once (:func:`_columns`), unless the chunk holds their Gram
+    matrices (module docstring). Of the sink fields, only α_sink (``mass``) and the sink's share
+    of Σ α_j‖v_j‖ (``share``) are written here.
 
     The value-shuffle null (SPEC §3) gives key ``k`` the value of key ``π(k)`` (``π`` permutes
     the non-sink keys). Its distances are those of weights ``α'_{π(k)} = α_k`` on the *unmoved*
     values with the selection ``π(S_N)``, so it reuses :func:`_run_order` on the same vectors.
-    ``shuffle_kind`` (:data:`..options.NULL_VALUES` …) picks the null; the others are rescaled weights on
-    the same unmoved values (:func:`_null_weights`), or, for the unselected null, the top-N
-    aggregate with moved unselected keys (:func:`_run_unselected`).
+    ``settings.shuffle_kind`` (:data:`..options.NULL_VALUES` …) picks the null; the others are
+    rescaled weights on the same unmoved values (:func:`_null_weights`), or, for the unselected
+    null, the top-N aggregate with moved unselected keys (:func:`_run_unselected`).
     """
-    n_cb, n_cg, n_pos, d = values.shape
+    n_cb, n_cg, n_pos, d = chunk.values.shape
+    group_size = chunk.group_size
     n_ch = n_cg * group_size
-    n_query = queries.shape[1]
+    n_query = chunk.queries.shape[1]
     n_blocks = (n_query + QUERY_BLOCK - 1) // QUERY_BLOCK
+    unselected = settings.shuffle_kind == NULL_UNSELECTED
     for task in prange(n_cb * n_ch * n_blocks):
         cb = task // (n_ch * n_blocks)
-        h = h0 + (task // n_blocks) % n_ch
+        h = chunk.h0 + (task // n_blocks) % n_ch
         q0 = (task % n_blocks) * QUERY_BLOCK
         # Scratch for every row of the block (row t reads entries ≤ t only).
         keys_buf = np.empty(n_pos, dtype=np.int64)
         top_buf = np.empty(n_pos, dtype=np.int64)
         packed = np.empty(n_pos, dtype=np.uint64)
         single = np.empty(n_pos, dtype=np.float32)
-        floats = np.zeros((11 if shuffle_kind == NULL_UNSELECTED else 9, n_pos))  # 9, 10: the unselected null's
+        floats = np.zeros((11 if unselected else 9, n_pos))  # 9, 10: the unselected null's
         # Row 4 holds the non-sink keys, row 5 every key's own index (whose vector it holds), row 6
         # the vector each key holds under the unselected null, rows 7 … that null's permutations
         # (one per sample).
-        ints = np.empty((7 + (shuffles if shuffle_kind == NULL_UNSELECTED else 0), n_pos), dtype=np.int64)
+        ints = np.empty((7 + (settings.shuffles if unselected else 0), n_pos), dtype=np.int64)
         for k in range(n_pos):
             ints[5, k] = k
         vecs = np.zeros((2, d))  # o and s_N in the analysis space (SPEC §10)
-        one_sample = np.empty((1, n_values.shape[0], metrics.shape[-1]))  # one random subset's scores
-        group = values[cb, (h // group_size) - g0]
+        # One random subset's scores.
+        one_sample = np.empty((1, settings.n_values.shape[0], outputs.metrics.shape[-1]))
+        group = chunk.values[cb, (h // group_size) - chunk.g0]
         n_keys = 0  # keys up to the block's last query
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
-            n_keys = max(n_keys, queries[cb, qi] + 1)
+            n_keys = max(n_keys, chunk.queries[cb, qi] + 1)
         gdiag = np.empty(n_pos)
-        if gram.shape[0] > 0:
-            gram_bg = gram[cb, (h // group_size) - g0]
+        if chunk.gram.shape[0] > 0:
+            gram_bg = chunk.gram[cb, (h // group_size) - chunk.g0]
             columns = np.empty((d, 0))
             for k in range(n_keys):
                 gdiag[k] = gram_bg[k, k]
@@ -633,32 +664,40 @@ def score_rows(pattern, row_of, h0, group_size, g0, queries, is_token, start, si
         for qi in range(q0, min(q0 + QUERY_BLOCK, n_query)):
             # Borrowed views (:mod:`.borrow`): the arrays passed down to every order and N count
             # no references; the arrays they borrow from stay referenced through the loop.
-            _score_row(pattern, row_of, cb, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys,
-                       borrow(columns), borrow(gram_bg), borrow(gdiag), borrow(n_values), samples, shuffles,
-                       shuffle_kind, by_contribution, cosine, borrow(metrics[cb, h, qi]), sink_in_top,
-                       sink_mass, borrow(keys_buf), borrow(top_buf), borrow(single), borrow(packed),
-                       borrow(floats), borrow(ints), borrow(group), borrow(vecs), borrow(random_var[cb, h, qi]),
-                       borrow(one_sample))
+            _score_row(chunk, settings, cb, h, qi,
+                       _RowArrays(borrow(outputs.metrics[cb, h, qi]), borrow(outputs.sink_in_top[cb, h, qi]),
+                                  borrow(outputs.sink_fields[cb, h, qi]), borrow(outputs.random_var[cb, h, qi]),
+                                  borrow(group), borrow(columns), borrow(gram_bg), borrow(gdiag)),
+                       _Scratch(borrow(keys_buf), borrow(top_buf), borrow(single), borrow(packed), borrow(floats),
+                                borrow(ints), borrow(vecs), borrow(one_sample)))
 
 
 @njit(cache=True)
-def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window, real_index, sequence_keys, columns,
-               gram_bg, sq_norms, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, out, sink_in_top,
-               sink_mass, keys_buf, top_buf, single, packed, floats, ints, values_bg,
-               vecs, random_var, one_sample):  # pragma: no cover - compiled
-    """One row of :func:`score_rows`: query ``queries[b, qi]`` of head ``h``, whose value
-    group's vectors are ``values_bg`` (by component: ``columns``, or its Gram matrix ``gram_bg``;
-    squared norms ``sq_norms``), with the task's scratch arrays."""
+def _score_row(chunk, settings, b, h, qi, arrays, scratch):  # pragma: no cover - compiled
+    """One row of :func:`score_rows`: query ``chunk.queries[b, qi]`` of head ``h``, with its
+    outputs and value group (``arrays``, :class:`_RowArrays`) and the task's scratch arrays
+    (``scratch``, :class:`_Scratch`)."""
+    # The grid of N is passed down to every order: borrowed, as the arrays of ``arrays`` and
+    # ``scratch`` are (``settings`` holds it through this call).
+    n_values = borrow(settings.n_values)
+    samples, shuffles, shuffle_kind, cosine = (settings.samples, settings.shuffles, settings.shuffle_kind,
+                                               settings.cosine)
+    queries, is_token, sink = chunk.queries, chunk.is_token, chunk.sink
+    out, random_var, sink_in_top, sink_fields = (arrays.metrics, arrays.random_var, arrays.sink_in_top,
+                                                 arrays.sink_fields)
+    values_bg, columns, gram_bg = arrays.values, arrays.columns, arrays.gram
+    keys_buf, top_buf, floats, ints, vecs, one_sample = (scratch.keys, scratch.top, scratch.floats, scratch.ints,
+                                                         scratch.vecs, scratch.one_sample)
     n_sizes = n_values.shape[0]
     n_metrics = out.shape[-1]
     t = queries[b, qi]
     random_var[:] = np.nan
     if t < 0 or not is_token[b, t]:
         out[:] = np.nan
-        sink_mass[b, h, qi, :] = np.nan
+        sink_fields[:] = np.nan
         return
-    row = row_of[b, qi]
-    lo = max(start[b], t - window + 1)  # the first key the query sees
+    row = chunk.row_of[b, qi]
+    lo = max(chunk.start[b], t - chunk.window + 1)  # the first key the query sees
     sees_sink = lo <= sink[b] <= t
     m = 0
     for k in range(lo, t + 1):
@@ -672,25 +711,25 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
     total = 0.0
     for j in range(m):
         k = keys[j]
-        alpha[k] = pattern[b, h, row, k]
-        gdiag[k] = sq_norms[k]
+        alpha[k] = chunk.rows[b, h, row, k]
+        gdiag[k] = arrays.sq_norms[k]
         norms[k] = np.sqrt(max(gdiag[k], 0.0))
         contribution = alpha[k] * norms[k]
         total += contribution
-        score[j] = -(contribution if by_contribution else alpha[k])
+        score[j] = -(contribution if settings.by_contribution else alpha[k])
     s = sink[b]
     if m > 1 and sees_sink:  # SPEC §4 needs a key besides the sink
-        sink_mass[b, h, qi, SINK_MASS] = alpha[s]
+        sink_fields[SINK_MASS] = alpha[s]
         # No key contributes (zero values or a zero row): the share is 0/0, NaN as in torch
         # (numba's division would raise ZeroDivisionError).
-        sink_mass[b, h, qi, SINK_SHARE] = alpha[s] * norms[s] / total if total > 0.0 else np.nan
+        sink_fields[SINK_SHARE] = alpha[s] * norms[s] / total if total > 0.0 else np.nan
     top = top_buf[:m]
-    rank_keys(keys, score, single, packed, top)  # descending weight, ties → lower index (SPEC §2)
+    rank_keys(keys, score, scratch.single, scratch.packed, top)  # descending weight, ties → lower index (SPEC §2)
     sink_rank = 0 if sees_sink else m  # without the sink in the window, it is in no S_N
     while sink_rank < m and top[sink_rank] != s:
         sink_rank += 1
     for ni in range(n_sizes):
-        sink_in_top[b, h, qi, ni] = sees_sink and sink_rank < n_values[ni]
+        sink_in_top[ni] = sees_sink and sink_rank < n_values[ni]
     out[:] = np.nan
     # int64 values, not literals, for every argument of _run_order: numba compiles a call once
     # per literal it is given, and these keep all four calls on one compiled specialisation.
@@ -732,7 +771,7 @@ def _score_row(pattern, row_of, b, h, qi, queries, is_token, start, sink, window
                    total)
     if n_top == 0:
         return
-    row_key = mix(mix(np.uint64(sequence_keys[b]) + np.uint64(real_index[b, t])) + np.uint64(h))
+    row_key = mix(mix(np.uint64(chunk.sequence_keys[b]) + np.uint64(chunk.real_index[b, t])) + np.uint64(h))
     # Each subset is scored on its own (``one_sample``) and added to the group's sum, which is
     # what scoring into the sum directly adds (0 + x is x), and to a sum of squares for its
     # Monte Carlo variance.

@@ -10,16 +10,19 @@ and float64 inputs, value or output space, rows from a cached pattern or from qu
 compiles leaves the cache whole and no later process compiles again.
 
 The backend hands every kernel C-contiguous arrays (:mod:`..backend`), so every array type here
-is C-ordered. tests/test_first_run.py checks that the engine's calls are exactly these.
+is C-ordered. The scoring kernel takes records (the named tuples of :mod:`..layout`), which numba
+types as a tuple of its fields' types tied to the class (:func:`_record`). tests/test_first_run.py
+checks that the engine's calls are exactly these.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from numba import types
 
+from ..layout import ScoreChunk, ScoreOutputs, ScoreSettings
 from . import check, geometry, reduce, score, vote
 
 #: The precisions of the attention rows (float32: a cached pattern, narrower ones upcast;
@@ -34,6 +37,15 @@ _I, _F, _B = types.int64, types.float64, types.boolean
 def _a(dtype: Any, ndim: int) -> types.Array:
     """A C-contiguous, writable array type."""
     return types.Array(dtype, ndim, "C")
+
+
+def _record(cls: type[NamedTuple], **fields: Any) -> types.BaseTuple:
+    """The type numba gives a record ``cls`` (a named tuple) whose fields have these types, named
+    in the order of ``cls._fields``: a ``NamedTuple`` type, or a ``NamedUniTuple`` where every
+    field has the same type, as :func:`numba.typeof` types an instance."""
+    if tuple(fields) != cls._fields:
+        raise ValueError(f"{cls.__name__} has the fields {cls._fields}, not {tuple(fields)}")
+    return types.BaseTuple.from_types(tuple(fields.values()), cls)
 
 
 def _signatures() -> list[tuple[str, tuple[Any, ...]]]:
@@ -51,12 +63,16 @@ def _signatures() -> list[tuple[str, tuple[Any, ...]]]:
         ("reduce.reduce_rows", (_a(_F, 6), _a(_B, 4), _a(_F, 4), _a(_B, 2), _I, _I, _I, _a(_F, 5), _a(_F, 4),
                                 _a(_F, 3), _a(_F, 3), _a(_F, 2), _a(_F, 3))),
     ]
+    settings = _record(ScoreSettings, n_values=_a(_I, 1), samples=_I, shuffles=_I, shuffle_kind=_I,
+                       by_contribution=_B, cosine=_B)
+    outputs = _record(ScoreOutputs, metrics=_a(_F, 6), sink_in_top=_a(_B, 4), sink_fields=_a(_F, 4),
+                      random_var=_a(_F, 5))
     for rows in PRECISIONS:
         for vectors in PRECISIONS:
-            found.append(("score.score_rows", (
-                _a(rows, 4), _a(_I, 2), _I, _I, _I, _a(_I, 2), _a(_B, 2), _a(_I, 1), _a(_I, 1), _I, _a(_I, 2),
-                _a(_I, 1), _a(_F, 4), _a(vectors, 4), _a(_I, 1), _I, _I, _I, _B, _B, _a(_F, 6), _a(_B, 4),
-                _a(_F, 4), _a(_F, 5))))
+            chunk = _record(ScoreChunk, rows=_a(rows, 4), row_of=_a(_I, 2), h0=_I, group_size=_I, g0=_I,
+                            queries=_a(_I, 2), is_token=_a(_B, 2), start=_a(_I, 1), sink=_a(_I, 1), window=_I,
+                            real_index=_a(_I, 2), sequence_keys=_a(_I, 1), gram=_a(_F, 4), values=_a(vectors, 4))
+            found.append(("score.score_rows", (chunk, settings, outputs)))
     for qk in PRECISIONS:
         found += [
             ("vote.vote_from_keys", (_a(qk, 4), _a(qk, 4), _F, _a(_B, 2), _a(_I, 1), _a(_F, 3), _a(_F, 2),

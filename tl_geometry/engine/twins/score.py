@@ -20,7 +20,15 @@ from ...functional.heads import first_duplicate
 from ...functional.selection import top_n_ranks
 from ...functional.separability import scores_from_energies
 from ..block import LayerBlock
-from ..layout import BLOCK_ELEMENTS, SEQUENCE_GROUPS, SINK_MASS, SINK_SHARE
+from ..layout import (
+    BLOCK_ELEMENTS,
+    SEQUENCE_GROUPS,
+    SINK_MASS,
+    SINK_SHARE,
+    ScoreChunk,
+    ScoreOutputs,
+    ScoreSettings,
+)
 from ..options import NULL_UNSELECTED
 from ..rng import torch_mix
 from .order import _random_ranks, _shuffled, _unselected_sources
@@ -31,20 +39,20 @@ def score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
     return chunk
 
 
-def score_rows(
-    rows: Tensor, row_of: Tensor, h0: int, group_size: int, g0: int, queries: Tensor, is_token: Tensor,
-    start: Tensor, sink: Tensor, window: int, real_index: Tensor, sequence_keys: Tensor, gram: Tensor,
-    values: Tensor, n_values: Tensor, samples: int, shuffles: int, shuffle_kind: int, by_contribution: bool,
-    cosine: bool, metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, random_var: Tensor,
-) -> None:
-    """:func:`..compiled.score.score_rows` in torch: same arguments, same outputs (written in place).
+def score_rows(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutputs) -> None:
+    """:func:`..compiled.score.score_rows` in torch: same records (:mod:`..layout`), same outputs
+    (written in place).
 
     Inner products come from ``s = Σ w_k v_k`` of every selection and N, ``⟨v_k, s⟩ = V s``, or
-    from the tied Gram matrices ``gram`` where they are given (not empty), ``⟨v_k, s⟩ = Σ w_j G[j, k]``
-    (:class:`_Dots`), as in the kernel but vectorised. The truncation figures
+    from the tied Gram matrices ``chunk.gram`` where they are given (not empty), ``⟨v_k, s⟩ =
+    Σ w_j G[j, k]`` (:class:`_Dots`), as in the kernel but vectorised. The truncation figures
     (SPEC §10) come from inner products here (:func:`_truncation`), not from the difference
-    vectors as in the kernel: two computations that the tests hold to each other. ``start`` is
-    not read: ``is_token`` keeps padding out of the candidates."""
+    vectors as in the kernel: two computations that the tests hold to each other.
+    ``chunk.start`` is not read: ``chunk.is_token`` keeps padding out of the candidates."""
+    rows, row_of, h0, group_size, queries, values, gram = (chunk.rows, chunk.row_of, chunk.h0, chunk.group_size,
+                                                           chunk.queries, chunk.values, chunk.gram)
+    n_values, samples, shuffles = settings.n_values, settings.samples, settings.shuffles
+    metrics, sink_in_top, sink_fields, random_var = outputs
     n_cg, n_key = values.shape[1], values.shape[2]
     n_ch = n_cg * group_size
     n_sel = 2 + samples + shuffles
@@ -53,8 +61,9 @@ def score_rows(
     inner = _Dots(values, gram if gram.numel() else None)
     for q0 in range(0, queries.shape[1], step):
         q1 = min(queries.shape[1], q0 + step)
-        _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], is_token, sink, window, real_index,
-                     sequence_keys, inner, n_values, samples, shuffles, shuffle_kind, by_contribution, cosine,
+        _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], chunk.is_token, chunk.sink,
+                     chunk.window, chunk.real_index, chunk.sequence_keys, inner, n_values, samples, shuffles,
+                     settings.shuffle_kind, settings.by_contribution, settings.cosine,
                      metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
                      sink_fields[:, h0 : h0 + n_ch, q0:q1], random_var[:, h0 : h0 + n_ch, q0:q1])
 
