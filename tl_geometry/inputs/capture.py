@@ -1,30 +1,18 @@
 """Run a model's Hugging Face forward with SDPA attention and hand over each layer's q, k, v.
 
-Instead of the full ``[batch, head, query, key]`` pattern, each layer's attention inputs are
-captured as the model's attention function receives them: post-rotary (and, on Gemma-3,
-post-q/k-norm) queries and keys, and the values, together with the layer's attention
-parameters (scale, sliding window, softcap, sinks). With them,
-:func:`tl_geometry.functional.attention_rows` recomputes any rows of the pattern in float64.
+Instead of the ``[batch, head, query, key]`` pattern, each layer's post-rotary (and post-q/k-norm)
+queries and keys and its values are captured as the attention function receives them, with the
+layer's scale, sliding window, softcap and sinks; :func:`tl_geometry.functional.attention_rows`
+recomputes any rows from them in float64.
 
-How: a custom attention function is registered with transformers (``AttentionInterface``,
-with the SDPA mask builder under the same name) and set as the model's attention
-implementation for the duration of one forward of the *base* model (no LM head, so no logits).
-The function passes the layer's tensors to your callback and then delegates to transformers'
-own SDPA attention, which never forms the ``[query, key]`` matrix on its fused paths. A
-sliding-window layer without padding gets no ``[query, key]`` mask either (ours): its mask
-builder is told to skip it, and the layer runs in blocks of ``window`` queries, each against the
-``2·window − 1`` keys it can see with a band mask of that size (:func:`_by_query_blocks`), so its
-cost grows as ``T·window``, not ``T²``. A model
-wrapped by TransformerLens's ``TransformerBridge`` has its modules replaced by bridge
-components that reimplement attention eagerly; they are swapped back to the original Hugging
-Face modules for the forward. Everything (modules, attention implementation, registrations) is
-restored in a ``finally``, also when the callback raises.
-
-Asked for it (``logsumexp=True``), a plain causal layer on CPU (no mask, no window shorter than
-the sequence, no softcap or sink logits, float32) runs through the kernel that SDPA dispatches
-such a layer to, called directly so that it also returns each query's log-sum-exp
-(:func:`_with_logsumexp`): ``sink="auto"`` reads the first keys' weights from it instead of a
-second attention pass (:meth:`tl_geometry.analyze.recompute.RecomputedRows.leading_columns`).
+A custom attention function (registered with transformers' ``AttentionInterface``) is set as
+the attention implementation for one forward of the *base* model (no LM head, no logits): it
+hands the layer to the callback and delegates to transformers' SDPA attention. A sliding-window
+layer without padding runs in blocks of ``window`` queries with a band mask
+(:func:`_by_query_blocks`), so no ``[query, key]`` mask is formed. A ``TransformerBridge``'s
+components are swapped back to the Hugging Face modules for the forward; everything is restored
+in a ``finally``. With ``logsumexp=True``, a plain causal float32 layer on CPU also hands over
+each query's log-sum-exp (:func:`_with_logsumexp`).
 """
 
 from __future__ import annotations
@@ -40,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .tokens import check_token_ids
+from .tokens import check_token_ids, embedding_rows
 
 _names = itertools.count()
 
@@ -146,6 +134,21 @@ def _configs(model: torch.nn.Module) -> list[Any]:
 
 
 @contextlib.contextmanager
+def attention_set_to(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Every config of ``model`` set to the attention implementation ``name``, then restored."""
+    configs = _configs(model)
+    saved = [config._attn_implementation_internal for config in configs]
+    try:
+        # The internal attribute: the public setter would also rewrite sub-configs' choices.
+        for config in configs:
+            config._attn_implementation_internal = name
+        yield
+    finally:
+        for config, implementation in zip(configs, saved):
+            config._attn_implementation_internal = implementation
+
+
+@contextlib.contextmanager
 def _attention_implementation(model: torch.nn.Module, function: Callable[..., Any],
                               skipped: set[int]) -> Iterator[None]:
     """Register ``function`` (with SDPA's masks, except the sliding-window masks that
@@ -155,19 +158,13 @@ def _attention_implementation(model: torch.nn.Module, function: Callable[..., An
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     name = f"tl_geometry_capture_{next(_names)}"
-    configs = _configs(model)
-    saved = [config._attn_implementation_internal for config in configs]
     sdpa_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
     AttentionInterface.register(name, function)
     AttentionMaskInterface.register(name, lambda *args, **kwargs: _window_mask(sdpa_mask, skipped, *args, **kwargs))
     try:
-        # The internal attribute: the public setter would also rewrite sub-configs' choices.
-        for config in configs:
-            config._attn_implementation_internal = name
-        yield
+        with attention_set_to(model, name):
+            yield
     finally:
-        for config, implementation in zip(configs, saved):
-            config._attn_implementation_internal = implementation
         AttentionInterface._global_mapping.pop(name, None)
         AttentionMaskInterface._global_mapping.pop(name, None)
 
@@ -218,16 +215,8 @@ _FLASH_CPU_GQA = torch.__version__ >= "2.5"  # a TorchVersion: compared as a ver
 def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
                     params: AttentionParams, kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
     """The layer's attention output ``[batch, pos, head, d]`` and each query's log-sum-exp
-    ``[batch, head, pos]``, or ``None`` where the layer is not one that SDPA runs as one plain
-    causal pass of its CPU flash kernel.
-
-    Such a layer (on CPU, float32, no mask, every key up to the query visible, no softcap, sink
-    logits, dropout or position bias, as many queries as keys, contiguous vectors) is what
-    transformers' SDPA attention hands to ``scaled_dot_product_attention`` with
-    ``is_causal=True`` (and ``enable_gqa`` for grouped heads), which runs it on this kernel:
-    called directly, the same kernel gives the same output and keeps the log-sum-exp it forms
-    anyway.
-    """
+    ``[batch, head, pos]``, from the CPU flash kernel that SDPA runs a plain causal float32 layer
+    on (called directly: the same output); ``None`` for any other layer."""
     n_pos = query.shape[2]
     plain = (mask is None and query.device.type == "cpu"
              and query.dtype == key.dtype == value.dtype == torch.float32
@@ -282,24 +271,19 @@ def _additive(mask: Tensor | None, query: Tensor, key: Tensor) -> Tensor:
 
 
 def model_windows(model: Any) -> list[int | None] | None:
-    """The sliding window of every layer, from the model's config; ``None`` when it has none.
+    """The sliding window of every layer, read from the model's config without a forward;
+    ``None`` when it declares none.
 
-    The same window the attention function receives (:class:`AttentionParams`; key ``i`` visible
-    to query ``t`` iff ``t − window < i ≤ t``), read without a forward: from the Hugging Face
-    config (of the model, or of a ``TransformerBridge``'s ``original_model``; its text config for
-    multimodal models), where ``layer_types`` names each layer (``"sliding_attention"`` takes
-    ``sliding_window``, any other kind is global: Gemma-2/3, Qwen2/3, GPT-OSS), or, without
-    ``layer_types``, ``sliding_window`` holds for every layer (Mistral); else from a
-    TransformerLens config's ``attn_types`` (``"local"`` takes ``window_size``).
-    Returns ``None`` when the config declares no window at all.
+    The Hugging Face (text) config of the model or a bridge's ``original_model``: ``layer_types``
+    (``"sliding_attention"`` takes ``sliding_window``, any other kind is global), else
+    ``sliding_window`` for every layer (Mistral); else a TransformerLens config's ``attn_types``
+    (``"local"`` takes ``window_size``).
 
     >>> from types import SimpleNamespace as NS
     >>> model_windows(NS(config=NS(layer_types=["sliding_attention", "full_attention"], sliding_window=4)))
     [4, None]
     """
-    config = getattr(_unwrapped(model), "config", None)
-    if config is not None and callable(getattr(config, "get_text_config", None)):
-        config = config.get_text_config()
+    config = text_config(_unwrapped(model))
     if config is not None:
         window = getattr(config, "sliding_window", None)
         kinds = getattr(config, "layer_types", None)
@@ -314,6 +298,14 @@ def model_windows(model: Any) -> list[int | None] | None:
     if kinds is not None and size:
         return [int(size) if kind == "local" else None for kind in kinds]
     return None
+
+
+def text_config(hf_model: Any) -> Any:
+    """The config of a Hugging Face model (its text config for a multimodal one), or ``None``."""
+    config = getattr(hf_model, "config", None)
+    if config is not None and callable(getattr(config, "get_text_config", None)):
+        config = config.get_text_config()
+    return config
 
 
 def _params(module: Any, query: Tensor, key: Tensor, kwargs: dict[str, Any]) -> AttentionParams:
@@ -342,21 +334,14 @@ def capture_attention(
 ) -> None:
     """Run the base model on ``tokens`` ``[batch, pos]`` with SDPA; call ``on_layer`` per layer.
 
-    ``on_layer`` runs inside the forward, as soon as the layer's q/k/v exist, so that it can
-    analyse the layer and let go of it: peak memory holds one layer's q/k/v (plus the forward's
-    own activations), never a ``[query, key]`` pattern and never logits. ``model`` is a
-    transformers causal LM or a TransformerLens ``TransformerBridge`` around one;
-    ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model. The model is
-    left exactly as it was, also when ``on_layer`` raises. Recompute rows with
-    ``key_mask=attention_mask.bool()`` when there is padding. TransformerLens hooks do not fire
-    during the capture (the bridge components are out of the forward). ``logsumexp=True`` also
-    hands over each query's log-sum-exp where the layer's kernel gives it
-    (:attr:`LayerCapture.logsumexp`; on those layers ``on_layer`` runs right after the attention
-    instead of right before it).
-
-    ``tokens`` must be integer ids in the model's vocabulary (its input embedding's rows),
-    ``attention_mask`` (where given) of the same shape, ``logsumexp`` ``True`` or ``False``: each
-    is checked before the forward, a ``ValueError`` naming the problem and the fix.
+    ``on_layer`` runs inside the forward as soon as the layer's q/k/v exist: peak memory holds
+    one layer's q/k/v, never a ``[query, key]`` pattern or logits. ``model`` is a transformers
+    causal LM or a ``TransformerBridge`` around one (its hooks do not fire), left exactly as it
+    was; ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model (recompute
+    rows with ``key_mask=attention_mask.bool()``). ``logsumexp=True`` also hands over
+    :attr:`LayerCapture.logsumexp` where the layer's kernel gives it (``on_layer`` then runs
+    after the attention). Bad ``tokens``, ``attention_mask`` or ``logsumexp`` raise a
+    ``ValueError`` naming the fix before the forward.
 
     Example::
 
@@ -417,9 +402,7 @@ def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -
     if tokens.shape[0] == 0 or tokens.shape[1] == 0:
         raise ValueError(f"tokens hold no token (shape {list(tokens.shape)}); pass at least one sequence "
                          "of at least one token.")
-    embedding = base.get_input_embeddings() if callable(getattr(base, "get_input_embeddings", None)) else None
-    rows = getattr(embedding, "num_embeddings", None)
-    check_token_ids(tokens, rows if isinstance(rows, int) else None, "tokens")
+    check_token_ids(tokens, embedding_rows(base), "tokens")
     if attention_mask is not None and (not isinstance(attention_mask, Tensor)
                                        or tuple(attention_mask.shape) != tuple(tokens.shape)):
         got = list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__

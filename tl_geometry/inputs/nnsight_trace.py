@@ -15,8 +15,7 @@ is not a dependency of tl_geometry.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,8 +23,9 @@ from jaxtyping import Int
 from torch import Tensor
 
 from .cache import CacheError, check_layer_indices
+from .capture import attention_set_to
 from .hf import from_hf
-from .tokens import check_token_ids
+from .tokens import check_token_ids, embedding_rows
 
 __all__ = ["from_nnsight"]
 
@@ -93,22 +93,6 @@ def _check_attention(attn: Any, where: str) -> None:
                          f"output would not be its v: {_OWN_TRACE}, with v as the model computes it.")
 
 
-@contextlib.contextmanager
-def _eager(hf: torch.nn.Module) -> Iterator[None]:
-    """Every config of the model set to eager attention (which forms the weights), then restored."""
-    from .capture import _configs
-
-    configs = _configs(hf)
-    saved = [config._attn_implementation_internal for config in configs]
-    try:
-        for config in configs:  # the internal attribute: the setter would rewrite sub-configs' choices
-            config._attn_implementation_internal = "eager"
-        yield
-    finally:
-        for config, implementation in zip(configs, saved):
-            config._attn_implementation_internal = implementation
-
-
 def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
     """``tokens`` as ``[batch, pos]`` ids; text tokenized as :func:`~tl_geometry.text_windows` does."""
     if isinstance(tokens, Mapping):
@@ -130,10 +114,8 @@ def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
                          f"{list(tokens.shape)}{fix}.")
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise CacheError(f"tokens must hold integer token ids, got dtype {tokens.dtype}: pass tokens.long().")
-    embedding = hf.get_input_embeddings() if callable(getattr(hf, "get_input_embeddings", None)) else None
-    rows = getattr(embedding, "num_embeddings", None)
     try:
-        check_token_ids(tokens, rows if isinstance(rows, int) else None, "tokens")
+        check_token_ids(tokens, embedding_rows(hf), "tokens")
     except ValueError as err:
         raise CacheError(str(err)) from None
     if attention_mask is not None:
@@ -219,7 +201,7 @@ def from_nnsight(
     envoy_stack: Any = model
     for part in path.split("."):
         envoy_stack = getattr(envoy_stack, part)
-    with _eager(hf), torch.no_grad(), model.trace(ids, use_cache=False) as tracer:
+    with attention_set_to(hf, "eager"), torch.no_grad(), model.trace(ids, use_cache=False) as tracer:
         for layer in wanted:  # in the order the forward reaches them
             attn = envoy_stack[layer].self_attn
             saved[layer] = (attn.v_proj.output, attn.output)

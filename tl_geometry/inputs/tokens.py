@@ -20,6 +20,13 @@ def model_vocabulary(model: Any) -> int | None:
     return d_vocab if isinstance(d_vocab, int) and not isinstance(d_vocab, bool) and d_vocab > 0 else None
 
 
+def embedding_rows(hf_model: Any) -> int | None:
+    """Rows of a Hugging Face model's input embedding (its vocabulary), else ``None``."""
+    get = getattr(hf_model, "get_input_embeddings", None)
+    rows = getattr(get() if callable(get) else None, "num_embeddings", None)
+    return rows if isinstance(rows, int) else None
+
+
 def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens") -> None:
     """``tokens`` (an integer tensor) must hold data and ids in ``[0, d_vocab)``.
 
