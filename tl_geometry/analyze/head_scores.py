@@ -2,20 +2,9 @@
 
 One forward pass per kind of sequence: repeated random tokens (previous-token, duplicate-token,
 induction), real-text windows (sink rate, Sink^ε) and the same windows with a random needle
-(retrieval). Each layer is scored inside the forward, from a hook on its ``hook_pattern``, and
-only the per-head scores are kept: one layer's ``[batch, head, T, T]`` pattern is alive at a
-time, and the forward ends at the last layer's pattern (no unembedding, no logits). The math is
-in :mod:`tl_geometry.functional.head_scores`.
-
-Every sequence starts as the model was trained (SPEC §1): with BOS where it was trained with one
-(:func:`tl_geometry.inputs.models.trained_with_bos`, the loader's record, never the tokenizer's
-own attribute), else with its first text token. Sequences the caller passes are checked for it,
-and for padding: the scores read every position as text, so a window that starts otherwise or
-holds pad tokens would move the sink rate and Sink^ε without a word.
-
-Sliding-window layers (Gemma-3's local layers, ``w = 512``) are read from the model's config
-(:func:`tl_geometry.inputs.capture.model_windows`): each score reads only the (query, key) pairs
-the query sees, and ``R`` is at most ``w − 1``, so that the second copy sees the first.
+(retrieval). Each layer is scored inside the forward from a hook on its ``hook_pattern``, and
+the forward ends at the last layer's pattern (no logits). The math is in
+:mod:`tl_geometry.functional.head_scores`.
 """
 
 from __future__ import annotations
@@ -83,20 +72,17 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
 
     Where the sink is not key 0 of every window (``sink="auto"``, the default for a model trained
     without BOS, or given positions), the column ``sink_rate_selected`` is the mean weight on each
-    window's chosen sink over the queries after it that see it, beside ``sink_rate``: labelled
-    as selected, since choosing the most attended key biases it upward (SPEC §9). It costs one
-    more forward of the text windows.
+    window's chosen sink over the queries after it that see it: labelled as selected, since
+    choosing the most attended key biases it upward (SPEC §9); it costs one more forward.
 
-    Which 64-token windows Sink^ε reads: ``sink_windows`` where given; where ``head_scores``
-    cuts the text windows itself, 8 windows of 64 tokens of the same text, the same ones
-    whatever ``seq_len`` (at ``seq_len=64`` they are the text windows: no extra forward); where
-    the caller passes ``windows`` of ``T ≥ 64`` tokens, their first 64 tokens (a causal model
-    attends over them as over a 64-token window; no extra forward); shorter windows passed
-    without ``sink_windows`` leave it NaN, with a warning.
+    Sink^ε reads ``sink_windows`` where given, else 8 windows of 64 tokens of the same text
+    where ``head_scores`` cuts the windows itself, else the first 64 tokens of the ``windows``
+    passed; shorter windows leave it NaN, with a warning.
 
     Every sequence starts as the model was trained (:func:`tl_geometry.inputs.models.trained_with_bos`):
     with BOS for SmolLM2 and Gemma-3, with a text token for Qwen2.5-Coder. Sequences passed in
-    that start otherwise, or that hold pad tokens, are refused with a ``ValueError``.
+    that start otherwise, or that hold pad tokens, are refused with a ``ValueError``; so is an
+    ``R`` above ``w − 1`` on a sliding-window layer (the second copy must see the first).
 
     Args:
         model: a TransformerLens model (``HookedTransformer`` or ``TransformerBridge``).
