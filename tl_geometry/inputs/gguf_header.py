@@ -1,12 +1,9 @@
 """Read a GGUF file's header without loading it: is the file whole, and what does it say.
 
-transformers reads a GGUF file with ``struct`` and ``numpy.memmap``; a file cut short makes it
-fail with a bare ``struct.error`` or an mmap error that names neither the file nor the fix. This
-walks the header once (key/value metadata and tensor table, never the tensor data) and checks
-that the tensors' bytes end inside the file, so a truncated download is refused up front with a
-message that says so. It also reads the model's context length, so that the command line can
-refuse a ``--seq-len`` the model was not built for before anything is loaded, and whether the
-model was trained with BOS at the start (``tokenizer.ggml.add_bos_token``).
+The header (metadata and tensor table, never the tensor data) is walked once and the tensors'
+bytes checked to end inside the file, so a truncated download is refused up front, not with a
+bare ``struct.error`` from transformers. It also gives the context length and
+``tokenizer.ggml.add_bos_token``.
 
 Format (version 2 and 3; little-endian): ``b"GGUF"``, u32 version, u64 tensor count, u64
 key/value count, the key/values, the tensor infos, padding to ``general.alignment`` (32), data.
