@@ -1,16 +1,11 @@
 """An nnsight model's attention patterns and values, saved in one trace, as the dict that
 :func:`tl_geometry.analyze_heads` reads.
 
-:func:`from_nnsight` takes an nnsight ``LanguageModel`` (or ``TransformersModel``) around a
-Hugging Face causal LM of the Llama / SmolLM2, Mistral, Qwen2 or Gemma-3 families, recognised by
-structure: ``model.layers[i].self_attn`` (``model.language_model.layers`` for Gemma-3's
-multimodal class) with ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``. In these families ``v``
-is ``v_proj``'s output (with its bias), split into heads; nothing normalises it (Gemma-3's norms
-act on q and k only), and an attention module with any other submodule (a value norm, as in
-Gemma-3n) is refused rather than read wrongly. The pattern is the second output of the attention
-module, which only eager attention forms: the trace runs with every config's attention
-implementation set to ``"eager"`` and restored afterwards. nnsight is imported here, on use: it
-is not a dependency of tl_geometry.
+Models are recognised by structure (``model.layers[i].self_attn``, or
+``model.language_model.layers``, with ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``): ``v``
+is ``v_proj``'s output split into heads, so an attention module with any other submodule (a
+value norm) is refused rather than read wrongly. The pattern is the attention module's second
+output, which only eager attention forms. nnsight is imported on use (an optional dependency).
 """
 
 from __future__ import annotations
@@ -161,25 +156,14 @@ def from_nnsight(
     """The ``hook_pattern`` / ``hook_v`` dict of an nnsight model, from one trace over ``tokens``.
 
     ``model`` is an nnsight ``LanguageModel`` (or ``TransformersModel``) around a Hugging Face
-    causal LM whose layers are ``model.layers[i].self_attn`` with ``q_proj``, ``k_proj``,
-    ``v_proj`` and ``o_proj``: Llama / SmolLM2, Mistral, Qwen2 and Gemma-3. One trace saves,
-    for each of ``layers`` (default: all), the attention module's weights ``[batch, head,
-    query, key]`` and ``v_proj``'s output as ``[batch, pos, kv_head, d_head]`` (the values
-    after any bias, before ``W_O``; fewer KV heads than query heads under grouped-query
-    attention), and stops after the last of them. The result is :func:`from_hf`'s dict:
-    ``blocks.{l}.attn.hook_pattern`` and ``blocks.{l}.attn.hook_v`` for each layer analysed.
+    causal LM of the Llama / SmolLM2, Mistral, Qwen2 or Gemma-3 families. One trace, with the
+    attention implementation set to ``"eager"`` and restored after, saves for each of ``layers``
+    (default: all) the attention weights ``[batch, head, query, key]`` and ``v_proj``'s output
+    as ``[batch, pos, kv_head, d_head]``, and stops after the last of them.
 
-    Only eager attention forms the weights: the trace runs with the model's attention
-    implementation set to ``"eager"`` (the same attention, computed in full) and restores it
-    after, whatever happens; nothing else about the model changes (an nnsight model not yet
-    dispatched gets its weights loaded, as any trace would). The forward runs without gradients
-    and without a key/value cache.
-
-    ``tokens`` is a ``[batch, pos]`` tensor of token ids, a mapping with ``input_ids`` (the
-    tokenizer's output), or text: a string or a list of strings, each tokenized without the
-    tokenizer's special tokens and started with BOS where the model was trained with one, as
-    :func:`~tl_geometry.text_windows` does. The batch must be unpadded: an ``attention_mask``
-    with a 0 is refused, and so are texts of different lengths in tokens.
+    ``tokens`` is a ``[batch, pos]`` tensor of token ids, a mapping with ``input_ids``, or a
+    text or list of texts (tokenized as :func:`~tl_geometry.text_windows` does). The batch must
+    be unpadded: an ``attention_mask`` with a 0, or texts of different lengths, are refused.
 
     Raises ``ImportError`` naming ``pip install nnsight`` when nnsight is missing, ``TypeError``
     for a model that is not an nnsight one, and :class:`~tl_geometry.CacheError` (one line: the
