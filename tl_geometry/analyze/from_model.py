@@ -367,8 +367,7 @@ def analyze_model_nulls(
         nulls: the kinds to analyse, each once, from ``"values"``, ``"norms"``,
             ``"directions"`` and ``"unselected"`` (default: all four).
 
-    The other arguments and the analysis options (except ``shuffle``, which ``nulls`` sets)
-    are those of :func:`analyze_model`.
+    The other arguments and options (except ``shuffle``) are those of :func:`analyze_model`.
 
     Examples:
         >>> by_null = tl_geometry.analyze_model_nulls(model, tokens)  # doctest: +SKIP

@@ -38,10 +38,8 @@ DEFAULT_SEQ_LEN = 128
 MIN_SEQ_LEN, MIN_REPEAT = 4, 2
 #: Tokens a retrieval sequence adds to its text window: the needle and its repeated tokens.
 RETRIEVAL_EXTRA = _scores.NEEDLE_LENGTH + _scores.NEEDLE_REPEATED
-#: One layer's pattern of one forward (float32) stays below this size: more sequences run in
-#: batches, so the number of windows is bounded by the text, not by memory. A quarter of the
-#: 1 GiB that every layer's patterns together had: eager attention holds a few tensors of the
-#: pattern's size while its layer runs.
+#: One layer's float32 pattern of one forward stays below this size (more sequences run in
+#: batches); eager attention holds a few tensors of that size while its layer runs.
 PATTERN_BUDGET = 1 << 28
 #: Seeds are whole numbers in ``[0, MAX_SEED)``.
 MAX_SEED = 2**63
@@ -57,18 +55,13 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
 
     Columns ``layer, head, previous_token, duplicate_token, induction, sink_rate, retrieval,
     sink_queries``. ``sink_rate`` is the mean weight on **key 0** (Gu et al.'s first-token
-    definition: the sink where BOS is prepended) over the queries ``t ≥ 1`` of the text windows
-    that see key 0; ``sink_queries`` is how many such queries each window has in that layer
-    (``T − 1``; ``min(T, w) − 1`` on a layer with sliding window ``w``). ``attrs``:
-
-    * ``sink_epsilon``: the model's Sink^ε (Gu et al., ICLR 2025), the share of heads whose sink
-      rate on windows of ``attrs["sink_epsilon_seq_len"]`` = 64 tokens of real text is above
-      ``attrs["epsilon"]`` = 0.3, whatever ``seq_len`` is (below); NaN where no 64-token
-      windows are at hand;
-    * ``seq_len`` (``T``, the text windows' length), ``n_windows``, ``repeat`` (``R``),
-      ``window`` (each layer's sliding window, ``None`` for a global layer; ``None`` for a model
-      without any), ``trained_with_bos`` (whether the sequences start with BOS) and ``sink``
-      (the rule and each text window's sink position, below).
+    definition) over the queries ``t ≥ 1`` of the text windows that see key 0, ``sink_queries``
+    how many such queries a window has (``min(T, w) − 1``). ``attrs``: ``sink_epsilon`` (Sink^ε,
+    Gu et al., ICLR 2025: the share of heads whose sink rate on windows of
+    ``attrs["sink_epsilon_seq_len"]`` = 64 tokens is above ``attrs["epsilon"]`` = 0.3, whatever
+    ``seq_len``), ``seq_len``, ``n_windows``, ``repeat``, ``window`` (each layer's sliding
+    window; ``None`` for a model without any), ``trained_with_bos`` and ``sink`` (the rule and
+    each text window's sink position).
 
     Where the sink is not key 0 of every window (``sink="auto"``, the default for a model trained
     without BOS, or given positions), the column ``sink_rate_selected`` is the mean weight on each
@@ -87,29 +80,20 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     Args:
         model: a TransformerLens model (``HookedTransformer`` or ``TransformerBridge``).
         seq_len: tokens per text window, BOS included (``≥ 4``); default 128, the analysis's own
-            default (pass the analysis's length, so that scores and labels come from the same
-            context), or the length of ``windows`` where they are passed.
+            default, or the length of ``windows`` where they are passed.
         repeat: ``R``, the random tokens repeated twice for previous_token, duplicate_token and
-            induction: a whole number ``≥ 2``, default 32 (whatever ``seq_len``), at most
-            ``w − 1`` on a model with sliding-window layers (Gemma-3: 511), so that the second
-            copy sees the first; or the ``R`` of ``repeated`` where it is passed.
-        repeated: ``[batch, 2R]`` token ids, ``R`` tokens repeated twice, after BOS where the
-            model was trained with one (``[batch, 1 + 2R]``); default: 8 sequences drawn from
-            ``seed`` uniformly over the vocabulary without special tokens, at the token level
-            (no detokenise round trip).
-        windows: ``[batch, T]`` real-text token ids (``T ≥ 4``), starting as the model was
-            trained and without padding; default: 8 windows of ``seq_len`` tokens of the
-            built-in sample text (:func:`tl_geometry.text_windows`). Read for ``sink_rate`` and,
-            with a random 32-token needle inserted at the middle and its first 16 tokens
-            repeated at the end, for ``retrieval``.
-        sink_windows: ``[batch, 64]`` real-text token ids for Sink^ε (checked as ``windows``);
-            default: as said above. ``tl-geometry scores`` passes 64-token windows of its text.
-        seed: seeds the random tokens (repeated sequences and needles); a whole number in
-            ``[0, 2**63)``.
-        sink: the text windows' sink (SPEC §1; as :func:`tl_geometry.analyze_heads` takes it):
-            ``None`` (default) key 0 where the model was trained with BOS, ``"auto"`` where it
-            was trained without; an int or one int per window; ``"auto"`` (chosen from every
-            layer). Checked, its positions against the text windows included, before any forward.
+            induction: ``≥ 2``, default 32, at most ``w − 1`` on sliding-window layers (Gemma-3:
+            511); or the ``R`` of ``repeated`` where it is passed.
+        repeated: ``[batch, 2R]`` token ids (``[batch, 1 + 2R]`` after BOS); default: 8
+            sequences drawn from ``seed`` uniformly over the vocabulary without special tokens.
+        windows: ``[batch, T]`` real-text token ids (``T ≥ 4``), without padding; default: 8
+            windows of ``seq_len`` tokens of the sample text (:func:`tl_geometry.text_windows`).
+            Read for ``sink_rate`` and, with a random 32-token needle inserted at the middle and
+            its first 16 tokens repeated at the end, for ``retrieval``.
+        sink_windows: ``[batch, 64]`` real-text token ids for Sink^ε (checked as ``windows``).
+        seed: seeds the random tokens; a whole number in ``[0, 2**63)``.
+        sink: the text windows' sink (SPEC §1), as :func:`tl_geometry.analyze_heads` takes it,
+            checked against the windows before any forward.
 
     Example:
         >>> scores = tl_geometry.head_scores(model, seq_len=128)           # doctest: +SKIP
@@ -436,12 +420,8 @@ def _special_ids(tokenizer: Any, *names: str) -> set[int]:
 
 
 def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
-    """No pad tokens: every position is read as text (no attention mask).
-
-    A dedicated pad id (Gemma-3's ``<pad>``) is refused wherever it stands. A pad id that is
-    also the tokenizer's BOS or EOS (SmolLM2 pads with its EOS ``<|im_end|>``) is a document
-    separator where it stands alone, so only two in a row, a run of padding, are refused.
-    """
+    """No pad tokens (every position is read as text): a dedicated pad id anywhere, or a run of a
+    pad id that doubles as BOS or EOS (a document separator where it stands alone)."""
     tokenizer = getattr(model, "tokenizer", None)
     pad = _special_ids(tokenizer, "pad_token_id")
     if not pad:
@@ -469,13 +449,8 @@ def _batch_size(model: Any, n_seqs: int, n_pos: int) -> int:
 
 
 def _layer_means(model: Any, tokens: Tensor, scores: dict[str, Score]) -> dict[str, list[Tensor]]:
-    """Per score and layer, its per-head mean over every sequence of ``tokens``; each score is
-    called with a layer's pattern and the layer's index.
-
-    The sequences run in batches whose layer patterns fit :data:`PATTERN_BUDGET`; every sequence
-    has as many queries, so the mean is the batches' means weighted by their sizes (one batch:
-    its mean, bit for bit).
-    """
+    """Per score and layer, its per-head mean over every sequence of ``tokens`` (each score called
+    with a layer's pattern and index), in batches within :data:`PATTERN_BUDGET` weighted by size."""
     n_seqs, n_pos = tokens.shape
     batch = _batch_size(model, n_seqs, n_pos)
     parts: dict[str, list[list[Tensor]]] = {name: [[] for _ in range(model.cfg.n_layers)] for name in scores}
