@@ -35,15 +35,10 @@ _names = itertools.count()
 
 @dataclass(frozen=True)
 class AttentionParams:
-    """One layer's attention parameters, as its attention function received them.
-
-    ``scale`` multiplies ``⟨q, k⟩`` (``1/√d_head`` on Llama and Qwen2, Gemma-3's
-    ``query_pre_attn_scalar ** -0.5``); ``window`` is the sliding window of the layer (key ``i``
-    visible to query ``t`` iff ``t − window < i ≤ t``), ``None`` on global layers (the config's
-    windows, without a forward: :func:`model_windows`); ``softcap``
-    caps the scaled logits as ``softcap · tanh(x / softcap)``; ``sinks`` holds one extra
-    softmax logit per query head (GPT-OSS), ``None`` elsewhere.
-    """
+    """One layer's attention parameters, as its attention function received them: ``scale``
+    multiplies ``⟨q, k⟩``; ``window`` (key ``i`` visible to query ``t`` iff ``t − window < i ≤
+    t``; ``None`` on global layers); ``softcap`` caps the scaled logits as ``softcap · tanh(x /
+    softcap)``; ``sinks``, one extra softmax logit per query head (GPT-OSS)."""
 
     scale: float
     window: int | None
@@ -65,14 +60,9 @@ class AttentionParams:
 
 @dataclass(frozen=True)
 class LayerCapture:
-    """One layer's attention inputs: ``q`` ``[batch, pos, head, d]``, ``k`` and ``v``
-    ``[batch, pos, kv_head, d]`` (the layout of TransformerLens's ``hook_rot_q`` /
-    ``hook_rot_k`` / ``hook_v``), in the model's dtype and on its device.
-
-    ``q`` and ``k`` are what the attention multiplies (after rotary embeddings and any q/k
-    norm); query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``. The tensors are
-    views of the forward's own: read them, or clone what you keep beyond the callback.
-    """
+    """One layer's attention inputs, as the attention multiplies them: ``q`` ``[batch, pos, head,
+    d]``, ``k`` and ``v`` ``[batch, pos, kv_head, d]`` (the layout of ``hook_rot_q`` /
+    ``hook_rot_k`` / ``hook_v``). Views of the forward's own: clone what you keep."""
 
     layer: int
     q: Tensor
@@ -81,10 +71,8 @@ class LayerCapture:
     params: AttentionParams
     logsumexp: Tensor | None = None
     """``[batch, head, pos]`` float32: each query's ``log Σ_i exp(scale·⟨q, k_i⟩)`` over the keys it
-    sees, as the layer's own attention kernel formed it, where the capture asked for it
-    (``capture_attention(..., logsumexp=True)``) and that kernel gives it (:func:`_with_logsumexp`);
-    ``None`` elsewhere. With it, any key's attention weight is ``exp(scale·⟨q, k⟩ − logsumexp)``,
-    one inner product, without recomputing the row."""
+    sees, where ``capture_attention(..., logsumexp=True)`` asked and the kernel gives it (else
+    ``None``): any key's weight is then ``exp(scale·⟨q, k⟩ − logsumexp)``."""
 
 
 def _unwrapped(model: Any) -> Any:
@@ -94,11 +82,8 @@ def _unwrapped(model: Any) -> Any:
 
 @contextlib.contextmanager
 def _original_modules(module: torch.nn.Module) -> Iterator[None]:
-    """Swap every bridge component under ``module`` for the HF module it wraps, then restore.
-
-    A bridge component keeps the module it replaced as ``original_component``; the HF module's
-    own forward (and so its attention function) then runs, and no TransformerLens hook fires.
-    """
+    """Swap every bridge component under ``module`` for the HF module it wraps
+    (``original_component``), then restore: no TransformerLens hook fires meanwhile."""
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
 
     def unwrap(parent: torch.nn.Module) -> None:
@@ -188,10 +173,8 @@ def _window_mask(sdpa_mask: Callable[..., Any], skipped: set[int], *args: Any, *
 
 def _by_query_blocks(attend: Callable[..., Any], module: torch.nn.Module, query: Tensor, key: Tensor,
                      value: Tensor, window: int, **kwargs: Any) -> tuple[Tensor, None]:
-    """A sliding-window layer's attention (key ``i`` visible to query ``t`` iff ``t − window < i ≤
-    t``) in blocks of ``window`` queries, each against the keys it can see, with a band mask of
-    ``window × (2·window − 1)``: ``attend``'s output ``[batch, pos, head, d]`` over the whole
-    sequence, never a ``[query, key]`` mask of the sequence."""
+    """``attend``'s output ``[batch, pos, head, d]`` of a sliding-window layer, in blocks of
+    ``window`` queries against the keys they see (a band mask of ``window × (2·window − 1)``)."""
     n_pos = query.shape[2]
     parts = []
     for start in range(0, n_pos, window):
@@ -207,9 +190,6 @@ def _by_query_blocks(attend: Callable[..., Any], module: torch.nn.Module, query:
 #: The CPU kernel that SDPA runs a causal float32 layer on, which also returns each query's
 #: log-sum-exp (``None`` where this torch has no such operator).
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-#: Whether that kernel takes fewer key/value heads than query heads (grouped-query attention came
-#: with SDPA's ``enable_gqa`` in torch 2.5; before, transformers repeated the KV heads itself).
-_FLASH_CPU_GQA = torch.__version__ >= "2.5"  # a TorchVersion: compared as a version, not as text
 
 
 def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
@@ -225,7 +205,7 @@ def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: 
              and n_pos > 1 and key.shape[2] == n_pos and key.shape[-1] == value.shape[-1] == query.shape[-1]
              and not kwargs.get("dropout") and kwargs.get("position_bias") is None
              and kwargs.get("is_causal", getattr(module, "is_causal", True)) is True
-             and query.shape[1] % key.shape[1] == 0 and (_FLASH_CPU_GQA or query.shape[1] == key.shape[1])
+             and query.shape[1] % key.shape[1] == 0
              # The kernel reads each vector as contiguous and does not check it (SDPA does).
              and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1)
     if _FLASH_CPU is None or not plain:
@@ -382,9 +362,7 @@ def capture_attention(
 
 
 def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -> None:
-    """What :func:`capture_attention` is given, before the forward: a float, 1-D or
-    out-of-vocabulary ``tokens`` would otherwise fail deep in the embedding (or run on
-    truncated ids), and ``logsumexp="no"`` would read as ``True``."""
+    """What :func:`capture_attention` is given, checked before the forward."""
     if not isinstance(logsumexp, (bool, np.bool_)):
         raise ValueError(f"logsumexp must be True or False, got {logsumexp!r} ({type(logsumexp).__name__}); "
                          "pass logsumexp=True to hand each query's log-sum-exp to the callback.")
@@ -411,10 +389,7 @@ def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -
 
 
 def capture_all(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None) -> list[LayerCapture]:
-    """Every layer's :class:`LayerCapture` (cloned), in layer order: for small inputs and tests.
-
-    This holds all layers' q/k/v at once; long inputs should use :func:`capture_attention`.
-    """
+    """Every layer's :class:`LayerCapture` (cloned), in layer order: for small inputs and tests."""
     layers: list[LayerCapture] = []
 
     def keep(c: LayerCapture) -> None:
