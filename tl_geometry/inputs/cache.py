@@ -1,9 +1,7 @@
 """Read and validate ``hook_pattern`` / ``hook_v`` from a TransformerLens cache or a dict.
 
-Caches are read by exact hook name and by shape, never by model class, so an
-``ActivationCache`` from TransformerLens 2.x, 3.x or 4.x and a plain ``dict`` of tensors all
-work. Every "your cache is missing X / has the wrong shape" error of the toolkit lives here.
-Nothing here writes to the caller's tensors: upcasts and cleaned copies are new tensors.
+Caches are read by exact hook name and by shape, never by model class (a TransformerLens
+``ActivationCache`` or a plain ``dict``); every "your cache is missing X" error lives here.
 """
 
 from __future__ import annotations
@@ -116,12 +114,9 @@ def _upcast(x: Tensor, name: str) -> Tensor:
 
 
 def read_layer(cache: Any, layer: int, *, upcast: bool = True) -> tuple[Tensor, Tensor]:
-    """``pattern [batch, head, query, key]`` and ``v [batch, pos, kv_head, d_head]`` of a layer.
-
-    A cache made with ``remove_batch_dim=True`` (3-D tensors) gets a batch of one. Shapes and
-    dtypes are checked; with ``upcast``, half precision is upcast to float32 (new tensors; the
-    engine instead upcasts chunk by chunk).
-    """
+    """``pattern [batch, head, query, key]`` and ``v [batch, pos, kv_head, d_head]`` of a layer,
+    shapes and dtypes checked (3-D tensors get a batch of one; ``upcast``: half precision to
+    float32)."""
     pname, vname = PATTERN_HOOK.format(layer=layer), VALUE_HOOK.format(layer=layer)
     pattern, v = cache[pname], cache[vname]
     if not isinstance(pattern, Tensor) or not isinstance(v, Tensor):
@@ -196,13 +191,8 @@ def check_attention_mask(mask: Any, batch: int, n_pos: int, device: Any = "cpu")
 
 
 def check_contiguous_padding(mask: Tensor) -> None:
-    """Refuse a ``[batch, pos]`` bool mask with a hole: a 0 between two 1s of one row.
-
-    Padding at the start and at the end of a row (left, right or both) is fine. A hole is not:
-    the forward passes disagree on the positions after it (TransformerLens counts real tokens,
-    the Hugging Face forward counts every position), so the same input gives different
-    attention, and the sliding windows and sink rules (SPEC §1) have no single meaning there.
-    """
+    """Refuse a ``[batch, pos]`` bool mask with a hole (a 0 between two 1s of one row), where the
+    forward passes disagree on the positions; padding at either end of a row is fine."""
     n_pos = mask.shape[-1]
     first = mask.to(torch.int8).argmax(-1)
     last = n_pos - 1 - mask.flip(-1).to(torch.int8).argmax(-1)
@@ -220,11 +210,8 @@ def check_contiguous_padding(mask: Tensor) -> None:
 
 
 def warn_pad_tokens(tokens: Any, model: Any, shape: tuple[int, int, int]) -> None:
-    """Warn when ``tokens`` hold runs of the tokenizer's pad token at a sequence's ends.
-
-    Without ``attention_mask`` every position counts as real; a padded batch then gives wrong
-    numbers silently (pads become keys, queries and even the sink).
-    """
+    """Warn when ``tokens`` hold runs of the tokenizer's pad token at a sequence's ends: without
+    ``attention_mask`` they would be analysed as real tokens."""
     if tokens is None:
         return
     if not isinstance(tokens, Tensor) or tokens.shape != shape[::2] or tokens.is_floating_point():

@@ -1,9 +1,4 @@
-"""Token ids checked against the model before a forward: one check for every entry point.
-
-A negative id or one past the vocabulary would otherwise surface as an ``IndexError`` from deep
-inside the embedding, and a ``meta`` tensor as "Cannot copy out of meta tensor"; both are the
-caller's input, so they are refused here with what is wrong and how to fix it.
-"""
+"""Token ids checked against the model before a forward: one check for every entry point."""
 
 from __future__ import annotations
 
@@ -28,11 +23,8 @@ def embedding_rows(hf_model: Any) -> int | None:
 
 
 def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens") -> None:
-    """``tokens`` (an integer tensor) must hold data and ids in ``[0, d_vocab)``.
-
-    ``d_vocab`` ``None`` checks only the sign. Raises ``ValueError`` naming ``name``, the range
-    found and the fix.
-    """
+    """``tokens`` (an integer tensor) must hold data and ids in ``[0, d_vocab)`` (``None``: the
+    sign only); ``ValueError`` naming ``name``, the range found and the fix."""
     if tokens.is_meta:
         raise ValueError(f"{name} is a meta tensor (shape {tuple(tokens.shape)}, no values); pass "
                          "real token ids, e.g. from tl_geometry.text_windows(model).")
