@@ -107,14 +107,12 @@ class _LayerHooks:
         self.masses: list[list[Tensor]] = [[] for _ in layer_ids]
         self.relative: list[int] = []  # each window's sink, from its first real token
         self.probing = False  # a first pass that only reads the first 32 keys (sink='auto')
-        # sink='auto' reads every layer of the model, not only the analysed ones (SPEC §1), so
-        # that layers= does not move the sink: the other layers and their windows, read only
-        # while probing; this batch's first keys' attention per layer; the layers read.
+        # sink='auto' reads every layer of the model (SPEC §1): the other layers and their windows,
+        # read only while probing; this batch's first keys' attention per layer; the layers read.
         self.choice = dict(choice or {})
         self.current: dict[int, Tensor] = {}
         self.chosen_from: set[int] = set()
-        # The local sinks of the sliding-window layers (ours), read once per layer of a batch
-        # whatever the number of analyses, and the batch's tokens that name them.
+        # The local sinks of the sliding-window layers (ours) and the batch's tokens that name them.
         self.local = _local.LocalSinks(self.windows, n_windows)
         self.tokens: Tensor | None = None
         self.progress: Any = None  # advanced by one per layer of a batch analysed (a bar, or lines)
@@ -214,32 +212,28 @@ class _LayerHooks:
 
     def _captured(self, c: LayerCapture, masked: bool) -> None:
         """One captured layer of the batch to the engine."""
-        assert self.mask is not None and self.sink is not None
-        device = c.q.device
-        W = None if self.W is None else self.W[c.layer].to(device)
-        self.n_kv = int(c.v.shape[2])
-        source = RecomputedRows(c, self.mask if masked else None)
         window = self.windows[self.row[c.layer]]
         if self.from_config and window != c.params.window:
             raise ValueError(f"Layer {c.layer}: the model config gives sliding window {window} but its "
                              f"attention ran with {c.params.window}; pass window= explicitly.")
-        self._analyze(c.layer, source, c.v, self.mask.to(device), self.sink.to(device), W, window)
+        self._analyze(c.layer, RecomputedRows(c, self.mask if masked else None), c.v)
 
     def _layer(self, layer: int, pattern: Tensor, v: Tensor) -> None:
         names = (_cache.PATTERN_HOOK.format(layer=layer), _cache.VALUE_HOOK.format(layer=layer))
         pattern, v = _cache.read_layer(dict(zip(names, (pattern, v))), layer, upcast=False)
-        self.n_kv = int(v.shape[2])
-        assert self.mask is not None and self.sink is not None
+        assert self.mask is not None
         if pattern.shape[0] != self.mask.shape[0] or pattern.shape[-1] != self.mask.shape[1]:
             raise ValueError(f"Layer {layer}: pattern {tuple(pattern.shape)} does not match the batch.")
-        mask, sink = self.mask.to(pattern.device), self.sink.to(pattern.device)
-        W = None if self.W is None else self.W[layer].to(pattern.device)
-        self._analyze(layer, pattern, v, mask, sink, W, self.windows[self.row[layer]])
+        self._analyze(layer, pattern, v)
 
-    def _analyze(self, layer: int, rows: Any, v: Tensor, mask: Tensor, sink: Tensor, W: Tensor | None,
-                 window: int | None) -> None:
-        """One layer of one batch, read (rows: a pattern or recomputed rows) by every analysis;
-        its first 32 keys' attention is read once (in the probing pass where there is one)."""
+    def _analyze(self, layer: int, rows: Any, v: Tensor) -> None:
+        """One layer of one batch, read (rows: a pattern or recomputed rows, on ``v``'s device) by
+        every analysis; its first 32 keys' attention is read once (in the probing pass, if any)."""
+        assert self.mask is not None and self.sink is not None
+        self.n_kv = int(v.shape[2])
+        mask, sink = self.mask.to(v.device), self.sink.to(v.device)
+        W = None if self.W is None else self.W[layer].to(v.device)
+        window = self.windows[self.row[layer]]
         if self.probing or self.sink_rule != _sink.AUTO:
             source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
             masses = (first_keys_mass(source, mask, window) if self.probing
