@@ -21,7 +21,7 @@ from torch import Tensor
 from ..engine.block import PatternRows
 from ..engine.sink_choice import CANDIDATES, choose_sink, first_keys_mass
 from ..functional import head_scores as _scores
-from ..inputs.cache import PATTERN_HOOK, CacheError
+from ..inputs.cache import PATTERN_HOOK, CacheError, first_few
 from ..inputs.capture import model_windows
 from ..inputs.models import trained_with_bos
 from ..inputs.text import text_windows
@@ -390,8 +390,7 @@ def _check_windows(windows: Any, d_vocab: int, name: str = "windows") -> None:
 
 
 def _rows(mask: Tensor) -> str:
-    rows = mask.nonzero().flatten().tolist()
-    return f"{rows[:8]}{' …' if len(rows) > 8 else ''}"
+    return first_few(mask.nonzero().flatten().tolist())
 
 
 def _check_first_token(model: Any, tokens: Tensor, name: str, with_bos: bool) -> None:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..engine.sink_choice import CANDIDATES, CHECK_QUERIES, sink_check
 from ..functional.heads import last_positions, sink_positions
+from ..inputs.cache import first_few
 from ..inputs.models import stated_bos
 from ..warn import warn_caller
 from . import windows as _windows
@@ -159,7 +160,7 @@ def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Te
              "check_queries": "32 ≤ t < min(T, w)" if auto else f"32 ≤ t < min(T, w, {32 + CHECK_QUERIES})",
              **check_result}
     if read is not None and n_layers is not None and len(read) < n_layers:
-        warn_caller(f"sink='auto' chose each window's sink from layers {_layers(read)} only, {len(read)} of "
+        warn_caller(f"sink='auto' chose each window's sink from layers {first_few(read)} only, {len(read)} of "
                     f"the model's {n_layers} (the others are not in the cache): an analysis of a cache "
                     "with every layer may choose another key. metadata['sink']['chosen_from_layers'] "
                     "records them; cache every layer's hook_pattern, or pass the positions as sink=.")
@@ -171,10 +172,6 @@ def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Te
                     f"{_fmt(check_result['sink_mass'])} against {_fmt(check_result['other_mass'])} for the "
                     f"most attended other key); {fix}. metadata['sink'] holds the check.")
     return entry
-
-
-def _layers(layers: Sequence[int]) -> str:
-    return f"{list(layers[:8])}{' …' if len(layers) > 8 else ''}"
 
 
 def _describe(relative: Sequence[int]) -> str:

@@ -33,6 +33,11 @@ def cache_names_filter(name: str) -> bool:
 CACHE_NAMES_FILTER = cache_names_filter
 
 
+def first_few(values: Sequence[Any]) -> str:
+    """The first 8 of ``values``, then ``…`` where more follow: indices named in a message."""
+    return f"{list(values[:8])}{' …' if len(values) > 8 else ''}"
+
+
 class CacheError(ValueError):
     """The cache cannot be analysed as given; the message names the problem and the fix."""
 
@@ -203,7 +208,7 @@ def check_contiguous_padding(mask: Tensor) -> None:
         inside = (~mask[b]).nonzero().flatten()
         p = int(inside[(inside > first[b]) & (inside < last[b])][0])
         raise CacheError(
-            f"attention_mask has padding inside sequence(s) {rows[:8]}{' …' if len(rows) > 8 else ''} "
+            f"attention_mask has padding inside sequence(s) {first_few(rows)} "
             f"(a 0 between 1s, e.g. sequence {b} at position {p}): padding must be contiguous at the "
             "start or end of each row; split the sequence or drop the hole."
         )
@@ -232,7 +237,7 @@ def warn_pad_tokens(tokens: Any, model: Any, shape: tuple[int, int, int]) -> Non
         rows = padded.any(-1).nonzero().flatten().tolist()
         warnings.warn(
             f"tokens hold {int(padded.sum())} pad tokens (id {pad}) at the ends of sequence(s) "
-            f"{rows[:8]}{' …' if len(rows) > 8 else ''} but no attention_mask was given: pads are "
+            f"{first_few(rows)} but no attention_mask was given: pads are "
             "then analysed as real tokens. Build mask = (tokens != pad_id) (keeping BOS), run the "
             "forward pass with attention_mask=mask and pass the same mask here; or use "
             "tl_geometry.analyze_model(model, texts), which pads and masks for you.",
