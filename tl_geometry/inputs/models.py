@@ -683,16 +683,10 @@ def _offline() -> Iterator[None]:
 
 def _load_errors() -> tuple[type[BaseException], ...]:
     """What transformers raises for files it cannot read (a truncated GGUF: ``struct.error``)."""
-    errors: tuple[type[BaseException], ...] = (
-        OSError, ValueError, KeyError, IndexError, RuntimeError, TypeError, EOFError, struct.error,
-    )
-    try:
-        from safetensors import SafetensorError
+    from safetensors import SafetensorError
 
-        errors += (SafetensorError,)
-    except ImportError:
-        pass
-    return errors
+    return (OSError, ValueError, KeyError, IndexError, RuntimeError, TypeError, EOFError, struct.error,
+            SafetensorError)
 
 
 def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None) -> tuple[Any, Any]:
