@@ -239,9 +239,8 @@ def _check_gguf(path: Path) -> None:
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file, or None. ``safetensors.safe_open`` reads the
-    header and checks that its tensors' data offsets cover the file exactly (a file cut short, or
-    with bytes after its last tensor, is refused); no tensor is read."""
+    """Why ``path`` is not a whole safetensors file (its header's data offsets must cover the
+    file exactly), or None; no tensor is read."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -317,8 +316,7 @@ _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<re
 
 def _hub_cache() -> Path:
     """huggingface_hub's cache folder, from the environment as it is now (``HF_HUB_CACHE``, else
-    ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``); huggingface_hub itself reads these
-    once, at import, which is the fallback."""
+    ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``, else what it read at import)."""
     env = os.environ
 
     def expand(value: str) -> Path:
@@ -517,9 +515,8 @@ def _names(model: Any) -> list[str]:
 
 
 def stated_bos(model: Any) -> bool | None:
-    """Whether ``model`` (a name, path, model or tokenizer, as :func:`trained_with_bos` reads)
-    was trained with BOS where something trustworthy says it, else ``None``, silently: the sink's
-    default position (SPEC §1) needs to tell "no" from "unknown"."""
+    """:func:`trained_with_bos` where something trustworthy says it, else ``None``, silently (the
+    sink's default position, SPEC §1, tells "no" from "unknown")."""
     try:
         return _stated_bos(model)
     except ModelLoadError:
@@ -585,8 +582,7 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
 
 def _load_bos(source: _Source, bos: bool | None = None) -> bool:
     """Whether the model of ``source`` was trained with BOS: ``bos`` where given, else what the
-    table or its files say (never the tokenizer's own attribute). Raises :class:`ModelLoadError`
-    with the fix where neither says: a guess would move the sink without a word."""
+    table or its files say; :class:`ModelLoadError` with the fix where neither says."""
     if bos is not None and not isinstance(bos, bool):
         raise ValueError(f"bos must be True (trained with BOS), False (trained without) or None "
                          f"(read it from the model's files), got {bos!r}.")
@@ -645,8 +641,7 @@ def _quiet_gguf() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
-    """No log lines and no progress bars from transformers (GGUF loading is chatty about the
-    tokenizer conversion, and saving draws a bar per shard); its settings are restored."""
+    """No log lines and no progress bars from transformers for the duration; then as they were."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -664,9 +659,8 @@ def _quiet_transformers() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
-    """The Hugging Face libraries offline for the duration of one load, then as they were: the
-    environment variable and ``huggingface_hub``'s constant, which it reads once at import (so a
-    later download in the same process still works)."""
+    """The Hugging Face libraries offline for one load (the environment variable and
+    ``huggingface_hub``'s constant, read once at import), then as they were."""
     from huggingface_hub import constants
 
     env, flag = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
@@ -871,15 +865,13 @@ def load_model(
     Args:
         device: where the bridge (and so its cache) lives; default the CPU.
         dtype: the weights' dtype (GGUF weights are de-quantised into it).
-        device_map: accelerate's layer split, passed to transformers: ``"auto"`` (fill the
-            GPUs in order, then the CPU), ``"balanced"``, or a dict such as
-            ``{"model.embed_tokens": 0, "model.layers.0": 0, ..., "lm_head": 1}``. Each layer
-            runs on its device; activations move between them. Exclusive with ``device``.
-        weight_cache: keep a GGUF model's de-quantised weights in the user cache, so the next
-            process loads in seconds (default: on, unless ``TL_GEOMETRY_WEIGHT_CACHE=0``).
-        bos: whether the model was trained with BOS at the start of a sequence; ``None``
-            (default) reads it from the model table or the model's files. Given, it wins over
-            both.
+        device_map: accelerate's layer split, passed to transformers (``"auto"``,
+            ``"balanced"``, or a dict ``{"model.layers.0": 0, ..., "lm_head": 1}``); exclusive
+            with ``device``.
+        weight_cache: keep a GGUF model's de-quantised weights in the user cache (default: on,
+            unless ``TL_GEOMETRY_WEIGHT_CACHE=0``).
+        bos: whether the model was trained with BOS; ``None`` (default) reads it from the model
+            table or the model's files.
 
     Examples:
         >>> model = tl_geometry.load_model()  # doctest: +SKIP
@@ -901,11 +893,8 @@ def _bridge_from_hf(
     name: str, hf_model: Any, tokenizer: Any, *, device: str | torch.device | None, dtype: torch.dtype,
     source: _Source | None = None, cache_entry: Path | None = None,
 ):
-    """Wrap a loaded HF model (modified in place) in a ``TransformerBridge``.
-
-    A model placed by ``device_map`` stays where accelerate put it; any other goes to ``device``
-    (default the CPU).
-    """
+    """Wrap a loaded HF model in a ``TransformerBridge``, on ``device`` (default the CPU) unless
+    ``device_map`` placed it."""
     from transformer_lens.model_bridge import TransformerBridge
 
     split = bool(getattr(hf_model, "hf_device_map", None))

@@ -165,10 +165,9 @@ def from_nnsight(
     text or list of texts (tokenized as :func:`~tl_geometry.text_windows` does). The batch must
     be unpadded: an ``attention_mask`` with a 0, or texts of different lengths, are refused.
 
-    Raises ``ImportError`` naming ``pip install nnsight`` when nnsight is missing, ``TypeError``
-    for a model that is not an nnsight one, and :class:`~tl_geometry.CacheError` (one line: the
-    problem and the fix) for another structure, a value norm after ``v_proj``, a model in
-    training mode, an attention module that returns no weights, and bad tokens or layers.
+    Raises ``ImportError`` naming ``pip install nnsight`` when it is missing, ``TypeError`` for
+    a model that is not an nnsight one, and :class:`~tl_geometry.CacheError` naming the fix for
+    another structure, a model in training mode, and bad tokens or layers.
 
     >>> from nnsight import LanguageModel                                    # doctest: +SKIP
     >>> lm = LanguageModel(hf_model, tokenizer=tokenizer)                    # doctest: +SKIP
