@@ -11,6 +11,7 @@ key/value count, the key/values, the tensor infos, padding to ``general.alignmen
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -104,10 +105,7 @@ def _tensor_bytes(kind: int, shape: tuple[int, ...]) -> int | None:
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
     except (ImportError, ValueError, KeyError):
         return None
-    n_elements = 1
-    for dim in shape:
-        n_elements *= dim
-    return n_elements // block * type_size
+    return math.prod(shape) // block * type_size
 
 
 def _parse(reader: _Reader, size: int) -> GGUFInfo:

@@ -64,8 +64,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class _ModelSpec:
-    """A built-in model: the pinned packages its GGUF file comes from (with the file's size and
-    sha256), and what is known before loading it."""
+    """A built-in model: the pinned packages its GGUF file comes from, and what is known before
+    loading it. ``pins``, ``size``, ``sha256``, ``pip`` (how to install the weights) and
+    ``reinstall`` (how to replace damaged ones) are those of ``files``."""
 
     gguf_name: str
     n_ctx: int  # context length (GGUF ``<arch>.context_length``), checked before any load
@@ -83,27 +84,22 @@ class _ModelSpec:
 
     @property
     def pins(self) -> str:
-        """The pinned pip requirements of its weights (``name==version ...``)."""
         return self.files.pins
 
     @property
     def size(self) -> int:
-        """Bytes of the GGUF file (assembled, for a split one)."""
         return self.files.size
 
     @property
     def sha256(self) -> str:
-        """The recorded sha256 of the GGUF file (assembled, for a split one)."""
         return self.files.sha256
 
     @property
     def pip(self) -> str:
-        """How to install the weights, named in every "not installed" error."""
         return self.files.pip
 
     @property
     def reinstall(self) -> str:
-        """How to replace damaged weights, named when a file does not check out."""
         return self.files.reinstall
 
 
