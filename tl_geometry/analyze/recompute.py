@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..engine.block import QueryKeys
 from ..functional.attention import attention_row_blocks, attention_rows, visible_keys
-from ..inputs.capture import LayerCapture
+from ..inputs.capture import LayerCapture, hf_model_of
 
 #: Bytes of float64 rows recomputed at once for the votes and the checks: small enough that a
 #: block's logits stay in cache (2.2× faster than 64 MiB, the same results bit for bit).
@@ -156,5 +156,5 @@ def pattern_bytes(batch: int, n_heads: int, n_pos: int) -> int:
 
 def can_recompute(model: Any) -> bool:
     """Whether ``model`` has a Hugging Face model to capture from (itself or a bridge's)."""
-    hf_model = getattr(model, "original_model", model)
+    hf_model = hf_model_of(model)
     return callable(getattr(hf_model, "get_input_embeddings", None)) and hasattr(hf_model, "config")

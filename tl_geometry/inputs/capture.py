@@ -75,7 +75,7 @@ class LayerCapture:
     ``None``): any key's weight is then ``exp(scale·⟨q, k⟩ − logsumexp)``."""
 
 
-def _unwrapped(model: Any) -> Any:
+def hf_model_of(model: Any) -> Any:
     """The Hugging Face model: ``model`` itself, or a ``TransformerBridge``'s ``original_model``."""
     return getattr(model, "original_model", model)
 
@@ -263,7 +263,7 @@ def model_windows(model: Any) -> list[int | None] | None:
     >>> model_windows(NS(config=NS(layer_types=["sliding_attention", "full_attention"], sliding_window=4)))
     [4, None]
     """
-    config = text_config(_unwrapped(model))
+    config = text_config(hf_model_of(model))
     if config is not None:
         window = getattr(config, "sliding_window", None)
         kinds = getattr(config, "layer_types", None)
@@ -331,7 +331,7 @@ def capture_attention(
             rows[c.layer] = attention_rows(c.q, c.k, last, **c.params.row_kwargs())
         capture_attention(model, tokens, on_layer)
     """
-    hf_model = _unwrapped(model)
+    hf_model = hf_model_of(model)
     base = getattr(hf_model, "base_model", hf_model)  # the decoder stack, without the LM head
     _check_inputs(base, tokens, attention_mask, logsumexp)
     skipped: set[int] = set()  # the windows whose masks were not formed (_window_mask)
