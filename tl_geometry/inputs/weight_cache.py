@@ -463,35 +463,32 @@ class _Owned:
     items: list[tuple[str, Path]]  # (a tally of Usage, a file or folder the cache wrote)
     foreign: list[Path]  # what lies in the cache's folders that it did not write
 
+    def sort(self, folder: Path, **kinds: Callable[[Path], bool]) -> None:
+        """What lies in ``folder``: an item of the first kind whose test it passes, else foreign."""
+        for path in _contents(folder, self.foreign):
+            kind = next((kind for kind, owns in kinds.items() if owns(path)), None)
+            if kind is None:
+                self.foreign.append(path)
+            else:
+                self.items.append((kind, path))
+
+
+def _file_named(pattern: re.Pattern[str]) -> Callable[[Path], bool]:
+    """Whether a path is a regular file (not a link) whose whole name matches ``pattern``."""
+    return lambda path: _is_file(path) and pattern.fullmatch(path.name) is not None
+
 
 def _owned() -> _Owned:
     """Every file and folder the cache wrote (the names the module's docstring lists), with its
     kind (a field of :class:`Usage`), and what else lies in its folders; no link is followed."""
     _check_subfolders()
     found = _Owned([], [])
-    for path in _contents(weights_root(), found.foreign):
-        if _written_here(path):
-            found.items.append(("entries", path))
-        elif _is_temporary(path):
-            found.items.append(("temporary", path))
-        else:
-            found.foreign.append(path)
-    for path in _contents(cache_dir() / "sha256", found.foreign):
-        if _is_file(path) and MEMO_NAME.fullmatch(path.name):
-            found.items.append(("digests", path))
-        elif _is_file(path) and MEMO_TEMPORARY.fullmatch(path.name):
-            found.items.append(("temporary", path))
-        else:
-            found.foreign.append(path)
+    found.sort(weights_root(), entries=_written_here, temporary=_is_temporary)
+    found.sort(cache_dir() / "sha256", digests=_file_named(MEMO_NAME),
+               temporary=_file_named(MEMO_TEMPORARY))
     for model, name in sorted(ASSEMBLED.items()):
-        temporary = re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp")
-        for path in _contents(cache_dir() / model, found.foreign):
-            if _is_file(path) and path.name == name:
-                found.items.append(("assembled", path))
-            elif _is_file(path) and temporary.fullmatch(path.name):
-                found.items.append(("temporary", path))
-            else:
-                found.foreign.append(path)
+        found.sort(cache_dir() / model, assembled=_file_named(re.compile(re.escape(name))),
+                   temporary=_file_named(re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp")))
     return found
 
 
