@@ -193,9 +193,8 @@ def analyze_heads(
 def _auto_masses(cache: Any, run: _CacheRun, window: Window, model: Any, analysed: Sequence[int],
                  masses: dict[int, Tensor]) -> dict[int, Tensor]:
     """The first keys' attention that ``sink="auto"`` chooses from: the analysed layers'
-    (``masses``) and every other layer the cache holds with the same windows (SPEC §1: every
-    layer), so that ``layers=`` does not move the sink. A layer that cannot be read alike (a
-    missing hook, another shape) stays out; the record names the layers read."""
+    (``masses``) and every other layer the cache holds (SPEC §1), except one that cannot be read
+    alike (a missing hook, another shape)."""
     out = dict(masses)
     others = _sink.choice_layers(window, model, analysed, _cache.cached_layers(cache), need_model=False)
     for layer, layer_window in others.items():

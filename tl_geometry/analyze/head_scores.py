@@ -469,9 +469,7 @@ class _Stop(Exception):
 
 def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) -> list[T]:
     """``read(pattern, layer)`` of each layer's ``hook_pattern`` for ``tokens``, in layer order,
-    each called inside the forward as its layer's pattern is formed; the forward then ends. Only
-    what ``read`` returns outlives its layer, and no logits are formed. The hooks are removed on
-    any exit."""
+    called inside the forward, which ends at the last layer (no logits)."""
     n_layers = model.cfg.n_layers
     out: list[tuple[int, T]] = []
 

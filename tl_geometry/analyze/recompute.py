@@ -26,11 +26,8 @@ LOGSUMEXP_BLOCK_BYTES = 1 << 26
 
 
 class RecomputedRows:
-    """:class:`~tl_geometry.engine.block.AttentionRows` recomputed from one layer's capture.
-
-    ``key_mask [batch, pos]`` is False on padding. The rows of a query are exactly softmax rows of
-    the model's attention (to float32 round-off of its own forward: about 1e-6).
-    """
+    """:class:`~tl_geometry.engine.block.AttentionRows` recomputed from one layer's capture
+    (``key_mask [batch, pos]``: False on padding), equal to the model's to about 1e-6."""
 
     def __init__(self, capture: LayerCapture, key_mask: Tensor | None) -> None:
         self.capture = capture
@@ -114,11 +111,8 @@ class RecomputedRows:
 
     def _columns_from_logsumexp(self, stop: Tensor, n_keys: int) -> Tensor:
         """:meth:`leading_columns` from the forward's log-sum-exp ``ℓ_t`` of every query, where
-        every window starts at 0: ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys
-        ``j ≤ t``, 0 after the query (``functional.visible_keys``), the logits in float64,
-        ``T·n_keys·d`` products per head where the attention pass costs ``T²·d``. ``ℓ_t`` is a
-        float32 number (of magnitude up to ~100 on real models: a rounding of a few 1e-6), and the
-        columns carry its rounding, as the SDPA columns carry the forward's."""
+        every window starts at 0: ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys ``j ≤ t``,
+        0 after the query, the logits in float64 (``ℓ_t``'s float32 rounding: a few 1e-6)."""
         c = self.capture
         assert c.logsumexp is not None
         batch, n_heads, n_pos = self.shape

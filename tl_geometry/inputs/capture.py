@@ -136,9 +136,8 @@ def attention_set_to(model: torch.nn.Module, name: str) -> Iterator[None]:
 @contextlib.contextmanager
 def _attention_implementation(model: torch.nn.Module, function: Callable[..., Any],
                               skipped: set[int]) -> Iterator[None]:
-    """Register ``function`` (with SDPA's masks, except the sliding-window masks that
-    :func:`_window_mask` skips, whose windows it adds to ``skipped``) and make it every config's
-    attention, then undo."""
+    """Register ``function`` (with SDPA's masks, but for those :func:`_window_mask` skips) as every
+    config's attention, then undo."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
@@ -155,9 +154,8 @@ def _attention_implementation(model: torch.nn.Module, function: Callable[..., An
 
 
 def _window_mask(sdpa_mask: Callable[..., Any], skipped: set[int], *args: Any, **kwargs: Any) -> Any:
-    """SDPA's mask, except for a plain sliding-window causal mask over the whole sequence without
-    padding: ``None`` (no ``[query, key]`` mask is formed), its window added to ``skipped`` so that
-    the attention function applies it by query blocks (:func:`_by_query_blocks`)."""
+    """SDPA's mask; ``None`` for a plain sliding-window causal mask without padding, its window
+    added to ``skipped`` so that the layer runs by query blocks (:func:`_by_query_blocks`)."""
     window = kwargs.get("local_size")
     padding = kwargs.get("attention_mask")
     plain = (not args and kwargs.get("allow_is_causal_skip", False)

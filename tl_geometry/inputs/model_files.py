@@ -55,9 +55,8 @@ class ModelNotInstalledError(ImportError):
 
 
 class CacheFolderError(ValueError):
-    """The user cache, or one of the folders it keeps its files in, is not a folder (a file, a
-    broken symbolic link): the message names the path and the fix. A ``ValueError``: the command
-    line prints it as one line and exits with status 2."""
+    """The user cache, or a folder it keeps its files in, is not a folder: the message names the
+    path and the fix (the command line prints one line and exits with 2)."""
 
 
 def _cache_choice() -> tuple[Path, str, str]:
