@@ -1,9 +1,5 @@
-"""``analyze_heads``: a thin front-end that feeds a cache, layer by layer, to the engine.
-
-cache → per-layer pattern and values (:mod:`tl_geometry.cache`) → :func:`engine.analyze_layer`
-→ :class:`engine.Accumulator` → :class:`HeadAnalysis`. The averaging protocol is documented in
-:mod:`tl_geometry.engine.accumulate`.
-"""
+"""``analyze_heads``: a thin front-end that feeds a cache, layer by layer, to the engine
+(:func:`engine.analyze_layer` → :class:`engine.Accumulator` → :class:`HeadAnalysis`)."""
 
 from __future__ import annotations
 

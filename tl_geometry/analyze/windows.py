@@ -1,10 +1,8 @@
 """The ``window=`` option of both front doors: the sliding window of each analysed layer.
 
-``None`` (no layer has one), one int (every layer), a sequence indexed by model layer or a dict
-``{layer: window}`` are checked by :func:`tl_geometry.engine.options.layer_windows`; ``"auto"``
-reads the model's config (:func:`tl_geometry.inputs.capture.model_windows`): Gemma-2/3's local
-layers, Mistral, GPT-OSS. Query ``t`` of a layer with window ``w`` sees keys ``t − w < i ≤ t``;
-only those are candidates (SPEC §1, ours).
+An explicit value is checked by :func:`tl_geometry.engine.options.layer_windows`; ``"auto"``
+reads the model's config (:func:`tl_geometry.inputs.capture.model_windows`). Query ``t`` of a
+layer with window ``w`` sees keys ``t − w < i ≤ t`` (SPEC §1, ours).
 """
 
 from __future__ import annotations
