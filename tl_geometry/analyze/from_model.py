@@ -42,6 +42,7 @@ from . import windows as _windows
 from .recompute import RecomputedRows, can_recompute, pattern_bytes
 from .sink import Sink
 from .stash import CaptureStash
+from .stop import StopForward, forward_until_stopped
 from .windows import Window
 
 #: With ``attention="auto"``, one layer's pattern for one batch above this size is recomputed.
@@ -151,6 +152,7 @@ class _LayerHooks:
         def hook(tensor: Tensor, hook: Any = None) -> None:
             if self.probing:
                 self._choice_mass(layer, PatternRows(tensor.detach()), tensor.device)
+            self._stop_after(layer)
 
         return hook
 
@@ -167,8 +169,15 @@ class _LayerHooks:
             if len(seen) == 2:  # both hooks of this layer have fired, in whichever order
                 del self.pending[layer]
                 self._layer(layer, seen["pattern"], seen["v"])
+                self._stop_after(layer)
 
         return hook
+
+    def _stop_after(self, layer: int) -> None:
+        """End the forward after the last layer this pass reads (the analysed layers, and while
+        probing the layers that only choose the sink): nothing after it is computed."""
+        if layer == max([*self.row, *(self.choice if self.probing else ())]):
+            raise StopForward
 
     def capture(self, model: Any, tokens: Tensor, mask: Tensor | None, stash: CaptureStash | None = None) -> None:
         """One batch by the recompute path: every analysed layer's captured q/k/v to the engine,
@@ -459,7 +468,8 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
                 if recompute:
                     hooks.capture(model, batch_tokens, batch_mask)
                 else:
-                    model(batch_tokens, **({} if batch_mask is None else {"attention_mask": batch_mask}))
+                    forward_until_stopped(model, batch_tokens,
+                                          **({} if batch_mask is None else {"attention_mask": batch_mask}))
                 if probing:
                     hooks.choose()
             if hooks.pending:

@@ -28,6 +28,7 @@ from ..inputs.text import text_windows
 from ..inputs.tokens import check_token_ids
 from . import sink as _sink
 from .sink import Sink
+from .stop import StopForward, forward_until_stopped
 
 #: Sequences built when none are passed: random repeated sequences and text windows.
 N_REPEATED, N_WINDOWS = 8, 8
@@ -463,10 +464,6 @@ def _layer_means(model: Any, tokens: Tensor, scores: dict[str, Score]) -> dict[s
     return {name: [torch.stack(values).sum(0) for values in layers] for name, layers in parts.items()}
 
 
-class _Stop(Exception):
-    """Raised by the last layer's ``hook_pattern`` hook: nothing after it is read."""
-
-
 def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) -> list[T]:
     """``read(pattern, layer)`` of each layer's ``hook_pattern`` for ``tokens``, in layer order,
     called inside the forward, which ends at the last layer (no logits)."""
@@ -477,7 +474,7 @@ def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) ->
         def hook(pattern: Tensor, hook: Any = None) -> None:
             out.append((layer, read(pattern, layer)))
             if layer == n_layers - 1:
-                raise _Stop
+                raise StopForward
 
         return hook
 
@@ -494,8 +491,5 @@ def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) ->
 
 def _patterns(model: Any, tokens: Tensor) -> None:
     """One forward of ``tokens`` through the ``hook_pattern`` hooks in place, up to the last
-    layer's, which ends it (:class:`_Stop`); an error of the model's own passes through."""
-    try:
-        model(tokens.to(getattr(model.cfg, "device", None) or "cpu"), return_type=None)
-    except _Stop:
-        pass
+    layer's, which ends it (:class:`~tl_geometry.analyze.stop.StopForward`)."""
+    forward_until_stopped(model, tokens.to(getattr(model.cfg, "device", None) or "cpu"), return_type=None)
