@@ -7,6 +7,7 @@ import pytest
 import torch
 from cases import make_case
 from reference import ref_analyze
+from shared_checks import assert_same_analysis
 
 import tl_geometry
 
@@ -173,3 +174,22 @@ def test_nan_values_at_padding_do_not_leak():
     result = tl_geometry.analyze_heads(dirty, attention_mask=case.attention_mask, n_values=(2, 3))
     torch.testing.assert_close(result.scores, clean.scores, equal_nan=True)
     torch.testing.assert_close(result.sink, clean.sink, equal_nan=True)
+
+
+@pytest.mark.parametrize("sink", [None, "auto"])
+def test_analyze_model_ends_each_forward_at_the_last_layer_it_reads(sink):
+    """The pattern path stops each forward after the last layer the pass reads (layer 1; while
+    ``sink="auto"`` probes, layer 2, whose pattern only chooses the sink): no later hook fires, no
+    logits are formed, and the numbers are those of a whole forward's cache."""
+    from test_ablation import TinyLM
+
+    model = TinyLM().eval()
+    tokens = torch.randint(1, model.cfg.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    fired: list[str] = []
+    spies = [(f"blocks.2.attn.{name}", lambda x, hook: fired.append(hook.name)) for name in ("hook_v", "hook_z")]
+    with model.hooks(fwd_hooks=spies):
+        result = tl_geometry.analyze_model(model, tokens, layers=[0, 1], n_values=(2,), sink=sink, progress=False)
+    assert fired == (["blocks.2.attn.hook_v"] if sink == "auto" else [])
+    _, cache = model.run_with_cache(tokens)
+    assert_same_analysis(result, tl_geometry.analyze_heads(cache, layers=[0, 1], n_values=(2,), sink=sink,
+                                                           progress=False))

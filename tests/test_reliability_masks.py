@@ -130,7 +130,7 @@ def _expected_rows(tokenizer, texts):
 def test_texts_are_padded_on_the_right_whatever_the_tokenizer_side(real, monkeypatch, side):
     tokenizer = real.model.tokenizer
     monkeypatch.setattr(tokenizer, "padding_side", side)
-    tokens, mask = _as_tokens(real.model, TEXTS, None)
+    tokens, mask, _ = _as_tokens(real.model, TEXTS, None)
     assert tokenizer.padding_side == side  # the caller's tokenizer is left as it was
     rows = _expected_rows(tokenizer, TEXTS)
     lengths = torch.tensor([len(r) for r in rows])
@@ -151,7 +151,7 @@ def test_texts_equal_a_same_batch_masked_cache(real):
     options = dict(n_values=(1, 2, 4), random_samples=2, layers=layers)
     streamed = tl_geometry.analyze_model(model, TEXTS, batch_size=len(TEXTS), **options)
     assert tokenizer.padding_side == side
-    tokens, mask = _as_tokens(model, TEXTS, None)
+    tokens, mask, _ = _as_tokens(model, TEXTS, None)
     assert (mask == 0).any() and (mask[:, 0] == 1).all()
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, attention_mask=mask, names_filter=tl_geometry.CACHE_NAMES_FILTER)

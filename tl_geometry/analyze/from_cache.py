@@ -1,9 +1,5 @@
-"""``analyze_heads``: a thin front-end that feeds a cache, layer by layer, to the engine.
-
-cache → per-layer pattern and values (:mod:`tl_geometry.cache`) → :func:`engine.analyze_layer`
-→ :class:`engine.Accumulator` → :class:`HeadAnalysis`. The averaging protocol is documented in
-:mod:`tl_geometry.engine.accumulate`.
-"""
+"""``analyze_heads``: a thin front-end that feeds a cache, layer by layer, to the engine
+(:func:`engine.analyze_layer` → :class:`engine.Accumulator` → :class:`HeadAnalysis`)."""
 
 from __future__ import annotations
 
@@ -59,19 +55,13 @@ def analyze_heads(
 
     Per (layer, head, N) it averages precision, recall, F, margin, inversions and the
     chance-corrected P* and F* (SPEC §3) of the top-N set, of ``random_samples`` nested random
-    subsets (seeded by ``seed``), of the top-N set with the non-sink values shuffled
-    (``shuffle_samples`` permutations: the value-shuffle null), of the top-N re-selected with
-    the sink removed from the keys, and of the top-N instances with the sink inside and outside
-    the set; and the paired sink effect (the median of F_N with / without the sink over the
-    instances that hold it). Per (layer, head) it gives the sink diagnostics of SPEC §4 and the
-    source-winner taxonomy of SPEC §5 (always over every query after the first; on a
-    sliding-window layer the label comes from the queries that see the sink, and the votes of
-    the others are kept apart in ``beyond_votes``). Per (sequence, sliding-window layer, head) it
-    gives the local sink (ours): the key the queries beyond the sink's window attend most
-    (``local_sink``, :meth:`HeadAnalysis.local_sinks`; :func:`tl_geometry.functional.local_sink`).
-
-    The work runs on the cache's device: compiled (numba) kernels for CPU tensors, their pure
-    torch twins elsewhere (``backend`` forces one).
+    subsets, of the value-shuffle null, of the top-N re-selected without the sink, and of the
+    top-N instances with the sink inside and outside the set, with the paired sink effect. Per
+    (layer, head): the sink diagnostics (SPEC §4) and the source-winner taxonomy (SPEC §5; on a
+    sliding-window layer from the queries that see the sink, the others in ``beyond_votes``).
+    Per (sequence, sliding-window layer, head): the local sink (ours,
+    :meth:`HeadAnalysis.local_sinks`). It runs on the cache's device (numba kernels on CPU,
+    torch elsewhere).
 
     Args:
         cache: ``ActivationCache`` or ``dict`` with the two hooks of every analysed layer; make
@@ -89,51 +79,39 @@ def analyze_heads(
             writes plain lines to standard error where no bar is visible (a log file, a
             pipe); default ``None``: the bar where it is visible, else nothing.
         window: sliding windows (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees
-            keys ``t − w < i ≤ t``, and only those are candidates (top-N, random subsets,
-            nulls, the chance floor ``N/|T_t|``); a query whose window starts after the sink
-            has no sink (no sink comparisons, no sink vote, no sink diagnostics). ``None`` (no
-            window), an int (every layer), a sequence indexed by model layer or a dict
-            ``{layer: window}`` (``None`` entries and unnamed layers are global), or ``"auto"``
-            (default): the windows of ``model``'s config (a TransformerBridge's Hugging Face
-            config: Gemma-3's local layers see 512 keys), every layer global without ``model``.
-            Recorded as ``metadata["window"]``; a pattern with weight outside its declared
-            window is an error.
+            keys ``t − w < i ≤ t``, and only those are candidates; a query whose window starts
+            after the sink has no sink. ``None`` (no window), an int (every layer), a sequence
+            indexed by model layer or a dict ``{layer: window}`` (``None`` and unnamed layers
+            are global), or ``"auto"`` (default): the windows of ``model``'s config, every layer
+            global without ``model``. Recorded as ``metadata["window"]``; a pattern with weight
+            outside its declared window is an error.
         sink: which key of each sequence is the sink (SPEC §1): ``None`` (default) the first
             real token, or ``"auto"`` where ``model`` is known to have been trained without
             BOS (Qwen2/2.5); an int ``p`` (the ``p``-th real token of every sequence) or one int
             per sequence; ``"auto"``: per sequence, the most attended of its first 32 real
-            tokens (mean over the queries ``32 ≤ t < min(T, w)``, every head and every layer
-            the cache holds, whatever ``layers=`` analyses, so that a subset reports the sink
-            of a full analysis; with ``model``, a cache of fewer than its layers warns).
-            Keys before the sink are ordinary keys. The positions, the rule, the layers
-            ``"auto"`` read (``chosen_from_layers``) and the sink check (per analysed layer, the
-            sink's mean mass and the most attended other key's) are recorded as
-            ``metadata["sink"]``; a sink that is not the most attended in most layers warns
-            "weak sink". Positions past a window are refused before any layer is analysed.
+            tokens over every head and every layer the cache holds, whatever ``layers=``
+            analyses. Keys before the sink are ordinary keys. The rule, positions, layers read
+            and the sink check are recorded as ``metadata["sink"]``; a sink that is not the
+            most attended in most layers warns "weak sink".
 
     Other Parameters:
         n_values (Sequence[int]): selection sizes N (default ``(1, 2, 4, 8, 16, 32, 64)``). A size
             that a query cannot hold (``N ≥ t + 1``) gives NaN for that query, never a smaller N.
         queries (str | int | Sequence[int]): ``"last"`` (default) — each sequence's last real query
             (the paper's protocol); ``"all"`` — every real query; an int ``k`` — ``k`` positions per
-            sequence drawn from its real ones, seeded by ``seed`` and the sequence's index (the same
-            on every layer, head and batch); a list of positions, counted from each sequence's first
-            real token (a sequence reads those it holds; positions that no sequence holds are
-            named in a warning, before any layer is analysed: where that is all of them, every
-            per-query figure is NaN). The votes read every query whatever it is.
+            sequence drawn from its real ones, seeded by ``seed`` and the sequence's index; a list of
+            positions counted from each sequence's first real token (positions that no sequence
+            holds are named in a warning). The votes read every query whatever it is.
         random_samples (int): random permutations per (query, head) for the baseline; default SPEC
             §3's ``R``: 16 where one query per sequence is read (the last), 4 where more are; 0
             turns the baseline off (its metrics are NaN).
         shuffle_samples (int): permutations per (query, head) for the null of the ``shuffled`` group
             (same α, same top-N set, the non-sink keys' values permuted); default the baseline's
             ``R`` (SPEC §3: every null uses it); 0 turns it off.
-        shuffle (str): which null the ``shuffled`` group is (SPEC §3; recorded as
-            ``metadata["shuffle"]``): ``"values"`` (default) permutes the non-sink values;
-            ``"norms"`` gives each non-sink key a permuted norm and keeps its direction;
-            ``"directions"`` keeps its norm and gives it a permuted direction; ``"unselected"``
-            permutes only the values of the non-sink keys outside ``S_N``. Runs with the same seed
-            use the same permutations, so ``F(top) − F(null)`` of the four decompose the net effect
-            of the geometry (:func:`tl_geometry.result.null_decomposition`).
+        shuffle (str): which null the ``shuffled`` group is (SPEC §3): ``"values"`` (default)
+            permutes the non-sink values; ``"norms"`` only their norms; ``"directions"`` only their
+            directions; ``"unselected"`` only the values outside ``S_N``. With one seed the four
+            decompose the net effect (:func:`tl_geometry.result.null_decomposition`).
         seed (int): seed of the random baseline and the shuffle (default 0); the same seed gives the
             same numbers, whatever the batch size, chunking, device or front-end.
         distance (str): ``"euclidean"`` (default) or ``"cosine"``.
@@ -146,11 +124,9 @@ def analyze_heads(
             top-N sets, and the regime diagnostics per head (SPEC §6; Euclidean; default False).
         backend (str): ``"auto"`` (default: numba on CPU, torch elsewhere), ``"numba"`` or
             ``"torch"``.
-        per_window (bool): also keep each sequence's own means (``window_scores``: top, random,
-            shuffled and sink-removed metrics; ``window_sink``: the sink diagnostics;
-            ``window_bounds``: the bounds, with ``bounds=True``), the per-window arrays a bootstrap
-            over windows resamples (SPEC §8); default False (4 bytes × groups × metrics × N per
-            sequence and head).
+        per_window (bool): also keep each sequence's own means (``window_scores``,
+            ``window_sink``, ``window_bounds``), which a bootstrap over windows resamples (SPEC §8);
+            default False.
 
     These options are :class:`~tl_geometry.engine.options.AnalysisArgs`, the same keywords for
     :func:`analyze_model` and :func:`analyze_model_nulls`; their defaults and checks are
@@ -213,9 +189,8 @@ def analyze_heads(
 def _auto_masses(cache: Any, run: _CacheRun, window: Window, model: Any, analysed: Sequence[int],
                  masses: dict[int, Tensor]) -> dict[int, Tensor]:
     """The first keys' attention that ``sink="auto"`` chooses from: the analysed layers'
-    (``masses``) and every other layer the cache holds with the same windows (SPEC §1: every
-    layer), so that ``layers=`` does not move the sink. A layer that cannot be read alike (a
-    missing hook, another shape) stays out; the record names the layers read."""
+    (``masses``) and every other layer the cache holds (SPEC §1), except one that cannot be read
+    alike (a missing hook, another shape)."""
     out = dict(masses)
     others = _sink.choice_layers(window, model, analysed, _cache.cached_layers(cache), need_model=False)
     for layer, layer_window in others.items():

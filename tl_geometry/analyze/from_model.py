@@ -1,11 +1,9 @@
 """``analyze_model``: the analysis computed inside the forward pass, one layer at a time.
 
-Hooks on ``hook_v`` and ``hook_pattern`` hand each layer of each batch to the engine
-(:func:`tl_geometry.engine.analyze_layer`), whose statistics add into one
-:class:`tl_geometry.engine.Accumulator`; nothing else is kept, so memory does not grow with
-depth and no cache is built. Batches add up, and so do processes:
-under ``torch.distributed`` every rank analyses its shard of the sequences (with their global
-indices, so the random baseline is the same) and the accumulators are all-reduced.
+Hooks on ``hook_v`` and ``hook_pattern`` (or the capture of the recompute path) hand each layer
+of each batch to the engine, whose statistics add into one
+:class:`tl_geometry.engine.Accumulator`: no cache is built. Under ``torch.distributed`` every
+rank analyses its shard of the sequences and the accumulators are all-reduced.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ from . import windows as _windows
 from .recompute import RecomputedRows, can_recompute, pattern_bytes
 from .sink import Sink
 from .stash import CaptureStash
+from .stop import StopForward, forward_until_stopped
 from .windows import Window
 
 #: With ``attention="auto"``, one layer's pattern for one batch above this size is recomputed.
@@ -52,12 +51,14 @@ AttentionSource = Literal["auto", "pattern", "recompute"]
 ATTENTION_SOURCES: tuple[str, ...] = get_args(AttentionSource)
 
 
-def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """Token ids ``[batch, pos]`` and mask from a tensor, a text, or a list of texts."""
+def _as_tokens(model: Any, inputs: Any,
+               attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None, bool | None]:
+    """Token ids ``[batch, pos]`` and mask from a tensor, a text, or a list of texts, and whether
+    BOS was prepended here (``None`` for the caller's tokens)."""
     if isinstance(inputs, Tensor):
         if inputs.ndim != 2 or inputs.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
             raise ValueError(f"inputs must be [batch, pos] token ids, got {tuple(inputs.shape)} {inputs.dtype}.")
-        return inputs, attention_mask
+        return inputs, attention_mask, None
     if isinstance(inputs, str):
         inputs = [inputs]
     if isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs):
@@ -81,7 +82,7 @@ def _as_tokens(model: Any, inputs: Any, attention_mask: Tensor | None) -> tuple[
         for b, ids in enumerate(rows):
             tokens[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[b, :len(ids)] = 1
-        return tokens, mask
+        return tokens, mask, bos is not None
     raise ValueError("inputs must be a [batch, pos] token tensor, a text, or a list of texts.")
 
 
@@ -107,14 +108,12 @@ class _LayerHooks:
         self.masses: list[list[Tensor]] = [[] for _ in layer_ids]
         self.relative: list[int] = []  # each window's sink, from its first real token
         self.probing = False  # a first pass that only reads the first 32 keys (sink='auto')
-        # sink='auto' reads every layer of the model, not only the analysed ones (SPEC §1), so
-        # that layers= does not move the sink: the other layers and their windows, read only
-        # while probing; this batch's first keys' attention per layer; the layers read.
+        # sink='auto' reads every layer of the model (SPEC §1): the other layers and their windows,
+        # read only while probing; this batch's first keys' attention per layer; the layers read.
         self.choice = dict(choice or {})
         self.current: dict[int, Tensor] = {}
         self.chosen_from: set[int] = set()
-        # The local sinks of the sliding-window layers (ours), read once per layer of a batch
-        # whatever the number of analyses, and the batch's tokens that name them.
+        # The local sinks of the sliding-window layers (ours) and the batch's tokens that name them.
         self.local = _local.LocalSinks(self.windows, n_windows)
         self.tokens: Tensor | None = None
         self.progress: Any = None  # advanced by one per layer of a batch analysed (a bar, or lines)
@@ -153,6 +152,7 @@ class _LayerHooks:
         def hook(tensor: Tensor, hook: Any = None) -> None:
             if self.probing:
                 self._choice_mass(layer, PatternRows(tensor.detach()), tensor.device)
+            self._stop_after(layer)
 
         return hook
 
@@ -169,8 +169,15 @@ class _LayerHooks:
             if len(seen) == 2:  # both hooks of this layer have fired, in whichever order
                 del self.pending[layer]
                 self._layer(layer, seen["pattern"], seen["v"])
+                self._stop_after(layer)
 
         return hook
+
+    def _stop_after(self, layer: int) -> None:
+        """End the forward after the last layer this pass reads (the analysed layers, and while
+        probing the layers that only choose the sink): nothing after it is computed."""
+        if layer == max([*self.row, *(self.choice if self.probing else ())]):
+            raise StopForward
 
     def capture(self, model: Any, tokens: Tensor, mask: Tensor | None, stash: CaptureStash | None = None) -> None:
         """One batch by the recompute path: every analysed layer's captured q/k/v to the engine,
@@ -214,32 +221,28 @@ class _LayerHooks:
 
     def _captured(self, c: LayerCapture, masked: bool) -> None:
         """One captured layer of the batch to the engine."""
-        assert self.mask is not None and self.sink is not None
-        device = c.q.device
-        W = None if self.W is None else self.W[c.layer].to(device)
-        self.n_kv = int(c.v.shape[2])
-        source = RecomputedRows(c, self.mask if masked else None)
         window = self.windows[self.row[c.layer]]
         if self.from_config and window != c.params.window:
             raise ValueError(f"Layer {c.layer}: the model config gives sliding window {window} but its "
                              f"attention ran with {c.params.window}; pass window= explicitly.")
-        self._analyze(c.layer, source, c.v, self.mask.to(device), self.sink.to(device), W, window)
+        self._analyze(c.layer, RecomputedRows(c, self.mask if masked else None), c.v)
 
     def _layer(self, layer: int, pattern: Tensor, v: Tensor) -> None:
         names = (_cache.PATTERN_HOOK.format(layer=layer), _cache.VALUE_HOOK.format(layer=layer))
         pattern, v = _cache.read_layer(dict(zip(names, (pattern, v))), layer, upcast=False)
-        self.n_kv = int(v.shape[2])
-        assert self.mask is not None and self.sink is not None
+        assert self.mask is not None
         if pattern.shape[0] != self.mask.shape[0] or pattern.shape[-1] != self.mask.shape[1]:
             raise ValueError(f"Layer {layer}: pattern {tuple(pattern.shape)} does not match the batch.")
-        mask, sink = self.mask.to(pattern.device), self.sink.to(pattern.device)
-        W = None if self.W is None else self.W[layer].to(pattern.device)
-        self._analyze(layer, pattern, v, mask, sink, W, self.windows[self.row[layer]])
+        self._analyze(layer, pattern, v)
 
-    def _analyze(self, layer: int, rows: Any, v: Tensor, mask: Tensor, sink: Tensor, W: Tensor | None,
-                 window: int | None) -> None:
-        """One layer of one batch, read (rows: a pattern or recomputed rows) by every analysis;
-        its first 32 keys' attention is read once (in the probing pass where there is one)."""
+    def _analyze(self, layer: int, rows: Any, v: Tensor) -> None:
+        """One layer of one batch, read (rows: a pattern or recomputed rows, on ``v``'s device) by
+        every analysis; its first 32 keys' attention is read once (in the probing pass, if any)."""
+        assert self.mask is not None and self.sink is not None
+        self.n_kv = int(v.shape[2])
+        mask, sink = self.mask.to(v.device), self.sink.to(v.device)
+        W = None if self.W is None else self.W[layer].to(v.device)
+        window = self.windows[self.row[layer]]
         if self.probing or self.sink_rule != _sink.AUTO:
             source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
             masses = (first_keys_mass(source, mask, window) if self.probing
@@ -296,49 +299,35 @@ def analyze_model(
     """:func:`analyze_heads` computed inside the forward pass, batch by batch, without a cache.
 
     Runs ``model`` (a TransformerBridge, HookedTransformer, or any model with the same hook
-    names and a ``hooks(fwd_hooks=...)`` context) on ``inputs`` in batches of ``batch_size``.
-    Each layer's ``hook_pattern`` and ``hook_v`` are reduced to per-head sums and counts at
-    once and then dropped, so peak memory is one layer of one batch. The result equals
-    ``analyze_heads`` on the full cache of the same inputs (same seeds: sequence ``i`` of
-    ``inputs`` is sequence ``i`` everywhere). The local sinks of the sliding-window layers
-    (``local_sink``, ours) are read from the same rows, one block of the queries beyond the
-    sink's window at a time (:mod:`tl_geometry.analyze.local_sink`), with their token ids.
+    names and a ``hooks(fwd_hooks=...)`` context) on ``inputs`` in batches of ``batch_size``;
+    peak memory is one layer of one batch. The result equals ``analyze_heads`` on the full
+    cache of the same inputs (same seeds), local sinks included.
 
     Args:
         inputs: token ids ``[n, pos]`` (with ``attention_mask`` if padded), a text, or a list
-            of texts (tokenized here, BOS prepended where the model was trained with one
-            (:func:`~tl_geometry.inputs.text.bos_to_prepend`), right-padded, and masked in the forward
-            pass and the analysis alike: the safe way to analyse texts of different lengths).
+            of texts (tokenized here, BOS prepended where the model was trained with one,
+            right-padded and masked: the safe way to analyse texts of different lengths).
         shard: ``(rank, world_size)``: analyse only this rank's contiguous share of the
-            sequences and all-reduce the sums across ranks (``torch.distributed`` must be
-            initialised). Every rank returns the merged result.
+            sequences and all-reduce the sums (``torch.distributed`` must be initialised);
+            every rank returns the merged result.
         attention: where the attention rows come from. ``"pattern"``: the model's
-            ``hook_pattern`` (eager attention: one layer's ``[batch, head, pos, pos]`` exists in
-            the forward). ``"recompute"``: the Hugging Face forward runs with SDPA and no LM head,
-            each layer's post-rotary queries and keys are captured, and only the rows the
-            analysis reads are recomputed in float64 with the layer's scale, sliding window,
-            softcap and sinks (:mod:`tl_geometry.analyze.recompute`); no tensor of all queries ×
-            all keys and no logits are formed. The numbers equal the pattern path's to the
-            forward's float32 round-off (about 1e-6 in α). ``"auto"``: recompute when one
-            layer's pattern for one batch would exceed :data:`AUTO_RECOMPUTE_BYTES` and the
-            model has a Hugging Face model to capture from, else the pattern.
+            ``hook_pattern`` (eager attention). ``"recompute"``: the Hugging Face forward runs
+            with SDPA and no LM head, and only the rows the analysis reads are recomputed in
+            float64 from each layer's captured queries and keys
+            (:mod:`tl_geometry.analyze.recompute`), equal to the pattern path's to float32
+            round-off (about 1e-6 in α). ``"auto"``: recompute when one layer's pattern for one
+            batch would exceed :data:`AUTO_RECOMPUTE_BYTES` and the model can, else the pattern.
         window: the sliding window of each layer (SPEC §1, ours; see
             :func:`tl_geometry.analyze_heads`). ``"auto"`` (default) reads the model's config
-            (``layer_types`` and ``sliding_window``: Gemma-3's local layers see 512 keys);
-            ``None`` treats every layer as global, as before this option.
+            (Gemma-3's local layers see 512 keys); ``None`` treats every layer as global.
         sink: which key of each window is the sink (SPEC §1; see :func:`tl_geometry.analyze_heads`).
-            ``None`` (default): the first token where the window starts with BOS (texts get BOS
-            only where the model was trained with one), ``"auto"`` where the model is known to
-            have been trained without (Qwen2/2.5). ``"auto"`` reads every layer's attention
-            before analysing any, every layer of the model whatever ``layers=`` analyses (the
-            other layers' first keys' columns, read in the probing forward that runs them anyway:
-            at most one more attention pass of each), so that a subset reports the sink of a full
-            analysis; ``metadata["sink"]["chosen_from_layers"]`` names them. The recompute
-            path keeps each analysed layer's captured queries, keys and values from its one
-            forward until the sinks are chosen (in memory up to
-            :data:`~tl_geometry.analyze.stash.STASH_BYTES`, the rest in a temporary folder);
-            the pattern path runs each batch twice. Pass the recorded
-            ``metadata["sink"]["positions"]`` as ``sink=`` to skip that.
+            ``None`` (default): the first token where the window starts with BOS, ``"auto"``
+            where the model is known to have been trained without (Qwen2/2.5). ``"auto"`` reads
+            every layer of the model, whatever ``layers=`` analyses, before analysing any
+            (``metadata["sink"]["chosen_from_layers"]``): the recompute path keeps each layer's
+            capture until then (in memory up to :data:`~tl_geometry.analyze.stash.STASH_BYTES`,
+            the rest in a temporary folder), the pattern path runs each batch twice. Pass the
+            recorded ``metadata["sink"]["positions"]`` as ``sink=`` to skip that.
 
     The other arguments, and the analysis options (``n_values``, ``queries``, ``seed``, ...:
     :class:`~tl_geometry.engine.options.AnalysisArgs`), are those of
@@ -371,20 +360,17 @@ def analyze_model_nulls(
 ) -> dict[str, HeadAnalysis]:
     """One analysis per null of SPEC §3 (``shuffle=`` kind), all from one forward pass.
 
-    The nulls decompose the value-shuffle gap F*(top) − F*(values) (read them with
-    :func:`tl_geometry.result.null_decomposition`); each needs the same attention and the same
-    top-N sets, so one forward serves every null. ``result[kind]`` equals
-    ``analyze_model(model, inputs, shuffle=kind, ...)`` with the same arguments, bit for bit,
-    except that the random baseline and the bounds, which no null changes, are computed once:
-    ``random_samples`` and ``bounds`` apply to the ``"values"`` analysis, and every other null
-    runs with ``random_samples=0, bounds=False``.
+    The nulls decompose the value-shuffle gap F*(top) − F*(values)
+    (:func:`tl_geometry.result.null_decomposition`). ``result[kind]`` equals
+    ``analyze_model(model, inputs, shuffle=kind, ...)`` bit for bit, except that the random
+    baseline and the bounds, which no null changes, are computed for ``"values"`` only (every
+    other null runs with ``random_samples=0, bounds=False``).
 
     Args:
         nulls: the kinds to analyse, each once, from ``"values"``, ``"norms"``,
             ``"directions"`` and ``"unselected"`` (default: all four).
 
-    The other arguments and the analysis options (except ``shuffle``, which ``nulls`` sets)
-    are those of :func:`analyze_model`.
+    The other arguments and options (except ``shuffle``) are those of :func:`analyze_model`.
 
     Examples:
         >>> by_null = tl_geometry.analyze_model_nulls(model, tokens)  # doctest: +SKIP
@@ -424,9 +410,8 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     _sink.check(sink)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-    tokens, mask = _as_tokens(model, inputs, attention_mask)
-    texts = not isinstance(inputs, Tensor)  # tokenized here: BOS first only where trained with it
-    chosen = _sink.rule(sink, model, bos_prepended=bos_to_prepend(model) is not None if texts else None)
+    tokens, mask, bos_prepended = _as_tokens(model, inputs, attention_mask)
+    chosen = _sink.rule(sink, model, bos_prepended=bos_prepended)
     n_seqs, n_pos = tokens.shape
     if n_seqs == 0 or n_pos == 0:
         raise ValueError(f"inputs hold no token (shape {tuple(tokens.shape)}).")
@@ -483,7 +468,8 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
                 if recompute:
                     hooks.capture(model, batch_tokens, batch_mask)
                 else:
-                    model(batch_tokens, **({} if batch_mask is None else {"attention_mask": batch_mask}))
+                    forward_until_stopped(model, batch_tokens,
+                                          **({} if batch_mask is None else {"attention_mask": batch_mask}))
                 if probing:
                     hooks.choose()
             if hooks.pending:

@@ -2,20 +2,9 @@
 
 One forward pass per kind of sequence: repeated random tokens (previous-token, duplicate-token,
 induction), real-text windows (sink rate, Sink^ε) and the same windows with a random needle
-(retrieval). Each layer is scored inside the forward, from a hook on its ``hook_pattern``, and
-only the per-head scores are kept: one layer's ``[batch, head, T, T]`` pattern is alive at a
-time, and the forward ends at the last layer's pattern (no unembedding, no logits). The math is
-in :mod:`tl_geometry.functional.head_scores`.
-
-Every sequence starts as the model was trained (SPEC §1): with BOS where it was trained with one
-(:func:`tl_geometry.inputs.models.trained_with_bos`, the loader's record, never the tokenizer's
-own attribute), else with its first text token. Sequences the caller passes are checked for it,
-and for padding: the scores read every position as text, so a window that starts otherwise or
-holds pad tokens would move the sink rate and Sink^ε without a word.
-
-Sliding-window layers (Gemma-3's local layers, ``w = 512``) are read from the model's config
-(:func:`tl_geometry.inputs.capture.model_windows`): each score reads only the (query, key) pairs
-the query sees, and ``R`` is at most ``w − 1``, so that the second copy sees the first.
+(retrieval). Each layer is scored inside the forward from a hook on its ``hook_pattern``, and
+the forward ends at the last layer's pattern (no logits). The math is in
+:mod:`tl_geometry.functional.head_scores`.
 """
 
 from __future__ import annotations
@@ -32,13 +21,14 @@ from torch import Tensor
 from ..engine.block import PatternRows
 from ..engine.sink_choice import CANDIDATES, choose_sink, first_keys_mass
 from ..functional import head_scores as _scores
-from ..inputs.cache import PATTERN_HOOK, CacheError
+from ..inputs.cache import PATTERN_HOOK, CacheError, first_few
 from ..inputs.capture import model_windows
 from ..inputs.models import trained_with_bos
 from ..inputs.text import text_windows
 from ..inputs.tokens import check_token_ids
 from . import sink as _sink
 from .sink import Sink
+from .stop import StopForward, forward_until_stopped
 
 #: Sequences built when none are passed: random repeated sequences and text windows.
 N_REPEATED, N_WINDOWS = 8, 8
@@ -49,10 +39,8 @@ DEFAULT_SEQ_LEN = 128
 MIN_SEQ_LEN, MIN_REPEAT = 4, 2
 #: Tokens a retrieval sequence adds to its text window: the needle and its repeated tokens.
 RETRIEVAL_EXTRA = _scores.NEEDLE_LENGTH + _scores.NEEDLE_REPEATED
-#: One layer's pattern of one forward (float32) stays below this size: more sequences run in
-#: batches, so the number of windows is bounded by the text, not by memory. A quarter of the
-#: 1 GiB that every layer's patterns together had: eager attention holds a few tensors of the
-#: pattern's size while its layer runs.
+#: One layer's float32 pattern of one forward stays below this size (more sequences run in
+#: batches); eager attention holds a few tensors of that size while its layer runs.
 PATTERN_BUDGET = 1 << 28
 #: Seeds are whole numbers in ``[0, MAX_SEED)``.
 MAX_SEED = 2**63
@@ -68,62 +56,45 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
 
     Columns ``layer, head, previous_token, duplicate_token, induction, sink_rate, retrieval,
     sink_queries``. ``sink_rate`` is the mean weight on **key 0** (Gu et al.'s first-token
-    definition: the sink where BOS is prepended) over the queries ``t ≥ 1`` of the text windows
-    that see key 0; ``sink_queries`` is how many such queries each window has in that layer
-    (``T − 1``; ``min(T, w) − 1`` on a layer with sliding window ``w``). ``attrs``:
-
-    * ``sink_epsilon``: the model's Sink^ε (Gu et al., ICLR 2025), the share of heads whose sink
-      rate on windows of ``attrs["sink_epsilon_seq_len"]`` = 64 tokens of real text is above
-      ``attrs["epsilon"]`` = 0.3, whatever ``seq_len`` is (below); NaN where no 64-token
-      windows are at hand;
-    * ``seq_len`` (``T``, the text windows' length), ``n_windows``, ``repeat`` (``R``),
-      ``window`` (each layer's sliding window, ``None`` for a global layer; ``None`` for a model
-      without any), ``trained_with_bos`` (whether the sequences start with BOS) and ``sink``
-      (the rule and each text window's sink position, below).
+    definition) over the queries ``t ≥ 1`` of the text windows that see key 0, ``sink_queries``
+    how many such queries a window has (``min(T, w) − 1``). ``attrs``: ``sink_epsilon`` (Sink^ε,
+    Gu et al., ICLR 2025: the share of heads whose sink rate on windows of
+    ``attrs["sink_epsilon_seq_len"]`` = 64 tokens is above ``attrs["epsilon"]`` = 0.3, whatever
+    ``seq_len``), ``seq_len``, ``n_windows``, ``repeat``, ``window`` (each layer's sliding
+    window; ``None`` for a model without any), ``trained_with_bos`` and ``sink`` (the rule and
+    each text window's sink position).
 
     Where the sink is not key 0 of every window (``sink="auto"``, the default for a model trained
     without BOS, or given positions), the column ``sink_rate_selected`` is the mean weight on each
-    window's chosen sink over the queries after it that see it, beside ``sink_rate``: labelled
-    as selected, since choosing the most attended key biases it upward (SPEC §9). It costs one
-    more forward of the text windows.
+    window's chosen sink over the queries after it that see it: labelled as selected, since
+    choosing the most attended key biases it upward (SPEC §9); it costs one more forward.
 
-    Which 64-token windows Sink^ε reads: ``sink_windows`` where given; where ``head_scores``
-    cuts the text windows itself, 8 windows of 64 tokens of the same text, the same ones
-    whatever ``seq_len`` (at ``seq_len=64`` they are the text windows: no extra forward); where
-    the caller passes ``windows`` of ``T ≥ 64`` tokens, their first 64 tokens (a causal model
-    attends over them as over a 64-token window; no extra forward); shorter windows passed
-    without ``sink_windows`` leave it NaN, with a warning.
+    Sink^ε reads ``sink_windows`` where given, else 8 windows of 64 tokens of the same text
+    where ``head_scores`` cuts the windows itself, else the first 64 tokens of the ``windows``
+    passed; shorter windows leave it NaN, with a warning.
 
     Every sequence starts as the model was trained (:func:`tl_geometry.inputs.models.trained_with_bos`):
     with BOS for SmolLM2 and Gemma-3, with a text token for Qwen2.5-Coder. Sequences passed in
-    that start otherwise, or that hold pad tokens, are refused with a ``ValueError``.
+    that start otherwise, or that hold pad tokens, are refused with a ``ValueError``; so is an
+    ``R`` above ``w − 1`` on a sliding-window layer (the second copy must see the first).
 
     Args:
         model: a TransformerLens model (``HookedTransformer`` or ``TransformerBridge``).
         seq_len: tokens per text window, BOS included (``≥ 4``); default 128, the analysis's own
-            default (pass the analysis's length, so that scores and labels come from the same
-            context), or the length of ``windows`` where they are passed.
+            default, or the length of ``windows`` where they are passed.
         repeat: ``R``, the random tokens repeated twice for previous_token, duplicate_token and
-            induction: a whole number ``≥ 2``, default 32 (whatever ``seq_len``), at most
-            ``w − 1`` on a model with sliding-window layers (Gemma-3: 511), so that the second
-            copy sees the first; or the ``R`` of ``repeated`` where it is passed.
-        repeated: ``[batch, 2R]`` token ids, ``R`` tokens repeated twice, after BOS where the
-            model was trained with one (``[batch, 1 + 2R]``); default: 8 sequences drawn from
-            ``seed`` uniformly over the vocabulary without special tokens, at the token level
-            (no detokenise round trip).
-        windows: ``[batch, T]`` real-text token ids (``T ≥ 4``), starting as the model was
-            trained and without padding; default: 8 windows of ``seq_len`` tokens of the
-            built-in sample text (:func:`tl_geometry.text_windows`). Read for ``sink_rate`` and,
-            with a random 32-token needle inserted at the middle and its first 16 tokens
-            repeated at the end, for ``retrieval``.
-        sink_windows: ``[batch, 64]`` real-text token ids for Sink^ε (checked as ``windows``);
-            default: as said above. ``tl-geometry scores`` passes 64-token windows of its text.
-        seed: seeds the random tokens (repeated sequences and needles); a whole number in
-            ``[0, 2**63)``.
-        sink: the text windows' sink (SPEC §1; as :func:`tl_geometry.analyze_heads` takes it):
-            ``None`` (default) key 0 where the model was trained with BOS, ``"auto"`` where it
-            was trained without; an int or one int per window; ``"auto"`` (chosen from every
-            layer). Checked, its positions against the text windows included, before any forward.
+            induction: ``≥ 2``, default 32, at most ``w − 1`` on sliding-window layers (Gemma-3:
+            511); or the ``R`` of ``repeated`` where it is passed.
+        repeated: ``[batch, 2R]`` token ids (``[batch, 1 + 2R]`` after BOS); default: 8
+            sequences drawn from ``seed`` uniformly over the vocabulary without special tokens.
+        windows: ``[batch, T]`` real-text token ids (``T ≥ 4``), without padding; default: 8
+            windows of ``seq_len`` tokens of the sample text (:func:`tl_geometry.text_windows`).
+            Read for ``sink_rate`` and, with a random 32-token needle inserted at the middle and
+            its first 16 tokens repeated at the end, for ``retrieval``.
+        sink_windows: ``[batch, 64]`` real-text token ids for Sink^ε (checked as ``windows``).
+        seed: seeds the random tokens; a whole number in ``[0, 2**63)``.
+        sink: the text windows' sink (SPEC §1), as :func:`tl_geometry.analyze_heads` takes it,
+            checked against the windows before any forward.
 
     Example:
         >>> scores = tl_geometry.head_scores(model, seq_len=128)           # doctest: +SKIP
@@ -420,8 +391,7 @@ def _check_windows(windows: Any, d_vocab: int, name: str = "windows") -> None:
 
 
 def _rows(mask: Tensor) -> str:
-    rows = mask.nonzero().flatten().tolist()
-    return f"{rows[:8]}{' …' if len(rows) > 8 else ''}"
+    return first_few(mask.nonzero().flatten().tolist())
 
 
 def _check_first_token(model: Any, tokens: Tensor, name: str, with_bos: bool) -> None:
@@ -450,12 +420,8 @@ def _special_ids(tokenizer: Any, *names: str) -> set[int]:
 
 
 def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
-    """No pad tokens: every position is read as text (no attention mask).
-
-    A dedicated pad id (Gemma-3's ``<pad>``) is refused wherever it stands. A pad id that is
-    also the tokenizer's BOS or EOS (SmolLM2 pads with its EOS ``<|im_end|>``) is a document
-    separator where it stands alone, so only two in a row, a run of padding, are refused.
-    """
+    """No pad tokens (every position is read as text): a dedicated pad id anywhere, or a run of a
+    pad id that doubles as BOS or EOS (a document separator where it stands alone)."""
     tokenizer = getattr(model, "tokenizer", None)
     pad = _special_ids(tokenizer, "pad_token_id")
     if not pad:
@@ -483,13 +449,8 @@ def _batch_size(model: Any, n_seqs: int, n_pos: int) -> int:
 
 
 def _layer_means(model: Any, tokens: Tensor, scores: dict[str, Score]) -> dict[str, list[Tensor]]:
-    """Per score and layer, its per-head mean over every sequence of ``tokens``; each score is
-    called with a layer's pattern and the layer's index.
-
-    The sequences run in batches whose layer patterns fit :data:`PATTERN_BUDGET`; every sequence
-    has as many queries, so the mean is the batches' means weighted by their sizes (one batch:
-    its mean, bit for bit).
-    """
+    """Per score and layer, its per-head mean over every sequence of ``tokens`` (each score called
+    with a layer's pattern and index), in batches within :data:`PATTERN_BUDGET` weighted by size."""
     n_seqs, n_pos = tokens.shape
     batch = _batch_size(model, n_seqs, n_pos)
     parts: dict[str, list[list[Tensor]]] = {name: [[] for _ in range(model.cfg.n_layers)] for name in scores}
@@ -503,15 +464,9 @@ def _layer_means(model: Any, tokens: Tensor, scores: dict[str, Score]) -> dict[s
     return {name: [torch.stack(values).sum(0) for values in layers] for name, layers in parts.items()}
 
 
-class _Stop(Exception):
-    """Raised by the last layer's ``hook_pattern`` hook: nothing after it is read."""
-
-
 def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) -> list[T]:
     """``read(pattern, layer)`` of each layer's ``hook_pattern`` for ``tokens``, in layer order,
-    each called inside the forward as its layer's pattern is formed; the forward then ends. Only
-    what ``read`` returns outlives its layer, and no logits are formed. The hooks are removed on
-    any exit."""
+    called inside the forward, which ends at the last layer (no logits)."""
     n_layers = model.cfg.n_layers
     out: list[tuple[int, T]] = []
 
@@ -519,7 +474,7 @@ def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) ->
         def hook(pattern: Tensor, hook: Any = None) -> None:
             out.append((layer, read(pattern, layer)))
             if layer == n_layers - 1:
-                raise _Stop
+                raise StopForward
 
         return hook
 
@@ -536,8 +491,5 @@ def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) ->
 
 def _patterns(model: Any, tokens: Tensor) -> None:
     """One forward of ``tokens`` through the ``hook_pattern`` hooks in place, up to the last
-    layer's, which ends it (:class:`_Stop`); an error of the model's own passes through."""
-    try:
-        model(tokens.to(getattr(model.cfg, "device", None) or "cpu"), return_type=None)
-    except _Stop:
-        pass
+    layer's, which ends it (:class:`~tl_geometry.analyze.stop.StopForward`)."""
+    forward_until_stopped(model, tokens.to(getattr(model.cfg, "device", None) or "cpu"), return_type=None)

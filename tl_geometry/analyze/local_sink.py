@@ -2,19 +2,10 @@
 layer's attention (ours; the definition is :mod:`tl_geometry.functional.local_sink`).
 
 Only the column sums ``Σ_{t∈B} α[t, j]`` over the queries ``B`` beyond the sink's window read
-attention; they are summed a block of queries at a time over the band of keys those queries can
-see (``t − w < j ≤ t``), in float64, so that the work is ``O(T·w)`` per head and nothing larger
-than one block is formed beside what the path already holds:
-
-* a pattern (``analyze_heads``' cache, ``analyze_model``'s ``hook_pattern``): the block of the
-  pattern itself, upcast one block at a time;
-* a capture (``analyze_model(attention="recompute")``): the block's rows recomputed from the
-  captured post-rotary queries and keys with the layer's own scale, window, softcap and sink
-  logits (:func:`tl_geometry.functional.attention_rows`, float64), ``T·w·d`` products per head.
-
-Every configuration the recompute path reads is handled (softcap and sink logits are part of
-the recomputed rows); nothing is left NaN for it. :class:`LocalSinks` keeps the figures per
-(sequence, layer, head) and adds them to the :class:`~tl_geometry.result.HeadAnalysis`.
+attention, summed in float64 a block of queries at a time over the band of keys they see
+(``O(T·w)`` per head): from the pattern's block, or from the block's rows recomputed from a
+capture with the layer's own parameters. :class:`LocalSinks` keeps the figures per (sequence,
+layer, head) and adds them to the :class:`~tl_geometry.result.HeadAnalysis`.
 """
 
 from __future__ import annotations
@@ -148,6 +139,11 @@ class LocalSinks:
         self.n_sequences = n_sequences
         self.values: Tensor | None = None  # sized by the first layer's heads
 
+    def _filled(self, n_heads: int, value: float) -> Tensor:
+        """``[sequence, local_field, layer, head]`` float64 figures, all ``value``."""
+        shape = (self.n_sequences, len(LOCAL_SINK_FIELDS), len(self.windows), n_heads)
+        return torch.full(shape, value, dtype=COMPUTE_DTYPE)
+
     @property
     def active(self) -> bool:
         """Whether any analysed layer has a window."""
@@ -157,8 +153,7 @@ class LocalSinks:
         """The figures ``[batch, head]`` of layer position ``li`` for sequences ``offset …``."""
         stacked = figures.stack().cpu()
         if self.values is None:
-            self.values = torch.full((self.n_sequences, len(LOCAL_SINK_FIELDS), len(self.windows), stacked.shape[2]),
-                                     torch.nan, dtype=COMPUTE_DTYPE)
+            self.values = self._filled(stacked.shape[2], torch.nan)
         self.values[offset:offset + stacked.shape[0], :, li] = stacked
 
     def all_reduce(self, lo: int, hi: int, n_heads: int, device: Any) -> None:
@@ -168,8 +163,7 @@ class LocalSinks:
 
         if not self.active:
             return
-        full = torch.zeros(self.n_sequences, len(LOCAL_SINK_FIELDS), len(self.windows), n_heads,
-                           dtype=COMPUTE_DTYPE, device=device)
+        full = self._filled(n_heads, 0.0).to(device)
         if self.values is not None:
             full[lo:hi] = self.values[lo:hi].to(device)
         dist.all_reduce(full)
@@ -179,8 +173,6 @@ class LocalSinks:
         """``result`` with its ``local_sink`` field (a new, checked analysis)."""
         if not self.active:
             return result
-        values = self.values
-        if values is None:  # no sequence reached a local layer (an empty shard): NaN throughout
-            values = torch.full((self.n_sequences, len(LOCAL_SINK_FIELDS), len(self.windows), result.n_heads),
-                                torch.nan, dtype=COMPUTE_DTYPE)
-        return dataclasses.replace(result, local_sink=values.clone())
+        # No sequence reached a local layer (an empty shard): NaN throughout.
+        values = self._filled(result.n_heads, torch.nan) if self.values is None else self.values.clone()
+        return dataclasses.replace(result, local_sink=values)

@@ -1,14 +1,9 @@
 """The recompute path of :func:`~tl_geometry.analyze_model`: attention rows from queries and keys.
 
-The model runs with memory-efficient (SDPA) attention and no LM head
-(:func:`tl_geometry.inputs.capture.capture_attention`); each layer's post-rotary ``q`` and ``k``
-and its values reach the engine as an :class:`~tl_geometry.engine.block.AttentionRows` source
-that recomputes, in float64 and with the layer's own scale, window, softcap and sinks
-(:func:`tl_geometry.functional.attention_rows`), only the rows the engine reads: the chosen
-queries' rows for the scores, and every query's rows in blocks for the votes and the checks
-where the engine cannot read the votes from the queries and keys themselves
-(:meth:`RecomputedRows.query_keys`, :mod:`tl_geometry.engine.key_votes`: no softcap, no sinks).
-No tensor of all queries × all keys is formed, and no logits.
+Each layer's capture (:func:`tl_geometry.inputs.capture.capture_attention`) reaches the engine
+as an :class:`~tl_geometry.engine.block.AttentionRows` source that recomputes, in float64 with
+the layer's own parameters, only the rows the engine reads (or hands it the queries and keys,
+:meth:`RecomputedRows.query_keys`); no tensor of all queries × all keys is formed.
 """
 
 from __future__ import annotations
@@ -21,23 +16,18 @@ from torch import Tensor
 
 from ..engine.block import QueryKeys
 from ..functional.attention import attention_row_blocks, attention_rows, visible_keys
-from ..inputs.capture import LayerCapture
+from ..inputs.capture import LayerCapture, hf_model_of
 
-#: Bytes of float64 rows recomputed at once for the votes and the checks. Small enough that a
-#: block's logits stay in cache through the softmax's passes and the checks that read them: at
-#: 4 MiB the engine recomputes a SmolLM2 window of 1024 tokens 2.2× faster than at 64 MiB,
-#: with the same results bit for bit (each row is computed alone).
+#: Bytes of float64 rows recomputed at once for the votes and the checks: small enough that a
+#: block's logits stay in cache (2.2× faster than 64 MiB, the same results bit for bit).
 VOTE_BLOCK_BYTES = 1 << 22
 #: Bytes of float64 queries read at once by :meth:`RecomputedRows._columns_from_logsumexp`.
 LOGSUMEXP_BLOCK_BYTES = 1 << 26
 
 
 class RecomputedRows:
-    """:class:`~tl_geometry.engine.block.AttentionRows` recomputed from one layer's capture.
-
-    ``key_mask [batch, pos]`` is False on padding. The rows of a query are exactly softmax rows of
-    the model's attention (to float32 round-off of its own forward: about 1e-6).
-    """
+    """:class:`~tl_geometry.engine.block.AttentionRows` recomputed from one layer's capture
+    (``key_mask [batch, pos]``: False on padding), equal to the model's to about 1e-6."""
 
     def __init__(self, capture: LayerCapture, key_mask: Tensor | None) -> None:
         self.capture = capture
@@ -80,14 +70,10 @@ class RecomputedRows:
         ``start[b] ≤ t < stop[b]``, 0 at every other query: ``[batch, head, pos, n_keys]``
         float32. Every such query must see all those keys (``stop − start`` at most the window).
 
-        The columns come from the layer's own attention kernel (SDPA, causal, float32) run on
-        one-hot values, one window at a time over its keys ``start … stop − 1``: one causal
-        attention pass, where the float64 rows would cost ``T²·d`` products and as many
-        exponentials per head. They carry the forward's rounding (3e-7 from the float64 rows at
-        4,096 tokens), as a cached ``hook_pattern`` does. ``None`` where SDPA cannot give them: a
-        softcap or sink logits, or padding between ``start`` and ``stop`` (read the rows then).
-        Where the capture holds the forward's log-sum-exp (:attr:`LayerCapture.logsumexp`), they
-        come from it instead, with no attention pass at all (:meth:`_columns_from_logsumexp`).
+        From the forward's log-sum-exp where the capture holds it
+        (:meth:`_columns_from_logsumexp`), else from the layer's SDPA kernel run on one-hot
+        values, one causal pass per window (the forward's rounding, as ``hook_pattern``). ``None``
+        with a softcap, sink logits, or padding between ``start`` and ``stop``.
 
             >>> rows.leading_columns(torch.tensor([0]), torch.tensor([512]), 32)  # doctest: +SKIP
         """
@@ -125,11 +111,8 @@ class RecomputedRows:
 
     def _columns_from_logsumexp(self, stop: Tensor, n_keys: int) -> Tensor:
         """:meth:`leading_columns` from the forward's log-sum-exp ``ℓ_t`` of every query, where
-        every window starts at 0: ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys
-        ``j ≤ t``, 0 after the query (``functional.visible_keys``), the logits in float64,
-        ``T·n_keys·d`` products per head where the attention pass costs ``T²·d``. ``ℓ_t`` is a
-        float32 number (of magnitude up to ~100 on real models: a rounding of a few 1e-6), and the
-        columns carry its rounding, as the SDPA columns carry the forward's."""
+        every window starts at 0: ``α_{t,j} = exp(scale·⟨q_t, k_j⟩ − ℓ_t)`` for the keys ``j ≤ t``,
+        0 after the query, the logits in float64 (``ℓ_t``'s float32 rounding: a few 1e-6)."""
         c = self.capture
         assert c.logsumexp is not None
         batch, n_heads, n_pos = self.shape
@@ -167,5 +150,5 @@ def pattern_bytes(batch: int, n_heads: int, n_pos: int) -> int:
 
 def can_recompute(model: Any) -> bool:
     """Whether ``model`` has a Hugging Face model to capture from (itself or a bridge's)."""
-    hf_model = getattr(model, "original_model", model)
+    hf_model = hf_model_of(model)
     return callable(getattr(hf_model, "get_input_embeddings", None)) and hasattr(hf_model, "config")

@@ -1,22 +1,14 @@
 """The ``sink=`` option of the front doors: which key of each window is the sink (SPEC §1).
 
-* an int ``p`` (every window) or one int per window: the sink is the window's ``p``-th real
-  token (counted from its first real token, so left padding does not move it); keys before it
-  are ordinary keys;
+* an int ``p`` (every window) or one int per window: the window's ``p``-th real token;
 * ``"auto"``: per window, the most attended of its first 32 real tokens
-  (:func:`tl_geometry.engine.sink_choice.choose_sink`), read in a first pass over every layer
-  of the model, also where ``layers=`` analyses only some (:func:`choice_layers`: a subset
-  analysis reports the sink of a full one; a cache that holds only some layers is read over
-  those, with a warning);
-* ``None`` (default): ``0`` where the window starts with BOS, which the front doors prepend only
-  where the model was trained with one, and ``"auto"`` where the model is known to have been
-  trained without (Qwen2/2.5). Without a model, or where nothing says how it was trained, ``0``
-  (ours: the first position, the sink of every model trained with BOS); the sink check then
-  warns where another key takes more attention.
+  (:func:`tl_geometry.engine.sink_choice.choose_sink`) over every layer of the model, whatever
+  ``layers=`` analyses (:func:`choice_layers`);
+* ``None`` (default): ``0`` where the window starts with BOS, ``"auto"`` where the model is
+  known to have been trained without (Qwen2/2.5), else ``0``.
 
-Every front door checks ``sink=`` here (:func:`check`, :func:`rule`) and its positions against
-the windows (:func:`positions`) before its first forward. The chosen positions, the rule, the
-layers ``"auto"`` read and the sink check are recorded in ``metadata["sink"]``.
+Every front door checks ``sink=`` and its positions here before its first forward; the rule,
+the positions, the layers read and the sink check are recorded in ``metadata["sink"]``.
 """
 
 from __future__ import annotations
@@ -33,6 +25,7 @@ from torch import Tensor
 
 from ..engine.sink_choice import CANDIDATES, CHECK_QUERIES, sink_check
 from ..functional.heads import last_positions, sink_positions
+from ..inputs.cache import first_few
 from ..inputs.models import stated_bos
 from ..warn import warn_caller
 from . import windows as _windows
@@ -47,9 +40,8 @@ MAX_POSITION = 2**62
 
 
 def check(sink: object) -> None:
-    """Validate ``sink=`` before any tensor is read: its type, sign and size (the positions
-    against the windows: :func:`positions`, which every front door calls before its first
-    forward). Raises ``ValueError`` naming the problem and the fix."""
+    """Validate ``sink=``'s type, sign and size before any tensor is read (the positions against
+    the windows: :func:`positions`); ``ValueError`` naming the problem and the fix."""
     _given(sink)
 
 
@@ -134,10 +126,8 @@ def positions(given: str | list[int], is_token: Bool[Tensor, "batch pos"], offse
 def choice_layers(window: object, model: Any, analysed: Sequence[int], available: Sequence[int], *,
                   need_model: bool = True) -> dict[int, int | None]:
     """The layers that ``sink="auto"`` reads besides the ``analysed`` ones, each with its sliding
-    window: every layer of ``available`` (the model's layers, or those a cache holds) that
-    ``window=`` covers. The choice then follows the model's rule (every layer, SPEC §1) whatever
-    ``layers=`` is, so a subset analysis reports the sink of a full one; it costs the first
-    keys' columns of those layers, in a forward that runs them anyway."""
+    window: every layer of ``available`` (the model's, or those a cache holds) that ``window=``
+    covers, so that a subset analysis reports the sink of a full one (SPEC §1)."""
     seen = set(analysed)
     others = [layer for layer in available if layer not in seen]
     if isinstance(window, Sequence) and not isinstance(window, str):
@@ -157,11 +147,9 @@ def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Te
            model: Any, *, chosen_from: Sequence[int] | None = None, n_layers: int | None = None,
            ) -> dict[str, Any]:
     """``metadata["sink"]``: the rule, the positions (from each window's first real token), the
-    layers ``sink="auto"`` chose them from (``chosen_from_layers``; ``None`` for given
-    positions), what the model's files say of BOS, and the sink check of the analysed layers
-    (:func:`~tl_geometry.engine.sink_choice.sink_check`), with a "weak sink" warning where the
-    check finds one. Where ``"auto"`` read fewer than the model's ``n_layers`` layers (a cache
-    that holds only some), a warning names them: a cache of every layer may choose otherwise."""
+    layers ``"auto"`` chose them from, what the model's files say of BOS, and the sink check
+    (:func:`~tl_geometry.engine.sink_choice.sink_check`). Warns "weak sink" where the check
+    finds one, and where ``"auto"`` read fewer than the model's ``n_layers`` layers."""
     check_result = sink_check(masses, torch.as_tensor(list(relative), dtype=torch.long)) if masses else {}
     auto = chosen == AUTO
     read = sorted(int(x) for x in chosen_from) if auto and chosen_from is not None else None
@@ -172,7 +160,7 @@ def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Te
              "check_queries": "32 ≤ t < min(T, w)" if auto else f"32 ≤ t < min(T, w, {32 + CHECK_QUERIES})",
              **check_result}
     if read is not None and n_layers is not None and len(read) < n_layers:
-        warn_caller(f"sink='auto' chose each window's sink from layers {_layers(read)} only, {len(read)} of "
+        warn_caller(f"sink='auto' chose each window's sink from layers {first_few(read)} only, {len(read)} of "
                     f"the model's {n_layers} (the others are not in the cache): an analysis of a cache "
                     "with every layer may choose another key. metadata['sink']['chosen_from_layers'] "
                     "records them; cache every layer's hook_pattern, or pass the positions as sink=.")
@@ -184,10 +172,6 @@ def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Te
                     f"{_fmt(check_result['sink_mass'])} against {_fmt(check_result['other_mass'])} for the "
                     f"most attended other key); {fix}. metadata['sink'] holds the check.")
     return entry
-
-
-def _layers(layers: Sequence[int]) -> str:
-    return f"{list(layers[:8])}{' …' if len(layers) > 8 else ''}"
 
 
 def _describe(relative: Sequence[int]) -> str:

@@ -1,12 +1,9 @@
 """Captured layers held until the sink is chosen (``sink="auto"`` on the recompute path).
 
-``sink="auto"`` (SPEC §1) chooses each window's sink from every layer's attention before any
-layer can be analysed. The pattern path reads each batch twice for it; the recompute path keeps
-each layer's captured queries, keys and values from its one forward instead
-(:class:`CaptureStash`): in memory up to :data:`STASH_BYTES`, the rest in a temporary folder,
-and reads them back one layer at a time once the sink is known. The forward is the costly part
-of a long window (a 16k-token forward of Qwen2.5-Coder-1.5B takes minutes), writing and reading
-back its captures a few seconds.
+``sink="auto"`` (SPEC §1) chooses each window's sink from every layer before any layer can be
+analysed: the recompute path keeps each layer's captured queries, keys and values from its one
+forward (:class:`CaptureStash`; in memory up to :data:`STASH_BYTES`, the rest in a temporary
+folder) and reads them back one layer at a time once the sink is known.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The ``window=`` option of both front doors: the sliding window of each analysed layer.
 
-``None`` (no layer has one), one int (every layer), a sequence indexed by model layer or a dict
-``{layer: window}`` are checked by :func:`tl_geometry.engine.options.layer_windows`; ``"auto"``
-reads the model's config (:func:`tl_geometry.inputs.capture.model_windows`): Gemma-2/3's local
-layers, Mistral, GPT-OSS. Query ``t`` of a layer with window ``w`` sees keys ``t − w < i ≤ t``;
-only those are candidates (SPEC §1, ours).
+An explicit value is checked by :func:`tl_geometry.engine.options.layer_windows`; ``"auto"``
+reads the model's config (:func:`tl_geometry.inputs.capture.model_windows`). Query ``t`` of a
+layer with window ``w`` sees keys ``t − w < i ≤ t`` (SPEC §1, ours).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..engine.options import check_window, layer_windows
-from ..inputs.capture import model_windows
+from ..inputs.capture import model_windows, text_config
 from ..warn import warn_caller
 
 #: What ``window=`` accepts (``"auto"``: the model's config).
@@ -53,10 +51,7 @@ def resolve(window: object, model: Any, layers: Sequence[int], *, need_model: bo
 def _names_sliding_layers(model: Any) -> bool:
     """Whether a Hugging Face config behind ``model`` lists a ``"sliding_attention"`` layer."""
     for holder in (getattr(model, "original_model", None), model):
-        config = getattr(holder, "config", None)
-        if config is not None and callable(getattr(config, "get_text_config", None)):
-            config = config.get_text_config()
-        kinds = getattr(config, "layer_types", None)
+        kinds = getattr(text_config(holder), "layer_types", None)
         if isinstance(kinds, (list, tuple)):
             return "sliding_attention" in kinds
     return False

@@ -1,9 +1,7 @@
 """Read and validate ``hook_pattern`` / ``hook_v`` from a TransformerLens cache or a dict.
 
-Caches are read by exact hook name and by shape, never by model class, so an
-``ActivationCache`` from TransformerLens 2.x, 3.x or 4.x and a plain ``dict`` of tensors all
-work. Every "your cache is missing X / has the wrong shape" error of the toolkit lives here.
-Nothing here writes to the caller's tensors: upcasts and cleaned copies are new tensors.
+Caches are read by exact hook name and by shape, never by model class (a TransformerLens
+``ActivationCache`` or a plain ``dict``); every "your cache is missing X" error lives here.
 """
 
 from __future__ import annotations
@@ -33,6 +31,11 @@ def cache_names_filter(name: str) -> bool:
 
 #: :func:`cache_names_filter`, the ``names_filter`` that keeps only ``hook_pattern`` and ``hook_v``.
 CACHE_NAMES_FILTER = cache_names_filter
+
+
+def first_few(values: Sequence[Any]) -> str:
+    """The first 8 of ``values``, then ``…`` where more follow: indices named in a message."""
+    return f"{list(values[:8])}{' …' if len(values) > 8 else ''}"
 
 
 class CacheError(ValueError):
@@ -116,12 +119,9 @@ def _upcast(x: Tensor, name: str) -> Tensor:
 
 
 def read_layer(cache: Any, layer: int, *, upcast: bool = True) -> tuple[Tensor, Tensor]:
-    """``pattern [batch, head, query, key]`` and ``v [batch, pos, kv_head, d_head]`` of a layer.
-
-    A cache made with ``remove_batch_dim=True`` (3-D tensors) gets a batch of one. Shapes and
-    dtypes are checked; with ``upcast``, half precision is upcast to float32 (new tensors; the
-    engine instead upcasts chunk by chunk).
-    """
+    """``pattern [batch, head, query, key]`` and ``v [batch, pos, kv_head, d_head]`` of a layer,
+    shapes and dtypes checked (3-D tensors get a batch of one; ``upcast``: half precision to
+    float32)."""
     pname, vname = PATTERN_HOOK.format(layer=layer), VALUE_HOOK.format(layer=layer)
     pattern, v = cache[pname], cache[vname]
     if not isinstance(pattern, Tensor) or not isinstance(v, Tensor):
@@ -196,13 +196,8 @@ def check_attention_mask(mask: Any, batch: int, n_pos: int, device: Any = "cpu")
 
 
 def check_contiguous_padding(mask: Tensor) -> None:
-    """Refuse a ``[batch, pos]`` bool mask with a hole: a 0 between two 1s of one row.
-
-    Padding at the start and at the end of a row (left, right or both) is fine. A hole is not:
-    the forward passes disagree on the positions after it (TransformerLens counts real tokens,
-    the Hugging Face forward counts every position), so the same input gives different
-    attention, and the sliding windows and sink rules (SPEC §1) have no single meaning there.
-    """
+    """Refuse a ``[batch, pos]`` bool mask with a hole (a 0 between two 1s of one row), where the
+    forward passes disagree on the positions; padding at either end of a row is fine."""
     n_pos = mask.shape[-1]
     first = mask.to(torch.int8).argmax(-1)
     last = n_pos - 1 - mask.flip(-1).to(torch.int8).argmax(-1)
@@ -213,18 +208,15 @@ def check_contiguous_padding(mask: Tensor) -> None:
         inside = (~mask[b]).nonzero().flatten()
         p = int(inside[(inside > first[b]) & (inside < last[b])][0])
         raise CacheError(
-            f"attention_mask has padding inside sequence(s) {rows[:8]}{' …' if len(rows) > 8 else ''} "
+            f"attention_mask has padding inside sequence(s) {first_few(rows)} "
             f"(a 0 between 1s, e.g. sequence {b} at position {p}): padding must be contiguous at the "
             "start or end of each row; split the sequence or drop the hole."
         )
 
 
 def warn_pad_tokens(tokens: Any, model: Any, shape: tuple[int, int, int]) -> None:
-    """Warn when ``tokens`` hold runs of the tokenizer's pad token at a sequence's ends.
-
-    Without ``attention_mask`` every position counts as real; a padded batch then gives wrong
-    numbers silently (pads become keys, queries and even the sink).
-    """
+    """Warn when ``tokens`` hold runs of the tokenizer's pad token at a sequence's ends: without
+    ``attention_mask`` they would be analysed as real tokens."""
     if tokens is None:
         return
     if not isinstance(tokens, Tensor) or tokens.shape != shape[::2] or tokens.is_floating_point():
@@ -245,7 +237,7 @@ def warn_pad_tokens(tokens: Any, model: Any, shape: tuple[int, int, int]) -> Non
         rows = padded.any(-1).nonzero().flatten().tolist()
         warnings.warn(
             f"tokens hold {int(padded.sum())} pad tokens (id {pad}) at the ends of sequence(s) "
-            f"{rows[:8]}{' …' if len(rows) > 8 else ''} but no attention_mask was given: pads are "
+            f"{first_few(rows)} but no attention_mask was given: pads are "
             "then analysed as real tokens. Build mask = (tokens != pad_id) (keeping BOS), run the "
             "forward pass with attention_mask=mask and pass the same mask here; or use "
             "tl_geometry.analyze_model(model, texts), which pads and masks for you.",

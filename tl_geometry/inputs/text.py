@@ -17,12 +17,8 @@ def sample_text() -> str:
 
 
 def read_text(path: str | Path) -> str:
-    """A UTF-8 plain-text file's contents; a clear ``ValueError`` when it cannot be analysed.
-
-    Refused, with the fix in the message: a missing path or a folder, a file that cannot be read,
-    a binary file (a NUL byte), bytes that are not UTF-8, and a file that is empty or only
-    whitespace.
-    """
+    """A UTF-8 plain-text file's contents; ``ValueError`` naming the fix for a missing path, a
+    folder, an unreadable, binary, non-UTF-8, empty or blank file."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"Text file {path} does not exist; pass the path of a UTF-8 plain-text file.")
@@ -54,11 +50,9 @@ def text_windows(
 
     The text (default: :func:`sample_text`) is tokenized once without special tokens and cut into
     non-overlapping windows: ``seq_len - 1`` tokens after BOS for a model trained with BOS
-    (SmolLM2, Gemma-3), ``seq_len`` text tokens for one trained without (Qwen2.5-Coder). Which
-    it is comes from :func:`tl_geometry.inputs.models.trained_with_bos`: the loader's record on
-    the model or tokenizer (``tl_geometry_bos``), the built-in model table, or the model's
-    files; never the ``add_bos_token`` attribute of a tokenizer converted from a GGUF file.
-    ``model_or_tokenizer`` is a model with a ``tokenizer`` (TransformerLens) or the tokenizer.
+    (SmolLM2, Gemma-3; :func:`tl_geometry.inputs.models.trained_with_bos`), ``seq_len`` text
+    tokens for one trained without (Qwen2.5-Coder). ``model_or_tokenizer`` is a model with a
+    ``tokenizer`` or the tokenizer.
     """
 
     tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer

@@ -1,9 +1,4 @@
-"""Token ids checked against the model before a forward: one check for every entry point.
-
-A negative id or one past the vocabulary would otherwise surface as an ``IndexError`` from deep
-inside the embedding, and a ``meta`` tensor as "Cannot copy out of meta tensor"; both are the
-caller's input, so they are refused here with what is wrong and how to fix it.
-"""
+"""Token ids checked against the model before a forward: one check for every entry point."""
 
 from __future__ import annotations
 
@@ -20,12 +15,16 @@ def model_vocabulary(model: Any) -> int | None:
     return d_vocab if isinstance(d_vocab, int) and not isinstance(d_vocab, bool) and d_vocab > 0 else None
 
 
-def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens") -> None:
-    """``tokens`` (an integer tensor) must hold data and ids in ``[0, d_vocab)``.
+def embedding_rows(hf_model: Any) -> int | None:
+    """Rows of a Hugging Face model's input embedding (its vocabulary), else ``None``."""
+    get = getattr(hf_model, "get_input_embeddings", None)
+    rows = getattr(get() if callable(get) else None, "num_embeddings", None)
+    return rows if isinstance(rows, int) else None
 
-    ``d_vocab`` ``None`` checks only the sign. Raises ``ValueError`` naming ``name``, the range
-    found and the fix.
-    """
+
+def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens") -> None:
+    """``tokens`` (an integer tensor) must hold data and ids in ``[0, d_vocab)`` (``None``: the
+    sign only); ``ValueError`` naming ``name``, the range found and the fix."""
     if tokens.is_meta:
         raise ValueError(f"{name} is a meta tensor (shape {tuple(tokens.shape)}, no values); pass "
                          "real token ids, e.g. from tl_geometry.text_windows(model).")

@@ -1,56 +1,26 @@
 """The weight cache: a GGUF model's de-quantised weights, kept as safetensors for the next load.
 
-De-quantising a GGUF file costs 20–90 s in every process (SmolLM2-135M to Qwen2.5-Coder-0.5B on
-two cores), and converting its tokenizer 10–25 s more. The first load writes what came out —
-the transformers model (``save_pretrained``: ``config.json``, ``*.safetensors``) and its
-tokenizer — into ``<cache>/weights/<entry>/``; later processes read that folder, which takes a
-few seconds.
+De-quantising a GGUF file and converting its tokenizer cost 30–110 s in every process; the first
+load writes the result (``save_pretrained``) into ``<cache>/weights/<entry>/``, which later
+processes read in a few seconds.
 
-- **Key.** An entry is named by the GGUF file's sha256 and size and the dtype loaded, so a
-  changed file, or another dtype, gets its own entry.
-- **Checked on every load.** A ``manifest.json`` written last records each file's size and
-  sha256, and the GGUF file it was made from (path, size, sha256). An entry whose manifest is
-  missing or unreadable, or whose files differ from it (partial, truncated, edited), is reported
-  with a warning, removed and rebuilt, never used. Sizes are compared on every load; a file
-  (the GGUF file too) is re-hashed in full (about 1.4 GB/s) whenever its size, mtime, ctime,
-  inode or device differs from when it was last hashed. An unchanged entry costs no hashing, and
-  any write to a file is caught, even one whose mtime is set back afterwards (``touch -r``,
-  ``cp -p``, ``rsync -t``): a write moves the ctime, which those cannot restore.
-- **Atomic.** An entry is written into a temporary folder beside it and renamed into place
-  when complete, so a crash or a second process filling the same entry at once never leaves a
-  partial entry under the real name; the second rename finds the entry there and keeps it.
-- **Never edited in place.** transformers reads ``*.safetensors`` by mapping it into memory.
-  Truncating a mapped file kills every process holding it with SIGBUS at its next read of a page
-  that is gone, and overwriting it changes that process's weights under it. The loader copies
-  the weights out of the mapping once they are loaded, so a loaded model no longer depends on
-  the entry's files; but a load in progress, or any other program that maps them, does. So
-  nothing here writes into an existing file: every file is written under a temporary name in its
-  folder and renamed into place (``os.replace``), and an entry that is replaced, damaged or
-  cleared is renamed away and its files unlinked, never truncated; a process that holds the old
-  files keeps reading them, whole, until it lets go. Do the same by hand: delete cache files,
-  never edit, truncate or copy over them.
-- **Verify, clear.** :func:`verify` re-hashes everything the cache records a digest of and lists
-  what is stale or corrupt; :func:`usage` and :func:`clear` measure and empty what the cache
-  owns. ``tl-geometry cache info | clear | verify`` runs them.
-- **What the cache owns.** The cache folder may be shared with other files, so only what the
-  cache wrote itself is counted and deleted, each recognised by its exact name and kind:
-
-  - in ``weights/``: entry folders named ``{sha256[:32]}-{size}-{dtype}`` that hold the
-    marker ``.tl_geometry_entry`` (written first, before any weights) or, for entries of older
-    versions, a ``manifest.json`` with this cache's ``format`` and ``source``; the temporary
-    folders ``.{entry}.{random}.tmp`` of fills and ``.{entry}.{8 hex}.stale`` of removals;
-  - in ``sha256/``: the remembered digests ``{32 hex}.json`` and their temporaries
-    ``.{32 hex}.json.{random}.tmp``;
-  - in ``<model>/`` (a built-in model assembled from split packages): its GGUF file and the
-    temporaries ``.{file}.{random}.tmp``.
-
-  Everything else (the user's own folders and files, a folder at an entry's name without the
-  marker or manifest) is left alone and listed. A symbolic link is never followed: a linked
-  ``weights``, ``sha256`` or ``<model>`` folder, or a linked entry, is neither entered nor
-  deleted, and a link inside an entry is unlinked, never its target.
+- **Key.** An entry is named by the GGUF file's sha256 and size and the dtype loaded.
+- **Checked on every load.** A ``manifest.json``, written last, records each file's size and
+  sha256 and the GGUF file it came from. An entry that is incomplete or differs from it is
+  reported with a warning, removed and rebuilt. A file is re-hashed whenever its size, mtime,
+  ctime, inode or device changed since it was last hashed (any write moves the ctime).
+- **Atomic, never edited in place.** An entry is written into a temporary folder and renamed
+  into place; files are replaced by rename and removed by unlink, never truncated, since
+  truncating a memory-mapped file kills its readers with SIGBUS. Do the same by hand.
+- **Verify, clear.** :func:`verify`, :func:`usage` and :func:`clear` (``tl-geometry cache info |
+  clear | verify``) check, measure and empty what the cache owns: in ``weights/``, entries named
+  ``{sha256[:32]}-{size}-{dtype}`` holding the marker ``.tl_geometry_entry`` (or, from older
+  versions, a manifest with this cache's ``format`` and ``source``) and the folders
+  ``.{entry}.{random}.tmp`` and ``.{entry}.{8 hex}.stale``; in ``sha256/``, the files
+  ``{32 hex}.json`` and ``.{32 hex}.json.{random}.tmp``; in ``<model>/``, an assembled GGUF file
+  and its ``.{file}.{random}.tmp``. Everything else is left alone and listed, and no symbolic
+  link is followed.
 - **Off switch.** ``load_model(..., weight_cache=False)`` or ``TL_GEOMETRY_WEIGHT_CACHE=0``.
-  Delete ``<cache>/weights`` (or the whole cache folder) to free the space; nothing else
-  refers to it.
 """
 
 from __future__ import annotations
@@ -171,26 +141,25 @@ def _problem(folder: Path, key: EntryKey) -> str | None:
     return None
 
 
-def _is_folder(path: Path) -> bool:
-    """Whether ``path`` is a folder itself, not a symbolic link to one."""
+def _is_kind(path: Path, test: Callable[[int], bool]) -> bool:
+    """Whether ``path`` itself (not a symbolic link's target) passes the ``stat`` mode ``test``."""
     try:
-        return stat.S_ISDIR(path.lstat().st_mode)
+        return test(path.lstat().st_mode)
     except OSError:
         return False
+
+
+def _is_folder(path: Path) -> bool:
+    return _is_kind(path, stat.S_ISDIR)
 
 
 def _is_file(path: Path) -> bool:
-    """Whether ``path`` is a regular file itself, not a symbolic link to one."""
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)
-    except OSError:
-        return False
+    return _is_kind(path, stat.S_ISREG)
 
 
 def _written_here(folder: Path) -> bool:
-    """Whether ``folder`` is an entry this cache wrote: a folder (not a symbolic link) named like
-    an entry (``{sha256[:32]}-{size}-{dtype}``) that holds the marker, or, for an entry written
-    before the marker was, a ``manifest.json`` with this cache's ``format`` and ``source``."""
+    """Whether ``folder`` is an entry this cache wrote (not a symbolic link; see the module's
+    docstring: its name, and the marker or an older entry's manifest)."""
     if not _ENTRY_NAME.fullmatch(folder.name) or not _is_folder(folder):
         return False
     if _is_file(folder / MARKER):
@@ -240,9 +209,8 @@ def _sweep(root: Path) -> None:
 
 
 def lookup(key: EntryKey) -> Path | None:
-    """The entry folder for ``key`` when it exists and checks out; a damaged one is removed. A
-    folder at the entry's name that the cache did not write (:func:`_written_here`), or a
-    symbolic link there, is neither used nor removed."""
+    """The entry folder for ``key`` when it exists and checks out; a damaged one is removed, and
+    one the cache did not write (:func:`_written_here`) is neither used nor removed."""
     folder = weights_root() / key.name
     if not os.path.lexists(folder):
         return None
@@ -274,12 +242,10 @@ def _manifest(folder: Path, key: EntryKey) -> str:
 
 
 def store(key: EntryKey, write: Callable[[Path], None]) -> Path:
-    """Fill the entry for ``key``: ``write(folder)`` saves the files, then the manifest is added
-    and the folder renamed into place. Returns the entry folder (this one, or an equal one that
-    another process put there first). ``OSError`` (disk full, read-only cache) propagates, with
-    nothing left behind; so does a file or a folder the cache did not write where the entry goes
-    (``NotADirectoryError``, ``FileExistsError``, naming it).
-    """
+    """Fill the entry for ``key`` (``write(folder)`` saves the files, the manifest is added, the
+    folder renamed into place) and return it, or an equal one another process put there first.
+    ``OSError`` propagates with nothing left behind, as do ``NotADirectoryError`` and
+    ``FileExistsError`` naming what the cache did not write where the entry goes."""
     root = weights_root()
     blocked = not_a_folder(root)
     if blocked is not None:
@@ -323,14 +289,9 @@ def _remember(folder: Path) -> None:
 # --- verify, usage, clear ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Problem:
-    """What :func:`verify` found wrong with one item of the cache.
-
-    ``kind`` is ``"corrupt"`` (its bytes are not those recorded: a load would remove and rebuild
-    the entry, or, for a remembered digest, trust a wrong one) or ``"stale"`` (whole, but the GGUF
-    file it was made from has changed or gone since: entries are named by their content, so a
-    file with the same bytes elsewhere still uses it; otherwise it only takes space; ``cache
-    verify`` reports it without failing). ``path`` is the entry folder or the file.
-    """
+    """What :func:`verify` found wrong with one item (``path``: the entry folder or the file):
+    ``kind`` ``"corrupt"`` (its bytes are not those recorded) or ``"stale"`` (whole, but the GGUF
+    file it was made from has changed or gone since; ``cache verify`` does not fail on it)."""
 
     kind: str
     path: Path
@@ -400,19 +361,11 @@ def _check_entry(folder: Path, hashes: _Hashes) -> list[Problem]:
 def verify() -> list[Problem]:
     """Re-hash, in full, everything the cache records a digest of; list what does not match.
 
-    - Every weight-cache entry's files, against its manifest: a file missing, of another size or
-      sha256, or not listed, or no readable manifest, is ``corrupt``.
-    - The GGUF file each entry was made from, at the path recorded, against the size and sha256
-      recorded: gone or changed since makes the entry ``stale``.
-    - Every remembered file digest (``<cache>/sha256``) whose file still has the stamp recorded
-      with it, so that loads trust it without reading the file: ``corrupt`` when the file's bytes
-      no longer give that digest.
-
-    Only entries the cache wrote are checked (:func:`_written_here`); other folders in
-    ``weights/`` are not its own. Nothing is changed: a load removes and rebuilds a corrupt entry
-    it needs, and :func:`clear` removes everything the cache owns. An empty list means everything
-    checks out. A file where ``weights`` or ``sha256`` should be a folder raises
-    :class:`~tl_geometry.inputs.model_files.CacheFolderError`.
+    An entry's files against its manifest (missing, other size or sha256, unlisted: ``corrupt``),
+    the GGUF file it was made from (gone or changed: ``stale``), and every remembered digest
+    still in force (``corrupt`` when the file no longer gives it). Nothing is changed; an empty
+    list means everything checks out. A file where ``weights`` or ``sha256`` should be a folder
+    raises :class:`~tl_geometry.inputs.model_files.CacheFolderError`.
     """
     _check_subfolders()
     hashes = _Hashes()
@@ -439,9 +392,8 @@ class Tally:
 
 @dataclass
 class Usage:
-    """What the cache owns, by kind: weight-cache entries, GGUF files assembled from split
-    packages, remembered file digests, and temporaries (of loads running or killed); and what
-    lies in its folders that it did not write (``foreign``: left alone by :func:`clear`)."""
+    """What the cache owns, by kind, and what lies in its folders that it did not write
+    (``foreign``: left alone by :func:`clear`)."""
 
     root: Path
     origin: str  # how the root was chosen, in words
@@ -455,6 +407,12 @@ class Usage:
     def total(self) -> int:
         """Bytes in all."""
         return sum(t.size for t in (self.entries, self.assembled, self.digests, self.temporary))
+
+    def add(self, kind: str, size: int) -> None:
+        """Count one item of ``kind`` (a tally's name) and its bytes."""
+        tally = getattr(self, kind)
+        tally.count += 1
+        tally.size += size
 
 
 def _size(path: Path) -> int:
@@ -482,8 +440,7 @@ _SUBFOLDERS = {"weights": "the weight-cache entries", "sha256": "the remembered 
 
 def _check_subfolders() -> None:
     """Raise :class:`~tl_geometry.inputs.model_files.CacheFolderError` when ``weights`` or
-    ``sha256`` in the cache is a file, or anything else that is neither a folder nor a symbolic
-    link (a link is the user's: left alone and listed, never followed)."""
+    ``sha256`` is neither a folder nor a symbolic link (the user's, never followed)."""
     for name, holds in _SUBFOLDERS.items():
         folder = cache_dir() / name
         blocked = None if folder.is_symlink() else not_a_folder(folder)
@@ -506,45 +463,32 @@ class _Owned:
     items: list[tuple[str, Path]]  # (a tally of Usage, a file or folder the cache wrote)
     foreign: list[Path]  # what lies in the cache's folders that it did not write
 
+    def sort(self, folder: Path, **kinds: Callable[[Path], bool]) -> None:
+        """What lies in ``folder``: an item of the first kind whose test it passes, else foreign."""
+        for path in _contents(folder, self.foreign):
+            kind = next((kind for kind, owns in kinds.items() if owns(path)), None)
+            if kind is None:
+                self.foreign.append(path)
+            else:
+                self.items.append((kind, path))
+
+
+def _file_named(pattern: re.Pattern[str]) -> Callable[[Path], bool]:
+    """Whether a path is a regular file (not a link) whose whole name matches ``pattern``."""
+    return lambda path: _is_file(path) and pattern.fullmatch(path.name) is not None
+
 
 def _owned() -> _Owned:
-    """Every file and folder the cache wrote, with its kind (a field of :class:`Usage`), and
-    what else lies in its folders. Only these names are the cache's (anything else, and any
-    symbolic link, is foreign; nothing is looked at through a link):
-
-    - ``weights/``: entries (:func:`_written_here`), and the folders ``.{entry}.{random}.tmp``
-      and ``.{entry}.{8 hex}.stale``;
-    - ``sha256/``: the files ``{32 hex}.json`` and ``.{32 hex}.json.{random}.tmp``;
-    - ``<model>/`` of a built-in model assembled from parts: its GGUF file and the files
-      ``.{file}.{random}.tmp``.
-
-    The cache folder itself may be shared: what lies there besides these folders is not listed.
-    """
+    """Every file and folder the cache wrote (the names the module's docstring lists), with its
+    kind (a field of :class:`Usage`), and what else lies in its folders; no link is followed."""
     _check_subfolders()
     found = _Owned([], [])
-    for path in _contents(weights_root(), found.foreign):
-        if _written_here(path):
-            found.items.append(("entries", path))
-        elif _is_temporary(path):
-            found.items.append(("temporary", path))
-        else:
-            found.foreign.append(path)
-    for path in _contents(cache_dir() / "sha256", found.foreign):
-        if _is_file(path) and MEMO_NAME.fullmatch(path.name):
-            found.items.append(("digests", path))
-        elif _is_file(path) and MEMO_TEMPORARY.fullmatch(path.name):
-            found.items.append(("temporary", path))
-        else:
-            found.foreign.append(path)
+    found.sort(weights_root(), entries=_written_here, temporary=_is_temporary)
+    found.sort(cache_dir() / "sha256", digests=_file_named(MEMO_NAME),
+               temporary=_file_named(MEMO_TEMPORARY))
     for model, name in sorted(ASSEMBLED.items()):
-        temporary = re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp")
-        for path in _contents(cache_dir() / model, found.foreign):
-            if _is_file(path) and path.name == name:
-                found.items.append(("assembled", path))
-            elif _is_file(path) and temporary.fullmatch(path.name):
-                found.items.append(("temporary", path))
-            else:
-                found.foreign.append(path)
+        found.sort(cache_dir() / model, assembled=_file_named(re.compile(re.escape(name))),
+                   temporary=_file_named(re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp")))
     return found
 
 
@@ -553,24 +497,19 @@ def _new_usage() -> Usage:
 
 
 def usage() -> Usage:
-    """Where the cache is, how that was chosen, what it owns (counts and bytes, :func:`_owned`),
-    and what else lies in its folders (``foreign``)."""
+    """Where the cache is, how that was chosen, and what it owns (counts and bytes)."""
     found = _new_usage()
     owned = _owned()
     for kind, path in owned.items:
-        tally = getattr(found, kind)
-        tally.count += 1
-        tally.size += _size(path)
+        found.add(kind, _size(path))
     found.foreign = owned.foreign
     return found
 
 
 @dataclass
 class Cleared:
-    """What :func:`clear` removed, what it left alone of its own (temporaries of loads that may
-    still be running), what it could not remove (one message each), and what it left alone
-    because the cache did not write it (``foreign``: the user's files and folders in the
-    cache's folders, and symbolic links to folders, never followed)."""
+    """What :func:`clear` removed, kept (temporaries of loads that may still run), could not
+    remove (one message each), and left alone as not its own (``foreign``)."""
 
     removed: Usage
     kept: Usage
@@ -590,17 +529,10 @@ def _unlink(kind: str, path: Path) -> None:
 
 
 def clear() -> Cleared:
-    """Empty the cache of what it wrote (:func:`_owned`): weight-cache entries, assembled GGUF
-    files, remembered digests, and temporaries over a day old (younger ones may belong to a load
-    still running, and are left alone).
-
-    Nothing else is deleted: the user's files and folders in the cache's folders, a folder at an
-    entry's name without the cache's marker or manifest, and symbolic links (to a ``weights``,
-    ``sha256`` or model folder, or in an entry's place) are left alone, not followed, and listed
-    in ``foreign``; the cache folder itself may be shared and is not looked through. Files are
-    unlinked, never truncated: a process that has one open or mapped keeps reading it until it
-    lets go. A file where ``weights`` or ``sha256`` should be a folder raises
-    :class:`~tl_geometry.inputs.model_files.CacheFolderError` before anything is removed.
+    """Empty the cache of what it wrote (:func:`_owned`), except temporaries less than a day old
+    (of loads that may still run); everything else is left alone and listed in ``foreign``. Files
+    are unlinked, never truncated. A file where ``weights`` or ``sha256`` should be a folder
+    raises :class:`~tl_geometry.inputs.model_files.CacheFolderError` before anything is removed.
     """
     owned = _owned()
     done = Cleared(_new_usage(), _new_usage(), [], owned.foreign)
@@ -617,9 +549,7 @@ def clear() -> Cleared:
                 done.errors.append(f"{path}: {err.strerror or err}")
                 continue
             into = done.removed
-        tally = getattr(into, kind)
-        tally.count += 1
-        tally.size += size
+        into.add(kind, size)
     for folder in (*(cache_dir() / model for model in ASSEMBLED), weights_root(), cache_dir() / "sha256"):
         if _is_folder(folder):
             try:
