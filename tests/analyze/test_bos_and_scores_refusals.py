@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from repo_paths import REPO
 from shared_checks import spy_head_score_inputs
 from test_ablation import TinyLM
 
@@ -28,7 +29,7 @@ from tl_geometry.inputs.gguf_header import read_gguf_info
 
 # The module (tl_geometry.analyze.head_scores is the function of the same name).
 _head_scores = importlib.import_module("tl_geometry.analyze.head_scores")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 BOS, EOS, PAD = 0, 1, 2
 
 

@@ -164,7 +164,7 @@ def test_a_bad_window_is_a_named_error(window):
 
 # --- head_scores on a tiny model: the lengths it reads, R, the windows --------------------------
 def _tiny(with_bos: bool = True, windows: list[str] | None = None, size: int = 8, n_ctx: int | None = None):
-    from test_reliability_scores_cli import tiny
+    from test_bos_and_scores_refusals import tiny
 
     model = tiny(with_bos)
     if windows is not None:  # a config naming local layers (TinyLM itself attends globally)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from shared_checks import spy_head_score_inputs
-from test_reliability_scores_cli import tiny
+from test_bos_and_scores_refusals import tiny
 from transformer_lens.hook_points import HookPoint
 
 import tl_geometry

@@ -15,6 +15,7 @@ import jaxtyping
 import pytest
 import torch
 from matplotlib.figure import Figure
+from repo_paths import REPO
 from test_ablation import TinyLM, _Block
 from torch import nn
 
@@ -391,10 +392,9 @@ def test_claim7_tables_on_tiny_model_keep_their_windows(tmp_path):
     intervals resample give back the tables' losses and ρ on all windows; with fewer than 8
     windows the claim prints n and gives no verdict, and without them no interval."""
     import sys
-    from pathlib import Path
     from types import SimpleNamespace
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
+    sys.path.insert(0, str(REPO / "demos"))
     from _reproduce import capacity as claim_module
     from _reproduce.corpora import Corpus
     from _reproduce.intervals import NO_INTERVAL, NOT_MEASURED, TOO_FEW

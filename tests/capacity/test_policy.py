@@ -1,8 +1,8 @@
 """Per-head top-N policies (SPEC §10): JSON round trips and refusals, the same hook as a uniform
 N head by head, policies from certified budgets, and the predictors of capacity_correlation.
 
-Fast tests use ``TinyLM`` (tests/test_ablation.py); the real-model tests use the SmolLM2 session
-fixture on a few tokens."""
+Fast tests use ``TinyLM`` (tests/ablation/test_ablation.py); the real-model tests use the SmolLM2
+session fixture on a few tokens."""
 
 from __future__ import annotations
 

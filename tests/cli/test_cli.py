@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 import tl_geometry
 from tl_geometry import progress as _progress
@@ -21,7 +22,7 @@ from tl_geometry.cli import args as _cli_args
 from tl_geometry.cli import main as cli
 from tl_geometry.inputs import models
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 

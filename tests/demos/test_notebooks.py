@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-DEMOS = Path(__file__).resolve().parent.parent / "demos"
+DEMOS = REPO / "demos"
 NOTEBOOKS = sorted(DEMOS.glob("*.ipynb"))
 BUNDLE = "window.CircuitsVis=window.CircuitsVis||"  # the script's loader in a notebook output
 

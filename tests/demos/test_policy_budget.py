@@ -6,14 +6,14 @@ from __future__ import annotations
 import importlib
 import itertools
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO
 
 from tl_geometry.capacity import TopNPolicy, sparsify_pattern
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 bench = importlib.import_module("bench_truncation")
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path.insert(0, str(ROOT / "demos"))
 
 import reproduce  # noqa: E402
@@ -275,7 +276,7 @@ def test_reproduce_modules_import_each_other_without_a_cycle():
     the graph of the package's own modules has no cycle."""
     import ast
 
-    demos = Path(__file__).resolve().parent.parent / "demos"
+    demos = REPO / "demos"
     files = {"reproduce": demos / "reproduce.py"}
     files |= {f"_reproduce.{p.stem}": p for p in (demos / "_reproduce").glob("*.py") if p.stem != "__init__"}
     graph: dict[str, set[str]] = {}
@@ -993,7 +994,8 @@ def test_run_study_recomputes_what_todays_page_cannot_read(tmp_path, monkeypatch
     for spoil in ("window_scores", "window_bounds", "slice", "sink", "start"):
         saved = saved_module.load(path, "values")
         # Spoiled through the writer: the analysis records its side file's checksum, so a side
-        # file edited in place is refused (tests/test_reliability_statistics.py), not recomputed.
+        # file edited in place is refused (tests/demos/test_uncertainty_and_side_files.py), not
+        # recomputed.
         if spoil == "window_scores":  # no per-window slices beside the analysis
             side.unlink()
         elif spoil == "window_bounds":  # bounds saved, but not per window

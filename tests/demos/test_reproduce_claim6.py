@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from repo_paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
+sys.path.insert(0, str(REPO / "demos"))
 
 from _reproduce import document
 from _reproduce.ablation import (

@@ -7,13 +7,13 @@ import functools
 import itertools
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO, TESTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "demos"))
+sys.path.insert(0, str(TESTS))
 
 from _reproduce import intervals
 from _reproduce.intervals import (

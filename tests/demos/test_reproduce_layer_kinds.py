@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import torch
+from repo_paths import REPO, TESTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "demos"))
+sys.path.insert(0, str(TESTS))
 
 from _reproduce import corpora, layer_kinds, sizes, taxonomy
 from _reproduce.protocol import QUICK

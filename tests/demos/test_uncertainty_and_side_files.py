@@ -23,8 +23,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from repo_paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
+sys.path.insert(0, str(REPO / "demos"))
 
 from _reproduce import ablation, capacity, saved
 
@@ -37,7 +38,7 @@ from tl_geometry.functional.uncertainty import (
     window_mean,
 )
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "results"
+DOCS = REPO / "docs" / "results"
 REGENERATE = r"Delete .* re-run demos/reproduce\.py with the same options and --reuse"
 
 

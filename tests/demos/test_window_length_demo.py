@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demos"))
+sys.path.insert(0, str(REPO / "demos"))
 
 import window_length as wl
 

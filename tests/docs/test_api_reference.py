@@ -15,14 +15,14 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import REPO
 
 import tl_geometry
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 API = ROOT / "docs" / "api.md"
 BLOCK = re.compile(r"^::: *(?P<path>[\w.]+)[ \t]*\n(?P<yaml>(?:[ \t]+\S.*\n?)*)", re.MULTILINE)
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DOCS = ROOT / "docs"
 PAGES = [*sorted(DOCS.rglob("*.md")), ROOT / "README.md"]
 HREF = re.compile(r'<a\b[^>]*?\bhref="([^"]*)"')

@@ -17,6 +17,7 @@ from cases import make_case
 from numba import njit, typeof
 from numba.core.errors import TypingError
 from numba.core.typing.typeof import Purpose
+from repo_paths import TESTS
 
 import tl_geometry
 from tl_geometry.engine import backend, check_options, key_votes, layer
@@ -26,7 +27,6 @@ from tl_geometry.engine.layer import analyze_layer
 from tl_geometry.functional.heads import sink_positions
 
 COMPILED = Path(tl_geometry.__file__).parent / "engine" / "compiled"
-TESTS = Path(__file__).parent
 END_LINE = "tl_geometry: compiled the analysis kernels in "
 
 

@@ -15,13 +15,13 @@ import math
 import sys
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from cases import make_case
 from reference import METRICS, TRUNCATION, ref_analyze
+from repo_paths import REPO
 from result_fakes import fake
 
 import tl_geometry
@@ -30,7 +30,7 @@ from tl_geometry.result import io as _result_io
 from tl_geometry.result.io import ResultFileError
 from tl_geometry.result.schema import GROUPS, PAIRED_FIELDS, WINDOW_GROUPS, names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path.insert(0, str(ROOT / "demos"))
 
 from _reproduce import corpora, plots, saved, sink  # noqa: E402

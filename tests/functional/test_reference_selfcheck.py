@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import TESTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(TESTS))
 
 from reference import (
     ref_analyze,

@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 import torch
+from repo_paths import REPO, TESTS
 from test_model_files import tiny_model_and_tokenizer, write_gguf
 
 from tl_geometry.cli.main import main
 from tl_geometry.inputs import model_files, models, weight_cache
 from tl_geometry.inputs.model_files import CacheFolderError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 @pytest.fixture(autouse=True)
@@ -324,7 +325,7 @@ def test_a_model_loaded_from_the_cache_survives_its_files_being_cut_or_cleared(c
     script = textwrap.dedent(f"""
         import os, sys, warnings
         import torch
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(TESTS)!r}, {str(Path(__file__).parent)!r}]
         warnings.simplefilter("ignore")
         from pathlib import Path
         from test_cache_ownership import fake_gguf_source

@@ -24,7 +24,7 @@ import pytest
 import torch
 from cases import make_case
 from test_ablation import TinyLM
-from test_reliability_scores_cli import tiny as tiny_scored
+from test_bos_and_scores_refusals import tiny as tiny_scored
 
 import tl_geometry
 from tl_geometry.engine.block import PatternRows

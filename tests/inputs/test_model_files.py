@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from repo_paths import REPO
 
 from tl_geometry.inputs import model_files, models, weight_cache
 from tl_geometry.inputs.gguf_header import GGUFHeaderError, read_gguf_info
@@ -24,7 +25,7 @@ from tl_geometry.inputs.model_files import (
     assemble,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 @pytest.fixture(autouse=True)

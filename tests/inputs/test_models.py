@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from reference import ref_analyze
+from repo_paths import REPO
 
 import tl_geometry
 from tl_geometry.functional import kv_head_index
@@ -325,7 +326,6 @@ def test_weight_cache_second_process_gives_the_direct_gguf_logits(tmp_path, monk
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     from tl_geometry.inputs import models, weight_cache
 
@@ -346,7 +346,7 @@ def test_weight_cache_second_process_gives_the_direct_gguf_logits(tmp_path, monk
               f"t = tl_geometry.text_windows(m, n_seqs=2, seq_len=24)\n"
               f"with torch.no_grad(): torch.save({{'tokens': t, 'logits': m(t), "
               f"'record': m.tl_geometry_loading}}, {str(out)!r})\n")
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     subprocess.run([sys.executable, "-c", script], check=True, timeout=600,
                    env={**__import__("os").environ, "PYTHONPATH": str(root)})
     second = torch.load(out)

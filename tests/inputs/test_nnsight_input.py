@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 
-CHECKS = Path(__file__).resolve().with_name("nnsight_checks.py")
+CHECKS = TESTS / "nnsight_checks.py"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nnsight") is None, reason="nnsight is not installed")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from tl_geometry.inputs import model_files, models
 from tl_geometry.inputs.model_files import (
@@ -25,7 +26,7 @@ from tl_geometry.inputs.model_files import (
     SplitGGUF,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 

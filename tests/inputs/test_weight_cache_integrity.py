@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from tl_geometry.cli.main import main
 from tl_geometry.inputs import model_files, weight_cache
 from tl_geometry.inputs.model_files import assemble, atomic_write_text, file_sha256
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 OLD = 1_600_000_000 * 10**9  # a file time long past, in ns
 
 

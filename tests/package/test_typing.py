@@ -6,13 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 pytest.importorskip("mypy")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 SNIPPET = textwrap.dedent("""\
     from torch import Tensor

@@ -21,8 +21,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PACKAGE_DATA = ("tl_geometry/py.typed", "tl_geometry/inputs/sample_text.txt")
 # The start of the warning of a run that fell back from the compiled kernels to the torch twins.
 FALLBACK = "tl_geometry: the compiled (numba) kernels"

@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from cases import make_case
+from repo_paths import REPO
 from result_fakes import fake
 
 import tl_geometry
@@ -300,9 +301,8 @@ def test_repr_is_one_short_line():
 
 @pytest.mark.filterwarnings("ignore:N = .* cannot be evaluated")
 def test_readme_in_python_examples_run(tmp_path, monkeypatch):
-    from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     section = readme.split("## In Python", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     lines = [line.split("  #")[0].strip() for line in code.splitlines()

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from repo_paths import TESTS
 from result_fakes import fake
 from shared_checks import drop_format_6, drop_format_7, drop_format_8, drop_format_9
 
@@ -31,7 +32,7 @@ from tl_geometry.result.labels import EXPORT_COLUMNS
 
 #: A file of format 2 (tl_geometry 0.2 before the checksum), as the reproduction of 2026-12-03
 #: saved it: kept here, since the page's own analyses are rewritten in today's format.
-FORMAT_2_FILE = Path(__file__).parent / "data" / "format_2_smollm2-135m__wikitext-2.pt"
+FORMAT_2_FILE = TESTS / "data" / "format_2_smollm2-135m__wikitext-2.pt"
 
 
 @pytest.fixture(autouse=True)

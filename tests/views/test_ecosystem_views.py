@@ -4,10 +4,10 @@ dict that analyze_heads reads (``tl_geometry.inputs.from_hf``)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO, TESTS
 from shared_checks import own_model_snippet
 
 import tl_geometry
@@ -17,8 +17,7 @@ from tl_geometry.ablation.sparsification import COLUMNS
 from tl_geometry.inputs import from_hf
 from tl_geometry.views import PlotFigure
 
-TESTS = Path(__file__).resolve().parent
-DOCS = TESTS.parent / "docs"
+DOCS = REPO / "docs"
 
 
 # --- the ablation plots ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ and float64 inputs, value or output space, rows from a cached pattern or from qu
 compiles leaves the cache whole and no later process compiles again.
 
 The backend hands every kernel C-contiguous arrays (:mod:`..backend`), so every array type here
-is C-ordered. tests/test_first_run.py checks that the engine's calls are exactly these.
+is C-ordered. tests/engine/test_first_run.py checks that the engine's calls are exactly these.
 """
 
 from __future__ import annotations
