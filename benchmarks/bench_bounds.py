@@ -5,7 +5,7 @@ Per model (default SmolLM2-135M and Gemma-3-270M), 8 × 256 tokens of WikiText-2
 
 * violations of the shell certificate (K = 0 and K = N; must be 0): per instance (every layer,
   head, sequence and N, ``functional.separability`` against ``functional.shell_bounds`` on the
-  cache — the engine's figures equal these, tests/test_engine_shell.py) and per mean (the
+  cache — the engine's figures equal these, tests/engine/test_engine_shell.py) and per mean (the
   analysis' shell bound above its measured P / R / F);
 * Spearman ρ of the mean shell bound F̲_N with the mean measured F_N over heads × N in the
   headline range ``2 ≤ N ≤ (t+1)/4`` (and of the §6b envelope, for comparison);

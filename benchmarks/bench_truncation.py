@@ -58,7 +58,7 @@ PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 TOPK_LIMIT = 256
 
 
-# --- pure functions: budgets, calibration curves, greedy allocation (tests/test_policy_budget.py) -----
+# --- pure functions: budgets, calibration curves, greedy allocation (tests/demos/test_policy_budget.py)
 def kept_curve(n_pos: int, window: int | None = None) -> torch.Tensor:
     """``c[N − 1]`` for N = 1 … ``n_pos``: the mean over the queries ``t = 0 … n_pos − 1`` of an
     unpadded window of the keys one head keeps, ``min(N, t + 1, w)`` (SPEC §10's budget)."""

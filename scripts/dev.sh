@@ -215,7 +215,8 @@ print("compat: transformers", transformers.__version__, "/ transformer-lens", m.
     # tests (tests/compat: a HookedTransformer against the main .venv's bridge).
     if [ $# -eq 0 ]; then
         [ -x "$venv/bin/python" ] || { echo "compat: the main .venv is missing; run: bash scripts/dev.sh setup" >&2; exit 1; }
-        set -- tests/test_import.py tests/test_model_files.py "tests/test_models.py::test_bridge_logits_equal_hf" \
+        set -- tests/package/test_import.py tests/inputs/test_model_files.py \
+            "tests/inputs/test_models.py::test_bridge_logits_equal_hf" \
             tests/compat -q -p no:cacheprovider
     fi
     TL_GEOMETRY_TL4_PYTHON="$venv/bin/python" exec "$env/bin/python" -m pytest "$@"

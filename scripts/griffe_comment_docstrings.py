@@ -4,7 +4,7 @@ becomes its docstring.
 The package documents its constants with ``#:`` comments (the Sphinx convention); griffe reads
 only string literals, so without this the reference would show a constant's value and nothing
 of what it means. An attribute that has a docstring keeps it. Loaded by mkdocs.yml's
-mkdocstrings options, and by tests/test_api_reference.py so that the test sees the same page.
+mkdocstrings options, and by tests/docs/test_api_reference.py so that the test sees the same page.
 """
 
 from __future__ import annotations

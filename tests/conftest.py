@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/reference.py and tests/cases.py
+# The shared helpers beside this file (tests/reference.py, tests/cases.py, tests/repo_paths.py, ...)
+# and every folder of test modules (tests/<package folder>/): a test imports another test module's
+# helpers by its name (``from test_ablation import TinyLM``), whichever files pytest was given.
+_TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(_TESTS), *sorted({str(p.parent) for p in _TESTS.glob("*/test_*.py")})]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -1,7 +1,7 @@
 """Top-N attention (docs/capacity.md) on a TransformerLens 3.x ``HookedTransformer``.
 
 Runs in the TransformerLens 3.9 environment (``bash scripts/compat.sh``); under TransformerLens
-4.x the whole module is skipped (the 4.x bridge is covered by ``tests/test_capacity.py``).
+4.x the whole module is skipped (the 4.x bridge is covered by ``tests/capacity/test_capacity.py``).
 SmolLM2 is grouped-query: 9 query heads read 3 KV heads, so head 4 reads KV head 1.
 """
 

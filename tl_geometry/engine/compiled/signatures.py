@@ -11,8 +11,8 @@ compiles leaves the cache whole and no later process compiles again.
 
 The backend hands every kernel C-contiguous arrays (:mod:`..backend`), so every array type here
 is C-ordered. The scoring kernel takes records (the named tuples of :mod:`..layout`), which numba
-types as a tuple of its fields' types tied to the class (:func:`_record`). tests/test_first_run.py
-checks that the engine's calls are exactly these.
+types as a tuple of its fields' types tied to the class (:func:`_record`).
+tests/engine/test_first_run.py checks that the engine's calls are exactly these.
 """
 
 from __future__ import annotations
