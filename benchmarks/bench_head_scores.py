@@ -12,7 +12,9 @@ that peak above the resident size before it:
 * ``analyze_model``: ``tl_geometry.analyze_model(model, window, attention=...)``, every other
   option at its default; ``--attention recompute`` (default) is the path whose memory does not
   grow as ``T²`` (``"auto"`` takes the pattern path for one window of 4,096 tokens, whose
-  ``[4, T, T]`` pattern is under its 1 GiB threshold, at 6.3 GiB: bench_long_context.json).
+  ``[4, T, T]`` pattern is under its 1 GiB threshold: 32.4 s and 3.0 GiB on one thread since that
+  path's forward ends at the last layer read, 48.8 s and 6.3 GiB before, with the logits;
+  results/bench_head_scores_auto_2026-12-07.json).
 
 Each phase's figures are printed to stderr as soon as it ends.
 
