@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from repo_paths import REPO
 
+from tl_geometry._version import __version__
+
 ROOT = REPO
 PACKAGE_DATA = ("tl_geometry/py.typed", "tl_geometry/inputs/sample_text.txt")
 # The start of the warning of a run that fell back from the compiled kernels to the torch twins.
@@ -107,7 +109,7 @@ print(json.dumps({
     assert sorted(info["data"]) == ["py.typed", "sample_text.txt"], info["data"]
     assert all(Path(path).is_relative_to(venv) for path in info["data"].values()), info["data"]
     assert info["sample_chars"] > 1000
-    assert Path(info["dist"]).is_relative_to(venv) and info["version"] == "0.1.0"
+    assert Path(info["dist"]).is_relative_to(venv) and info["version"] == __version__
     assert "editable" not in (info["direct_url"] or "")  # a wheel install, not the editable one
 
 

@@ -49,28 +49,25 @@ def score_rows(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutputs
     (SPEC §10) come from inner products here (:func:`_truncation`), not from the difference
     vectors as in the kernel: two computations that the tests hold to each other.
     ``chunk.start`` is not read: ``chunk.is_token`` keeps padding out of the candidates."""
-    rows, row_of, h0, group_size, queries, values, gram = (chunk.rows, chunk.row_of, chunk.h0, chunk.group_size,
-                                                           chunk.queries, chunk.values, chunk.gram)
-    n_values, samples, shuffles = settings.n_values, settings.samples, settings.shuffles
-    metrics, sink_in_top, sink_fields, random_var = outputs
-    n_cg, n_key = values.shape[1], values.shape[2]
-    n_ch = n_cg * group_size
-    n_sel = 2 + samples + shuffles
-    per_query = rows.shape[0] * n_ch * n_sel * len(n_values) * n_key
+    queries, values, gram = chunk.queries, chunk.values, chunk.gram
+    n_ch = values.shape[1] * chunk.group_size
+    n_sel = 2 + settings.samples + settings.shuffles
+    per_query = chunk.rows.shape[0] * n_ch * n_sel * len(settings.n_values) * values.shape[2]
     step = max(1, BLOCK_ELEMENTS // max(per_query, 1))
     inner = _Dots(values, gram if gram.numel() else None)
+    heads = slice(chunk.h0, chunk.h0 + n_ch)
     for q0 in range(0, queries.shape[1], step):
-        q1 = min(queries.shape[1], q0 + step)
-        _score_block(rows, row_of[:, q0:q1], h0, group_size, queries[:, q0:q1], chunk.is_token, chunk.sink,
-                     chunk.window, chunk.real_index, chunk.sequence_keys, inner, n_values, samples, shuffles,
-                     settings.shuffle_kind, settings.by_contribution, settings.cosine,
-                     metrics[:, h0 : h0 + n_ch, q0:q1], sink_in_top[:, h0 : h0 + n_ch, q0:q1],
-                     sink_fields[:, h0 : h0 + n_ch, q0:q1], random_var[:, h0 : h0 + n_ch, q0:q1])
+        block = slice(q0, min(queries.shape[1], q0 + step))
+        _score_block(chunk._replace(row_of=chunk.row_of[:, block], queries=queries[:, block]), settings,
+                     ScoreOutputs(*(out[:, heads, block] for out in outputs)), inner)
 
 
-def _score_block(rows, row_of, h0, group_size, queries, is_token, sink, window, real_index, sequence_keys, dots,
-                 n_values, samples, shuffles, shuffle_kind, by_contribution, cosine, metrics, sink_in_top,
-                 sink_fields, random_var) -> None:
+def _score_block(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutputs, dots: _Dots) -> None:
+    """:func:`score_rows` for one block of queries: ``chunk``'s queries and ``outputs`` are the
+    block's (the outputs also cut to the chunk's heads); ``dots`` gives the inner products."""
+    rows, row_of, h0, group_size, _, queries, is_token, _, sink, window, real_index, sequence_keys, _, _ = chunk
+    n_values, samples, shuffles, shuffle_kind, by_contribution, cosine = settings
+    metrics, sink_in_top, sink_fields, random_var = outputs
     device = dots.values.device
     n_b, n_cg, n_key = dots.values.shape[:3]
     n_ch = n_cg * group_size
