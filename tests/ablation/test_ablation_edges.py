@@ -66,3 +66,30 @@ def test_nested_entries_unwind_in_order(tiny, tokens):
             pass
         assert _loss(tiny, tokens) == ablated != base
     assert _loss(tiny, tokens) == base
+
+
+@pytest.mark.parametrize("sweep", ["head_sensitivity", "ablation_vs_random", "sparsification_curve"])
+def test_a_bad_reference_batch_is_refused_before_any_forward(tiny, tokens, sweep):
+    """The reference batch of ``mode="mean"`` is checked (by the mean-z pass) before the dense
+    and ablated forwards of every sweep."""
+    forwards = []
+    handle = tiny.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    extra = {"heads": [(0, 1)]} if sweep == "ablation_vs_random" else {}
+    extra |= {"order": tl_geometry.ablation.random_order(3, 4, seed=0)} if sweep == "sparsification_curve" else {}
+    try:
+        with pytest.raises(ValueError, match="reference_tokens"):
+            getattr(tl_geometry.ablation, sweep)(tiny, tokens, mode="mean", reference_tokens=tokens + 100,
+                                                 progress=False, **extra)
+    finally:
+        handle.remove()
+    assert forwards == []
+
+
+def test_the_one_window_warning_comes_before_the_sweep(tiny, tokens, monkeypatch):
+    def sweep(*args, **kwargs):
+        raise RuntimeError("the sweep started")
+
+    monkeypatch.setattr(tl_geometry.ablation.hooks, "replica_window_losses", sweep)
+    with pytest.warns(UserWarning, match="one window with next-token predictions"), \
+            pytest.raises(RuntimeError, match="the sweep started"):
+        tl_geometry.ablation.head_sensitivity(tiny, tokens[:1], progress=False)

@@ -89,15 +89,15 @@ def ablated_losses(
     (:func:`~tl_geometry.ablation.hooks.replica_window_losses`, ``per_forward`` replicas per
     forward), by zeros or, with ``mode="mean"``, by each head's mean ``z`` over
     ``reference_tokens`` (default: ``tokens``); a ``label`` bar counts the replicas in ``unit``."""
+    fill = None
+    if mode == "mean" and len(remove):  # first: mean_z checks the reference batch itself
+        if reference_tokens is None:
+            reference_tokens, reference_attention_mask = tokens, attention_mask
+        fill = _hooks.mean_z(model, reference_tokens, range(remove.shape[1]), reference_attention_mask)
     base = _losses.model_loss(model, tokens, attention_mask)
     dense = _losses.window_losses(model, tokens, attention_mask)
     if len(remove) == 0:
         return AblatedLosses(base, dense, None)
-    fill = None
-    if mode == "mean":
-        if reference_tokens is None:
-            reference_tokens, reference_attention_mask = tokens, attention_mask
-        fill = _hooks.mean_z(model, reference_tokens, range(remove.shape[1]), reference_attention_mask)
     bar = progress_counter(len(remove), label, unit) if progress else None
     try:
         ablated = _hooks.replica_window_losses(model, tokens, remove, fill=fill, attention_mask=attention_mask,

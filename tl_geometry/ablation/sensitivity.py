@@ -199,17 +199,17 @@ def head_sensitivity(
     remove = torch.zeros(len(pairs), n_layers, n_heads, dtype=torch.bool)
     remove[torch.arange(len(pairs)), pairs[:, 0], pairs[:, 1]] = True
     per_forward = batch_heads or _losses.replicas_per_forward(model, *tokens.shape)
+    if int(_losses.valid_targets(tokens, attention_mask).any(-1).sum()) < 2:  # before the sweep
+        warnings.warn(
+            "head_sensitivity got one window with next-token predictions: a loss increase has no "
+            "standard error over windows, so no head can be critical (SPEC §7). Pass ≥ 2 "
+            "windows, e.g. tl_geometry.text_windows(model, n_seqs=4).", UserWarning, stacklevel=2)
     start = time.perf_counter()
     base, dense, windows = ablated_losses(
         model, tokens, remove, mode, attention_mask=attention_mask, reference_tokens=reference_tokens,
         reference_attention_mask=reference_attention_mask, per_forward=per_forward, progress=progress,
         label="head sensitivity", unit="head")
     assert windows is not None  # pairs is not empty
-    if int((dense.weight > 0).sum()) < 2:
-        warnings.warn(
-            "head_sensitivity got one window with next-token predictions: a loss increase has no "
-            "standard error over windows, so no head can be critical (SPEC §7). Pass ≥ 2 "
-            "windows, e.g. tl_geometry.text_windows(model, n_seqs=4).", UserWarning, stacklevel=2)
     loss = torch.full((n_layers, n_heads), float("nan"), dtype=torch.float64)
     loss[pairs[:, 0], pairs[:, 1]] = windows.total
     window_loss = torch.full((n_layers, n_heads, tokens.shape[0]), float("nan"), dtype=torch.float64)

@@ -1,6 +1,6 @@
-"""The ``tl-geometry report`` command: load, cache, analyse, then :func:`~tl_geometry.report.write_report`.
+"""The ``tl-geometry report`` command: load, cache, analyse, then :func:`~tl_geometry.views.report.write_report`.
 
-Kept apart from :mod:`tl_geometry.report` so that building the command-line parser does not import
+Kept apart from :mod:`tl_geometry.views.report` so that building the command-line parser does not import
 matplotlib and the views.
 """
 

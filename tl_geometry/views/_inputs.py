@@ -1,5 +1,5 @@
 """What the token-level views read: token strings, one layer's heads from a cache (through
-:func:`tl_geometry.cache.read_layer`, never written to), cropping."""
+:func:`~tl_geometry.inputs.cache.read_layer`, never written to), cropping."""
 
 from __future__ import annotations
 

@@ -36,9 +36,9 @@ def token_view(
 
     >>> token_view(cache, 5, 3, tokens=tokens, model=model, query=-1)  # doctest: +SKIP
     """
-    rows, n_pos, q, kept, cropped, labels = prepare(cache, layer, head, tokens, model, batch, query, max_tokens)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}.")
+    rows, n_pos, q, kept, cropped, labels = prepare(cache, layer, head, tokens, model, batch, query, max_tokens)
     contrib = rows.contributions(q)[0]  # [key]; zero after q (causal)
     ranks = top_n_ranks(contrib, torch.arange(n_pos) <= q)  # ties → lower index, as the winner rule
     top_keys = ranks.argsort()[: min(n, q + 1)].tolist()  # ranks are a permutation: its inverse

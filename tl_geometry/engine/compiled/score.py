@@ -452,7 +452,7 @@ def _columns(values, n_keys, columns, gdiag):  # pragma: no cover - compiled
     """``columns[c, k] = v_k[c]`` (widened to float64) and ``gdiag[k] = ‖v_k‖²`` for the first
     ``n_keys`` keys of one value group ``values [k, d]``: the layout :func:`_fill_dots` reads
     along the keys. ``‖v_k‖²`` is summed over the components in order, as
-    :func:`..geometry.sink_geometry` sums it."""
+    :func:`.geometry.sink_geometry` sums it."""
     for k in range(n_keys):
         for c in range(values.shape[1]):
             columns[c, k] = values[k, c]
