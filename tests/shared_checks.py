@@ -96,13 +96,13 @@ def assert_same_analysis(a, b, tol: float = 1e-6) -> None:
 def spy_head_score_inputs(monkeypatch) -> list[torch.Tensor]:
     """The token batches head_scores forwards, in order (each a copy), while it still runs them."""
     seen: list[torch.Tensor] = []
-    real = _head_scores._patterns
+    real = _head_scores._forward
 
-    def patterns(model, tokens):
+    def forward(model, tokens, *args):
         seen.append(tokens.clone())
-        return real(model, tokens)
+        return real(model, tokens, *args)
 
-    monkeypatch.setattr(_head_scores, "_patterns", patterns)
+    monkeypatch.setattr(_head_scores, "_forward", forward)
     return seen
 
 

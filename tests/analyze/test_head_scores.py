@@ -179,10 +179,10 @@ class Forward(Exception):
 
 
 def _no_forward(monkeypatch) -> None:
-    def patterns(model, tokens):
+    def forward(*args):
         raise Forward
 
-    monkeypatch.setattr(_head_scores, "_patterns", patterns)
+    monkeypatch.setattr(_head_scores, "_forward", forward)
 
 
 def test_default_windows_are_the_analysis_length_and_sink_epsilon_reads_64(monkeypatch):

@@ -114,26 +114,31 @@ def _reference(model, seen, scores) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.real_model
+@pytest.mark.parametrize("attention", ["pattern", "recompute"])
 @pytest.mark.parametrize("budget", [None, 1])
-def test_scores_equal_those_of_every_cached_layer(real, monkeypatch, budget):
+def test_scores_equal_those_of_every_cached_layer(real, monkeypatch, attention, budget):
     """64-token windows (Sink^ε reads them: no forward apart); ``budget=1``: one sequence per
-    forward, the means weighted by batch."""
+    forward, the means weighted by batch. The recompute path reads no pattern at all, and its
+    weights (float64 from the captured queries and keys) equal the cached ones to 1e-6."""
     model = real.model
     if budget is not None:
-        monkeypatch.setattr(_head_scores, "PATTERN_BUDGET", budget)
+        monkeypatch.setattr(_head_scores, "PATTERN_BUDGET" if attention == "pattern" else "CAPTURE_TOKENS", budget)
     seen = spy_head_score_inputs(monkeypatch)
     fired: list[str] = []
     alive: list[list[int]] = []
     with model.hooks(fwd_hooks=[*_spy_patterns(model, alive), _fires("unembed.hook_in", fired)]):
-        scores = tl_geometry.head_scores(model, seq_len=64, repeat=8, seed=3)
+        scores = tl_geometry.head_scores(model, seq_len=64, repeat=8, seed=3, attention=attention)
+    assert scores.attrs["attention"] == attention
     kinds: dict[int, list[torch.Tensor]] = {}  # the batches of each kind of sequence, joined
     for tokens in seen:
         kinds.setdefault(tokens.shape[1], []).append(tokens)
     seen = [torch.cat(batches) for batches in kinds.values()]
     assert [tuple(t.shape) for t in seen] == [(8, 17), (8, 64), (8, 112)]
-    # No logits, and no earlier layer's pattern alive when a layer's is formed.
+    # No logits, and no earlier layer's pattern alive when a layer's is formed (none at all
+    # formed by the recompute path).
     assert fired == [] and all(counts == [0] * model.cfg.n_layers for counts in alive)
-    assert len(alive) == (3 if budget is None else 24)
+    assert len(alive) == (0 if attention == "recompute" else 3 if budget is None else 24)
+    assert sum(len(b) for b in kinds.values()) == (3 if budget is None else 24)
     want = _reference(model, seen, scores)
     for name, values in want.items():
         np.testing.assert_allclose(scores[name].to_numpy(), values, rtol=0, atol=1e-6, err_msg=name)
@@ -142,12 +147,14 @@ def test_scores_equal_those_of_every_cached_layer(real, monkeypatch, budget):
 
 
 @pytest.mark.real_model
-def test_auto_sink_equals_the_choice_from_every_cached_layer(smollm2, monkeypatch):
+@pytest.mark.parametrize("attention", ["pattern", "recompute"])
+def test_auto_sink_equals_the_choice_from_every_cached_layer(smollm2, monkeypatch, attention):
     """``sink="auto"`` chooses from every layer's first-keys mass, read inside the forward."""
     model = smollm2.model
     windows = tl_geometry.text_windows(model, n_seqs=3, seq_len=48)
-    monkeypatch.setattr(_head_scores, "PATTERN_BUDGET", 1)  # the choice made per batch
-    scores = tl_geometry.head_scores(model, windows=windows, repeat=4, sink="auto")
+    for budget in ("PATTERN_BUDGET", "CAPTURE_TOKENS"):  # the choice made per batch
+        monkeypatch.setattr(_head_scores, budget, 1)
+    scores = tl_geometry.head_scores(model, windows=windows, repeat=4, sink="auto", attention=attention)
     patterns = _cached(model, windows)
     is_token = torch.ones(windows.shape, dtype=torch.bool)
     sinks = choose_sink([first_keys_mass(PatternRows(p), is_token, None) for p in patterns]).tolist()

@@ -263,7 +263,7 @@ def test_analyze_model_checks_every_windows_sink_before_the_first_batch(monkeypa
 def test_head_scores_checks_sink_before_the_first_forward(monkeypatch, sink, match):
     """head_scores ran its forwards first and read the given positions last (about 40 s in on
     a real model): they are now read against the text windows before any."""
-    monkeypatch.setattr(_head_scores, "_patterns", _refuse)
+    monkeypatch.setattr(_head_scores, "_forward", _refuse)
     with pytest.raises(ValueError, match=match):
         tl_geometry.head_scores(tiny_scored(True), seq_len=16, repeat=4, sink=sink)
 
@@ -275,7 +275,7 @@ def test_every_front_door_goes_through_the_one_sink_check(monkeypatch):
     calls = []
     given = _sink._given
     monkeypatch.setattr(_sink, "_given", lambda sink: (calls.append(sink), given(sink))[1])
-    monkeypatch.setattr(_head_scores, "_patterns", _refuse)
+    monkeypatch.setattr(_head_scores, "_forward", _refuse)
     model = TinyLM().eval()
     monkeypatch.setattr(model, "forward", _refuse)
     tokens = torch.randint(3, 40, (2, 40), generator=torch.Generator().manual_seed(2))

@@ -2,9 +2,10 @@
 
 One forward pass per kind of sequence: repeated random tokens (previous-token, duplicate-token,
 induction), real-text windows (sink rate, Sink^ε) and the same windows with a random needle
-(retrieval). Each layer is scored inside the forward from a hook on its ``hook_pattern``, and
-the forward ends at the last layer's pattern (no logits). The math is in
-:mod:`tl_geometry.functional.head_scores`.
+(retrieval). Each layer is scored inside the forward, which never computes logits: from its
+captured queries and keys where the model is a Hugging Face one (or a bridge around one), only
+the weights the scores read (:mod:`.score_weights`); else from a hook on its ``hook_pattern``,
+the forward ending at the last layer's. The math is in :mod:`tl_geometry.functional.head_scores`.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from ..engine.block import PatternRows
 from ..engine.sink_choice import CANDIDATES, choose_sink, first_keys_mass
 from ..functional import head_scores as _scores
 from ..inputs.cache import PATTERN_HOOK, CacheError, first_few
-from ..inputs.capture import model_windows
+from ..inputs.capture import capture_attention, model_windows
 from ..inputs.models import trained_with_bos
 from ..inputs.text import text_windows
 from ..inputs.tokens import check_token_ids
 from . import sink as _sink
+from .from_model import ATTENTION_SOURCES, AttentionSource
+from .recompute import can_recompute
+from .score_weights import CaptureWeights, PatternWeights
 from .sink import Sink
 from .stop import StopForward, forward_until_stopped
 
@@ -44,16 +47,20 @@ RETRIEVAL_EXTRA = _scores.NEEDLE_LENGTH + _scores.NEEDLE_REPEATED
 #: more: eager attention over larger batches is slower per sequence on CPU (8 windows of 512
 #: tokens: 12.9 s against 15.3 s at 256 MiB on SmolLM2, 13.5 s against 14.0 s on Gemma-3).
 PATTERN_BUDGET = 1 << 25
+#: Tokens per forward of the capture path (its memory grows as tokens × width, not as ``T²``).
+CAPTURE_TOKENS = 1 << 14
 #: Seeds are whole numbers in ``[0, MAX_SEED)``.
 MAX_SEED = 2**63
 
-Score = Callable[[Tensor, int], Tensor]
+Weights = CaptureWeights | PatternWeights
+Score = Callable[[Weights, int], Tensor]
 T = TypeVar("T")
 
 
 def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = None,
                 repeated: Tensor | None = None, windows: Tensor | None = None,
-                sink_windows: Tensor | None = None, seed: int = 0, sink: Sink = None):
+                sink_windows: Tensor | None = None, seed: int = 0, sink: Sink = None,
+                attention: AttentionSource = "auto"):
     """Per (layer, head), the scores of SPEC §9 as a ``pandas.DataFrame``.
 
     Columns ``layer, head, previous_token, duplicate_token, induction, sink_rate, retrieval,
@@ -63,8 +70,8 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     Gu et al., ICLR 2025: the share of heads whose sink rate on windows of
     ``attrs["sink_epsilon_seq_len"]`` = 64 tokens is above ``attrs["epsilon"]`` = 0.3, whatever
     ``seq_len``), ``seq_len``, ``n_windows``, ``repeat``, ``window`` (each layer's sliding
-    window; ``None`` for a model without any), ``trained_with_bos`` and ``sink`` (the rule and
-    each text window's sink position).
+    window; ``None`` for a model without any), ``trained_with_bos``, ``attention`` (the path the
+    weights came from) and ``sink`` (the rule and each text window's sink position).
 
     Where the sink is not key 0 of every window (``sink="auto"``, the default for a model trained
     without BOS, or given positions), the column ``sink_rate_selected`` is the mean weight on each
@@ -97,6 +104,14 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
         seed: seeds the random tokens; a whole number in ``[0, 2**63)``.
         sink: the text windows' sink (SPEC §1), as :func:`tl_geometry.analyze_heads` takes it,
             checked against the windows before any forward.
+        attention: where the weights come from (as :func:`tl_geometry.analyze_model` takes it).
+            ``"recompute"``: the Hugging Face forward with SDPA and no LM head; only the weights
+            the scores read are recomputed in float64 from each layer's queries and keys
+            (:mod:`tl_geometry.analyze.score_weights`), equal to the pattern's to float32
+            round-off (about 1e-6). ``"pattern"``: ``hook_pattern`` of the eager forward.
+            ``"auto"`` (default, ours): recompute wherever the model can (a transformers model or
+            a ``TransformerBridge`` around one), since a mean of weights does not move at that
+            round-off and the eager forward holds ``[batch, head, T, T]``; else the pattern.
 
     Example:
         >>> scores = tl_geometry.head_scores(model, seq_len=128)           # doctest: +SKIP
@@ -106,6 +121,7 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
 
     cfg = _check_model(model)
     seed = _check_seed(seed)
+    recompute = _use_recompute(model, attention)
     _sink.check(sink)  # its positions against the windows once they are known, before any forward
     layer_window = _layer_windows(model, cfg.n_layers)
     n_ctx = getattr(cfg, "n_ctx", None)
@@ -167,23 +183,30 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     with_needle = torch.cat([windows[:, :middle], needles, windows[:, middle:],
                              needles[:, :_scores.NEEDLE_REPEATED]], dim=1)
 
-    def sink_64(pattern: Tensor, layer: int) -> Tensor:
-        short = _scores.SINK_EPSILON_LENGTH
-        return _scores.sink_rate(pattern[..., :short, :short], layer_window[layer])
+    def sink_rate(w: Weights, layer: int, n_pos: int | None = None) -> Tensor:
+        return w.mean_weight(*_scores.sink_pairs(n_pos or w.n_pos, w.device), layer_window[layer])
 
-    text_scores: dict[str, Score] = {"sink_rate": lambda p, layer: _scores.sink_rate(p, layer_window[layer])}
+    def sink_64(w: Weights, layer: int) -> Tensor:
+        return sink_rate(w, layer, _scores.SINK_EPSILON_LENGTH)  # causal: the prefix's own weights
+
+    text_scores: dict[str, Score] = {"sink_rate": sink_rate}
     if sink_windows is None and length >= _scores.SINK_EPSILON_LENGTH:
         text_scores["sink_64"] = sink_64  # the 64-token prefixes, read in the same forward
+
+    def repeated_score(pairs: Callable[..., tuple[Tensor, Tensor]], *args: int) -> Score:
+        return lambda w, layer: w.mean_weight(*pairs(w.n_pos, *args, start, w.device), layer_window[layer])
+
+    means = functools.partial(_layer_means, model, recompute=recompute)
     columns = {
-        **_layer_means(model, repeated, {
-            "previous_token": lambda p, layer: _scores.previous_token_score(p, start, layer_window[layer]),
-            "duplicate_token": lambda p, layer: _scores.duplicate_token_score(p, repeat, start, layer_window[layer]),
-            "induction": lambda p, layer: _scores.induction_score(p, repeat, start, layer_window[layer]),
+        **means(repeated, {
+            "previous_token": repeated_score(_scores.previous_token_pairs),
+            "duplicate_token": repeated_score(_scores.second_copy_pairs, repeat, 0),
+            "induction": repeated_score(_scores.second_copy_pairs, repeat, 1),
         }),
-        **_layer_means(model, windows, text_scores),
-        **(_layer_means(model, sink_windows, {"sink_64": sink_64}) if sink_windows is not None else {}),
-        **_layer_means(model, with_needle, {
-            "retrieval": lambda p, layer: _scores.argmax_share(p, queries, keys, layer_window[layer])}),
+        **means(windows, text_scores),
+        **(means(sink_windows, {"sink_64": sink_64}) if sink_windows is not None else {}),
+        **means(with_needle, {"retrieval": lambda w, layer: w.argmax_share(
+            queries.to(w.device), keys.to(w.device), layer_window[layer])}),
     }
     if "sink_64" in columns:
         epsilon = _scores.sink_epsilon(torch.cat([v.cpu() for v in columns["sink_64"]]))
@@ -196,7 +219,7 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
                       "or windows of at least that length.", UserWarning, stacklevel=2)
     n_layers, n_heads = cfg.n_layers, cfg.n_heads
     selected, positions = (None, [0] * int(windows.shape[0])) if chosen == [0] else _selected_sink_rates(
-        model, windows, chosen, layer_window)
+        model, windows, chosen, layer_window, recompute)
     if selected is not None:
         columns["sink_rate_selected"] = selected
     sink_counts = torch.tensor([_scores.sink_queries(length, w) for w in layer_window])
@@ -211,13 +234,13 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     frame.attrs.update(sink_epsilon=epsilon, sink_epsilon_seq_len=_scores.SINK_EPSILON_LENGTH,
                        epsilon=_scores.SINK_EPSILON, seq_len=length, n_windows=int(windows.shape[0]),
                        repeat=repeat, window=None if not any(layer_window) else list(layer_window),
-                       trained_with_bos=with_bos,
+                       trained_with_bos=with_bos, attention="recompute" if recompute else "pattern",
                        sink={"rule": _sink.AUTO if chosen == _sink.AUTO else "given", "positions": positions})
     return frame
 
 
 def _selected_sink_rates(model: Any, windows: Tensor, chosen: str | list[int],
-                         layer_window: Sequence[int | None]) -> tuple[list[Tensor], list[int]]:
+                         layer_window: Sequence[int | None], recompute: bool) -> tuple[list[Tensor], list[int]]:
     """Per layer, the mean weight ``α[t, p]`` on each window's sink ``p`` over the queries
     ``t > p`` that see it (per head, mean over windows); and the positions. ``"auto"`` chooses
     ``p`` per window from the same forward (:func:`tl_geometry.engine.sink_choice.choose_sink`)."""
@@ -228,18 +251,21 @@ def _selected_sink_rates(model: Any, windows: Tensor, chosen: str | list[int],
     given = [] if auto else _sink.positions(chosen, torch.ones(windows.shape, dtype=torch.bool), 0, n_seqs).tolist()
     keys = [range(min(CANDIDATES, n_pos))] * n_seqs if auto else [[p] for p in given]
 
-    def read(lo: int, pattern: Tensor, layer: int) -> tuple[Tensor | None, list[list[Tensor]]]:
+    def read(lo: int, w: Weights, layer: int) -> tuple[Tensor | None, list[list[Tensor]]]:
         window = layer_window[layer]
-        is_token = torch.ones(pattern.shape[0], n_pos, dtype=torch.bool, device=pattern.device)
-        mass = first_keys_mass(PatternRows(pattern), is_token, window).cpu() if auto else None
-        return mass, [[_scores.mean_weight(pattern[b:b + 1], *_after(p, n_pos, pattern.device), window)
-                       for p in keys[lo + b]] for b in range(pattern.shape[0])]
+        is_token = torch.ones(w.batch, n_pos, dtype=torch.bool, device=w.device)
+        mass = first_keys_mass(w.rows(), is_token, window).cpu() if auto else None
+        # Each window's candidates (or its given sink) as columns: key p is column j.
+        wanted = sorted({p for b in range(len(is_token)) for p in keys[lo + b]})
+        columns, column = w.key_columns(wanted), {p: j for j, p in enumerate(wanted)}
+        return mass, [[columns[b:b + 1, :, _after(p, n_pos, window, w.device), column[p]].double().mean(dim=(0, 2))
+                       for p in keys[lo + b]] for b in range(len(is_token))]
 
     per_window: list[list[Tensor]] = [[] for _ in layer_window]
     positions: list[int] = []
-    batch = _batch_size(model, n_seqs, n_pos)
+    batch = _batch_size(model, n_seqs, n_pos, recompute)
     for lo in range(0, n_seqs, batch):
-        masses, rates = zip(*_each_layer(model, windows[lo:lo + batch], functools.partial(read, lo)))
+        masses, rates = zip(*_each_layer(model, windows[lo:lo + batch], functools.partial(read, lo), recompute))
         sinks = choose_sink(masses).tolist() if auto else given[lo:lo + batch]
         positions += [int(p) for p in sinks]
         for layer, per_key in enumerate(rates):
@@ -247,10 +273,10 @@ def _selected_sink_rates(model: Any, windows: Tensor, chosen: str | list[int],
     return [torch.stack(layer_rates).nanmean(0) for layer_rates in per_window], positions
 
 
-def _after(p: int, n_pos: int, device: Any) -> tuple[Tensor, Tensor]:
-    """The (query, key) pairs ``(t, p)`` for every query ``t > p``."""
+def _after(p: int, n_pos: int, window: int | None, device: Any) -> Tensor:
+    """The queries ``t > p`` that see key ``p`` (:func:`~tl_geometry.functional.head_scores.visible`)."""
     t = torch.arange(p + 1, n_pos, device=device)
-    return t, torch.full_like(t, p)
+    return t[_scores.visible(t, torch.full_like(t, p), window)]
 
 
 def ordinary_tokens(model: Any) -> Tensor:
@@ -444,54 +470,78 @@ def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
                          "n_seqs=..., seq_len=...).")
 
 
-def _batch_size(model: Any, n_seqs: int, n_pos: int) -> int:
+def _use_recompute(model: Any, attention: Any) -> bool:
+    """Whether this run reads captured queries and keys (see ``head_scores``'s ``attention``)."""
+    if attention not in ATTENTION_SOURCES:
+        raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_SOURCES))}, "
+                         f"got {attention!r}.")
+    possible = can_recompute(model)
+    if attention == "recompute" and not possible:
+        raise ValueError("attention='recompute' needs a Hugging Face model to capture queries and keys "
+                         "from (a transformers model or a TransformerBridge around one); use "
+                         "attention='pattern' for this model.")
+    return attention != "pattern" and possible
+
+
+def _batch_size(model: Any, n_seqs: int, n_pos: int, recompute: bool) -> int:
     """Sequences per forward: as many as keep one layer's float32 pattern within
-    :data:`PATTERN_BUDGET` (at least one)."""
-    return max(1, min(n_seqs, PATTERN_BUDGET // (model.cfg.n_heads * n_pos * n_pos * 4)))
+    :data:`PATTERN_BUDGET`, or the capture path's tokens within :data:`CAPTURE_TOKENS` (at
+    least one)."""
+    fit = CAPTURE_TOKENS // n_pos if recompute else PATTERN_BUDGET // (model.cfg.n_heads * n_pos * n_pos * 4)
+    return max(1, min(n_seqs, fit))
 
 
-def _layer_means(model: Any, tokens: Tensor, scores: dict[str, Score]) -> dict[str, list[Tensor]]:
+def _layer_means(model: Any, tokens: Tensor, scores: dict[str, Score], recompute: bool) -> dict[str, list[Tensor]]:
     """Per score and layer, its per-head mean over every sequence of ``tokens`` (each score called
-    with a layer's pattern and index), in batches within :data:`PATTERN_BUDGET` weighted by size."""
+    with a layer's weights and index), in batches (:func:`_batch_size`) weighted by size."""
     n_seqs, n_pos = tokens.shape
-    batch = _batch_size(model, n_seqs, n_pos)
+    batch = _batch_size(model, n_seqs, n_pos, recompute)
     parts: dict[str, list[list[Tensor]]] = {name: [[] for _ in range(model.cfg.n_layers)] for name in scores}
     for lo in range(0, n_seqs, batch):
         chunk = tokens[lo:lo + batch]
-        per_layer = _each_layer(model, chunk, lambda pattern, layer: {
-            name: score(pattern, layer) for name, score in scores.items()})
+        per_layer = _each_layer(model, chunk, lambda weights, layer: {
+            name: score(weights, layer) for name, score in scores.items()}, recompute)
         for layer, values in enumerate(per_layer):
             for name, value in values.items():
                 parts[name][layer].append(value * (len(chunk) / n_seqs))
     return {name: [torch.stack(values).sum(0) for values in layers] for name, layers in parts.items()}
 
 
-def _each_layer(model: Any, tokens: Tensor, read: Callable[[Tensor, int], T]) -> list[T]:
-    """``read(pattern, layer)`` of each layer's ``hook_pattern`` for ``tokens``, in layer order,
-    called inside the forward, which ends at the last layer (no logits)."""
+def _each_layer(model: Any, tokens: Tensor, read: Callable[[Weights, int], T], recompute: bool) -> list[T]:
+    """``read(weights, layer)`` of each layer for ``tokens``, in layer order (:func:`_forward`)."""
     n_layers = model.cfg.n_layers
     out: list[tuple[int, T]] = []
 
-    def hook_for(layer: int) -> Callable[..., None]:
-        def hook(pattern: Tensor, hook: Any = None) -> None:
-            out.append((layer, read(pattern, layer)))
-            if layer == n_layers - 1:
-                raise StopForward
+    def on_layer(weights: Weights, layer: int) -> None:
+        out.append((layer, read(weights, layer)))
+        if layer == n_layers - 1:
+            raise StopForward
 
-        return hook
-
-    hooks = [(PATTERN_HOOK.format(layer=layer), hook_for(layer)) for layer in range(n_layers)]
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        _patterns(model, tokens)
+    _forward(model, tokens, recompute, on_layer)
     fired = [layer for layer, _ in out]
     if fired != list(range(n_layers)):
-        raise CacheError(f"{_label(model)}'s forward fired hook_pattern on layers {fired}, not once on "
-                         f"each of 0..{n_layers - 1} in order: head_scores reads every layer's attention "
-                         "pattern (TransformerLens hooks on eager attention).")
+        ran, how = (("ran attention", "the capture of transformers' attention functions") if recompute
+                    else ("fired hook_pattern", "TransformerLens hooks on eager attention"))
+        raise CacheError(f"{_label(model)}'s forward {ran} on layers {fired}, not once on each of "
+                         f"0..{n_layers - 1} in order: head_scores reads every layer's attention "
+                         f"weights ({how}).")
     return [value for _, value in out]
 
 
-def _patterns(model: Any, tokens: Tensor) -> None:
-    """One forward of ``tokens`` through the ``hook_pattern`` hooks in place, up to the last
-    layer's, which ends it (:class:`~tl_geometry.analyze.stop.StopForward`)."""
-    forward_until_stopped(model, tokens.to(getattr(model.cfg, "device", None) or "cpu"), return_type=None)
+def _forward(model: Any, tokens: Tensor, recompute: bool, on_layer: Callable[[Weights, int], None]) -> None:
+    """One forward of ``tokens`` without logits, calling ``on_layer(weights, layer)`` inside it as
+    each layer's attention runs, up to the :class:`~tl_geometry.analyze.stop.StopForward` it
+    raises: from the layer's capture (:class:`.score_weights.CaptureWeights`, each query's
+    log-sum-exp where the kernel gives it) or from its ``hook_pattern``
+    (:class:`.score_weights.PatternWeights`)."""
+    if recompute:
+        try:
+            capture_attention(model, tokens, lambda c: on_layer(CaptureWeights(c), c.layer), logsumexp=True)
+        except StopForward:
+            pass
+        return
+    hooks = [(PATTERN_HOOK.format(layer=layer),
+              functools.partial(lambda layer, pattern, hook=None: on_layer(PatternWeights(pattern), layer), layer))
+             for layer in range(model.cfg.n_layers)]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        forward_until_stopped(model, tokens.to(getattr(model.cfg, "device", None) or "cpu"), return_type=None)

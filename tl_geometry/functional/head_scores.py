@@ -45,6 +45,44 @@ def visible(queries: Int[Tensor, " q"], keys: Int[Tensor, " q"], window: int | N
     return seen if window is None else seen & (queries - keys < _window(window))
 
 
+Pairs = tuple[Int[Tensor, " q"], Int[Tensor, " q"]]
+
+
+def previous_token_pairs(n_pos: int, start: int = 1, device: torch.device | str | None = None) -> Pairs:
+    """The (query, key) pairs of :func:`previous_token_score`: ``(t, t−1)`` for ``t = start+1 … T−1``.
+
+    >>> [x.tolist() for x in previous_token_pairs(4)]
+    [[2, 3], [1, 2]]
+    """
+    t = torch.arange(_start(start) + 1, n_pos, device=device)
+    return t, t - 1
+
+
+def second_copy_pairs(n_pos: int, repeat: int, offset: int, start: int = 1,
+                      device: torch.device | str | None = None) -> Pairs:
+    """The pairs ``(t, t−R+offset)`` over a repeated sequence's second copy ``t = start+R …
+    start+2R−1``: :func:`duplicate_token_score`'s (``offset = 0``) and :func:`induction_score`'s
+    (``offset = 1``). ``n_pos`` must be ``start + 2R``.
+
+    >>> [x.tolist() for x in second_copy_pairs(5, 2, 1)]
+    [[3, 4], [2, 3]]
+    """
+    start = _start(start)
+    if n_pos != start + 2 * repeat:
+        layout = "BOS + 2R" if start else "2R, no BOS"
+        raise ValueError(f"a repeated sequence of R = {repeat} has {start + 2 * repeat} positions "
+                         f"({layout}); this pattern has {n_pos}.")
+    t = torch.arange(start + repeat, start + 2 * repeat, device=device)
+    return t, t - repeat + offset
+
+
+def sink_pairs(n_pos: int, device: torch.device | str | None = None) -> Pairs:
+    """The pairs of :func:`sink_rate`: ``(t, 0)`` for every query ``t ≥ 1`` (the window decides
+    which of them count)."""
+    t = torch.arange(1, n_pos, device=device)
+    return t, torch.zeros_like(t)
+
+
 def mean_weight(
     pattern: Float[Tensor, "batch head query key"],
     queries: Int[Tensor, " q"],
@@ -70,8 +108,7 @@ def previous_token_score(
     """Mean of ``α[t, t−1]`` over the queries after the repeated sequence's first token,
     ``t = start+1 … T−1`` (SPEC §9): ``2 … 2R`` after BOS (``start = 1``), ``1 … 2R−1``
     without it (``start = 0``)."""
-    t = torch.arange(_start(start) + 1, pattern.shape[-2], device=pattern.device)
-    return mean_weight(pattern, t, t - 1, window)
+    return mean_weight(pattern, *previous_token_pairs(pattern.shape[-2], start, pattern.device), window)
 
 
 def duplicate_token_score(
@@ -80,8 +117,7 @@ def duplicate_token_score(
     """Mean of ``α[t, t−R]`` over the second copy ``t = start+R … start+2R−1`` of a repeated
     sequence (SPEC §9): attention to the earlier occurrence of the current token. On a layer
     with window ``w ≤ R`` that key is hidden from every query: NaN (``R ≤ w − 1`` reads it)."""
-    t = _second_copy(pattern, repeat, start)
-    return mean_weight(pattern, t, t - repeat, window)
+    return mean_weight(pattern, *second_copy_pairs(pattern.shape[-2], repeat, 0, start, pattern.device), window)
 
 
 def induction_score(
@@ -89,8 +125,7 @@ def induction_score(
 ) -> Float[Tensor, " head"]:
     """Mean of ``α[t, t−R+1]`` over the second copy ``t = start+R … start+2R−1`` (SPEC §9):
     attention to the token right after the earlier occurrence of the current token."""
-    t = _second_copy(pattern, repeat, start)
-    return mean_weight(pattern, t, t - repeat + 1, window)
+    return mean_weight(pattern, *second_copy_pairs(pattern.shape[-2], repeat, 1, start, pattern.device), window)
 
 
 def sink_queries(n_pos: int, window: int | None = None) -> int:
@@ -107,8 +142,7 @@ def sink_rate(pattern: Float[Tensor, "batch head pos pos"], window: int | None =
     """Mean of key 0's weight ``α[t, 0]`` over the queries ``t ≥ 1`` that see key 0 (SPEC §9,
     Gu et al.'s first-token definition): all of them on a global layer, ``t ≤ w − 1`` on a
     layer with window ``w`` (:func:`sink_queries` of them); NaN where none does."""
-    t = torch.arange(1, pattern.shape[-2], device=pattern.device)
-    return mean_weight(pattern, t, torch.zeros_like(t), window)
+    return mean_weight(pattern, *sink_pairs(pattern.shape[-2], pattern.device), window)
 
 
 def sink_epsilon(rates: Float[Tensor, ...], epsilon: float = SINK_EPSILON) -> float:
@@ -153,7 +187,13 @@ def argmax_share(
     over the queries that see their expected key (:func:`visible`); NaN where none does."""
     keep = visible(queries, keys, window)
     queries, keys = queries[keep], keys[keep]
-    winners = pattern[:, :, queries].argmax(-1)  # [batch, head, q]
+    return share_of_argmax(pattern[:, :, queries], keys)
+
+
+def share_of_argmax(rows: Float[Tensor, "batch head q key"], keys: Int[Tensor, " q"]) -> Float[Tensor, " head"]:
+    """Per head, the share of rows whose argmax key (ties → lower index) is ``keys[q]``; NaN
+    without a row."""
+    winners = rows.argmax(-1)  # [batch, head, q]
     return (winners == keys.to(winners.device)).double().mean(dim=(0, 2))
 
 
@@ -171,10 +211,3 @@ def _start(start: int) -> int:
     return start
 
 
-def _second_copy(pattern: Tensor, repeat: int, start: int = 1) -> Tensor:
-    start = _start(start)
-    if pattern.shape[-2] != start + 2 * repeat:
-        layout = "BOS + 2R" if start else "2R, no BOS"
-        raise ValueError(f"a repeated sequence of R = {repeat} has {start + 2 * repeat} positions "
-                         f"({layout}); this pattern has {pattern.shape[-2]}.")
-    return torch.arange(start + repeat, start + 2 * repeat, device=pattern.device)
