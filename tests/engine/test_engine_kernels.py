@@ -184,6 +184,26 @@ def test_reduce_kernel_equals_its_torch_twin():
     assert compiled.inst_count.sum() < torch.isfinite(metrics[:, :, :, 0, :, 0]).sum()
 
 
+@pytest.mark.parametrize("window", [NO_WINDOW, 40, 200])
+def test_tally_kernel_equals_its_torch_twin(window):
+    """Every vote kind and −1, left and right padding, sinks after the first real token, a
+    window that hides the sink from later queries, full blocks of 128 deciding queries and a
+    partial one."""
+    rng = np.random.default_rng(window % 7)
+    b, h, n_pos = 4, 3, 300
+    vote_of = torch.from_numpy(rng.integers(-1, 3, (b, h, n_pos)).astype(np.int8))
+    is_token = torch.ones(b, n_pos, dtype=torch.bool)
+    is_token[1, :20] = False  # left padding
+    is_token[2, 250:] = False  # right padding
+    start = torch.tensor([0, 20, 0, 0])
+    sink = torch.tensor([0, 20, 3, 9])
+    compiled = NUMBA.tally(vote_of, is_token, start, sink, window)
+    twin = TORCH.tally(vote_of, is_token, start, sink, window)
+    for name in twin._fields:
+        assert torch.equal(getattr(compiled, name), getattr(twin, name)), name
+    assert (twin.blocks.sum() > 0) == (window > 128) and (twin.beyond.sum() > 0) == (window < n_pos)
+
+
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("queries", ["all", "last", "shuffled"])
 def test_sink_geometry_kernel_equals_its_torch_twin(queries, window):

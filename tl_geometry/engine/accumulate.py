@@ -182,6 +182,9 @@ class Accumulator:
         ``n_queries`` chosen queries and ``n_blocks`` vote blocks per row where it had none yet."""
         votes, rows, blocks = self.sequence_votes, self.truncation_rows, self.block_votes
         scores, sinks, bounds = self.window_scores, self.window_sink, self.window_bounds
+        if (min(len(votes), len(rows), len(blocks), len(scores)) >= n
+                and n_queries in (None, rows.shape[1]) and n_blocks in (None, blocks.shape[1])):
+            return self  # every layer after a batch's first: nothing to grow
         if n_queries is not None and rows.shape[1] != n_queries:
             if rows.shape[1]:
                 raise ValueError(f"a batch has {n_queries} chosen queries per sequence, the earlier "
@@ -221,9 +224,10 @@ class Accumulator:
         self.beyond_votes[li] += stats.beyond_votes.to(self.beyond_votes.device, torch.int64)
         stop = sequence_offset + stats.sequence_votes.shape[0]
         grown = self._rows(stop, stats.truncation_rows.shape[1], stats.block_votes.shape[1])
-        for name in ("sequence_votes", "truncation_rows", "block_votes", "window_scores", "window_sink",
-                     "window_bounds"):
-            setattr(self, name, getattr(grown, name))
+        if grown is not self:
+            for name in ("sequence_votes", "truncation_rows", "block_votes", "window_scores", "window_sink",
+                         "window_bounds"):
+                setattr(self, name, getattr(grown, name))
         if self.window_scores.shape[1]:  # per_window: one batch writes each sequence's row
             rows = self.window_scores[sequence_offset:stop, li]
             rows[:, :, _SEQUENCE_SLOTS] = seq_mean.to(rows)

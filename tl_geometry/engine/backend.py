@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..functional.dtypes import COMPUTE_DTYPE
 from ..warn import warn_caller
+from . import votes
 from .block import LayerBlock
 from .layout import (
     F_SCORE,
@@ -74,7 +75,8 @@ class Backend:
     ``score_rows(chunk, settings, outputs)`` scores every selection, on the records of
     :mod:`.layout` (:func:`.compiled.score.score_rows`);
     ``reduce_rows(metrics, sink_in_top, sink_fields, sees_sink) → Reduced`` reduces over queries
-    (:func:`.compiled.reduce.reduce_rows`).
+    (:func:`.compiled.reduce.reduce_rows`); ``tally(vote_of, is_token, start, sink, window) →
+    Tally`` counts the votes (:func:`.votes.tally`).
     """
 
     name: str
@@ -86,6 +88,7 @@ class Backend:
     score_vectors: Callable[[LayerBlock, Tensor], Tensor]
     score_rows: Callable[[ScoreChunk, ScoreSettings, ScoreOutputs], None]
     reduce_rows: Callable[[Tensor, Tensor, Tensor, Tensor], Reduced]
+    tally: Callable[[Tensor, Tensor, Tensor, Tensor, int], votes.Tally]
     from_keys: FromKeys | None
     """``None``: no vote from queries and keys; the votes are read from the rows."""
 
@@ -256,6 +259,16 @@ def _reduce_rows(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees
     return out
 
 
+def _tally(vote_of: Tensor, is_token: Tensor, start: Tensor, sink: Tensor, window: int) -> votes.Tally:
+    batch, n_heads, n_pos = vote_of.shape
+    out = votes.Tally(torch.zeros(batch, n_heads, 3, dtype=torch.int64),
+                      torch.zeros(batch, n_heads, 3, dtype=torch.int64),
+                      torch.zeros(batch, votes.n_blocks(n_pos), n_heads, 3, dtype=torch.int64))
+    _kernels().reduce.tally(*(_numpy(x) for x in (vote_of, is_token, start, sink)), window, votes.LABEL_BLOCK,
+                            *(x.numpy() for x in out))
+    return out
+
+
 def _vote_from_keys(*args: Any) -> None:
     _kernels().vote.vote_from_keys(*args)
 
@@ -278,6 +291,7 @@ NUMBA = Backend(
     score_vectors=_score_vectors,
     score_rows=_score_rows,
     reduce_rows=_reduce_rows,
+    tally=_tally,
     from_keys=FromKeys(_vote_from_keys, _check_and_vote_rows, _vote_from_logits),
 )
 #: The torch twins (any device).
@@ -290,5 +304,6 @@ TORCH = Backend(
     score_vectors=twin_score.score_vectors,
     score_rows=twin_score.score_rows,
     reduce_rows=twin_reduce.reduce_rows,
+    tally=votes.tally,
     from_keys=None,
 )

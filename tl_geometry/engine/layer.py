@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
-from einops import rearrange, reduce
+from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
@@ -38,7 +38,7 @@ from ..functional.dtypes import COMPUTE_DTYPE
 from ..functional.heads import last_positions, sink_positions
 from ..functional.separability import METRIC_NAMES
 from ..functional.sink import SINK_FIELDS
-from . import checks, key_votes, votes
+from . import checks, key_votes
 from .backend import Backend, choose_backend, run_layer
 from .block import AttentionRows, KeyedRows, LayerBlock, PatternRows, group_values
 from .bounds import layer_bounds
@@ -332,7 +332,8 @@ def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer:
     values = group_values(data, b0, b1, data.source.shape[2])
     is_token, sink, norms = data.is_token[b0:b1], data.sink[b0:b1], torch.linalg.vector_norm(values, dim=-1)
     found = None
-    if isinstance(data.source, KeyedRows):  # recomputed rows: votes from the logits
+    # Recomputed rows: votes from the logits (a cached pattern is never keyed: no Protocol check).
+    if not isinstance(data.source, PatternRows) and isinstance(data.source, KeyedRows):
         found = key_votes.check_and_vote(data.source.query_keys(b0, b1), is_token, sink, norms,
                                          data.group_size, data.window, backend)
     if found is None:
@@ -401,12 +402,12 @@ def _reduce(
     bound_mean = regime = None
     if opts.bounds:
         bound_mean, regime = layer_bounds(data, opts, metrics[:, :, :, TOP_GROUP, :, INVERSIONS], layer)
-    counted = votes.tally(vote_of, data.is_token, data.start, data.sink, data.kernel_window)
+    counted = backend.tally(vote_of, data.is_token, data.start, data.sink, data.kernel_window)
     return LayerStats(
         **reduced._asdict(),
-        votes=reduce(counted.deciding.to(COMPUTE_DTYPE), "b h vote -> h vote", "sum"),
+        votes=counted.deciding.to(COMPUTE_DTYPE).sum(0),  # b h vote -> h vote
         sequence_votes=counted.deciding,
-        beyond_votes=reduce(counted.beyond, "b h vote -> h vote", "sum"),
+        beyond_votes=counted.beyond.sum(0),
         block_votes=counted.blocks,
         bound_mean=bound_mean,
         regime=regime,

@@ -74,3 +74,33 @@ def reduce_rows(metrics, sink_in_top, sink_fields, sees_sink, top, removed, f_sc
                         index = 1 + _HALF_RANGE + int(min(max(octave, -_HALF_RANGE), _HALF_RANGE))
                     paired_hist[h, ni, index] += 1.0
                     paired_halved[h, ni] += ratio <= 0.5
+
+
+@njit(cache=True)
+def tally(vote_of, is_token, start, sink, window, label_block, deciding, beyond, blocks):  # pragma: no cover
+    """The counts of :func:`..votes.tally` (its rules, in one pass over the votes), added to
+    ``deciding [b, h, 3]``, ``beyond [b, h, 3]`` and ``blocks [b, block, h, 3]`` (zeros on entry)."""
+    n_b, n_h, n_pos = vote_of.shape
+    n_block = blocks.shape[1]
+    slot = np.empty(n_pos, dtype=np.int64)  # a query's block where it decides, −1 beyond, −2 uncounted
+    size = np.zeros(n_block, dtype=np.int64)
+    for b in range(n_b):
+        size[:] = 0
+        for t in range(n_pos):
+            slot[t] = -2
+            if is_token[b, t] and t > start[b]:
+                slot[t] = -1
+                if t - window < sink[b]:
+                    slot[t] = min((t - start[b] - 1) // label_block, n_block - 1)
+                    size[slot[t]] += 1
+        for h in range(n_h):
+            for t in range(n_pos):
+                v = vote_of[b, h, t]
+                if v < 0 or slot[t] == -2:
+                    continue
+                if slot[t] == -1:
+                    beyond[b, h, v] += 1
+                else:
+                    deciding[b, h, v] += 1
+                    if size[slot[t]] == label_block:  # a partial block is dropped
+                        blocks[b, slot[t], h, v] += 1

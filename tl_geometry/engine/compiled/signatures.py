@@ -62,6 +62,7 @@ def _signatures() -> list[tuple[str, tuple[Any, ...]]]:
         ("geometry.tie_duplicates", (_a(_F, 4), _a(_F, 4), _I)),
         ("reduce.reduce_rows", (_a(_F, 6), _a(_B, 4), _a(_F, 4), _a(_B, 2), _I, _I, _I, _a(_F, 5), _a(_F, 4),
                                 _a(_F, 3), _a(_F, 3), _a(_F, 2), _a(_F, 3))),
+        ("reduce.tally", (vote_of, _a(_B, 2), _a(_I, 1), _a(_I, 1), _I, _I, _a(_I, 3), _a(_I, 3), _a(_I, 4))),
     ]
     settings = _record(ScoreSettings, n_values=_a(_I, 1), samples=_I, shuffles=_I, shuffle_kind=_I,
                        by_contribution=_B, cosine=_B)
