@@ -1,6 +1,6 @@
 """Slow, literal NumPy reference for the tl_geometry metrics (tests only).
 
-This module re-implements ``/work/shared/SPEC.md`` sections 1-5 and 10 with plain Python loops in
+This module re-implements ``/work/shared/SPEC.md`` sections 1-5, 6a, 6d and 10 with plain Python loops in
 float64, so that the vectorised torch implementation in ``tl_geometry`` can be checked against
 something that is obviously correct. It deliberately imports neither torch nor tl_geometry: only
 numpy and the standard library. Clarity beats speed everywhere; nothing here is vectorised
@@ -32,6 +32,11 @@ METRICS = ("precision", "recall", "f_score", "margin", "inversions", "precision_
 TRUNCATION = ("tail_mass", "truncation_error")  # SPEC section 10
 GROUPS = ("top", "random", "shuffled", "sink_removed", "sink_in", "sink_out")
 SINK_KEYS = ("mass", "norm_ratio", "cosine", "mean_cosine", "share")
+# The bounds of SPEC section 6 covered here (the inversion certificate, 6a, and the shell
+# certificate with K = 0 and K = N, 6d; the regime bounds of 6b have no reference) and their
+# figures: the lower bounds on P, R, F and whether they certify P = R = 1 ("separated", ours).
+BOUND_KINDS = ("inversion", "shell", "shell_n")
+BOUND_METRICS = ("precision", "recall", "f_score", "separated")
 VOTES = ("current", "sink", "other")
 LABELS = ("Retriever", "Mixer", "Reset")  # same order as VOTES; also the tie-break order
 
@@ -830,3 +835,95 @@ def ref_shell_bounds(alpha, values, selected, valid, k) -> dict:
     recall = recalled / n
     f_score = 0.0 if recall == 0 else 2.0 * precision * recall / (precision + recall)
     return {"precision": float(precision), "recall": float(recall), "f_score": float(f_score)}
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC sections 3 and 6a: the inversion certificate; the bounds of one layer, by loops
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_inversion_bounds(n, inversions) -> dict:
+    """Inversion certificates of one instance (SPEC sections 3 and 6a), from its GInv_N::
+
+        P_low = N / (N + GInv)        R_low = max(0, 1 - GInv / N)
+        F_low = harmonic mean (0 when R_low = 0)
+
+    Returns ``{"precision", "recall", "f_score"}``; all NaN when ``inversions`` is NaN (N out of
+    range).
+    """
+    n, inversions = int(n), float(inversions)
+    if math.isnan(inversions):
+        return {"precision": math.nan, "recall": math.nan, "f_score": math.nan}
+    precision = n / (n + inversions)
+    recall = max(0.0, 1.0 - inversions / n)
+    f_score = 0.0 if recall == 0 else 2.0 * precision * recall / (precision + recall)
+    return {"precision": float(precision), "recall": float(recall), "f_score": float(f_score)}
+
+
+def _with_separated(bound: dict) -> dict:
+    """``bound`` plus "separated": 1.0 where it certifies P = R = 1, 0.0 where not, NaN where
+    undefined (ours)."""
+    p, r = bound["precision"], bound["recall"]
+    if math.isnan(p) or math.isnan(r):
+        return {**bound, "separated": math.nan}
+    return {**bound, "separated": 1.0 if p == 1 and r == 1 else 0.0}
+
+
+def ref_bounds(pattern, v, n_values, queries="last", attention_mask=None, window=None,
+               rank_by="attention") -> dict:
+    """The mean lower bounds of the top-N sets of ONE layer, by loops (SPEC section 6).
+
+    Same inputs, chosen queries, candidate keys (``window`` included) and top-N sets as
+    ``ref_analyze`` (``queries``: "last" or "all"; Euclidean distance, which the bounds assume).
+    Per instance (a chosen query and an N in range): ``ref_inversion_bounds`` of its measured
+    GInv_N ("inversion"), ``ref_shell_bounds`` with ``k = 0`` ("shell") and ``k = N``
+    ("shell_n"), each with "separated". Aggregated as the "top" group: per sequence the nan-mean
+    over its chosen queries, then the nan-mean over sequences.
+
+    Returns ``{f"{kind}_{metric}": [head, n]}`` for ``kind`` in ``BOUND_KINDS`` and ``metric``
+    in ``BOUND_METRICS``.
+    """
+    pattern = _f64(pattern)
+    v = _f64(v)
+    n_values = [int(n) for n in n_values]
+    if queries not in ("last", "all"):
+        raise ValueError(f"unknown queries {queries!r}")
+    n_batch, n_heads, _, n_pos = pattern.shape
+    mask = (np.ones((n_batch, n_pos), dtype=np.int64) if attention_mask is None
+            else np.asarray(attention_mask).astype(np.int64))
+    shell_k = {"shell": lambda n: 0, "shell_n": lambda n: n}  # the keys measured exactly
+    out = {f"{kind}_{m}": np.full((n_heads, len(n_values)), np.nan) for kind in BOUND_KINDS
+           for m in BOUND_METRICS}
+    for h in range(n_heads):
+        per_seq = {(ni, kind, m): [] for ni in range(len(n_values)) for kind in BOUND_KINDS
+                   for m in BOUND_METRICS}
+        for b in range(n_batch):
+            start, valid_queries = _sequence_layout(mask[b])
+            if start is None:
+                continue
+            values = _head_values(v, b, h, n_heads, None)
+            chosen = valid_queries if queries == "all" else [max(valid_queries)]
+            for ni, n in enumerate(n_values):
+                this_seq = {(kind, m): [] for kind in BOUND_KINDS for m in BOUND_METRICS}
+                for t in chosen:
+                    alpha = pattern[b, h, t, :]
+                    valid = _key_mask(mask[b], t, window)
+                    sel = ref_top_n(alpha, valid, n, scores=_ranking_scores(alpha, values, rank_by))
+                    if not sel.any():  # N out of range: no instance
+                        continue
+                    for kind in BOUND_KINDS:
+                        if kind == "inversion":
+                            inversions = ref_separability(alpha, values, sel, valid)["inversions"]
+                            bound = ref_inversion_bounds(n, inversions)
+                        else:
+                            bound = ref_shell_bounds(alpha, values, sel, valid, shell_k[kind](n))
+                        for m, x in _with_separated(bound).items():
+                            this_seq[(kind, m)].append(x)
+                for kind in BOUND_KINDS:
+                    for m in BOUND_METRICS:
+                        per_seq[(ni, kind, m)].append(_nanmean(this_seq[(kind, m)]))
+        for ni in range(len(n_values)):
+            for kind in BOUND_KINDS:
+                for m in BOUND_METRICS:
+                    out[f"{kind}_{m}"][h, ni] = _nanmean(per_seq[(ni, kind, m)])
+    return out

@@ -1,5 +1,6 @@
-"""Checks several test files share: two analyses equal field by field, a spy on the forward
-passes head_scores makes, and a saved result made to look like an earlier file format."""
+"""Checks several test files share: a result's figures equal to the loop reference's
+(tests/reference.py), two analyses equal field by field, a spy on the forward passes
+head_scores makes, and a saved result made to look like an earlier file format."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 # By module path: tl_geometry.analyze's own `head_scores` attribute is the function.
@@ -75,6 +77,40 @@ def as_format_2(payload: dict) -> dict:
     payload["scores"] = payload["scores"][:, keep]
     payload["names"]["metric"] = [payload["names"]["metric"][i] for i in keep]
     return payload
+
+
+def _assert_equals_reference(got, want: dict, key: str, tol: float, what: str) -> None:
+    assert key in want, f"the reference (tests/reference.py) has no entry {key!r}"
+    np.testing.assert_allclose(np.asarray(got), want[key], rtol=tol, atol=tol, equal_nan=True,
+                               err_msg=f"{what}{key}")
+
+
+def assert_metrics_equal_reference(result, want: dict, groups, metrics, *, layer: int = 0, tol: float = 1e-9,
+                                   what: str = "") -> None:
+    """``result.metric(m, group)[layer]`` equals the reference's ``want[f"{group}_{m}"]``
+    (``[head, n]``, from ``ref_analyze``) within ``tol`` (relative and absolute; NaN exactly
+    where it is NaN), for every group and metric. ``result`` is anything with the
+    ``HeadAnalysis.metric`` accessor; a figure the reference lacks fails, naming it."""
+    for group in groups:
+        for m in metrics:
+            _assert_equals_reference(result.metric(m, group)[layer].numpy(), want, f"{group}_{m}", tol, what)
+
+
+def assert_sink_equals_reference(result, want: dict, fields, *, layer: int = 0, tol: float = 1e-9,
+                                 what: str = "") -> None:
+    """``result.sink_diagnostic(field)[layer]`` equals the reference's ``want[f"sink_{field}"]``
+    (``[head]``) within ``tol``, for every sink field (SPEC §4)."""
+    for field in fields:
+        _assert_equals_reference(result.sink_diagnostic(field)[layer].numpy(), want, f"sink_{field}", tol, what)
+
+
+def assert_bounds_equal_reference(result, want: dict, kinds, metrics, *, layer: int = 0, tol: float = 1e-9,
+                                  what: str = "") -> None:
+    """``result.bound(kind, m)[layer]`` equals the reference's ``want[f"{kind}_{m}"]``
+    (``[head, n]``, from ``ref_bounds``) within ``tol``, for every bound kind and metric."""
+    for kind in kinds:
+        for m in metrics:
+            _assert_equals_reference(result.bound(kind, m)[layer].numpy(), want, f"{kind}_{m}", tol, what)
 
 
 #: The result fields two analyses of the same forwards must agree on.

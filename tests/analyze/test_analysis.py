@@ -7,7 +7,7 @@ import pytest
 import torch
 from cases import make_case
 from reference import ref_analyze
-from shared_checks import assert_same_analysis
+from shared_checks import assert_metrics_equal_reference, assert_same_analysis
 
 import tl_geometry
 
@@ -31,11 +31,8 @@ SCENARIOS = [
 
 
 def _compare(result, want, li=0):
-    for group in ("top", "sink_removed", "sink_in", "sink_out"):
-        for m in METRICS:
-            got = result.metric(m, group)[li].numpy()
-            np.testing.assert_allclose(got, want[f"{group}_{m}"], rtol=1e-5, atol=1e-5,
-                                       equal_nan=True, err_msg=f"{group} {m}")
+    assert_metrics_equal_reference(result, want, ("top", "sink_removed", "sink_in", "sink_out"), METRICS,
+                                   layer=li, tol=1e-5)
     np.testing.assert_array_equal(result.count("sink_in")[li].numpy(), want["sink_in_count"])
     np.testing.assert_array_equal(result.count("sink_out")[li].numpy(), want["sink_out_count"])
     for field in ("mass", "norm_ratio", "cosine", "mean_cosine", "share"):

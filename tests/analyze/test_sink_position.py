@@ -12,6 +12,7 @@ import pytest
 import torch
 from cases import make_case
 from reference import METRICS, ref_analyze
+from shared_checks import assert_metrics_equal_reference, assert_sink_equals_reference
 from streams import engine_randoms, engine_shuffles
 
 import tl_geometry
@@ -37,14 +38,9 @@ def _assert_equals_reference(result, case, sink, window=None, **options):
                        queries=options.get("queries", "last"), attention_mask=mask, window=window,
                        shuffle=options.get("shuffle", "values"), sink=sink,
                        randoms=engine_randoms(0, 0, mask), shuffles=engine_shuffles(0, 0, mask))
-    for group in GROUPS:
-        for m in METRICS:
-            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
-                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+    assert_metrics_equal_reference(result, want, GROUPS, METRICS)
     np.testing.assert_array_equal(result.count("sink_in")[0].numpy(), want["sink_in_count"])
-    for field in ("mass", "norm_ratio", "cosine", "mean_cosine", "share"):
-        np.testing.assert_allclose(result.sink_diagnostic(field)[0].numpy(), want[f"sink_{field}"],
-                                   rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=field)
+    assert_sink_equals_reference(result, want, ("mass", "norm_ratio", "cosine", "mean_cosine", "share"))
     np.testing.assert_array_equal(result.vote_counts[0].numpy(), want["vote_counts"])
     np.testing.assert_array_equal(result.beyond_votes[0].numpy(), want["beyond_counts"])
     for h, per_n in enumerate(want["paired_ratios"]):
@@ -350,10 +346,7 @@ def test_sampled_and_given_queries_equal_the_reference_at_those_positions(backen
     want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES, queries=positions,
                        attention_mask=mask_np, randoms=engine_randoms(0, 0, mask_np, 4),
                        shuffles=engine_shuffles(0, 0, mask_np, 4))
-    for group in ("top", "random", "shuffled", "sink_removed"):
-        for m in METRICS:
-            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
-                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+    assert_metrics_equal_reference(result, want, ("top", "random", "shuffled", "sink_removed"), METRICS)
     np.testing.assert_array_equal(result.vote_counts[0].numpy(), want["vote_counts"])
     np.testing.assert_array_equal(result.sequence_votes[:, 0].numpy().sum(0), want["vote_counts"])
 
@@ -402,10 +395,7 @@ def test_a_sink_after_every_chosen_query_is_read_correctly(backend, sink, querie
     want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES, queries=absolute,
                        attention_mask=mask, sink=sink, randoms=engine_randoms(0, 0, mask),
                        shuffles=engine_shuffles(0, 0, mask))
-    for group in ("top", "random", "shuffled", "sink_removed"):
-        for m in METRICS:
-            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
-                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+    assert_metrics_equal_reference(result, want, ("top", "random", "shuffled", "sink_removed"), METRICS)
     np.testing.assert_array_equal(result.vote_counts[0].numpy(), want["vote_counts"])
 
 

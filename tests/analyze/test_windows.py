@@ -12,6 +12,7 @@ import pytest
 import torch
 from cases import make_case
 from reference import METRICS, ref_analyze, ref_separability, ref_top_n
+from shared_checks import assert_metrics_equal_reference, assert_sink_equals_reference
 from streams import engine_randoms, engine_shuffles
 
 import tl_geometry
@@ -52,15 +53,10 @@ def test_windowed_cache_equals_the_reference(backend, case_options, options):
                        distance=options.get("distance", "euclidean"),
                        rank_by=options.get("rank_by", "attention"), window=WINDOW,
                        randoms=engine_randoms(0, 0, mask), shuffles=engine_shuffles(0, 0, mask))
-    for group in GROUPS:
-        for m in METRICS:
-            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
-                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+    assert_metrics_equal_reference(result, want, GROUPS, METRICS)
     np.testing.assert_array_equal(result.count("sink_in")[0].numpy(), want["sink_in_count"])
     np.testing.assert_array_equal(result.count("sink_out")[0].numpy(), want["sink_out_count"])
-    for field in ("mass", "norm_ratio", "cosine", "mean_cosine", "share"):
-        np.testing.assert_allclose(result.sink_diagnostic(field)[0].numpy(), want[f"sink_{field}"],
-                                   rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=field)
+    assert_sink_equals_reference(result, want, ("mass", "norm_ratio", "cosine", "mean_cosine", "share"))
     np.testing.assert_array_equal(result.vote_counts[0].numpy(), want["vote_counts"])
     for h, per_n in enumerate(want["paired_ratios"]):
         assert result.paired_sink("count")[0, h].tolist() == [len(r) for r in per_n]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from cases import make_case
 from reference import ref_analyze
+from shared_checks import assert_metrics_equal_reference
 
 import tl_geometry
 from tl_geometry.functional.separability import METRIC_NAMES
@@ -39,9 +40,8 @@ def test_torch_twin_equals_numba_kernels(options, case_options):
                        attention_mask=None if case.attention_mask is None else case.attention_mask.numpy(),
                        distance=options.get("distance", "euclidean"),
                        rank_by=options.get("rank_by", "attention"))
-    for m in ("precision", "recall", "f_score", "margin", "inversions"):
-        np.testing.assert_allclose(twin.metric(m, "top")[0].numpy(), want[f"top_{m}"],
-                                   rtol=1e-5, atol=1e-5, equal_nan=True, err_msg=m)
+    assert_metrics_equal_reference(twin, want, ("top",), ("precision", "recall", "f_score", "margin", "inversions"),
+                                   tol=1e-5)
 
 
 @pytest.mark.parametrize("shuffle", ["values", "norms", "directions", "unselected"])

@@ -10,6 +10,7 @@ import pytest
 import torch
 from cases import make_case
 from reference import METRICS, ref_analyze
+from shared_checks import assert_metrics_equal_reference
 from streams import engine_shuffles
 
 import tl_geometry
@@ -37,10 +38,7 @@ def test_shuffled_cc_and_paired_equal_the_reference(backend, options, case_optio
                        queries=options.get("queries", "last"), attention_mask=mask,
                        rank_by=options.get("rank_by", "attention"),
                        shuffles=engine_shuffles(0, 0, mask))
-    for group in ("top", "shuffled", "sink_removed", "sink_in", "sink_out"):
-        for m in METRICS:
-            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
-                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+    assert_metrics_equal_reference(result, want, ("top", "shuffled", "sink_removed", "sink_in", "sink_out"), METRICS)
     for h, per_n in enumerate(want["paired_ratios"]):
         for ni, ratios in enumerate(per_n):
             got = [result.paired_sink(f)[0, h, ni].item() for f in ("ratio", "halved", "count")]
@@ -161,10 +159,7 @@ def test_each_null_equals_the_reference(backend, shuffle, options, case_options)
                        distance=options.get("distance", "euclidean"),
                        rank_by=options.get("rank_by", "attention"),
                        shuffles=engine_shuffles(0, 0, mask), shuffle=shuffle)
-    for group in ("top", "shuffled"):
-        for m in METRICS:
-            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
-                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{group} {m}")
+    assert_metrics_equal_reference(result, want, ("top", "shuffled"), METRICS)
 
 
 def _one_query_cache(values: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
@@ -293,7 +288,5 @@ def test_both_inner_product_paths_equal_the_reference(backend, path, options, mo
                                        shuffle_samples=SHUFFLES, backend=backend, **options)
     want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES,
                        queries=options.get("queries", "last"), shuffles=engine_shuffles(0, 0, None))
-    for group in ("top", "shuffled", "sink_removed", "sink_in", "sink_out"):
-        for m in METRICS:
-            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
-                                       rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"{path} {group} {m}")
+    assert_metrics_equal_reference(result, want, ("top", "shuffled", "sink_removed", "sink_in", "sink_out"), METRICS,
+                                   what=f"{path} ")

@@ -15,7 +15,7 @@ import torch
 from cases import make_case
 from reference import METRICS, TRUNCATION, ref_analyze, ref_top_n, ref_truncation
 from result_fakes import fake
-from shared_checks import drop_format_6
+from shared_checks import assert_metrics_equal_reference, drop_format_6
 from test_nulls import engine_shuffles
 
 import tl_geometry
@@ -74,17 +74,14 @@ def test_every_group_equals_the_reference(backend, queries, case_options):
     want = ref_analyze(case.pattern.double().numpy(), case.v.double().numpy(), N_VALUES, queries=queries,
                        attention_mask=mask, shuffles=engine_shuffles(0, 0, mask),
                        randoms=engine_randoms(0, 0, mask))
-    for group in ("top", "sink_removed", "sink_in", "sink_out"):
-        for m in TRUNCATION:
-            np.testing.assert_allclose(result.metric(m, group)[0].numpy(), want[f"{group}_{m}"],
-                                       rtol=1e-6, atol=1e-6, equal_nan=True, err_msg=f"{group} {m}")
+    scored = ("top", "sink_removed", "sink_in", "sink_out")
+    assert_metrics_equal_reference(result, want, scored, TRUNCATION, tol=1e-6)
+    for group in scored:
         assert not np.isnan(want[f"{group}_tail_mass"]).all(), group  # the comparison compared
     for group in ("random", "shuffled"):
         for m in TRUNCATION:
             assert result.metric(m, group).isnan().all(), (group, m)
-    for m in METRICS:  # the random group has no other reference
-        np.testing.assert_allclose(result.metric(m, "random")[0].numpy(), want[f"random_{m}"],
-                                   rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=f"random {m}")
+    assert_metrics_equal_reference(result, want, ("random",), METRICS)  # the random group has no other reference
 
 
 def _instances(case, n_values, queries):

@@ -16,9 +16,14 @@ from repo_paths import TESTS
 sys.path.insert(0, str(TESTS))
 
 from reference import (
+    BOUND_KINDS,
+    BOUND_METRICS,
     ref_analyze,
+    ref_bounds,
     ref_distances,
+    ref_inversion_bounds,
     ref_separability,
+    ref_shell_bounds,
     ref_sink,
     ref_top_n,
     ref_vote,
@@ -191,6 +196,39 @@ def test_inversion_certificates_and_margin_equivalence(seed):
             assert r["recall"] >= max(0.0, 1 - g / n) - 1e-12
             clean = r["margin"] > 0
             assert clean == (g == 0) == (r["precision"] == r["recall"] == r["f_score"] == 1.0)
+
+
+def test_inversion_bounds_by_hand():
+    # N = 2. GInv = 0: P = 2/2, R = 1, F = 1. GInv = 1: P = 2/3, R = 1 - 1/2 = 1/2,
+    # F = 2 (2/3)(1/2) / (2/3 + 1/2) = 4/7. GInv = 3: P = 2/5, R = max(0, 1 - 3/2) = 0, F = 0.
+    assert ref_inversion_bounds(2, 0.0) == {"precision": 1.0, "recall": 1.0, "f_score": 1.0}
+    got = ref_inversion_bounds(2, 1.0)
+    assert got == pytest.approx({"precision": 2 / 3, "recall": 0.5, "f_score": 4 / 7})
+    assert ref_inversion_bounds(2, 3.0) == {"precision": 0.4, "recall": 0.0, "f_score": 0.0}
+    assert all(math.isnan(x) for x in ref_inversion_bounds(2, math.nan).values())
+
+
+def test_bounds_of_one_instance_are_its_direct_calls():
+    # One sequence read at its last query: each mean is that one instance's bound; "separated" is
+    # 1 exactly where the bound certifies P = R = 1.
+    rng = np.random.default_rng(3)
+    T, D = 7, 3
+    pat = _causal_pattern(rng, 1, 1, T, np.ones((1, T), dtype=np.int64))
+    v = rng.normal(size=(1, T, 1, D))
+    out = ref_bounds(pat, v, [1, 3, 7])
+    alpha, values, valid = pat[0, 0, -1], v[0, :, 0], np.ones(T, dtype=bool)
+    for ni, n in enumerate([1, 3]):
+        sel = ref_top_n(alpha, valid, n)
+        direct = {"inversion": ref_inversion_bounds(n, ref_separability(alpha, values, sel, valid)["inversions"]),
+                  "shell": ref_shell_bounds(alpha, values, sel, valid, 0),
+                  "shell_n": ref_shell_bounds(alpha, values, sel, valid, n)}
+        for kind in BOUND_KINDS:
+            for m in ("precision", "recall", "f_score"):
+                assert out[f"{kind}_{m}"][0, ni] == direct[kind][m], (kind, m, n)
+            certified = direct[kind]["precision"] == direct[kind]["recall"] == 1
+            assert out[f"{kind}_separated"][0, ni] == float(certified)
+    assert all(math.isnan(out[f"{kind}_{m}"][0, 2]) for kind in BOUND_KINDS for m in BOUND_METRICS)  # N = T
+    assert out["shell_f_score"][0, 0] == 1.0  # N = 1 is trivially separable, and the K = 0 shell sees it
 
 
 # ---------------------------------------------------------------------------------------------
