@@ -39,8 +39,7 @@ TOL = 1e-9
 #: The functional layer against the reference: it forms Euclidean distances from the expanded
 #: square ``α²‖v‖² − 2α⟨v, s⟩ + ‖s‖²`` (the engine compares ``E = D² − ‖s‖²`` instead), so a
 #: zero distance comes back as the square root of a round-off, about 1e-8 on these caches: the
-#: margin at N = 1 moves by that much. Its sink ``mean_cosine`` weighs the other keys by
-#: ``1/|J|`` formed in float32 (about 3e-8 relative). The counts (P, R, F, GInv) are unaffected.
+#: margin at N = 1 moves by that much. The counts (P, R, F, GInv) are unaffected.
 FUNCTIONAL_TOL = 1e-6
 
 

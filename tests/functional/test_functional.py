@@ -217,3 +217,13 @@ def test_t_quantile_inverts_the_t_distribution_on_both_sides_of_df_1000(level):
         assert abs(_t_two_sided(t, df) - level) < 1e-9, (df, t)
     assert abs(t_quantile(level, 1001) - t_quantile(level, 1000)) < 2e-5  # continuous at the switch
     assert t_quantile(0.95, 3) == pytest.approx(3.182446, abs=1e-6)
+
+
+def test_sink_mean_cosine_weighs_the_other_keys_in_float64():
+    """The mean of the other keys' values is formed with weights ``1/|J|`` in the compute dtype:
+    with three other keys, float32 weights (1/3 rounded) move the cosine by about 1e-8."""
+    values = torch.tensor([[1.0, 0.0], [0.3, 1.0], [0.7, -0.2], [0.1, 0.9]], dtype=torch.float64)
+    got = F.sink_diagnostics(torch.full((4,), 0.25), values, torch.ones(4, dtype=torch.bool), 0)
+    mean = values[1:].mean(0)
+    want = float(values[0] @ mean / (values[0].norm() * mean.norm() + 1e-12))  # COSINE_EPS
+    assert abs(float(got.mean_cosine) - want) <= 1e-14

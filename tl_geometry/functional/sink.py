@@ -67,7 +67,7 @@ def sink_diagnostics(
     mean_other_norm = torch.where(others, norms, 0).sum(-1) / n_others
     cos_to_sink = sink_dots / (sink_norm.unsqueeze(-1) * norms + COSINE_EPS)
     cosine = torch.where(others, cos_to_sink, 0).sum(-1) / n_others
-    mean_weights = others / n_others.unsqueeze(-1)
+    mean_weights = others.to(values.dtype) / n_others.unsqueeze(-1)  # in the compute dtype, not float32
     mean_sq_norm, _ = value_dots(mean_weights.to(values.dtype), values)
     sink_dot_mean = torch.where(others, sink_dots, 0).sum(-1) / n_others
     mean_cosine = sink_dot_mean / (sink_norm * mean_sq_norm.sqrt() + COSINE_EPS)
