@@ -359,6 +359,10 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gram, g
         vecs[1, c] = 0.0
     head = 0.0  # Σ_{S_N} α
     r = 0  # keys of order in s_N
+    # s_N in the analysis space feeds the inner products read from the vectors and the truncation
+    # figures; a baseline (NaN ``total``: no truncation figures) read from the Gram matrix needs
+    # neither, so it is not grown.
+    grow = not use_gram or not np.isnan(total)
     while ni < n_sizes and n_values[ni] <= n_max:
         stop = n_values[ni]
         if use_gram:
@@ -366,7 +370,8 @@ def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gram, g
         else:
             for j in range(r, stop):
                 penalty[order[j]] = np.inf
-        head = _add_rows(order, r, stop, alpha, values, vecs, 1, head)  # s_N = Σ_{S_N} α_i v_i
+        if grow:
+            head = _add_rows(order, r, stop, alpha, values, vecs, 1, head)  # s_N = Σ_{S_N} α_i v_i
         r = stop
         if not use_gram:
             _fill_dots(columns, vecs, keys, contiguous, dots)
