@@ -31,7 +31,7 @@ carry NaN). They are computed in the analysis space itself, from the value vecto
 ``o = Σ_k α_k v_k`` once per query, ``s_N`` grown along each order between two N of the grid,
 and ``‖o − s_N/Σ_{S_N} α‖`` directly, so a small tail is not lost to cancellation; the kept mass
 ``Σ_{S_N} α`` is summed over the selected keys in float64, never formed as ``1 − τ_N``. Cost:
-``O(|keys|·d)`` per query, ``O(max N·d)`` per order, ``O(d)`` per N.
+``O(|keys|·d)`` per query, ``O(max N·d)`` per order that has them, ``O(d)`` per N.
 
 The helpers of the per-N work are inlined (``inline="always"``) and every array below
 :func:`score_rows` is a borrowed view (:mod:`.borrow`): numba's reference counting (an atomic
