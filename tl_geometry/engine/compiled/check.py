@@ -115,30 +115,15 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
             lo = max(0, t - window + 1)
             fast = dense
             if dense:
-                # Four running sums (the validation statistics need no fixed order of
-                # summation), so that no add waits on the one before.
-                s0 = s1 = s2 = s3 = 0.0
+                row_sum = 0.0
                 row_min = 0.0
-                k = lo
-                while k + 4 <= t + 1:
-                    x0, x1 = np.float64(row[k]), np.float64(row[k + 1])
-                    x2, x3 = np.float64(row[k + 2]), np.float64(row[k + 3])
-                    s0 += x0
-                    s1 += x1
-                    s2 += x2
-                    s3 += x3
-                    row_min = min(row_min, min(min(x0, x1), min(x2, x3)))
-                    k += 4
-                while k <= t:
-                    x = np.float64(row[k])
-                    s0 += x
-                    row_min = min(row_min, x)
-                    k += 1
-                row_sum = (s0 + s1) + (s2 + s3)
                 best = -1.0
                 winner = -1
                 for k in range(lo, t + 1):
-                    c = np.float64(row[k]) * nrm[k]
+                    x = np.float64(row[k])
+                    row_sum += x
+                    row_min = min(row_min, x)
+                    c = x * nrm[k]
                     if c > best:
                         best = c
                         winner = k
