@@ -70,7 +70,7 @@ TOKENS = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0)
     pytest.param({"logsumexp": 1}, r"logsumexp must be True or False, got 1", id="logsumexp-int"),
     pytest.param({"tokens": TOKENS.float()}, r"integer token ids, got dtype torch.float32.*tokens.long\(\)",
                  id="float-tokens"),
-    pytest.param({"tokens": TOKENS[0]}, r"\[batch, pos\] token ids, got shape \[6\].*tokens\[None\]",
+    pytest.param({"tokens": TOKENS[0]}, r"\[batch, pos\] integer token ids, got shape \[6\].*tokens\[None\]",
                  id="1-d-tokens"),
     pytest.param({"tokens": TOKENS + 64}, r"token ids from 64 to .*outside the model's vocabulary \[0, 64\)",
                  id="out-of-vocabulary"),

@@ -412,14 +412,11 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     tokens, mask, bos_prepended = _as_tokens(model, inputs, attention_mask)
     chosen = _sink.rule(sink, model, bos_prepended=bos_prepended)
-    n_seqs, n_pos = tokens.shape
-    if n_seqs == 0 or n_pos == 0:
-        raise ValueError(f"inputs hold no token (shape {tuple(tokens.shape)}).")
+    n_seqs, n_pos = _tokens.check_token_tensor(tokens, "inputs", _tokens.model_vocabulary(model)).shape
     cfg = getattr(model, "cfg", None)
     n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
     if n_layers is None or n_heads is None:
         raise ValueError("model.cfg must give n_layers and n_heads (a TransformerLens model).")
-    _tokens.check_token_ids(tokens, _tokens.model_vocabulary(model), "inputs")
     full_mask = _cache.check_attention_mask(mask, n_seqs, n_pos)
     if mask is None:
         _cache.warn_pad_tokens(tokens, model, (n_seqs, n_heads, n_pos))
