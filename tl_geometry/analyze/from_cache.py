@@ -168,7 +168,7 @@ def analyze_heads(
         choice = _auto_masses(cache, run, window, model, layer_ids, dict(zip(layer_ids, masses)))
         chosen_from = sorted(choice)
         sinks = start + choose_sink([choice[layer] for layer in chosen_from])
-    tokens = _local.check_tokens(tokens, run.shape[0], run.shape[2])
+    tokens = _cache.check_cache_tokens(tokens, run.shape[0], run.shape[2])
     local = _local.LocalSinks(layer_windows, run.shape[0])
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
