@@ -15,7 +15,8 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from ..inputs.tokens import check_token_tensor, model_vocabulary
+from ..inputs.facts import model_facts
+from ..inputs.tokens import check_token_tensor
 
 #: ``(hook_name, fn)`` pairs, as ``model.run_with_hooks(fwd_hooks=...)`` takes them.
 HookList = list[tuple[str, Callable[..., Tensor]]]
@@ -24,14 +25,7 @@ HookList = list[tuple[str, Callable[..., Tensor]]]
 # --- validation -------------------------------------------------------------------------------
 def model_shape(model: Any) -> tuple[int, int]:
     """``(n_layers, n_heads)`` from ``model.cfg``, with an error naming the fix."""
-    cfg = getattr(model, "cfg", None)
-    n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
-    if not isinstance(n_layers, int) or not isinstance(n_heads, int):
-        raise ValueError(
-            "model.cfg must give n_layers and n_heads: pass a TransformerLens TransformerBridge "
-            "(tl_geometry.load_model) or HookedTransformer."
-        )
-    return n_layers, n_heads
+    return model_facts(model).shape()
 
 
 def model_device(model: Any) -> torch.device:
@@ -43,7 +37,7 @@ def check_tokens(tokens: Any, name: str = "tokens", model: Any = None) -> Tensor
     """``tokens`` must be ``[batch, pos]`` integer ids with data, at least one sequence of two
     tokens, and (with ``model``) ids inside its vocabulary: the check ``analyze_model`` makes, so
     no entry point fails with an ``IndexError`` from the embedding."""
-    return check_token_tensor(tokens, name, model_vocabulary(model), min_pos=2)
+    return check_token_tensor(tokens, name, model_facts(model).d_vocab, min_pos=2)
 
 
 def head_mask(heads: Any, n_layers: int, n_heads: int) -> Bool[Tensor, "layer head"]:

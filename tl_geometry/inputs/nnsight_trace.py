@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .cache import CacheError, check_layer_indices
 from .capture import attention_set_to
+from .facts import model_facts
 from .hf import from_hf
 from .tokens import check_token_tensor, embedding_rows
 
@@ -120,13 +121,11 @@ def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
 def _tokenize(model: Any, texts: list[str]) -> Tensor:
     """Each text without the tokenizer's special tokens, after BOS where the model was trained
     with one (:func:`~tl_geometry.inputs.models.trained_with_bos`)."""
-    from .text import bos_to_prepend
-
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise CacheError("The nnsight model has no tokenizer to read text with: pass token ids, or "
                          "wrap the model with LanguageModel(hf_model, tokenizer=tokenizer).")
-    bos = bos_to_prepend(tokenizer)
+    bos = model_facts(tokenizer).bos_to_prepend()
     rows = [([] if bos is None else [bos]) + list(tokenizer(text, add_special_tokens=False)["input_ids"])
             for text in texts]
     lengths = sorted({len(row) for row in rows})

@@ -9,12 +9,6 @@ import torch
 from torch import Tensor
 
 
-def model_vocabulary(model: Any) -> int | None:
-    """``model.cfg.d_vocab`` when the model states it (a positive int), else ``None``."""
-    d_vocab = getattr(getattr(model, "cfg", None), "d_vocab", None)
-    return d_vocab if isinstance(d_vocab, int) and not isinstance(d_vocab, bool) and d_vocab > 0 else None
-
-
 def embedding_rows(hf_model: Any) -> int | None:
     """Rows of a Hugging Face model's input embedding (its vocabulary), else ``None``."""
     get = getattr(hf_model, "get_input_embeddings", None)
