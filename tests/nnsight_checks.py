@@ -235,7 +235,7 @@ def tiny_lm():
     pytest.param(["t1 t2", "t1 t2 t3"], {}, r"texts have 2 to 3 tokens.*padded.*one text at a time", id="texts"),
     pytest.param(IDS, {"attention_mask": torch.ones(2, 8)}, r"attention_mask has shape \[2, 8\]; expected \[2, 9\]",
                  id="mask-shape"),
-    pytest.param(IDS[0], {}, r"\[batch, pos\] token ids.*shape \[9\].*tokens\[None\]", id="1-d"),
+    pytest.param(IDS[0], {}, r"\[batch, pos\] integer token ids.*shape \[9\].*tokens\[None\]", id="1-d"),
     pytest.param(IDS.float(), {}, r"integer token ids, got dtype torch.float32.*tokens.long\(\)", id="float"),
     pytest.param(IDS + 64, {}, r"token ids from \d+ to \d+, outside the model.s vocabulary \[0, 64\)", id="vocabulary"),
     pytest.param([1, 2, 3], {}, r"text, a list of texts or a \[batch, pos\] tensor.*got list", id="int-list"),

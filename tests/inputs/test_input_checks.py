@@ -17,6 +17,7 @@ real model's sink is the point.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import warnings
 
@@ -32,6 +33,7 @@ from tl_geometry.engine.sink_choice import choose_sink, first_keys_mass
 from tl_geometry.inputs import from_hf
 from tl_geometry.inputs.cache import CacheError
 from tl_geometry.inputs.capture import capture_attention
+from tl_geometry.inputs.facts import model_facts
 
 # The modules (the package exports functions of the same names).
 _from_cache = importlib.import_module("tl_geometry.analyze.from_cache")
@@ -70,7 +72,7 @@ TOKENS = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(0)
     pytest.param({"logsumexp": 1}, r"logsumexp must be True or False, got 1", id="logsumexp-int"),
     pytest.param({"tokens": TOKENS.float()}, r"integer token ids, got dtype torch.float32.*tokens.long\(\)",
                  id="float-tokens"),
-    pytest.param({"tokens": TOKENS[0]}, r"\[batch, pos\] token ids, got shape \[6\].*tokens\[None\]",
+    pytest.param({"tokens": TOKENS[0]}, r"\[batch, pos\] integer token ids, got shape \[6\].*tokens\[None\]",
                  id="1-d-tokens"),
     pytest.param({"tokens": TOKENS + 64}, r"token ids from 64 to .*outside the model's vocabulary \[0, 64\)",
                  id="out-of-vocabulary"),
@@ -243,7 +245,8 @@ def test_analyze_model_checks_sink_before_the_forward(monkeypatch, sink, match, 
     model = TinyLM().eval()
     monkeypatch.setattr(model, "forward", _refuse)
     monkeypatch.setattr(from_model, "capture_attention", _refuse)
-    monkeypatch.setattr(from_model, "can_recompute", lambda model: True)  # both paths reach their forward
+    facts = dataclasses.replace(model_facts(model), can_recompute=True)  # both paths reach their forward
+    monkeypatch.setattr(from_model, "model_facts", lambda model: facts)
     tokens = torch.randint(3, 40, (3, 40), generator=torch.Generator().manual_seed(2))
     with pytest.raises(ValueError, match=match):
         tl_geometry.analyze_model(model, tokens, sink=sink, batch_size=1, attention=attention, **QUIET)

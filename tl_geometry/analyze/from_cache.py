@@ -23,6 +23,7 @@ from ..engine.options import AnalysisArgs, check_option_names, check_query_posit
 from ..engine.sink_choice import CHECK_QUERIES, choose_sink, first_keys_mass
 from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
+from ..inputs.facts import model_facts
 from ..progress import progress_bar
 from ..result import HeadAnalysis
 from . import local_sink as _local
@@ -168,7 +169,7 @@ def analyze_heads(
         choice = _auto_masses(cache, run, window, model, layer_ids, dict(zip(layer_ids, masses)))
         chosen_from = sorted(choice)
         sinks = start + choose_sink([choice[layer] for layer in chosen_from])
-    tokens = _local.check_tokens(tokens, run.shape[0], run.shape[2])
+    tokens = _cache.check_cache_tokens(tokens, run.shape[0], run.shape[2])
     local = _local.LocalSinks(layer_windows, run.shape[0])
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
@@ -180,9 +181,8 @@ def analyze_heads(
             local.add(li, 0, _local.from_pattern(pattern, v, run.mask, sinks, layer_window, tokens))
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None)
     metadata["n_kv_heads"] = int(v.shape[2])  # the unit of value-only figures (SPEC §4)
-    n_model_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
     metadata["sink"] = _sink.record(chosen, (sinks - start).tolist(), masses, model, chosen_from=chosen_from,
-                                    n_layers=n_model_layers if isinstance(n_model_layers, int) else None)
+                                    n_layers=model_facts(model).n_layers)
     return local.attach(run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows))
 
 

@@ -32,14 +32,14 @@ from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
-from ..inputs.text import bos_to_prepend
+from ..inputs.facts import model_facts
 from ..progress import check_progress, progress_counter
 from ..result import HeadAnalysis
 from ..result.schema import SHUFFLE_KINDS
 from . import local_sink as _local
 from . import sink as _sink
 from . import windows as _windows
-from .recompute import RecomputedRows, can_recompute, pattern_bytes
+from .recompute import RecomputedRows, pattern_bytes
 from .sink import Sink
 from .stash import CaptureStash
 from .stop import StopForward, forward_until_stopped
@@ -71,7 +71,7 @@ def _as_tokens(model: Any, inputs: Any,
         empty = [i for i, ids in enumerate(rows) if not ids]
         if empty:
             raise ValueError(f"texts {empty[:8]} hold no token: drop the empty texts.")
-        bos = bos_to_prepend(model)  # BOS first only where the model was trained with it (SPEC §1)
+        bos = model_facts(model).bos_to_prepend()  # BOS first only where the model was trained with it (SPEC §1)
         if bos is not None:
             rows = [[bos, *ids] for ids in rows]
         n_pos = max(len(ids) for ids in rows)
@@ -412,14 +412,9 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     tokens, mask, bos_prepended = _as_tokens(model, inputs, attention_mask)
     chosen = _sink.rule(sink, model, bos_prepended=bos_prepended)
-    n_seqs, n_pos = tokens.shape
-    if n_seqs == 0 or n_pos == 0:
-        raise ValueError(f"inputs hold no token (shape {tuple(tokens.shape)}).")
-    cfg = getattr(model, "cfg", None)
-    n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
-    if n_layers is None or n_heads is None:
-        raise ValueError("model.cfg must give n_layers and n_heads (a TransformerLens model).")
-    _tokens.check_token_ids(tokens, _tokens.model_vocabulary(model), "inputs")
+    facts, cfg = model_facts(model), getattr(model, "cfg", None)
+    n_seqs, n_pos = _tokens.check_token_tensor(tokens, "inputs", facts.d_vocab).shape
+    n_layers, n_heads = facts.shape()
     full_mask = _cache.check_attention_mask(mask, n_seqs, n_pos)
     if mask is None:
         _cache.warn_pad_tokens(tokens, model, (n_seqs, n_heads, n_pos))
@@ -524,7 +519,7 @@ def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: 
                          f"got {attention!r}.")
     if attention == "pattern":
         return False
-    possible = can_recompute(model)
+    possible = model_facts(model).can_recompute
     if attention == "recompute" and not possible:
         raise ValueError("attention='recompute' needs a Hugging Face model to capture queries and keys "
                          "from (a transformers model or a TransformerBridge around one); use "

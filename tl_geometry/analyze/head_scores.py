@@ -22,13 +22,12 @@ from torch import Tensor
 from ..engine.sink_choice import CANDIDATES, choose_sink, first_keys_mass
 from ..functional import head_scores as _scores
 from ..inputs.cache import PATTERN_HOOK, CacheError, first_few
-from ..inputs.capture import capture_attention, model_windows
-from ..inputs.models import trained_with_bos
+from ..inputs.capture import capture_attention
+from ..inputs.facts import model_facts
 from ..inputs.text import text_windows
 from ..inputs.tokens import check_token_ids
 from . import sink as _sink
 from .from_model import ATTENTION_SOURCES, AttentionSource
-from .recompute import can_recompute
 from .score_weights import CaptureWeights, PatternWeights
 from .sink import Sink
 from .stop import StopForward, forward_until_stopped
@@ -123,11 +122,11 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     seed = _check_seed(seed)
     recompute = _use_recompute(model, attention)
     _sink.check(sink)  # its positions against the windows once they are known, before any forward
-    layer_window = _layer_windows(model, cfg.n_layers)
+    layer_window = model_facts(model).layer_windows(cfg.n_layers)
     n_ctx = getattr(cfg, "n_ctx", None)
     n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
     # Without windows, text_windows asks (and warns where nothing says) itself.
-    with_bos = trained_with_bos(model, warn=windows is not None)
+    with_bos = model_facts(model).trained_with_bos(warn=windows is not None)
     start = 1 if with_bos else 0
     chosen = _sink.rule(sink, None, bos_prepended=with_bos)
     # Every argument is checked before the first forward.
@@ -164,7 +163,7 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     vocabulary = ordinary_tokens(model)
     if repeated is None:
         body = _draw(vocabulary, (N_REPEATED, repeat), generator)
-        first = [torch.full((N_REPEATED, 1), _bos(model))] if with_bos else []
+        first = [torch.full((N_REPEATED, 1), model_facts(model).bos_token())] if with_bos else []
         repeated = torch.cat([*first, body, body], dim=1)
     built = windows is None
     if windows is None:
@@ -330,18 +329,6 @@ def _check_length(value: Any, name: str, least: int, what: str) -> int:
     return int(value)
 
 
-def _layer_windows(model: Any, n_layers: int) -> list[int | None]:
-    """Each layer's sliding window from the model's config (``None``: global), as the analysis
-    reads it (:func:`tl_geometry.inputs.capture.model_windows`)."""
-    windows = model_windows(model)
-    if windows is None:
-        return [None] * n_layers
-    if len(windows) != n_layers:
-        raise ValueError(f"{_label(model)}'s config names {len(windows)} layers' sliding windows but "
-                         f"the model has {n_layers} layers; check the config (layer_types).")
-    return [int(w) if w else None for w in windows]
-
-
 def _check_repeat_fits(model: Any, repeat: int, start: int, layer_window: list[int | None],
                        n_ctx: int | None) -> None:
     """``R ≤ w − 1`` on every sliding-window layer (the second copy's query ``t`` then sees its
@@ -364,15 +351,6 @@ def _check_repeat_fits(model: Any, repeat: int, start: int, layer_window: list[i
 def _label(model: Any) -> str:
     name = getattr(getattr(model, "cfg", None), "model_name", None)
     return repr(name) if isinstance(name, str) and name else f"this {type(model).__name__}"
-
-
-def _bos(model: Any) -> int:
-    bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
-    if bos is None:
-        raise ValueError(f"{_label(model)} was trained with BOS at the start of a sequence but its "
-                         "tokenizer has no BOS token; set tokenizer.bos_token, or pass repeated= "
-                         "and windows= token ids that start with the model's BOS.")
-    return int(bos)
 
 
 def _check_ids(tokens: Any, name: str, layout: str, d_vocab: int) -> None:
@@ -425,7 +403,7 @@ def _rows(mask: Tensor) -> str:
 def _check_first_token(model: Any, tokens: Tensor, name: str, with_bos: bool) -> None:
     """Sequences start with BOS where the model was trained with one, and never where it was not
     (SPEC §1): the first key is the sink either way."""
-    bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
+    bos = model_facts(model).bos_id
     if bos is None:
         return
     first = tokens[:, 0].cpu()
@@ -475,7 +453,7 @@ def _use_recompute(model: Any, attention: Any) -> bool:
     if attention not in ATTENTION_SOURCES:
         raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_SOURCES))}, "
                          f"got {attention!r}.")
-    possible = can_recompute(model)
+    possible = model_facts(model).can_recompute
     if attention == "recompute" and not possible:
         raise ValueError("attention='recompute' needs a Hugging Face model to capture queries and keys "
                          "from (a transformers model or a TransformerBridge around one); use "

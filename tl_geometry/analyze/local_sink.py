@@ -29,7 +29,6 @@ from ..functional.local_sink import (
     beyond_window,
     local_sink_from_columns,
 )
-from ..inputs.cache import CacheError
 from ..inputs.capture import LayerCapture
 from ..result import HeadAnalysis
 from .recompute import RecomputedRows
@@ -38,19 +37,6 @@ from .recompute import RecomputedRows
 #: small enough to stay in cache, as the recompute path's vote blocks
 #: (:data:`~tl_geometry.analyze.recompute.VOTE_BLOCK_BYTES`).
 BLOCK_BYTES = 1 << 22
-
-
-def check_tokens(tokens: Any, batch: int, n_pos: int) -> Tensor | None:
-    """``tokens`` once it is ``None`` or the ``[batch, pos]`` integer token ids of the analysed
-    sequences; a :class:`~tl_geometry.inputs.cache.CacheError` naming the fix otherwise."""
-    if tokens is None:
-        return None
-    if (not isinstance(tokens, Tensor) or tuple(tokens.shape) != (batch, n_pos)
-            or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool):
-        raise CacheError(f"tokens must be the [batch, pos] = [{batch}, {n_pos}] integer token ids the cache "
-                         f"was made from, got {getattr(tokens, 'shape', type(tokens).__name__)}; pass "
-                         "those ids, or tokens=None (the local sinks' token is then NaN).")
-    return tokens
 
 
 def _block_queries(batch: int, n_heads: int, window: int) -> int:

@@ -9,14 +9,13 @@ the layer's own parameters, only the rows the engine reads (or hands it the quer
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..engine.block import QueryKeys
 from ..functional.attention import attention_row_blocks, attention_rows, visible_keys
-from ..inputs.capture import LayerCapture, hf_model_of
+from ..inputs.capture import LayerCapture
 
 #: Bytes of float64 rows recomputed at once for the votes and the checks: small enough that a
 #: block's logits stay in cache (2.2× faster than 64 MiB, the same results bit for bit).
@@ -146,9 +145,3 @@ def pattern_bytes(batch: int, n_heads: int, n_pos: int) -> int:
     """Bytes of one layer's float32 pattern ``[batch, head, pos, pos]`` (what eager attention and
     ``hook_pattern`` hold, twice over in the forward: scores and weights)."""
     return batch * n_heads * n_pos * n_pos * 4
-
-
-def can_recompute(model: Any) -> bool:
-    """Whether ``model`` has a Hugging Face model to capture from (itself or a bridge's)."""
-    hf_model = hf_model_of(model)
-    return callable(getattr(hf_model, "get_input_embeddings", None)) and hasattr(hf_model, "config")

@@ -26,7 +26,7 @@ from torch import Tensor
 from ..engine.sink_choice import CANDIDATES, CHECK_QUERIES, sink_check
 from ..functional.heads import last_positions, sink_positions
 from ..inputs.cache import first_few
-from ..inputs.models import stated_bos
+from ..inputs.facts import model_facts
 from ..warn import warn_caller
 from . import windows as _windows
 
@@ -92,8 +92,7 @@ def rule(sink: Sink, model: Any, *, bos_prepended: bool | None = None) -> str | 
     BOS first itself (texts), else ``None`` (the caller's tokens)."""
     given = _given(sink)
     if given is None:
-        trained = bos_prepended if bos_prepended is not None else (
-            None if model is None else stated_bos(model))
+        trained = bos_prepended if bos_prepended is not None else model_facts(model).bos
         return AUTO if trained is False else [0]
     return given
 
@@ -155,7 +154,7 @@ def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Te
     read = sorted(int(x) for x in chosen_from) if auto and chosen_from is not None else None
     entry = {"rule": AUTO if auto else "given", "positions": [int(x) for x in relative],
              "chosen_from_layers": read,
-             "trained_with_bos": None if model is None else stated_bos(model),
+             "trained_with_bos": model_facts(model).bos,
              "candidates": CANDIDATES,
              "check_queries": "32 ≤ t < min(T, w)" if auto else f"32 ≤ t < min(T, w, {32 + CHECK_QUERIES})",
              **check_result}

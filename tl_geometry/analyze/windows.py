@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..engine.options import check_window, layer_windows
-from ..inputs.capture import model_windows, text_config
+from ..inputs.capture import text_config
+from ..inputs.facts import model_facts
 from ..warn import warn_caller
 
 #: What ``window=`` accepts (``"auto"``: the model's config).
@@ -40,7 +41,7 @@ def resolve(window: object, model: Any, layers: Sequence[int], *, need_model: bo
             raise ValueError("window='auto' reads the sliding windows from the model's config: pass "
                              "model=..., or give the windows (an int, a list per layer or a dict "
                              "{layer: window}; None for global layers).")
-        window = model_windows(model)
+        window = model_facts(model).windows
         if window is None and _names_sliding_layers(model):
             warn_caller("the model's config names sliding-window layers (layer_types) but gives no "
                           "sliding_window: every layer is read as global. Pass window= (an int, or "

@@ -28,7 +28,7 @@ from ..functional import last_positions, separability, shell_bounds, truncation
 from ..functional.stats import spearman
 from ..functional.uncertainty import check_window_indices, check_window_weight, window_mean
 from ..inputs.cache import CACHE_NAMES_FILTER, check_attention_mask
-from ..inputs.capture import model_windows
+from ..inputs.facts import model_facts
 from ..inputs.tokens import token_digest
 from .sweep import CapacitySweep, capacity_sweep
 from .topn import SparsifyMode, check_n
@@ -70,7 +70,7 @@ def window_geometry(
     batch, n_pos = tokens.shape
     last = last_positions(valid)
     key_mask = valid & (torch.arange(n_pos)[None, :] <= last[:, None])  # [batch, key]
-    windows = model_windows(model) or [None] * n_layers
+    windows = model_facts(model).windows or [None] * n_layers
     out = {name: torch.full((batch, n_layers, n_heads), math.nan, dtype=torch.float64) for name in SCORES}
     for layer in range(n_layers):
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"].cpu()

@@ -243,19 +243,6 @@ def _bos_option(args: argparse.Namespace) -> bool | None:
     return None if given is None else given == "yes"
 
 
-def _trained_with_bos(model: str | None, bos: bool | None = None) -> bool:
-    """Whether ``--model`` starts its windows with BOS: ``--bos``, else its table entry or files;
-    ``True`` (the smaller need) where they do not say."""
-    if bos is not None:
-        return bos
-    if model is None:
-        return True
-    from ..inputs.models import stated_bos
-
-    flag = stated_bos(model)  # None where nothing says: the load refuses it, naming the fix
-    return True if flag is None else flag
-
-
 def read_input_text(args: argparse.Namespace) -> str | None:
     """The ``--text`` file's contents (``None``: the built-in sample), refused when it cannot work.
 
@@ -264,7 +251,12 @@ def read_input_text(args: argparse.Namespace) -> str | None:
     BOS) is too short whatever the tokenizer; a longer one that tokenizes short is caught after
     the load.
     """
-    with_bos = _trained_with_bos(getattr(args, "model", None), _bos_option(args))
+    from ..inputs.models import stated_bos
+
+    # Whether --model's windows start with BOS: --bos, else its table entry or files; True (the
+    # smaller need) where they do not say, since the load then refuses it, naming the fix.
+    bos, model = _bos_option(args), getattr(args, "model", None)
+    with_bos = bos if bos is not None else model is None or stated_bos(model) is not False
     body = args.seq_len - 1 if with_bos else args.seq_len
     layout = f"BOS + {body}" if with_bos else f"{body} text tokens, no BOS"
     need = args.n_seqs * body

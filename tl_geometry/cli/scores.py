@@ -149,9 +149,9 @@ def _check_context(args: argparse.Namespace) -> None:
 def _check_window(args: argparse.Namespace, model: Any) -> None:
     """``R ≤ w − 1`` on sliding-window layers (Gemma-3: 511): the windows are known only once the
     model is loaded, from its config."""
-    from ..inputs.capture import model_windows
+    from ..inputs.facts import model_facts
 
-    local = [w for w in model_windows(model) or () if w]
+    local = [w for w in model_facts(model).windows or () if w]
     if local and args.repeat > min(local) - 1:
         w = min(local)
         raise UsageError(f"--repeat {args.repeat}: {args.model}'s sliding-window layers see the last {w} "

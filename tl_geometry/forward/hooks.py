@@ -15,7 +15,8 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from ..inputs.tokens import check_token_ids, model_vocabulary
+from ..inputs.facts import model_facts
+from ..inputs.tokens import check_token_tensor
 
 #: ``(hook_name, fn)`` pairs, as ``model.run_with_hooks(fwd_hooks=...)`` takes them.
 HookList = list[tuple[str, Callable[..., Tensor]]]
@@ -24,14 +25,7 @@ HookList = list[tuple[str, Callable[..., Tensor]]]
 # --- validation -------------------------------------------------------------------------------
 def model_shape(model: Any) -> tuple[int, int]:
     """``(n_layers, n_heads)`` from ``model.cfg``, with an error naming the fix."""
-    cfg = getattr(model, "cfg", None)
-    n_layers, n_heads = getattr(cfg, "n_layers", None), getattr(cfg, "n_heads", None)
-    if not isinstance(n_layers, int) or not isinstance(n_heads, int):
-        raise ValueError(
-            "model.cfg must give n_layers and n_heads: pass a TransformerLens TransformerBridge "
-            "(tl_geometry.load_model) or HookedTransformer."
-        )
-    return n_layers, n_heads
+    return model_facts(model).shape()
 
 
 def model_device(model: Any) -> torch.device:
@@ -43,16 +37,7 @@ def check_tokens(tokens: Any, name: str = "tokens", model: Any = None) -> Tensor
     """``tokens`` must be ``[batch, pos]`` integer ids with data, at least one sequence of two
     tokens, and (with ``model``) ids inside its vocabulary: the check ``analyze_model`` makes, so
     no entry point fails with an ``IndexError`` from the embedding."""
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.is_floating_point():
-        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise ValueError(
-            f"{name} must be [batch, pos] integer token ids (e.g. tl_geometry.text_windows(model)), "
-            f"got {shape}."
-        )
-    if tokens.shape[0] < 1 or tokens.shape[1] < 2:
-        raise ValueError(f"{name} needs at least one sequence of ≥ 2 tokens, got {tuple(tokens.shape)}.")
-    check_token_ids(tokens, model_vocabulary(model), name)
-    return tokens
+    return check_token_tensor(tokens, name, model_facts(model).d_vocab, min_pos=2)
 
 
 def head_mask(heads: Any, n_layers: int, n_heads: int) -> Bool[Tensor, "layer head"]:

@@ -214,14 +214,22 @@ def check_contiguous_padding(mask: Tensor) -> None:
         )
 
 
+def check_cache_tokens(tokens: Any, batch: int, n_pos: int) -> Tensor | None:
+    """``tokens`` once it is ``None`` or the ``[batch, pos]`` integer token ids of the cached
+    sequences; a :class:`CacheError` naming the fix otherwise."""
+    if tokens is not None and (not isinstance(tokens, Tensor) or tuple(tokens.shape) != (batch, n_pos)
+                               or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool):
+        raise CacheError(f"tokens must be the [batch, pos] = [{batch}, {n_pos}] integer token ids the cache "
+                         f"was made from, got {getattr(tokens, 'shape', type(tokens).__name__)}; pass "
+                         "those ids, or tokens=None (no id is then read: the local sinks' token is NaN).")
+    return tokens
+
+
 def warn_pad_tokens(tokens: Any, model: Any, shape: tuple[int, int, int]) -> None:
     """Warn when ``tokens`` hold runs of the tokenizer's pad token at a sequence's ends: without
     ``attention_mask`` they would be analysed as real tokens."""
-    if tokens is None:
+    if check_cache_tokens(tokens, shape[0], shape[2]) is None:
         return
-    if not isinstance(tokens, Tensor) or tokens.shape != shape[::2] or tokens.is_floating_point():
-        raise CacheError(f"tokens must be the [batch, pos] = [{shape[0]}, {shape[2]}] token ids the "
-                         f"cache was made from, got {getattr(tokens, 'shape', type(tokens).__name__)}.")
     tokenizer = getattr(model, "tokenizer", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .tokens import check_token_ids, embedding_rows
+from .tokens import check_token_tensor, embedding_rows
 
 _names = itertools.count()
 
@@ -364,21 +364,7 @@ def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -
     if not isinstance(logsumexp, (bool, np.bool_)):
         raise ValueError(f"logsumexp must be True or False, got {logsumexp!r} ({type(logsumexp).__name__}); "
                          "pass logsumexp=True to hand each query's log-sum-exp to the callback.")
-    if not isinstance(tokens, Tensor):
-        raise ValueError(f"tokens must be a [batch, pos] tensor of token ids, got {type(tokens).__name__}; "
-                         "e.g. torch.tensor([ids]) for one sequence, or tokenizer(texts, "
-                         "return_tensors='pt').input_ids.")
-    if tokens.ndim != 2:
-        fix = " (one sequence: tokens[None])" if tokens.ndim == 1 else ""
-        raise ValueError(f"tokens must be [batch, pos] token ids, got shape {list(tokens.shape)}; add or drop "
-                         f"the batch axis{fix}.")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise ValueError(f"tokens must hold integer token ids, got dtype {tokens.dtype}: pass tokens.long() "
-                         "if they are whole numbers, or the tokenizer's ids.")
-    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
-        raise ValueError(f"tokens hold no token (shape {list(tokens.shape)}); pass at least one sequence "
-                         "of at least one token.")
-    check_token_ids(tokens, embedding_rows(base), "tokens")
+    check_token_tensor(tokens, "tokens", embedding_rows(base))
     if attention_mask is not None and (not isinstance(attention_mask, Tensor)
                                        or tuple(attention_mask.shape) != tuple(tokens.shape)):
         got = list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__

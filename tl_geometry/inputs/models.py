@@ -569,11 +569,9 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
         (True, False)
     """
     flag = _stated_bos(model)
-    if flag is None:
-        if warn:
-            warn_caller(_BOS_UNSTATED.format(name=_label(model), attribute=BOS_ATTRIBUTE))
-        return False
-    return flag
+    if flag is None and warn:
+        warn_caller(_BOS_UNSTATED.format(name=_label(model), attribute=BOS_ATTRIBUTE))
+    return bool(flag)
 
 
 def _load_bos(source: _Source, bos: bool | None = None) -> bool:

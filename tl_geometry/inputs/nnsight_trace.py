@@ -19,8 +19,9 @@ from torch import Tensor
 
 from .cache import CacheError, check_layer_indices
 from .capture import attention_set_to
+from .facts import model_facts
 from .hf import from_hf
-from .tokens import check_token_ids, embedding_rows
+from .tokens import check_token_tensor, embedding_rows
 
 __all__ = ["from_nnsight"]
 
@@ -103,16 +104,7 @@ def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
     if not isinstance(tokens, Tensor):
         raise CacheError(f"tokens must be text, a list of texts or a [batch, pos] tensor of token ids, "
                          f"got {type(tokens).__name__}.")
-    if tokens.ndim != 2 or not tokens.shape[0] or not tokens.shape[1]:
-        fix = " (one sequence: tokens[None])" if tokens.ndim == 1 else ""
-        raise CacheError(f"tokens must be [batch, pos] token ids with at least one of each, got shape "
-                         f"{list(tokens.shape)}{fix}.")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise CacheError(f"tokens must hold integer token ids, got dtype {tokens.dtype}: pass tokens.long().")
-    try:
-        check_token_ids(tokens, embedding_rows(hf), "tokens")
-    except ValueError as err:
-        raise CacheError(str(err)) from None
+    check_token_tensor(tokens, "tokens", embedding_rows(hf), error=CacheError)
     if attention_mask is not None:
         mask = torch.as_tensor(attention_mask)
         if tuple(mask.shape) != tuple(tokens.shape):
@@ -129,13 +121,11 @@ def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
 def _tokenize(model: Any, texts: list[str]) -> Tensor:
     """Each text without the tokenizer's special tokens, after BOS where the model was trained
     with one (:func:`~tl_geometry.inputs.models.trained_with_bos`)."""
-    from .text import bos_to_prepend
-
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise CacheError("The nnsight model has no tokenizer to read text with: pass token ids, or "
                          "wrap the model with LanguageModel(hf_model, tokenizer=tokenizer).")
-    bos = bos_to_prepend(tokenizer)
+    bos = model_facts(tokenizer).bos_to_prepend()
     rows = [([] if bos is None else [bos]) + list(tokenizer(text, add_special_tokens=False)["input_ids"])
             for text in texts]
     lengths = sorted({len(row) for row in rows})

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .facts import model_facts
+
 
 def sample_text() -> str:
     """The built-in English corpus (written for this project; 61 paragraphs on varied topics)."""
@@ -58,7 +60,7 @@ def text_windows(
     tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
     if n_seqs < 1 or seq_len < 2:
         raise ValueError(f"Need n_seqs ≥ 1 and seq_len ≥ 2, got {n_seqs} and {seq_len}.")
-    bos = bos_to_prepend(model_or_tokenizer)
+    bos = model_facts(model_or_tokenizer).bos_to_prepend()
     with_bos = bos is not None
     text = sample_text() if text is None else text
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -73,21 +75,3 @@ def text_windows(
     if bos is None:
         return windows
     return torch.cat([torch.full((n_seqs, 1), bos, dtype=torch.long), windows], dim=1)
-
-
-def bos_to_prepend(model_or_tokenizer: Any) -> int | None:
-    """The token id a window of this model starts with: its BOS where it was trained with one
-    (SPEC §1, :func:`~tl_geometry.inputs.models.trained_with_bos`), else ``None`` (the window
-    starts with text). ``ValueError`` naming the fix where the model needs BOS and its tokenizer
-    has none."""
-    from .models import trained_with_bos
-
-    if not trained_with_bos(model_or_tokenizer):
-        return None
-    tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        raise ValueError("The model was trained with BOS at the start of a sequence but its "
-                         "tokenizer has no BOS token (bos_token_id is None); set "
-                         "tokenizer.bos_token to the model's BOS token.")
-    return int(bos)

@@ -9,12 +9,6 @@ import torch
 from torch import Tensor
 
 
-def model_vocabulary(model: Any) -> int | None:
-    """``model.cfg.d_vocab`` when the model states it (a positive int), else ``None``."""
-    d_vocab = getattr(getattr(model, "cfg", None), "d_vocab", None)
-    return d_vocab if isinstance(d_vocab, int) and not isinstance(d_vocab, bool) and d_vocab > 0 else None
-
-
 def embedding_rows(hf_model: Any) -> int | None:
     """Rows of a Hugging Face model's input embedding (its vocabulary), else ``None``."""
     get = getattr(hf_model, "get_input_embeddings", None)
@@ -22,19 +16,43 @@ def embedding_rows(hf_model: Any) -> int | None:
     return rows if isinstance(rows, int) else None
 
 
-def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens") -> None:
+def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens",
+                    error: type[ValueError] = ValueError) -> None:
     """``tokens`` (an integer tensor) must hold data and ids in ``[0, d_vocab)`` (``None``: the
-    sign only); ``ValueError`` naming ``name``, the range found and the fix."""
+    sign only); ``error`` naming ``name``, the range found and the fix."""
     if tokens.is_meta:
-        raise ValueError(f"{name} is a meta tensor (shape {tuple(tokens.shape)}, no values); pass "
-                         "real token ids, e.g. from tl_geometry.text_windows(model).")
+        raise error(f"{name} is a meta tensor (shape {tuple(tokens.shape)}, no values); pass "
+                    "real token ids, e.g. from tl_geometry.text_windows(model).")
     if tokens.numel() == 0:
         return
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0 or (d_vocab is not None and high >= d_vocab):
-        raise ValueError(f"{name} hold token ids from {low} to {high}, outside the model's "
-                         f"vocabulary [0, {d_vocab if d_vocab is not None else '…'}): were they "
-                         "made by another tokenizer?")
+        raise error(f"{name} hold token ids from {low} to {high}, outside the model's "
+                    f"vocabulary [0, {d_vocab if d_vocab is not None else '…'}): were they "
+                    "made by another tokenizer?")
+
+
+def check_token_tensor(tokens: Any, name: str = "tokens", d_vocab: int | None = None, *, min_pos: int = 1,
+                       error: type[ValueError] = ValueError) -> Tensor:
+    """``tokens`` once it is a ``[batch, pos]`` tensor of integer token ids holding at least one
+    sequence of ``min_pos`` tokens, ids inside the vocabulary (:func:`check_token_ids`); else
+    ``error`` naming ``name``, what it is and the fix."""
+    if not isinstance(tokens, Tensor):
+        raise error(f"{name} must be a [batch, pos] tensor of token ids, got {type(tokens).__name__}; "
+                    "e.g. torch.tensor([ids]) for one sequence, or tokenizer(texts, "
+                    "return_tensors='pt').input_ids.")
+    if tokens.ndim != 2:
+        fix = " (one sequence: tokens[None])" if tokens.ndim == 1 else ""
+        raise error(f"{name} must be [batch, pos] integer token ids, got shape {list(tokens.shape)}; "
+                    f"add or drop the batch axis{fix}.")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise error(f"{name} must be [batch, pos] integer token ids, got dtype {tokens.dtype}: pass "
+                    "tokens.long() if they are whole numbers, or the tokenizer's ids.")
+    if tokens.shape[0] < 1 or tokens.shape[1] < min_pos:
+        raise error(f"{name} must hold at least one sequence of {min_pos} or more tokens, got shape "
+                    f"{list(tokens.shape)}.")
+    check_token_ids(tokens, d_vocab, name, error)
+    return tokens
 
 
 def token_digest(tokens: Tensor, attention_mask: Tensor | None = None) -> str:

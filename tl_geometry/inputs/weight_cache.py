@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,27 +118,45 @@ def entry_key(gguf: Path, dtype: str) -> EntryKey:
     return EntryKey(file_sha256(gguf), gguf.stat().st_size, dtype, gguf.name, str(gguf.absolute()))
 
 
-def _problem(folder: Path, key: EntryKey) -> str | None:
-    """What is wrong with the entry in ``folder``, or ``None`` when every file checks out."""
+def _problems(folder: Path, hash_of: Callable[[Path], str], everything: bool = False) -> Iterator[Problem]:
+    """What is wrong with the entry in ``folder``, one problem at a time (a load stops at the
+    first): its manifest, each file it lists (``hash_of``: a file's sha256), and with
+    ``everything`` (:func:`verify`) the files it does not list and the GGUF file it was made from."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        files = manifest["files"]
-        source = manifest["source"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "incomplete (no readable manifest)"
+        files, source = manifest["files"], manifest["source"]
+        wanted = {str(name): (int(want["size"]), str(want["sha256"])) for name, want in files.items()}
+        key = EntryKey(str(source["sha256"]), int(source["size"]), str(manifest["dtype"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        yield Problem("corrupt", folder, "incomplete (no readable manifest)")
+        return
     if manifest.get("format") != FORMAT:
-        return f"in cache format {manifest.get('format')!r}, not {FORMAT}"
-    if (source.get("sha256"), source.get("size"), manifest.get("dtype")) != (key.sha256, key.size, key.dtype):
-        return "for another source file or dtype"
-    for name, want in files.items():
+        yield Problem("stale", folder, f"in cache format {manifest.get('format')!r}, not {FORMAT}")
+        return
+    if folder.name != key.name:
+        yield Problem("corrupt", folder, f"its manifest is that of entry {key.name}")
+    for name, (size, sha256) in wanted.items():
         path = folder / name
         if not path.is_file():
-            return f"missing {name}"
-        if path.stat().st_size != want["size"]:
-            return f"damaged ({name} has {path.stat().st_size:,} bytes, not {want['size']:,})"
-        if file_sha256(path) != want["sha256"]:
-            return f"damaged ({name} does not match its recorded sha256)"
-    return None
+            yield Problem("corrupt", path, "missing")
+        elif path.stat().st_size != size:
+            yield Problem("corrupt", path, f"{path.stat().st_size:,} bytes, not {size:,}")
+        elif hash_of(path) != sha256:
+            yield Problem("corrupt", path, "does not match its recorded sha256")
+    if not everything:
+        return
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_file() and name not in (MANIFEST, MARKER) and name not in wanted:
+            yield Problem("corrupt", path, "a file the entry's manifest does not list")
+    origin = source.get("path")
+    if isinstance(origin, str) and origin:  # entries written before paths were recorded: unknown
+        gguf = Path(origin)
+        if not gguf.is_file():
+            yield Problem("stale", folder, f"made from {gguf}, which is gone")
+        elif gguf.stat().st_size != key.size or hash_of(gguf) != key.sha256:
+            yield Problem("stale", folder, f"made from {gguf}, which has changed since (loading it "
+                                           "now makes another entry)")
 
 
 def _is_kind(path: Path, test: Callable[[int], bool]) -> bool:
@@ -216,11 +234,11 @@ def lookup(key: EntryKey) -> Path | None:
         return None
     if not _written_here(folder):  # the user's: neither used nor removed (store() says so)
         return None
-    problem = _problem(folder, key)
+    problem = next(_problems(folder, file_sha256), None)
     if problem is None:
         return folder
-    warnings.warn(f"The weight cache entry {folder} is {problem}; it is removed and rebuilt from "
-                  f"{key.source or 'the GGUF file'}.", stacklevel=3)
+    warnings.warn(f"The weight cache entry {folder} failed its check ({problem}); it is removed and "
+                  f"rebuilt from {key.source or 'the GGUF file'}.", stacklevel=3)
     _discard(folder)
     return None
 
@@ -321,43 +339,6 @@ def _entries(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if _written_here(p))
 
 
-def _check_entry(folder: Path, hashes: _Hashes) -> list[Problem]:
-    """Everything wrong with the entry in ``folder``, every file re-hashed in full."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        files, source = manifest["files"], manifest["source"]
-        wanted = {str(name): (int(want["size"]), str(want["sha256"])) for name, want in files.items()}
-        key = EntryKey(str(source["sha256"]), int(source["size"]), str(manifest["dtype"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return [Problem("corrupt", folder, "incomplete (no readable manifest)")]
-    if manifest.get("format") != FORMAT:
-        return [Problem("stale", folder, f"in cache format {manifest.get('format')!r}, not {FORMAT}")]
-    problems = []
-    if folder.name != key.name:
-        problems.append(Problem("corrupt", folder, f"its manifest is that of entry {key.name}"))
-    for name, (size, sha256) in wanted.items():
-        path = folder / name
-        if not path.is_file():
-            problems.append(Problem("corrupt", path, "missing"))
-        elif path.stat().st_size != size:
-            problems.append(Problem("corrupt", path, f"{path.stat().st_size:,} bytes, not {size:,}"))
-        elif hashes.of(path) != sha256:
-            problems.append(Problem("corrupt", path, "does not match its recorded sha256"))
-    for path in sorted(folder.rglob("*")):
-        name = path.relative_to(folder).as_posix()
-        if path.is_file() and name not in (MANIFEST, MARKER) and name not in wanted:
-            problems.append(Problem("corrupt", path, "a file the entry's manifest does not list"))
-    origin = source.get("path")
-    if isinstance(origin, str) and origin:  # entries written before paths were recorded: unknown
-        gguf = Path(origin)
-        if not gguf.is_file():
-            problems.append(Problem("stale", folder, f"made from {gguf}, which is gone"))
-        elif gguf.stat().st_size != key.size or hashes.of(gguf) != key.sha256:
-            problems.append(Problem("stale", folder, f"made from {gguf}, which has changed since "
-                                                     "(loading it now makes another entry)"))
-    return problems
-
-
 def verify() -> list[Problem]:
     """Re-hash, in full, everything the cache records a digest of; list what does not match.
 
@@ -369,9 +350,9 @@ def verify() -> list[Problem]:
     """
     _check_subfolders()
     hashes = _Hashes()
-    problems = []
+    problems: list[Problem] = []
     for folder in _entries(weights_root()):
-        problems.extend(_check_entry(folder, hashes))
+        problems.extend(_problems(folder, hashes.of, everything=True))
     for record in recorded_digests():
         try:
             if record.in_force() and hashes.of(record.path) != record.sha256:
