@@ -149,14 +149,14 @@ def _uses_gram(layer: LayerBlock, opts: AnalysisOptions, d_values: int) -> bool:
     wins for short sequences and for many queries (every query of a 1,024-token window), the
     vectors for the last query of long ones and for sliding-window layers of long sequences."""
     n_pos = layer.source.shape[2]
-    fits = opts.n_values[opts.n_values < n_pos]
-    if not len(fits) or n_pos * n_pos * 8 > GRAM_MAX_BYTES:
+    fits = [n for n in opts.n_values.tolist() if n < n_pos]  # a list: called twice per layer
+    if not fits or n_pos * n_pos * 8 > GRAM_MAX_BYTES:
         return False
     rows = layer.group_size * layer.queries.shape[1] * (2 + opts.random_samples + opts.shuffle_samples)
     keys = n_pos if layer.window is None else min(n_pos, layer.window)  # keys a query sees
     # A sliding window's matrix is built on its band alone (twins.geometry.band_gram).
     built = n_pos if layer.window is None or layer.window >= n_pos else min(n_pos, 3 * layer.window)
-    from_gram = n_pos * built * d_values + rows * int(fits.max()) * keys
+    from_gram = n_pos * built * d_values + rows * max(fits) * keys
     from_vectors = rows * len(fits) * keys * d_values
     return from_gram < from_vectors
 
