@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from cases import Case, make_case
 from reference import BOUND_KINDS, ref_analyze, ref_bounds
+from shared_checks import assert_metrics_equal_reference
 from streams import engine_randoms, engine_shuffles
 
 import tl_geometry
@@ -271,3 +272,13 @@ def assert_compares_something(want: dict, keys) -> None:
     would pass any comparison."""
     for key in keys:
         assert not np.isnan(want[key]).all(), f"the reference's {key} is NaN everywhere"
+
+
+def assert_family_equals_reference(implementation, scenario, groups, metrics) -> None:
+    """``implementation``'s ``metrics`` of ``groups`` (those it computes) on ``scenario`` equal
+    the loop reference's, and the reference defines each of them somewhere."""
+    want = reference(scenario)
+    groups = [g for g in groups if g in implementation.groups]
+    assert_metrics_equal_reference(implementation.run(scenario), want, groups, metrics, tol=implementation.tol,
+                                   what=f"{implementation} ")
+    assert_compares_something(want, [f"{g}_{m}" for g in groups for m in metrics])

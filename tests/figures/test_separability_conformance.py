@@ -10,17 +10,11 @@ from conformance import (
     IMPLEMENTATIONS,
     SCENARIOS,
     SEPARABILITY,
-    assert_compares_something,
-    reference,
+    assert_family_equals_reference,
 )
-from shared_checks import assert_metrics_equal_reference
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS, ids=str)
 def test_separability_equals_the_reference(implementation, scenario):
-    want = reference(scenario)
-    groups = [g for g in GROUPS if g in implementation.groups]
-    assert_metrics_equal_reference(implementation.run(scenario), want, groups, SEPARABILITY, tol=implementation.tol,
-                                   what=f"{implementation} ")
-    assert_compares_something(want, [f"{g}_{m}" for g in groups for m in SEPARABILITY])
+    assert_family_equals_reference(implementation, scenario, GROUPS, SEPARABILITY)

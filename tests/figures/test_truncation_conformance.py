@@ -12,7 +12,7 @@ from conformance import (
     IMPLEMENTATIONS,
     SCENARIOS,
     TRUNCATION,
-    assert_compares_something,
+    assert_family_equals_reference,
     reference,
 )
 from shared_checks import assert_metrics_equal_reference
@@ -23,11 +23,7 @@ SCORED = ("top", "sink_removed")
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS, ids=str)
 def test_truncation_equals_the_reference(implementation, scenario):
-    want = reference(scenario)
-    groups = [g for g in SCORED if g in implementation.groups]
-    assert_metrics_equal_reference(implementation.run(scenario), want, groups, TRUNCATION, tol=implementation.tol,
-                                   what=f"{implementation} ")
-    assert_compares_something(want, [f"{g}_{m}" for g in groups for m in TRUNCATION])
+    assert_family_equals_reference(implementation, scenario, SCORED, TRUNCATION)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
