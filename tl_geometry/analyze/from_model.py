@@ -512,8 +512,10 @@ def _gather_windows(masses: list[Tensor], relative: list[int], lo: int, n_seqs: 
     return [row.cpu() for row in full], positions.cpu().tolist()
 
 
-def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: int) -> bool:
-    """Whether this run recomputes attention rows (see ``analyze_model``'s ``attention``)."""
+def recompute_possible(attention: Any, model: Any) -> bool:
+    """``attention`` checked (one of :data:`ATTENTION_SOURCES`; ``"recompute"`` refused, naming
+    the fix, for a model without a Hugging Face module to capture from) and whether ``model``
+    can be recomputed at all (``False`` for ``"pattern"``)."""
     if attention not in ATTENTION_SOURCES:
         raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_SOURCES))}, "
                          f"got {attention!r}.")
@@ -524,6 +526,12 @@ def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: 
         raise ValueError("attention='recompute' needs a Hugging Face model to capture queries and keys "
                          "from (a transformers model or a TransformerBridge around one); use "
                          "attention='pattern' for this model.")
+    return possible
+
+
+def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: int) -> bool:
+    """Whether this run recomputes attention rows (see ``analyze_model``'s ``attention``)."""
+    possible = recompute_possible(attention, model)
     return possible and (attention == "recompute" or pattern_bytes(batch, n_heads, n_pos) > AUTO_RECOMPUTE_BYTES)
 
 

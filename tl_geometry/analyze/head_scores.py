@@ -27,7 +27,7 @@ from ..inputs.facts import model_facts
 from ..inputs.text import text_windows
 from ..inputs.tokens import check_token_ids
 from . import sink as _sink
-from .from_model import ATTENTION_SOURCES, AttentionSource
+from .from_model import AttentionSource, recompute_possible
 from .score_weights import CaptureWeights, PatternWeights
 from .sink import Sink
 from .stop import StopForward, forward_until_stopped
@@ -120,7 +120,7 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
 
     cfg = _check_model(model)
     seed = _check_seed(seed)
-    recompute = _use_recompute(model, attention)
+    recompute = recompute_possible(attention, model)  # "auto": wherever the model can (ours)
     _sink.check(sink)  # its positions against the windows once they are known, before any forward
     layer_window = model_facts(model).layer_windows(cfg.n_layers)
     n_ctx = getattr(cfg, "n_ctx", None)
@@ -446,19 +446,6 @@ def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
                          "the sink rate and Sink^ε; pass sequences of equal length without padding, "
                          "e.g. windows cut from one text by tl_geometry.text_windows(model, text, "
                          "n_seqs=..., seq_len=...).")
-
-
-def _use_recompute(model: Any, attention: Any) -> bool:
-    """Whether this run reads captured queries and keys (see ``head_scores``'s ``attention``)."""
-    if attention not in ATTENTION_SOURCES:
-        raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_SOURCES))}, "
-                         f"got {attention!r}.")
-    possible = model_facts(model).can_recompute
-    if attention == "recompute" and not possible:
-        raise ValueError("attention='recompute' needs a Hugging Face model to capture queries and keys "
-                         "from (a transformers model or a TransformerBridge around one); use "
-                         "attention='pattern' for this model.")
-    return attention != "pattern" and possible
 
 
 def _batch_size(model: Any, n_seqs: int, n_pos: int, recompute: bool) -> int:
