@@ -506,3 +506,14 @@ def test_prune_reads_bos_for_its_doubled_windows(capsys, no_model_load, tmp_path
     assert "too short" in line and "10 text tokens, no BOS" in line
     with pytest.raises(AssertionError, match="a model was loaded"):  # passes every check
         cli.main(argv)
+
+
+def test_head_scores_checks_attention_before_any_forward():
+    """An unknown source, and 'recompute' on a model with no Hugging Face module, are refused
+    with the fix (TinyLM has hooks only: 'auto' takes the pattern)."""
+    model = tiny(True)
+    with pytest.raises(ValueError, match=r"attention must be one of 'auto', 'pattern', 'recompute', got 'sdpa'"):
+        tl_geometry.head_scores(model, seq_len=16, repeat=4, attention="sdpa")
+    with pytest.raises(ValueError, match="use attention='pattern' for this model"):
+        tl_geometry.head_scores(model, seq_len=16, repeat=4, attention="recompute")
+    assert tl_geometry.head_scores(model, seq_len=16, repeat=4).attrs["attention"] == "pattern"
