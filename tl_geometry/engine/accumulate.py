@@ -50,7 +50,7 @@ from ..functional.stats import nearest_rank_percentile
 from ..result import BOUND_KINDS, BOUND_METRICS, PERCENTILE, HeadAnalysis
 from ..result.schema import WINDOW_GROUPS
 from .layer import LayerStats
-from .layout import RANDOM_GROUP, SEQUENCE_GROUPS, TRUNCATION
+from .layout import RANDOM_GROUP, SEQUENCE_GROUPS
 from .options import AnalysisOptions
 from .paired import N_BINS, paired_figures
 
@@ -211,10 +211,7 @@ class Accumulator:
     def add(self, li: int, stats: LayerStats, sequence_offset: int = 0) -> None:
         """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
         seq_mean = stats.seq_mean.to(self.seq_sum.device)
-        # SPEC §3's metrics and the truncation figures summed apart (see twins.reduce.reduce_rows).
-        for part in (slice(None, TRUNCATION.start), slice(TRUNCATION.start, None)):
-            _add_means(self.seq_sum[li][..., part], self.seq_count[li][..., part],
-                       seq_mean[..., part].contiguous())
+        _add_means(self.seq_sum[li], self.seq_count[li], seq_mean)
         self.inst_sum[li] += stats.inst_sum.to(self.inst_sum.device)
         self.inst_count[li] += stats.inst_count.to(self.inst_count.device)
         self.paired_hist[li] += stats.paired_hist.to(self.paired_hist.device)

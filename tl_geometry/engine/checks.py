@@ -109,10 +109,10 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
     """Raise the first problem the statistics show (warn for rows without mass, no mask);
     ``window`` is the layer's declared sliding window (``None``: a global layer)."""
     name = PATTERN_HOOK.format(layer=layer)
-    s = stats.to("cpu", torch.float64)
+    s = stats.to("cpu", torch.float64).numpy()  # a few small reductions: NumPy's are the cheaper calls
     count = int(s[..., ST_NONFINITE].sum())
     if count:
-        b, h = (int(x) for x in (s[..., ST_NONFINITE] > 0).nonzero()[0])
+        b, h = (int(x) for x in np.argwhere(s[..., ST_NONFINITE] > 0)[0])
         q, k = int(s[b, h, ST_NONFINITE_Q]), int(s[b, h, ST_NONFINITE_K])
         fix = ("Check that attention_mask is the one the model was run with; if it is, the "
                "forward pass overflowed (run it in float32)." if mask_given else
@@ -153,7 +153,7 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
         )
     dead = int(s[..., ST_DEAD].sum())
     if dead:
-        b, h = (int(x) for x in (s[..., ST_DEAD] > 0).nonzero()[0])
+        b, h = (int(x) for x in np.argwhere(s[..., ST_DEAD] > 0)[0])
         q = int(s[b, h, ST_DEAD_Q])
         if mask_given:
             raise CacheError(

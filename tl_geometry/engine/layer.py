@@ -201,11 +201,15 @@ def analyze_layer(
     d_model]``) selects output space. Sequence
     ``i`` of the batch is global sequence ``sequence_offset + i`` (the random baseline's stream).
     ``window`` is the layer's sliding window (SPEC §1, ours): query ``t``'s candidate keys are
-    the real keys ``t − window < i ≤ t``, and a row with weight outside them is an error.
+    the real keys ``t − window < i ≤ t``, and a row with weight outside them is an error. It
+    runs under ``torch.inference_mode``: the statistics are inference tensors, read (or added
+    into tensors of the caller's own) and never differentiated.
     """
     backend = choose_backend(pattern.device, opts.backend)
-    return run_layer(backend, opts.backend, lambda chosen: _analyze_layer(
-        chosen, pattern, v, is_token, sink, opts, layer, W_O, sequence_offset, mask_given, window))
+    # Nothing here is differentiated: inference mode spares every op autograd's bookkeeping.
+    with torch.inference_mode():
+        return run_layer(backend, opts.backend, lambda chosen: _analyze_layer(
+            chosen, pattern, v, is_token, sink, opts, layer, W_O, sequence_offset, mask_given, window))
 
 
 def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor, is_token: Tensor, sink: Tensor,

@@ -45,6 +45,7 @@ class LeadingColumns(Protocol):
     def leading_columns(self, start: Tensor, stop: Tensor, n_keys: int) -> Tensor | None: ...
 
 
+@torch.inference_mode()  # nothing here is differentiated: no autograd bookkeeping per op
 def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], window: int | None,
                     max_queries: int | None = None, sink: Int[Tensor, " batch"] | None = None,
                     ) -> Float[Tensor, "batch head 33"]:
@@ -61,6 +62,10 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     """
     batch, n_heads, n_pos = source.shape
     device = source.device
+    if isinstance(source, PatternRows):
+        fixed = _fixed_reading(is_token, window, max_queries, sink)
+        if fixed is not None:
+            return _pattern_mass(source.pattern, *fixed, given=sink is not None)
     start, last = sink_positions(is_token), last_positions(is_token)
     length = last - start + 1
     stop = start + (length if window is None else length.clamp_max(window))  # first query not read
@@ -75,17 +80,7 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     count = torch.zeros(batch, dtype=COMPUTE_DTYPE, device=device)
     step = max(1, ROWS_BYTES // max(1, batch * n_heads * n_pos * 8))
     columns = None
-    if isinstance(source, PatternRows) and n_queries > 0 and _same(start, first, stop):
-        # No padding (every window starts, and is read, at the same positions): the queries'
-        # rows and the candidates' columns are one slice of the pattern, summed where it lies.
-        f, s0 = int(first[0]), int(start[0])
-        rows = source.pattern[:, :, f:f + n_queries]
-        sink_column = rows.gather(3, keys[:, -1, None, None, None].expand(batch, n_heads, n_queries, 1))
-        total = torch.cat([rows[..., s0:s0 + CANDIDATES].sum(2, dtype=COMPUTE_DTYPE),
-                           sink_column.sum(2, dtype=COMPUTE_DTYPE)], dim=-1)
-        n_queries = 0  # nothing left to read
-        count.fill_(int(stop[0]) - f)
-    elif isinstance(source, PatternRows):  # the 33 columns first: no whole row is copied
+    if isinstance(source, PatternRows):  # the 33 columns first: no whole row is copied
         columns = source.pattern.gather(3, keys[:, None, None, :].expand(batch, n_heads, n_pos, -1))
     elif sink is None and isinstance(source, LeadingColumns):
         # Every query read sees the 32 candidates: the source may give their columns in one
@@ -113,9 +108,35 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     return out
 
 
-def _same(*positions: Tensor) -> bool:
-    """Whether each of the per-window ``positions`` is one position for every window."""
-    return all(bool((p == p[0]).all()) for p in positions)
+def _fixed_reading(is_token: Tensor, window: int | None, max_queries: int | None, sink: Tensor | None
+                   ) -> tuple[int, int, int] | None:
+    """``(first, stop, sink)`` of :func:`first_keys_mass` where they are one position for every
+    window (no padding, one sink; the first candidate where none is given), else ``None``."""
+    if not bool(is_token.all()):
+        return None
+    given = set() if sink is None else set(sink.tolist())
+    if len(given) > 1:
+        return None
+    n_pos, p = is_token.shape[1], given.pop() if given else 0
+    first = CANDIDATES if sink is None else max(CANDIDATES, p + 1)
+    stop = n_pos if window is None else min(n_pos, window)
+    if max_queries is not None:
+        stop = min(stop, first + max_queries)
+    return first, stop, min(p, n_pos - 1)
+
+
+def _pattern_mass(pattern: Float[Tensor, "batch head query key"], first: int, stop: int, sink: int, *,
+                  given: bool) -> Float[Tensor, "batch head 33"]:
+    """:func:`first_keys_mass` of a pattern whose windows are all read at the same positions:
+    the queries' rows and the candidates' columns are one slice of it, summed where it lies."""
+    batch, n_heads = pattern.shape[:2]
+    if stop <= first:  # no query to read
+        return torch.full((batch, n_heads, CANDIDATES + 1), torch.nan, dtype=COMPUTE_DTYPE, device=pattern.device)
+    rows = pattern[:, :, first:stop]
+    # The sink's column as one contiguous column, as a gather would lay it out.
+    sink_column = (rows[..., sink:sink + 1].contiguous().sum(2, dtype=COMPUTE_DTYPE) if given
+                   else rows.new_full((batch, n_heads, 1), torch.nan, dtype=COMPUTE_DTYPE))
+    return torch.cat([rows[..., :CANDIDATES].sum(2, dtype=COMPUTE_DTYPE), sink_column], dim=-1) / (stop - first)
 
 
 def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor, " batch"]:
