@@ -212,13 +212,12 @@ class Accumulator:
         """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
         seq_mean = stats.seq_mean.to(self.seq_sum.device)
         _add_means(self.seq_sum[li], self.seq_count[li], seq_mean)
-        self.inst_sum[li] += stats.inst_sum.to(self.inst_sum.device)
-        self.inst_count[li] += stats.inst_count.to(self.inst_count.device)
-        self.paired_hist[li] += stats.paired_hist.to(self.paired_hist.device)
-        self.paired_halved[li] += stats.paired_halved.to(self.paired_halved.device)
+        for name in _ADDED:  # statistics that add as they are into the layer's row
+            value = getattr(stats, name)
+            if value is not None:
+                total = getattr(self, name)[li]
+                total.add_(value.to(total.device, total.dtype))
         _add_means(self.sink_sum[li], self.sink_count[li], stats.sink_mean.to(self.sink_sum.device))
-        self.votes[li] += stats.votes.to(self.votes.device)
-        self.beyond_votes[li] += stats.beyond_votes.to(self.beyond_votes.device, torch.int64)
         stop = sequence_offset + stats.sequence_votes.shape[0]
         grown = self._rows(stop, stats.truncation_rows.shape[1], stats.block_votes.shape[1])
         if grown is not self:
@@ -233,22 +232,18 @@ class Accumulator:
             self.window_sink[sequence_offset:stop, li] = stats.sink_mean.to(self.window_sink)
             if stats.bound_mean is not None:
                 self.window_bounds[sequence_offset:stop, li] = stats.bound_mean.to(self.window_bounds)
-        self.sequence_votes[sequence_offset:stop, li] += stats.sequence_votes.to(self.sequence_votes.device)
-        self.block_votes[sequence_offset:stop, :, li] += stats.block_votes.to(self.block_votes.device)
-        self.truncation_rows[sequence_offset:stop, :, li] += stats.truncation_rows.to(self.truncation_rows.device)
+        self.sequence_votes[sequence_offset:stop, li].add_(stats.sequence_votes.to(self.sequence_votes.device))
+        self.block_votes[sequence_offset:stop, :, li].add_(stats.block_votes.to(self.block_votes.device))
+        self.truncation_rows[sequence_offset:stop, :, li].add_(stats.truncation_rows.to(self.truncation_rows.device))
         if stats.bound_mean is not None:
             _add_means(self.bound_sum[li], self.bound_count[li], stats.bound_mean.to(self.bound_sum.device))
         if stats.regime is not None:
             _add_means(self.regime_sum[li], self.regime_count[li], stats.regime.to(self.regime_sum.device))
-        if stats.sink_visible is not None:
-            self.sink_visible[li] += stats.sink_visible.to(self.sink_visible.device)
-        if stats.votes_rechecked is not None:
-            self.votes_rechecked[li] += stats.votes_rechecked.to(self.votes_rechecked.device)
         random = seq_mean[:, :, RANDOM_GROUP]
         defined = ~torch.isnan(random)
-        self.random_sq[li] += torch.where(defined, random.square(), 0.0).sum(0)
+        self.random_sq[li].add_(torch.where(defined, random.square(), 0.0).sum(0))
         if stats.random_mc is not None:
-            self.random_mc[li] += torch.where(defined, stats.random_mc.to(random.device), 0.0).sum(0)
+            self.random_mc[li].add_(torch.where(defined, stats.random_mc.to(random.device), 0.0).sum(0))
 
     def finish(
         self, layers: Sequence[int], opts: AnalysisOptions, n_pos: int, metadata: dict[str, Any],
@@ -324,6 +319,11 @@ class Accumulator:
         sequences = torch.where(count >= 2, sequences, torch.nan)
         monte_carlo = self.random_mc.clamp_min(0.0).sqrt() / count
         return torch.stack([sequences, monte_carlo])
+
+
+#: :class:`LayerStats` fields added as they are into the accumulator's row of their layer.
+_ADDED = ("inst_sum", "inst_count", "paired_hist", "paired_halved", "votes", "beyond_votes", "sink_visible",
+          "votes_rechecked")
 
 
 def _add_means(total: Tensor, count: Tensor, per_sequence: Tensor) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -190,8 +191,12 @@ def _fall_back(error: BaseException, *, loading: bool) -> None:
 
 
 def _numpy(x: Any) -> Any:
-    """NumPy view of a CPU tensor, contiguous so that each kernel compiles for one layout."""
-    return x.detach().contiguous().numpy() if isinstance(x, Tensor) else x
+    """NumPy view of a CPU tensor, contiguous so that each kernel compiles for one layout (a
+    copy only where it is not)."""
+    if not isinstance(x, Tensor):
+        return x
+    out = x.numpy(force=True)  # detached; on CPU, the tensor's own memory
+    return out if out.flags.c_contiguous else np.ascontiguousarray(out)
 
 
 def _written(x: Tensor) -> Any:

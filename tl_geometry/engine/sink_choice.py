@@ -165,29 +165,34 @@ def sink_check(masses: Sequence[Float[Tensor, "batch head 32"]], sink: Int[Tenso
     window's first real token (past the candidates, its mass is :func:`first_keys_mass`'s last
     column); windows too short to be read are left out (every figure ``None`` if all are).
     """
-    sink_mass: list[float | None] = []
-    other_mass: list[float | None] = []
-    other_key: list[int | None] = []
-    for m in masses:
-        per_key = m.mean(1)  # [b, 33]
-        read = ~torch.isnan(per_key[:, :CANDIDATES]).any(-1)
-        if not bool(read.any()):
-            sink_mass.append(None)
-            other_mass.append(None)
-            other_key.append(None)
-            continue
-        per_key, at = per_key[read], sink.to(per_key.device)[read]
-        inside = at < CANDIDATES
-        candidates = per_key[:, :CANDIDATES]
-        own = torch.where(inside, candidates.gather(1, at.clamp_max(CANDIDATES - 1)[:, None]).squeeze(1),
-                          per_key[:, CANDIDATES])
-        others = torch.where(inside[:, None] & (torch.arange(CANDIDATES, device=at.device) == at[:, None]),
-                             -torch.inf, candidates)
-        best, key = others.max(-1)
-        sink_mass.append(float(own.mean()))
-        other_mass.append(float(best.mean()))
-        other_key.append(int(torch.mode(key).values))
+    if not masses:
+        return {"sink_mass": [], "other_mass": [], "other_key": [], "weak": False, "layers_read": 0}
+    # Every layer at once; a layer with unread windows is read again over its read ones.
+    per_key = torch.stack(list(masses)).mean(2)  # [layer, b, 33]
+    read = ~torch.isnan(per_key[..., :CANDIDATES]).any(-1)  # [layer, b]
+    sink_mass, other_mass, other_key = (x.tolist() for x in _sink_and_other(per_key, sink))
+    for layer in (~read.all(1)).nonzero().flatten().tolist():
+        if bool(read[layer].any()):
+            row = _sink_and_other(per_key[layer, read[layer]][None], sink.to(per_key.device)[read[layer]])
+            sink_mass[layer], other_mass[layer], other_key[layer] = (x.item() for x in row)
+        else:
+            sink_mass[layer] = other_mass[layer] = other_key[layer] = None
     judged = [(s, o) for s, o in zip(sink_mass, other_mass) if s is not None and o is not None]
     strong = sum(s >= o for s, o in judged)
     return {"sink_mass": sink_mass, "other_mass": other_mass, "other_key": other_key,
             "weak": bool(judged) and 2 * strong < len(judged), "layers_read": len(judged)}
+
+
+def _sink_and_other(per_key: Float[Tensor, "layer batch 33"], sink: Int[Tensor, " batch"]
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """Per layer: the mean over windows of the sink's mass and of the most attended other
+    candidate's, and the candidate most often that one (:func:`sink_check`)."""
+    at = sink.to(per_key.device)
+    inside = at < CANDIDATES
+    candidates = per_key[..., :CANDIDATES]
+    index = at.clamp_max(CANDIDATES - 1)[None, :, None].expand(per_key.shape[0], -1, 1)
+    own = torch.where(inside, candidates.gather(2, index).squeeze(2), per_key[..., CANDIDATES])
+    others = torch.where(inside[:, None] & (torch.arange(CANDIDATES, device=at.device) == at[:, None]),
+                         -torch.inf, candidates)
+    best, key = others.max(-1)
+    return own.mean(1), best.mean(1), torch.mode(key, dim=1).values
