@@ -20,8 +20,6 @@ from ..engine import (
 )
 from ..engine.block import PatternRows
 from ..engine.options import AnalysisArgs, check_option_names, check_query_positions
-from ..engine.sink_choice import CHECK_QUERIES, choose_sink, first_keys_mass
-from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..inputs.facts import model_facts
 from ..progress import progress_bar
@@ -149,26 +147,21 @@ def analyze_heads(
     layer_windows = _windows.resolve(window, model, layer_ids, need_model=False)
     W = output_weights(model, W_O, layer_ids) if opts.space == "output" else None
     run: _CacheRun | None = None
-    masses = []  # the first 32 keys' attention per layer: the sink check (and sink='auto')
     sinks: Tensor | None = None
     for li, layer in enumerate(layer_ids):
         pattern, _ = _cache.read_layer(cache, layer, upcast=False)
         if run is None:
             run = _CacheRun.start(pattern, attention_mask, tokens, model, len(layer_ids), len(opts.n_values),
-                                  opts.per_window)
+                                  chosen, opts.per_window)
             check_query_positions(opts.queries, run.mask.sum(-1).tolist())
-            if chosen != _sink.AUTO:
-                sinks = _sink.positions(chosen, run.mask, n_windows=run.shape[0])
+            if not run.sink.auto:
+                sinks = run.sink.given(run.mask)
         run.check_shape(pattern, layer)
-        masses.append(first_keys_mass(PatternRows(pattern), run.mask, layer_windows[li],
-                                      None if sinks is None else CHECK_QUERIES, sinks))
+        run.sink.probe(layer, li, PatternRows(pattern), run.mask, layer_windows[li], sinks)
     assert run is not None  # resolve_layers refuses an empty cache
-    start = sink_positions(run.mask)
-    chosen_from: list[int] | None = None
     if sinks is None:
-        choice = _auto_masses(cache, run, window, model, layer_ids, dict(zip(layer_ids, masses)))
-        chosen_from = sorted(choice)
-        sinks = start + choose_sink([choice[layer] for layer in chosen_from])
+        _probe_others(cache, run, window, model, layer_ids)
+        sinks = run.sink.choose(run.mask)
     tokens = _cache.check_cache_tokens(tokens, run.shape[0], run.shape[2])
     local = _local.LocalSinks(layer_windows, run.shape[0])
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
@@ -181,17 +174,13 @@ def analyze_heads(
             local.add(li, 0, _local.from_pattern(pattern, v, run.mask, sinks, layer_window, tokens))
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None)
     metadata["n_kv_heads"] = int(v.shape[2])  # the unit of value-only figures (SPEC §4)
-    metadata["sink"] = _sink.record(chosen, (sinks - start).tolist(), masses, model, chosen_from=chosen_from,
-                                    n_layers=model_facts(model).n_layers)
+    metadata["sink"] = run.sink.record(model, n_layers=model_facts(model).n_layers)
     return local.attach(run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows))
 
 
-def _auto_masses(cache: Any, run: _CacheRun, window: Window, model: Any, analysed: Sequence[int],
-                 masses: dict[int, Tensor]) -> dict[int, Tensor]:
-    """The first keys' attention that ``sink="auto"`` chooses from: the analysed layers'
-    (``masses``) and every other layer the cache holds (SPEC §1), except one that cannot be read
-    alike (a missing hook, another shape)."""
-    out = dict(masses)
+def _probe_others(cache: Any, run: _CacheRun, window: Window, model: Any, analysed: Sequence[int]) -> None:
+    """``sink="auto"`` reads every layer the cache holds besides the ``analysed`` ones (SPEC §1),
+    except one that cannot be read alike (a missing hook, another shape)."""
     others = _sink.choice_layers(window, model, analysed, _cache.cached_layers(cache), need_model=False)
     for layer, layer_window in others.items():
         try:
@@ -200,22 +189,22 @@ def _auto_masses(cache: Any, run: _CacheRun, window: Window, model: Any, analyse
             continue
         if pattern.shape[0] != run.shape[0] or pattern.shape[2] != run.shape[2]:
             continue
-        out[layer] = first_keys_mass(PatternRows(pattern), run.mask, layer_window)
-    return out
+        run.sink.probe(layer, None, PatternRows(pattern), run.mask, layer_window)
 
 
 @dataclass
 class _CacheRun:
     """What the first layer of a cache fixes for every later one: its shape, the checked
-    attention mask and the accumulator."""
+    attention mask, the accumulator and the sink's run."""
 
     shape: tuple[int, int, int]
     mask: Tensor
     acc: Accumulator
+    sink: _sink.SinkRun
 
     @classmethod
     def start(cls, pattern: Tensor, attention_mask: Tensor | None, tokens: Tensor | None, model: Any,
-              n_layers: int, n_sizes: int, per_window: bool = False) -> _CacheRun:
+              n_layers: int, n_sizes: int, rule: str | list[int], per_window: bool = False) -> _CacheRun:
         batch, n_heads, n_pos, _ = pattern.shape
         shape = (batch, n_heads, n_pos)
         mask = _cache.check_attention_mask(attention_mask, batch, n_pos, device=pattern.device)
@@ -223,7 +212,7 @@ class _CacheRun:
             _cache.warn_pad_tokens(tokens, model, shape)
         acc = Accumulator.zeros(n_layers, n_heads, n_sizes, device=pattern.device, n_sequences=batch,
                                 per_window=per_window)
-        return cls(shape, mask, acc)
+        return cls(shape, mask, acc, _sink.SinkRun(rule, n_layers, batch))
 
     def check_shape(self, pattern: Tensor, layer: int) -> None:
         """Every layer of one cache has the first layer's ``[batch, head, pos, pos]``."""

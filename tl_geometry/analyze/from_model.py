@@ -26,9 +26,7 @@ from ..engine import (
 )
 from ..engine.block import PatternRows
 from ..engine.options import AnalysisArgs, check_option_names, check_query_positions, n_chosen
-from ..engine.sink_choice import CHECK_QUERIES, choose_sink, first_keys_mass
 from ..engine.votes import n_blocks
-from ..functional.heads import sink_positions
 from ..inputs import cache as _cache
 from ..inputs import tokens as _tokens
 from ..inputs.capture import LayerCapture, capture_attention
@@ -103,16 +101,11 @@ class _LayerHooks:
         self.sink: Tensor | None = None
         self.offset = 0
         self.n_kv: int | None = None  # KV heads seen in v: the unit of value-only figures (SPEC §4)
-        self.sink_rule, self.n_windows = sink, n_windows
-        # The first 32 keys' attention per layer, batch after batch (the sink check, SPEC §1).
-        self.masses: list[list[Tensor]] = [[] for _ in layer_ids]
-        self.relative: list[int] = []  # each window's sink, from its first real token
+        self.sinks = _sink.SinkRun(sink, len(layer_ids), n_windows)
         self.probing = False  # a first pass that only reads the first 32 keys (sink='auto')
         # sink='auto' reads every layer of the model (SPEC §1): the other layers and their windows,
-        # read only while probing; this batch's first keys' attention per layer; the layers read.
+        # read only while probing.
         self.choice = dict(choice or {})
-        self.current: dict[int, Tensor] = {}
-        self.chosen_from: set[int] = set()
         # The local sinks of the sliding-window layers (ours) and the batch's tokens that name them.
         self.local = _local.LocalSinks(self.windows, n_windows)
         self.tokens: Tensor | None = None
@@ -120,23 +113,13 @@ class _LayerHooks:
 
     def batch(self, mask: Tensor, offset: int, tokens: Tensor | None = None) -> None:
         """The next batch's mask and tokens; its sinks too, unless ``sink='auto'`` (:meth:`choose`)."""
-        self.mask, self.offset, self.sink = mask, offset, sink_positions(mask)
-        self.tokens = tokens
-        if self.sink_rule != _sink.AUTO:
-            self.sink = _sink.positions(self.sink_rule, mask, offset, self.n_windows)
-            self.relative += (self.sink - sink_positions(mask)).tolist()
+        self.mask, self.offset, self.tokens = mask, offset, tokens
+        self.sink = None if self.sinks.auto else self.sinks.given(mask, offset)
 
     def choose(self) -> None:
         """After the probing pass of a batch: its sinks (``sink='auto'``)."""
         assert self.mask is not None
-        batch = self.mask.shape[0]
-        layers = sorted(self.current)  # in layer order, whichever layers are analysed
-        chosen = choose_sink([self.current[layer] for layer in layers]) if layers else (
-            torch.zeros(batch, dtype=torch.long))
-        self.chosen_from.update(layers)
-        self.current = {}
-        self.sink = sink_positions(self.mask) + chosen.cpu()
-        self.relative += chosen.tolist()
+        self.sink = self.sinks.choose(self.mask)
 
     def hooks(self) -> list[tuple[str, Any]]:
         out = []
@@ -151,15 +134,15 @@ class _LayerHooks:
         """A hook on a layer that is not analysed: its first keys' attention while probing."""
         def hook(tensor: Tensor, hook: Any = None) -> None:
             if self.probing:
-                self._choice_mass(layer, PatternRows(tensor.detach()), tensor.device)
+                self._choice_mass(layer, PatternRows(tensor.detach()))
             self._stop_after(layer)
 
         return hook
 
-    def _choice_mass(self, layer: int, rows: Any, device: Any) -> None:
+    def _choice_mass(self, layer: int, rows: Any) -> None:
         """The first keys' attention of a layer read for ``sink='auto'`` alone."""
         assert self.mask is not None
-        self.current[layer] = first_keys_mass(rows, self.mask.to(device), self.choice[layer]).cpu()
+        self.sinks.probe(layer, None, rows, self.mask.to(rows.device), self.choice[layer])
 
     def _store(self, kind: str, layer: int) -> Any:
         def hook(tensor: Tensor, hook: Any = None) -> None:
@@ -187,8 +170,7 @@ class _LayerHooks:
         def on_layer(c: LayerCapture) -> None:
             if c.layer not in self.row:
                 if self.probing and c.layer in self.choice:
-                    self._choice_mass(c.layer, RecomputedRows(c, self.mask if mask is not None else None),
-                                      c.q.device)
+                    self._choice_mass(c.layer, RecomputedRows(c, self.mask if mask is not None else None))
                 return
             seen.add(c.layer)
             self._captured(c, masked=mask is not None)
@@ -238,20 +220,19 @@ class _LayerHooks:
     def _analyze(self, layer: int, rows: Any, v: Tensor) -> None:
         """One layer of one batch, read (rows: a pattern or recomputed rows, on ``v``'s device) by
         every analysis; its first 32 keys' attention is read once (in the probing pass, if any)."""
-        assert self.mask is not None and self.sink is not None
+        assert self.mask is not None
         self.n_kv = int(v.shape[2])
-        mask, sink = self.mask.to(v.device), self.sink.to(v.device)
-        W = None if self.W is None else self.W[layer].to(v.device)
+        mask = self.mask.to(v.device)
         window = self.windows[self.row[layer]]
-        if self.probing or self.sink_rule != _sink.AUTO:
+        if self.probing or not self.sinks.auto:
             source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
-            masses = (first_keys_mass(source, mask, window) if self.probing
-                      else first_keys_mass(source, mask, window, CHECK_QUERIES, sink)).cpu()
-            self.masses[self.row[layer]].append(masses)
-            if self.probing:
-                self.current[layer] = masses
+            self.sinks.probe(layer, self.row[layer], source, mask, window,
+                             None if self.sink is None else self.sink.to(v.device))
         if self.probing:
             return
+        assert self.sink is not None
+        sink = self.sink.to(v.device)
+        W = None if self.W is None else self.W[layer].to(v.device)
         for acc, opts in self.runs:
             stats = analyze_layer(rows, v, mask, sink, opts, layer=layer, W_O=W, sequence_offset=self.offset,
                                   mask_given=self.mask_given, window=window)
@@ -477,12 +458,10 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
         for acc in accs:
             acc.all_reduce()
         hooks.local.all_reduce(lo, hi, n_heads, device)
-    masses = [torch.cat(m) for m in hooks.masses] if all(hooks.masses) else []
-    relative = hooks.relative
+    masses, relative = hooks.sinks.check_masses(), hooks.sinks.relative
     if shard is not None:  # every rank records every window's sink and the whole check
         masses, relative = _gather_windows(masses, relative, lo, n_seqs, device)
-    sink_record = _sink.record(chosen, relative, masses, model, chosen_from=sorted(hooks.chosen_from),
-                               n_layers=n_layers)
+    sink_record = hooks.sinks.record(model, n_layers, masses, relative)
     results = []
     for acc, run in zip(accs, runs):
         metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None)

@@ -23,7 +23,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from ..engine.sink_choice import CANDIDATES, CHECK_QUERIES, sink_check
+from ..engine.block import AttentionRows
+from ..engine.sink_choice import CANDIDATES, CHECK_QUERIES, choose_sink, first_keys_mass, sink_check
 from ..functional.heads import last_positions, sink_positions
 from ..inputs.cache import first_few
 from ..inputs.facts import model_facts
@@ -140,6 +141,69 @@ def choice_layers(window: object, model: Any, analysed: Sequence[int], available
     except ValueError:  # window= cannot say these layers' windows: they stay out (recorded)
         return {}
     return dict(zip(others, windows))
+
+
+class SinkRun:
+    """The sink of one analysis, in the three steps both front doors take (SPEC §1):
+
+    * **probe** (:meth:`probe`): one layer of one batch, its first keys' attention
+      (:func:`~tl_geometry.engine.sink_choice.first_keys_mass`): kept per analysed layer for the
+      sink check, and with ``sink="auto"`` for the choice, from every layer read;
+    * **choose**: each window's sink, the given positions (:meth:`given`) or ``"auto"``'s choice
+      from the layers probed for the batch (:meth:`choose`);
+    * **record**: ``metadata["sink"]`` (:meth:`record`).
+
+    ``rule`` is :func:`rule`'s; ``n_analysed`` the analysed layers; ``n_windows`` the windows
+    of the whole input (batches come in order).
+    """
+
+    def __init__(self, rule: str | list[int], n_analysed: int, n_windows: int) -> None:
+        self.rule, self.auto, self.n_windows = rule, rule == AUTO, n_windows
+        self.masses: list[list[Tensor]] = [[] for _ in range(n_analysed)]  # per analysed layer, per batch
+        self.relative: list[int] = []  # each window's sink, from its first real token
+        self.chosen_from: set[int] = set()
+        self._probed: dict[int, Tensor] = {}  # the batch's choice masses per layer ("auto")
+
+    def probe(self, layer: int, row: int | None, source: AttentionRows, mask: Tensor, window: int | None,
+              sinks: Tensor | None = None) -> None:
+        """Read ``layer`` of the batch (``row``: its index among the analysed layers, ``None`` for
+        a layer read only to choose): with ``"auto"`` every query ``32 ≤ t < min(T, w)``, else
+        the first :data:`CHECK_QUERIES` of them and the batch's ``sinks``."""
+        if self.auto:
+            mass = self._probed[layer] = first_keys_mass(source, mask, window).cpu()
+        else:
+            mass = first_keys_mass(source, mask, window, CHECK_QUERIES, sinks).cpu()
+        if row is not None:
+            self.masses[row].append(mass)
+
+    def given(self, mask: Bool[Tensor, "batch pos"], offset: int = 0) -> Int[Tensor, " batch"]:
+        """The given sinks of the batch's windows ``offset …`` (absolute positions)."""
+        sinks = positions(self.rule, mask, offset, self.n_windows)
+        self.relative += (sinks - sink_positions(mask)).tolist()
+        return sinks
+
+    def choose(self, mask: Bool[Tensor, "batch pos"]) -> Int[Tensor, " batch"]:
+        """``"auto"``'s sinks of the batch (absolute positions), from the layers probed for it in
+        layer order (:func:`~tl_geometry.engine.sink_choice.choose_sink`); each window's first
+        token where none was."""
+        layers = sorted(self._probed)
+        chosen = (choose_sink([self._probed[layer] for layer in layers]) if layers
+                  else torch.zeros(mask.shape[0], dtype=torch.long))
+        self.chosen_from.update(layers)
+        self._probed = {}
+        self.relative += chosen.tolist()
+        return sink_positions(mask) + chosen.to(mask.device)
+
+    def check_masses(self) -> list[Tensor]:
+        """Each analysed layer's masses over every window read (none unless every layer has some)."""
+        return [torch.cat(m) for m in self.masses] if all(self.masses) else []
+
+    def record(self, model: Any, n_layers: int | None, masses: Sequence[Tensor] | None = None,
+               relative: Sequence[int] | None = None) -> dict[str, Any]:
+        """:func:`record` of the run (``masses`` and ``relative``: every rank's, where sharded)."""
+        return record(self.rule, self.relative if relative is None else relative,
+                      self.check_masses() if masses is None else masses, model,
+                      chosen_from=sorted(self.chosen_from), n_layers=n_layers)
 
 
 def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Tensor],
