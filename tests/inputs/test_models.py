@@ -16,6 +16,7 @@ from repo_paths import REPO
 
 import tl_geometry
 from tl_geometry.functional import kv_head_index
+from tl_geometry.inputs.facts import model_facts
 
 pytestmark = pytest.mark.real_model
 
@@ -57,6 +58,13 @@ def test_analysis_on_real_cache(real):
     assert result.f_score.shape == (n_layers, n_heads, 4)
     assert result.metadata["model_name"] == real.name
     assert result.metadata["loading"]["loader"] == "tl_geometry.load_model"
+    # What the analysis read of the model, kept with the result (and None without a model).
+    facts = model_facts(real.model)
+    assert result.metadata["model_facts"] == {
+        "bos": facts.bos, "bos_id": facts.bos_id, "n_layers": n_layers, "n_heads": n_heads,
+        "d_vocab": facts.d_vocab, "can_recompute": facts.can_recompute,
+        "windows": None if facts.windows is None else list(facts.windows)}
+    assert tl_geometry.analyze_heads(real.cache, n_values=(1, 2), layers=[0]).metadata["model_facts"] is None
     torch.testing.assert_close(result.vote_fractions.sum(-1), torch.ones(n_layers, n_heads, dtype=torch.float64))
     assert {c for row in result.labels for c in row} <= {"Retriever", "Mixer", "Reset"}
     # Euclidean N = 1 is trivial: F_1 = 1 everywhere.

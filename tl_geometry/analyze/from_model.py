@@ -464,7 +464,7 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     sink_record = hooks.sinks.record(model, n_layers, masses, relative)
     results = []
     for acc, run in zip(accs, runs):
-        metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None)
+        metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None, facts=facts)
         metadata.update(n_kv_heads=hooks.n_kv or getattr(cfg, "n_key_value_heads", None) or n_heads,
                         cache_type="streaming", batch_size=batch_size,
                         world_size=1 if shard is None else shard[1],

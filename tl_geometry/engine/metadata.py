@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,8 +36,11 @@ def output_weights(model: Any, W_O: Tensor | None, layers: Sequence[int]) -> Ten
 
 
 def run_metadata(model: Any, source: Any, shape: tuple[int, int, int], opts: AnalysisOptions,
-                 masked: bool) -> dict[str, Any]:
-    """The metadata dict of a :class:`~tl_geometry.HeadAnalysis` (plain values only)."""
+                 masked: bool, facts: Any = None) -> dict[str, Any]:
+    """The metadata dict of a :class:`~tl_geometry.HeadAnalysis` (plain values only); ``facts``,
+    the model's :class:`~tl_geometry.inputs.facts.ModelFacts` where there is one, is kept as
+    ``"model_facts"`` (BOS, its id, each layer's window, the sizes, whether the rows can be
+    recomputed), so that a saved result says what the analysis read of its model."""
     meta: dict[str, Any] = {
         "tl_geometry_version": __version__,
         "n_sequences": shape[0],
@@ -57,6 +61,9 @@ def run_metadata(model: Any, source: Any, shape: tuple[int, int, int], opts: Ana
         "model_name": None,
         "model_class": None,
         "loading": {},
+        "model_facts": None if facts is None else {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(facts).items() if key != "name"},  # "model_name" names it
     }
     if model is not None:
         cfg = getattr(model, "cfg", None)
