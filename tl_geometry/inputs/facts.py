@@ -7,9 +7,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..warn import warn_caller
 from .capture import hf_model_of, model_windows
-from .models import _BOS_UNSTATED, BOS_ATTRIBUTE, _label, _names, stated_bos
+from .models import BOS_ATTRIBUTE, model_label, model_names, stated_bos, warn_unstated_bos
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class ModelFacts:
         """:func:`~tl_geometry.inputs.models.trained_with_bos`: ``False`` where nothing says, with
         (``warn``) a ``UserWarning`` naming the fix."""
         if self.bos is None and warn:
-            warn_caller(_BOS_UNSTATED.format(name=self.name, attribute=BOS_ATTRIBUTE))
+            warn_unstated_bos(self.name)
         return bool(self.bos)
 
     def bos_to_prepend(self, warn: bool = True) -> int | None:
@@ -71,7 +70,7 @@ def model_facts(model: Any) -> ModelFacts:
     tokenizer = getattr(model, "tokenizer", None) or model
     bos_id = getattr(tokenizer, "bos_token_id", None)
     stamp: tuple[Any, ...] | None = (getattr(model, BOS_ATTRIBUTE, None), id(tokenizer),
-                                     getattr(tokenizer, BOS_ATTRIBUTE, None), bos_id, *_names(model))
+                                     getattr(tokenizer, BOS_ATTRIBUTE, None), bos_id, *model_names(model))
     try:
         kept = _FACTS.get(model)
     except TypeError:  # unhashable, or no weak reference (a SimpleNamespace, a str): read every time
@@ -81,7 +80,7 @@ def model_facts(model: Any) -> ModelFacts:
     cfg, hf_model, windows = getattr(model, "cfg", None), hf_model_of(model), model_windows(model)
     n_layers, n_heads, d_vocab = (getattr(cfg, name, None) for name in ("n_layers", "n_heads", "d_vocab"))
     facts = ModelFacts(
-        name=_label(model), bos=stated_bos(model), bos_id=None if bos_id is None else int(bos_id),
+        name=model_label(model), bos=stated_bos(model), bos_id=None if bos_id is None else int(bos_id),
         windows=None if windows is None else tuple(windows), n_layers=_size(n_layers),
         n_heads=_size(n_heads), d_vocab=_size(d_vocab),
         can_recompute=callable(getattr(hf_model, "get_input_embeddings", None)) and hasattr(hf_model, "config"))
