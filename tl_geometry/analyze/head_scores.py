@@ -25,7 +25,7 @@ from ..inputs.cache import PATTERN_HOOK, CacheError, first_few
 from ..inputs.capture import capture_attention
 from ..inputs.facts import model_facts
 from ..inputs.text import text_windows
-from ..inputs.tokens import check_token_ids
+from ..inputs.tokens import check_token_tensor
 from . import sink as _sink
 from .from_model import AttentionSource, recompute_possible
 from .score_weights import CaptureWeights, PatternWeights
@@ -353,20 +353,6 @@ def _label(model: Any) -> str:
     return repr(name) if isinstance(name, str) and name else f"this {type(model).__name__}"
 
 
-def _check_ids(tokens: Any, name: str, layout: str, d_vocab: int) -> None:
-    """A ``[batch, pos]`` tensor of integer token ids in the vocabulary, with a sequence in it."""
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2:
-        shape = list(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-        raise ValueError(f"{name} must be {layout}, got {shape}.")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}; token ids "
-                         f"are whole numbers: pass tokens.long() if they are, or the tokenizer's ids.")
-    if tokens.shape[0] == 0:
-        raise ValueError(f"{name} holds no sequences (shape {list(tokens.shape)}); pass at least one, "
-                         f"{layout}.")
-    check_token_ids(tokens, d_vocab, name)
-
-
 def _check_repeated(repeated: Any, d_vocab: int, start: int) -> int:
     """``R`` of a repeated sequence (``[batch, start + 2R]``); a clear error when it is not one."""
     if start:
@@ -374,9 +360,9 @@ def _check_repeated(repeated: Any, d_vocab: int, start: int) -> int:
     else:
         layout = ("[batch, 2R] token ids (R tokens repeated twice, R ≥ 2, no BOS: the model was "
                   "trained without one)")
-    _check_ids(repeated, "repeated", layout, d_vocab)
+    check_token_tensor(repeated, "repeated", d_vocab, min_pos=start + 2 * MIN_REPEAT, layout=layout)
     length = repeated.shape[1] - start
-    if length < 4 or length % 2:
+    if length % 2:
         raise ValueError(f"repeated must be {layout}, got {list(repeated.shape)}.")
     repeat = length // 2
     first, second = repeated[:, start:start + repeat], repeated[:, start + repeat:]
@@ -391,9 +377,7 @@ def _check_repeated(repeated: Any, d_vocab: int, start: int) -> int:
 def _check_windows(windows: Any, d_vocab: int, name: str = "windows") -> None:
     layout = ("[batch, T] real-text token ids (T ≥ 4) starting as the model was trained; "
               "tl_geometry.text_windows(model, n_seqs=8, seq_len=128) makes them")
-    _check_ids(windows, name, layout, d_vocab)
-    if windows.shape[1] < MIN_SEQ_LEN:
-        raise ValueError(f"{name} must be {layout}, got {list(windows.shape)}.")
+    check_token_tensor(windows, name, d_vocab, min_pos=MIN_SEQ_LEN, layout=layout)
 
 
 def _rows(mask: Tensor) -> str:

@@ -7,14 +7,26 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..warn import warn_caller
 from .capture import hf_model_of, model_windows
-from .models import _BOS_UNSTATED, BOS_ATTRIBUTE, _label, _names, stated_bos
+from .models import BOS_ATTRIBUTE, model_label, model_names, stated_bos, warn_unstated_bos
 
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What a model or tokenizer says of itself (:func:`model_facts`); ``None`` where it does not say."""
+    """What a model or tokenizer says of itself besides its weights (:func:`model_facts`), read
+    from its attributes and config without a forward; ``None`` where it does not say.
+
+    Holds ``name`` (how messages name the model), ``bos`` (trained with BOS at the start of a
+    sequence, SPEC §1), ``bos_id`` (its tokenizer's BOS id), ``windows`` (each layer's sliding
+    window, ``None`` for a global layer), ``n_layers``, ``n_heads`` and ``d_vocab`` (from
+    ``model.cfg``), and ``can_recompute`` (a Hugging Face model to capture queries and keys from,
+    itself or a bridge's). Frozen: resolved once per model and memoised by :func:`model_facts`.
+    Its methods turn a fact that is missing into the warning or error that names the fix.
+
+    Example:
+        >>> facts = tl_geometry.inputs.model_facts(model)  # doctest: +SKIP
+        >>> facts.shape(), facts.bos_to_prepend()           # doctest: +SKIP
+    """
 
     name: str  # how messages name the model
     bos: bool | None  # trained with BOS at the start of a sequence (SPEC §1; stated_bos)
@@ -29,7 +41,7 @@ class ModelFacts:
         """:func:`~tl_geometry.inputs.models.trained_with_bos`: ``False`` where nothing says, with
         (``warn``) a ``UserWarning`` naming the fix."""
         if self.bos is None and warn:
-            warn_caller(_BOS_UNSTATED.format(name=self.name, attribute=BOS_ATTRIBUTE))
+            warn_unstated_bos(self.name)
         return bool(self.bos)
 
     def bos_to_prepend(self, warn: bool = True) -> int | None:
@@ -65,13 +77,20 @@ _FACTS: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], ModelFacts]] = wea
 
 
 def model_facts(model: Any) -> ModelFacts:
-    """The :class:`ModelFacts` of ``model`` (a model or a tokenizer), read once per object where
-    BOS is stated, and again once what says it may have changed (``tl_geometry_bos`` on the model
-    or its tokenizer, the tokenizer, its BOS id, the names it goes by): setting one takes effect."""
+    """The :class:`ModelFacts` of ``model`` (a model or a tokenizer), resolved once per model and
+    memoised: kept per object (held weakly) where BOS is stated, and read again once what says it
+    may have changed (``tl_geometry_bos`` on the model or its tokenizer, the tokenizer, its BOS
+    id, the names it goes by), so that setting one takes effect. An object that cannot be held
+    (a name, a plain namespace) is read on every call.
+
+    Example:
+        >>> facts = tl_geometry.inputs.model_facts(model)            # doctest: +SKIP
+        >>> facts.n_layers, facts.bos_id, facts.trained_with_bos()  # doctest: +SKIP
+    """
     tokenizer = getattr(model, "tokenizer", None) or model
     bos_id = getattr(tokenizer, "bos_token_id", None)
     stamp: tuple[Any, ...] | None = (getattr(model, BOS_ATTRIBUTE, None), id(tokenizer),
-                                     getattr(tokenizer, BOS_ATTRIBUTE, None), bos_id, *_names(model))
+                                     getattr(tokenizer, BOS_ATTRIBUTE, None), bos_id, *model_names(model))
     try:
         kept = _FACTS.get(model)
     except TypeError:  # unhashable, or no weak reference (a SimpleNamespace, a str): read every time
@@ -81,7 +100,7 @@ def model_facts(model: Any) -> ModelFacts:
     cfg, hf_model, windows = getattr(model, "cfg", None), hf_model_of(model), model_windows(model)
     n_layers, n_heads, d_vocab = (getattr(cfg, name, None) for name in ("n_layers", "n_heads", "d_vocab"))
     facts = ModelFacts(
-        name=_label(model), bos=stated_bos(model), bos_id=None if bos_id is None else int(bos_id),
+        name=model_label(model), bos=stated_bos(model), bos_id=None if bos_id is None else int(bos_id),
         windows=None if windows is None else tuple(windows), n_layers=_size(n_layers),
         n_heads=_size(n_heads), d_vocab=_size(d_vocab),
         can_recompute=callable(getattr(hf_model, "get_input_embeddings", None)) and hasattr(hf_model, "config"))

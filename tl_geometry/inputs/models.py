@@ -499,9 +499,10 @@ def _converted(path: Path) -> bool:
         return False
 
 
-def _names(model: Any) -> list[str]:
-    """Names a loaded model or tokenizer goes by: the loader's record, TransformerLens's
-    ``cfg.model_name``, the tokenizer's ``name_or_path``."""
+def model_names(model: Any) -> list[str]:
+    """Names a loaded model or tokenizer goes by, in the order :func:`stated_bos` reads them: the
+    loader's record, TransformerLens's ``cfg.model_name``, the model's and its tokenizer's
+    ``name_or_path`` (empty ones left out)."""
     loading = getattr(model, "tl_geometry_loading", None)
     tokenizer = getattr(model, "tokenizer", None)
     names = [loading.get("model") if isinstance(loading, dict) else None,
@@ -533,7 +534,7 @@ def _stated_bos(model: Any) -> bool | None:
         flag = getattr(holder, BOS_ATTRIBUTE, None) if holder is not None else None
         if isinstance(flag, bool):
             return flag
-    names = _names(model)
+    names = model_names(model)
     for name in names:
         if name in MODELS:
             return MODELS[name].bos
@@ -546,10 +547,12 @@ def _stated_bos(model: Any) -> bool | None:
     return None
 
 
-def _label(model: Any) -> str:
+def model_label(model: Any) -> str:
+    """How messages name ``model``: a name or path as given, else its first name
+    (:func:`model_names`, quoted), else ``this <type>``."""
     if isinstance(model, (str, os.PathLike)):
         return repr(os.fsdecode(os.fspath(model)))
-    names = _names(model)
+    names = model_names(model)
     return repr(names[0]) if names else f"this {type(model).__name__}"
 
 
@@ -570,8 +573,15 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
     """
     flag = _stated_bos(model)
     if flag is None and warn:
-        warn_caller(_BOS_UNSTATED.format(name=_label(model), attribute=BOS_ATTRIBUTE))
+        warn_unstated_bos(model_label(model))
     return bool(flag)
+
+
+def warn_unstated_bos(name: str) -> None:
+    """The ``UserWarning`` that nothing says whether the model ``name`` (:func:`model_label`) was
+    trained with BOS, naming the fixes; given where :func:`trained_with_bos` answers ``False``
+    for that reason."""
+    warn_caller(_BOS_UNSTATED.format(name=name, attribute=BOS_ATTRIBUTE))
 
 
 def _load_bos(source: _Source, bos: bool | None = None) -> bool:

@@ -33,10 +33,16 @@ def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens",
 
 
 def check_token_tensor(tokens: Any, name: str = "tokens", d_vocab: int | None = None, *, min_pos: int = 1,
-                       error: type[ValueError] = ValueError) -> Tensor:
+                       layout: str | None = None, error: type[ValueError] = ValueError) -> Tensor:
     """``tokens`` once it is a ``[batch, pos]`` tensor of integer token ids holding at least one
     sequence of ``min_pos`` tokens, ids inside the vocabulary (:func:`check_token_ids`); else
-    ``error`` naming ``name``, what it is and the fix."""
+    ``error`` naming ``name``, what it is and the fix. ``layout`` names the sequences the caller
+    takes (e.g. ``"[batch, T] real-text token ids (T ≥ 4)"``): another type, number of axes or
+    length is then refused as "``name`` must be ``layout``", and no sequence as "``name`` holds
+    no sequences"."""
+    if layout is not None and (not isinstance(tokens, Tensor) or tokens.ndim != 2):
+        got = list(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise error(f"{name} must be {layout}, got {got}.")
     if not isinstance(tokens, Tensor):
         raise error(f"{name} must be a [batch, pos] tensor of token ids, got {type(tokens).__name__}; "
                     "e.g. torch.tensor([ids]) for one sequence, or tokenizer(texts, "
@@ -48,6 +54,10 @@ def check_token_tensor(tokens: Any, name: str = "tokens", d_vocab: int | None = 
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise error(f"{name} must be [batch, pos] integer token ids, got dtype {tokens.dtype}: pass "
                     "tokens.long() if they are whole numbers, or the tokenizer's ids.")
+    if layout is not None and tokens.shape[0] < 1:
+        raise error(f"{name} holds no sequences (shape {list(tokens.shape)}); pass at least one, {layout}.")
+    if layout is not None and tokens.shape[1] < min_pos:
+        raise error(f"{name} must be {layout}, got {list(tokens.shape)}.")
     if tokens.shape[0] < 1 or tokens.shape[1] < min_pos:
         raise error(f"{name} must hold at least one sequence of {min_pos} or more tokens, got shape "
                     f"{list(tokens.shape)}.")
