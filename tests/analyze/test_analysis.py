@@ -107,6 +107,19 @@ def test_results_do_not_depend_on_chunking(monkeypatch, backend):
         assert torch.equal(whole.vote_counts, chunked.vote_counts)
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_results_are_ordinary_tensors_the_caller_may_edit(backend):
+    """The engine runs under inference mode; nothing of it reaches the result, whose tensors
+    the caller may change in place."""
+    case = make_case(5, batch=2, sink=True)
+    result = tl_geometry.analyze_heads(case.cache(), n_values=(1, 2), bounds=True, per_window=True,
+                                       backend=backend, progress=False)
+    tensors = {name: x for name, x in vars(result).items() if isinstance(x, torch.Tensor)}
+    assert tensors and not [name for name, x in tensors.items() if x.is_inference()]
+    for x in tensors.values():
+        x.add_(0)  # an inference tensor refuses this outside inference mode
+
+
 def test_seed_reproducible_and_random_differs_between_seeds():
     case = make_case(31, batch=2)
     a = tl_geometry.analyze_heads(case.cache(), n_values=(2, 3), seed=1, random_samples=2)
