@@ -172,10 +172,11 @@ def analyze_heads(
         layer_window = layer_windows[li]
         if layer_window is not None:  # after the engine has checked the pattern against the window
             local.add(li, 0, _local.from_pattern(pattern, v, run.mask, sinks, layer_window, tokens))
+    facts = model_facts(model)
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None,
-                            facts=None if model is None else model_facts(model))
+                            facts=None if model is None else facts)
     metadata["n_kv_heads"] = int(v.shape[2])  # the unit of value-only figures (SPEC §4)
-    metadata["sink"] = run.sink.record(model, n_layers=model_facts(model).n_layers)
+    metadata["sink"] = run.sink.record(model, n_layers=facts.n_layers)
     return local.attach(run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows))
 
 

@@ -223,15 +223,14 @@ class _LayerHooks:
         assert self.mask is not None
         self.n_kv = int(v.shape[2])
         mask = self.mask.to(v.device)
+        sink = None if self.sink is None else self.sink.to(v.device)  # None while 'auto' probes
         window = self.windows[self.row[layer]]
         if self.probing or not self.sinks.auto:
             source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
-            self.sinks.probe(layer, self.row[layer], source, mask, window,
-                             None if self.sink is None else self.sink.to(v.device))
+            self.sinks.probe(layer, self.row[layer], source, mask, window, sink)
         if self.probing:
             return
-        assert self.sink is not None
-        sink = self.sink.to(v.device)
+        assert sink is not None
         W = None if self.W is None else self.W[layer].to(v.device)
         for acc, opts in self.runs:
             stats = analyze_layer(rows, v, mask, sink, opts, layer=layer, W_O=W, sequence_offset=self.offset,

@@ -122,11 +122,12 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     seed = _check_seed(seed)
     recompute = recompute_possible(attention, model)  # "auto": wherever the model can (ours)
     _sink.check(sink)  # its positions against the windows once they are known, before any forward
-    layer_window = model_facts(model).layer_windows(cfg.n_layers)
+    facts = model_facts(model)  # read once: nothing below changes what the model says of itself
+    layer_window = facts.layer_windows(cfg.n_layers)
     n_ctx = getattr(cfg, "n_ctx", None)
     n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
     # Without windows, text_windows asks (and warns where nothing says) itself.
-    with_bos = model_facts(model).trained_with_bos(warn=windows is not None)
+    with_bos = facts.trained_with_bos(warn=windows is not None)
     start = 1 if with_bos else 0
     chosen = _sink.rule(sink, None, bos_prepended=with_bos)
     # Every argument is checked before the first forward.
@@ -163,7 +164,7 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     vocabulary = ordinary_tokens(model)
     if repeated is None:
         body = _draw(vocabulary, (N_REPEATED, repeat), generator)
-        first = [torch.full((N_REPEATED, 1), model_facts(model).bos_token())] if with_bos else []
+        first = [torch.full((N_REPEATED, 1), facts.bos_token())] if with_bos else []
         repeated = torch.cat([*first, body, body], dim=1)
     built = windows is None
     if windows is None:
