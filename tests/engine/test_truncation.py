@@ -151,6 +151,25 @@ def test_percentiles_do_not_depend_on_batching_and_merge_exactly():
     torch.testing.assert_close(direct.truncation_p90, whole.truncation_p90, rtol=0, atol=0, equal_nan=True)
 
 
+def test_layers_added_at_once_equal_layers_added_one_by_one():
+    """``add_layers`` stacks each statistic over the layers: every sum and count is the one the
+    layers added one by one give, per-window rows and bounds included, over two batches."""
+    case = make_case(80, batch=4, padding="left")
+    opts = check_options(n_values=N_VALUES, random_samples=3, per_window=True, bounds=True)
+    mask = case.attention_mask.bool()
+    sink = mask.long().argmax(-1)
+    stats = [[analyze_layer(case.pattern[b0:b1] if layer == 0 else case.pattern[b0:b1].flip(1), case.v[b0:b1],
+                            mask[b0:b1], sink[b0:b1], opts, layer=layer, sequence_offset=b0, mask_given=True)
+              for layer in range(3)] for b0, b1 in ((0, 3), (3, 4))]
+    one_by_one, at_once = (Accumulator.zeros(3, 4, len(N_VALUES), per_window=True) for _ in range(2))
+    for (b0, _), batch in zip(((0, 3), (3, 4)), stats):
+        for li, layer in enumerate(batch):
+            one_by_one.add(li, layer, b0)
+        at_once.add_layers(range(3), batch, b0)
+    for mine, theirs in zip(at_once.tensors(), one_by_one.tensors()):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, equal_nan=True)
+
+
 def test_a_batch_with_another_query_count_is_refused():
     case = make_case(78, batch=2)
     mask, sink = torch.ones(2, 12, dtype=torch.bool), torch.zeros(2, dtype=torch.long)

@@ -164,14 +164,16 @@ def analyze_heads(
         sinks = run.sink.choose(run.mask)
     tokens = _cache.check_cache_tokens(tokens, run.shape[0], run.shape[2])
     local = _local.LocalSinks(layer_windows, run.shape[0])
+    stats = []  # added at once: one operation per statistic for every layer
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
         W_layer = None if W is None else W[layer].to(pattern.device)
-        run.acc.add(li, analyze_layer(pattern, v, run.mask, sinks, opts, layer=layer, W_O=W_layer,
-                                      mask_given=attention_mask is not None, window=layer_windows[li]))
+        stats.append(analyze_layer(pattern, v, run.mask, sinks, opts, layer=layer, W_O=W_layer,
+                                   mask_given=attention_mask is not None, window=layer_windows[li]))
         layer_window = layer_windows[li]
         if layer_window is not None:  # after the engine has checked the pattern against the window
             local.add(li, 0, _local.from_pattern(pattern, v, run.mask, sinks, layer_window, tokens))
+    run.acc.add_layers(range(len(layer_ids)), stats)
     facts = model_facts(model)
     metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None,
                             facts=None if model is None else facts)

@@ -210,40 +210,57 @@ class Accumulator:
 
     def add(self, li: int, stats: LayerStats, sequence_offset: int = 0) -> None:
         """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
-        seq_mean = stats.seq_mean.to(self.seq_sum.device)
+        self.add_layers(range(li, li + 1), [stats], sequence_offset)
+
+    def add_layers(self, rows: range, stats: Sequence[LayerStats], sequence_offset: int = 0) -> None:
+        """Add consecutive layers of one batch (rows ``rows``, one :class:`LayerStats` each, as
+        :func:`.layer.analyze_layer` returns them) whose first sequence is number
+        ``sequence_offset``: each statistic in one operation over the layers. The sums are those
+        of adding the layers one by one, bit for bit (each layer's sum over sequences is its own)."""
+        if not stats:
+            return
+        li = slice(rows.start, rows.stop)
+        seq_mean = _stack([s.seq_mean for s in stats]).to(self.seq_sum.device)  # [layer, b, h, g, n, m]
+        sink_mean = _stack([s.sink_mean for s in stats]).to(self.sink_sum.device)
+        bound_mean, regime = _stack_field(stats, "bound_mean"), _stack_field(stats, "regime")
         _add_means(self.seq_sum[li], self.seq_count[li], seq_mean)
-        for name in _ADDED:  # statistics that add as they are into the layer's row
-            value = getattr(stats, name)
+        for name in _ADDED:  # statistics that add as they are into their layers' rows
+            value = _stack_field(stats, name)
             if value is not None:
                 total = getattr(self, name)[li]
                 total.add_(value.to(total.device, total.dtype))
-        _add_means(self.sink_sum[li], self.sink_count[li], stats.sink_mean.to(self.sink_sum.device))
-        stop = sequence_offset + stats.sequence_votes.shape[0]
-        grown = self._rows(stop, stats.truncation_rows.shape[1], stats.block_votes.shape[1])
+        _add_means(self.sink_sum[li], self.sink_count[li], sink_mean)
+        first = stats[0]
+        stop = sequence_offset + first.sequence_votes.shape[0]
+        grown = self._rows(stop, first.truncation_rows.shape[1], first.block_votes.shape[1])
         if grown is not self:
             for name in ("sequence_votes", "truncation_rows", "block_votes", "window_scores", "window_sink",
                          "window_bounds"):
                 setattr(self, name, getattr(grown, name))
-        if self.window_scores.shape[1]:  # per_window: one batch writes each sequence's row
-            rows = self.window_scores[sequence_offset:stop, li]
-            rows[:, :, _SEQUENCE_SLOTS] = seq_mean.to(rows)
-            rows[:, :, _INOUT_SLOTS] = (stats.window_inout.to(rows) if stats.window_inout is not None
-                                        else torch.nan)
-            self.window_sink[sequence_offset:stop, li] = stats.sink_mean.to(self.window_sink)
-            if stats.bound_mean is not None:
-                self.window_bounds[sequence_offset:stop, li] = stats.bound_mean.to(self.window_bounds)
-        self.sequence_votes[sequence_offset:stop, li].add_(stats.sequence_votes.to(self.sequence_votes.device))
-        self.block_votes[sequence_offset:stop, :, li].add_(stats.block_votes.to(self.block_votes.device))
-        self.truncation_rows[sequence_offset:stop, :, li].add_(stats.truncation_rows.to(self.truncation_rows.device))
-        if stats.bound_mean is not None:
-            _add_means(self.bound_sum[li], self.bound_count[li], stats.bound_mean.to(self.bound_sum.device))
-        if stats.regime is not None:
-            _add_means(self.regime_sum[li], self.regime_count[li], stats.regime.to(self.regime_sum.device))
-        random = seq_mean[:, :, RANDOM_GROUP]
+        sequences = slice(sequence_offset, stop)
+        if self.window_scores.shape[1]:  # per_window: one batch writes each sequence's rows
+            scores = self.window_scores[sequences, li]  # [b, layer, h, group, n, m]
+            scores[:, :, :, _SEQUENCE_SLOTS] = seq_mean.transpose(0, 1).to(scores)
+            inout = _stack_field(stats, "window_inout")
+            scores[:, :, :, _INOUT_SLOTS] = inout.transpose(0, 1).to(scores) if inout is not None else torch.nan
+            self.window_sink[sequences, li] = sink_mean.transpose(0, 1).to(self.window_sink)
+            if bound_mean is not None:
+                self.window_bounds[sequences, li] = bound_mean.transpose(0, 1).to(self.window_bounds)
+        for total, name, axes in ((self.sequence_votes[sequences, li], "sequence_votes", "l b h v -> b l h v"),
+                                  (self.block_votes[sequences, :, li], "block_votes", "l b k h v -> b k l h v"),
+                                  (self.truncation_rows[sequences, :, li], "truncation_rows",
+                                   "l b q h n m -> b q l h n m")):
+            total.add_(rearrange(_stack([getattr(s, name) for s in stats]), axes).to(total.device))
+        if bound_mean is not None:
+            _add_means(self.bound_sum[li], self.bound_count[li], bound_mean.to(self.bound_sum.device))
+        if regime is not None:
+            _add_means(self.regime_sum[li], self.regime_count[li], regime.to(self.regime_sum.device))
+        random = seq_mean[:, :, :, RANDOM_GROUP]  # [layer, b, h, n, m]
         defined = ~torch.isnan(random)
-        self.random_sq[li].add_(torch.where(defined, random.square(), 0.0).sum(0))
-        if stats.random_mc is not None:
-            self.random_mc[li].add_(torch.where(defined, stats.random_mc.to(random.device), 0.0).sum(0))
+        self.random_sq[li].add_(torch.where(defined, random.square(), 0.0).sum(1))
+        random_mc = _stack_field(stats, "random_mc")
+        if random_mc is not None:
+            self.random_mc[li].add_(torch.where(defined, random_mc.to(random.device), 0.0).sum(1))
 
     def finish(
         self, layers: Sequence[int], opts: AnalysisOptions, n_pos: int, metadata: dict[str, Any],
@@ -327,7 +344,19 @@ _ADDED = ("inst_sum", "inst_count", "paired_hist", "paired_halved", "votes", "be
 
 
 def _add_means(total: Tensor, count: Tensor, per_sequence: Tensor) -> None:
-    """Add per-sequence means ``[batch, ...]`` (NaN where undefined) to sums and counts."""
+    """Add per-sequence means ``[layer, batch, ...]`` (NaN where undefined) to the layers' sums
+    and counts."""
     defined = ~torch.isnan(per_sequence)
-    total += torch.where(defined, per_sequence, 0).sum(0)
-    count += defined.sum(0)
+    total += torch.where(defined, per_sequence, 0).sum(1)
+    count += defined.sum(1)
+
+
+def _stack(values: Sequence[Tensor]) -> Tensor:
+    """One statistic of consecutive layers stacked on a new first axis (a view for one layer)."""
+    return values[0][None] if len(values) == 1 else torch.stack(list(values))
+
+
+def _stack_field(stats: Sequence[LayerStats], name: str) -> Tensor | None:
+    """:func:`_stack` of the field ``name``, ``None`` where the layers have none."""
+    values = [getattr(s, name) for s in stats]
+    return None if values[0] is None else _stack(values)
