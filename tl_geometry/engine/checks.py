@@ -115,9 +115,12 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
     """Raise the first problem the statistics show (warn for rows without mass, no mask);
     ``window`` is the layer's declared sliding window (``None``: a global layer)."""
     name = PATTERN_HOOK.format(layer=layer)
-    s = stats.to("cpu", torch.float64).numpy()  # a few small reductions: NumPy's are the cheaper calls
-    count = int(s[..., ST_NONFINITE].sum())
-    if count:
+    s = stats.to("cpu", torch.float64).numpy()
+    # Every statistic's extremes in two reductions (NaN propagates, as in one reduction each); the
+    # details of a problem are read only where there is one.
+    high, low = s.max(axis=(0, 1)), s.min(axis=(0, 1))
+    if high[ST_NONFINITE] > 0:
+        count = int(s[..., ST_NONFINITE].sum())
         b, h = (int(x) for x in np.argwhere(s[..., ST_NONFINITE] > 0)[0])
         q, k = int(s[b, h, ST_NONFINITE_Q]), int(s[b, h, ST_NONFINITE_K])
         fix = ("Check that attention_mask is the one the model was run with; if it is, the "
@@ -126,20 +129,20 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
                "(run it in float32 instead of float16).")
         raise CacheError(f"{name} has {count} NaN/inf entries at real positions (first at batch "
                          f"{b0 + b}, head {h}, query {q}, key {k}). {fix}")
-    future = float(s[..., ST_FUTURE].max())
+    future = float(high[ST_FUTURE])
     if future > LEAK_TOL:
         raise CacheError(
             f"{name} puts attention {_amount(future)} on future keys (key > query): its axes must "
             "be [batch, head, query_pos, key_pos] of a causal model."
         )
-    padding = float(s[..., ST_PADDING].max())
+    padding = float(high[ST_PADDING])
     if padding > LEAK_TOL:
         raise CacheError(
             f"{name} puts attention {_amount(padding)} on padding (keys that attention_mask calls "
             "padding): the forward pass did not mask them. Pass the same attention_mask to the model "
             "(run_with_cache(tokens, attention_mask=mask)), or fix the mask given here."
         )
-    outside = float(s[..., ST_WINDOW].max())
+    outside = float(high[ST_WINDOW])
     if outside > LEAK_TOL:
         raise CacheError(
             f"{name} puts attention {_amount(outside)} on keys outside the declared sliding window "
@@ -147,18 +150,18 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
             "window is wider. Declare the layer's real window (window={layer: w}, None for a "
             "global layer; analyze_model reads it from the model config with window='auto')."
         )
-    low = float(s[..., ST_MIN].min())
-    if low < -NEGATIVE_TOL:
-        raise CacheError(f"{name} has negative entries (down to {low:.3g}): it must hold attention "
+    lowest = float(low[ST_MIN])
+    if lowest < -NEGATIVE_TOL:
+        raise CacheError(f"{name} has negative entries (down to {lowest:.3g}): it must hold attention "
                          "probabilities (hook_pattern, not hook_attn_scores).")
-    row_sum = float(s[..., ST_ROW_SUM].max())
+    row_sum = float(high[ST_ROW_SUM])
     if row_sum > MAX_ROW_SUM:
         raise CacheError(
             f"{name} has a query row whose attention sums to {row_sum:.3g} > 1: it must hold "
             "probabilities normalised over keys, [batch, head, query_pos, key_pos]."
         )
-    dead = int(s[..., ST_DEAD].sum())
-    if dead:
+    if high[ST_DEAD] > 0:
+        dead = int(s[..., ST_DEAD].sum())
         b, h = (int(x) for x in np.argwhere(s[..., ST_DEAD] > 0)[0])
         q = int(s[b, h, ST_DEAD_Q])
         if mask_given:
