@@ -21,16 +21,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..forward.hooks import (
-    HookContext,
-    HookList,
-    check_tokens,
-    head_mask,
-    model_device,
-    model_shape,
-)
+from ..forward.hooks import HookContext, HookList, check_tokens, head_mask, model_device
 from ..forward.losses import WindowLosses, stacked_window_losses
 from ..inputs.cache import check_attention_mask
+from ..inputs.facts import model_facts
 
 Z_HOOK = "blocks.{layer}.attn.hook_z"
 Mode = Literal["zero", "mean"]
@@ -93,7 +87,7 @@ def mean_z(
     """
     tokens = check_tokens(tokens, "reference_tokens", model)
     valid = check_attention_mask(attention_mask, *tokens.shape)
-    _, n_heads = model_shape(model)
+    _, n_heads = model_facts(model).shape()
     device = model_device(model)
     keep = valid.to(device)[:, :, None, None]
     sums: dict[int, Tensor] = {}
@@ -147,7 +141,7 @@ class HeadAblation(HookContext):
     _made_by = "ablate_heads(model, heads)"
 
     def __init__(self, model: Any, mask: Tensor, mode: str, fill: dict[int, Tensor]) -> None:
-        _, n_heads = model_shape(model)
+        _, n_heads = model_facts(model).shape()
         layers = mask.any(1).nonzero().flatten().tolist()
         super().__init__(
             (Z_HOOK.format(layer=layer),
@@ -191,7 +185,7 @@ def ablate_heads(
         ...     model, [(0, 3)], "mean", reference_tokens=tokens), return_type="loss")  # doctest: +SKIP
     """
     check_mode(mode)
-    n_layers, n_heads = model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     mask = head_mask(heads, n_layers, n_heads)
     if not mask.any():
         # Not an error: a removal loop legitimately starts at zero heads. But a forgotten or
@@ -234,7 +228,7 @@ def replica_window_losses(
     float64. ``progress`` (a
     tqdm bar or ``None``) is advanced by the number of replicas done.
     """
-    _, n_heads = model_shape(model)
+    _, n_heads = model_facts(model).shape()
 
     def hooks_for(start: int, stop: int) -> HookList:
         chunk = remove[start:stop]

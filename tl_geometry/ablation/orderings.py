@@ -17,6 +17,7 @@ from ..forward import hooks as _forward
 from ..functional.heads import kv_head_index
 from ..functional.taxonomy import CLASSES, labels_from_votes
 from ..inputs.cache import check_attention_mask
+from ..inputs.facts import model_facts
 from . import hooks as _hooks
 from .sensitivity import HeadSensitivity
 
@@ -76,7 +77,7 @@ def taxonomy_order(analysis: Any, *, n: int = 2) -> Ordering:
 
 def weight_norms(model: Any) -> Float[Tensor, "layer head"]:
     """``‖W_V^h‖_F · ‖W_O^h‖_F`` per query head; under GQA ``W_V^h`` is its KV head's."""
-    n_layers, n_heads = _forward.model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     try:
         W_V, W_O = model.W_V, model.W_O
     except (AttributeError, NotImplementedError) as err:
@@ -112,7 +113,7 @@ def attention_entropy(
     for every head, so it is left out. Reduced inside the hooks: no cache is built.
     """
     tokens = _forward.check_tokens(tokens, model=model)
-    n_layers, n_heads = _forward.model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     valid = check_attention_mask(attention_mask, *tokens.shape)
     queries = valid & (valid.cumsum(-1) >= 2)
     if not queries.any():
@@ -189,7 +190,7 @@ def head_orderings(
     unknown = [w for w in which if w not in ORDERINGS]
     if unknown:
         raise ValueError(f"Unknown ordering(s) {unknown}; choose from {ORDERINGS}.")
-    n_layers, n_heads = _forward.model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     out: list[Ordering] = []
     for name in which:
         if name == "taxonomy":

@@ -14,7 +14,8 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from ..forward import losses as _losses
-from ..forward.hooks import check_tokens, model_shape
+from ..forward.hooks import check_tokens
+from ..inputs.facts import model_facts
 from ..progress import check_progress, progress_counter
 from . import hooks as _hooks
 
@@ -46,7 +47,7 @@ def prepare_ablation(
     progress = check_progress(progress)
     tokens = check_tokens(tokens, model=model)
     _hooks.check_reference(mode, reference_tokens, reference_attention_mask)
-    n_layers, n_heads = model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     if check_hooks:
         _hooks.check_hooks(model, range(n_layers))
     return AblationRun(tokens, n_layers, n_heads, progress)

@@ -23,7 +23,7 @@ from ..engine.sink_choice import CANDIDATES, choose_sink, first_keys_mass
 from ..functional import head_scores as _scores
 from ..inputs.cache import PATTERN_HOOK, CacheError, first_few
 from ..inputs.capture import capture_attention
-from ..inputs.facts import model_facts
+from ..inputs.facts import ModelFacts, model_facts
 from ..inputs.text import text_windows
 from ..inputs.tokens import check_token_tensor
 from . import sink as _sink
@@ -118,13 +118,13 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     """
     import pandas as pd
 
-    cfg = _check_model(model)
+    facts = _check_model(model)  # read once: nothing below changes what the model says of itself
+    n_layers, n_heads = facts.shape()
     seed = _check_seed(seed)
     recompute = recompute_possible(attention, model)  # "auto": wherever the model can (ours)
     _sink.check(sink)  # its positions against the windows once they are known, before any forward
-    facts = model_facts(model)  # read once: nothing below changes what the model says of itself
-    layer_window = facts.layer_windows(cfg.n_layers)
-    n_ctx = getattr(cfg, "n_ctx", None)
+    layer_window = facts.layer_windows(n_layers)
+    n_ctx = getattr(model.cfg, "n_ctx", None)
     n_ctx = n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
     # Without windows, text_windows asks (and warns where nothing says) itself.
     with_bos = facts.trained_with_bos(warn=windows is not None)
@@ -136,15 +136,15 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     if repeat is not None:
         repeat = _check_length(repeat, "repeat", MIN_REPEAT, "R, the random tokens repeated twice")
     if repeated is not None:
-        given = _check_repeated(repeated, cfg.d_vocab, start)
+        given = _check_repeated(repeated, facts.d_vocab, start)
         if repeat is not None and repeat != given:
             raise ValueError(f"repeat={repeat} but repeated holds R = {given} tokens repeated twice "
                              f"(shape {list(repeated.shape)}); pass one of them, or both alike.")
         repeat = given
     repeat = _scores.REPEAT_LENGTH if repeat is None else repeat
-    _check_repeat_fits(model, repeat, start, layer_window, n_ctx)
+    _check_repeat_fits(facts.name, repeat, start, layer_window, n_ctx)
     if windows is not None:
-        _check_windows(windows, cfg.d_vocab)
+        _check_windows(windows, facts.d_vocab)
         if seq_len is not None and seq_len != windows.shape[1]:
             raise ValueError(f"seq_len={seq_len} but windows are {windows.shape[1]} tokens long "
                              f"(shape {list(windows.shape)}); pass one of them, or both alike.")
@@ -152,9 +152,9 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     if n_ctx is not None and length + RETRIEVAL_EXTRA > n_ctx:
         raise ValueError(f"text windows of {length} tokens make retrieval sequences of {length} + "
                          f"{RETRIEVAL_EXTRA} tokens (the needle and its repeat), beyond "
-                         f"{_label(model)}'s context of {n_ctx}; use seq_len ≤ {n_ctx - RETRIEVAL_EXTRA}.")
+                         f"{facts.name}'s context of {n_ctx}; use seq_len ≤ {n_ctx - RETRIEVAL_EXTRA}.")
     if sink_windows is not None:
-        _check_windows(sink_windows, cfg.d_vocab, "sink_windows")
+        _check_windows(sink_windows, facts.d_vocab, "sink_windows")
         if sink_windows.shape[1] != _scores.SINK_EPSILON_LENGTH:
             raise ValueError(f"sink_windows must be [batch, {_scores.SINK_EPSILON_LENGTH}] (Sink^ε reads "
                              f"windows of {_scores.SINK_EPSILON_LENGTH} tokens), got "
@@ -217,7 +217,6 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
                       f"({_scores.SINK_EPSILON_LENGTH}-token windows of the same text, e.g. "
                       f"tl_geometry.text_windows(model, text, seq_len={_scores.SINK_EPSILON_LENGTH})) "
                       "or windows of at least that length.", UserWarning, stacklevel=2)
-    n_layers, n_heads = cfg.n_layers, cfg.n_heads
     selected, positions = (None, [0] * int(windows.shape[0])) if chosen == [0] else _selected_sink_rates(
         model, windows, chosen, layer_window, recompute)
     if selected is not None:
@@ -296,17 +295,16 @@ def _draw(vocabulary: Tensor, shape: tuple[int, int], generator: torch.Generator
     return vocabulary[torch.randint(len(vocabulary), shape, generator=generator)]
 
 
-def _check_model(model: Any) -> Any:
-    """``model.cfg`` of a TransformerLens model; a clear error for anything else (``None``)."""
-    cfg = getattr(model, "cfg", None)
-    sizes = [getattr(cfg, name, None) for name in ("n_layers", "n_heads", "d_vocab")]
-    if (not callable(getattr(model, "hooks", None))
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes)):
+def _check_model(model: Any) -> ModelFacts:
+    """The :class:`~tl_geometry.inputs.facts.ModelFacts` of a TransformerLens model (hooks and
+    positive sizes); a clear error for anything else (``None``)."""
+    facts = model_facts(model)
+    if not callable(getattr(model, "hooks", None)) or None in (facts.n_layers, facts.n_heads, facts.d_vocab):
         got = "None" if model is None else type(model).__name__
         raise ValueError(f"head_scores needs a TransformerLens model (a TransformerBridge from "
                          f"tl_geometry.load_model, or a HookedTransformer) with hooks() and "
                          f"cfg.n_layers, cfg.n_heads, cfg.d_vocab; got {got}.")
-    return cfg
+    return facts
 
 
 def _check_seed(seed: Any) -> int:
@@ -330,7 +328,7 @@ def _check_length(value: Any, name: str, least: int, what: str) -> int:
     return int(value)
 
 
-def _check_repeat_fits(model: Any, repeat: int, start: int, layer_window: list[int | None],
+def _check_repeat_fits(model_name: str, repeat: int, start: int, layer_window: list[int | None],
                        n_ctx: int | None) -> None:
     """``R ≤ w − 1`` on every sliding-window layer (the second copy's query ``t`` then sees its
     earlier occurrence ``t − R``), and the repeated sequence within the model's context."""
@@ -338,23 +336,18 @@ def _check_repeat_fits(model: Any, repeat: int, start: int, layer_window: list[i
     if local:
         w, layer = min(local)
         if repeat > w - 1:
-            raise ValueError(f"repeat R = {repeat} is too long for {_label(model)}'s sliding-window "
+            raise ValueError(f"repeat R = {repeat} is too long for {model_name}'s sliding-window "
                              f"layers (layer {layer} sees the last {w} keys): a query of the second "
                              f"copy sees its token's earlier occurrence only for R ≤ w − 1 = {w - 1}; "
                              f"use repeat ≤ {w - 1}.")
     if n_ctx is not None and start + 2 * repeat > n_ctx:
         layout = "BOS + 2R" if start else "2R"
         raise ValueError(f"repeat R = {repeat} makes sequences of {start + 2 * repeat} tokens "
-                         f"({layout}), beyond {_label(model)}'s context of {n_ctx}; use repeat ≤ "
+                         f"({layout}), beyond {model_name}'s context of {n_ctx}; use repeat ≤ "
                          f"{(n_ctx - start) // 2}.")
 
 
-def _label(model: Any) -> str:
-    name = getattr(getattr(model, "cfg", None), "model_name", None)
-    return repr(name) if isinstance(name, str) and name else f"this {type(model).__name__}"
-
-
-def _check_repeated(repeated: Any, d_vocab: int, start: int) -> int:
+def _check_repeated(repeated: Any, d_vocab: int | None, start: int) -> int:
     """``R`` of a repeated sequence (``[batch, start + 2R]``); a clear error when it is not one."""
     if start:
         layout = "[batch, 1 + 2R] token ids (BOS + R tokens repeated twice, R ≥ 2)"
@@ -375,7 +368,7 @@ def _check_repeated(repeated: Any, d_vocab: int, start: int) -> int:
     return repeat
 
 
-def _check_windows(windows: Any, d_vocab: int, name: str = "windows") -> None:
+def _check_windows(windows: Any, d_vocab: int | None, name: str = "windows") -> None:
     layout = ("[batch, T] real-text token ids (T ≥ 4) starting as the model was trained; "
               "tl_geometry.text_windows(model, n_seqs=8, seq_len=128) makes them")
     check_token_tensor(windows, name, d_vocab, min_pos=MIN_SEQ_LEN, layout=layout)
@@ -388,7 +381,8 @@ def _rows(mask: Tensor) -> str:
 def _check_first_token(model: Any, tokens: Tensor, name: str, with_bos: bool) -> None:
     """Sequences start with BOS where the model was trained with one, and never where it was not
     (SPEC §1): the first key is the sink either way."""
-    bos = model_facts(model).bos_id
+    facts = model_facts(model)
+    bos = facts.bos_id
     if bos is None:
         return
     first = tokens[:, 0].cpu()
@@ -396,11 +390,11 @@ def _check_first_token(model: Any, tokens: Tensor, name: str, with_bos: bool) ->
            "starts each window as the model was trained")
     if with_bos and (first != bos).any():
         raise ValueError(f"{name}: sequence(s) {_rows(first != bos)} do not start with BOS (id {bos}), "
-                         f"but {_label(model)} was trained with BOS at the start of a sequence; put "
+                         f"but {facts.name} was trained with BOS at the start of a sequence; put "
                          f"BOS first, or {fix}.")
     if not with_bos and (first == bos).any():
         raise ValueError(f"{name}: sequence(s) {_rows(first == bos)} start with the tokenizer's BOS "
-                         f"(id {bos}), but {_label(model)} was trained without BOS at the start of a "
+                         f"(id {bos}), but {facts.name} was trained without BOS at the start of a "
                          f"sequence (its first text token is the sink); drop that token "
                          f"(tokens[:, 1:]), or {fix}.")
 
@@ -472,7 +466,7 @@ def _each_layer(model: Any, tokens: Tensor, read: Callable[[Weights, int], T], r
     if fired != list(range(n_layers)):
         ran, how = (("ran attention", "the capture of transformers' attention functions") if recompute
                     else ("fired hook_pattern", "TransformerLens hooks on eager attention"))
-        raise CacheError(f"{_label(model)}'s forward {ran} on layers {fired}, not once on each of "
+        raise CacheError(f"{model_facts(model).name}'s forward {ran} on layers {fired}, not once on each of "
                          f"0..{n_layers - 1} in order: head_scores reads every layer's attention "
                          f"weights ({how}).")
     return [value for _, value in out]

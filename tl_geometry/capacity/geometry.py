@@ -62,7 +62,7 @@ def window_geometry(
     ``[batch, layer, head]`` (the rows an interval over windows resamples, SPEC §8)."""
     check_n(n)
     tokens = _hooks.check_tokens(tokens, model=model)
-    n_layers, n_heads = _hooks.model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     valid = check_attention_mask(attention_mask, *tokens.shape)
     device = _hooks.model_device(model)
     kwargs = {} if attention_mask is None else {"attention_mask": valid.long().to(device)}

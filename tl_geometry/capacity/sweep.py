@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..forward import hooks as _hooks
 from ..forward.losses import WindowLosses, model_loss, replicas_per_forward, window_losses
+from ..inputs.facts import model_facts
 from ..inputs.tokens import token_digest
 from ..progress import check_progress, progress_counter
 from . import topn as _topn
@@ -176,7 +177,7 @@ def retrieval_capacity(
     _check_batch_size(batch_size)
     progress = check_progress(progress)
     tokens = _hooks.check_tokens(tokens, model=model)
-    n_layers, n_heads = _hooks.model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     mask = _topn.scope_mask(n_layers, n_heads, layers, heads)
     _topn.check_pattern_hooks(model, mask.any(1).nonzero().flatten().tolist())
     scope = ("all heads" if bool(mask.all()) else
@@ -275,7 +276,7 @@ def capacity_sweep(
     if by == "layer" and heads is not None:
         raise ValueError('heads limits a by="head" sweep; a layer sweep takes layers.')
     tokens = _hooks.check_tokens(tokens, model=model)
-    n_layers, n_heads = _hooks.model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     scope = _topn.scope_mask(n_layers, n_heads, layers, heads)
     _topn.check_pattern_hooks(model, scope.any(1).nonzero().flatten().tolist())
     units = scope.nonzero() if by == "head" else scope.any(1).nonzero()

@@ -26,6 +26,7 @@ from torch import Tensor
 from ..forward import hooks as _hooks
 from ..forward.losses import WindowLosses, stacked_window_losses
 from ..functional.selection import top_n_ranks
+from ..inputs.facts import model_facts
 from .policy import TopNPolicy, as_policy
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
@@ -243,7 +244,7 @@ class TopNAttention(_hooks.HookContext):
     _made_by = "top_n_attention(model, n)"
 
     def __init__(self, model: Any, n: int | TopNPolicy, mode: SparsifyMode, mask: Tensor) -> None:
-        _, n_heads = _hooks.model_shape(model)
+        _, n_heads = model_facts(model).shape()
         self.layers = mask.any(1).nonzero().flatten().tolist()
 
         def limit(layer: int) -> Tensor:  # [1] (one N) or [1, head] (a policy's row)
@@ -293,7 +294,7 @@ def top_n_attention(
         ...     loss = model(tokens, return_type="loss")
     """
     check_sparsify_mode(mode)
-    n_layers, n_heads = _hooks.model_shape(model)
+    n_layers, n_heads = model_facts(model).shape()
     limit: int | TopNPolicy
     if isinstance(n, (TopNPolicy, Tensor, Mapping)):
         if layers is not None or heads is not None:
@@ -333,7 +334,7 @@ def sparsified_losses(
     heads; losses are summed in float64, as in
     :func:`~tl_geometry.forward.losses.stacked_window_losses`.
     """
-    _, n_heads = _hooks.model_shape(model)
+    _, n_heads = model_facts(model).shape()
 
     def hooks_for(start: int, stop: int) -> _hooks.HookList:
         chunk, limits = masks[start:stop], n[start:stop]

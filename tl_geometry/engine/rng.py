@@ -27,8 +27,9 @@ from torch import Tensor
 
 _M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
-_C1 = 0xBF58476D1CE4E5B9
-_C2 = 0x94D049BB133111EB
+#: The SplitMix64 finaliser's two multipliers (:func:`mix`).
+MIX_C1 = 0xBF58476D1CE4E5B9
+MIX_C2 = 0x94D049BB133111EB
 #: ``step`` counts draws within one sample; samples are spaced this far apart.
 SAMPLE_STRIDE = 1 << 32
 #: XORed into a row's key (then mixed) for the value-shuffle permutations.
@@ -38,8 +39,8 @@ SHUFFLE_SALT = 0x5AFE_5EED_0F_5A_1E
 def mix(z: int) -> int:
     """SplitMix64 finaliser of a Python int, modulo 2⁶⁴."""
     z &= _M64
-    z = ((z ^ (z >> 30)) * _C1) & _M64
-    z = ((z ^ (z >> 27)) * _C2) & _M64
+    z = ((z ^ (z >> 30)) * MIX_C1) & _M64
+    z = ((z ^ (z >> 27)) * MIX_C2) & _M64
     return z ^ (z >> 31)
 
 
@@ -79,8 +80,8 @@ def _shr(z: Tensor, s: int) -> Tensor:
 
 def torch_mix(z: Tensor) -> Tensor:
     """:func:`mix` on int64 tensors holding uint64 bits (wrap-around arithmetic)."""
-    z = (z ^ _shr(z, 30)) * _signed(_C1)
-    z = (z ^ _shr(z, 27)) * _signed(_C2)
+    z = (z ^ _shr(z, 30)) * _signed(MIX_C1)
+    z = (z ^ _shr(z, 27)) * _signed(MIX_C2)
     return z ^ _shr(z, 31)
 
 

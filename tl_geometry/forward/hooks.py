@@ -2,7 +2,7 @@
 
 :class:`HookContext` is a list of ``(hook_name, fn)`` pairs that is also a context manager on
 its model (``ablation.HeadAblation`` and ``capacity.TopNAttention`` are two). The checks give
-the model's shape and device, refuse token ids that are not ``[batch, pos]`` integers inside
+the model's device, refuse token ids that are not ``[batch, pos]`` integers inside
 the vocabulary, and turn ``(layer, head)`` pairs into a ``[layer, head]`` mask.
 """
 
@@ -23,11 +23,6 @@ HookList = list[tuple[str, Callable[..., Tensor]]]
 
 
 # --- validation -------------------------------------------------------------------------------
-def model_shape(model: Any) -> tuple[int, int]:
-    """``(n_layers, n_heads)`` from ``model.cfg``, with an error naming the fix."""
-    return model_facts(model).shape()
-
-
 def model_device(model: Any) -> torch.device:
     """The device of a TransformerLens model (``model.cfg.device``); CPU where it names none."""
     return torch.device(getattr(getattr(model, "cfg", None), "device", None) or "cpu")

@@ -30,7 +30,8 @@ def kv_head_index(n_heads: int, n_kv_heads: int) -> Int[Tensor, " head"]:
     return torch.arange(n_heads) // (n_heads // n_kv_heads)
 
 
-def _broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ``a`` and ``b`` broadcast to (as ``torch.broadcast_shapes``); ``ValueError`` where they do not."""
     # torch.broadcast_shapes imports sympy on first use (half a second); this is all we need.
     a, b = (1,) * (len(b) - len(a)) + a, (1,) * (len(a) - len(b)) + b
     if any(x != y and 1 not in (x, y) for x, y in zip(a, b)):
@@ -66,7 +67,7 @@ def value_dots(
     if weights.shape[-1] != n_key:
         raise ValueError(f"weights have {weights.shape[-1]} keys but values have {n_key}.")
     wb, vb = tuple(weights.shape[:-1]), tuple(values.shape[:-2])
-    shape = _broadcast_shapes(wb, vb)
+    shape = broadcast_shapes(wb, vb)
     nd = len(shape)
     vb = (1,) * (nd - len(vb)) + vb
     values = values.reshape(*vb, n_key, d)

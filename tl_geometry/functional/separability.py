@@ -160,8 +160,9 @@ def scores_from_energies(
     return scores, low_out, high_in
 
 
-def _check_rows(alpha: Tensor, values: Tensor, n: int) -> None:
-    """The argument checks every row-wise scorer shares (``separability``, ``shell_bounds``)."""
+def check_rows(alpha: Tensor, values: Tensor, n: int) -> None:
+    """The argument checks every row-wise scorer shares (``separability``, ``shell_bounds``,
+    ``truncation``)."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"n must be an int, got {type(n).__name__}.")
     if alpha.ndim < 1 or values.ndim < 2 or values.shape[-2] != alpha.shape[-1]:
@@ -173,7 +174,7 @@ def _check_rows(alpha: Tensor, values: Tensor, n: int) -> None:
         raise TypeError("alpha and values must be floating-point tensors.")
 
 
-def _selection(
+def check_selection(
     alpha: Tensor, n: int, key_mask: Tensor | None, selected: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """``(key_mask, selected)``: all keys valid by default, the top-``n`` set by default; a given
@@ -227,8 +228,8 @@ def separability(
         >>> separability(alpha, values, 2).precision.item()
         1.0
     """
-    _check_rows(alpha, values, n)
-    key_mask, selected = _selection(alpha, n, key_mask, selected)
+    check_rows(alpha, values, n)
+    key_mask, selected = check_selection(alpha, n, key_mask, selected)
     dist = distances(alpha, values, selected, distance)
     n_rows = torch.full(dist.shape[:-1], float(n), dtype=COMPUTE_DTYPE, device=dist.device)
     return scores_from_distances(dist, selected, key_mask, n_rows)

@@ -31,9 +31,9 @@ from torch import Tensor
 
 from .bounds import Bounds, extreme_over, harmonic_mean
 from .dtypes import COMPUTE_DTYPE, as_compute
-from .heads import _broadcast_shapes
+from .heads import broadcast_shapes
 from .selection import top_n_ranks
-from .separability import _check_rows, _selection
+from .separability import check_rows, check_selection
 
 #: Relative amount by which the norm-only quantity ``Λ_j`` is lowered, times ``(a_j + ‖s‖)²``:
 #: far above float64 rounding of a d ≤ 10⁴ dot product, far below any real separation.
@@ -41,7 +41,7 @@ SLACK = 1e-10
 
 
 def _check(alpha: Tensor, values: Tensor, n: int, k: int) -> None:
-    _check_rows(alpha, values, n)
+    check_rows(alpha, values, n)
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"k must be an int, got {type(k).__name__}.")
     if k < 0:
@@ -89,13 +89,13 @@ def shell_bounds(
         1.0
     """
     _check(alpha, values, n, k)
-    key_mask, selected = _selection(alpha, n, key_mask, selected)
+    key_mask, selected = check_selection(alpha, n, key_mask, selected)
     in_range = (n >= 1) & (n < key_mask.sum(-1))
 
     n_key, d = values.shape[-2:]
-    rows = _broadcast_shapes(
-        _broadcast_shapes(tuple(alpha.shape[:-1]), tuple(values.shape[:-2])),
-        _broadcast_shapes(tuple(key_mask.shape[:-1]), tuple(selected.shape[:-1])),
+    rows = broadcast_shapes(
+        broadcast_shapes(tuple(alpha.shape[:-1]), tuple(values.shape[:-2])),
+        broadcast_shapes(tuple(key_mask.shape[:-1]), tuple(selected.shape[:-1])),
     )
     alpha = as_compute(alpha).expand(*rows, n_key)
     values = as_compute(values)

@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from .dtypes import COMPUTE_DTYPE, KEPT_MASS_MIN, as_compute
-from .separability import _check_rows, _selection
+from .separability import check_rows, check_selection
 
 
 class Truncation(NamedTuple):
@@ -72,8 +72,8 @@ def truncation(
     >>> out.tail_mass.item(), round(out.truncation_error.item(), 4)   # o = (0.5, 0.5), o_1 = (1, 0)
     (0.5, 1.0)
     """
-    _check_rows(alpha, values, n)
-    key_mask, selected = _selection(alpha, n, key_mask, selected)
+    check_rows(alpha, values, n)
+    key_mask, selected = check_selection(alpha, n, key_mask, selected)
     alpha, values = as_compute(alpha), as_compute(values)
     key_mask, selected = torch.broadcast_tensors(key_mask, selected)
     weights = torch.where(key_mask, alpha, 0.0)

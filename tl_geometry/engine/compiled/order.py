@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..rng import _C1, _C2, GOLDEN, SAMPLE_STRIDE, SHUFFLE_SALT
+from ..rng import GOLDEN, MIX_C1, MIX_C2, SAMPLE_STRIDE, SHUFFLE_SALT
 
-_U_C1 = np.uint64(_C1)
-_U_C2 = np.uint64(_C2)
+_U_C1 = np.uint64(MIX_C1)
+_U_C2 = np.uint64(MIX_C2)
 _U_GOLDEN = np.uint64(GOLDEN)
 _U_STRIDE = np.uint64(SAMPLE_STRIDE)
 SHUFFLE_SALT_U64 = np.uint64(SHUFFLE_SALT)

@@ -12,7 +12,7 @@ from ..options import NULL_NORMS, NULL_VALUES
 from ..rng import SHUFFLE_SALT, torch_mix, torch_swap_index
 
 
-def _random_ranks(valid: Tensor, m: Tensor, row_key: Tensor, samples: int, n_values: Tensor) -> Tensor:
+def random_ranks(valid: Tensor, m: Tensor, row_key: Tensor, samples: int, n_values: Tensor) -> Tensor:
     """Ranks of the partial Fisher–Yates shuffles of :mod:`..rng` (``[b, h, q, sample, k]``)."""
     n_b, n_h, n_q = row_key.shape
     n_key = valid.shape[-1]
@@ -35,8 +35,8 @@ def _random_ranks(valid: Tensor, m: Tensor, row_key: Tensor, samples: int, n_val
     return rank[..., :n_key]
 
 
-def _shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, shuffle_kind: int,
-              norms: Tensor) -> tuple[Tensor, Tensor]:
+def shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, shuffle_kind: int,
+             norms: Tensor) -> tuple[Tensor, Tensor]:
     """Weights ``[b, h, q, sample, k]`` and ranks of the value-shuffle null, as in the kernel.
 
     Key ``k`` takes the value of ``π(k)``, a full Fisher–Yates shuffle of the non-sink valid
@@ -91,7 +91,7 @@ def _value_permutations(keep: Tensor, row_key: Tensor, shuffles: int, n_h: int) 
     return listed, perm
 
 
-def _unselected_sources(top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, n_values: Tensor) -> Tensor:
+def unselected_sources(top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, n_values: Tensor) -> Tensor:
     """``source [b, h, q, sample, n, k]``: the key whose value key ``k`` holds in the unselected
     null (SPEC §3, ours), as in :func:`..compiled.score._run_unselected`.
 

@@ -31,7 +31,7 @@ from ..layout import (
 )
 from ..options import NULL_UNSELECTED
 from ..rng import torch_mix
-from .order import _random_ranks, _shuffled, _unselected_sources
+from .order import random_ranks, shuffled, unselected_sources
 
 
 def score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
@@ -105,12 +105,12 @@ def _score_block(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutpu
     # name → (weights, ranks, candidate keys, the unselected null's value sources or None)
     groups: dict[str, tuple[Tensor, Tensor, Tensor, Tensor | None]] = {"top": (whole, top[:, :, :, None], valid, None)}
     if samples > 0:
-        groups["random"] = (whole, _random_ranks(valid, m, row_key, samples, n_values), valid, None)
+        groups["random"] = (whole, random_ranks(valid, m, row_key, samples, n_values), valid, None)
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
-        source = _unselected_sources(top, keep, row_key, shuffles, n_values)
+        source = unselected_sources(top, keep, row_key, shuffles, n_values)
         groups["shuffled"] = (whole, top[:, :, :, None], valid, source)
     elif shuffles > 0:
-        weights, rank = _shuffled(alpha, top, keep, row_key, shuffles, shuffle_kind, norms)
+        weights, rank = shuffled(alpha, top, keep, row_key, shuffles, shuffle_kind, norms)
         groups["shuffled"] = (weights, rank, valid, None)
     groups["sink_removed"] = (whole, dropped[:, :, :, None], keep, None)
     # [b, h, q, n, metric]; each part averaged over the selections on its own, so that adding
