@@ -225,10 +225,9 @@ class _LayerHooks:
         mask = self.mask.to(v.device)
         sink = None if self.sink is None else self.sink.to(v.device)  # None while 'auto' probes
         window = self.windows[self.row[layer]]
-        if self.probing or not self.sinks.auto:
-            source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
-            self.sinks.probe(layer, self.row[layer], source, mask, window, sink)
+        source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
         if self.probing:
+            self.sinks.probe(layer, self.row[layer], source, mask, window)
             return
         assert sink is not None
         W = None if self.W is None else self.W[layer].to(v.device)
@@ -236,6 +235,8 @@ class _LayerHooks:
             stats = analyze_layer(rows, v, mask, sink, opts, layer=layer, W_O=W, sequence_offset=self.offset,
                                   mask_given=self.mask_given, window=window)
             acc.add(self.row[layer], stats, self.offset)
+        if not self.sinks.auto:  # given sinks: checked on the rows the analysis has just read
+            self.sinks.probe(layer, self.row[layer], source, mask, window, sink)
         if window is not None:  # after the engine has checked the rows against the window
             self.local.add(self.row[layer], self.offset,
                            _local.layer_local_sink(rows, v, mask, sink, window, self.tokens))
