@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..functional.dtypes import COMPUTE_DTYPE
 from ..warn import warn_caller
 from . import votes
 from .block import LayerBlock
@@ -250,28 +249,21 @@ def _score_rows(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutput
 
 def _reduce_rows(metrics: Tensor, sink_in_top: Tensor, sink_fields: Tensor, sees_sink: Tensor) -> Reduced:
     batch, n_heads, _, n_groups, n_sizes, n_metrics = metrics.shape
-    out = Reduced(
-        seq_mean=torch.zeros(batch, n_heads, n_groups, n_sizes, n_metrics, dtype=COMPUTE_DTYPE),
-        inst_sum=torch.zeros(n_heads, 2, n_sizes, n_metrics, dtype=COMPUTE_DTYPE),
-        inst_count=torch.zeros(n_heads, 2, n_sizes, dtype=COMPUTE_DTYPE),
-        paired_hist=torch.zeros(n_heads, n_sizes, N_BINS, dtype=COMPUTE_DTYPE),
-        paired_halved=torch.zeros(n_heads, n_sizes, dtype=COMPUTE_DTYPE),
-        sink_mean=torch.zeros(batch, n_heads, sink_fields.shape[-1], dtype=COMPUTE_DTYPE),
-    )
+    # NumPy's zeros are the cheaper calls for these small outputs; the tensors share their memory.
+    shapes = ((batch, n_heads, n_groups, n_sizes, n_metrics), (n_heads, 2, n_sizes, n_metrics), (n_heads, 2, n_sizes),
+              (n_heads, n_sizes, N_BINS), (n_heads, n_sizes), (batch, n_heads, sink_fields.shape[-1]))
+    out = [np.zeros(shape, dtype=np.float64) for shape in shapes]
     _kernels().reduce.reduce_rows(metrics.numpy(), sink_in_top.numpy(), sink_fields.numpy(),
-                                  sees_sink.contiguous().numpy(), TOP_GROUP, SINK_REMOVED, F_SCORE,
-                                  *(x.numpy() for x in out))
-    return out
+                                  sees_sink.contiguous().numpy(), TOP_GROUP, SINK_REMOVED, F_SCORE, *out)
+    return Reduced(*map(torch.from_numpy, out))
 
 
 def _tally(vote_of: Tensor, is_token: Tensor, start: Tensor, sink: Tensor, window: int) -> votes.Tally:
     batch, n_heads, n_pos = vote_of.shape
-    out = votes.Tally(torch.zeros(batch, n_heads, 3, dtype=torch.int64),
-                      torch.zeros(batch, n_heads, 3, dtype=torch.int64),
-                      torch.zeros(batch, votes.n_blocks(n_pos), n_heads, 3, dtype=torch.int64))
-    _kernels().reduce.tally(*(_numpy(x) for x in (vote_of, is_token, start, sink)), window, votes.LABEL_BLOCK,
-                            *(x.numpy() for x in out))
-    return out
+    out = [np.zeros(shape, dtype=np.int64) for shape in ((batch, n_heads, 3), (batch, n_heads, 3),
+                                                         (batch, votes.n_blocks(n_pos), n_heads, 3))]
+    _kernels().reduce.tally(*(_numpy(x) for x in (vote_of, is_token, start, sink)), window, votes.LABEL_BLOCK, *out)
+    return votes.Tally(*map(torch.from_numpy, out))
 
 
 def _vote_from_keys(*args: Any) -> None:
