@@ -48,7 +48,7 @@ tokens = tl_geometry.text_windows(model, text, n_seqs=n_seqs, seq_len=T)
 loaded = time.perf_counter()
 capture_attention(model, tokens, lambda c: None)  # the plain SDPA forward: no analysis, no logits
 forward = time.perf_counter()
-from tl_geometry.analyze import from_model, stash
+from tl_geometry.analyze import from_model, sink, stash
 parts = dict(engine_s=0.0, capture_s=0.0, first_keys_s=0.0, stash_s=0.0)
 def timed(owner, name, part):
     inner = getattr(owner, name)
@@ -64,7 +64,7 @@ def timed(owner, name, part):
 # for the sink, the captures kept for sink="auto"), each of those also on its own.
 timed(from_model, "analyze_layer", "engine_s")
 timed(from_model, "capture_attention", "capture_s")
-timed(from_model, "first_keys_mass", "first_keys_s")
+timed(sink, "first_keys_mass", "first_keys_s")
 timed(stash.CaptureStash, "keep", "stash_s")
 result = tl_geometry.analyze_model(model, tokens, attention=path, queries=queries, progress=False)
 done = time.perf_counter()
