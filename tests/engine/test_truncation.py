@@ -170,6 +170,20 @@ def test_layers_added_at_once_equal_layers_added_one_by_one():
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_layer_stats_hold_no_view_of_the_per_query_rows(backend):
+    """``analyze_heads`` holds every layer's statistics until it adds them at once: none may keep
+    the layer's per-query rows (``[batch, head, query, group, n, metric]``) alive through a view."""
+    case = make_case(81, batch=3, n_pos=16, window=5)
+    opts = check_options(n_values=(1, 2, 3), queries="all", per_window=True, bounds=True, backend=backend)
+    for window in (None, 5):
+        stats = analyze_layer(case.pattern, case.v, torch.ones(3, 16, dtype=torch.bool),
+                              torch.zeros(3, dtype=torch.long), opts, layer=0, mask_given=False, window=window)
+        for name, x in stats._asdict().items():
+            if isinstance(x, torch.Tensor):
+                assert x.untyped_storage().nbytes() == x.numel() * x.element_size(), (name, window)
+
+
 def test_a_batch_with_another_query_count_is_refused():
     case = make_case(78, batch=2)
     mask, sink = torch.ones(2, 12, dtype=torch.bool), torch.zeros(2, dtype=torch.long)

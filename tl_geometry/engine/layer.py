@@ -417,7 +417,8 @@ def _reduce(
         regime=regime,
         sink_visible=torch.stack([sees_sink.sum(), instances.sum(), torch.zeros_like(instances.sum())]
                                  ).to(COMPUTE_DTYPE),
-        truncation_rows=rearrange(metrics[:, :, :, TOP_GROUP, :, TRUNCATION], "b h q n m -> b q h n m"),
+        # A copy: a view would keep every per-query row of the layer alive while the stats are held.
+        truncation_rows=rearrange(metrics[:, :, :, TOP_GROUP, :, TRUNCATION], "b h q n m -> b q h n m").contiguous(),
         votes_rechecked=rechecked,
         random_mc=_random_mc(metrics[:, :, :, RANDOM_GROUP], random_var),
         window_inout=_window_inout(metrics, sink_in_top, sees_sink) if opts.per_window else None,
