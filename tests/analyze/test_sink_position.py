@@ -290,6 +290,27 @@ def test_first_keys_mass_reads_the_spec_queries_from_a_pattern_and_from_rows(win
         torch.testing.assert_close(got[b, :, :32], want)
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("padding, window, sink", [(None, None, 0), ("left", None, 2), ("right", 50, 0),
+                                                   (None, None, 40), ("left", 45, 36)])
+def test_the_validation_reads_the_sink_checks_masses_as_first_keys_mass(backend, padding, window, sink):
+    """The check of a given sink is added as the validation reads the rows
+    (``LayerStats.first_keys``): the masses :func:`first_keys_mass` reads with
+    ``CHECK_QUERIES``, sinks past the 32 candidates and windows with too few queries included."""
+    from tl_geometry.engine import analyze_layer, check_options
+    from tl_geometry.engine.block import PatternRows
+    from tl_geometry.engine.sink_choice import CHECK_QUERIES, first_keys_mass
+
+    case = make_case(103, batch=3, n_pos=200, padding=padding, window=window)
+    mask = case.attention_mask.bool() if padding else torch.ones(3, 200, dtype=torch.bool)
+    sinks = mask.int().argmax(-1) + sink
+    stats = analyze_layer(case.pattern, case.v, mask, sinks, check_options(n_values=(1, 2), backend=backend),
+                          layer=0, mask_given=padding is not None, window=window)
+    want = first_keys_mass(PatternRows(case.pattern), mask, window, CHECK_QUERIES, sinks)
+    assert not torch.isnan(want).all()
+    torch.testing.assert_close(stats.first_keys, want, rtol=1e-12, atol=1e-15, equal_nan=True)
+
+
 def test_per_window_arrays_are_each_windows_own_means_and_round_trip(tmp_path):
     """``per_window=True`` keeps what a bootstrap over windows resamples (SPEC §8): the mean over
     windows of ``window_scores`` is the result's per-sequence-first mean, batches or not."""

@@ -171,8 +171,8 @@ def analyze_heads(
         W_layer = None if W is None else W[layer].to(pattern.device)
         stats.append(analyze_layer(pattern, v, run.mask, sinks, opts, layer=layer, W_O=W_layer,
                                    mask_given=attention_mask is not None, window=layer_windows[li]))
-        if not run.sink.auto:  # given sinks: checked on the rows the analysis has just read, still cached
-            run.sink.probe(layer, li, PatternRows(pattern), run.mask, layer_windows[li], sinks)
+        if not run.sink.auto:  # given sinks: checked on the rows the analysis has just read
+            run.sink.probe(layer, li, PatternRows(pattern), run.mask, layer_windows[li], sinks, stats[-1].first_keys)
         layer_window = layer_windows[li]
         if layer_window is not None:  # after the engine has checked the pattern against the window
             local.add(li, 0, _local.from_pattern(pattern, v, run.mask, sinks, layer_window, tokens))

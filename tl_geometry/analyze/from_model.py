@@ -231,12 +231,14 @@ class _LayerHooks:
             return
         assert sink is not None
         W = None if self.W is None else self.W[layer].to(v.device)
+        read = None  # the sink check's reading, as the first analysis read it (the same rows for all)
         for acc, opts in self.runs:
             stats = analyze_layer(rows, v, mask, sink, opts, layer=layer, W_O=W, sequence_offset=self.offset,
                                   mask_given=self.mask_given, window=window)
             acc.add(self.row[layer], stats, self.offset)
+            read = stats.first_keys if read is None else read
         if not self.sinks.auto:  # given sinks: checked on the rows the analysis has just read
-            self.sinks.probe(layer, self.row[layer], source, mask, window, sink)
+            self.sinks.probe(layer, self.row[layer], source, mask, window, sink, read)
         if window is not None:  # after the engine has checked the rows against the window
             self.local.add(self.row[layer], self.offset,
                            _local.layer_local_sink(rows, v, mask, sink, window, self.tokens))

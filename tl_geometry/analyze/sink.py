@@ -165,14 +165,15 @@ class SinkRun:
         self._probed: dict[int, Tensor] = {}  # the batch's choice masses per layer ("auto")
 
     def probe(self, layer: int, row: int | None, source: AttentionRows, mask: Tensor, window: int | None,
-              sinks: Tensor | None = None) -> None:
+              sinks: Tensor | None = None, read: Tensor | None = None) -> None:
         """Read ``layer`` of the batch (``row``: its index among the analysed layers, ``None`` for
         a layer read only to choose): with ``"auto"`` every query ``32 ≤ t < min(T, w)``, else
-        the first :data:`CHECK_QUERIES` of them and the batch's ``sinks``."""
+        the first :data:`CHECK_QUERIES` of them and the batch's ``sinks``, or their masses as the
+        analysis ``read`` them already (:attr:`~tl_geometry.engine.layer.LayerStats.first_keys`)."""
         if self.auto:
             mass = self._probed[layer] = first_keys_mass(source, mask, window).cpu()
         else:
-            mass = first_keys_mass(source, mask, window, CHECK_QUERIES, sinks).cpu()
+            mass = (read if read is not None else first_keys_mass(source, mask, window, CHECK_QUERIES, sinks)).cpu()
         if row is not None:
             self.masses[row].append(mass)
 

@@ -64,10 +64,11 @@ class FromKeys(NamedTuple):
 class Backend:
     """The entry points of one backend; each writes its outputs in place.
 
-    ``check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, vote_of)``
-    adds one block of rows to the validation statistics and writes its queries' votes
-    (:func:`.compiled.check.check_and_vote`); ``sink_geometry(values, is_token, sink, queries, h0,
-    group_size, window, sink_fields)`` writes the sink geometry (:func:`.compiled.geometry.sink_geometry`);
+    ``check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, vote_of,
+    first, stop, start, first_keys)`` adds one block of rows to the validation statistics and the
+    sink check's sums, and writes its queries' votes (:func:`.compiled.check.check_and_vote`);
+    ``sink_geometry(values, is_token, sink, queries, h0, group_size, window, sink_fields)`` writes
+    the sink geometry (:func:`.compiled.geometry.sink_geometry`);
     ``gram(values, window) → gram`` gives the tied Gram matrices, for layers scored from them
     (:func:`.compiled.geometry.tie_duplicates`; with a sliding window, the compiled backend's
     holds only the band the window reads, :func:`.twins.geometry.band_gram`);
@@ -204,11 +205,13 @@ def _written(x: Tensor) -> Any:
 
 
 def _check_and_vote(rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int,
-                    window: int, stats: Tensor, vote_of: Tensor) -> None:
+                    window: int, stats: Tensor, vote_of: Tensor, first: Tensor, stop: Tensor, start: Tensor,
+                    first_keys: Tensor) -> None:
     if rows.dtype not in (torch.float32, torch.float64):
         rows = rows.float()  # the kernel reads float32 or float64 rows
     _kernels().check.check_and_vote(_numpy(rows), q_start, *(_numpy(x) for x in (is_token, sink, norms)),
-                                    group_size, window, stats.numpy(), vote_of.numpy())
+                                    group_size, window, stats.numpy(), vote_of.numpy(),
+                                    *(_numpy(x) for x in (first, stop, start)), first_keys.numpy())
 
 
 def _sink_geometry(values: Tensor, is_token: Tensor, sink: Tensor, queries: Tensor, h0: int,

@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..functional.dtypes import COMPUTE_DTYPE
 from ..inputs.cache import PATTERN_HOOK, VALUE_HOOK, CacheError
 from ..warn import warn_caller
 from .backend import Backend
@@ -33,6 +34,7 @@ from .layout import (
     ST_WINDOW,
 )
 from .options import NO_WINDOW
+from .sink_choice import CANDIDATES
 
 #: Largest row sum accepted: rows may hold less than 1 (learned sink logits, sliding windows),
 #: never more, up to half-precision round-off.
@@ -97,18 +99,28 @@ def check_and_vote(
     backend: Backend,
     *,
     window: int = NO_WINDOW,
-) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"]]:
+    reading: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"], Float[Tensor, "batch head key33"]]:
     """Validation statistics of every (sequence, head) and the source-winner vote of every
     query, ``vote_of[b, h, t]`` (0 itself, 1 the sink, 2 another key, −1 none: SPEC §5), from
     every query's rows given in ascending blocks ``(first query, rows)`` (one block: the
     pattern); ``window`` is the layer's sliding window (:data:`.options.NO_WINDOW`: none).
-    Which votes count, and in which unit, is :func:`.votes.tally`'s to decide."""
+    Which votes count, and in which unit, is :func:`.votes.tally`'s to decide. The same read
+    gives the sink check's sums over the queries ``first ≤ t < stop`` of ``reading = (start,
+    first, stop)`` (:func:`.sink_choice.check_reading`): the weights of the 32 keys from
+    ``start`` and of the sink (zeros without a ``reading``)."""
     batch, n_heads = is_token.shape[0], norms.shape[1] * group_size
     found = new_stats(batch, n_heads, is_token.shape[1])
     stats, vote_of = (torch.from_numpy(x).to(norms.device) for x in found)
+    if reading is None:  # no query read: first = stop
+        none = torch.zeros(batch, dtype=torch.long, device=norms.device)
+        reading = (none, none, none)
+    start, first, stop = reading
+    first_keys = torch.zeros(batch, n_heads, CANDIDATES + 1, dtype=COMPUTE_DTYPE, device=norms.device)
     for q_start, rows in blocks:
-        backend.check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, vote_of)
-    return stats, vote_of
+        backend.check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, vote_of, first, stop,
+                               start, first_keys)
+    return stats, vote_of, first_keys
 
 
 def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, window: int | None = None) -> None:

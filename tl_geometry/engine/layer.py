@@ -55,6 +55,7 @@ from .layout import (
 )
 from .options import SHUFFLE_KINDS, AnalysisOptions, n_chosen
 from .rng import sampled_positions, sequence_keys
+from .sink_choice import CANDIDATES, check_reading
 
 #: Bytes of chunk tensors (value vectors, Gram matrices, upcast pattern rows) per byte of pattern.
 CHUNK_FRACTION = 0.25
@@ -105,6 +106,11 @@ class LayerStats(NamedTuple):
     """With ``per_window``: each sequence's plain mean of the top-N metrics over its instances
     with the sink inside / outside the set (the pooled ``inst_sum`` split by sequence; NaN where
     it has none); ``None`` without."""
+    first_keys: Float[Tensor, "batch head key33"] | None = None
+    """The sink check's reading of the given sink (SPEC §1, ours): the mean weight of each of the
+    first 32 real keys and of the sink over the queries :func:`.sink_choice.check_reading` names,
+    as :func:`.sink_choice.first_keys_mass` gives it, added as the validation read the rows;
+    ``None`` where it did not read them (votes from queries and keys)."""
 
 
 def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
@@ -224,11 +230,17 @@ def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor,
     seq_ids = range(sequence_offset, sequence_offset + source.shape[0])
     keys = torch.from_numpy(sequence_keys(opts.seed, layer, seq_ids).view("int64")).to(source.device)
     d_values = v.shape[-1] if W_O is None else W_O.shape[-1]
+    first_keys: Tensor | None = torch.full((*source.shape[:2], CANDIDATES + 1), torch.nan, dtype=COMPUTE_DTYPE,
+                                           device=source.device)
     for b0, b1, g0, g1 in _chunk_plan(data, opts, d_values):
         if g0 == 0:  # the first chunk of these sequences: validate and vote, one read of the rows
-            values = _check_and_vote(data, b0, b1, rows_out, layer, backend, mask_given=mask_given)
+            values, checked = _check_and_vote(data, b0, b1, rows_out, layer, backend, mask_given=mask_given)
+            if first_keys is not None and checked is not None:
+                first_keys[b0:b1] = checked
+            else:
+                first_keys = None
         _score_chunk(data, opts, values, keys, rows_out, b0, b1, g0, g1, backend)
-    stats = _reduce(data, opts, *rows_out, layer, backend)
+    stats = _reduce(data, opts, *rows_out, layer, backend)._replace(first_keys=first_keys)
     at_sink = _sink_reading(data, opts)
     if at_sink is None:
         return stats
@@ -329,10 +341,11 @@ class _RowOutputs(NamedTuple):
 
 
 def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer: int, backend: Backend, *,
-                    mask_given: bool) -> Tensor:
+                    mask_given: bool) -> tuple[Tensor, Tensor | None]:
     """Validate sequences ``b0:b1`` and count their votes (SPEC §5) in one read of every query's
     rows, or of the queries and keys that recomputed rows come from (:mod:`.key_votes`); returns
-    the value groups' vectors ``[b, g, k, d]``."""
+    the value groups' vectors ``[b, g, k, d]`` and, where the rows were read, the sink check's
+    reading (:attr:`LayerStats.first_keys`)."""
     values = group_values(data, b0, b1, data.source.shape[2])
     is_token, sink, norms = data.is_token[b0:b1], data.sink[b0:b1], torch.linalg.vector_norm(values, dim=-1)
     found = None
@@ -340,13 +353,18 @@ def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer:
     if not isinstance(data.source, PatternRows) and isinstance(data.source, KeyedRows):
         found = key_votes.check_and_vote(data.source.query_keys(b0, b1), is_token, sink, norms,
                                          data.group_size, data.window, backend)
+    read = None
     if found is None:
-        found = (*checks.check_and_vote(data.source.blocks(b0, b1), is_token, sink, norms, data.group_size,
-                                        backend, window=data.kernel_window), 0)
+        start, first, stop = check_reading(is_token, data.window, sink)
+        stats, vote_of, sums = checks.check_and_vote(data.source.blocks(b0, b1), is_token, sink, norms,
+                                                     data.group_size, backend, window=data.kernel_window,
+                                                     reading=(start, first, stop))
+        found = stats, vote_of, 0
+        read = sums / (stop - first).clamp_min(0)[:, None, None]  # 0/0 = NaN: no query to read
     stats, out.vote_of[b0:b1], rechecked = found
     out.rechecked.add_(rechecked)
     checks.raise_for_stats(stats, layer, b0, mask_given=mask_given, window=data.window)
-    return values
+    return values, read
 
 
 def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: Tensor, out: _RowOutputs,

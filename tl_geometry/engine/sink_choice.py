@@ -3,7 +3,9 @@
 * :func:`first_keys_mass` reads one layer: the mean attention each of the first
   :data:`CANDIDATES` real positions of a window receives from the queries ``t ∈ [32, min(T, w))``
   (positions counted from the window's first real token; every such query sees all 32
-  candidates, also on a sliding-window layer).
+  candidates, also on a sliding-window layer). For a given sink, the validation kernel adds the
+  same rows as it reads a cached pattern (:func:`check_reading`,
+  :attr:`.layer.LayerStats.first_keys`): the front doors take those masses and read no row twice.
 * :func:`choose_sink` is ``sink="auto"``: per window, the candidate with the largest mean over
   every layer and head (each weighted equally; ties → lower index; a window of fewer than 33
   real tokens takes its first).
@@ -66,12 +68,7 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
         fixed = _fixed_reading(is_token, window, max_queries, sink)
         if fixed is not None:
             return _pattern_mass(source.pattern, *fixed, given=sink is not None)
-    start, last = sink_positions(is_token), last_positions(is_token)
-    length = last - start + 1
-    stop = start + (length if window is None else length.clamp_max(window))  # first query not read
-    first = start + CANDIDATES if sink is None else torch.maximum(start + CANDIDATES, sink.to(device) + 1)
-    if max_queries is not None:
-        stop = torch.minimum(stop, first + max_queries)
+    start, first, stop = _reading(is_token, window, max_queries, sink)
     # The 32 candidates and the sink (the last column; the first candidate where none is given).
     keys = torch.cat([start[:, None] + torch.arange(CANDIDATES, device=device),
                       (start if sink is None else sink.to(device))[:, None]], dim=1).clamp_max(n_pos - 1)
@@ -106,6 +103,27 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     if sink is None:
         out[..., CANDIDATES] = torch.nan
     return out
+
+
+def check_reading(is_token: Bool[Tensor, "batch pos"], window: int | None, sink: Int[Tensor, " batch"]
+                  ) -> tuple[Int[Tensor, " batch"], Int[Tensor, " batch"], Int[Tensor, " batch"]]:
+    """``(start, first, stop)`` of the sink check of a given ``sink`` (absolute positions): each
+    window's first real position, and the queries ``first ≤ t < stop`` that
+    :func:`first_keys_mass` reads with ``max_queries=CHECK_QUERIES`` (the validation kernel adds
+    the same rows as it reads them)."""
+    return _reading(is_token, window, CHECK_QUERIES, sink)
+
+
+def _reading(is_token: Tensor, window: int | None, max_queries: int | None, sink: Tensor | None
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(start, first, stop)`` of :func:`first_keys_mass`: the queries ``first ≤ t < stop``."""
+    start, last = sink_positions(is_token), last_positions(is_token)
+    length = last - start + 1
+    stop = start + (length if window is None else length.clamp_max(window))  # first query not read
+    first = start + CANDIDATES if sink is None else torch.maximum(start + CANDIDATES, sink.to(start.device) + 1)
+    if max_queries is not None:
+        stop = torch.minimum(stop, first + max_queries)
+    return start, first, stop
 
 
 def _fixed_reading(is_token: Tensor, window: int | None, max_queries: int | None, sink: Tensor | None

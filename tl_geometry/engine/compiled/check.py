@@ -80,8 +80,10 @@ def _tally(s, vote_of_bh, t, sink, row_sum, winner):  # pragma: no cover - compi
 
 
 @njit(parallel=True, cache=True)
-def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, stats, vote_of):  # pragma: no cover
-    """Validation statistics ``stats[b, h, :]`` and each query's vote ``vote_of[b, h, t]`` of a layer.
+def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, stats, vote_of, first, stop,
+                   start, first_keys):  # pragma: no cover - compiled
+    """Validation statistics ``stats[b, h, :]`` and each query's vote ``vote_of[b, h, t]`` of a layer,
+    and the sink check's sums of the first keys' weights, ``first_keys[b, h, :]``.
 
     ``pattern [b, h, q, k]`` (float32/64) holds the rows of queries ``q_start …`` (all of them,
     or one block), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]`` (‖v‖ of value group
@@ -95,6 +97,10 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
     Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
     future entries above the tolerance); a row whose sum is not finite or that leaks is read
     again key by key (:func:`_check_row`), so the statistics are those of that slow pass.
+
+    The rows of queries ``first[b] ≤ t < stop[b]`` also add their weights on keys
+    ``start[b] + c`` (columns ``c`` of ``first_keys`` but its last) and on the sink (its last
+    column), in query order (:func:`..sink_choice.check_reading`).
     """
     n_b, n_h, n_q, n_k = pattern.shape
     for bh in prange(n_b * n_h):
@@ -107,6 +113,9 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
         for k in range(n_k):
             dense &= is_token[b, k]
         nrm = norms[b, g]
+        # The sink check's sums, in a local array (no aliasing with the rows: the loop vectorises).
+        n_lead = first_keys.shape[2] - 1
+        read = np.zeros(n_lead + 1)
         for tq in range(n_q):
             t = q_start + tq
             if not is_token[b, t]:
@@ -138,6 +147,12 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
             if not fast:
                 row_sum, winner = _check_row(row, is_token[b], t, lo, nrm, s)
             _tally(s, vote, t, sink[b], row_sum, winner if t > 0 and is_token[b, t - 1] else -1)
+            if first[b] <= t < stop[b]:
+                lead = row[start[b]:start[b] + n_lead]
+                for j in range(n_lead):
+                    read[j] += np.float64(lead[j])
+                read[n_lead] += np.float64(row[sink[b]])
+        first_keys[b, h] += read
 
 
 @njit(cache=True)

@@ -54,7 +54,7 @@ def _signatures() -> list[tuple[str, tuple[Any, ...]]]:
     found: list[tuple[str, tuple[Any, ...]]] = []
     for rows in PRECISIONS:
         found.append(("check.check_and_vote", (_a(rows, 4), _I, _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I, stats,
-                                               vote_of)))
+                                               vote_of, _a(_I, 1), _a(_I, 1), _a(_I, 1), _a(_F, 3))))
     found += [
         ("check.check_and_vote_rows", (_a(_F, 4), _a(_I, 2), _a(_B, 3), _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I,
                                        stats, vote_of)),

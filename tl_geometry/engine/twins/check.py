@@ -32,21 +32,22 @@ TORCH_CHECK_BYTES = 1 << 25
 def check_and_vote(
     rows: Float[Tensor, "batch head query key"], q_start: int, is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"], norms: Float[Tensor, "batch group key"], group_size: int, window: int,
-    stats: Float[Tensor, "batch head stat"], vote_of: Int[Tensor, "batch head pos"],
+    stats: Float[Tensor, "batch head stat"], vote_of: Int[Tensor, "batch head pos"], first: Int[Tensor, " batch"],
+    stop: Int[Tensor, " batch"], start: Int[Tensor, " batch"], first_keys: Float[Tensor, "batch head key33"],
 ) -> None:
     """:func:`..compiled.check.check_and_vote` in torch, same arguments: the rows of queries
-    ``q_start …`` add to ``stats`` and write their votes' kinds into ``vote_of`` (in place); ``window`` is the layer's
-    sliding window (:data:`..options.NO_WINDOW`: none)."""
+    ``q_start …`` add to ``stats`` and ``first_keys`` and write their votes' kinds into ``vote_of``
+    (in place); ``window`` is the layer's sliding window (:data:`..options.NO_WINDOW`: none)."""
     # A few float64 copies of the rows are held per block, never a whole [head, query, key].
     step = max(1, TORCH_CHECK_BYTES // (rows.shape[1] * rows.shape[-1] * 8))
     for q0 in range(0, rows.shape[2], step):
         _check_block(rows[:, :, q0 : q0 + step], q_start + q0, is_token, sink, norms, group_size, window,
-                     stats, vote_of)
+                     stats, vote_of, (first, stop, start, first_keys))
 
 
 def _check_block(
     rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int, window: int,
-    stats: Tensor, vote_of: Tensor,
+    stats: Tensor, vote_of: Tensor, reading: tuple[Tensor, Tensor, Tensor, Tensor],
 ) -> None:
     """One block of :func:`check_and_vote`, one sequence at a time."""
     batch, _, n_q, n_pos = rows.shape
@@ -93,6 +94,12 @@ def _check_block(
         has = query_real & after_first & (weighted > -1.0).any(-1)
         block = vote_of[b, :, q_start : q_start + n_q]
         block.copy_(torch.where(has, kind, block))
+        first, stop, start, first_keys = reading
+        read = (positions >= first[b]) & (positions < stop[b])  # the sink check's queries
+        if bool(read.any()):
+            n_keys = first_keys.shape[-1] - 1
+            columns = torch.cat([start[b] + torch.arange(n_keys, device=device), sink[b : b + 1]])
+            first_keys[b] += x[:, read][:, :, columns].sum(1)
 
 
 def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
