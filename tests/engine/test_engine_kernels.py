@@ -109,6 +109,22 @@ def test_first_duplicates_compares_rows_whose_hashes_collide():
     assert want.tolist() == [0, 1, 2, 1, 0, 2, 1]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_first_duplicates_equals_the_torch_reference_on_many_classes(seed):
+    """Many classes of equal rows, in any order and with signed zeros, through the hash table
+    (whose slots fill up and wrap around)."""
+    rng = np.random.default_rng(seed)
+    distinct = rng.normal(size=(12, 6))
+    distinct[3] = 0.0
+    values = distinct[rng.integers(0, 12, size=70)]
+    values[rng.random(values.shape) < 0.1] *= -0.0  # −0.0 on the zeros, 0 × x on the rest
+    got = _first_duplicates(values)
+    want = first_duplicate(torch.from_numpy(values)).numpy()
+    assert np.array_equal(np.where(got < 0, np.arange(len(values)), got), want)
+    singles = np.bincount(want, minlength=len(values))[want] == 1
+    assert np.array_equal(got < 0, singles)
+
+
 def test_first_duplicates_of_distinct_rows_is_empty():
     values = np.random.default_rng(0).normal(size=(50, 8))
     assert (_first_duplicates(values) < 0).all()

@@ -128,18 +128,20 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
                 row_min = 0.0
                 best = -1.0
                 winner = -1
-                for k in range(lo, t + 1):
+                # Unsigned indices: numba adds no wraparound for negative ones, so the loops
+                # vectorise (the sum stays one serial chain, in key order).
+                for k in range(np.uint64(lo), np.uint64(t + 1)):
                     x = np.float64(row[k])
                     row_sum += x
                     row_min = min(row_min, x)
                     c = x * nrm[k]
                     if c > best:
                         best = c
-                        winner = k
+                        winner = np.int64(k)
                 leaks = 0
-                for k in range(lo):  # before the window (none without one)
+                for k in range(np.uint64(lo)):  # before the window (none without one)
                     leaks += not abs(np.float64(row[k])) <= LEAK_TOL
-                for k in range(t + 1, n_k):
+                for k in range(np.uint64(t + 1), np.uint64(n_k)):
                     leaks += not abs(np.float64(row[k])) <= LEAK_TOL
                 fast = np.isfinite(row_sum) and leaks == 0
                 if fast:

@@ -23,6 +23,7 @@ from numba import njit, prange
 
 from ...functional.dtypes import COSINE_EPS
 from ..layout import SINK_COSINE, SINK_MEAN_COSINE, SINK_NORM_RATIO
+from .order import mix
 
 #: Every slot this module's kernels write, as Python computes them today.
 SLOTS = (SINK_NORM_RATIO, SINK_COSINE, SINK_MEAN_COSINE)
@@ -40,40 +41,45 @@ def _first_duplicates(values):  # pragma: no cover - compiled
     :func:`~tl_geometry.functional.heads.first_duplicate`); −1 for a key without one.
 
     Equal rows have equal hashes (the same weighted sum in the same order), so only keys of
-    equal hash are compared coordinate by coordinate.
+    equal hash are compared coordinate by coordinate: each key, in ascending order, looks its
+    hash up in an open-addressing table of the classes' first keys (``O(k·d)`` in all, no sort).
     """
     n_key, d = values.shape
-    hashes = np.empty(n_key)
-    for k in range(n_key):
-        h = 0.0
-        for c in range(d):
-            h += values[k, c] * (1.0 + 0.6180339887498949 * c)
-        hashes[k] = h
-    order = np.argsort(hashes, kind="mergesort")  # stable: equal hashes by ascending key
+    hashes = np.zeros(n_key)
+    # Component by component: each key's sum runs over c = 0, 1, … as before, and the pass over
+    # the keys is not one serial chain of additions.
+    for c in range(d):
+        w = 1.0 + 0.6180339887498949 * c
+        for k in range(np.uint64(n_key)):
+            hashes[k] += values[k, c] * w
+    size = 2
+    while size < 2 * n_key:
+        size *= 2
+    mask = np.uint64(size - 1)
+    table = np.full(size, -1, dtype=np.int64)  # a class's first key, at its hash's slot or after
     first = np.full(n_key, -1, dtype=np.int64)
-    i = 0
-    while i < n_key:
-        j = i + 1
-        while j < n_key and hashes[order[j]] == hashes[order[i]]:
-            j += 1
-        for x in range(i, j - 1):  # the first key of each class in the run claims the others
-            kx = order[x]
-            if first[kx] >= 0:
-                continue
-            for y in range(x + 1, j):
-                ky = order[y]
-                if first[ky] >= 0:
-                    continue
-                same = True
-                for c in range(d):
-                    if values[kx, c] != values[ky, c]:
-                        same = False
-                        break
-                if same:
-                    first[kx] = kx
-                    first[ky] = kx
-        i = j
+    for k in range(n_key):
+        h = hashes[k] + 0.0  # −0.0 + 0.0 = +0.0: the two zeros, equal hashes, take one slot
+        slot = np.int64(mix(np.uint64(np.float64(h).view(np.int64))) & mask)
+        while table[slot] >= 0:
+            e = table[slot]
+            if hashes[e] == h and _same_vector(values, e, k):
+                first[e] = e
+                first[k] = e
+                break
+            slot = (slot + 1) & (size - 1)
+        else:
+            table[slot] = k
     return first
+
+
+@njit(cache=True, inline="always")
+def _same_vector(values, i, j):  # pragma: no cover - compiled
+    """Whether rows ``i`` and ``j`` of ``values`` are equal, component by component."""
+    for c in range(values.shape[1]):  # noqa: SIM110 - a loop: all() of a generator does not compile
+        if values[i, c] != values[j, c]:
+            return False
+    return True
 
 
 @njit(parallel=True, cache=True)
