@@ -117,7 +117,7 @@ def test_first_duplicates_equals_the_torch_reference_on_many_classes(seed):
     distinct = rng.normal(size=(12, 6))
     distinct[3] = 0.0
     values = distinct[rng.integers(0, 12, size=70)]
-    values[rng.random(values.shape) < 0.1] *= -0.0  # −0.0 on the zeros, 0 × x on the rest
+    values[rng.random(values.shape) < 0.1] *= -0.0  # signed zeros: x · (−0.0) is −0.0 or +0.0 by x's sign
     got = _first_duplicates(values)
     want = first_duplicate(torch.from_numpy(values)).numpy()
     assert np.array_equal(np.where(got < 0, np.arange(len(values)), got), want)
