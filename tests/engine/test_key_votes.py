@@ -16,6 +16,7 @@ from tl_geometry.engine.backend import NUMBA, TORCH
 from tl_geometry.engine.block import AttentionRows, KeyedRows, QueryKeys
 from tl_geometry.engine.layer import analyze_layer
 from tl_geometry.engine.options import NO_WINDOW
+from tl_geometry.engine.sink_choice import check_reading
 from tl_geometry.functional.attention import attention_row_blocks, attention_rows
 from tl_geometry.functional.heads import sink_positions
 
@@ -28,7 +29,8 @@ def _rows_votes(qk: QueryKeys, is_token, sink, norms, group_size):
     blocks = attention_row_blocks(qk.q, qk.k, block=qk.block, scale=qk.scale, window=qk.window,
                                   key_mask=qk.key_mask)
     window = NO_WINDOW if qk.window is None else qk.window
-    return checks.check_and_vote(blocks, is_token, sink, norms, group_size, NUMBA, window=window)
+    return checks.check_and_vote(blocks, is_token, sink, norms, group_size, NUMBA, window=window,
+                                 reading=check_reading(is_token, qk.window, sink))
 
 
 @st.composite

@@ -99,7 +99,7 @@ def check_and_vote(
     backend: Backend,
     *,
     window: int = NO_WINDOW,
-    reading: tuple[Tensor, Tensor, Tensor] | None = None,
+    reading: tuple[Tensor, Tensor, Tensor],
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"], Float[Tensor, "batch head key33"]]:
     """Validation statistics of every (sequence, head) and the source-winner vote of every
     query, ``vote_of[b, h, t]`` (0 itself, 1 the sink, 2 another key, −1 none: SPEC §5), from
@@ -108,13 +108,10 @@ def check_and_vote(
     Which votes count, and in which unit, is :func:`.votes.tally`'s to decide. The same read
     gives the sink check's sums over the queries ``first ≤ t < stop`` of ``reading = (start,
     first, stop)`` (:func:`.sink_choice.check_reading`): the weights of the 32 keys from
-    ``start`` and of the sink (zeros without a ``reading``)."""
+    ``start`` and of the sink."""
     batch, n_heads = is_token.shape[0], norms.shape[1] * group_size
     found = new_stats(batch, n_heads, is_token.shape[1])
     stats, vote_of = (torch.from_numpy(x).to(norms.device) for x in found)
-    if reading is None:  # no query read: first = stop
-        none = torch.zeros(batch, dtype=torch.long, device=norms.device)
-        reading = (none, none, none)
     start, first, stop = reading
     first_keys = torch.zeros(batch, n_heads, CANDIDATES + 1, dtype=COMPUTE_DTYPE, device=norms.device)
     for q_start, rows in blocks:

@@ -149,7 +149,7 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
             if not fast:
                 row_sum, winner = _check_row(row, is_token[b], t, lo, nrm, s)
             _tally(s, vote, t, sink[b], row_sum, winner if t > 0 and is_token[b, t - 1] else -1)
-            if first[b] <= t < stop[b]:
+            if first[b] <= t < stop[b]:  # first ≥ start + n_lead: the lead keys lie before t, in the row
                 lead = row[start[b]:start[b] + n_lead]
                 for j in range(n_lead):
                     read[j] += np.float64(lead[j])
