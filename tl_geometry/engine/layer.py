@@ -1,27 +1,14 @@
 """Per-layer work: one layer's pattern and values → per-sequence statistics (:class:`LayerStats`).
 
-The layer is processed in chunks of sequences (and, for long contexts, of value groups) so that
-no more than a fraction of the pattern's size is held at once (:func:`_chunk_plan`). Per chunk:
-
-1. value vectors of each *value group* — the KV heads in value space (query head ``h`` reads
-   group ``h // (n_heads // n_kv)``), the query heads in output space (``v·W_O[h]``);
-2. validation and the source-winner votes in one read of the rows (:mod:`.checks`), or from
-   the queries and keys that recomputed rows come from (:mod:`.key_votes`);
-3. the sink geometry (κ, cosines, SPEC §4) from running sums along the keys;
-4. every selection of every chosen query (SPEC §2–3, §10), its inner products ``⟨v_k, s_N⟩``
-   from the vectors and each selection's aggregate ``s_N`` where few queries of a sequence are
-   read from long sequences (memory ``O(keys·d)`` per group), from the group's Gram matrix
-   ``G = V Vᵀ`` where that is cheaper (:func:`_uses_gram`; rows and columns of bit-identical
-   vectors tied, so exact ties stay exact, SPEC §3);
-
-then the per-query rows are reduced over queries (:func:`_reduce`); the top-N set's truncation
-figures (SPEC §10) are also handed on per query, for their exact percentiles.
-
-Everything stays on the cache's device. The work of 2–4 and the reduction is done by the
-layer's :class:`~.backend.Backend`, chosen once per layer (:func:`.backend.choose_backend`):
-the compiled kernels of :mod:`.compiled` for CPU tensors, their torch twins of :mod:`.twins` on
-other devices. The tests hold each pair to 1e-9; a kernel that numba cannot compile sends the
-layer, and the rest of the run, to the twins (:func:`.backend.run_layer`).
+The layer is processed in chunks of sequences (and of value groups) that hold a fraction of the
+pattern's size (:func:`_chunk_plan`). Per chunk: the value vectors of each value group (KV heads
+in value space, query heads ``v·W_O[h]`` in output space); validation and the source-winner
+votes in one read of the rows (:mod:`.checks`, or :mod:`.key_votes` from queries and keys); the
+sink geometry (SPEC §4); every selection's scores (SPEC §2–3, §10), the inner products
+``⟨v_k, s_N⟩`` from the vectors or from the tied Gram matrix ``G = V Vᵀ`` where cheaper
+(:func:`_uses_gram`; exact ties stay exact, SPEC §3). The per-query rows are then reduced over
+queries (:func:`_reduce`). The work runs on the layer's :class:`~.backend.Backend`: compiled
+kernels for CPU tensors, their torch twins elsewhere (:func:`.backend.run_layer`).
 """
 
 from __future__ import annotations
@@ -69,8 +56,7 @@ class LayerStats(NamedTuple):
     """One layer of one batch, reduced over queries; every field adds across batches."""
 
     seq_mean: Float[Tensor, "batch head group n metric"]
-    """Per-sequence means over the chosen queries (NaN where none was defined), groups
-    :data:`.layout.SEQUENCE_GROUPS`."""
+    """Per-sequence means over the chosen queries (NaN: none defined), :data:`SEQUENCE_GROUPS`."""
     inst_sum: Float[Tensor, "head inout n metric"]
     """Σ of top-N metrics over instances with the sink inside / outside the set."""
     inst_count: Float[Tensor, "head inout n"]
@@ -80,46 +66,34 @@ class LayerStats(NamedTuple):
     sink_mean: Float[Tensor, "batch head field"]
     votes: Float[Tensor, "head 3"]
     sequence_votes: Int[Tensor, "batch head 3"]
-    """Per-sequence counts of the votes that decide the label (SPEC §5; :mod:`.votes`): the
-    bootstrap of label stability resamples them."""
+    """Per-sequence counts of the deciding votes (SPEC §5), for the label-stability bootstrap."""
     beyond_votes: Int[Tensor, "head 3"]
-    """Votes of the queries of a sliding-window layer that cannot see the sink, apart."""
+    """Votes of sliding-window queries that cannot see the sink, apart."""
     block_votes: Int[Tensor, "batch block head 3"]
-    """The deciding votes per block of 128 consecutive queries (:mod:`.votes`), zero for a
-    partial block: the block bootstrap's units."""
+    """Deciding votes per block of 128 queries (:mod:`.votes`), the block bootstrap's units."""
     bound_mean: Float[Tensor, "batch head kind n bmetric"] | None
     regime: Float[Tensor, "batch head rfield"] | None
     truncation_rows: Float[Tensor, "batch q head n tmetric"]
-    """The top-N set's truncation figures (SPEC §10) at every chosen query, NaN where
-    undefined: kept per instance, so that their percentiles over all batches are exact."""
+    """Each chosen query's truncation figures (SPEC §10; NaN: undefined), for exact percentiles."""
     sink_visible: Float[Tensor, " seen_all_earlier"] | None = None
-    """Chosen (sequence, query) instances whose window holds the sink, all of them, and those
-    whose sink figures were read at an earlier query, ``t_sink`` (SPEC §1)."""
+    """Instances that see the sink, all of them, and those read at ``t_sink`` (SPEC §1)."""
     votes_rechecked: Int[Tensor, ""] | None = None
-    """(query, head) rows whose vote was read from their float64 row because the logits could
-    not settle it (:mod:`.key_votes`; 0 where the votes are read from the rows)."""
+    """Rows whose vote was read from their float64 row (:mod:`.key_votes`)."""
     random_mc: Float[Tensor, "batch head n metric"] | None = None
-    """The Monte Carlo variance of each sequence's random-baseline mean (SPEC §3):
-    ``Σ_q s_q²/R / Q²`` over its ``Q`` chosen queries where the baseline is defined, ``s_q²``
-    the sample variance of query ``q``'s ``R`` subsets; NaN where undefined or ``R < 2``."""
+    """Monte Carlo variance of each sequence's random-baseline mean (SPEC §3),
+    ``Σ_q s_q²/R / Q²``; NaN where undefined or ``R < 2``."""
     window_inout: Float[Tensor, "batch head inout n metric"] | None = None
-    """With ``per_window``: each sequence's plain mean of the top-N metrics over its instances
-    with the sink inside / outside the set (the pooled ``inst_sum`` split by sequence; NaN where
-    it has none); ``None`` without."""
+    """With ``per_window``: each sequence's mean top-N metrics over its sink-in / -out instances."""
     first_keys: Float[Tensor, "batch head key33"] | None = None
-    """The sink check's reading of the given sink (SPEC §1, ours): the mean weight of each of the
-    first 32 real keys and of the sink over the queries :func:`.sink_choice.check_reading` names,
-    as :func:`.sink_choice.first_keys_mass` gives it, added as the validation read the rows;
-    ``None`` where it did not read them (votes from queries and keys)."""
+    """The sink check's reading of the given sink (SPEC §1, ours;
+    :func:`.sink_choice.first_keys_mass`) taken as the validation read the rows, else ``None``."""
 
 
 def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],
                    sequence_offset: int = 0) -> Int[Tensor, "batch q"]:
-    """The query positions each sequence is scored at (−1: none), ascending: its last real one
-    (``"last"``), every position (``"all"``; padded ones are skipped later), ``k`` positions
-    drawn from its real ones (an int: :func:`.rng.sampled_positions`, seeded by ``seed`` and the
-    sequence's index in the inputs, so every layer, head and batch reads the same ones) or the
-    given positions counted from its first real token (those past its end: none)."""
+    """The query positions each sequence is scored at (−1: none), ascending: ``"last"``, every
+    position (``"all"``), ``k`` drawn by :func:`.rng.sampled_positions`, or the given positions
+    counted from its first real token."""
     batch, n_pos = is_token.shape
     device = is_token.device
     if opts.queries == "last":
@@ -145,15 +119,10 @@ GRAM_MAX_BYTES = 1 << 30
 
 
 def _uses_gram(layer: LayerBlock, opts: AnalysisOptions, d_values: int) -> bool:
-    """Whether the layer's inner products ``⟨v_k, s_N⟩`` come from Gram matrices (ours): where
-    that costs fewer multiply-adds than reading them from the vectors, and the matrix fits
-    :data:`GRAM_MAX_BYTES`. Per value group of a sequence of ``T`` positions, with ``r`` scored
-    rows (its heads × chosen queries × orders: top, sink removed, the random subsets and the
-    shuffles), ``T²·d`` to build the matrix (``3·T·w·d`` for its band on a sliding-window layer)
-    and ``r·max N·k`` to read it, against ``r·|grid|·k·d``
-    from the vectors, ``k`` the keys a query sees (``T``, or the sliding window): the Gram matrix
-    wins for short sequences and for many queries (every query of a 1,024-token window), the
-    vectors for the last query of long ones and for sliding-window layers of long sequences."""
+    """Whether the inner products ``⟨v_k, s_N⟩`` come from Gram matrices (ours): where the matrix
+    fits :data:`GRAM_MAX_BYTES` and costs fewer multiply-adds: ``T²·d`` to build (``3·T·w·d`` for
+    a window's band) plus ``r·max N·k`` to read, against ``r·|grid|·k·d`` from the vectors, with
+    ``r`` scored rows (heads × queries × orders) and ``k`` the keys a query sees."""
     n_pos = layer.source.shape[2]
     fits = [n for n in opts.n_values.tolist() if n < n_pos]  # a list: called twice per layer
     if not fits or n_pos * n_pos * 8 > GRAM_MAX_BYTES:
@@ -201,15 +170,11 @@ def analyze_layer(
 ) -> LayerStats:
     """Validate one layer of one batch and reduce it to :class:`LayerStats` (SPEC §2–6).
 
-    ``pattern`` (a cached ``hook_pattern``, or any :class:`AttentionRows` source) and ``v`` are
-    read, never written; ``sink`` is each sequence's sink (SPEC §1: its first real position, or
-    the position ``sink=`` chose; keys before it are ordinary keys); ``W_O`` (``[head, d_head,
-    d_model]``) selects output space. Sequence
-    ``i`` of the batch is global sequence ``sequence_offset + i`` (the random baseline's stream).
-    ``window`` is the layer's sliding window (SPEC §1, ours): query ``t``'s candidate keys are
-    the real keys ``t − window < i ≤ t``, and a row with weight outside them is an error. It
-    runs under ``torch.inference_mode``: the statistics are inference tensors, read (or added
-    into tensors of the caller's own) and never differentiated.
+    ``pattern`` (a cached ``hook_pattern`` or any :class:`AttentionRows`) and ``v`` are never
+    written; ``sink`` is each sequence's sink (SPEC §1); ``W_O`` (``[head, d_head, d_model]``)
+    selects output space; sequence ``i`` is global sequence ``sequence_offset + i`` (the random
+    stream); ``window`` is the layer's sliding window (SPEC §1, ours). Runs under
+    ``torch.inference_mode``.
     """
     backend = choose_backend(pattern.device, opts.backend)
     # Nothing here is differentiated: inference mode spares every op autograd's bookkeeping.
@@ -221,8 +186,7 @@ def analyze_layer(
 def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor, is_token: Tensor, sink: Tensor,
                    opts: AnalysisOptions, layer: int, W_O: Tensor | None, sequence_offset: int, mask_given: bool,
                    window: int | None) -> LayerStats:
-    """:func:`analyze_layer` on ``backend``; writes only what it creates (:func:`.backend.run_layer`
-    may start it over on the torch twins)."""
+    """:func:`analyze_layer` on ``backend``; writes only what it creates (it may start over)."""
     source = PatternRows(pattern, upcast=backend.upcast_rows) if isinstance(pattern, Tensor) else pattern
     data = _layer_block(source, v, is_token.to(source.device), sink.to(source.device), opts, layer, W_O,
                         window, sequence_offset)
@@ -259,10 +223,8 @@ def _analyze_layer(backend: Backend, pattern: Tensor | AttentionRows, v: Tensor,
 
 
 def _sink_reading(data: LayerBlock, opts: AnalysisOptions) -> LayerBlock | None:
-    """SPEC §1's sink-visible reading (ours): on a sliding-window layer, where the last query
-    cannot see the sink, the sink-dependent figures are read at ``t_sink = p + w − 1``, the last
-    query that sees it; ``data`` with those queries (−1 where the last query sees the sink), or
-    ``None`` where no sequence needs one."""
+    """SPEC §1's sink-visible reading (ours): ``data`` with the queries ``t_sink = p + w − 1``
+    where the last query cannot see the sink (−1 elsewhere), or ``None`` where none needs it."""
     if opts.queries != "last" or data.window is None:
         return None
     last = data.queries[:, 0]
@@ -274,10 +236,8 @@ def _sink_reading(data: LayerBlock, opts: AnalysisOptions) -> LayerBlock | None:
 
 
 def _with_sink_reading(stats: LayerStats, read: Any, n_read: int, inout: Tensor | None = None) -> LayerStats:
-    """``stats`` with the sink-dependent figures of the sequences whose last query cannot see
-    the sink taken from ``read`` (the :class:`.layout.Reduced` of their ``t_sink``) and, with
-    ``per_window``, ``inout`` (their :func:`_window_inout`): per sequence exactly one of the two
-    defines them, and the instance sums and paired counts add."""
+    """``stats`` with the sink-dependent figures taken from ``read`` (the :class:`.layout.Reduced`
+    at ``t_sink``) and ``inout`` where ``stats`` has none: per sequence one of them defines them."""
     def either(main: Tensor, other: Tensor) -> Tensor:
         return torch.where(torch.isnan(main), other.to(main.device), main)
 
@@ -297,8 +257,7 @@ def _with_sink_reading(stats: LayerStats, read: Any, n_read: int, inout: Tensor 
 
 def _layer_block(source: AttentionRows, v: Tensor, is_token: Tensor, sink: Tensor, opts: AnalysisOptions,
                  layer: int, W_O: Tensor | None, window: int | None = None, sequence_offset: int = 0) -> LayerBlock:
-    """The checked :class:`LayerBlock` of one layer: values checked, ``W_O`` matched to the
-    cache, the chosen queries (:func:`chosen_queries`)."""
+    """The checked :class:`LayerBlock` of one layer, with its chosen queries."""
     checks.check_values(v, is_token, layer)
     n_heads = source.shape[1]
     n_groups = n_heads if W_O is not None else v.shape[2]
@@ -326,26 +285,24 @@ class _RowOutputs(NamedTuple):
 
     @classmethod
     def empty(cls, data: LayerBlock, n_sizes: int) -> _RowOutputs:
-        batch, n_heads, _ = data.source.shape
-        n_q, device = data.queries.shape[1], data.source.device
-        return cls(
-            torch.full((batch, n_heads, n_q, len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)), torch.nan,
-                       dtype=COMPUTE_DTYPE, device=device),
-            torch.zeros(batch, n_heads, n_q, n_sizes, dtype=torch.bool, device=device),
-            torch.full((batch, n_heads, n_q, len(SINK_FIELDS)), torch.nan, dtype=COMPUTE_DTYPE, device=device),
-            torch.full((batch, n_heads, data.source.shape[2]), -1, dtype=torch.int8, device=device),
-            torch.zeros((), dtype=torch.int64),
-            torch.full((batch, n_heads, n_q, n_sizes, len(METRIC_NAMES)), torch.nan, dtype=COMPUTE_DTYPE,
-                       device=device),
-        )
+        batch, n_heads, n_pos = data.source.shape
+        rows, device = (batch, n_heads, data.queries.shape[1]), data.source.device
+        metrics = (n_sizes, len(METRIC_NAMES))
+
+        def nan(*shape: int) -> Tensor:
+            return torch.full(shape, torch.nan, dtype=COMPUTE_DTYPE, device=device)
+
+        return cls(nan(*rows, len(SEQUENCE_GROUPS), *metrics),
+                   torch.zeros(*rows, n_sizes, dtype=torch.bool, device=device),
+                   nan(*rows, len(SINK_FIELDS)),
+                   torch.full((batch, n_heads, n_pos), -1, dtype=torch.int8, device=device),
+                   torch.zeros((), dtype=torch.int64), nan(*rows, *metrics))
 
 
 def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer: int, backend: Backend, *,
                     mask_given: bool) -> tuple[Tensor, Tensor | None]:
-    """Validate sequences ``b0:b1`` and count their votes (SPEC §5) in one read of every query's
-    rows, or of the queries and keys that recomputed rows come from (:mod:`.key_votes`); returns
-    the value groups' vectors ``[b, g, k, d]`` and, where the rows were read, the sink check's
-    reading (:attr:`LayerStats.first_keys`)."""
+    """Validate sequences ``b0:b1`` and write their votes (SPEC §5); returns the value groups'
+    vectors ``[b, g, k, d]`` and, where the rows were read, :attr:`LayerStats.first_keys`."""
     values = group_values(data, b0, b1, data.source.shape[2])
     is_token, sink, norms = data.is_token[b0:b1], data.sink[b0:b1], torch.linalg.vector_norm(values, dim=-1)
     found = None
@@ -370,8 +327,7 @@ def _check_and_vote(data: LayerBlock, b0: int, b1: int, out: _RowOutputs, layer:
 def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: Tensor, out: _RowOutputs,
                  b0: int, b1: int, g0: int, g1: int, backend: Backend) -> None:
     """The sink geometry (SPEC §4) and every selection's scores (SPEC §2–3) of sequences
-    ``b0:b1`` and value groups ``g0:g1``, written into ``out``: from the value vectors (memory
-    ``O(keys·d)``), or their Gram matrices where many queries are read (:func:`_uses_gram`)."""
+    ``b0:b1`` and value groups ``g0:g1``, written into ``out``."""
     queries, is_token, sink, start = data.queries[b0:b1], data.is_token[b0:b1], data.sink[b0:b1], data.start[b0:b1]
     if int(queries.max()) < 0:  # no chosen query in these sequences (e.g. the t_sink pass): nothing to score
         return
@@ -402,8 +358,7 @@ def _score_chunk(data: LayerBlock, opts: AnalysisOptions, values: Tensor, keys: 
 
 
 def _query_blocks(source: AttentionRows, queries: Tensor, n_keys: int) -> list[tuple[int, int]]:
-    """Blocks of the chosen queries scored at once: all of them from a cached pattern (its rows
-    are read in place), else as many as keep the recomputed rows within :data:`ROW_BLOCK_BYTES`."""
+    """Blocks of chosen queries scored at once: all from a pattern, else :data:`ROW_BLOCK_BYTES`."""
     n_q = queries.shape[1]
     if isinstance(source, PatternRows):
         return [(0, n_q)]
@@ -445,9 +400,8 @@ def _reduce(
 
 def _window_inout(metrics: Float[Tensor, "batch head q group n metric"], sink_in_top: Bool[Tensor, "batch head q n"],
                   sees_sink: Bool[Tensor, "batch q"]) -> Float[Tensor, "batch head inout n metric"]:
-    """Each sequence's plain mean of the top-N metrics over its instances whose top-N set holds
-    the sink / does not (the instances of the pooled sink-in / sink-out sums: N defined and the
-    sink visible), NaN where it has none; at the last query, a window's one instance or none."""
+    """Each sequence's mean top-N metrics over its instances with the sink inside / outside the
+    set (N defined, sink visible); NaN where it has none."""
     top = metrics[:, :, :, TOP_GROUP]  # [b, h, q, n, metric]
     defined = torch.isfinite(top[..., 0]) & sees_sink[:, None, :, None]
     means = []
@@ -459,8 +413,7 @@ def _window_inout(metrics: Float[Tensor, "batch head q group n metric"], sink_in
 
 def _random_mc(random: Float[Tensor, "batch head q n metric"], variance: Float[Tensor, "batch head q n metric"]
                ) -> Float[Tensor, "batch head n metric"]:
-    """The Monte Carlo variance of each sequence's random-baseline mean, the mean of its ``Q``
-    defined rows: ``Σ_q Var(row mean) / Q²`` (the rows' subsets are drawn independently)."""
+    """Monte Carlo variance of each sequence's random-baseline mean: ``Σ_q Var(row mean) / Q²``."""
     defined = ~torch.isnan(random)
     n_rows = defined.sum(2).to(variance.dtype)
     return torch.where(defined, variance, 0.0).sum(2) / n_rows.square()
