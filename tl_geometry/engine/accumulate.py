@@ -1,33 +1,19 @@
 """Mergeable sums and counts of one analysis, and the finish step that makes a HeadAnalysis.
 
-Averaging protocol (SPEC §8; the grouping is ours): for the top-N, random, shuffled and
-sink-removed groups, a metric is averaged over the chosen queries of each sequence first, then
-over sequences; the random and shuffled baselines are first averaged over their permutations.
-The sink-in / sink-out groups pool every (sequence, query) instance of the top-N set by whether
-the sink is inside it; the paired sink effect pools the ratios of those inside (:mod:`.paired`).
-With ``per_window``, each sequence's own means of all six groups are kept too
-(:data:`~tl_geometry.result.schema.WINDOW_GROUPS`): the four above averaged over its chosen
-queries, and its plain means over its sink-in / sink-out instances (NaN where it has none; at
-the last query a window's one instance, so its sink-in F_N is the top-N F_N where the sink is in
-``S_N`` and NaN otherwise).
-Sink diagnostics are averaged per sequence, then over sequences. Taxonomy votes are pooled
-counts over every query after the sink; the per-sequence counts are kept too, each sequence in
-its own row (by its index in the inputs), so that the label stability can resample sequences
-(SPEC §5) and merging by addition stays exact (two shards fill disjoint rows). Batches, streams
-and processes combine by addition (:meth:`Accumulator.merge`), so every front-end shares this code.
+Averaging (SPEC §8; the grouping is ours): the top-N, random, shuffled and sink-removed groups
+are averaged over each sequence's chosen queries, then over sequences (the baselines over their
+permutations first); the sink-in / sink-out groups pool every (sequence, query) instance by
+whether the sink is in the top-N set, and the paired effect pools their ratios (:mod:`.paired`).
+With ``per_window`` each sequence's own means of all six groups are kept too
+(:data:`~tl_geometry.result.schema.WINDOW_GROUPS`). Votes are pooled counts, also kept per
+sequence (its row = its index in the inputs) for the label stability (SPEC §5).
 
-Percentiles (SPEC §10; the storage is ours): the 90th percentile over instances of the top-N set's
-tail mass ``τ_N`` and relative truncation error cannot be merged from sums, and a histogram would
-only approximate it, so the per-instance values themselves are kept, each sequence in its own row
-like the votes (``truncation_rows``: 16 bytes × |N grid| per sequence, chosen query, layer and
-head), and the nearest-rank percentile is taken once, in :meth:`Accumulator.finish`: exact, the
-same whatever the batching, and mergeable by addition (a row is written by one batch of one
-process; every other holds 0 there).
-
-Determinism: each per-query figure depends only on its own sequence, so it is the same bit for
-bit whatever the batch, the chunking or the front-end, up to BLAS rounding when padding changes
-a sequence's length. Means over sequences are float64 sums whose order follows the batches, so
-they agree across batch sizes to about ``n_sequences × 2⁻⁵²`` relative.
+Percentiles (SPEC §10; the storage is ours): the 90th percentile of ``τ_N`` and of the relative
+truncation error cannot be merged from sums, so the per-instance values are kept per sequence
+row (``truncation_rows``) and the exact nearest-rank percentile is taken in
+:meth:`Accumulator.finish`. Every field adds, so batches, streams and processes merge by addition
+(:meth:`Accumulator.merge`; a per-sequence row is written by one batch, 0 elsewhere).
+Determinism: docs/scale.md.
 """
 
 from __future__ import annotations
@@ -83,20 +69,16 @@ class Accumulator:
     sequence_votes: Int[Tensor, "sequence layer head vote"]
     """Vote counts of every sequence, row = the sequence's index in the inputs."""
     sink_visible: Float[Tensor, "layer 3"]
-    """Chosen (sequence, query) instances whose sliding window holds the sink, all of them, and
-    those whose sink figures were read at the last query that sees the sink instead (SPEC §1):
-    the first two are equal on a layer without a window."""
+    """Instances that see the sink, all of them, and those read at ``t_sink`` (SPEC §1)."""
     truncation_rows: Float[Tensor, "sequence q layer head n tmetric"]
-    """The top-N set's τ_N and relative truncation error at each chosen query of every sequence
-    (row = the sequence's index; NaN where undefined), for the exact percentiles (SPEC §10)."""
+    """τ_N and relative truncation error at each chosen query, a row per sequence (SPEC §10)."""
     beyond_votes: Int[Tensor, "layer head vote"]
     """Votes of sliding-window queries that cannot see the sink, apart (SPEC §5)."""
     block_votes: Int[Tensor, "sequence block layer head vote"]
     """Deciding votes per block of 128 queries of every sequence (:mod:`.votes`)."""
     window_scores: Float[Tensor, "sequence layer head group n metric"]
-    """With ``per_window``: each sequence's means over its chosen queries, groups
-    ``WINDOW_GROUPS`` (SPEC §8's per-window arrays; NaN where undefined); without, a tensor with
-    no layer (nothing is kept)."""
+    """With ``per_window``: each sequence's means, groups ``WINDOW_GROUPS`` (SPEC §8's
+    per-window arrays); without, a tensor with no layer (nothing is kept)."""
     window_sink: Float[Tensor, "sequence layer head field"]
     """With ``per_window``: each sequence's sink diagnostics (SPEC §4), as ``window_scores``."""
     window_bounds: Float[Tensor, "sequence layer head kind n bmetric"]
@@ -104,20 +86,21 @@ class Accumulator:
     votes_rechecked: Int[Tensor, " layer"]
     """Rows whose vote was read from their float64 row (the logits could not settle it)."""
     random_sq: Float[Tensor, "layer head n metric"]
-    """Σ over sequences of the square of each sequence's random-baseline mean (for its
-    standard error over sequences, SPEC §3)."""
+    """Σ over sequences of each one's squared random-baseline mean (its standard error, SPEC §3)."""
     random_mc: Float[Tensor, "layer head n metric"]
-    """Σ over sequences of the Monte Carlo variance of each sequence's random-baseline mean
-    (:attr:`.layer.LayerStats.random_mc`)."""
+    """Σ over sequences of :attr:`.layer.LayerStats.random_mc`."""
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
               n_sequences: int = 0, n_queries: int = 0, n_blocks: int = 0, per_window: bool = False) -> Accumulator:
-        """Empty sums for ``n_sequences`` sequences (more rows are added when a batch needs them)
-        with ``n_queries`` chosen queries each (1 for the last query, the number of positions for
-        all; 0: set by the first batch) and ``n_blocks`` vote blocks each (:func:`.votes.n_blocks`;
-        0: set by the first batch). Processes that all-reduce their sums must pass all three.
-        ``per_window`` keeps every sequence's own means (:attr:`window_scores`)."""
+        """Empty sums for ``n_sequences`` sequences (grown as batches need), ``n_queries`` chosen
+        queries and ``n_blocks`` vote blocks each (:func:`.votes.n_blocks`; 0: set by the first
+        batch; processes that all-reduce must pass all three); ``per_window`` keeps every
+        sequence's own means (:attr:`window_scores`)."""
+
+        def zeros(*shape: int, dtype: torch.dtype = COMPUTE_DTYPE) -> Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
         shapes = {
             "seq_sum": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
             "seq_count": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
@@ -135,25 +118,22 @@ class Accumulator:
             "random_sq": (n_sizes, len(METRIC_NAMES)),
             "random_mc": (n_sizes, len(METRIC_NAMES)),
         }
-        sums = {name: torch.zeros(n_layers, n_heads, *shape, dtype=COMPUTE_DTYPE, device=device)
-                for name, shape in shapes.items()}
-        # int64: exact counts that all_reduce can add like the sums
-        votes = torch.zeros(n_sequences, n_layers, n_heads, 3, dtype=torch.int64, device=device)
-        visible = torch.zeros(n_layers, 3, dtype=COMPUTE_DTYPE, device=device)
-        rows = torch.zeros(n_sequences, n_queries, n_layers, n_heads, n_sizes, len(TRUNCATION_NAMES),
-                           dtype=COMPUTE_DTYPE, device=device)
-        beyond = torch.zeros(n_layers, n_heads, 3, dtype=torch.int64, device=device)
-        blocks = torch.zeros(n_sequences, n_blocks, n_layers, n_heads, 3, dtype=torch.int64, device=device)
+        sums = {name: zeros(n_layers, n_heads, *shape) for name, shape in shapes.items()}
         kept = n_layers if per_window else 0  # no layer: nothing is kept, whatever the rows
-        window_scores = torch.zeros(n_sequences, kept, n_heads, len(WINDOW_GROUPS), n_sizes, len(METRIC_NAMES),
-                                    dtype=torch.float32, device=device)
-        window_sink = torch.zeros(n_sequences, kept, n_heads, len(SINK_FIELDS), dtype=torch.float32, device=device)
-        window_bounds = torch.zeros(n_sequences, kept, n_heads, len(BOUND_KINDS), n_sizes, len(BOUND_METRICS),
-                                    dtype=torch.float32, device=device)
-        return cls(**sums, sequence_votes=votes, sink_visible=visible, truncation_rows=rows,
-                   beyond_votes=beyond, block_votes=blocks, window_scores=window_scores, window_sink=window_sink,
-                   window_bounds=window_bounds,
-                   votes_rechecked=torch.zeros(n_layers, dtype=torch.int64, device=device))
+
+        def window(*shape: int) -> Tensor:
+            return zeros(n_sequences, kept, n_heads, *shape, dtype=torch.float32)
+
+        counts = torch.int64  # exact counts that all_reduce can add like the sums
+        rows = (n_sequences, n_queries, n_layers, n_heads, n_sizes, len(TRUNCATION_NAMES))
+        return cls(**sums, sequence_votes=zeros(n_sequences, n_layers, n_heads, 3, dtype=counts),
+                   sink_visible=zeros(n_layers, 3), truncation_rows=zeros(*rows),
+                   beyond_votes=zeros(n_layers, n_heads, 3, dtype=counts),
+                   block_votes=zeros(n_sequences, n_blocks, n_layers, n_heads, 3, dtype=counts),
+                   window_scores=window(len(WINDOW_GROUPS), n_sizes, len(METRIC_NAMES)),
+                   window_sink=window(len(SINK_FIELDS)),
+                   window_bounds=window(len(BOUND_KINDS), n_sizes, len(BOUND_METRICS)),
+                   votes_rechecked=zeros(n_layers, dtype=counts))
 
     def tensors(self) -> Iterator[Tensor]:
         """Every sum and count, in field order (for all-reduce across processes)."""
@@ -161,9 +141,7 @@ class Accumulator:
 
     def all_reduce(self, group: Any = None) -> Accumulator:
         """Sum this accumulator over the processes of ``group`` (``torch.distributed``) in
-        place: every sum and count is additive, so after it each rank holds the whole run's
-        state (the per-sequence rows of other ranks' sequences included, as each rank sized
-        its rows for every sequence). Returns ``self``."""
+        place, so that each rank holds the whole run's state; returns ``self``."""
         import torch.distributed as dist
 
         for tensor in self.tensors():
@@ -180,43 +158,33 @@ class Accumulator:
     def _rows(self, n: int, n_queries: int | None = None, n_blocks: int | None = None) -> Accumulator:
         """This accumulator with at least ``n`` per-sequence rows (new rows hold no votes), and
         ``n_queries`` chosen queries and ``n_blocks`` vote blocks per row where it had none yet."""
-        votes, rows, blocks = self.sequence_votes, self.truncation_rows, self.block_votes
-        scores, sinks, bounds = self.window_scores, self.window_sink, self.window_bounds
-        if (min(len(votes), len(rows), len(blocks), len(scores)) >= n
-                and n_queries in (None, rows.shape[1]) and n_blocks in (None, blocks.shape[1])):
+        grown = {name: getattr(self, name) for name in _PER_SEQUENCE}
+        if (min(len(x) for x in grown.values()) >= n
+                and n_queries in (None, self.truncation_rows.shape[1])
+                and n_blocks in (None, self.block_votes.shape[1])):
             return self  # every layer after a batch's first: nothing to grow
-        if n_queries is not None and rows.shape[1] != n_queries:
-            if rows.shape[1]:
-                raise ValueError(f"a batch has {n_queries} chosen queries per sequence, the earlier "
-                                 f"ones {rows.shape[1]}: one analysis chooses its queries one way.")
-            rows = rows.new_zeros(rows.shape[0], n_queries, *rows.shape[2:])
-        if n_blocks is not None and blocks.shape[1] != n_blocks:
-            if blocks.shape[1]:
-                raise ValueError(f"a batch has {n_blocks} vote blocks per sequence, the earlier ones "
-                                 f"{blocks.shape[1]}: the batches of one analysis have one length.")
-            blocks = blocks.new_zeros(blocks.shape[0], n_blocks, *blocks.shape[2:])
-        if len(votes) < n:
-            votes = torch.cat([votes, votes.new_zeros(n - len(votes), *votes.shape[1:])])
-        if len(rows) < n:
-            rows = torch.cat([rows, rows.new_zeros(n - len(rows), *rows.shape[1:])])
-        if len(blocks) < n:
-            blocks = torch.cat([blocks, blocks.new_zeros(n - len(blocks), *blocks.shape[1:])])
-        if len(scores) < n:
-            scores = torch.cat([scores, scores.new_zeros(n - len(scores), *scores.shape[1:])])
-            sinks = torch.cat([sinks, sinks.new_zeros(n - len(sinks), *sinks.shape[1:])])
-            bounds = torch.cat([bounds, bounds.new_zeros(n - len(bounds), *bounds.shape[1:])])
-        return replace(self, sequence_votes=votes, truncation_rows=rows, block_votes=blocks,
-                       window_scores=scores, window_sink=sinks, window_bounds=bounds)
+        for name, size, what in (
+                ("truncation_rows", n_queries, "chosen queries per sequence, the earlier ones {}: "
+                 "one analysis chooses its queries one way."),
+                ("block_votes", n_blocks, "vote blocks per sequence, the earlier ones {}: the "
+                 "batches of one analysis have one length.")):
+            x = grown[name]
+            if size is not None and x.shape[1] != size:
+                if x.shape[1]:
+                    raise ValueError(f"a batch has {size} " + what.format(x.shape[1]))
+                grown[name] = x.new_zeros(x.shape[0], size, *x.shape[2:])
+        for name, x in grown.items():
+            if len(x) < n:
+                grown[name] = torch.cat([x, x.new_zeros(n - len(x), *x.shape[1:])])
+        return replace(self, **grown)
 
     def add(self, li: int, stats: LayerStats, sequence_offset: int = 0) -> None:
         """Add one layer (row ``li``) of one batch whose first sequence is number ``sequence_offset``."""
         self.add_layers(range(li, li + 1), [stats], sequence_offset)
 
     def add_layers(self, rows: range, stats: Sequence[LayerStats], sequence_offset: int = 0) -> None:
-        """Add consecutive layers of one batch (rows ``rows``, one :class:`LayerStats` each, as
-        :func:`.layer.analyze_layer` returns them) whose first sequence is number
-        ``sequence_offset``: each statistic in one operation over the layers. The sums are those
-        of adding the layers one by one, bit for bit (each layer's sum over sequences is its own)."""
+        """Add consecutive layers (rows ``rows``) of one batch, one operation per statistic: bit
+        for bit the sums of adding them one by one (each layer's sum over sequences is its own)."""
         if not stats:
             return
         li = slice(rows.start, rows.stop)
@@ -234,8 +202,7 @@ class Accumulator:
         stop = sequence_offset + first.sequence_votes.shape[0]
         grown = self._rows(stop, first.truncation_rows.shape[1], first.block_votes.shape[1])
         if grown is not self:
-            for name in ("sequence_votes", "truncation_rows", "block_votes", "window_scores", "window_sink",
-                         "window_bounds"):
+            for name in _PER_SEQUENCE:
                 setattr(self, name, getattr(grown, name))
         sequences = slice(sequence_offset, stop)
         if self.window_scores.shape[1]:  # per_window: one batch writes each sequence's rows
@@ -266,12 +233,9 @@ class Accumulator:
         self, layers: Sequence[int], opts: AnalysisOptions, n_pos: int, metadata: dict[str, Any],
         windows: Sequence[int | None] | None = None,
     ) -> HeadAnalysis:
-        """Means from sums (0/0 → NaN where nothing was defined) as a :class:`HeadAnalysis`.
-
-        ``windows`` (one per layer, ``None`` for a global one) and the per-layer counts of
-        instances that see the sink are recorded in the metadata (``"window"``,
-        ``"sink_visible"``, ``"instances"``, ``"sink_read_earlier"``; SPEC §1), with the rows
-        whose vote was read from their float64 row per layer (``"votes_rechecked"``)."""
+        """Means from sums (0/0 → NaN where nothing was defined) as a :class:`HeadAnalysis`;
+        ``windows`` (``None``: global layers) and the per-layer counts of :attr:`sink_visible` and
+        :attr:`votes_rechecked` go into the metadata (SPEC §1)."""
         too_big = [int(n) for n in opts.n_values if n >= n_pos]
         if too_big:
             warnings.warn(
@@ -288,42 +252,38 @@ class Accumulator:
                 "the number of keys a query sees); their metrics are NaN on the windowed layers.",
                 stacklevel=3,
             )
-        visible = self.sink_visible.cpu()
-        metadata = {**metadata, "window": list(windows),
-                    "sink_visible": [int(x) for x in visible[:, 0].tolist()],
-                    "instances": [int(x) for x in visible[:, 1].tolist()],
-                    "sink_read_earlier": [int(x) for x in visible[:, 2].tolist()],
-                    "votes_rechecked": [int(x) for x in self.votes_rechecked.cpu().tolist()]}
+        visible = zip(("sink_visible", "instances", "sink_read_earlier"), self.sink_visible.cpu().T)
+        metadata = {**metadata, "window": list(windows), **{name: _ints(x) for name, x in visible},
+                    "votes_rechecked": _ints(self.votes_rechecked.cpu())}
         seq_mean = self.seq_sum / self.seq_count
         inst_mean = self.inst_sum / self.inst_count[..., None]
         instances = rearrange(self.truncation_rows, "s q l h n m -> (s q) m l h n")
         scores = torch.cat([seq_mean, inst_mean], dim=2)  # groups: SEQUENCE_GROUPS + (in, out)
         counts = torch.cat([self.seq_count[..., 0], self.inst_count], dim=2)
+        kept = bool(self.window_scores.shape[1])  # per_window
         return HeadAnalysis(
             layers=tuple(layers),
             n_values=opts.n_values.clone(),
-            scores=rearrange(scores, "l h g n m -> g m l h n").cpu().contiguous(),
-            group_counts=rearrange(counts, "l h g n -> g l h n").cpu().contiguous(),
-            sink=rearrange(self.sink_sum / self.sink_count, "l h f -> f l h").cpu().contiguous(),
+            scores=_cpu(scores, "l h g n m -> g m l h n"),
+            group_counts=_cpu(counts, "l h g n -> g l h n"),
+            sink=_cpu(self.sink_sum / self.sink_count, "l h f -> f l h"),
             vote_counts=self.votes.cpu().clone(),
             # int32 halves the file; a sequence holds far fewer than 2^31 queries
             sequence_votes=self.sequence_votes.cpu().to(torch.int32),
             paired=paired_figures(self.paired_hist, self.paired_halved).cpu().contiguous(),
             metadata=metadata,
-            bounds=rearrange(self.bound_sum / self.bound_count, "l h k n b -> k b l h n").cpu().contiguous()
+            bounds=_cpu(self.bound_sum / self.bound_count, "l h k n b -> k b l h n")
             if opts.bounds else None,
-            regime=rearrange(self.regime_sum / self.regime_count, "l h f -> f l h").cpu().contiguous()
+            regime=_cpu(self.regime_sum / self.regime_count, "l h f -> f l h")
             if opts.bounds else None,
             truncation_p90=nearest_rank_percentile(instances, PERCENTILE).cpu().contiguous(),
             beyond_votes=self.beyond_votes.cpu().to(torch.int32),
             block_votes=self.block_votes.cpu().to(torch.int32),
-            window_scores=rearrange(self.window_scores, "s l h g n m -> s g m l h n").cpu().contiguous()
-            if self.window_scores.shape[1] else None,
-            window_sink=rearrange(self.window_sink, "s l h f -> s f l h").cpu().contiguous()
-            if self.window_sink.shape[1] else None,
-            window_bounds=rearrange(self.window_bounds, "s l h k n b -> s k b l h n").cpu().contiguous()
-            if self.window_bounds.shape[1] and opts.bounds else None,
-            baseline_se=rearrange(self._baseline_se(), "k l h n m -> k m l h n").cpu().contiguous(),
+            window_scores=_cpu(self.window_scores, "s l h g n m -> s g m l h n") if kept else None,
+            window_sink=_cpu(self.window_sink, "s l h f -> s f l h") if kept else None,
+            window_bounds=_cpu(self.window_bounds, "s l h k n b -> s k b l h n")
+            if kept and opts.bounds else None,
+            baseline_se=_cpu(self._baseline_se(), "k l h n m -> k m l h n"),
         )
 
     def _baseline_se(self) -> Float[Tensor, "se_kind layer head n metric"]:
@@ -338,9 +298,21 @@ class Accumulator:
         return torch.stack([sequences, monte_carlo])
 
 
+#: The fields with a row per sequence, grown as batches need (:meth:`Accumulator._rows`).
+_PER_SEQUENCE = ("sequence_votes", "truncation_rows", "block_votes", "window_scores", "window_sink",
+                 "window_bounds")
 #: :class:`LayerStats` fields added as they are into the accumulator's row of their layer.
 _ADDED = ("inst_sum", "inst_count", "paired_hist", "paired_halved", "votes", "beyond_votes", "sink_visible",
           "votes_rechecked")
+
+
+def _cpu(x: Tensor, axes: str) -> Tensor:
+    """``x`` rearranged as a result stores it: contiguous, on the CPU."""
+    return rearrange(x, axes).cpu().contiguous()
+
+
+def _ints(x: Tensor) -> list[int]:
+    return [int(v) for v in x.tolist()]
 
 
 def _add_means(total: Tensor, count: Tensor, per_sequence: Tensor) -> None:
