@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypedDict, get_args
+from typing import Literal, TypedDict, TypeGuard, get_args
 
 import numpy as np
 import torch
@@ -24,10 +24,8 @@ BackendName = Literal["auto", "numba", "torch"]
 
 
 class AnalysisArgs(TypedDict, total=False):
-    """The analysis options that ``analyze_heads``, ``analyze_model`` and ``analyze_model_nulls``
-    take as keywords (``**options: Unpack[AnalysisArgs]``); defaults and validation are
-    :func:`check_options`'s, the one source for every front-end. What each means is in
-    ``analyze_heads``' docstring."""
+    """The analysis options the front-ends take as keywords (``**options:
+    Unpack[AnalysisArgs]``), validated by :func:`check_options`; meanings: ``analyze_heads``."""
 
     n_values: Sequence[int]
     queries: Queries
@@ -63,8 +61,8 @@ NULL_VALUES, NULL_NORMS, NULL_DIRECTIONS, NULL_UNSELECTED = (
     SHUFFLE_KINDS.index(kind) for kind in ("values", "norms", "directions", "unselected"))
 #: Largest selection size accepted: sizes beyond any real context are a typo, not a request.
 MAX_N = 1 << 31
-#: The window the kernels read for a layer without one (every key ``≤ t`` is visible): larger
-#: than any position, so ``max(start, t − NO_WINDOW + 1)`` is the first real key, bit for bit as before.
+#: The window the kernels read for a layer without one: larger than any position, so
+#: ``max(start, t − NO_WINDOW + 1)`` is the first real key.
 NO_WINDOW = 1 << 62
 
 
@@ -86,6 +84,11 @@ class AnalysisOptions:
     per_window: bool = False
 
 
+def _is_int(x: object) -> TypeGuard[int | np.integer]:
+    """An int or NumPy integer, not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 def _choice(name: str, value: object, literal: object, notes: dict[str, str] | None = None) -> None:
     """``value`` must be one of the ``Literal``'s choices: "x must be 'a' (note) or 'b', got …"."""
     choices = get_args(literal)
@@ -104,22 +107,21 @@ _SHUFFLE_NOTES = {
 
 
 def default_samples(queries: object) -> int:
-    """SPEC §3's ``R``: 16 where one query per sequence is evaluated (the last, a sample of one
-    or one given position), 4 where more are."""
+    """SPEC §3's ``R``: 16 where one query per sequence is evaluated, 4 where more are."""
     one = queries == "last" or queries == 1 or (isinstance(queries, tuple) and len(queries) == 1)
     return DEFAULT_RANDOM_SAMPLES if one else DEFAULT_RANDOM_SAMPLES_MANY
 
 
 def check_queries(queries: object) -> QueryRule | int | tuple[int, ...]:
     """``queries=``: ``"last"``, ``"all"``, a sample size ``k ≥ 1`` or positions ``≥ 0`` (counted
-    from each sequence's first real token; sorted, each once); ``ValueError`` names the fix."""
+    from each sequence's first real token; sorted, each once)."""
     how = ("queries must be 'last' (paper protocol), 'all', an int k ≥ 1 (a seeded sample of k "
            "positions per sequence) or a list of positions ≥ 0 (from each sequence's first token)")
     if isinstance(queries, str):
         if queries not in get_args(QueryRule):
             raise ValueError(f"{how}; got {queries!r}.")
         return queries  # type: ignore[return-value]
-    if isinstance(queries, (int, np.integer)) and not isinstance(queries, (bool, np.bool_)):
+    if _is_int(queries):
         if not 1 <= queries <= MAX_QUERIES:
             raise ValueError(f"{how}; got {queries} (at most {MAX_QUERIES}).")
         return int(queries)
@@ -127,9 +129,7 @@ def check_queries(queries: object) -> QueryRule | int | tuple[int, ...]:
         queries = queries.tolist()
     if isinstance(queries, (Sequence, np.ndarray)) and not isinstance(queries, (bytes, bytearray)):
         values = list(queries)
-        if (not values or len(values) > MAX_QUERIES
-                or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0
-                       for x in values)):
+        if not values or len(values) > MAX_QUERIES or any(not _is_int(x) or x < 0 for x in values):
             raise ValueError(f"{how}; got {values[:8]!r}{' …' if len(values) > 8 else ''}.")
         if len(set(values)) != len(values):
             raise ValueError(f"queries names a position twice: {sorted(values)[:8]}; give each once.")
@@ -138,15 +138,8 @@ def check_queries(queries: object) -> QueryRule | int | tuple[int, ...]:
 
 
 def check_query_positions(queries: QueryRule | int | tuple[int, ...], lengths: Sequence[int] | Tensor) -> None:
-    """Given positions (``queries=[...]``, checked by :func:`check_queries`) against the windows
-    (``lengths``: each window's real tokens), before any forward or analysis: a warning names
-    the positions that no window holds.
-
-    Each window reads the given positions it holds (a padded batch's shorter windows skip the
-    others), so a position past every window is never read, and where that is every position
-    no query is read: the per-query figures are then NaN (the engine's own case, kept). Neither
-    is an error, but neither should pass unsaid.
-    """
+    """Warn, before any forward, of given positions (``queries=[...]``) that no window holds
+    (``lengths``: each window's real tokens): they are never read (all of them: NaN figures)."""
     if not isinstance(queries, tuple):
         return
     sizes = {int(x) for x in lengths}
@@ -182,7 +175,7 @@ def _flag(name: str, value: object) -> bool:
 
 
 def _count(name: str, value: object, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+    if not _is_int(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative int (0 turns {what} off), got {value!r}.")
     return int(value)
 
@@ -191,16 +184,13 @@ def n_value_tensor(n_values: object) -> Tensor:
     """Sorted selection sizes as an int64 tensor; a clear ``ValueError`` for anything else."""
     if isinstance(n_values, (Tensor, np.ndarray)):
         n_values = n_values.tolist()
-    if isinstance(n_values, (int, np.integer)) and not isinstance(n_values, (bool, np.bool_)):
+    if _is_int(n_values):
         values = [n_values]
     elif isinstance(n_values, (str, bytes)) or not isinstance(n_values, (Sequence, range, tuple, list)):
         raise ValueError(f"n_values must be a sequence of positive ints, got {n_values!r}.")
     else:
         values = list(n_values)
-    if not values or any(
-        isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_N
-        for n in values
-    ):
+    if not values or any(not _is_int(n) or not 1 <= n <= MAX_N for n in values):
         raise ValueError(
             f"n_values must be positive ints (selection sizes 1 ≤ N ≤ 2**31), got {n_values!r}."
         )
@@ -236,8 +226,11 @@ def check_options(
     per_window: object = False,
 ) -> AnalysisOptions:
     """Validate every option at once, before any tensor is read; ``ValueError`` names the fix.
-    ``random_samples`` and ``shuffle_samples`` default to SPEC §3's ``R`` for the chosen queries
-    (:func:`default_samples`)."""
+    ``random_samples`` and ``shuffle_samples`` default to SPEC §3's ``R`` (:func:`default_samples`).
+
+    >>> check_options(queries="all").random_samples
+    4
+    """
     queries = check_queries(queries)
     r = default_samples(queries)
     samples = _count("random_samples", r if random_samples is None else random_samples, "the random baseline")
@@ -253,7 +246,7 @@ def check_options(
     if bounds and distance != "euclidean":
         raise ValueError("bounds=True needs distance='euclidean': the bounds are Euclidean "
                          "(docs/math.md, bounds).")
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+    if not _is_int(seed):
         raise ValueError(f"seed must be an int, got {seed!r}.")
     return AnalysisOptions(
         n_values=n_value_tensor(n_values), queries=queries, random_samples=samples,
@@ -267,21 +260,19 @@ def check_options(
 def _window_entry(name: str, value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 1 <= value < NO_WINDOW:
+    if not _is_int(value) or not 1 <= value < NO_WINDOW:
         raise ValueError(f"{name} must be a positive int (keys t − w < i ≤ t are visible) or None "
                          f"(a global layer), got {value!r}.")
     return int(value)
 
 
 def check_window(window: object) -> None:
-    """Validate a ``window=`` option before any tensor is read (its layers are checked later,
-    by :func:`layer_windows`): ``None``, one positive int, a sequence indexed by model layer, or
-    a mapping ``{layer: window}``, entries ``None`` or positive ints."""
+    """Validate a ``window=`` option (:func:`layer_windows`) before any tensor is read."""
     if window is None or isinstance(window, (int, np.integer)):
         _window_entry("window", window)
     elif isinstance(window, Mapping):
         for layer, w in window.items():
-            if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) or layer < 0:
+            if not _is_int(layer) or layer < 0:
                 raise ValueError(f"window keys must be model layer indices (ints ≥ 0), got {layer!r}.")
             _window_entry(f"window[{layer}]", w)
     elif isinstance(window, Sequence) and not isinstance(window, (str, bytes)):
