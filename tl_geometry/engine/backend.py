@@ -2,18 +2,12 @@
 points the orchestration calls.
 
 :func:`choose_backend` picks a :class:`Backend` once per layer: :data:`NUMBA` (the kernels of
-:mod:`.compiled`) for CPU tensors, :data:`TORCH` (the twins of :mod:`.twins`) on every other
-device or when asked for. Both tables take and write torch tensors with the same arguments, so
-the orchestration (:mod:`.layer`, :mod:`.checks`, :mod:`.key_votes`) never asks which it holds:
-the compiled entries hand the kernels NumPy views of the tensors' own memory (outputs are
-written in place through them; a strided block of them through a contiguous copy, copied back).
-
-The kernels are imported on the first CPU layer, not with the package: numba loads then, and
-every specialisation the engine calls (:data:`.compiled.signatures.SIGNATURES`) is compiled
-at once, or loaded from numba's disk cache where a previous process compiled it (one line on
-standard error says when a compilation happens, :func:`run_layer`). A numba that cannot be
-imported or cannot compile a kernel sends ``backend="auto"`` to the torch twins for the rest of
-the process, with one warning; a forced ``backend="numba"`` raises instead.
+:mod:`.compiled`) for CPU tensors, :data:`TORCH` (the twins of :mod:`.twins`) on other devices
+or when asked for. Both take and write torch tensors with the same arguments (the compiled
+entries hand the kernels NumPy views of the tensors' own memory), so the orchestration never
+asks which it holds. The kernels are imported, and every specialisation compiled or loaded from
+numba's disk cache, on the first CPU layer; a numba that cannot serve sends ``backend="auto"``
+to the twins for the rest of the process, with one warning (a forced ``"numba"`` raises).
 """
 
 from __future__ import annotations
@@ -51,9 +45,7 @@ T = TypeVar("T")
 
 class FromKeys(NamedTuple):
     """The compiled kernels of the votes from queries and keys (:mod:`.key_votes`), on NumPy
-    arrays: :func:`.compiled.vote.vote_from_keys` (or :func:`.compiled.vote.vote_from_logits`
-    on logits from matrix products) and, for the rows they cannot settle,
-    :func:`.compiled.check.check_and_vote_rows`."""
+    arrays (:mod:`.compiled.vote`; ``check_rows``: :func:`.compiled.check.check_and_vote_rows`)."""
 
     vote_from_keys: Callable[..., None]
     check_rows: Callable[..., None]
@@ -62,22 +54,11 @@ class FromKeys(NamedTuple):
 
 @dataclass(frozen=True)
 class Backend:
-    """The entry points of one backend; each writes its outputs in place.
-
-    ``check_and_vote(rows, q_start, is_token, sink, norms, group_size, window, stats, vote_of,
-    first, stop, start, first_keys)`` adds one block of rows to the validation statistics and the
-    sink check's sums, and writes its queries' votes (:func:`.compiled.check.check_and_vote`);
-    ``sink_geometry(values, is_token, sink, queries, h0, group_size, window, sink_fields)`` writes
-    the sink geometry (:func:`.compiled.geometry.sink_geometry`);
-    ``gram(values, window) → gram`` gives the tied Gram matrices, for layers scored from them
-    (:func:`.compiled.geometry.tie_duplicates`; with a sliding window, the compiled backend's
-    holds only the band the window reads, :func:`.twins.geometry.band_gram`);
-    ``score_vectors(layer, values)`` lays the value vectors out as ``score_rows`` reads them;
-    ``score_rows(chunk, settings, outputs)`` scores every selection, on the records of
-    :mod:`.layout` (:func:`.compiled.score.score_rows`);
-    ``reduce_rows(metrics, sink_in_top, sink_fields, sees_sink) → Reduced`` reduces over queries
-    (:func:`.compiled.reduce.reduce_rows`); ``tally(vote_of, is_token, start, sink, window) →
-    Tally`` counts the votes (:func:`.votes.tally`).
+    """The entry points of one backend, each writing its outputs in place; each mirrors the
+    kernel of its name in :mod:`.compiled` (``check_and_vote``: validation, votes and the sink
+    check's sums of a block of rows; ``gram``: the tied Gram matrices, on a sliding-window layer
+    only the band it reads, :func:`.twins.geometry.band_gram`; ``score_vectors``: the value
+    vectors laid out as ``score_rows`` reads them; ``tally``: :func:`.votes.tally`).
     """
 
     name: str
@@ -95,9 +76,8 @@ class Backend:
 
 
 def choose_backend(device: torch.device, name: str) -> Backend:
-    """The backend of a layer whose tensors lie on ``device``, for the ``backend`` option
-    ``name``: ``"auto"`` takes the compiled kernels on CPU and the twins elsewhere, and the twins
-    for the rest of the process once the kernels have failed (:func:`run_layer`)."""
+    """The backend of a layer on ``device`` for the ``backend`` option ``name``: ``"auto"``
+    takes the compiled kernels on CPU until they have failed, the twins elsewhere."""
     if name == "torch":
         return TORCH
     if device.type != "cpu":
@@ -121,14 +101,11 @@ def run_layer(backend: Backend, name: str, work: Callable[[Backend], T]) -> T:
     """``work(backend)``, one layer's work on the backend :func:`choose_backend` gave for the
     option ``name``.
 
-    On the compiled kernels, the first layer of a process first compiles every specialisation
-    the engine calls (:func:`_compile_all`), so that a process that compiles leaves numba's disk
-    cache whole and later ones only load from it. A compilation that really happens (not a load
-    from the disk cache) is announced on standard error, one line when it starts and one with its
-    time at the end (:func:`.compiled.compilation.reporting`); a kernel that numba cannot compile makes the
-    layer start over on the torch twins, and ``"auto"`` keep to them for the rest of the process,
-    with one warning. ``work`` must only write what it creates itself, so that starting over
-    leaves nothing of the first try. A forced ``backend="numba"`` re-raises the error.
+    On the compiled kernels the first layer compiles every specialisation first
+    (:func:`_compile_all`), announced on standard error where a compilation really happens
+    (:func:`.compiled.compilation.reporting`); a kernel that numba cannot compile makes the layer
+    start over on the twins (``work`` must write only what it creates), and ``"auto"`` keep to
+    them, with one warning; a forced ``backend="numba"`` re-raises.
     """
     if backend is not NUMBA:
         return work(backend)
@@ -163,14 +140,10 @@ def _kernels() -> Any:
 
 @functools.cache
 def _compile_all() -> None:
-    """Every specialisation the engine calls, compiled, or loaded from numba's disk cache (a
-    fraction of a second for all of them), once per process.
-
-    numba compiles one specialisation per combination of argument types, at its first call: a
-    run that compiled only the kernels its own inputs needed left the others to a later run (a
-    float64 cache, the recompute path, a near tie in the votes), which compiled again. Compiling
-    them all in the first run makes "once per install" true. Kernels cached with other result
-    slots than the figures table gives are refused (:func:`.compiled.signatures.check_slots`)."""
+    """Every specialisation the engine calls, compiled or loaded from numba's disk cache, once
+    per process: compiling all in the first run (not only those its inputs need) makes "once per
+    install" true. Kernels cached with other result slots are refused
+    (:func:`.compiled.signatures.check_slots`)."""
     _kernels().signatures.compile_all()
     _kernels().signatures.check_slots()
 
@@ -191,17 +164,12 @@ def _fall_back(error: BaseException, *, loading: bool) -> None:
 
 
 def _numpy(x: Any) -> Any:
-    """NumPy view of a CPU tensor, contiguous so that each kernel compiles for one layout (a
-    copy only where it is not)."""
+    """NumPy view of a CPU tensor, contiguous so that each kernel compiles for one layout."""
     if not isinstance(x, Tensor):
         return x
     out = x.numpy(force=True)  # detached; on CPU, the tensor's own memory
     return out if out.flags.c_contiguous else np.ascontiguousarray(out)
 
-
-def _written(x: Tensor) -> Any:
-    """NumPy view of an output the kernel writes in place: the tensor's own memory, never a copy."""
-    return x.numpy()
 
 
 def _check_and_vote(rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int,
@@ -244,7 +212,7 @@ def _score_rows(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutput
     # a contiguous copy of it instead, copied back, so that one specialisation serves every layout.
     staged = ScoreOutputs(*(x if x.numpy().flags.c_contiguous else x.contiguous() for x in outputs))
     _kernels().score.score_rows(ScoreChunk(*map(_numpy, chunk)), ScoreSettings(*map(_numpy, settings)),
-                                ScoreOutputs(*map(_written, staged)))
+                                ScoreOutputs(*map(_numpy, staged)))
     for out, written in zip(outputs, staged):
         if written is not out:
             out.copy_(written)
@@ -269,16 +237,9 @@ def _tally(vote_of: Tensor, is_token: Tensor, start: Tensor, sink: Tensor, windo
     return votes.Tally(*map(torch.from_numpy, out))
 
 
-def _vote_from_keys(*args: Any) -> None:
-    _kernels().vote.vote_from_keys(*args)
-
-
-def _vote_from_logits(*args: Any) -> None:
-    _kernels().vote.vote_from_logits(*args)
-
-
-def _check_and_vote_rows(*args: Any) -> None:
-    _kernels().check.check_and_vote_rows(*args)
+def _lazy(module: str, name: str) -> Callable[..., None]:
+    """The kernel ``name`` of ``module``, imported at its first call."""
+    return lambda *args: getattr(getattr(_kernels(), module), name)(*args)
 
 
 #: The compiled kernels (CPU tensors).
@@ -292,7 +253,8 @@ NUMBA = Backend(
     score_rows=_score_rows,
     reduce_rows=_reduce_rows,
     tally=_tally,
-    from_keys=FromKeys(_vote_from_keys, _check_and_vote_rows, _vote_from_logits),
+    from_keys=FromKeys(_lazy("vote", "vote_from_keys"), _lazy("check", "check_and_vote_rows"),
+                       _lazy("vote", "vote_from_logits")),
 )
 #: The torch twins (any device).
 TORCH = Backend(
