@@ -47,12 +47,9 @@ MAX_VALUE, MIN_VALUE = 1e150, 1e-100
 
 
 def check_values(v: Float[Tensor, "batch pos kv d"], is_token: Bool[Tensor, "batch pos"], layer: int) -> None:
-    """NaN or inf in a real position's value vector is an error (padding's values are unused).
-
-    So is a KV head whose values are so large (> 1e150) or so small (all below 1e-100, not zero)
-    that squared norms would overflow or underflow in float64: P/R/F are scale-invariant, so
-    the fix is to rescale ``v``, never a silently wrong F = 0.
-    """
+    """NaN or inf in a real position's value vector is an error (padding's values are unused), and
+    so is a KV head whose squared norms would overflow or underflow float64 (P/R/F are
+    scale-invariant: the fix is to rescale ``v``, never a silently wrong F = 0)."""
     name = VALUE_HOOK.format(layer=layer)
     if v.numel() and bool(is_token.all()):  # the common case: one reduction (NaN propagates through it)
         if v.dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -101,14 +98,11 @@ def check_and_vote(
     window: int = NO_WINDOW,
     reading: tuple[Tensor, Tensor, Tensor],
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"], Float[Tensor, "batch head key33"]]:
-    """Validation statistics of every (sequence, head) and the source-winner vote of every
-    query, ``vote_of[b, h, t]`` (0 itself, 1 the sink, 2 another key, −1 none: SPEC §5), from
-    every query's rows given in ascending blocks ``(first query, rows)`` (one block: the
-    pattern); ``window`` is the layer's sliding window (:data:`.options.NO_WINDOW`: none).
-    Which votes count, and in which unit, is :func:`.votes.tally`'s to decide. The same read
-    gives the sink check's sums over the queries ``first ≤ t < stop`` of ``reading = (start,
-    first, stop)`` (:func:`.sink_choice.check_reading`): the weights of the 32 keys from
-    ``start`` and of the sink."""
+    """Validation statistics of every (sequence, head), the source-winner vote of every query,
+    ``vote_of[b, h, t]`` (0 itself, 1 the sink, 2 another key, −1 none: SPEC §5; counted by
+    :func:`.votes.tally`), and the sink check's sums over the queries of ``reading``
+    (:func:`.sink_choice.check_reading`), from every query's rows in ascending ``blocks``
+    ``(first query, rows)``."""
     batch, n_heads = is_token.shape[0], norms.shape[1] * group_size
     found = new_stats(batch, n_heads, is_token.shape[1])
     stats, vote_of = (torch.from_numpy(x).to(norms.device) for x in found)
@@ -138,27 +132,21 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
                "(run it in float32 instead of float16).")
         raise CacheError(f"{name} has {count} NaN/inf entries at real positions (first at batch "
                          f"{b0 + b}, head {h}, query {q}, key {k}). {fix}")
-    future = float(high[ST_FUTURE])
-    if future > LEAK_TOL:
-        raise CacheError(
-            f"{name} puts attention {_amount(future)} on future keys (key > query): its axes must "
-            "be [batch, head, query_pos, key_pos] of a causal model."
-        )
-    padding = float(high[ST_PADDING])
-    if padding > LEAK_TOL:
-        raise CacheError(
-            f"{name} puts attention {_amount(padding)} on padding (keys that attention_mask calls "
-            "padding): the forward pass did not mask them. Pass the same attention_mask to the model "
-            "(run_with_cache(tokens, attention_mask=mask)), or fix the mask given here."
-        )
-    outside = float(high[ST_WINDOW])
-    if outside > LEAK_TOL:
-        raise CacheError(
-            f"{name} puts attention {_amount(outside)} on keys outside the declared sliding window "
-            f"of {window} (keys i ≤ t − {window} of query t): this layer is not windowed, or its "
-            "window is wider. Declare the layer's real window (window={layer: w}, None for a "
-            "global layer; analyze_model reads it from the model config with window='auto')."
-        )
+    for stat, where in (
+        (ST_FUTURE, "future keys (key > query): its axes must be [batch, head, query_pos, key_pos] "
+         "of a causal model."),
+        (ST_PADDING, "padding (keys that attention_mask calls padding): the forward pass did not "
+         "mask them. Pass the same attention_mask to the model (run_with_cache(tokens, "
+         "attention_mask=mask)), or fix the mask given here."),
+        (ST_WINDOW, f"keys outside the declared sliding window of {window} (keys i ≤ t − {window} "
+         "of query t): this layer is not windowed, or its window is wider. Declare the layer's "
+         "real window (window={layer: w}, None for a global layer; analyze_model reads it from "
+         "the model config with window='auto')."),
+    ):
+        leak = float(high[stat])
+        if leak > LEAK_TOL:
+            amount = "mass NaN/inf" if not np.isfinite(leak) else f"mass {leak:.3g}"
+            raise CacheError(f"{name} puts attention {amount} on {where}")
     lowest = float(low[ST_MIN])
     if lowest < -NEGATIVE_TOL:
         raise CacheError(f"{name} has negative entries (down to {lowest:.3g}): it must hold attention "
@@ -185,7 +173,3 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
             f"query {q}). If the batch is padded, pass attention_mask (and the same mask to the "
             "forward pass) so those positions are left out."
         )
-
-
-def _amount(x: float) -> str:
-    return "mass NaN/inf" if not np.isfinite(x) else f"mass {x:.3g}"
