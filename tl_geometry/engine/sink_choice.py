@@ -1,17 +1,7 @@
-"""Where the sink is, and how strong it is (SPEC §1, ours).
-
-* :func:`first_keys_mass` reads one layer: the mean attention each of the first
-  :data:`CANDIDATES` real positions of a window receives from the queries ``t ∈ [32, min(T, w))``
-  (positions counted from the window's first real token; every such query sees all 32
-  candidates, also on a sliding-window layer). For a given sink, the validation kernel adds the
-  same rows as it reads a cached pattern (:func:`check_reading`,
-  :attr:`.layer.LayerStats.first_keys`): the front doors take those masses and read no row twice.
-* :func:`choose_sink` is ``sink="auto"``: per window, the candidate with the largest mean over
-  every layer and head (each weighted equally; ties → lower index; a window of fewer than 33
-  real tokens takes its first).
-* :func:`sink_check` is the check every analysis records: per layer, the mean mass of the sink
-  and of the most attended other candidate; the sink is "weak" where it is not the most
-  attended in most layers.
+"""Where the sink is, and how strong it is (SPEC §1, ours): :func:`first_keys_mass` reads one
+layer's mean attention on the first :data:`CANDIDATES` real positions (for a given sink the
+validation adds the same rows, :func:`check_reading`, so no row is read twice);
+:func:`choose_sink` is ``sink="auto"``; :func:`sink_check` is the check every analysis records.
 """
 
 from __future__ import annotations
@@ -29,10 +19,9 @@ from .block import AttentionRows, PatternRows
 
 #: Candidate positions of ``sink="auto"``, and the first query that reads them all (SPEC §1).
 CANDIDATES = 32
-#: Queries the sink check reads where the sink is given (ours): ``32 ≤ t < 32 + CHECK_QUERIES``.
-#: ``sink="auto"`` reads every query up to ``min(T, w)`` as SPEC §1 says; the check only asks
-#: whether the given key is the most attended, and recomputed rows cost ``O(T)`` each, so it
-#: reads the queries right after the candidates, at any context length.
+#: Queries the sink check reads where the sink is given (ours): ``32 ≤ t < 32 + CHECK_QUERIES``,
+#: at any context length (it only asks whether the given key is the most attended, and
+#: recomputed rows cost ``O(T)`` each); ``sink="auto"`` reads every query up to ``min(T, w)``.
 CHECK_QUERIES = 128
 #: Bytes of attention rows gathered at once.
 ROWS_BYTES = 1 << 26
@@ -40,9 +29,8 @@ ROWS_BYTES = 1 << 26
 
 @runtime_checkable
 class LeadingColumns(Protocol):
-    """A source that gives the first keys' columns of many queries at once
-    (:meth:`tl_geometry.analyze.recompute.RecomputedRows.leading_columns`), or ``None`` where
-    it cannot (then the rows are read)."""
+    """A source that gives the first keys' columns of many queries at once, or ``None`` where it
+    cannot (:meth:`tl_geometry.analyze.recompute.RecomputedRows.leading_columns`)."""
 
     def leading_columns(self, start: Tensor, stop: Tensor, n_keys: int) -> Tensor | None: ...
 
@@ -53,14 +41,10 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
                     ) -> Float[Tensor, "batch head 33"]:
     """Mean attention on each of the first 32 real positions of every window (columns 0–31) and
     on its ``sink`` (column 32; NaN without one), over its queries ``32 ≤ t − start < min(T, w)``
-    (``start`` its first real position, ``T`` its number of real tokens, ``w`` the layer's
-    sliding window; every such query sees all 32 candidates), at most the first ``max_queries``
-    of them; NaN for a window with no such query. A given sink past the candidates (``p ≥ 32``,
-    ours) moves the first query read to ``p + 1``, so that every query read sees it.
-
-    ``source`` is any :class:`.block.AttentionRows` (a cached pattern, read in place, or
-    recomputed rows, in blocks of queries), never written. Without a given sink, a source that
-    gives its first keys' columns (:class:`LeadingColumns`) is read through them instead.
+    (every such query sees all 32 candidates; a given sink ``p ≥ 32`` moves the first to
+    ``p + 1``, ours), at most ``max_queries`` of them; NaN for a window with no such query.
+    ``source`` is never written; without a given sink, a :class:`LeadingColumns` source is read
+    through its columns.
     """
     batch, n_heads, n_pos = source.shape
     device = source.device
@@ -107,10 +91,9 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
 
 def check_reading(is_token: Bool[Tensor, "batch pos"], window: int | None, sink: Int[Tensor, " batch"]
                   ) -> tuple[Int[Tensor, " batch"], Int[Tensor, " batch"], Int[Tensor, " batch"]]:
-    """``(start, first, stop)`` of the sink check of a given ``sink`` (absolute positions): each
-    window's first real position, and the queries ``first ≤ t < stop`` that
-    :func:`first_keys_mass` reads with ``max_queries=CHECK_QUERIES`` (the validation kernel adds
-    the same rows as it reads them)."""
+    """``(start, first, stop)`` of the sink check of a given ``sink``: each window's first real
+    position and the queries ``first ≤ t < stop`` that :func:`first_keys_mass` reads with
+    ``max_queries=CHECK_QUERIES``."""
     return _reading(is_token, window, CHECK_QUERIES, sink)
 
 
@@ -128,8 +111,8 @@ def _reading(is_token: Tensor, window: int | None, max_queries: int | None, sink
 
 def _fixed_reading(is_token: Tensor, window: int | None, max_queries: int | None, sink: Tensor | None
                    ) -> tuple[int, int, int] | None:
-    """``(first, stop, sink)`` of :func:`first_keys_mass` where they are one position for every
-    window (no padding, one sink; the first candidate where none is given), else ``None``."""
+    """``(first, stop, sink)`` of :func:`first_keys_mass` where every window has the same ones
+    (no padding, one sink), else ``None``."""
     if not bool(is_token.all()):
         return None
     given = set() if sink is None else set(sink.tolist())
@@ -145,8 +128,8 @@ def _fixed_reading(is_token: Tensor, window: int | None, max_queries: int | None
 
 def _pattern_mass(pattern: Float[Tensor, "batch head query key"], first: int, stop: int, sink: int, *,
                   given: bool) -> Float[Tensor, "batch head 33"]:
-    """:func:`first_keys_mass` of a pattern whose windows are all read at the same positions:
-    the queries' rows and the candidates' columns are one slice of it, summed where it lies."""
+    """:func:`first_keys_mass` of a pattern whose windows are all read at the same positions
+    (one slice of it, summed where it lies)."""
     batch, n_heads = pattern.shape[:2]
     if stop <= first:  # no query to read
         return torch.full((batch, n_heads, CANDIDATES + 1), torch.nan, dtype=COMPUTE_DTYPE, device=pattern.device)
@@ -159,11 +142,9 @@ def _pattern_mass(pattern: Float[Tensor, "batch head query key"], first: int, st
 
 def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor, " batch"]:
     """``sink="auto"``: each window's candidate with the largest mean mass over every layer and
-    head (ties → lower index; a window without a reading query takes its first position).
-    Returns positions counted from each window's first real token. The front doors pass every
-    layer of the model (or of the cache), in layer order, whatever ``layers=`` analyses
-    (:func:`tl_geometry.analyze.sink.choice_layers`): one order of summation, so a subset
-    analysis picks the key a full one picks, ties included.
+    head (ties → lower index; a window without a reading query takes its first position),
+    counted from its first real token. The front doors pass every layer in layer order
+    (:func:`tl_geometry.analyze.sink.choice_layers`), so a subset analysis picks the same key.
 
         >>> m = torch.zeros(1, 2, 32); m[0, :, 3] = 0.5; m[0, 0, 0] = 0.4
         >>> choose_sink([m]).tolist()
@@ -176,12 +157,13 @@ def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor,
 
 
 def sink_check(masses: Sequence[Float[Tensor, "batch head 32"]], sink: Int[Tensor, " batch"]) -> dict[str, Any]:
-    """The sink check of SPEC §1 (ours): per layer, the mean (over windows and heads) attention
-    mass of the sink, that of the most attended other candidate of each window, and the
-    candidate most often that one; ``weak`` where the sink is less attended than the other in
-    most of the layers where both are read (ties count for the sink). ``sink`` counts from each
-    window's first real token (past the candidates, its mass is :func:`first_keys_mass`'s last
-    column); windows too short to be read are left out (every figure ``None`` if all are).
+    """The sink check of SPEC §1 (ours): per layer, the mean attention mass of the sink, that of
+    each window's most attended other candidate, and the candidate most often that one; ``weak``
+    where the sink is less attended in most layers where both are read (ties count for the
+    sink). ``sink`` counts from each window's first real token; unread windows are left out.
+
+        >>> sink_check([torch.full((1, 2, 33), 1 / 33)], torch.tensor([0]))["weak"]
+        False
     """
     if not masses:
         return {"sink_mass": [], "other_mass": [], "other_key": [], "weak": False, "layers_read": 0}
@@ -203,8 +185,7 @@ def sink_check(masses: Sequence[Float[Tensor, "batch head 32"]], sink: Int[Tenso
 
 def _sink_and_other(per_key: Float[Tensor, "layer batch 33"], sink: Int[Tensor, " batch"]
                     ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per layer: the mean over windows of the sink's mass and of the most attended other
-    candidate's, and the candidate most often that one (:func:`sink_check`)."""
+    """Per layer, :func:`sink_check`'s three figures."""
     at = sink.to(per_key.device)
     inside = at < CANDIDATES
     candidates = per_key[..., :CANDIDATES]
