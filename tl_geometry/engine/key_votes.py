@@ -1,22 +1,16 @@
 """Validation and votes of a layer whose rows are recomputed: from its queries and keys (SPEC §5).
 
-The recompute path (:mod:`tl_geometry.analyze.recompute`) needs every query's row only for the
-source-winner votes and the checks. Rows recomputed from finite queries and keys are exact
-softmax rows: nothing on future, padding or out-of-window keys, no negative entry, a sum of 1 and
-never a row without mass, so the checks have nothing to find. The votes come from the
-backend's compiled :func:`.compiled.vote.vote_from_keys`, which compares logits plus ``log‖v‖``
-(no ``exp``, no row of probabilities) and settles each row by a margin test (on long layers the
-logits come from matrix products of blocks of queries with their keys, :func:`_vote_by_blocks`); the few rows it
-cannot settle (exact ties, and near-ties within the float32 logits' error bound) are recomputed
-in float64, in the blocks the rows path computes them
-in, and read as the pattern path reads them (:func:`.compiled.check.check_and_vote_rows`). The
-votes are those of the float64 rows bit for bit.
+Rows recomputed from finite queries and keys are exact softmax rows, so the checks have nothing
+to find and only the source-winner votes are needed. They come from the compiled
+:func:`.compiled.vote.vote_from_keys`, which compares logits plus ``log‖v‖`` and settles each row
+by a margin test (on long layers the logits come from matrix products, :func:`_vote_by_blocks`);
+the rows it cannot settle (ties and near-ties within the logits' error bound) are recomputed in
+float64, in the blocks the rows path computes them in, and read as the pattern path reads them:
+the votes are those of the float64 rows bit for bit.
 
-:func:`check_and_vote` declines (returns ``None``, and the caller reads the rows) where that
-reasoning does not hold or cannot run: a backend without these kernels (the torch twins), a
-softcap or sink logits (the source gives no :class:`.block.QueryKeys`), a non-finite query or key
-at a real position (the rows' checks then name it), a window or key mask that differs from the
-layer's (the rows' checks then find the leak).
+:func:`check_and_vote` declines (``None``: the caller reads the rows) on the torch twins, without
+:class:`.block.QueryKeys` (a softcap, sink logits), for a non-finite query or key at a real
+position, or a window or key mask that differs from the layer's (the rows' checks name those).
 """
 
 from __future__ import annotations
@@ -45,15 +39,14 @@ def check_and_vote(
     window: int | None,
     backend: Backend,
 ) -> tuple[Float[Tensor, "batch head stat"], Int[Tensor, "batch head pos"], int] | None:
-    """Validation statistics of every (sequence, head), each query's source-winner vote
-    (:func:`.checks.check_and_vote`'s ``vote_of``) and how many rows were read in float64 because
-    their logits could not settle the vote, from ``qk`` (CPU),
-    as :func:`.checks.check_and_vote` gives them from the float64 rows; ``None`` where the rows
-    must be read instead (module docstring). ``norms`` are the value groups' ``‖v‖``; query head
-    ``h`` reads group ``h // group_size``; ``window`` is the layer's declared window; the
-    kernels are ``backend``'s (:attr:`.backend.Backend.from_keys`)."""
+    """:func:`.checks.check_and_vote`'s statistics and votes from ``qk`` (CPU), with the number of
+    rows read in float64; ``None`` where the rows must be read instead (module docstring).
+    ``norms`` are the value groups' ``‖v‖``; ``window`` is the layer's declared window."""
     kernels = backend.from_keys
-    if kernels is None or qk is None or qk.window != window or not _same_mask(qk.key_mask, is_token):
+    if kernels is None or qk is None or qk.window != window:
+        return None
+    mask = qk.key_mask  # the rows' key mask must be the layer's (no mask: no padding)
+    if not (bool(is_token.all()) if mask is None else torch.equal(mask.to(torch.bool), is_token)):
         return None
     q, k = qk.q.detach(), qk.k.detach()
     padding = ~is_token[:, :, None]
@@ -98,9 +91,8 @@ LOGIT_BLOCK_ROWS = 256
 
 
 def _ieee_matmul() -> bool:
-    """Whether float32 matrix products are IEEE float32 (the default): the margin test's bound
-    assumes it, and a lowered precision (``torch.set_float32_matmul_precision("high")``, oneDNN's
-    bf16 or tf32) would break it."""
+    """Whether float32 matrix products are IEEE float32, as the margin test's bound assumes (not
+    ``set_float32_matmul_precision("high")``, oneDNN's bf16 or tf32)."""
     if torch.get_float32_matmul_precision() != "highest":
         return False
     for backend in (torch.backends, getattr(torch.backends.mkldnn, "matmul", None)):
@@ -112,11 +104,9 @@ def _ieee_matmul() -> bool:
 def _vote_by_blocks(q: Tensor, keys: Tensor, scale: float, fixed: tuple[np.ndarray, ...], window: int,
                     group_size: int, unit: float, vote_of: np.ndarray, uncertain: np.ndarray,
                     vote_from_logits: Callable[..., None]) -> None:
-    """The votes of :func:`.compiled.vote.vote_from_keys`, with each block of queries' logits
-    from one batched matrix product per sequence (every head at once; a query head reads its KV
-    head's keys through the grouping, never an expanded copy): the keys ``max(0, t0 − window + 1)
-    … t1 − 1`` that the block's queries ``t0 … t1 − 1`` can see. Whatever order the product sums
-    in, its error is within the margin test's ``γ_{d+4}`` bound."""
+    """The votes of :func:`.compiled.vote.vote_from_keys`, each block of queries' logits from one
+    matrix product per sequence with the keys it can see (any summation order is within the
+    margin test's ``γ_{d+4}`` bound)."""
     is_token, sink, log_norms, log_norm_max, key_norm_max = fixed
     batch, n_pos, n_heads, d = q.shape
     n_kv = keys.shape[2]
@@ -137,20 +127,13 @@ def _vote_by_blocks(q: Tensor, keys: Tensor, scale: float, fixed: tuple[np.ndarr
                              group_size, gamma, vote_of[b], uncertain[b])
 
 
-def _same_mask(key_mask: Tensor | None, is_token: Tensor) -> bool:
-    """Whether the rows' key mask is the layer's (no mask: no padding)."""
-    if key_mask is None:
-        return bool(is_token.all())
-    return bool(torch.equal(key_mask.to(torch.bool), is_token))
-
 
 def _recheck(qk: QueryKeys, uncertain: Tensor, is_token: Tensor, sink: Tensor, norms: Tensor,
              group_size: int, window: int, stats: np.ndarray, vote_of: np.ndarray,
              check_rows: Callable[..., None]) -> None:
-    """Add the statistics and write the votes of the ``uncertain [b, h, pos]`` rows, read from their
-    float64 rows. Each is recomputed in the block of ``qk.block`` queries that holds it, as the
-    source's ``blocks`` computes it: the same rows bit for bit, so the same winner even where
-    float64 round-off alone decides an exact tie."""
+    """Add the statistics and write the votes of the ``uncertain [b, h, pos]`` rows, each
+    recomputed in its block of ``qk.block`` queries as the source's ``blocks`` computes it: the
+    same rows bit for bit, so the same winner even where round-off decides a tie."""
     batch, _, n_pos = uncertain.shape
     fixed = [x.contiguous().numpy() for x in (is_token, sink, norms.to(COMPUTE_DTYPE))]
     q, k = qk.q.detach(), qk.k.detach()
