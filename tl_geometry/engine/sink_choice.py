@@ -49,9 +49,9 @@ def first_keys_mass(source: AttentionRows, is_token: Bool[Tensor, "batch pos"], 
     batch, n_heads, n_pos = source.shape
     device = source.device
     if isinstance(source, PatternRows):
-        fixed = _fixed_reading(is_token, window, max_queries, sink)
-        if fixed is not None:
-            return _pattern_mass(source.pattern, *fixed, given=sink is not None)
+        mass = _pattern_mass(source.pattern, is_token, window, max_queries, sink)
+        if mass is not None:
+            return mass
     start, first, stop = _reading(is_token, window, max_queries, sink)
     # The 32 candidates and the sink (the last column; the first candidate where none is given).
     keys = torch.cat([start[:, None] + torch.arange(CANDIDATES, device=device),
@@ -109,33 +109,27 @@ def _reading(is_token: Tensor, window: int | None, max_queries: int | None, sink
     return start, first, stop
 
 
-def _fixed_reading(is_token: Tensor, window: int | None, max_queries: int | None, sink: Tensor | None
-                   ) -> tuple[int, int, int] | None:
-    """``(first, stop, sink)`` of :func:`first_keys_mass` where every window has the same ones
-    (no padding, one sink), else ``None``."""
+def _pattern_mass(pattern: Float[Tensor, "batch head query key"], is_token: Tensor,
+                  window: int | None, max_queries: int | None, sink: Tensor | None
+                  ) -> Float[Tensor, "batch head 33"] | None:
+    """:func:`first_keys_mass` of a pattern whose windows are all read at the same positions (no
+    padding, one sink): one slice of it, summed where it lies; ``None`` where they are not."""
     if not bool(is_token.all()):
         return None
     given = set() if sink is None else set(sink.tolist())
     if len(given) > 1:
         return None
+    batch, n_heads = pattern.shape[:2]
     n_pos, p = is_token.shape[1], given.pop() if given else 0
     first = CANDIDATES if sink is None else max(CANDIDATES, p + 1)
     stop = n_pos if window is None else min(n_pos, window)
     if max_queries is not None:
         stop = min(stop, first + max_queries)
-    return first, stop, min(p, n_pos - 1)
-
-
-def _pattern_mass(pattern: Float[Tensor, "batch head query key"], first: int, stop: int, sink: int, *,
-                  given: bool) -> Float[Tensor, "batch head 33"]:
-    """:func:`first_keys_mass` of a pattern whose windows are all read at the same positions
-    (one slice of it, summed where it lies)."""
-    batch, n_heads = pattern.shape[:2]
     if stop <= first:  # no query to read
         return torch.full((batch, n_heads, CANDIDATES + 1), torch.nan, dtype=COMPUTE_DTYPE, device=pattern.device)
-    rows = pattern[:, :, first:stop]
+    rows, p = pattern[:, :, first:stop], min(p, n_pos - 1)
     # The sink's column as one contiguous column, as a gather would lay it out.
-    sink_column = (rows[..., sink:sink + 1].contiguous().sum(2, dtype=COMPUTE_DTYPE) if given
+    sink_column = (rows[..., p:p + 1].contiguous().sum(2, dtype=COMPUTE_DTYPE) if sink is not None
                    else rows.new_full((batch, n_heads, 1), torch.nan, dtype=COMPUTE_DTYPE))
     return torch.cat([rows[..., :CANDIDATES].sum(2, dtype=COMPUTE_DTYPE), sink_column], dim=-1) / (stop - first)
 
@@ -160,11 +154,7 @@ def sink_check(masses: Sequence[Float[Tensor, "batch head 32"]], sink: Int[Tenso
     """The sink check of SPEC §1 (ours): per layer, the mean attention mass of the sink, that of
     each window's most attended other candidate, and the candidate most often that one; ``weak``
     where the sink is less attended in most layers where both are read (ties count for the
-    sink). ``sink`` counts from each window's first real token; unread windows are left out.
-
-        >>> sink_check([torch.full((1, 2, 33), 1 / 33)], torch.tensor([0]))["weak"]
-        False
-    """
+    sink). ``sink`` counts from each window's first real token; unread windows are left out."""
     if not masses:
         return {"sink_mass": [], "other_mass": [], "other_key": [], "weak": False, "layers_read": 0}
     # Every layer at once; a layer with unread windows is read again over its read ones.
