@@ -37,25 +37,18 @@ def output_weights(model: Any, W_O: Tensor | None, layers: Sequence[int]) -> Ten
 
 def run_metadata(model: Any, source: Any, shape: tuple[int, int, int], opts: AnalysisOptions,
                  masked: bool, facts: Any = None) -> dict[str, Any]:
-    """The metadata dict of a :class:`~tl_geometry.HeadAnalysis` (plain values only); ``facts``,
-    the model's :class:`~tl_geometry.inputs.facts.ModelFacts` where there is one, is kept as
-    ``"model_facts"`` (BOS, its id, each layer's window, the sizes, whether the rows can be
-    recomputed), so that a saved result says what the analysis read of its model."""
+    """The metadata dict of a :class:`~tl_geometry.HeadAnalysis` (plain values only), with the
+    model's :class:`~tl_geometry.inputs.facts.ModelFacts` ``facts`` as ``"model_facts"``, so that
+    a saved result says what the analysis read of its model."""
+    options = ("queries", "random_samples", "shuffle_samples", "shuffle", "seed", "distance",
+               "space", "rank_by", "bounds")
     meta: dict[str, Any] = {
         "tl_geometry_version": __version__,
         "n_sequences": shape[0],
         "n_heads": shape[1],
         "n_positions": shape[2],
         "n_values": opts.n_values.tolist(),
-        "queries": opts.queries,
-        "random_samples": opts.random_samples,
-        "shuffle_samples": opts.shuffle_samples,
-        "shuffle": opts.shuffle,
-        "seed": opts.seed,
-        "distance": opts.distance,
-        "space": opts.space,
-        "rank_by": opts.rank_by,
-        "bounds": opts.bounds,
+        **{name: getattr(opts, name) for name in options},
         "attention_mask": masked,
         "cache_type": type(source).__name__,
         "model_name": None,
