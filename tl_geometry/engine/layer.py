@@ -380,20 +380,20 @@ def _reduce(
     if opts.bounds:
         bound_mean, regime = layer_bounds(data, opts, metrics[:, :, :, TOP_GROUP, :, INVERSIONS], layer)
     counted = backend.tally(vote_of, data.is_token, data.start, data.sink, data.kernel_window)
+    # Each sequence's Monte Carlo variance of its random-baseline mean: Σ_q Var(row mean) / Q².
+    defined = ~torch.isnan(metrics[:, :, :, RANDOM_GROUP])
+    n_rows = defined.sum(2).to(random_var.dtype)
+    random_mc = torch.where(defined, random_var, 0.0).sum(2) / n_rows.square()
     return LayerStats(
-        **reduced._asdict(),
-        votes=counted.deciding.to(COMPUTE_DTYPE).sum(0),  # b h vote -> h vote
-        sequence_votes=counted.deciding,
-        beyond_votes=counted.beyond.sum(0),
-        block_votes=counted.blocks,
-        bound_mean=bound_mean,
-        regime=regime,
+        **reduced._asdict(), votes=counted.deciding.to(COMPUTE_DTYPE).sum(0),  # b h vote -> h vote
+        sequence_votes=counted.deciding, beyond_votes=counted.beyond.sum(0),
+        block_votes=counted.blocks, bound_mean=bound_mean, regime=regime,
         sink_visible=torch.stack([sees_sink.sum(), instances.sum(), torch.zeros_like(instances.sum())]
                                  ).to(COMPUTE_DTYPE),
         # A copy: a view would keep every per-query row of the layer alive while the stats are held.
         truncation_rows=rearrange(metrics[:, :, :, TOP_GROUP, :, TRUNCATION], "b h q n m -> b q h n m").contiguous(),
         votes_rechecked=rechecked,
-        random_mc=_random_mc(metrics[:, :, :, RANDOM_GROUP], random_var),
+        random_mc=random_mc,
         window_inout=_window_inout(metrics, sink_in_top, sees_sink) if opts.per_window else None,
     )
 
@@ -409,11 +409,3 @@ def _window_inout(metrics: Float[Tensor, "batch head q group n metric"], sink_in
         total = torch.where(inside[..., None], top, 0.0).sum(2)
         means.append(total / inside.sum(2).to(total.dtype)[..., None])  # 0 / 0 = NaN: no instance
     return torch.stack(means, dim=2)
-
-
-def _random_mc(random: Float[Tensor, "batch head q n metric"], variance: Float[Tensor, "batch head q n metric"]
-               ) -> Float[Tensor, "batch head n metric"]:
-    """Monte Carlo variance of each sequence's random-baseline mean: ``Σ_q Var(row mean) / Q²``."""
-    defined = ~torch.isnan(random)
-    n_rows = defined.sum(2).to(variance.dtype)
-    return torch.where(defined, variance, 0.0).sum(2) / n_rows.square()
