@@ -51,7 +51,11 @@ if (*SEQUENCE_GROUPS, "sink_in", "sink_out") != WINDOW_GROUPS:  # pragma: no cov
 
 @dataclass
 class Accumulator:
-    """Sums and counts ``[layer, head, ...]`` of one analysis; ``merge`` adds two."""
+    """Sums and counts ``[layer, head, ...]`` of one analysis, :class:`LayerStats`' fields summed;
+    ``merge`` adds two. The ``sequence`` axis is a row per sequence (its index in the inputs);
+    the ``window_*`` fields hold each sequence's means with ``per_window`` (SPEC §8's per-window
+    arrays), and no layer without; ``random_sq`` sums each sequence's squared random-baseline
+    mean, for its standard error (SPEC §3)."""
 
     seq_sum: Float[Tensor, "layer head group n metric"]
     seq_count: Float[Tensor, "layer head group n metric"]
@@ -67,28 +71,16 @@ class Accumulator:
     regime_sum: Float[Tensor, "layer head rfield"]
     regime_count: Float[Tensor, "layer head rfield"]
     sequence_votes: Int[Tensor, "sequence layer head vote"]
-    """Vote counts of every sequence, row = the sequence's index in the inputs."""
     sink_visible: Float[Tensor, "layer 3"]
-    """Instances that see the sink, all of them, and those read at ``t_sink`` (SPEC §1)."""
     truncation_rows: Float[Tensor, "sequence q layer head n tmetric"]
-    """τ_N and relative truncation error at each chosen query, a row per sequence (SPEC §10)."""
     beyond_votes: Int[Tensor, "layer head vote"]
-    """Votes of sliding-window queries that cannot see the sink, apart (SPEC §5)."""
     block_votes: Int[Tensor, "sequence block layer head vote"]
-    """Deciding votes per block of 128 queries of every sequence (:mod:`.votes`)."""
     window_scores: Float[Tensor, "sequence layer head group n metric"]
-    """With ``per_window``: each sequence's means, groups ``WINDOW_GROUPS`` (SPEC §8's
-    per-window arrays); without, a tensor with no layer (nothing is kept)."""
     window_sink: Float[Tensor, "sequence layer head field"]
-    """With ``per_window``: each sequence's sink diagnostics (SPEC §4), as ``window_scores``."""
     window_bounds: Float[Tensor, "sequence layer head kind n bmetric"]
-    """With ``per_window`` and bounds: each sequence's mean bounds, as ``window_scores``."""
     votes_rechecked: Int[Tensor, " layer"]
-    """Rows whose vote was read from their float64 row (the logits could not settle it)."""
     random_sq: Float[Tensor, "layer head n metric"]
-    """Σ over sequences of each one's squared random-baseline mean (its standard error, SPEC §3)."""
     random_mc: Float[Tensor, "layer head n metric"]
-    """Σ over sequences of :attr:`.layer.LayerStats.random_mc`."""
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
@@ -101,23 +93,14 @@ class Accumulator:
         def zeros(*shape: int, dtype: torch.dtype = COMPUTE_DTYPE) -> Tensor:
             return torch.zeros(*shape, dtype=dtype, device=device)
 
-        shapes = {
-            "seq_sum": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
-            "seq_count": (len(SEQUENCE_GROUPS), n_sizes, len(METRIC_NAMES)),
-            "inst_sum": (2, n_sizes, len(METRIC_NAMES)),
-            "inst_count": (2, n_sizes),
-            "paired_hist": (n_sizes, N_BINS),
-            "paired_halved": (n_sizes,),
-            "sink_sum": (len(SINK_FIELDS),),
-            "sink_count": (len(SINK_FIELDS),),
-            "votes": (3,),
-            "bound_sum": (len(BOUND_KINDS), n_sizes, len(BOUND_METRICS)),
-            "bound_count": (len(BOUND_KINDS), n_sizes, len(BOUND_METRICS)),
-            "regime_sum": (len(REGIME_FIELDS),),
-            "regime_count": (len(REGIME_FIELDS),),
-            "random_sq": (n_sizes, len(METRIC_NAMES)),
-            "random_mc": (n_sizes, len(METRIC_NAMES)),
-        }
+        metric, sink = (n_sizes, len(METRIC_NAMES)), (len(SINK_FIELDS),)
+        regime, group = (len(REGIME_FIELDS),), (len(SEQUENCE_GROUPS), *metric)
+        bound = (len(BOUND_KINDS), n_sizes, len(BOUND_METRICS))
+        shapes = {"seq_sum": group, "seq_count": group, "inst_sum": (2, *metric),
+                  "inst_count": (2, n_sizes), "paired_hist": (n_sizes, N_BINS),
+                  "paired_halved": (n_sizes,), "sink_sum": sink, "sink_count": sink, "votes": (3,),
+                  "bound_sum": bound, "bound_count": bound, "regime_sum": regime,
+                  "regime_count": regime, "random_sq": metric, "random_mc": metric}
         sums = {name: zeros(n_layers, n_heads, *shape) for name, shape in shapes.items()}
         kept = n_layers if per_window else 0  # no layer: nothing is kept, whatever the rows
 
@@ -130,9 +113,8 @@ class Accumulator:
                    sink_visible=zeros(n_layers, 3), truncation_rows=zeros(*rows),
                    beyond_votes=zeros(n_layers, n_heads, 3, dtype=counts),
                    block_votes=zeros(n_sequences, n_blocks, n_layers, n_heads, 3, dtype=counts),
-                   window_scores=window(len(WINDOW_GROUPS), n_sizes, len(METRIC_NAMES)),
-                   window_sink=window(len(SINK_FIELDS)),
-                   window_bounds=window(len(BOUND_KINDS), n_sizes, len(BOUND_METRICS)),
+                   window_scores=window(len(WINDOW_GROUPS), *metric), window_sink=window(*sink),
+                   window_bounds=window(*bound),
                    votes_rechecked=zeros(n_layers, dtype=counts))
 
     def tensors(self) -> Iterator[Tensor]:
