@@ -99,14 +99,10 @@ def choose_backend(device: torch.device, name: str) -> Backend:
 
 def run_layer(backend: Backend, name: str, work: Callable[[Backend], T]) -> T:
     """``work(backend)``, one layer's work on the backend :func:`choose_backend` gave for the
-    option ``name``.
-
-    On the compiled kernels the first layer compiles every specialisation first
-    (:func:`_compile_all`), announced on standard error where a compilation really happens
-    (:func:`.compiled.compilation.reporting`); a kernel that numba cannot compile makes the layer
-    start over on the twins (``work`` must write only what it creates), and ``"auto"`` keep to
-    them, with one warning; a forced ``backend="numba"`` re-raises.
-    """
+    option ``name``; on the compiled kernels the first layer compiles every specialisation
+    (:func:`_compile_all`, announced by :func:`.compiled.compilation.reporting`). A kernel that
+    numba cannot compile makes the layer start over on the twins (``work`` must write only what
+    it creates) and ``"auto"`` keep to them, with one warning; a forced ``"numba"`` re-raises."""
     if backend is not NUMBA:
         return work(backend)
     compilation = _kernels().compilation
@@ -171,7 +167,6 @@ def _numpy(x: Any) -> Any:
     return out if out.flags.c_contiguous else np.ascontiguousarray(out)
 
 
-
 def _check_and_vote(rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int,
                     window: int, stats: Tensor, vote_of: Tensor, first: Tensor, stop: Tensor, start: Tensor,
                     first_keys: Tensor) -> None:
@@ -197,9 +192,8 @@ def _gram(values: Tensor, window: int) -> Tensor:
 
 def _score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
     """The value vectors as the compiled kernel reads them: float32 where every entry is a
-    float32 number (values read from a float32 or narrower cache, not mapped by ``W_O``),
-    float64 otherwise. The kernel widens each entry exactly before any arithmetic, so its sums
-    are the same bit for bit; float32 halves what the outputs and ``s_N`` read per order."""
+    float32 number (a float32 or narrower cache, no ``W_O``), else float64. The kernel widens
+    each entry exactly, so its sums are the same bit for bit, reading half the bytes."""
     if data.W_O is None and data.v.dtype in (torch.float32, torch.float16, torch.bfloat16):
         return chunk.to(torch.float32).contiguous()
     return chunk.contiguous()
