@@ -1,13 +1,9 @@
-"""The per-layer data that the layer pass (:mod:`.layer`) and the bounds (:mod:`.bounds`) share:
-one layer's attention rows and values with the positions, sink and chosen queries of its
-sequences, and the value vectors of each value group read from them.
+"""The per-layer data that the layer pass (:mod:`.layer`) and the bounds (:mod:`.bounds`) share.
 
-Attention rows come from an :class:`AttentionRows` source, so that the engine never needs more
-of them than it reads: :class:`PatternRows` serves them from a cached ``hook_pattern``
-(``[batch, head, query, key]``, no copy); a source that recomputes rows from queries and keys
-serves only the chosen queries' rows, and every query's rows in blocks for the votes; when it
-also gives its queries and keys (:class:`KeyedRows`), the votes come from them without any row
-(:mod:`.key_votes`).
+Attention rows come from an :class:`AttentionRows` source, so that the engine never holds more
+of them than it reads: :class:`PatternRows` serves a cached ``hook_pattern`` in place; a source
+that recomputes rows serves only the rows asked for, and a :class:`KeyedRows` one also its
+queries and keys, for the votes (:mod:`.key_votes`).
 """
 
 from __future__ import annotations
@@ -26,18 +22,13 @@ from .options import NO_WINDOW
 
 @runtime_checkable
 class AttentionRows(Protocol):
-    """Where one layer's attention probabilities come from (``α[b, h, t, k]``, SPEC §1).
-
-    ``rows(b0, b1, queries)`` gives the rows of the chosen queries of sequences ``b0:b1``: a
-    tensor ``[b, head, row, key]`` and ``row_of [b, q]``, the row that holds query
-    ``queries[:, i]`` (−1 queries may point anywhere: they are never read). ``blocks(b0, b1)``
-    gives every query's rows in ascending blocks ``(first query, [b, head, block, key])``.
-    """
+    """Where one layer's attention probabilities come from (``α[b, h, t, k]``, SPEC §1):
+    ``rows(b0, b1, queries)`` gives rows ``[b, head, row, key]`` and ``row_of [b, q]``, the row
+    of query ``queries[:, i]`` (−1 queries are never read); ``blocks(b0, b1)`` every query's rows
+    in ascending blocks ``(first query, [b, head, block, key])``."""
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        """``(batch, head, pos)``."""
-        ...
+    def shape(self) -> tuple[int, int, int]: ...  # (batch, head, pos)
 
     @property
     def device(self) -> torch.device: ...
@@ -51,11 +42,9 @@ class AttentionRows(Protocol):
 
 
 class QueryKeys(NamedTuple):
-    """What one layer's rows are computed from: post-rotary ``q [b, pos, head, d]`` and
-    ``k [b, pos, kv_head, d]``, the logit scale, the sliding window (``None``: a global layer)
-    and the key mask (False on padding; ``None``: no padding); ``block`` is the number of queries
-    per block in which the source's ``blocks`` computes every query's rows (float64 sums are
-    only reproducible within one shape of computation)."""
+    """What one layer's rows are computed from: post-rotary ``q`` and ``k``, the logit scale, the
+    sliding window, the key mask (``None``: no padding) and ``block``, the queries per block of
+    the source's ``blocks`` (float64 sums are reproducible only within one shape)."""
 
     q: Float[Tensor, "batch pos head d"]
     k: Float[Tensor, "batch pos kv d"]
@@ -75,10 +64,9 @@ class KeyedRows(Protocol):
 
 
 class PatternRows:
-    """:class:`AttentionRows` read from a cached pattern ``[batch, head, query, key]`` (never
-    written; a query's row is its own position's). With ``upcast``, a half-precision pattern is
-    served as float32, one chunk of sequences at a time (the compiled kernels read float32 or
-    float64); the last chunk is kept, so the votes and the scores of a chunk share one copy."""
+    """:class:`AttentionRows` read from a cached pattern ``[batch, head, query, key]``. With
+    ``upcast``, a half-precision pattern is served as float32 one chunk of sequences at a time,
+    the last one kept, so the votes and the scores of a chunk share one copy."""
 
     def __init__(self, pattern: Float[Tensor, "batch head query key"], *, upcast: bool = False) -> None:
         self.pattern = pattern
@@ -113,14 +101,10 @@ class PatternRows:
 
 
 class LayerBlock(NamedTuple):
-    """What every chunk of one layer shares (read, never written).
-
-    ``is_token[b, k]`` is False at padding; ``start[b]`` is the sequence's first real position
-    and ``sink[b]`` its sink (SPEC §1: ``start`` by default, any real position with ``sink=``; keys
-    before it are ordinary keys); ``queries[b, i]`` are the chosen query positions (−1: none); a
-    value group is a KV head in value space and a query head in output space, and query
-    head ``h`` reads group ``h // group_size``. ``window`` is the layer's sliding window (query
-    ``t`` sees keys ``t − window < i ≤ t``; SPEC §1, ours), ``None`` for a global layer.
+    """What every chunk of one layer shares (read, never written): ``start[b]`` is each sequence's
+    first real position, ``sink[b]`` its sink (SPEC §1), ``queries[b, i]`` its chosen queries (−1:
+    none); query head ``h`` reads value group ``h // group_size`` (a KV head in value space, a
+    query head in output space); ``window`` is the sliding window (SPEC §1, ours), ``None``: global.
     """
 
     source: AttentionRows
@@ -140,9 +124,7 @@ class LayerBlock(NamedTuple):
         return NO_WINDOW if self.window is None else self.window
 
     def sees_sink(self, queries: Int[Tensor, "b q"], sink: Int[Tensor, " b"]) -> Bool[Tensor, "b q"]:
-        """Whether each query sees its sequence's sink: the sink is at or before it and inside
-        its window (``t − window < sink ≤ t``); a query that does not see it has no sink (SPEC §1,
-        ours)."""
+        """Whether each query ``t`` sees its sink: ``t − window < sink ≤ t`` (SPEC §1, ours)."""
         return (queries - self.kernel_window < sink[:, None]) & (sink[:, None] <= queries)
 
 

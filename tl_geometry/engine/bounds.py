@@ -1,14 +1,8 @@
 """Bounds of the top-N sets of one layer (SPEC §6): inversion certificates, regime bounds and
-the shell certificate (``K = 0`` and ``K = N``, :mod:`.shell`).
-
-Not on the hot path (``bounds=True`` only): plain torch, one sequence and one block of queries
-at a time, so the float64 attention rows held at once stay small whatever the context length.
-
-Per instance, next to the lower bounds ``(P̲, R̲, F̲)`` of every kind, the indicator that the
-bound certifies perfect separation, ``P̲ = R̲ = 1`` (bound metric ``"separated"``, ours): its
-mean is the fraction of instances the bound proves separated (``γ_N > 0``). For the inversion
-certificate it is the measured fraction (``GInv = 0 ⇔ P = R = 1``), so ``shell_separated /
-inversion_separated`` is the share of separated instances the shell recognises.
+the shell certificate (:mod:`.shell`), in plain torch, one sequence and block of queries at a
+time (``bounds=True`` only). Next to ``(P̲, R̲, F̲)``, each kind's ``"separated"`` (ours) is the
+indicator ``P̲ = R̲ = 1``: its mean is the fraction of instances the bound proves separated (for
+the inversion certificate, the measured fraction, ``GInv = 0 ⇔ P = R = 1``).
 """
 
 from __future__ import annotations
@@ -39,10 +33,7 @@ def layer_bounds(
     data: LayerBlock, opts: AnalysisOptions, inversions: Tensor, layer: int
 ) -> tuple[Tensor, Tensor]:
     """Per-sequence means ``[b, head, kind, n, (P, R, F, separated)]`` (kinds: ``BOUND_KINDS``)
-    and regime diagnostics ``[b, head, field]``.
-
-    ``inversions [b, head, q, n]`` are the measured GInv of the top-N sets, for the certificates.
-    """
+    and regime diagnostics ``[b, head, field]``, from the measured GInv ``inversions``."""
     batch, n_heads, n_pos = data.source.shape
     values = group_values(data, 0, batch, n_pos)  # [b, g, k, d]
     # Extremes over each sequence's real keys are certificates for every query of it; quantiles
@@ -52,7 +43,7 @@ def layer_bounds(
     regime = torch.stack(diagnostics_from_pairs(pairs), dim=-1).repeat_interleave(data.group_size, dim=1)
     n_values = opts.n_values.to(values.device)
     n_list = n_values.tolist()
-    kinds = [torch.stack(inversion_bounds(n_values, inversions), dim=-1)]  # [b, h, q, n, 3]
+    inverted = torch.stack(inversion_bounds(n_values, inversions), dim=-1)  # [b, h, q, n, 3]
     out = torch.full((batch, n_heads, inversions.shape[2], len(regimes) + len(SHELL_KINDS), len(n_values), 3),
                      torch.nan, dtype=COMPUTE_DTYPE, device=values.device)
     norms = torch.linalg.vector_norm(values, dim=-1).repeat_interleave(data.group_size, dim=1)
@@ -81,7 +72,7 @@ def layer_bounds(
                         torch.stack(bound, dim=-1), "g r q f -> (g r) q f")
             shell = shell_block(split, key_mask, ranks, values[b], n_list)  # [g, r, q, kind, n, 3]
             out[b, :, q0 : q0 + step, len(regimes):] = rearrange(shell, "g r q k n f -> (g r) q k n f")
-    bounds = torch.cat([kinds[0][:, :, :, None], out], dim=3)  # [b, h, q, kind, n, 3]
+    bounds = torch.cat([inverted[:, :, :, None], out], dim=3)  # [b, h, q, kind, n, 3]
     ok_rows = data.is_token.gather(1, data.queries.clamp_min(0)) & (data.queries >= 0)
     bounds = torch.where(ok_rows[:, None, :, None, None, None], bounds, torch.nan)
     bounds = torch.cat([bounds, separated(bounds)[..., None]], dim=-1)  # [..., (P, R, F, separated)]

@@ -1,16 +1,12 @@
-"""What the two backends and the orchestration agree on, defined once: where each validation
-statistic sits (``ST_*``), the leak tolerance, the torch code's element budget, the groups and
-metric indices of a layer's per-query rows, the partial vote counts' blocks, the records the
-scoring takes (:class:`ScoreChunk`, :class:`ScoreSettings`, :class:`ScoreOutputs`) and the fields
-of the query reduction (:class:`Reduced`).
+"""What the two backends and the orchestration agree on, defined once: statistic slots, tolerances,
+group and metric indices, and the records of the scoring and of the query reduction.
 
 The compiled kernels freeze the values they read (``ST_*``, :data:`LEAK_TOL`,
 :data:`VOTE_QUERY_BLOCK`, the result slots of :data:`~tl_geometry.functional.figures.FIGURES`)
-at compilation, and numba's disk cache is keyed on the kernel's own
-source file, not this one: after changing one of those, delete the cached kernels (the
-``*.nbi`` / ``*.nbc`` files of ``compiled/`` in numba's cache: ``compiled/__pycache__``, or
-``$NUMBA_CACHE_DIR`` / ``~/.cache/numba`` where the package folder is read-only), or the old
-value stays compiled in.
+at compilation, and numba's disk cache is keyed on the kernel's own source file, not this one:
+after changing one of those, delete the cached kernels (``*.nbi`` / ``*.nbc`` of ``compiled/``
+in ``compiled/__pycache__``, ``$NUMBA_CACHE_DIR`` or ``~/.cache/numba``), or the old value stays
+compiled in.
 """
 
 from __future__ import annotations
@@ -54,8 +50,7 @@ TRUNCATION = slice(METRIC_NAMES.index(TRUNCATION_NAMES[0]), METRIC_NAMES.index(T
 
 
 class Reduced(NamedTuple):
-    """One layer's per-query rows reduced over queries, as either backend's ``reduce_rows``
-    returns them: the fields of ``LayerStats`` but the votes and bounds."""
+    """One layer's per-query rows reduced over queries by either backend's ``reduce_rows``."""
 
     seq_mean: Tensor
     inst_sum: Tensor
@@ -65,25 +60,16 @@ class Reduced(NamedTuple):
     sink_mean: Tensor
 
 
-# The records ``score_rows`` takes, on both backends. The orchestration fills them with tensors;
-# the compiled backend hands the kernel the same records of NumPy views, which numba types field
-# by field (a named-tuple type tied to the class, :mod:`.compiled.signatures`). The annotations
-# are the orchestration's.
+# The records ``score_rows`` takes, on both backends: tensors, or for the kernel NumPy views that
+# numba types field by field (:mod:`.compiled.signatures`). The annotations are the orchestration's.
 
 
 class ScoreChunk(NamedTuple):
-    """What ``score_rows`` scores: the chosen queries of a chunk of sequences ``[b]``, for heads
-    ``h0 …`` of value groups ``g0 …``.
-
-    ``rows [b, H, r, k]`` holds query ``queries[b, i]``'s attention row at ``row_of[b, i]`` (the
-    whole pattern with ``row_of = queries``, or only the chosen rows); ``queries [b, Q]`` (−1:
-    none). ``is_token [b, k]``, ``start [b]`` (first real positions), ``sink [b]``,
-    ``real_index [b, k]`` (the index among real tokens) and ``sequence_keys [b]`` (the random
-    streams' keys) describe the sequences; ``window`` is the layer's sliding window
-    (:data:`.options.NO_WINDOW` for none). ``values [b, g, k, d]`` holds the vectors of value
-    groups ``g0 + g`` (``group_size`` heads each), and ``gram [b, g, k, k]`` their tied Gram
-    matrices where the inner products come from them (empty, ``[0, 0, 0, 0]``, where from the
-    vectors).
+    """What ``score_rows`` scores: the chosen queries ``[b, Q]`` (−1: none) of a chunk of
+    sequences, for heads ``h0 …`` of value groups ``g0 …``. ``rows [b, H, r, k]`` holds query
+    ``queries[b, i]``'s row at ``row_of[b, i]``; ``real_index [b, k]`` is each key's index among
+    real tokens, ``sequence_keys [b]`` the random streams' keys; ``values [b, g, k, d]`` the value
+    vectors and ``gram [b, g, k, k]`` their tied Gram matrices (``[0, 0, 0, 0]``: from the vectors).
     """
 
     rows: Tensor
@@ -103,10 +89,9 @@ class ScoreChunk(NamedTuple):
 
 
 class ScoreSettings(NamedTuple):
-    """How ``score_rows`` scores (SPEC §2–3): the grid of N ``n_values [n]`` (ascending),
-    ``samples`` random subsets and ``shuffles`` permutations of the null ``shuffle_kind``
-    (:data:`.options.NULL_VALUES` …), keys ranked by contribution ``α‖v‖`` (``by_contribution``)
-    or by weight, cosine distances (``cosine``) or Euclidean ones."""
+    """How ``score_rows`` scores (SPEC §2–3): the ascending grid of N, the random subsets and the
+    permutations of the null ``shuffle_kind`` (:data:`.options.NULL_VALUES` …) per row, keys
+    ranked by ``α‖v‖`` or by weight, cosine or Euclidean distances."""
 
     n_values: Tensor
     samples: int
@@ -117,13 +102,10 @@ class ScoreSettings(NamedTuple):
 
 
 class ScoreOutputs(NamedTuple):
-    """What ``score_rows`` writes, in place, for every head ``h`` and query ``q`` of the chunk:
-    ``metrics [b, H, Q, group, n, metric]`` (groups :data:`SEQUENCE_GROUPS`; metrics
-    :data:`~tl_geometry.functional.separability.METRIC_NAMES`; NaN where N does not fit),
-    ``sink_in_top [b, H, Q, n]`` (the sink in the top-N set), of ``sink_fields [b, H, Q, field]``
-    the fields :data:`SINK_MASS` and :data:`SINK_SHARE` (SPEC §4), and ``random_var [b, H, Q, n,
-    metric]``, the Monte Carlo variance ``s²/R`` of the random group's mean over its ``R`` subsets
-    (SPEC §3; NaN where N does not fit or ``R < 2``)."""
+    """What ``score_rows`` writes in place per head and query: ``metrics [b, H, Q, group, n,
+    metric]`` (:data:`SEQUENCE_GROUPS`; NaN where N does not fit), ``sink_in_top``, the fields
+    :data:`SINK_MASS` and :data:`SINK_SHARE` of ``sink_fields`` (SPEC §4) and ``random_var``, the
+    Monte Carlo variance ``s²/R`` of the random group's mean (SPEC §3; NaN where ``R < 2``)."""
 
     metrics: Tensor
     sink_in_top: Tensor

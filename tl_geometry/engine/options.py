@@ -285,11 +285,9 @@ def check_window(window: object) -> None:
 
 
 def layer_windows(window: object, layers: Sequence[int]) -> tuple[int | None, ...]:
-    """The sliding window of each analysed layer (SPEC §1, ours), ``None`` for a global one.
-
-    ``window`` is ``None`` (no layer has one), an int (every layer has it), a sequence indexed
-    by model layer (it must cover every analysed layer) or a mapping ``{layer: window}`` (a layer
-    it does not name is global). Raises ``ValueError`` naming the problem.
+    """The sliding window of each analysed layer (SPEC §1, ours), ``None`` for a global one, from
+    ``None``, one int for every layer, a sequence indexed by model layer (covering every analysed
+    layer) or a mapping ``{layer: window}`` (a layer it does not name is global).
 
     >>> layer_windows({1: 4}, [0, 1])
     (None, 4)

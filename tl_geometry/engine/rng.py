@@ -1,21 +1,16 @@
 """Counter-based random draws for the random baseline (SPEC §3), identical on every backend.
 
-Every draw is a pure function of ``(seed, layer, sequence, query, head, sample, step)``
-through the SplitMix64 finaliser, so a key's draws do not depend on batch width, chunking,
-streaming, thread count or device. Sequences are numbered globally and queries by their index
-among the sequence's real tokens, so padding does not move the draws either. The compiled
-kernels (:mod:`.compiled.order`) and the torch twins (:mod:`.twins.order`) use the same arithmetic:
-64-bit wrap-around, which numpy ``uint64`` and torch ``int64`` share bit for bit.
+Every draw is a pure function of ``(seed, layer, sequence, query, head, sample, step)`` through
+the SplitMix64 finaliser (sequences numbered globally, queries by their index among real tokens),
+so no batching, padding, thread count or device moves it; :mod:`.compiled.order` and
+:mod:`.twins.order` share the 64-bit wrap-around arithmetic bit for bit.
 
-The size-``N`` random subsets are the first ``N`` keys of a partial Fisher–Yates shuffle of
-the query's valid keys (in position order); the swap index of step ``r`` over ``m`` keys is
-``r + ⌊(u >> 32)·(m − r) / 2³²⌋``, whose bias is below ``m / 2³²`` (ours).
-
-The value-shuffle null (SPEC §3) draws a full Fisher–Yates shuffle of the query's non-sink
-valid keys from the same row key mixed with :data:`SHUFFLE_SALT`, so its stream is independent of
-the random subsets' and equally reproducible (ours). The norms and directions nulls use the same
-permutations; the unselected null reads its permutation of the non-sink keys outside the top-N
-set off the same one: in position order, they take the values of those keys in its order (ours).
+The size-``N`` random subsets are the first ``N`` keys of a partial Fisher–Yates shuffle of the
+query's valid keys (in position order); the swap index of step ``r`` over ``m`` keys is
+``r + ⌊(u >> 32)·(m − r) / 2³²⌋``, whose bias is below ``m / 2³²`` (ours). The nulls (SPEC §3)
+draw a full Fisher–Yates shuffle of the non-sink valid keys from the row key mixed with
+:data:`SHUFFLE_SALT` (ours); the unselected null gives the non-sink keys outside the top-N set,
+in position order, the values of those keys in that permutation's order (ours).
 """
 
 from __future__ import annotations
@@ -55,10 +50,8 @@ QUERY_SALT = 0x0_5A3F_1E5_D0_9E7
 
 
 def sampled_positions(seed: int, sequence: int, n_real: int, k: int) -> np.ndarray:
-    """``queries=k`` (ours): ``k`` of a sequence's ``n_real`` real positions (counted from its
-    first), drawn without replacement and sorted, from a generator seeded by ``(seed, sequence)``
-    alone: the same positions on every layer, head, batch, shard and device. All of them where
-    ``n_real ≤ k``.
+    """``queries=k`` (ours): ``k`` of a sequence's ``n_real`` real positions (all where
+    ``n_real ≤ k``), sorted, drawn from a generator seeded by ``(seed, sequence)`` alone.
 
     >>> sampled_positions(0, 3, 10, 4).tolist() == sampled_positions(0, 3, 10, 4).tolist()
     True

@@ -7,18 +7,13 @@ per row (query head, query) and N, with ``a_j = α_j‖v_j‖`` and ``s = Σ_{i�
     E   = S_N ∪ (the K unselected keys with the smallest L_j; ties → lower index)
     P̲ = N / (N + |{j∉S : D̲_j ≤ ρ_max}|)       R̲ = |{i∈S : D_i < min_{j∉S} D̲_j}| / N
 
-for ``K = 0`` (norm-only) and ``K = N`` at once. What the two budgets and every N share is
-computed once per block: the ranks (one sort, done by the caller), the key order they imply (the
-first N keys of it are ``S_N``, no per-N search), ``α``, ``‖v‖²`` and the E-form of §6d
+for ``K = 0`` (norm-only) and ``K = N`` at once, in the E-form of §6d
 (``E_j = α_j(α_j‖v_j‖² − 2⟨v_j, s⟩) = D_j² − ‖s‖²`` for exact keys, ``Λ_j = L_j² − ‖s‖²``
-lowered by :data:`~tl_geometry.functional.shell.SLACK` for the others); per N, one stable sort
-of the ``L_j`` picks the ``K = N`` extra keys, and one gather of the ``2N`` vectors of ``E``
-(from a stride-0 view of the value groups: query heads of a GQA group share one ``[key, d]``
-block, never copied) gives their exact E. ``⟨v_j, s⟩`` is an elementwise product summed over
-``d``, so bit-identical keys (duplicates) get bit-identical E and exact ties stay exact.
-
-Memory: queries are taken in sub-blocks so that the gathered ``[row, 2N, d]`` vectors and the
-``[row, key]`` temporaries stay under :data:`SHELL_ELEMENTS` each.
+lowered by :data:`~tl_geometry.functional.shell.SLACK` for the others). The ranks, the key order
+(its first N keys are ``S_N``), ``α`` and ``‖v‖²`` are computed once per block; per N, one stable
+sort of the ``L_j`` picks the ``K = N`` extra keys. ``⟨v_j, s⟩`` is an elementwise product summed
+over ``d``, so bit-identical keys get bit-identical E and exact ties stay exact. Queries are
+taken in sub-blocks whose temporaries stay under :data:`SHELL_ELEMENTS` elements.
 """
 
 from __future__ import annotations
@@ -45,21 +40,9 @@ def shell_block(
     values: Float[Tensor, "group key d"],
     n_values: list[int],
 ) -> Float[Tensor, "group rep query kind n 3"]:
-    """Shell lower bounds ``(P̲, R̲, F̲)`` for ``K = 0`` and ``K = N`` (``kind``), every N.
-
-    Args:
-        alpha: float64 attention rows, 0 outside ``key_mask``; query head ``(g, r)`` reads
-            value group ``g``.
-        key_mask: keys that exist for each query (causal, is_token, real query).
-        ranks: rank of every key in its row (SPEC §2: ties → lower index, invalid keys last);
-            ``S_N`` = ranks < N.
-        values: float64 value vectors of every group.
-        n_values: the N values.
-
-    Returns:
-        ``[group, rep, query, kind, n, (P, R, F)]`` in float64; NaN where N is outside
-        ``1 ≤ N < |valid keys|``.
-    """
+    """Shell lower bounds ``(P̲, R̲, F̲)`` for ``K = 0`` and ``K = N`` (``kind``), every N, NaN
+    where N is outside ``1 ≤ N < |valid keys|``. ``alpha`` is 0 outside ``key_mask`` (query head
+    ``(g, r)`` reads value group ``g``); ``ranks`` as SPEC §2 (``S_N`` = ranks < N)."""
     n_g, n_r, n_q, n_key = alpha.shape
     d = values.shape[-1]
     out = torch.full((n_g, n_r, n_q, len(SHELL_KINDS), len(n_values), 3), torch.nan,

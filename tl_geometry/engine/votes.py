@@ -1,16 +1,11 @@
 """Which source-winner votes count, and in which unit (SPEC §5).
 
-The kernels give each query's vote (:func:`.checks.check_and_vote`'s ``vote_of``: 0 the query
-itself, 1 the sink, 2 another key, −1 none); :func:`tally` counts them:
-
-* a vote counts from every real query after the sequence's first position (``t > start``);
-* on a sliding-window layer the label is decided by the queries that can see the sink
-  (``t ≤ p + w − 1`` with the sink at ``p``), so that it does not change with the window length;
-  the votes of the queries beyond are counted apart (they can only be ``current`` or ``other``);
-  on a global layer every counted vote decides;
-* the deciding votes are also counted in blocks of :data:`LABEL_BLOCK` consecutive deciding
-  queries (from the first after ``start``), the unit of the block bootstrap when there are too
-  few sequences; a partial block is dropped (zero).
+:func:`tally` counts each query's vote (``vote_of``: 0 the query itself, 1 the sink, 2 another
+key, −1 none) from every real query after the sequence's first position. On a sliding-window
+layer the label is decided by the queries that can see the sink (``t ≤ p + w − 1``), so that it
+does not change with the window length, and the votes beyond are counted apart; on a global
+layer every counted vote decides. The deciding votes are also counted in blocks of
+:data:`LABEL_BLOCK` consecutive deciding queries, the block bootstrap's unit (a partial block: 0).
 """
 
 from __future__ import annotations
@@ -27,17 +22,12 @@ LABEL_BLOCK = 128
 
 
 class Tally(NamedTuple):
-    """The votes of one layer of one batch."""
+    """The votes of one layer of one batch: those that decide the label, those beyond the sink's
+    window (counted apart) and the deciding ones per block (module docstring)."""
 
     deciding: Int[Tensor, "batch head 3"]
-    """Votes that decide the label: every counted query on a global layer, the queries that see
-    the sink on a sliding-window layer."""
     beyond: Int[Tensor, "batch head 3"]
-    """Votes of the queries of a sliding-window layer that cannot see the sink (zero on a
-    global layer), reported apart."""
     blocks: Int[Tensor, "batch block head 3"]
-    """The deciding votes per block of :data:`LABEL_BLOCK` consecutive deciding queries, zero
-    for a partial block."""
 
 
 def n_blocks(n_pos: int) -> int:
@@ -52,10 +42,7 @@ def tally(
     sink: Int[Tensor, " batch"],
     window: int,
 ) -> Tally:
-    """Count each query's vote (module docstring); ``window`` as the kernels read it
-    (:data:`.options.NO_WINDOW` for a global layer).
-
-    Example (one sequence, one head, no window: five queries after the first):
+    """Count each query's vote (module docstring); ``window`` as the kernels read it.
 
         >>> vote_of = torch.tensor([[[-1, 0, 1, 1, 2, 1]]], dtype=torch.int8)
         >>> t = tally(vote_of, torch.ones(1, 6, dtype=torch.bool), torch.tensor([0]), torch.tensor([0]), 2**62)
