@@ -72,19 +72,10 @@ class PatternRows:
         self.pattern = pattern
         self.upcast = upcast and pattern.dtype not in (torch.float32, torch.float64)
         self._last: tuple[int, int, Tensor] | None = None
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        batch, n_heads, n_pos, _ = self.pattern.shape
-        return batch, n_heads, n_pos
-
-    @property
-    def device(self) -> torch.device:
-        return self.pattern.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.pattern.dtype
+        batch, n_heads, n_pos, _ = pattern.shape
+        self.shape: tuple[int, int, int] = (batch, n_heads, n_pos)
+        self.device: torch.device = pattern.device
+        self.dtype: torch.dtype = pattern.dtype
 
     def _chunk(self, b0: int, b1: int) -> Tensor:
         if not self.upcast:
