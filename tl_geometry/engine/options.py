@@ -268,20 +268,7 @@ def _window_entry(name: str, value: object) -> int | None:
 
 def check_window(window: object) -> None:
     """Validate a ``window=`` option (:func:`layer_windows`) before any tensor is read."""
-    if window is None or isinstance(window, (int, np.integer)):
-        _window_entry("window", window)
-    elif isinstance(window, Mapping):
-        for layer, w in window.items():
-            if not _is_int(layer) or layer < 0:
-                raise ValueError(f"window keys must be model layer indices (ints ≥ 0), got {layer!r}.")
-            _window_entry(f"window[{layer}]", w)
-    elif isinstance(window, Sequence) and not isinstance(window, (str, bytes)):
-        for layer, w in enumerate(window):
-            _window_entry(f"window[{layer}]", w)
-    else:
-        raise ValueError("window must be None, a positive int, a sequence with one entry per model "
-                         "layer or a dict {layer: window} (entries None for global layers), got "
-                         f"{window!r}.")
+    layer_windows(window, [])
 
 
 def layer_windows(window: object, layers: Sequence[int]) -> tuple[int | None, ...]:
@@ -294,12 +281,22 @@ def layer_windows(window: object, layers: Sequence[int]) -> tuple[int | None, ..
     >>> layer_windows([None, 512, None], [1, 2])
     (512, None)
     """
-    check_window(window)
     if window is None or isinstance(window, (int, np.integer)):
-        return tuple(None if window is None else int(window) for _ in layers)
+        every = _window_entry("window", window)
+        return tuple(every for _ in layers)
     if isinstance(window, Mapping):
+        for layer, w in window.items():
+            if not _is_int(layer) or layer < 0:
+                raise ValueError(f"window keys must be model layer indices (ints ≥ 0), got {layer!r}.")
+            _window_entry(f"window[{layer}]", w)
         return tuple(_window_entry(f"window[{layer}]", window.get(layer)) for layer in layers)
-    per_layer = list(window)  # type: ignore[call-overload]
+    if not isinstance(window, Sequence) or isinstance(window, (str, bytes)):
+        raise ValueError("window must be None, a positive int, a sequence with one entry per model "
+                         "layer or a dict {layer: window} (entries None for global layers), got "
+                         f"{window!r}.")
+    per_layer = list(window)
+    for layer, w in enumerate(per_layer):
+        _window_entry(f"window[{layer}]", w)
     short = [layer for layer in layers if layer >= len(per_layer)]
     if short:
         raise ValueError(f"window has {len(per_layer)} entries (one per model layer) but layers "
