@@ -220,20 +220,15 @@ class Accumulator:
         :attr:`votes_rechecked` go into the metadata (SPEC §1)."""
         too_big = [int(n) for n in opts.n_values if n >= n_pos]
         if too_big:
-            warnings.warn(
-                f"N = {too_big} cannot be evaluated on {n_pos}-position sequences (N must be "
-                "below the number of keys); their metrics are NaN.",
-                stacklevel=3,
-            )
+            warnings.warn(f"N = {too_big} cannot be evaluated on {n_pos}-position sequences (N "
+                          "must be below the number of keys); their metrics are NaN.", stacklevel=3)
         windows = tuple(windows) if windows is not None else (None,) * len(layers)
         narrow = [w for w in windows if w is not None and w < n_pos]
         beyond = [int(n) for n in opts.n_values if narrow and min(narrow) <= n < n_pos]
         if beyond:
-            warnings.warn(
-                f"N = {beyond} do not fit the sliding window of {min(narrow)} keys (N must be below "
-                "the number of keys a query sees); their metrics are NaN on the windowed layers.",
-                stacklevel=3,
-            )
+            warnings.warn(f"N = {beyond} do not fit the sliding window of {min(narrow)} keys (N "
+                          "must be below the number of keys a query sees); their metrics are NaN "
+                          "on the windowed layers.", stacklevel=3)
         visible = zip(("sink_visible", "instances", "sink_read_earlier"), self.sink_visible.cpu().T)
         metadata = {**metadata, "window": list(windows), **{name: _ints(x) for name, x in visible},
                     "votes_rechecked": _ints(self.votes_rechecked.cpu())}

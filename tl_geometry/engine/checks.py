@@ -65,18 +65,14 @@ def check_values(v: Float[Tensor, "batch pos kv d"], is_token: Bool[Tensor, "bat
                 return
     bad = ~torch.isfinite(v) & is_token[:, :, None, None]
     if bad.any():
-        raise CacheError(
-            f"{name} has {int(bad.sum())} NaN/inf entries at real positions: the forward pass "
-            "overflowed (run it in float32 or bfloat16, not float16)."
-        )
+        raise CacheError(f"{name} has {int(bad.sum())} NaN/inf entries at real positions: the "
+                         "forward pass overflowed (run it in float32 or bfloat16, not float16).")
     size = torch.where(is_token[:, :, None, None], v.abs(), 0).amax(dim=(0, 1, 3)).double()  # per KV head
     if (size > MAX_VALUE).any() or ((size > 0) & (size < MIN_VALUE)).any():
         head = int(((size > MAX_VALUE) | ((size > 0) & (size < MIN_VALUE))).nonzero()[0])
-        raise CacheError(
-            f"{name} KV head {head} has values of magnitude {float(size[head]):.3g}: their squared "
-            "norms overflow or underflow float64. Rescale v (e.g. v / v.abs().amax()); P, R, F and "
-            "κ do not change, margins scale with it."
-        )
+        raise CacheError(f"{name} KV head {head} has values of magnitude {float(size[head]):.3g}: "
+                         "their squared norms overflow or underflow float64. Rescale v (e.g. v / "
+                         "v.abs().amax()); P, R, F and κ do not change, margins scale with it.")
 
 
 def new_stats(batch: int, n_heads: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,23 +149,18 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
                          "probabilities (hook_pattern, not hook_attn_scores).")
     row_sum = float(high[ST_ROW_SUM])
     if row_sum > MAX_ROW_SUM:
-        raise CacheError(
-            f"{name} has a query row whose attention sums to {row_sum:.3g} > 1: it must hold "
-            "probabilities normalised over keys, [batch, head, query_pos, key_pos]."
-        )
+        raise CacheError(f"{name} has a query row whose attention sums to {row_sum:.3g} > 1: it "
+                         "must hold probabilities normalised over keys, [batch, head, query_pos, "
+                         "key_pos].")
     if high[ST_DEAD] > 0:
         dead = int(s[..., ST_DEAD].sum())
         b, h = (int(x) for x in np.argwhere(s[..., ST_DEAD] > 0)[0])
         q = int(s[b, h, ST_DEAD_Q])
         if mask_given:
-            raise CacheError(
-                f"{name} has {dead} query rows that attention_mask calls real but that hold no "
-                f"attention (first at batch {b0 + b}, head {h}, query {q}): the mask does not "
-                "match the forward pass (shifted, or one position too long?). Pass the mask the "
-                "model was run with."
-            )
-        warn_caller(
-            f"{name} has {dead} query rows with no attention mass (first at batch {b0 + b}, "
-            f"query {q}). If the batch is padded, pass attention_mask (and the same mask to the "
-            "forward pass) so those positions are left out."
-        )
+            raise CacheError(f"{name} has {dead} query rows that attention_mask calls real but "
+                             f"that hold no attention (first at batch {b0 + b}, head {h}, query "
+                             f"{q}): the mask does not match the forward pass (shifted, or one "
+                             "position too long?). Pass the mask the model was run with.")
+        warn_caller(f"{name} has {dead} query rows with no attention mass (first at batch "
+                    f"{b0 + b}, query {q}). If the batch is padded, pass attention_mask (and the "
+                    "same mask to the forward pass) so those positions are left out.")
