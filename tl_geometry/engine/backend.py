@@ -1,13 +1,10 @@
 """The one choice between the compiled kernels and their torch twins, and the table of entry
 points the orchestration calls.
 
-:func:`choose_backend` picks a :class:`Backend` once per layer: :data:`NUMBA` (the kernels of
-:mod:`.compiled`) for CPU tensors, :data:`TORCH` (the twins of :mod:`.twins`) on other devices
-or when asked for. Both take and write torch tensors with the same arguments (the compiled
-entries hand the kernels NumPy views of the tensors' own memory), so the orchestration never
-asks which it holds. The kernels are imported, and every specialisation compiled or loaded from
-numba's disk cache, on the first CPU layer; a numba that cannot serve sends ``backend="auto"``
-to the twins for the rest of the process, with one warning (a forced ``"numba"`` raises).
+:func:`choose_backend` picks :data:`NUMBA` (the kernels of :mod:`.compiled`, imported on the
+first CPU layer) or :data:`TORCH` (the twins of :mod:`.twins`) once per layer. Both take and
+write torch tensors with the same arguments (the compiled entries hand the kernels NumPy views
+of the tensors' own memory), so the orchestration never asks which it holds.
 """
 
 from __future__ import annotations
@@ -78,14 +75,10 @@ class Backend:
 def choose_backend(device: torch.device, name: str) -> Backend:
     """The backend of a layer on ``device`` for the ``backend`` option ``name``: ``"auto"``
     takes the compiled kernels on CPU until they have failed, the twins elsewhere."""
-    if name == "torch":
-        return TORCH
-    if device.type != "cpu":
-        if name == "numba":
-            raise ValueError(f"backend='numba' runs on CPU tensors; this cache is on {device}. "
-                             "Use backend='auto' (torch on this device) or move the cache.")
-        return TORCH
-    if name == "auto" and _fallback is not None:
+    if name == "numba" and device.type != "cpu":
+        raise ValueError(f"backend='numba' runs on CPU tensors; this cache is on {device}. "
+                         "Use backend='auto' (torch on this device) or move the cache.")
+    if name == "torch" or device.type != "cpu" or (name == "auto" and _fallback is not None):
         return TORCH
     try:
         _kernels()
@@ -136,10 +129,8 @@ def _kernels() -> Any:
 
 @functools.cache
 def _compile_all() -> None:
-    """Every specialisation the engine calls, compiled or loaded from numba's disk cache, once
-    per process: compiling all in the first run (not only those its inputs need) makes "once per
-    install" true. Kernels cached with other result slots are refused
-    (:func:`.compiled.signatures.check_slots`)."""
+    """Every specialisation the engine calls, compiled (all in the first run: "once per install")
+    or loaded, once per process; kernels cached with other result slots are refused."""
     _kernels().signatures.compile_all()
     _kernels().signatures.check_slots()
 
@@ -238,28 +229,16 @@ def _lazy(module: str, name: str) -> Callable[..., None]:
 
 #: The compiled kernels (CPU tensors).
 NUMBA = Backend(
-    name="numba",
-    upcast_rows=True,
-    check_and_vote=_check_and_vote,
-    sink_geometry=_sink_geometry,
-    gram=_gram,
-    score_vectors=_score_vectors,
-    score_rows=_score_rows,
-    reduce_rows=_reduce_rows,
-    tally=_tally,
-    from_keys=FromKeys(_lazy("vote", "vote_from_keys"), _lazy("check", "check_and_vote_rows"),
-                       _lazy("vote", "vote_from_logits")),
+    name="numba", upcast_rows=True, check_and_vote=_check_and_vote, sink_geometry=_sink_geometry,
+    gram=_gram, score_vectors=_score_vectors, score_rows=_score_rows, reduce_rows=_reduce_rows,
+    tally=_tally, from_keys=FromKeys(_lazy("vote", "vote_from_keys"),
+                                     _lazy("check", "check_and_vote_rows"),
+                                     _lazy("vote", "vote_from_logits")),
 )
 #: The torch twins (any device).
 TORCH = Backend(
-    name="torch",
-    upcast_rows=False,
-    check_and_vote=twin_check.check_and_vote,
-    sink_geometry=twin_geometry.write_sink_geometry,
-    gram=twin_geometry.tied_gram,
-    score_vectors=twin_score.score_vectors,
-    score_rows=twin_score.score_rows,
-    reduce_rows=twin_reduce.reduce_rows,
-    tally=votes.tally,
-    from_keys=None,
+    name="torch", upcast_rows=False, check_and_vote=twin_check.check_and_vote,
+    sink_geometry=twin_geometry.write_sink_geometry, gram=twin_geometry.tied_gram,
+    score_vectors=twin_score.score_vectors, score_rows=twin_score.score_rows,
+    reduce_rows=twin_reduce.reduce_rows, tally=votes.tally, from_keys=None,
 )
