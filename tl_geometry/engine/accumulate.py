@@ -4,16 +4,11 @@ Averaging (SPEC §8; the grouping is ours): the top-N, random, shuffled and sink
 are averaged over each sequence's chosen queries, then over sequences (the baselines over their
 permutations first); the sink-in / sink-out groups pool every (sequence, query) instance by
 whether the sink is in the top-N set, and the paired effect pools their ratios (:mod:`.paired`).
-With ``per_window`` each sequence's own means of all six groups are kept too
-(:data:`~tl_geometry.result.schema.WINDOW_GROUPS`). Votes are pooled counts, also kept per
-sequence (its row = its index in the inputs) for the label stability (SPEC §5).
-
-Percentiles (SPEC §10; the storage is ours): the 90th percentile of ``τ_N`` and of the relative
-truncation error cannot be merged from sums, so the per-instance values are kept per sequence
-row (``truncation_rows``) and the exact nearest-rank percentile is taken in
-:meth:`Accumulator.finish`. Every field adds, so batches, streams and processes merge by addition
-(:meth:`Accumulator.merge`; a per-sequence row is written by one batch, 0 elsewhere).
-Determinism: docs/scale.md.
+Votes are pooled counts, also kept per sequence for the label stability (SPEC §5). The 90th
+percentiles of SPEC §10 cannot be merged from sums, so the per-instance values are kept per
+sequence and the exact nearest-rank percentile is taken in :meth:`Accumulator.finish` (ours).
+Every field adds, so batches, streams and processes merge by addition (determinism:
+docs/scale.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Per-layer work: one layer's pattern and values → per-sequence statistics (:class:`LayerStats`).
 
-The layer is processed in chunks of sequences (and of value groups) that hold a fraction of the
-pattern's size (:func:`_chunk_plan`). Per chunk: the value vectors of each value group (KV heads
-in value space, query heads ``v·W_O[h]`` in output space); validation and the source-winner
-votes in one read of the rows (:mod:`.checks`, or :mod:`.key_votes` from queries and keys); the
-sink geometry (SPEC §4); every selection's scores (SPEC §2–3, §10), the inner products
-``⟨v_k, s_N⟩`` from the vectors or from the tied Gram matrix ``G = V Vᵀ`` where cheaper
-(:func:`_uses_gram`; exact ties stay exact, SPEC §3). The per-query rows are then reduced over
-queries (:func:`_reduce`). The work runs on the layer's :class:`~.backend.Backend`: compiled
-kernels for CPU tensors, their torch twins elsewhere (:func:`.backend.run_layer`).
+The layer is processed in chunks of sequences and value groups (:func:`_chunk_plan`): validation
+and votes in one read of the rows (:mod:`.checks`, :mod:`.key_votes`), the sink geometry
+(SPEC §4) and every selection's scores (SPEC §2–3, §10), ``⟨v_k, s_N⟩`` from the vectors or a
+tied Gram matrix where cheaper (:func:`_uses_gram`); then the rows are reduced over queries
+(:func:`_reduce`), all on the layer's :class:`~.backend.Backend`.
 """
 
 from __future__ import annotations

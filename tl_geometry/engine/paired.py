@@ -1,14 +1,12 @@
 """The paired sink effect (SPEC §3, comparison 3; ours): per head and N, over the instances whose
 top-N set holds the sink, the ratio ``F_N(with sink) / F_N(sink removed)`` of each instance.
 
-Per head the result gives the median ratio, the fraction of instances with ratio ≤ 1/2 (the
-paper's "halves F_N") and the number of instances. A median does not add across batches, so the
-engine keeps mergeable counts instead (ours): a histogram of ``log₂ ratio`` in bins of 1/32
-octave centred on ``k/32`` (ratios 2⁻¹⁶ … 2¹⁶; smaller and larger ratios fall in the end bins),
-one bin for ratio 0 (``F_N(with) = 0``) and one for +∞ (``F_N(removed) = 0 < F_N(with)``). The
-reported median is the centre of the bin holding the lower median (the ⌈n/2⌉-th smallest ratio):
-within 1/64 octave (±1.1 %) of it, and exactly 1 when that ratio is 1. The ≤ 1/2 fraction is an
-exact count. Instances where both F are 0 have no ratio and are left out.
+Per head: the median ratio, the fraction of ratios ≤ 1/2 (the paper's "halves F_N", an exact
+count) and the number of instances (both F = 0: no ratio, left out). A median does not add
+across batches, so the engine keeps a histogram of ``log₂ ratio`` (ours): bins of 1/32 octave
+centred on ``k/32`` (ratios 2⁻¹⁶ … 2¹⁶, beyond in the end bins), one bin for ratio 0 and one for
++∞; the median reported is the centre of the bin holding the lower median, within 1/64 octave
+(±1.1 %) of it and exactly 1 when that ratio is 1.
 """
 
 from __future__ import annotations
