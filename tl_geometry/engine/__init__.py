@@ -1,9 +1,8 @@
 """The analysis engine: the one place that turns a layer's pattern and values into results.
 
-``options`` validates the options; ``layer`` does one layer's work through the backend that
-``backend`` chooses (the numba kernels of ``compiled`` or their torch ``twins``); ``accumulate``
-sums layers, batches and processes into a :class:`~tl_geometry.HeadAnalysis`. ``analyze_heads``
-and ``analyze_model`` are thin front-ends over it.
+``options`` validates the options; ``layer`` does one layer's work on the numba kernels or their
+torch twins (``backend``); ``accumulate`` sums layers, batches and processes into a
+:class:`~tl_geometry.HeadAnalysis`. ``analyze_heads`` and ``analyze_model`` are front-ends.
 """
 
 from .accumulate import Accumulator

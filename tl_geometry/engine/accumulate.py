@@ -81,9 +81,8 @@ class Accumulator:
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",
               n_sequences: int = 0, n_queries: int = 0, n_blocks: int = 0, per_window: bool = False) -> Accumulator:
         """Empty sums for ``n_sequences`` sequences (grown as batches need), ``n_queries`` chosen
-        queries and ``n_blocks`` vote blocks each (:func:`.votes.n_blocks`; 0: set by the first
-        batch; processes that all-reduce must pass all three); ``per_window`` keeps every
-        sequence's own means (:attr:`window_scores`)."""
+        queries and ``n_blocks`` vote blocks each (0: set by the first batch; processes that
+        all-reduce must pass all three); ``per_window`` keeps each sequence's own means."""
 
         def zeros(*shape: int, dtype: torch.dtype = COMPUTE_DTYPE) -> Tensor:
             return torch.zeros(*shape, dtype=dtype, device=device)

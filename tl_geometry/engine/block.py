@@ -42,9 +42,8 @@ class AttentionRows(Protocol):
 
 
 class QueryKeys(NamedTuple):
-    """What one layer's rows are computed from: post-rotary ``q`` and ``k``, the logit scale, the
-    sliding window, the key mask (``None``: no padding) and ``block``, the queries per block of
-    the source's ``blocks`` (float64 sums are reproducible only within one shape)."""
+    """What one layer's rows are computed from (post-rotary ``q`` and ``k``); ``block`` is the
+    queries per block of the source's ``blocks`` (float64 sums repeat only within one shape)."""
 
     q: Float[Tensor, "batch pos head d"]
     k: Float[Tensor, "batch pos kv d"]
@@ -56,9 +55,8 @@ class QueryKeys(NamedTuple):
 
 @runtime_checkable
 class KeyedRows(Protocol):
-    """An :class:`AttentionRows` source whose rows are plain softmax rows of ``scale·⟨q, k⟩``:
-    ``query_keys(b0, b1)`` gives their :class:`QueryKeys`, or ``None`` where the rows need more
-    (a softcap, sink logits), so that the votes are read from the rows."""
+    """An :class:`AttentionRows` source whose rows may be plain softmax rows of ``scale·⟨q, k⟩``:
+    ``query_keys`` gives their :class:`QueryKeys`, or ``None`` (a softcap, sink logits)."""
 
     def query_keys(self, b0: int, b1: int) -> QueryKeys | None: ...
 
