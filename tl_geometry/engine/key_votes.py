@@ -1,12 +1,9 @@
 """Validation and votes of a layer whose rows are recomputed: from its queries and keys (SPEC §5).
 
-Rows recomputed from finite queries and keys are exact softmax rows, so the checks have nothing
-to find and only the source-winner votes are needed. They come from the compiled
-:func:`.compiled.vote.vote_from_keys`, which compares logits plus ``log‖v‖`` and settles each row
-by a margin test (on long layers the logits come from matrix products, :func:`_vote_by_blocks`);
-the rows it cannot settle (ties and near-ties within the logits' error bound) are recomputed in
-float64, in the blocks the rows path computes them in, and read as the pattern path reads them:
-the votes are those of the float64 rows bit for bit.
+Rows recomputed from finite queries and keys are exact softmax rows: the checks have nothing to
+find. The votes compare logits plus ``log‖v‖`` (:func:`.compiled.vote.vote_from_keys`, or
+:func:`_vote_by_blocks` on long layers) and settle each row by a margin test; the rows it cannot
+settle are recomputed in float64, as the rows path computes them: the votes of the float64 rows.
 
 :func:`check_and_vote` declines (``None``: the caller reads the rows) on the torch twins, without
 :class:`.block.QueryKeys` (a softcap, sink logits), for a non-finite query or key at a real

@@ -135,10 +135,9 @@ def _pattern_mass(pattern: Float[Tensor, "batch head query key"], is_token: Tens
 
 
 def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor, " batch"]:
-    """``sink="auto"``: each window's candidate with the largest mean mass over every layer and
-    head (ties → lower index; a window without a reading query takes its first position),
-    counted from its first real token. The front doors pass every layer in layer order
-    (:func:`tl_geometry.analyze.sink.choice_layers`), so a subset analysis picks the same key.
+    """``sink="auto"``: each window's candidate (from its first real token) with the largest mean
+    mass over every layer and head (ties → lower index; unread: its first position); every layer
+    is passed in order (:func:`tl_geometry.analyze.sink.choice_layers`), whatever ``layers=``.
 
         >>> m = torch.zeros(1, 2, 32); m[0, :, 3] = 0.5; m[0, 0, 0] = 0.4
         >>> choose_sink([m]).tolist()
