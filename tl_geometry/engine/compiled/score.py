@@ -2,44 +2,29 @@
 
 :func:`score_rows` scores every chosen query of every head: the top-N set, the top-N with the
 sink removed, ``R`` random subsets and ``S`` permutations of one of the nulls of SPEC §3 (values,
-norms, directions or unselected), for every N (SPEC §2–3). It has a
-pure-torch twin in :mod:`..twins.score` (for CUDA and other devices, and as a second
-implementation the tests compare); validation and votes are :mod:`.check`'s.
+norms, directions or unselected), for every N (SPEC §2–3). Its torch twin is :mod:`..twins.score`.
 
-Inner products ``⟨v_k, s_N⟩`` come one of two ways, chosen per layer by how many queries of a
-sequence are read (:func:`..layer._uses_gram`):
+Inner products ``⟨v_k, s_N⟩`` come one of two ways, chosen per layer (:func:`..layer._uses_gram`):
 
-- **from the vectors** (few queries: the last one, a sample): along each selection order the
-  aggregate ``s_N = Σ_{r<N} α_{π(r)} v_{π(r)}`` is grown between two N of the grid, and at each N
-  ``⟨v_k, s_N⟩ = Σ_c V[k, c] s_N[c]`` is one pass over the keys per four components
-  (:func:`_fill_dots`): ``O(|grid|·|keys|·d)`` per order, memory ``O(|keys|·d)`` per task, no
-  ``O(k²)`` matrix. Every key's sum runs over the components in one order, so bit-identical value
-  vectors get bit-identical products;
-- **from the Gram matrix** ``G = V Vᵀ`` of the row's value group (many queries, where one matrix
-  per group is cheaper than the inner products at every N), accumulated as nested prefix sums
-  along each order: ``⟨v_k, s_N⟩ = Σ_{r<N} α_{π(r)} G[π(r), k]``, one pass over ``max N`` rows of
-  ``G`` per order (four rows per pass over the keys; :mod:`.geometry` ties the rows of identical
-  vectors, so exact ties stay ties, SPEC §3).
-Euclidean comparisons use ``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders
-keys exactly as ``D`` does without the cancellation of ``‖s‖²``; ``‖s‖²`` enters only the
-margin. Keys that are not candidates carry a +∞ penalty, so the passes over the keys have no
-data-dependent branches; inversions are counted only when some key contaminates. Each parallel task is a block of
-:data:`QUERY_BLOCK` queries of one (sequence, head) that shares its scratch arrays.
+- **from the vectors** (few queries): ``s_N = Σ_{r<N} α_{π(r)} v_{π(r)}`` is grown along each
+  order, and at each N ``⟨v_k, s_N⟩ = Σ_c V[k, c] s_N[c]`` is one pass over the keys per four
+  components (:func:`_fill_dots`): ``O(|grid|·|keys|·d)`` per order, no ``O(k²)`` matrix;
+- **from the Gram matrix** ``G = V Vᵀ`` of the value group (many queries), as nested prefix sums
+  ``Σ_{r<N} α_{π(r)} G[π(r), k]`` along each order (:func:`_gram_rows`; :mod:`.geometry` ties
+  the rows of identical vectors, so exact ties stay ties, SPEC §3).
+Every key's sum runs in one order, so bit-identical value vectors get bit-identical products.
 
-The truncation figures (SPEC §10) belong to the top-N and sink-removed sets only (the baselines
-carry NaN). They are computed in the analysis space itself, from the value vectors: the output
-``o = Σ_k α_k v_k`` once per query, ``s_N`` grown along each order between two N of the grid,
-and ``‖o − s_N/Σ_{S_N} α‖`` directly, so a small tail is not lost to cancellation; the kept mass
-``Σ_{S_N} α`` is summed over the selected keys in float64, never formed as ``1 − τ_N``. Cost:
-``O(|keys|·d)`` per query, ``O(max N·d)`` per order that has them, ``O(d)`` per N.
+Euclidean comparisons use ``E_k = α_k(α_k G_kk − 2⟨v_k, s⟩) = D_k² − ‖s‖²``, which orders keys
+as ``D`` does without the cancellation of ``‖s‖²`` (it enters only the margin). Keys that are not
+candidates carry a +∞ penalty, so the passes over the keys have no data-dependent branches.
 
-The helpers of the per-N work are inlined (``inline="always"``) and every array below
-:func:`score_rows` is a borrowed view (:mod:`.borrow`): numba's reference counting (an atomic
-update per array and call) had cost a quarter of the kernel's time. Loops over a key range run on
-unsigned indices, which numba does not wrap around, so they vectorise.
+The truncation figures (SPEC §10; top-N and sink-removed sets only) come from the vectors:
+``o = Σ_k α_k v_k`` once per query and ``‖o − s_N/Σ_{S_N} α‖`` directly, so a small tail is not
+lost to cancellation; the kept mass is summed over the selected keys, never ``1 − τ_N``.
 
-Compiled on first use and cached on disk (``cache=True``), so only the first call of a fresh
-install pays the compilation.
+The per-N helpers are inlined and every array below :func:`score_rows` is a borrowed view
+(:mod:`.borrow`). Loops over a key range run on unsigned indices, which numba does not wrap
+around, so they vectorise. Compiled on first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -56,9 +41,8 @@ from ..options import NULL_NORMS, NULL_UNSELECTED, NULL_VALUES
 from .borrow import borrow
 from .order import SHUFFLE_SALT_U64, fisher_yates, mix, rank_keys
 
-#: Where :func:`_score` writes each figure in a row of ``out[group, n]``: its index on the metric
-#: axis of :data:`~tl_geometry.functional.figures.FIGURES`, looked up by name (compiled in as
-#: constants).
+#: Where :func:`_score` writes each figure in ``out[group, n]``: its metric slot in
+#: :data:`~tl_geometry.functional.figures.FIGURES` (compiled in as constants).
 (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_CC, TAIL_MASS, TRUNCATION_ERROR) = (
     slot("metric", name) for name in ("precision", "recall", "f_score", "margin", "inversions", "precision_cc",
                                       "f_score_cc", "tail_mass", "truncation_error"))
@@ -77,9 +61,8 @@ def compiled_slots():  # pragma: no cover - compiled
 
 @njit(cache=True, inline="always")
 def _row_e(lo, hi, alpha, dots, gdiag, norms, norm_s, cosine, raw):
-    """``raw[k]`` = E (Euclidean) or D (cosine) of every key ``lo ≤ k < hi``, candidate or not:
-    one vectorised pass, the expression of :func:`_key_e`, so each entry is the same bits."""
-    # Unsigned indices: numba adds no wraparound for negative ones, so the loops vectorise.
+    """``raw[k]`` = E (Euclidean) or D (cosine) of every key ``lo ≤ k < hi``, candidate or not,
+    in one vectorised pass."""
     ulo, uhi = np.uint64(lo), np.uint64(hi)
     if cosine:
         for k in range(ulo, uhi):
@@ -98,14 +81,10 @@ _INF_BITS = np.int64(0x7FF0000000000000)
 
 @njit(cache=True, inline="always")
 def _free_keys(lo, hi, raw, penalty, e_max, buf):
-    """``buf[k − lo]`` = ``raw[k]`` plus the key's penalty (+inf for keys that are not
-    candidates), for ``0 ≤ lo ≤ k < hi``; returns the smallest and how many are ``≤ e_max``.
-
-    The smallest is found on the bits: with the magnitude bits of a negative float flipped, the
-    int64 order is the float order (−0 before +0, which compare equal), and LLVM vectorises an
-    integer minimum, where it leaves a float one serial (a float minimum is not associative
-    under NaN). No entry is NaN: the rows and values are checked first.
-    """
+    """``buf[k − lo]`` = ``raw[k]`` + the key's penalty, for ``0 ≤ lo ≤ k < hi``; returns the
+    smallest and how many are ``≤ e_max``. The smallest is found on the bits (the int64 order of
+    :data:`_MAGNITUDE`-flipped bits is the float order, −0 before +0): LLVM vectorises an integer
+    minimum, not a float one. No entry is NaN: the rows and values are checked first."""
     ulo, uhi = np.uint64(lo), np.uint64(hi)
     bits = buf.view(np.int64)
     lowest = _INF_BITS
@@ -121,23 +100,11 @@ def _free_keys(lo, hi, raw, penalty, e_max, buf):
     return np.int64(lowest).view(np.float64), contaminating
 
 
-@njit(cache=True)
-def _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine):
-    """E (Euclidean) or D (cosine) of one key: the same expression as :func:`_row_e`."""
-    if cosine:
-        return 1.0 - alpha[k] * dots[k] / (alpha[k] * norms[k] * norm_s + COSINE_EPS)
-    return alpha[k] * (alpha[k] * gdiag[k] - 2.0 * dots[k])
-
-
 @njit(cache=True, inline="always")
 def _add_rows(index, start, stop, weights, values, vecs, row, total):  # pragma: no cover - compiled
     """``vecs[row] += Σ_j w_k v_k`` over ``k = index[j]``, ``start ≤ j < stop``, with
-    ``w_k = weights[k]`` and ``v_k = values[k]``; returns ``total + Σ_j w_k``.
-
-    Four rows per pass over the components, each component still summed one row after another
-    in ``j``'s order: every sum rounds exactly as the plain loop's, with a quarter of its loads
-    and stores of ``vec``.
-    """
+    ``w_k = weights[k]`` and ``v_k = values[k]``; returns ``total + Σ_j w_k``. Four rows per pass
+    over the components, each component still summed in ``j``'s order (the plain loop's bits)."""
     j = start
     while j + 4 <= stop:
         k0, k1, k2, k3 = index[j], index[j + 1], index[j + 2], index[j + 3]
@@ -172,13 +139,10 @@ def _output(keys, weights, values, vecs):  # pragma: no cover - compiled
 
 @njit(cache=True, inline="always")
 def _truncation(vecs, sq_o, tail, kept, out, grp, ni):  # pragma: no cover - compiled
-    """Add the tail mass ``τ_N`` and the relative error ``‖o − o_N‖/‖o‖`` of the renormalised
-    selection ``o_N = s_N/Σ_{S_N} α`` (SPEC §10) to their slots of ``out[grp, ni]``;
-    ``vecs[0]`` is ``o``, ``vecs[1]`` is ``s_N``, ``kept`` is ``Σ_{S_N} α`` summed over the
-    selected keys themselves (never ``1 − τ_N``: where little is kept, that difference is the
-    pattern's round-off). ``o = 0`` or ``kept`` below :data:`KEPT_MASS_MIN` gives a NaN error;
-    ``tail`` NaN (a baseline, which carries no truncation figures) gives NaN for both.
-    """
+    """Add ``τ_N`` and ``‖o − o_N‖/‖o‖`` with ``o_N = s_N/Σ_{S_N} α`` (SPEC §10) to
+    ``out[grp, ni]``; ``vecs`` holds ``o`` and ``s_N``, ``kept`` is ``Σ_{S_N} α``. ``o = 0`` or
+    ``kept`` below :data:`KEPT_MASS_MIN` gives a NaN error; a NaN ``tail`` (a baseline) NaN for
+    both."""
     if np.isnan(tail):
         out[grp, ni, TAIL_MASS] += np.nan
         out[grp, ni, TRUNCATION_ERROR] += np.nan
@@ -213,19 +177,14 @@ def _distance(k, alpha, values, source, vecs):  # pragma: no cover - compiled
 @njit(cache=True, inline="always")
 def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine, buf, sel, raw, out,
            grp, ni, vecs, sq_o, tail, kept, values, source, direct):
-    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order``, and τ_N (``tail``) and
-    the relative truncation error (SPEC §10; ``kept`` = Σ_{S_N} α), to their slots of
-    ``out[grp, ni]`` (the constants above).
+    """Add P, R, F, γ, GInv, P*, F* of the first ``n`` keys of ``order``, and the truncation
+    figures (:func:`_truncation`), to ``out[grp, ni]``.
 
-    ``keys`` are the row's valid keys; ``penalty`` is +inf at the keys that are not candidates
-    (the first ``n`` of ``order``, and ``excluded`` ≥ 0, the sink of the sink-removed group)
-    and 0 elsewhere. Adding it to E leaves the candidates' E bit for bit (x + 0 = x) and sends
-    the others past every comparison, so the passes over the keys carry no branches.
-    ``vecs`` holds the output ``o`` and ``s_N`` in the analysis space, ``sq_o = ‖o‖²``; key
-    ``k`` holds the vector ``values[source[k]]`` (moved by the unselected null, else its own).
-    ``direct``: the margin's two distances are computed from the vectors (the inner products came
-    from them), else from E (they came from the Gram matrix). ``raw`` (by key) and ``sel`` (by
-    rank) are scratch: every key's E once, and the selection's, read from it.
+    ``penalty`` is +inf at the keys that are not candidates (the first ``n`` of ``order``, and
+    ``excluded`` ≥ 0, the sink of the sink-removed group), 0 elsewhere: x + 0 = x keeps the
+    candidates' E bit for bit. Key ``k`` holds ``values[source[k]]``. ``direct``: the margin's
+    distances come from the vectors (as the inner products did), else from E (the Gram matrix).
+    ``raw`` (by key) and ``sel`` (by rank) are scratch.
     """
     sq_s = 0.0
     for r in range(n):
@@ -240,8 +199,7 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
         _row_e(lo, hi, alpha, dots, gdiag, norms, norm_s, cosine, raw)
     else:
         for j in range(m):
-            k = keys[j]
-            raw[k] = _key_e(k, alpha, dots, gdiag, norms, norm_s, cosine)
+            _row_e(keys[j], keys[j] + 1, alpha, dots, gdiag, norms, norm_s, cosine, raw)
     e_max = -np.inf
     for r in range(n):
         sel[r] = raw[order[r]]
@@ -333,19 +291,10 @@ def _score(order, n, keys, excluded, alpha, dots, gdiag, norms, penalty, cosine,
 def _run_order(order, n_max, keys, contiguous, excluded, alpha, columns, gram, gdiag, norms, n_values, cosine,
                dots, penalty, buf, sel, raw, out, grp, values, source, vecs, sq_o,
                total):  # pragma: no cover - compiled
-    """Grow ``s_N`` along ``order`` and add the scores of every N ≤ ``n_max`` to ``out[grp]``.
-
-    ``out[grp, i]`` must hold zeros (or a running sum over random samples) for every such N.
-    ``vecs[0]`` holds the output ``o`` under ``alpha`` (``sq_o = ‖o‖²``, ``total = Σ α``);
-    ``s_N = vecs[1]`` is grown here from ``values``, and ``⟨v_k, s_N⟩`` read from ``columns``
-    (the vectors by component, :func:`_fill_dots`), or accumulated from the rows of ``gram``
-    where it is not empty (:func:`_gram_rows`).
-
-    The row's arrays arrive borrowed (:mod:`.borrow`), and the per-N helpers are inlined into
-    this function, so nothing here updates a reference count.
-    """
+    """Grow ``s_N = vecs[1]`` along ``order`` and add the scores of every N ≤ ``n_max`` to
+    ``out[grp]`` (zeros, or a running sum over samples); ``vecs[0]`` is ``o`` (``sq_o = ‖o‖²``,
+    ``total = Σ α``). ``⟨v_k, s_N⟩`` comes from ``columns``, or from ``gram`` where not empty."""
     m = keys.shape[0]
-    # Unsigned indices: numba adds no wraparound for negative ones, so the loops vectorise.
     ulo, uhi = np.uint64(keys[0]), np.uint64(keys[m - 1] + 1)
     use_gram = gram.shape[0] > 0
     for k in range(ulo, uhi):
@@ -412,13 +361,9 @@ def _gram_rows(order, start, stop, alpha, gram, keys, contiguous, dots, penalty)
 
 @njit(cache=True, inline="always")
 def _fill_dots(columns, vecs, keys, contiguous, dots):  # pragma: no cover - compiled
-    """``dots[k] = ⟨v_k, s⟩`` at the row's keys, with ``s = vecs[1]`` and ``columns[c, k]`` the
-    ``c``-th component of ``v_k``.
-
-    Four components per pass over the keys, summed in the same grouping on both paths (one
-    range of keys, or keys gathered around padding): every key's sum rounds the same way, and
-    bit-identical vectors get bit-identical products.
-    """
+    """``dots[k] = ⟨v_k, s⟩`` at the row's keys, ``s = vecs[1]``, ``columns[c, k] = v_k[c]``. Four
+    components per pass over the keys, in the same grouping on both paths (a range of keys, or
+    keys around padding), so bit-identical vectors get bit-identical products."""
     d = columns.shape[0]
     m = keys.shape[0]
     if contiguous:
@@ -454,10 +399,8 @@ def _fill_dots(columns, vecs, keys, contiguous, dots):  # pragma: no cover - com
 
 @njit(cache=True)
 def _columns(values, n_keys, columns, gdiag):  # pragma: no cover - compiled
-    """``columns[c, k] = v_k[c]`` (widened to float64) and ``gdiag[k] = ‖v_k‖²`` for the first
-    ``n_keys`` keys of one value group ``values [k, d]``: the layout :func:`_fill_dots` reads
-    along the keys. ``‖v_k‖²`` is summed over the components in order, as
-    :func:`.geometry.sink_geometry` sums it."""
+    """``columns[c, k] = v_k[c]`` (widened to float64) and ``gdiag[k] = ‖v_k‖²`` (summed over the
+    components in order, as :func:`.geometry.sink_geometry` sums it) for the first ``n_keys``."""
     for k in range(n_keys):
         for c in range(values.shape[1]):
             columns[c, k] = values[k, c]
@@ -477,13 +420,10 @@ def _ratio(num, den):
 
 @njit(cache=True)
 def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: no cover - compiled
-    """Weights on the unmoved values for the norms and directions nulls (SPEC §3, ours).
-
-    Key ``k`` draws key ``π(k) = moved[k]``. Norms null: ``v'_k = ‖v_π(k)‖ v_k/‖v_k‖`` is the
-    unmoved ``v_k`` with weight ``α_k ‖v_π(k)‖/‖v_k‖`` (selection ``S_N``); directions null:
-    ``v'_k = ‖v_k‖ v_π(k)/‖v_π(k)‖`` is ``v_π(k)`` with weight ``α_k ‖v_k‖/‖v_π(k)‖`` at
-    ``π(k)`` (selection ``π(S_N)``). A key whose own or drawn value is zero gets weight 0.
-    """
+    """Weights on the unmoved values for the norms and directions nulls (SPEC §3, ours), key
+    ``k`` drawing ``π(k) = moved[k]``: norms null ``α_k ‖v_π(k)‖/‖v_k‖`` at ``k`` (selection
+    ``S_N``); directions null ``α_k ‖v_k‖/‖v_π(k)‖`` at ``π(k)`` (selection ``π(S_N)``). A key
+    whose own or drawn value is zero gets weight 0."""
     for j in range(keys.shape[0]):
         k = keys[j]
         src = moved[k]
@@ -497,24 +437,15 @@ def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: 
 def _run_unselected(top, n_max, keys, others, sink_key, contiguous, alpha, columns, gram, gdiag, norms, n_values,
                     cosine, shuffles, shuffle_key, dots, penalty, buf, sel, raw, moved_dots, moved_gdiag, moved_norms,
                     listed, drawn, moved_source, sigma, out, values, vecs):  # pragma: no cover - compiled
-    """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max`` of the grid, the sum
-    over ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the
-    non-sink keys outside ``S_N`` take each other's values.
+    """The unselected null (SPEC §3, ours): add, for every N ≤ ``n_max``, the sum over
+    ``shuffles`` permutations of the scores of ``S_N`` (the first N of ``top``) when the non-sink
+    keys outside ``S_N`` (``U_N``) take each other's values.
 
-    ``S_N`` keeps its values, so ``s_N`` and ``⟨v_k, s_N⟩`` are the top-N set's, grown once
-    along ``top`` (``vecs[1]``, :func:`_fill_dots`, or the rows of ``gram``); an unselected key
-    ``j`` that takes ``v_π(j)`` has ``E_j = α_j(α_j ‖v_π(j)‖² − 2⟨v_π(j), s_N⟩)``: the arrays
-    ``moved_*`` hold the moved ``⟨v, s⟩``, ``‖v‖²``, ``‖v‖`` and source key, and :func:`_score`
-    reads them in place of the real ones.
-
-    ``π`` comes from the value-shuffle null's permutation ``σ`` of each sample (the shuffle of
-    ``others``, the non-sink keys in position order: every visible key but ``sink_key``, −1 where
-    the query does not see the sink): the ``c``-th key of ``U_N`` (the non-sink
-    keys outside ``S_N``) in position order (``listed``) takes the value of the ``c``-th key of
-    ``U_N`` in ``σ``'s order (``drawn``), a uniform permutation of ``U_N``. One Fisher–Yates
-    shuffle per sample, as for the values null (row ``sample`` of the scratch ``sigma``), then
-    two branch-free O(|keys|) passes per N and sample on top of the scoring (their iterations
-    independent of each other); no inner product beyond the top-N set's.
+    ``S_N`` keeps its values, so ``s_N`` and ``⟨v_k, s_N⟩`` are the top-N set's, grown once; a key
+    ``j`` that takes ``v_π(j)`` has ``E_j = α_j(α_j ‖v_π(j)‖² − 2⟨v_π(j), s_N⟩)``, read from the
+    ``moved_*`` arrays. The ``c``-th key of ``U_N`` in position order (``listed``) takes the value
+    of the ``c``-th in the order of ``σ`` (``drawn``), the values null's shuffle of ``others``
+    (every visible key but ``sink_key``) of the sample: a uniform permutation of ``U_N``.
     """
     m = keys.shape[0]
     n_others = others.shape[0]
@@ -569,15 +500,9 @@ QUERY_BLOCK = 16
 
 
 class _RowArrays(NamedTuple):
-    """What one row of :func:`score_rows` (query ``qi`` of head ``h`` in sequence ``b``) writes
-    and reads beyond the chunk and the settings, as borrowed views (:mod:`.borrow`).
-
-    Its part of the outputs (:class:`..layout.ScoreOutputs`): ``metrics [group, n, metric]``,
-    ``sink_in_top [n]``, ``sink_fields [field]`` and ``random_var [n, metric]``; and its value
-    group: the vectors ``values [k, d]``, laid out by component ``columns [d, k]`` (empty where
-    the inner products come from the Gram matrix), the tied Gram matrix ``gram [k, k]`` (empty
-    where they come from the vectors) and the squared norms ``sq_norms [k]``.
-    """
+    """One row's part of the outputs (:class:`..layout.ScoreOutputs`) and its value group:
+    ``values [k, d]``, by component ``columns [d, k]`` (empty on the Gram path), the tied Gram
+    matrix ``gram [k, k]`` (empty on the vectors path) and ``sq_norms [k]``; borrowed views."""
 
     metrics: np.ndarray
     sink_in_top: np.ndarray
@@ -590,12 +515,8 @@ class _RowArrays(NamedTuple):
 
 
 class _Scratch(NamedTuple):
-    """A parallel task's scratch arrays, shared by the rows of its block (row ``t`` reads entries
-    ``≤ t`` only), as borrowed views: the row's keys ``keys [k]`` and their ranking ``top [k]``
-    (:func:`.order.rank_keys` uses ``single`` and ``packed``), the per-key ``floats`` and
-    ``ints`` (:func:`_score_row` says which row holds what), ``o`` and ``s_N`` in the analysis
-    space (``vecs [2, d]``, SPEC §10) and one random subset's scores (``one_sample [1, n,
-    metric]``)."""
+    """A parallel task's scratch arrays, shared by the rows of its block, as borrowed views
+    (:func:`_score_row` says which row of ``floats`` and ``ints`` holds what)."""
 
     keys: np.ndarray
     top: np.ndarray
@@ -609,23 +530,20 @@ class _Scratch(NamedTuple):
 
 @njit(parallel=True, cache=True)
 def score_rows(chunk, settings, outputs):  # pragma: no cover - compiled
-    """Score the chosen queries of ``chunk`` (:class:`..layout.ScoreChunk`) as ``settings``
-    (:class:`..layout.ScoreSettings`) say, into ``outputs`` (:class:`..layout.ScoreOutputs`).
+    """Score the chosen queries of ``chunk`` as ``settings`` say, into ``outputs`` (the records
+    of :mod:`..layout`).
 
     Query ``t``'s candidates are the real keys ``max(start, t − window + 1) … t`` (SPEC §1,
     ours; keys before the sink are ordinary keys), and a query that does not see the sink (its
     window starts after it, or the sink comes after the query) has no sink (no sink-removed
-    group, never "sink in S_N", no sink fields, every key shuffled). Each task lays its value
-    group's vectors out by component once (:func:`_columns`), unless the chunk holds their Gram
-    matrices (module docstring). Of the sink fields, only α_sink (``mass``) and the sink's share
-    of Σ α_j‖v_j‖ (``share``) are written here.
+    group, never "sink in S_N", no sink fields, every key shuffled). Of the sink fields, only
+    α_sink (``mass``) and the sink's share of Σ α_j‖v_j‖ (``share``) are written here.
 
     The value-shuffle null (SPEC §3) gives key ``k`` the value of key ``π(k)`` (``π`` permutes
-    the non-sink keys). Its distances are those of weights ``α'_{π(k)} = α_k`` on the *unmoved*
-    values with the selection ``π(S_N)``, so it reuses :func:`_run_order` on the same vectors.
-    ``settings.shuffle_kind`` (:data:`..options.NULL_VALUES` …) picks the null; the others are
-    rescaled weights on the same unmoved values (:func:`_null_weights`), or, for the unselected
-    null, the top-N aggregate with moved unselected keys (:func:`_run_unselected`).
+    the non-sink keys): the distances of weights ``α'_{π(k)} = α_k`` on the *unmoved* values with
+    the selection ``π(S_N)``, scored by :func:`_run_order` on the same vectors. The norms and
+    directions nulls rescale the weights (:func:`_null_weights`); the unselected null is
+    :func:`_run_unselected`.
     """
     n_cb, n_cg, n_pos, d = chunk.values.shape
     group_size = chunk.group_size
@@ -679,26 +597,21 @@ def score_rows(chunk, settings, outputs):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _score_row(chunk, settings, b, h, qi, arrays, scratch):  # pragma: no cover - compiled
-    """One row of :func:`score_rows`: query ``chunk.queries[b, qi]`` of head ``h``, with its
-    outputs and value group (``arrays``, :class:`_RowArrays`) and the task's scratch arrays
-    (``scratch``, :class:`_Scratch`)."""
+    """One row of :func:`score_rows`: query ``chunk.queries[b, qi]`` of head ``h``."""
     # The grid of N is passed down to every order: borrowed, as the arrays of ``arrays`` and
     # ``scratch`` are (``settings`` holds it through this call).
     n_values = borrow(settings.n_values)
     samples, shuffles, shuffle_kind, cosine = (settings.samples, settings.shuffles, settings.shuffle_kind,
                                                settings.cosine)
     queries, is_token, sink = chunk.queries, chunk.is_token, chunk.sink
-    out, random_var, sink_in_top, sink_fields = (arrays.metrics, arrays.random_var, arrays.sink_in_top,
-                                                 arrays.sink_fields)
-    values_bg, columns, gram_bg = arrays.values, arrays.columns, arrays.gram
-    keys_buf, top_buf, floats, ints, vecs, one_sample = (scratch.keys, scratch.top, scratch.floats, scratch.ints,
-                                                         scratch.vecs, scratch.one_sample)
+    out, sink_in_top, sink_fields, random_var, values_bg, columns, gram_bg, sq_norms = arrays
+    keys_buf, top_buf, single, packed, floats, ints, vecs, one_sample = scratch
     n_sizes = n_values.shape[0]
     n_metrics = out.shape[-1]
     t = queries[b, qi]
     random_var[:] = np.nan
+    out[:] = np.nan
     if t < 0 or not is_token[b, t]:
-        out[:] = np.nan
         sink_fields[:] = np.nan
         return
     row = chunk.row_of[b, qi]
@@ -717,7 +630,7 @@ def _score_row(chunk, settings, b, h, qi, arrays, scratch):  # pragma: no cover 
     for j in range(m):
         k = keys[j]
         alpha[k] = chunk.rows[b, h, row, k]
-        gdiag[k] = arrays.sq_norms[k]
+        gdiag[k] = sq_norms[k]
         norms[k] = np.sqrt(max(gdiag[k], 0.0))
         contribution = alpha[k] * norms[k]
         total += contribution
@@ -729,13 +642,12 @@ def _score_row(chunk, settings, b, h, qi, arrays, scratch):  # pragma: no cover 
         # (numba's division would raise ZeroDivisionError).
         sink_fields[SINK_SHARE] = alpha[s] * norms[s] / total if total > 0.0 else np.nan
     top = top_buf[:m]
-    rank_keys(keys, score, scratch.single, scratch.packed, top)  # descending weight, ties → lower index (SPEC §2)
+    rank_keys(keys, score, single, packed, top)  # descending weight, ties → lower index (SPEC §2)
     sink_rank = 0 if sees_sink else m  # without the sink in the window, it is in no S_N
     while sink_rank < m and top[sink_rank] != s:
         sink_rank += 1
     for ni in range(n_sizes):
         sink_in_top[ni] = sees_sink and sink_rank < n_values[ni]
-    out[:] = np.nan
     # int64 values, not literals, for every argument of _run_order: numba compiles a call once
     # per literal it is given, and these keep all four calls on one compiled specialisation.
     n_top = np.int64(0)  # largest N of the grid that fits: 1 ≤ N < |keys|
@@ -745,16 +657,14 @@ def _score_row(chunk, settings, b, h, qi, arrays, scratch):  # pragma: no cover 
     for ni in range(n_sizes):
         if n_values[ni] < m:
             n_top = n_values[ni]
-        if sees_sink and n_values[ni] < m - 1:
-            n_drop = n_values[ni]
-    for ni in range(n_sizes):
-        if n_values[ni] < m:
             out[0, ni, :] = 0.0
             if samples > 0:
                 out[1, ni, :] = 0.0
             if shuffles > 0:
                 out[2, ni, :] = 0.0
+            random_var[ni, :] = 0.0
         if sees_sink and n_values[ni] < m - 1:
+            n_drop = n_values[ni]
             out[3, ni, :] = 0.0
     # The output o once per query, for the truncation figures of the top-N and sink-removed sets
     # (SPEC §10); the baselines carry none (a NaN ``total`` makes them NaN).
@@ -780,9 +690,6 @@ def _score_row(chunk, settings, b, h, qi, arrays, scratch):  # pragma: no cover 
     # Each subset is scored on its own (``one_sample``) and added to the group's sum, which is
     # what scoring into the sum directly adds (0 + x is x), and to a sum of squares for its
     # Monte Carlo variance.
-    for ni in range(n_sizes):
-        if n_values[ni] < m:
-            random_var[ni, :] = 0.0
     for sample in range(samples):
         perm[:] = keys
         fisher_yates(perm, n_top, row_key, sample)
@@ -807,12 +714,12 @@ def _score_row(chunk, settings, b, h, qi, arrays, scratch):  # pragma: no cover 
             others[c] = keys[j]
             c += 1
     n_others = others.shape[0]
+    shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
     if shuffles > 0 and shuffle_kind == NULL_UNSELECTED:
         _run_unselected(top, n_top, keys, others, sink_key, contiguous, alpha, columns, gram_bg, gdiag, norms, n_values,
-                        cosine, shuffles, mix(row_key ^ SHUFFLE_SALT_U64), dots, penalty, buf, sel, raw, floats[3],
+                        cosine, shuffles, shuffle_key, dots, penalty, buf, sel, raw, floats[3],
                         floats[9], floats[10], ints[2], ints[3], ints[6], ints[7:], out, values_bg, vecs)
     elif shuffles > 0:
-        shuffle_key = mix(row_key ^ SHUFFLE_SALT_U64)
         moved = ints[2]  # π(k)
         order = ints[3][:n_top]
         weights = floats[3]  # α'_{π(k)} = α_k at the keys (the scores are no longer needed)
