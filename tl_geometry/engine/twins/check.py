@@ -35,10 +35,7 @@ def check_and_vote(
     stats: Float[Tensor, "batch head stat"], vote_of: Int[Tensor, "batch head pos"], first: Int[Tensor, " batch"],
     stop: Int[Tensor, " batch"], start: Int[Tensor, " batch"], first_keys: Float[Tensor, "batch head key33"],
 ) -> None:
-    """:func:`..compiled.check.check_and_vote` in torch, same arguments: the rows of queries
-    ``q_start …`` add to ``stats`` and ``first_keys`` and write their votes' kinds into ``vote_of``
-    (in place); ``window`` is the layer's sliding window (:data:`..options.NO_WINDOW`: none)."""
-    # A few float64 copies of the rows are held per block, never a whole [head, query, key].
+    """:func:`..compiled.check.check_and_vote` in torch, same arguments, written in place."""
     step = max(1, TORCH_CHECK_BYTES // (rows.shape[1] * rows.shape[-1] * 8))
     for q0 in range(0, rows.shape[2], step):
         _check_block(rows[:, :, q0 : q0 + step], q_start + q0, is_token, sink, norms, group_size, window,
@@ -60,22 +57,25 @@ def _check_block(
         x = rows[b].to(COMPUTE_DTYPE)  # [h, q, k]
         query_real = is_token[b, q_start : q_start + n_q]
         row_real = query_real[None, :, None]
-        valid = causal & in_window & is_token[b][None, :] & row_real
+        real_key = is_token[b][None, :]
+        valid = causal & in_window & real_key & row_real
         finite = torch.isfinite(x)
         bad = valid & ~finite
         s = stats[b]
-        first_q, first_k = _first_index(bad)
-        new = (s[:, ST_NONFINITE] == 0) & bad.any((-1, -2))
-        s[:, ST_NONFINITE_Q] = torch.where(new, first_q + q_start, s[:, ST_NONFINITE_Q])
+        flat = bad.flatten(1)
+        at = flat.to(torch.int8).argmax(-1)  # each head's first in row-major order
+        first_q, first_k = (at // n_pos + q_start).to(COMPUTE_DTYPE), (at % n_pos).to(COMPUTE_DTYPE)
+        new = (s[:, ST_NONFINITE] == 0) & flat.any(-1)
+        s[:, ST_NONFINITE_Q] = torch.where(new, first_q, s[:, ST_NONFINITE_Q])
         s[:, ST_NONFINITE_K] = torch.where(new, first_k, s[:, ST_NONFINITE_K])
         s[:, ST_NONFINITE] += bad.sum((-1, -2)).to(COMPUTE_DTYPE)
         leak = (~valid & row_real) & ~(x.abs() <= LEAK_TOL)
-        amount = torch.where(torch.isfinite(x), x.abs(), torch.inf)
-        s[:, ST_FUTURE] = torch.maximum(s[:, ST_FUTURE], torch.where(leak & ~causal, amount, 0).amax((-1, -2)))
-        padding = causal & ~is_token[b][None, :]
-        s[:, ST_PADDING] = torch.maximum(s[:, ST_PADDING], torch.where(leak & padding, amount, 0).amax((-1, -2)))
-        before = causal & ~in_window & is_token[b][None, :]  # real keys before the window
-        s[:, ST_WINDOW] = torch.maximum(s[:, ST_WINDOW], torch.where(leak & before, amount, 0).amax((-1, -2)))
+        amount = torch.where(finite, x.abs(), torch.inf)
+        # Future keys, padding, real keys before the window.
+        for slot, keys_of in zip((ST_FUTURE, ST_PADDING, ST_WINDOW),
+                                 (~causal, causal & ~real_key, causal & ~in_window & real_key)):
+            leaked = torch.where(leak & keys_of, amount, 0).amax((-1, -2))
+            s[:, slot] = torch.maximum(s[:, slot], leaked)
         good = valid & finite
         s[:, ST_MIN] = torch.minimum(s[:, ST_MIN], torch.where(good, x, 0).amin((-1, -2)).clamp_max(0))
         row_sum = torch.where(good, x, 0).sum(-1)  # [h, q]
@@ -100,14 +100,3 @@ def _check_block(
             n_keys = first_keys.shape[-1] - 1
             columns = torch.cat([start[b] + torch.arange(n_keys, device=device), sink[b : b + 1]])
             first_keys[b] += x[:, read][:, :, columns].sum(1)
-
-
-def _first_index(bad: Bool[Tensor, "head query key"]) -> tuple[Tensor, Tensor]:
-    """(query, key) of each head's first True in row-major order, −1 where none."""
-    flat = bad.flatten(1)
-    pos = flat.to(torch.int8).argmax(-1)
-    n_key = bad.shape[-1]
-    none = ~flat.any(-1)
-    q = torch.where(none, -1, pos // n_key).to(COMPUTE_DTYPE)
-    k = torch.where(none, -1, pos % n_key).to(COMPUTE_DTYPE)
-    return q, k

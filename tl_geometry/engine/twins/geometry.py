@@ -18,10 +18,8 @@ def write_sink_geometry(
     queries: Int[Tensor, "b q"], h0: int, group_size: int, window: int,
     sink_fields: Float[Tensor, "b head q field"],
 ) -> None:
-    """:func:`..compiled.geometry.sink_geometry` in torch, same arguments: κ and the two cosines
-    of ``sink_fields`` (SPEC §4) at the chosen queries for the heads ``h0 …`` of value groups
-    ``values``, NaN at −1 and padded queries and where the query's ``window`` does not hold
-    the sink."""
+    """:func:`..compiled.geometry.sink_geometry` in torch, same arguments, NaN at −1 and padded
+    queries and where the query's ``window`` does not hold the sink."""
     sees_sink = (queries - window < sink[:, None]) & (sink[:, None] <= queries)
     geometry = sink_geometry(values, is_token, sink, queries, sees_sink, window)
     ok = ((queries >= 0) & is_token.gather(1, queries.clamp_min(0)))[:, None, :, None]
@@ -55,10 +53,8 @@ def band_gram(values: Float[Tensor, "b g k d"], window: int) -> Float[Tensor, "b
 
 
 def tied_gram(values: Float[Tensor, "b g k d"], window: int | None = None) -> Float[Tensor, "b g k j"]:
-    """``G = V Vᵀ`` with duplicate rows made bit-identical (BLAS may round them apart). The
-    torch twin builds the whole matrix whatever the ``window`` (the compiled backend builds
-    only the band a sliding window reads): a sliding-window query reads only the band, so the
-    scores agree to float64 round-off."""
+    """``G = V Vᵀ`` with duplicate rows made bit-identical (BLAS may round them apart), whole
+    whatever the ``window``: a sliding-window query reads only the band (:func:`band_gram`)."""
     gram = values @ values.transpose(-1, -2)  # b g k j; matmul is markedly faster than einsum here
     dup = first_duplicate(values)
     if not torch.equal(dup, torch.arange(dup.shape[-1], device=dup.device).expand_as(dup)):
@@ -69,16 +65,12 @@ def tied_gram(values: Float[Tensor, "b g k d"], window: int | None = None) -> Fl
 
 def sink_geometry(
     values: Float[Tensor, "b g k d"], is_token: Bool[Tensor, "b k"], sink: Int[Tensor, " b"],
-    queries: Int[Tensor, "b q"], sees_sink: Bool[Tensor, "b q"] | None = None, window: int | None = None,
+    queries: Int[Tensor, "b q"], sees_sink: Bool[Tensor, "b q"], window: int | None = None,
 ) -> Float[Tensor, "b g q 3"]:
-    """κ, mean cosine to the sink and cosine to the mean, at each query (SPEC §4).
-
-    Over ``J_t`` = the real keys query ``t`` sees (``t − window < j ≤ t``; every key ``≤ t``
-    without a ``window``) except the sink: sums over ``J_t`` are differences of prefix sums along
-    the keys when most queries are chosen (``O(d)`` per query), and masked sums at the few chosen
-    queries otherwise (the last-query protocol reads no other position). NaN where ``J_t`` is
-    empty, and where ``sees_sink`` is False: a query that does not see the sink has none (SPEC
-    §1, ours).
+    """κ, mean cosine to the sink and cosine to the mean, at each query (SPEC §4), over ``J_t``
+    (:func:`..compiled.geometry.sink_geometry`): differences of prefix sums along the keys when
+    most queries are chosen, else masked sums at the chosen queries. NaN where ``J_t`` is empty,
+    and where ``sees_sink`` is False: a query that does not see the sink has none (SPEC §1, ours).
     """
     n_key = values.shape[2]
     keys = torch.arange(n_key, device=values.device)
@@ -115,9 +107,7 @@ def sink_geometry(
             return einsum(x, weight, "b g k, b q k -> b g q")
 
         total = einsum(weight, values, "b q k, b g k d -> b g q d")
-    count = upto(torch.ones_like(norms))
-    if sees_sink is not None:
-        count = torch.where(sees_sink[:, None, :], count, 0.0)
+    count = torch.where(sees_sink[:, None, :], upto(torch.ones_like(norms)), 0.0)
     fields = torch.stack([
         sink_norm / (upto(norms) / count),
         upto(cos) / count,

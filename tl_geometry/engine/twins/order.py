@@ -14,42 +14,44 @@ from ..rng import SHUFFLE_SALT, torch_mix, torch_swap_index
 
 def random_ranks(valid: Tensor, m: Tensor, row_key: Tensor, samples: int, n_values: Tensor) -> Tensor:
     """Ranks of the partial Fisher–Yates shuffles of :mod:`..rng` (``[b, h, q, sample, k]``)."""
-    n_b, n_h, n_q = row_key.shape
     n_key = valid.shape[-1]
-    keys = torch.arange(n_key, device=valid.device)
-    listed = torch.sort(torch.where(valid, keys, n_key), dim=-1).values  # valid keys first, in order
-    perm = listed[:, None, :, None, :].expand(n_b, n_h, n_q, samples, n_key).clone()
     fits = n_values[None, None, :] < m[..., None]  # [b, q, n]
     n_top = torch.where(fits, n_values, 0).amax(-1)[:, None, :, None]  # [b, 1, q, 1]
-    sample = torch.arange(samples, device=valid.device)
-    mm = m[:, None, :, None]
-    for r in range(int(n_top.max()) if n_top.numel() else 0):
-        j = torch_swap_index(row_key[..., None], sample, r, mm).clamp_max(n_key - 1)
-        live = r < n_top
-        a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
-        perm[..., r] = torch.where(live, b, a)
-        perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
+    _, perm = _fisher_yates(valid, row_key[..., None], samples, n_top, m[:, None, :, None])
     position = torch.arange(n_key, device=valid.device).expand_as(perm)
     rank = torch.full((*perm.shape[:-1], n_key + 1), n_key, dtype=torch.int64, device=valid.device)
     rank.scatter_(-1, perm, torch.where(position < n_top[..., None], position, n_key))
     return rank[..., :n_key]
 
 
+def _fisher_yates(mask: Tensor, key: Tensor, samples: int, steps: Tensor,
+                  m: Tensor) -> tuple[Tensor, Tensor]:
+    """``(listed [b, q, k], perm [b, h, q, sample, k])``: the keys of ``mask`` in position order
+    (the slots past them hold ``n_key``), and the first ``steps`` swaps of the Fisher–Yates
+    shuffle of these ``m`` keys in each sample, drawn with ``key [b, h, q, 1]`` (the kernel's)."""
+    n_b, n_q, n_key = mask.shape
+    keys = torch.arange(n_key, device=mask.device)
+    listed = torch.sort(torch.where(mask, keys, n_key), dim=-1).values
+    perm = listed[:, None, :, None, :].expand(n_b, key.shape[1], n_q, samples, n_key).clone()
+    sample = torch.arange(samples, device=mask.device)
+    for r in range(int(steps.max()) if steps.numel() else 0):
+        j = torch_swap_index(key, sample, r, m).clamp_max(n_key - 1)
+        live = r < steps
+        a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
+        perm[..., r] = torch.where(live, b, a)
+        perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
+    return listed, perm
+
+
 def shuffled(alpha: Tensor, top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, shuffle_kind: int,
              norms: Tensor) -> tuple[Tensor, Tensor]:
-    """Weights ``[b, h, q, sample, k]`` and ranks of the value-shuffle null, as in the kernel.
-
-    Key ``k`` takes the value of ``π(k)``, a full Fisher–Yates shuffle of the non-sink valid
-    keys (``keep``); equivalently weight ``α_k`` sits on key ``π(k)``, ranked as ``k``. The norms
-    and directions nulls rescale the weights (``norms [b, h, 1, k]`` = ‖v‖), as
-    :func:`..compiled.score._null_weights` does: the norms null keeps ``α_k ‖v_π(k)‖/‖v_k‖`` on
-    ``k`` itself, the directions null puts ``α_k ‖v_k‖/‖v_π(k)‖`` on ``π(k)``.
-    """
+    """Weights ``[b, h, q, sample, k]`` and ranks of the value-shuffle null: weight ``α_k`` on key
+    ``π(k)`` (a shuffle of the non-sink valid keys, ``keep``), ranked as ``k``; the norms and
+    directions nulls rescale it as :func:`..compiled.score._null_weights` does."""
     n_key = alpha.shape[-1]
-    listed, perm = _value_permutations(keep, row_key, shuffles, alpha.shape[1])
+    listed, perm = _value_permutations(keep, row_key, shuffles)
     # moved[k] = π(k): identity off the listed keys; position n_key absorbs the unused slots.
-    keys = torch.arange(n_key, device=alpha.device)
-    moved = torch.cat([keys, keys.new_tensor([n_key])]).expand(*perm.shape[:-1], n_key + 1).clone()
+    moved = torch.arange(n_key + 1, device=alpha.device).expand(*perm.shape[:-1], n_key + 1).clone()
     moved.scatter_(-1, listed[:, None, :, None, :].expand_as(perm), perm)
     moved = moved[..., :n_key]
     placed = alpha[:, :, :, None].expand_as(moved)  # the weight that moves with key k
@@ -70,38 +72,19 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)
 
 
-def _value_permutations(keep: Tensor, row_key: Tensor, shuffles: int, n_h: int) -> tuple[Tensor, Tensor]:
-    """``(listed [b, q, k], σ [b, h, q, sample, k])``: the non-sink valid keys (``keep``) in
-    position order, and their full Fisher–Yates shuffle of each sample from the value-shuffle
-    stream (the kernel's); the slots past each row's keys hold ``k`` (= ``n_key``)."""
-    n_b, n_q, n_key = keep.shape
-    device = keep.device
-    keys = torch.arange(n_key, device=device)
-    listed = torch.sort(torch.where(keep, keys, n_key), dim=-1).values  # [b, q, k]
-    perm = listed[:, None, :, None, :].expand(n_b, n_h, n_q, shuffles, n_key).clone()
+def _value_permutations(keep: Tensor, row_key: Tensor, shuffles: int) -> tuple[Tensor, Tensor]:
+    """:func:`_fisher_yates` of the non-sink valid keys (``keep``), whole, from the value-shuffle
+    stream: ``(listed, σ)``."""
     m = keep.sum(-1)[:, None, :, None]  # [b, 1, q, 1]
-    shuffle_key = torch_mix(row_key ^ SHUFFLE_SALT)[..., None]
-    sample = torch.arange(shuffles, device=device)
-    for r in range(int(m.max()) - 1 if m.numel() else 0):
-        j = torch_swap_index(shuffle_key, sample, r, m).clamp_max(n_key - 1)
-        live = r < m - 1
-        a, b = perm[..., r].clone(), perm.gather(-1, j[..., None]).squeeze(-1)
-        perm[..., r] = torch.where(live, b, a)
-        perm.scatter_(-1, j[..., None], torch.where(live, a, b)[..., None])
-    return listed, perm
+    return _fisher_yates(keep, torch_mix(row_key ^ SHUFFLE_SALT)[..., None], shuffles, m - 1, m)
 
 
 def unselected_sources(top: Tensor, keep: Tensor, row_key: Tensor, shuffles: int, n_values: Tensor) -> Tensor:
     """``source [b, h, q, sample, n, k]``: the key whose value key ``k`` holds in the unselected
-    null (SPEC §3, ours), as in :func:`..compiled.score._run_unselected`.
-
-    For each N, ``U_N`` = the non-sink valid keys outside ``S_N`` (rank ≥ N): its ``c``-th key in
-    position order takes the value of its ``c``-th key in the order of the value-shuffle
-    permutation ``σ`` of the sample; every other key is its own source.
-    """
-    n_h, n_key = top.shape[1], top.shape[-1]
+    null (SPEC §3, ours), as :func:`..compiled.score._run_unselected` draws it."""
+    n_key = top.shape[-1]
     keys = torch.arange(n_key, device=top.device)
-    _, sigma = _value_permutations(keep, row_key, shuffles, n_h)  # [b, h, q, sample, k]
+    _, sigma = _value_permutations(keep, row_key, shuffles)  # [b, h, q, sample, k]
     at = torch.full((*sigma.shape[:-1], n_key + 1), n_key, dtype=sigma.dtype, device=top.device)
     at.scatter_(-1, sigma, keys.expand_as(sigma))  # at[k] = k's place in σ (n_key off σ)
     unselected = keep[:, None, :, None, :] & (top[:, :, :, None, :] >= n_values[:, None])  # [b, h, q, n, k]

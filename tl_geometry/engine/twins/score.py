@@ -1,10 +1,6 @@
-"""Scoring in torch: the twin of :mod:`..compiled.score`, for every device numba does not serve.
-
-Same inputs, outputs and random stream as the kernel (the tests compare the two against the
-NumPy reference), vectorised over sequences, heads, queries, selections and N instead of looping
-over rows; only the Fisher–Yates steps of :mod:`.order` (at most ``max N``) are a Python loop.
-Work is split over queries so that one block holds about :data:`..layout.BLOCK_ELEMENTS`
-selection weights.
+"""Scoring in torch: the twin of :mod:`..compiled.score`, vectorised over sequences, heads,
+queries, selections and N (only the Fisher–Yates steps of :mod:`.order` are a Python loop), in
+blocks of queries of about :data:`..layout.BLOCK_ELEMENTS` selection weights.
 """
 
 from __future__ import annotations
@@ -40,15 +36,12 @@ def score_vectors(data: LayerBlock, chunk: Tensor) -> Tensor:
 
 
 def score_rows(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutputs) -> None:
-    """:func:`..compiled.score.score_rows` in torch: same records (:mod:`..layout`), same outputs
-    (written in place).
+    """:func:`..compiled.score.score_rows` in torch, same records, outputs written in place.
 
-    Inner products come from ``s = Σ w_k v_k`` of every selection and N, ``⟨v_k, s⟩ = V s``, or
-    from the tied Gram matrices ``chunk.gram`` where they are given (not empty), ``⟨v_k, s⟩ =
-    Σ w_j G[j, k]`` (:class:`_Dots`), as in the kernel but vectorised. The truncation figures
-    (SPEC §10) come from inner products here (:func:`_truncation`), not from the difference
-    vectors as in the kernel: two computations that the tests hold to each other.
-    ``chunk.start`` is not read: ``chunk.is_token`` keeps padding out of the candidates."""
+    Inner products come from the vectors or the tied Gram matrices ``chunk.gram`` where not empty
+    (:class:`_Dots`), as in the kernel. The truncation figures (SPEC §10) come from inner products
+    here (:func:`_truncation`), not from the difference vectors: two computations that the tests
+    hold to each other. ``chunk.is_token`` keeps padding out of the candidates (no ``start``)."""
     queries, values, gram = chunk.queries, chunk.values, chunk.gram
     n_ch = values.shape[1] * chunk.group_size
     n_sel = 2 + settings.samples + settings.shuffles
@@ -133,10 +126,9 @@ def _score_block(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutpu
 
 
 class _Dots:
-    """``⟨v_k, Σ_j w_j v_j⟩`` for rows of weights ``w`` over the keys of each value group: from
-    the value vectors (``O(k·d)`` per row, no ``O(k²)`` matrix), or from the tied Gram matrices
-    ``gram`` where given. Keys with bit-identical value vectors read the first one's products and
-    squared norm: BLAS may round equal rows apart, which would split exact ties (SPEC §3)."""
+    """``⟨v_k, Σ_j w_j v_j⟩`` for rows of weights ``w`` over the keys of each value group, from
+    the value vectors or from the tied Gram matrices ``gram`` where given. Keys with bit-identical
+    value vectors read the first one's products and squared norm (SPEC §3's exact ties)."""
 
     def __init__(self, values: Float[Tensor, "b g k d"], gram: Float[Tensor, "b g k j"] | None = None) -> None:
         self.values, self.gram = values, gram
@@ -164,11 +156,9 @@ class _Dots:
 
     def distance(self, alpha: Tensor, key: Tensor, aggregate: Tensor, group_size: int,
                  source: Tensor | None) -> Tensor:
-        """``D = ‖α_k v_k − s‖`` at one key per row, from the vectors (exactly 0 where the key's
-        contribution is all that ``s`` holds, where ``√(E + ‖s‖²)`` would be the square root of
-        a rounding error): ``alpha [b, h, q, sel or 1, k]``, ``key [b, h, q, sel, n]``,
-        ``aggregate [b, h, q, sel, n, d]``; with ``source`` (the unselected null) key ``k``
-        holds the vector of key ``source[k]``."""
+        """``D = ‖α_k v_k − s‖`` at one key per row, from the vectors (as
+        :func:`..compiled.score._distance`): ``key [b, h, q, sel, n]``, ``aggregate [b, h, q, sel,
+        n, d]``; with ``source`` (the unselected null) key ``k`` holds ``source[k]``'s vector."""
         weight = alpha[..., None, :].expand(*key.shape, alpha.shape[-1]).gather(-1, key[..., None])
         held = key if source is None else source.gather(-1, key[..., None]).squeeze(-1)
         by_head = self.values.repeat_interleave(group_size, dim=1)  # [b, h, k, d]
@@ -184,13 +174,10 @@ class _Dots:
 
 def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, source=None,
            truncate=True) -> tuple[Tensor, Tensor]:
-    """The metrics of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not
-    fit: SPEC §3's, and the truncation figures of SPEC §10 (a second tensor; NaN unless
-    ``truncate``: the baselines carry none).
-
-    ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys. With ``source
-    [b, h, q, sample, n, k]`` (the unselected null), key ``k`` holds the value of key
-    ``source[k]`` (the selected keys their own): its ``⟨v, s⟩`` and ``‖v‖²`` are read there.
+    """The metrics of SPEC §3 and the truncation figures of SPEC §10 (NaN unless ``truncate``)
+    of every (selection, N), ``[b, h, q, sel, n, metric]``, NaN where N does not fit.
+    ``alpha [b, h, q, sel or 1, k]`` are the weights of each selection's keys; with ``source
+    [b, h, q, sample, n, k]`` (the unselected null), key ``k`` holds the value of ``source[k]``.
     """
     n = n_values[:, None]
     selected = rank[..., None, :] < n  # [b, h, q, sel, n, k]
@@ -235,13 +222,10 @@ def _score(alpha, inner, gdiag, rank, keyset, n_values, group_size, cosine, sour
 
 
 def _truncation(alpha, inner, dots, selected, sq_s, group_size) -> tuple[Tensor, Tensor]:
-    """``τ_N`` and ``‖o − o_N‖/‖o‖`` (SPEC §10) of every (selection, N), ``[b, h, q, sel, n]``,
-    as :func:`..compiled.score._truncation` defines them: ``o_N = s_N/Σ_{S_N} α`` with the kept
-    mass summed over the selected keys, a NaN error below :data:`KEPT_MASS_MIN`.
-
-    ``alpha [b, h, q, sel or 1, k]`` is 0 off the row's keys, so the tail is every key with a
-    weight outside the selection (the sink too, in the sink-removed group). With ``t = o − s_N``,
-    ``o − o_N = t − r s_N`` where ``r = (1 − kept)/kept``.
+    """``τ_N`` and ``‖o − o_N‖/‖o‖`` of every (selection, N), ``[b, h, q, sel, n]``, as
+    :func:`..compiled.score._truncation` defines them. ``alpha`` is 0 off the row's keys, so the
+    tail is every key weighted outside the selection (the sink too, in the sink-removed group).
+    With ``t = o − s_N``, ``o − o_N = t − r s_N`` where ``r = (1 − kept)/kept``.
     """
     grouped = rearrange(alpha, "b (g r) q s k -> b g (r q s) k", r=group_size)
     o_dots = rearrange(inner(grouped), "b g (r q s) k -> b (g r) q s k", r=group_size,
