@@ -1,23 +1,14 @@
 """Every combination of argument types the engine calls the kernels with, to compile them at once.
 
-numba compiles a kernel once per combination of argument types (a specialisation) and caches
-each on disk apart, so a run that reaches a new combination compiles again even where the disk
-cache holds the others: a float64 cache after a float32 one, the float64 rows of the recompute
-path, the logits of long windows, the rows that only a near tie makes the votes read again.
-:data:`SIGNATURES` lists every combination the engine reaches, for float32, bfloat16, float16
-and float64 inputs, value or output space, rows from a cached pattern or from queries and keys;
-:func:`compile_all` compiles each (or loads it from the disk cache), so that the process that
-compiles leaves the cache whole and no later process compiles again.
-
-The backend hands every kernel C-contiguous arrays (:mod:`..backend`), so every array type here
-is C-ordered. The scoring kernel takes records (the named tuples of :mod:`..layout`), which numba
-types as a tuple of its fields' types tied to the class (:func:`_record`).
-tests/engine/test_first_run.py checks that the engine's calls are exactly these.
+numba compiles and caches a kernel once per combination of argument types, so a run that
+reaches a new one (a float64 cache after a float32 one, the recompute path, a near tie in the
+votes) compiles again. :func:`compile_all` compiles every combination of :data:`SIGNATURES` (or
+loads it from the disk cache), so no later process compiles again. Every array is C-contiguous
+(:mod:`..backend`); tests/engine/test_first_run.py checks that the engine's calls are exactly these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from numba import types
@@ -40,9 +31,8 @@ def _a(dtype: Any, ndim: int) -> types.Array:
 
 
 def _record(cls: type[NamedTuple], **fields: Any) -> types.BaseTuple:
-    """The type numba gives a record ``cls`` (a named tuple) whose fields have these types, named
-    in the order of ``cls._fields``: a ``NamedTuple`` type, or a ``NamedUniTuple`` where every
-    field has the same type, as :func:`numba.typeof` types an instance."""
+    """The type :func:`numba.typeof` gives a record ``cls`` (a named tuple of :mod:`..layout`)
+    whose fields, named in the order of ``cls._fields``, have these types."""
     if tuple(fields) != cls._fields:
         raise ValueError(f"{cls.__name__} has the fields {cls._fields}, not {tuple(fields)}")
     return types.BaseTuple.from_types(tuple(fields.values()), cls)
@@ -51,11 +41,7 @@ def _record(cls: type[NamedTuple], **fields: Any) -> types.BaseTuple:
 def _signatures() -> list[tuple[str, tuple[Any, ...]]]:
     """``(kernel, argument types)`` of every call of :mod:`..backend` and :mod:`..key_votes`."""
     stats, vote_of = _a(_F, 3), _a(types.int8, 3)
-    found: list[tuple[str, tuple[Any, ...]]] = []
-    for rows in PRECISIONS:
-        found.append(("check.check_and_vote", (_a(rows, 4), _I, _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I, stats,
-                                               vote_of, _a(_I, 1), _a(_I, 1), _a(_I, 1), _a(_F, 3))))
-    found += [
+    found: list[tuple[str, tuple[Any, ...]]] = [
         ("check.check_and_vote_rows", (_a(_F, 4), _a(_I, 2), _a(_B, 3), _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I,
                                        stats, vote_of)),
         ("geometry.sink_geometry", (_a(_F, 4), _a(_B, 2), _a(_I, 1), _a(_I, 2), _I, _I, _a(_F, 4), _I)),
@@ -74,8 +60,10 @@ def _signatures() -> list[tuple[str, tuple[Any, ...]]]:
                             queries=_a(_I, 2), is_token=_a(_B, 2), start=_a(_I, 1), sink=_a(_I, 1), window=_I,
                             real_index=_a(_I, 2), sequence_keys=_a(_I, 1), gram=_a(_F, 4), values=_a(vectors, 4))
             found.append(("score.score_rows", (chunk, settings, outputs)))
-    for qk in PRECISIONS:
+    for qk in PRECISIONS:  # rows, or queries and keys
         found += [
+            ("check.check_and_vote", (_a(qk, 4), _I, _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I, stats,
+                                      vote_of, _a(_I, 1), _a(_I, 1), _a(_I, 1), _a(_F, 3))),
             ("vote.vote_from_keys", (_a(qk, 4), _a(qk, 4), _F, _a(_B, 2), _a(_I, 1), _a(_F, 3), _a(_F, 2),
                                      _a(_F, 2), _I, _I, _I, _F, vote_of, _a(_B, 3))),
             ("vote.vote_from_logits", (_a(qk, 3), _I, _I, _a(qk, 3), _F, _a(_B, 1), _I, _a(_F, 2), _a(_F, 1),
@@ -90,30 +78,21 @@ SIGNATURES: tuple[tuple[str, tuple[Any, ...]], ...] = tuple(_signatures())
 
 _MODULES = {"check": check, "geometry": geometry, "reduce": reduce, "score": score, "vote": vote}
 
-
-def _dispatcher(name: str) -> Any:
-    module, function = name.split(".")
-    return getattr(_MODULES[module], function)
-
-
 #: The dispatchers by name, taken when this module is imported (a test that replaces a kernel
 #: in its module does not replace it here).
-KERNELS: dict[str, Any] = {name: _dispatcher(name) for name, _ in SIGNATURES}
+KERNELS: dict[str, Any] = {name: getattr(_MODULES[name.split(".")[0]], name.split(".")[1])
+                           for name, _ in SIGNATURES}
 
 
-def compile_all(done: Callable[[str, tuple[Any, ...]], None] | None = None) -> None:
+def compile_all() -> None:
     """Compile every specialisation of :data:`SIGNATURES`, or load it from numba's disk cache
-    where a previous process compiled it (milliseconds each); ``done(name, argument types)``
-    after each."""
+    where a previous process compiled it (milliseconds each)."""
     for name, signature in SIGNATURES:
         KERNELS[name].compile(signature)
-        if done is not None:
-            done(name, signature)
 
 
 class StaleKernelsError(RuntimeError):
-    """numba's disk cache holds kernels compiled with other result slots than the figures table
-    gives today (:func:`check_slots`)."""
+    """numba's disk cache holds kernels compiled with other result slots (:func:`check_slots`)."""
 
 
 def check_slots() -> None:
