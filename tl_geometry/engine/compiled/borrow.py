@@ -1,15 +1,10 @@
 """Borrowed array views for the compiled kernels: no reference counting inside the hot loops.
 
-Every numba array carries a reference to the memory that owns it, and numba updates that count
-(an atomic add, through a call) each time a function receives the array, an inlined helper
-binds it or a view of it is made. In the scoring kernel that came to hundreds of updates per
-selection order, about a quarter of its time (SmolLM2, measured with perf). :func:`borrow`
-returns the same array without the owner reference, so the updates along every call below it
-become a null check.
-
-A borrowed view must not outlive the array it borrows from, and the caller must keep that
-array alive (referenced) while the view is used: borrow at the call, ``f(borrow(scratch))``,
-never into a variable that outlives ``scratch``.
+numba updates an array's owner reference count (an atomic add, through a call) each time a
+function receives it or a view of it is made: a quarter of the scoring kernel's time
+(docs/scale.md). :func:`borrow` returns the same array without the owner reference, so those
+updates become a null check. The caller must keep the borrowed-from array referenced while the
+view is used: borrow at the call, ``f(borrow(scratch))``, never into a longer-lived variable.
 """
 
 from __future__ import annotations

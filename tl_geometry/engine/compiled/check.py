@@ -1,10 +1,8 @@
 """Compiled validation and votes (numba, CPU): one read of every real query row of a layer.
 
 :func:`check_and_vote` gathers the statistics (``ST_*`` of :mod:`..layout`) that :mod:`..checks`
-turns into errors (non-finite entries where keys exist, mass on future or padding keys or on keys
-outside the layer's sliding window, negative entries, row sums, rows without mass) and the
-source-winner votes of SPEC §5. Its torch twin is :func:`..twins.check.check_and_vote`. Compiled
-on first use and cached on disk.
+turns into errors and the source-winner votes of SPEC §5. Its torch twin is
+:func:`..twins.check.check_and_vote`. Compiled on first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ from ..layout import (
 
 @njit(cache=True)
 def _check_row(row, is_token, t, lo, norms, s):  # pragma: no cover - compiled
-    """Validation statistics of one query row, key by key (any padding, non-finite entry or
-    leak); the keys ``lo ≤ k ≤ t`` are the window; returns the row's sum and the source winner
-    (−1: none)."""
+    """Validation statistics of one query row, key by key, the keys ``lo ≤ k ≤ t`` its window;
+    returns the row's sum and the source winner (−1: none)."""
     row_sum = 0.0
     best = -1.0
     winner = -1
@@ -67,9 +64,8 @@ def _check_row(row, is_token, t, lo, norms, s):  # pragma: no cover - compiled
 @njit(cache=True, inline="always")
 def _tally(s, vote_of_bh, t, sink, row_sum, winner):  # pragma: no cover - compiled
     """Add query ``t``'s row sum to the statistics ``s`` and write its winner's kind (0 self,
-    1 the sink, 2 another key; −1 none: the callers pass no winner for a sequence's first real
-    position, which has no other key) to ``vote_of_bh[t]``: which votes count, and where, is
-    :func:`..votes.tally`'s to decide."""
+    1 the sink, 2 another key; −1 none: a sequence's first real position has no other key) to
+    ``vote_of_bh[t]``. Which votes count is :func:`..votes.tally`'s to decide."""
     s[ST_ROW_SUM] = max(s[ST_ROW_SUM], row_sum)
     if abs(row_sum) < 1e-6:
         if s[ST_DEAD] == 0:
@@ -85,22 +81,13 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
     """Validation statistics ``stats[b, h, :]`` and each query's vote ``vote_of[b, h, t]`` of a layer,
     and the sink check's sums of the first keys' weights, ``first_keys[b, h, :]``.
 
-    ``pattern [b, h, q, k]`` (float32/64) holds the rows of queries ``q_start …`` (all of them,
-    or one block), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]`` (‖v‖ of value group
-    ``g = h // group_size``), ``window`` the layer's sliding window (query ``t`` sees keys
-    ``t − window < k ≤ t``; :data:`..options.NO_WINDOW` for none): weight before it is a leak, and
-    the winner is one of the keys the query sees, so a query that cannot see the sink never
-    votes "sink" (SPEC §1). Only rows of real queries are read. ``stats`` add up over calls
-    (:func:`..checks.new_stats` starts them, and ``vote_of`` at −1), so blocks of queries taken
-    in ascending order give the statistics of one call over every query.
-
-    Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
-    future entries above the tolerance); a row whose sum is not finite or that leaks is read
-    again key by key (:func:`_check_row`), so the statistics are those of that slow pass.
-
-    The rows of queries ``first[b] ≤ t < stop[b]`` also add their weights on keys
-    ``start[b] + c`` (columns ``c`` of ``first_keys`` but its last) and on the sink (its last
-    column), in query order (:func:`..sink_choice.check_reading`).
+    ``pattern [b, h, q, k]`` holds the rows of queries ``q_start …``, ``norms [b, g, k]`` is ‖v‖;
+    query ``t`` sees keys ``t − window < k ≤ t``: weight before them is a leak, and a query that
+    cannot see the sink never votes "sink" (SPEC §1). ``stats`` add up over calls, so blocks of
+    queries in ascending order give the statistics of one call. Rows of unpadded sequences take a
+    fast pass; a row whose sum is not finite or that leaks is read again by :func:`_check_row`.
+    The rows of queries ``first[b] ≤ t < stop[b]`` add their weights on keys ``start[b] + c`` and
+    on the sink (the last column) to ``first_keys`` (:func:`..sink_choice.check_reading`).
     """
     n_b, n_h, n_q, n_k = pattern.shape
     for bh in prange(n_b * n_h):
@@ -160,13 +147,9 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
 @njit(cache=True)
 def check_and_vote_rows(rows, positions, take, is_token, sink, norms, group_size, window, stats,
                         vote_of):  # pragma: no cover - compiled
-    """:func:`check_and_vote` for chosen rows only: ``rows [b, h, j, k]`` holds query
-    ``positions[b, j]``'s row, and row ``j`` of head ``h`` is read where ``take[b, h, j]``.
-
-    The rows a margin test could not settle (:mod:`.vote`): each is read key by key
-    (:func:`_check_row`), as the pattern path reads a row that leaks, so its statistics and its
-    vote are those of :func:`check_and_vote` on the same row.
-    """
+    """:func:`check_and_vote` for chosen rows only (those the margin test of :mod:`.vote` could
+    not settle): ``rows [b, h, j, k]`` holds query ``positions[b, j]``'s row, read where
+    ``take[b, h, j]``, key by key (:func:`_check_row`) as the pattern path reads a leaking row."""
     n_b, n_h, n_j, _ = rows.shape
     for b in range(n_b):
         for h in range(n_h):

@@ -1,18 +1,14 @@
 """The one-time compilation of the kernels as the user sees it, and the errors that mean a kernel
 cannot be compiled here.
 
-numba compiles a kernel for the argument types of a call (one specialisation per combination)
-and keeps the machine code in its disk cache (``cache=True`` on every kernel): in
-``NUMBA_CACHE_DIR`` when that is set, else next to the module (``compiled/__pycache__``) when that
-folder is writable, else in the user-wide cache (``~/.cache/numba``, or under ``XDG_CACHE_HOME``),
-so an install in a read-only ``site-packages`` caches too. The first layer of a process compiles
-every specialisation the engine calls (:mod:`.signatures`), so a later process loads them all
-from there instead, whatever its inputs.
+numba keeps each specialisation's machine code in its disk cache: in ``NUMBA_CACHE_DIR`` when
+set, else in ``compiled/__pycache__`` when writable, else in the user-wide cache
+(``~/.cache/numba``), so an install in a read-only ``site-packages`` caches too. The first layer
+of a process compiles every specialisation the engine calls (:mod:`.signatures`).
 
 :func:`reporting` prints one line to standard error when a compilation of these kernels really
-starts, and one when the work it wraps ends, with the seconds spent compiling. numba's
-``"numba:compile"`` event is broadcast on a cache miss only (never for a kernel loaded from the
-disk cache), so nothing is printed once the kernels are cached.
+starts and one, with the seconds spent, when the work it wraps ends. numba broadcasts
+``"numba:compile"`` on a cache miss only, so nothing is printed once the kernels are cached.
 """
 
 from __future__ import annotations
@@ -37,12 +33,9 @@ START_LINE = ("tl_geometry: compiling the analysis kernels (once per install: 1 
 
 
 class _Report(event.Listener):
-    """Times the compilations of this package's kernels and announces the first one.
-
-    Only outermost events count: compiling a kernel compiles the functions it calls inside it,
-    and those events nest in its own. numba compiles under one process-wide lock, so events never
-    interleave, whichever thread compiles.
-    """
+    """Times the compilations of this package's kernels and announces the first one. Only
+    outermost events count (a kernel's callees compile inside it); numba compiles under one
+    process-wide lock, so events never interleave."""
 
     def __init__(self) -> None:
         self.depth = 0
@@ -77,8 +70,8 @@ def _is_ours(data: Any) -> bool:
 @contextmanager
 def reporting() -> Iterator[None]:
     """Within: the start line of the first compilation of a kernel of this package; at the end,
-    if one was printed, the line with the seconds spent compiling. A kernel that failed to
-    compile (:data:`COMPILE_ERRORS`) gets no end line: the caller says what happens instead."""
+    if one was printed, the seconds spent compiling (no end line when a kernel failed to compile:
+    the caller says what happens instead)."""
     report = _Report()
     failed = False
     try:

@@ -1,19 +1,7 @@
-"""Compiled per-group work (numba, CPU): the sink geometry from the value vectors, and exact
-duplicates tied in a Gram matrix.
-
-- :func:`sink_geometry` does, per (sequence, value group), what
-  :func:`..twins.geometry.sink_geometry` does in torch for other devices: κ, the mean cosine to
-  the sink and the cosine to the mean (SPEC §4) at each chosen query, from running sums along the
-  keys; each key's norm and inner product with the sink are one pass over its ``d`` components
-  (``O(k·d)`` per group, memory ``O(d)``).
-- :func:`tie_duplicates` makes the rows and columns of ``G = V Vᵀ`` whose value vectors are
-  bit-identical identical (BLAS may round them apart, which would split exact ties, SPEC §3),
-  as :func:`..twins.geometry.tied_gram` does (also on a sliding-window layer's band of ``G``):
-  for the scoring of many queries per sequence,
-  where one Gram matrix per group is cheaper than the inner products at every N
-  (:func:`..layer._uses_gram`).
-
-Compiled on first use and cached on disk.
+"""Compiled per-group work (numba, CPU), twins in :mod:`..twins.geometry`: the sink geometry
+from the value vectors (:func:`sink_geometry`, ``O(k·d)`` per group, memory ``O(d)``), and exact
+duplicates tied in a Gram matrix (:func:`tie_duplicates`). Compiled on first use and cached on
+disk.
 """
 
 from __future__ import annotations
@@ -38,12 +26,9 @@ def compiled_slots():  # pragma: no cover - compiled
 @njit(cache=True)
 def _first_duplicates(values):  # pragma: no cover - compiled
     """For every key with a duplicate, the lowest key whose value vector equals its own (as
-    :func:`~tl_geometry.functional.heads.first_duplicate`); −1 for a key without one.
-
-    Equal rows have equal hashes (the same weighted sum in the same order), so only keys of
-    equal hash are compared coordinate by coordinate: each key, in ascending order, looks its
-    hash up in an open-addressing table of the classes' first keys (``O(k·d)`` in all, no sort).
-    """
+    :func:`~tl_geometry.functional.heads.first_duplicate`); −1 for a key without one. Equal rows
+    have equal hashes (the same weighted sum in the same order), so each key, in ascending order,
+    looks its hash up in an open-addressing table of the classes' first keys (``O(k·d)``)."""
     n_key, d = values.shape
     hashes = np.zeros(n_key)
     # Component by component: each key's sum runs over c = 0, 1, … as before, and the pass over
@@ -85,13 +70,13 @@ def _same_vector(values, i, j):  # pragma: no cover - compiled
 @njit(parallel=True, cache=True)
 def tie_duplicates(values, gram, window):  # pragma: no cover - compiled
     """Make the rows and columns of ``gram [b, g, k, k]`` of bit-identical vectors of
-    ``values [b, g, k, d]`` identical, in place: ``G'[i, j] = G[first(i), first(j)]``.
+    ``values [b, g, k, d]`` identical, in place: ``G'[i, j] = G[first(i), first(j)]`` (BLAS may
+    round them apart, which would split exact ties, SPEC §3).
 
-    With a sliding ``window`` the matrix holds only its band ``|i − j| < window`` (the pairs a
-    query's keys can form: :func:`..twins.geometry.band_gram`), and only the band is tied: where
-    ``first(i)`` and ``first(j)`` lie beyond each other's window, ``G'[i, j]`` is their inner product
-    summed over the components in order (:func:`_dot`). Every pair of the same first keys gets the
-    same number either way, so duplicates stay ties (SPEC §3).
+    With a sliding ``window`` only the band ``|i − j| < window`` is held
+    (:func:`..twins.geometry.band_gram`) and tied: where ``first(i)`` and ``first(j)`` lie beyond
+    each other's window, ``G'[i, j]`` is their :func:`_dot`. Every pair of the same first keys
+    gets the same number either way, so duplicates stay ties.
     """
     n_b, n_g, n_k, _ = values.shape
     for unit in prange(n_b * n_g):
@@ -145,17 +130,14 @@ def _dot(V, i, j):  # pragma: no cover - compiled
 
 @njit(parallel=True, cache=True)
 def sink_geometry(values, is_token, sink, queries, h0, group_size, sink_fields, window):  # pragma: no cover - compiled
-    """Write the sink geometry of every chosen query into the κ and cosine slots of
+    """Write the sink geometry (SPEC §4) of every chosen query into the κ and cosine slots of
     ``sink_fields[b, h, q]`` for the heads ``h0 + …`` of each value group.
 
-    ``values [b, g, k, d]`` (padding zeroed), ``is_token [b, k]`` (False at padding),
-    ``sink [b]``, ``queries [b, Q]`` (−1: none; ascending
-    queries read each key once). Over ``J_t`` = the real keys query ``t`` sees (``t − window <
-    j ≤ t``) other than the sink: ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)`` and
-    ``cos(v_sink, mean v_j)``. Where ``J_t`` is empty, the query is not real or does not see the
-    sink (its sliding ``window`` (:data:`..options.NO_WINDOW`: none) starts after it, or the sink
-    comes after the query: it has no sink, SPEC §1) the fields are left as they are (NaN, as the
-    caller allocates them). The sums run along the keys; keys that leave the window are taken
+    ``values [b, g, k, d]`` (padding zeroed), ``queries [b, Q]`` (−1: none; ascending queries
+    read each key once). Over ``J_t`` = the real keys query ``t`` sees other than the sink:
+    ``κ = ‖v_sink‖ / mean ‖v_j‖``, ``mean cos(v_j, v_sink)`` and ``cos(v_sink, mean v_j)``. Where
+    ``J_t`` is empty, the query is not real or does not see the sink (SPEC §1) the fields are
+    left as they are (NaN). The sums run along the keys; keys that leave the window are taken
     out again (only where the sink lies after the first real position: a query that sees a sink
     there sees every real key up to itself).
     """

@@ -10,15 +10,10 @@ from numba import njit
 
 from ..rng import GOLDEN, MIX_C1, MIX_C2, SAMPLE_STRIDE, SHUFFLE_SALT
 
-_U_C1 = np.uint64(MIX_C1)
-_U_C2 = np.uint64(MIX_C2)
-_U_GOLDEN = np.uint64(GOLDEN)
-_U_STRIDE = np.uint64(SAMPLE_STRIDE)
+_U_C1, _U_C2, _U_GOLDEN, _U_STRIDE = (np.uint64(x) for x in (MIX_C1, MIX_C2, GOLDEN, SAMPLE_STRIDE))
 SHUFFLE_SALT_U64 = np.uint64(SHUFFLE_SALT)
 _S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
-
-_U_SIGN = np.uint64(0x80000000)
-_U_LOW = np.uint64(0xFFFFFFFF)
+_U_SIGN, _U_LOW = np.uint64(0x80000000), np.uint64(0xFFFFFFFF)
 
 
 @njit(cache=True, inline="always")
@@ -43,13 +38,9 @@ def fisher_yates(perm, steps, row_key, sample):  # pragma: no cover - compiled
 @njit(cache=True)
 def rank_keys(keys, score, single, packed, out):  # pragma: no cover - compiled
     """``out[:m]`` = ``keys`` by ascending ``score``, ties to the lower key: a stable argsort
-    (SPEC §2). ``single`` (float32) and ``packed`` (uint64) are scratch of at least ``m``.
-
-    When every score is a float32 (attention weights read from a float32 or narrower pattern),
-    one sort of words ``(order bits of the float32) << 32 | position`` replaces the stable
-    argsort; the positions make every word distinct, so the sort needs no stability. Otherwise
-    (float64 weights, contribution ranking) the merge sort.
-    """
+    (SPEC §2). ``single`` (float32) and ``packed`` (uint64) are scratch of at least ``m``. When
+    every score is a float32 (weights from a float32 or narrower pattern), one sort of the distinct
+    words ``(order bits of the float32) << 32 | position`` replaces the merge sort."""
     m = keys.shape[0]
     for j in range(m):
         x = score[j] + 0.0  # −0 → +0: equal scores must tie

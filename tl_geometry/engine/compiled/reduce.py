@@ -1,10 +1,6 @@
-"""Compiled reduction of one layer's per-query rows (numba, CPU): one read of every row.
-
-:func:`reduce_rows` computes what :func:`..twins.reduce.reduce_rows` computes with torch on other
-devices: per-sequence means over the chosen queries (NaN where none is defined), the
-sink-in / sink-out instance sums and counts of the top-N set, the paired-sink ratio histogram
-(:mod:`..paired`) and the per-sequence sink means. Each head is one task, its sums taken in
-query order. Compiled on first use and cached on disk.
+"""Compiled reduction of one layer's per-query rows (numba, CPU): one read of every row, each
+head one task, its sums taken in query order; the twin of :func:`..twins.reduce.reduce_rows`.
+Compiled on first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -38,12 +34,11 @@ def _nanmean_over_queries(rows, out):  # pragma: no cover - compiled
 def reduce_rows(metrics, sink_in_top, sink_fields, sees_sink, top, removed, f_score, seq_mean, inst_sum,
                 inst_count, paired_hist, paired_halved, sink_mean):  # pragma: no cover - compiled
     """Reduce ``metrics [b, h, q, group, n, metric]``, ``sink_in_top [b, h, q, n]`` and
-    ``sink_fields [b, h, q, field]`` of one layer (groups ``top`` and ``removed`` by index,
-    ``sees_sink [b, q]`` False where the query's window does not hold the sink: in no sink group,
-    metric ``f_score`` the F of the paired ratio) into the zero-filled outputs
-    ``seq_mean [b, h, group, n, metric]``, ``inst_sum [h, 2, n, metric]``,
-    ``inst_count [h, 2, n]``, ``paired_hist [h, n, bin]``, ``paired_halved [h, n]`` and
-    ``sink_mean [b, h, field]``.
+    ``sink_fields [b, h, q, field]`` of one layer into the zero-filled fields of
+    :class:`..layout.Reduced`: per-sequence means over the queries (NaN where none is defined),
+    the sink-in / sink-out instance sums and counts of group ``top`` (a query whose window does
+    not hold the sink, ``sees_sink [b, q]`` False, is in neither), and the histogram of the
+    paired ratio of metric ``f_score`` between groups ``top`` and ``removed`` (:mod:`..paired`).
     """
     n_b, n_h, n_q, _, n_sizes, n_m = metrics.shape
     for h in prange(n_h):

@@ -1,30 +1,26 @@
 """Compiled source-winner votes from queries and keys (numba, CPU): no attention row is formed.
 
 The vote of query ``t`` (SPEC §5) goes to the key that maximises ``α_k‖v_k‖`` among the keys it
-sees. The softmax's denominator is the same for every key of the row, so in exact arithmetic
-that key maximises the *score* ``σ_k = x_k + log‖v_k‖`` (``x_k = scale·⟨q_t, k_k⟩``, the logit),
-and no exponential is needed. :func:`vote_from_keys` computes each row's logits and the three
-category maxima of ``σ`` (the query itself, the sink, every other key), and counts the vote
-where the best category leads the next by more than a proven bound on the error of both
-computations, this one and the float64 rows of :func:`~tl_geometry.functional.attention_rows`
-the votes are defined on (*the margin test*):
+sees; the softmax's denominator is common to the row, so in exact arithmetic that key maximises
+``σ_k = x_k + log‖v_k‖`` (``x_k = scale·⟨q_t, k_k⟩``, the logit). :func:`vote_from_keys` takes
+the maxima of ``σ`` over three categories (the query itself, the sink, every other key) and
+counts the vote where the best leads the next by more than a proven bound on the error of this
+computation and of the float64 rows of :func:`~tl_geometry.functional.attention_rows` the votes
+are defined on (*the margin test*):
 
-- the logits are sums of products of the stored queries and keys in their own precision:
-  float32 for every float32, bf16 or fp16 capture (twice the lanes of float64), float64 for a
-  float64 one: ``|x̂ − x| ≤ γ_{d+4} · scale · ‖q_t‖ · max_k‖k_k‖`` with ``γ_n = n·u/(1 − n·u)``,
-  ``u = 2⁻²⁴`` or ``2⁻⁵³`` (``unit``; Cauchy–Schwarz bounds ``Σ|q_i k_i|``), and the rows' own
-  float64 logits are closer still;
+- the logits are summed in the stored precision (float32 for float32, bf16 or fp16 captures,
+  float64 for float64): ``|x̂ − x| ≤ γ_{d+4} · scale · ‖q_t‖ · max_k‖k_k‖`` with
+  ``γ_n = n·u/(1 − n·u)``, ``u = 2⁻²⁴`` or ``2⁻⁵³`` (``unit``; Cauchy–Schwarz);
 - the rows round the exponential, the division and the product with ``‖v‖`` to a relative
   ``1e-15`` or so: a slack of ``1e-9 · (1 + 2·scale·‖q‖·max‖k‖ + |σ|)`` covers it six orders over;
 - a key whose ``α`` underflows float64 (``x_k − max x < −708``) has no such relative error: the
-  winner must lead the row's largest logit by more than ``log max‖v‖ − 700`` for the vote to count.
+  winner must lead the row's largest logit by more than ``log max‖v‖ − 700``.
 
 A row that fails the test (an exact tie, a tie within the slack, a row whose keys all have zero
-values) is marked ``uncertain`` and counted nowhere: the caller recomputes its float64 row and
-votes as the pattern path does (:func:`.check.check_and_vote_rows`), so the votes are the
-float64 rows' bit for bit. :func:`vote_from_logits` applies the same test to logits computed
-elsewhere (a BLAS matrix product of a block of queries with their keys,
-:mod:`..key_votes`). Compiled on first use and cached on disk.
+values) is marked ``uncertain``: the caller votes on its float64 row as the pattern path does
+(:func:`.check.check_and_vote_rows`), so the votes are the float64 rows' bit for bit.
+:func:`vote_from_logits` applies the same test to logits computed elsewhere (:mod:`..key_votes`).
+Compiled on first use and cached on disk.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ from .borrow import borrow
 @njit(cache=True)
 def _logits(qa, qb, qc, qe, kt, lo, hi, xa, xb, xc, xe):  # pragma: no cover - compiled
     """``x[k] = ⟨q, kt[:, k]⟩`` summed in the inputs' precision for ``lo ≤ k < hi``, for four
-    query rows at once (``xa`` from ``qa`` …): each pass over the keys reads four components of
-    each key once for sixteen products, and writes each row's sums once."""
+    query rows at once (``xa`` from ``qa`` …): four components of each key per pass."""
     d = qa.shape[0]
     ulo, uhi = np.uint64(lo), np.uint64(hi)  # unsigned: no wraparound, the loops vectorise
     for k in range(ulo, uhi):
@@ -96,14 +91,12 @@ def vote_from_keys(q, kt, scale, is_token, sink, log_norms, log_norm_max, key_no
     """Source-winner votes of every real query, from queries and keys.
 
     ``q [b, pos, head, d]`` and ``kt [b, kv, d, pos]`` (keys transposed, zero at padding) are both
-    float32 or both float64, and the logits are summed in that precision, whose unit roundoff is
-    ``unit``; query head ``h`` reads key head ``h // kv_size`` and value group ``h // group_size``.
-    ``log_norms [b, g, pos]`` is ``log‖v_k‖`` (−inf at padding and at zero values),
-    ``log_norm_max [b, g]`` its maximum, ``key_norm_max [b, kv]`` the largest ``‖k‖`` of the
-    real keys; ``window`` the layer's sliding window (:data:`..options.NO_WINDOW` for none).
-    ``sink [b]`` is the sink's position (keys before it are ordinary keys). Writes each settled
+    float32 or both float64, the precision of the logits (unit roundoff ``unit``); query head
+    ``h`` reads key head ``h // kv_size`` and value group ``h // group_size``. ``log_norms [b, g,
+    pos]`` is ``log‖v_k‖`` (−inf at padding and at zero values), ``log_norm_max [b, g]`` its
+    maximum, ``key_norm_max [b, kv]`` the largest ``‖k‖`` of the real keys. Writes each settled
     vote's kind (0 self, 1 the sink, 2 another key) to ``vote_of[b, h, t]`` and sets
-    ``uncertain[b, h, t]`` for the rows that fail the margin test (module docstring).
+    ``uncertain[b, h, t]`` for the rows that fail the margin test.
     """
     n_b, n_pos, n_h, d = q.shape
     n_blocks = (n_pos + VOTE_QUERY_BLOCK - 1) // VOTE_QUERY_BLOCK
@@ -172,14 +165,11 @@ def _vote(q_row, x, t, lo, s, ln, scale, key_norm_max, log_norm_max, gamma):  # 
 @njit(parallel=True, cache=True)
 def vote_from_logits(x, t0, k0, q, scale, is_token, sink, log_norms, log_norm_max, key_norm_max, window, kv_size,
                      group_size, gamma, vote_of, uncertain):  # pragma: no cover - compiled
-    """:func:`vote_from_keys` for one block of queries of one sequence whose logits are given:
-    ``x [head, row, key]`` holds ``⟨q_t, k_k⟩`` (unscaled, summed in ``q``'s precision by any
-    order: the margin test's bound holds for every order) for the queries ``t = t0 + row`` and
-    the keys ``k = k0 + key``. ``q [pos, head, d]``, ``is_token [pos]``, ``sink`` (a position),
-    ``log_norms [g, pos]``, ``log_norm_max [g]``, ``key_norm_max [kv]`` and the outputs
-    ``vote_of``, ``uncertain [head, pos]`` are the sequence's, as :func:`vote_from_keys` reads
-    them; ``gamma`` is ``γ_{d+4}`` of the logits' unit roundoff. A row reads only its own keys
-    ``max(0, t − window + 1) … t``, all of which ``x`` must hold."""
+    """:func:`vote_from_keys` for one block of queries of one sequence, its arguments the
+    sequence's: ``x [head, row, key]`` holds ``⟨q_t, k_k⟩`` (unscaled, in ``q``'s precision, any
+    order of summation: the bound holds for all) for the queries ``t = t0 + row`` and the keys
+    ``k = k0 + key``, which must hold every key ``max(0, t − window + 1) … t`` of each row;
+    ``gamma`` is ``γ_{d+4}`` of the logits' unit roundoff."""
     n_h, n_rows, _ = x.shape
     for task in prange(n_h * n_rows):
         h, row = task // n_rows, task % n_rows
