@@ -1,4 +1,2 @@
-"""The compiled kernels of the engine (numba, CPU), on NumPy arrays: one module per kernel, and
-the argument types the engine calls them with (``signatures``). Their torch twins are in
-:mod:`..twins`; only :mod:`..backend` calls either, through NumPy views of the tensors.
-"""
+"""The compiled kernels of the engine (numba, CPU), one module per kernel, on NumPy views of the
+tensors; their torch twins are in :mod:`..twins`, and only :mod:`..backend` calls either."""

@@ -31,8 +31,8 @@ def _first_duplicates(values):  # pragma: no cover - compiled
     looks its hash up in an open-addressing table of the classes' first keys (``O(k·d)``)."""
     n_key, d = values.shape
     hashes = np.zeros(n_key)
-    # Component by component: each key's sum runs over c = 0, 1, … as before, and the pass over
-    # the keys is not one serial chain of additions.
+    # Component by component: each key's sum still runs over c = 0, 1, … in order, and the pass
+    # over the keys is not one serial chain of additions.
     for c in range(d):
         w = 1.0 + 0.6180339887498949 * c
         for k in range(np.uint64(n_key)):

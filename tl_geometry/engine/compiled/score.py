@@ -53,9 +53,8 @@ SLOTS = (PRECISION, RECALL, F_SCORE, MARGIN, INVERSIONS, PRECISION_CC, F_SCORE_C
 
 @njit(cache=True)
 def compiled_slots():  # pragma: no cover - compiled
-    """:data:`SLOTS` as this module's cached machine code holds them: numba freezes a global tuple
-    into the code as a constant and keys its disk cache on this file, so kernels compiled before
-    the figures table changed keep the old slots."""
+    """:data:`SLOTS` as this module's cached machine code holds them: numba freezes the tuple in
+    and keys its disk cache on this file alone, so a changed figures table leaves the old slots."""
     return SLOTS
 
 
