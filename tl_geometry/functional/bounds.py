@@ -4,22 +4,13 @@ Two families:
 
 * **Inversion certificates** (SPEC §3, §6a), exact for any selection:
   ``P_N ≥ N / (N + GInv_N)`` and ``R_N ≥ max(0, 1 − GInv_N / N)``.
-* **Sink-aware constant-norm regime bounds** (SPEC §6b, ours following the paper's
-  assumptions; Euclidean distance). From an attention row and the regime parameters alone —
-  non-sink norm ``ν`` with relative spread ``δ``, sink norm ``[κ⁻ν, κ⁺ν]``, non-sink coherence
-  ``cos(v_k, v_l) ∈ [c⁻, c⁺]`` and sink coherence ``cos(v_sink, v_k) ∈ [σ⁻, σ⁺]`` — they bound
-  every selected distance from above and every unselected one from below::
-
-      UB(D_i)² = Σ_{k∈S∖i} (a_k⁺)² + Σ_{k≠l∈S∖i} max a_k a_l c_kl
-      LB‖s‖²   = Σ_{k∈S} (a_k⁻)² + Σ_{k≠l∈S} min a_k a_l c_kl
-      LB(D_j)  = max(LB‖s‖ − a_j⁺, sqrt(max(0, LB‖s‖² − 2 Σ_{k∈S} max a_j a_k c_jk + (a_j⁻)²)))
-      R̲ = |{i∈S : UB(D_i) < min_{j∉S} LB(D_j)}| / N
-      P̲ = N / (N + |{j∉S : LB(D_j) ≤ max_{i∈S} UB(D_i)}|)
-
-  with ``a_k = α_k‖v_k‖ ∈ [a_k⁻, a_k⁺]``. Since ``a ≥ 0``, the extremes of ``a_k a_l c`` over
-  the boxes are at corners: ``max = a⁺a⁺c⁺`` if ``c⁺ ≥ 0`` else ``a⁻a⁻c⁺``, and
-  ``min = a⁻a⁻c⁻`` if ``c⁻ ≥ 0`` else ``a⁺a⁺c⁻``; the pair sums then factor through
-  ``(Σ x)² − Σ x²``, so every bound costs O(key) per row.
+* **Sink-aware constant-norm regime bounds** (SPEC §6b, ours; Euclidean): from an attention
+  row and the :class:`RegimeParams` alone, ``UB(D_i)`` of every selected key and ``LB(D_j)`` of
+  every unselected one, with ``a_k = α_k‖v_k‖ ∈ [a_k⁻, a_k⁺]`` and
+  ``LB‖s‖² = Σ_{k∈S} (a_k⁻)² + Σ_{k≠l∈S} min a_k a_l c_kl``. Since ``a ≥ 0``, the extremes
+  of ``a_k a_l c`` over the boxes are at corners: ``max = a⁺a⁺c⁺`` if ``c⁺ ≥ 0`` else
+  ``a⁻a⁻c⁺``, and ``min = a⁻a⁻c⁻`` if ``c⁻ ≥ 0`` else ``a⁺a⁺c⁻``; the pair sums then factor
+  through ``(Σ x)² − Σ x²``, so every bound costs O(key) per row.
 
 With parameters that are the observed extremes of the data (``fit_regime(mode="certificate")``)
 the bounds are certificates: the measured values can never fall below them. With robust
@@ -35,6 +26,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .dtypes import COMPUTE_DTYPE, as_compute
+from .separability import check_int, check_selection
 
 
 class Bounds(NamedTuple):
@@ -90,7 +82,6 @@ SLACK = 1e-9
 
 #: Pairs of keys above which ``fit_regime`` samples cosines instead of using all of them.
 MAX_PAIRS = 1 << 17
-
 
 #: Elements of ``[key, key]`` Gram blocks (or sampled ``[pair, d]`` products) held at once;
 #: heads are processed in groups under this budget, one at a time when a single block exceeds it.
@@ -164,8 +155,7 @@ def pair_stats(
 
 def extreme_over(x: Tensor, ok: Tensor, which: str) -> Tensor:
     """Max (or min) of ``x`` over the ``ok`` entries of the last axis; ∓inf where there are none
-    (also when the axis is empty — a one-key sequence has no pair —, where torch's own
-    reductions refuse)."""
+    (also on an empty axis, a one-key sequence's pairs, where torch's reductions refuse)."""
     fill = -torch.inf if which == "max" else torch.inf
     if x.shape[-1] == 0:
         return torch.full(x.shape[:-1], fill, dtype=x.dtype, device=x.device)
@@ -216,7 +206,8 @@ def params_from_pairs(
     stats: PairStats, mode: Literal["certificate", "predict"] = "certificate", quantile: float = 0.05
 ) -> RegimeParams:
     """:func:`fit_regime` from precomputed :class:`PairStats` (share them across modes)."""
-    if mode == "certificate" and stats.lag.numel() >= MAX_PAIRS:
+    certificate = mode == "certificate"
+    if certificate and stats.lag.numel() >= MAX_PAIRS:
         import warnings
 
         warnings.warn(
@@ -224,43 +215,30 @@ def params_from_pairs(
             "interval is estimated, not observed in full.",
             stacklevel=3,
         )
-    norms, not_sink, cos, pair_ok, sink_cos = (
-        stats.norms, stats.not_sink, stats.cos, stats.pair_ok, stats.sink_cos
-    )
-    if mode == "certificate":
-        lo_n, hi_n = extreme_over(norms, not_sink, "min"), extreme_over(norms, not_sink, "max")
-        c_lo, c_hi = extreme_over(cos, pair_ok, "min"), extreme_over(cos, pair_ok, "max")
-        s_lo, s_hi = extreme_over(sink_cos, not_sink, "min"), extreme_over(sink_cos, not_sink, "max")
+    samples = ((stats.norms, stats.not_sink), (stats.cos, stats.pair_ok),
+               (stats.sink_cos, stats.not_sink))
+    if certificate:
+        (lo_n, hi_n), (c_lo, c_hi), (s_lo, s_hi) = (
+            (extreme_over(x, ok, "min"), extreme_over(x, ok, "max")) for x, ok in samples
+        )
         # Widen by float64 round-off so the bounds stay conservative.
         lo_n, hi_n = lo_n * (1 - SLACK), hi_n * (1 + SLACK)
         c_lo, c_hi, s_lo, s_hi = c_lo - SLACK, c_hi + SLACK, s_lo - SLACK, s_hi + SLACK
     else:
-        lo_n, hi_n = _masked_quantiles(norms, not_sink, quantile)
-        c_lo, c_hi = _masked_quantiles(cos, pair_ok, quantile)
-        s_lo, s_hi = _masked_quantiles(sink_cos, not_sink, quantile)
+        (lo_n, hi_n), (c_lo, c_hi), (s_lo, s_hi) = (
+            _masked_quantiles(x, ok, quantile) for x, ok in samples
+        )
     nu = (lo_n + hi_n) / 2
     delta = torch.where(hi_n + lo_n > 0, (hi_n - lo_n) / (hi_n + lo_n), 0.0)
     # With every non-sink norm zero (ν = 0) κ is infinite; regime_bounds then reads the sink's
     # norm interval as [κ⁻ν, κ⁺ν] = NaN, which its comparisons treat conservatively.
     kappa = stats.sink_norm / nu
-    kappa_lo, kappa_hi = (kappa * (1 - SLACK), kappa * (1 + SLACK)) if mode == "certificate" else (kappa, kappa)
+    kappa_lo, kappa_hi = (kappa * (1 - SLACK), kappa * (1 + SLACK)) if certificate else (kappa,) * 2
     # Without a second non-sink key there is no pair: any cosine is possible.
     c_lo, c_hi = torch.nan_to_num(c_lo, posinf=-1.0), torch.nan_to_num(c_hi, neginf=1.0)
     c_lo, c_hi = torch.where(c_lo > c_hi, -1.0, c_lo), torch.where(c_lo > c_hi, 1.0, c_hi)
     return RegimeParams(nu, delta, kappa_lo, kappa_hi, c_lo.clamp(-1, 1), c_hi.clamp(-1, 1),
                         s_lo.clamp(-1, 1), s_hi.clamp(-1, 1))
-
-
-def _corner_max(x_hi: Tensor, x_lo: Tensor, c_hi: Tensor) -> tuple[Tensor, Tensor]:
-    """(scale, weights) such that ``max a_k a_l c = c⁺ · w_k w_l`` (corner rule, a ≥ 0)."""
-    use_hi = c_hi >= 0
-    return c_hi, torch.where(use_hi.unsqueeze(-1), x_hi, x_lo)
-
-
-def _corner_min(x_hi: Tensor, x_lo: Tensor, c_lo: Tensor) -> tuple[Tensor, Tensor]:
-    """(scale, weights) such that ``min a_k a_l c = c⁻ · w_k w_l``."""
-    use_lo = c_lo >= 0
-    return c_lo, torch.where(use_lo.unsqueeze(-1), x_lo, x_hi)
 
 
 def regime_bounds(
@@ -275,26 +253,23 @@ def regime_bounds(
     """Lower bounds P̲, R̲, F̲ of the top-``n`` set from ``α`` and the regime alone (SPEC §6b).
 
     ``params`` fields broadcast against the rows' leading dimensions (one regime per head).
-    Euclidean distance only. NaN where ``n`` is outside ``1 ≤ n < |valid keys|``. The steps:
-    per-key intervals of ``a_k = α_k‖v_k‖`` (:func:`_intervals`), ``UB(D_i)`` of the selected
-    keys, ``LB‖s_N‖²``, ``LB(D_j)`` of the unselected keys, then the counts of SPEC §6b.
+    Euclidean distance only. NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
 
     >>> p = RegimeParams(*(torch.tensor(x) for x in (1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0)))
     >>> regime_bounds(torch.tensor([0.1, 0.6, 0.3]), p, 1).recall.item()  # orthogonal unit values
     1.0
     """
     alpha = as_compute(alpha)
-    key_mask, selected = _checked_selection(alpha, n, key_mask, selected)
-    iv = _intervals(alpha, params, torch.as_tensor(sink, device=alpha.device), key_mask, selected)
-    ub = _selected_upper(iv)
-    lb_s_sq = _sum_lower_squared(iv)
-    lb_d = _unselected_lower(iv, lb_s_sq)
-    unsel = key_mask & ~iv.sel
-    max_ub = torch.where(iv.sel, ub, -torch.inf).amax(-1, keepdim=True)
+    check_int(n, "n")
+    key_mask, selected = check_selection(alpha, n, key_mask, selected, inside_mask=False)
+    ub, lb_d, sel = _regime_distances(alpha, params, torch.as_tensor(sink, device=alpha.device),
+                                      key_mask, selected)
+    unsel = key_mask & ~sel
+    max_ub = torch.where(sel, ub, -torch.inf).amax(-1, keepdim=True)
     min_lb = torch.where(unsel, lb_d, torch.inf).amin(-1, keepdim=True)
     n_t = torch.as_tensor(float(n), dtype=COMPUTE_DTYPE, device=alpha.device)
     # NaN (a degenerate regime) certifies nothing: it is never "below" and always "within".
-    recall = (iv.sel & (ub < min_lb)).sum(-1) / n_t
+    recall = (sel & (ub < min_lb)).sum(-1) / n_t
     contaminating = (unsel & ~(lb_d > max_ub)).sum(-1)
     precision = n_t / (n_t + contaminating)
     defined = (n_t >= 1) & (n_t < key_mask.sum(-1))
@@ -303,70 +278,9 @@ def regime_bounds(
     return Bounds(*(torch.where(defined, x, nan) for x in out))
 
 
-def _checked_selection(
-    alpha: Tensor, n: int, key_mask: Tensor | None, selected: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """The key mask (all keys when ``None``) and the selection (the top-``n`` by ``α`` when
-    ``None``), checked: bool tensors, and exactly ``n`` valid keys selected where ``n`` is in range."""
-    from .selection import top_n_mask
-
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int, got {type(n).__name__}.")
-    if key_mask is None:
-        key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
-    elif key_mask.dtype != torch.bool:
-        raise TypeError(f"key_mask must be a bool tensor (True = valid key), got {key_mask.dtype}.")
-    if selected is None:
-        selected = top_n_mask(alpha, n, key_mask)
-    elif selected.dtype != torch.bool:
-        raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
-    elif ((n >= 1) & (n < key_mask.sum(-1)) & ((selected & key_mask).sum(-1) != n)).any():
-        raise ValueError(f"selected must hold exactly n={n} valid keys in every row where n is in range.")
-    return key_mask, selected
-
-
-class _Intervals(NamedTuple):
-    """Per-key intervals ``[a⁻, a⁺]`` of ``a_k = α_k‖v_k‖`` and the selection's masks, per row."""
-
-    a_lo: Tensor
-    a_hi: Tensor
-    is_sink: Tensor
-    sel: Tensor
-    """Selected valid keys."""
-    sel_ns: Tensor
-    """Selected non-sink keys."""
-    sink_sel: Tensor
-    """The sink is selected, ``[..., 1]``."""
-    sink_a_lo: Tensor
-    """The sink's ``a`` interval as a per-row scalar, ``[..., 1]``."""
-    sink_a_hi: Tensor
-    c_lo: Tensor
-    c_hi: Tensor
-    s_lo: Tensor
-    s_hi: Tensor
-    zero: Tensor
-
-
-def _intervals(alpha: Tensor, params: RegimeParams, sink: Tensor, key_mask: Tensor,
-               selected: Tensor) -> _Intervals:
-    """Norm intervals from the regime (the sink: ``κν``; the rest: ``ν(1 ± δ)``) times ``α``."""
-    n_key = alpha.shape[-1]
-    p = RegimeParams(*(as_compute(x).unsqueeze(-1) for x in params))
-    is_sink = torch.arange(n_key, device=alpha.device) == sink.unsqueeze(-1)
-    is_sink = is_sink & key_mask
-    norm_lo = torch.where(is_sink, p.kappa_lo * p.nu, p.nu * (1 - p.delta))
-    norm_hi = torch.where(is_sink, p.kappa_hi * p.nu, p.nu * (1 + p.delta))
-    a_lo, a_hi = alpha * norm_lo, alpha * norm_hi
-    sel = selected & key_mask
-    zero = torch.zeros((), dtype=COMPUTE_DTYPE, device=alpha.device)
-    return _Intervals(
-        a_lo=a_lo, a_hi=a_hi, is_sink=is_sink, sel=sel, sel_ns=sel & ~is_sink,
-        sink_sel=(sel & is_sink).any(-1, keepdim=True),
-        sink_a_lo=torch.where(is_sink, a_lo, zero).sum(-1, keepdim=True),
-        sink_a_hi=torch.where(is_sink, a_hi, zero).sum(-1, keepdim=True),
-        c_lo=p.c_lo.squeeze(-1), c_hi=p.c_hi.squeeze(-1),
-        s_lo=p.sigma_lo.squeeze(-1), s_hi=p.sigma_hi.squeeze(-1), zero=zero,
-    )
+def _corner(c: Tensor, if_positive: Tensor, if_negative: Tensor) -> Tensor:
+    """Per row, ``if_positive`` where ``c ≥ 0`` else ``if_negative`` (the corner rule, a ≥ 0)."""
+    return torch.where(c >= 0, if_positive, if_negative)
 
 
 def _pair_sum(weights: Tensor, scale: Tensor, members: Tensor, drop: Tensor | None, zero: Tensor) -> Tensor:
@@ -375,56 +289,60 @@ def _pair_sum(weights: Tensor, scale: Tensor, members: Tensor, drop: Tensor | No
     total, squares = w.sum(-1, keepdim=True), (w * w).sum(-1, keepdim=True)
     if drop is not None:  # leave-one-out over the last axis
         total, squares = total - torch.where(drop, w, zero), squares - torch.where(drop, w * w, zero)
-    return scale.unsqueeze(-1) * (total * total - squares)
+    return scale * (total * total - squares)
 
 
-def _selected_upper(iv: _Intervals) -> Tensor:
-    """``UB(D_i)`` for selected ``i``: ``sqrt(Σ_{S∖i}(a⁺)² + max pair terms over S∖i)``."""
-    sq_hi = torch.where(iv.sel, iv.a_hi * iv.a_hi, iv.zero)
-    self_term = sq_hi.sum(-1, keepdim=True) - sq_hi
-    scale, w = _corner_max(iv.a_hi, iv.a_lo, iv.c_hi)
-    ns_pairs = _pair_sum(w, scale, iv.sel_ns, iv.sel_ns, iv.zero)  # i non-sink: drop i; i sink: none
-    scale_s, w_s = _corner_max(iv.a_hi, iv.a_lo, iv.s_hi)
-    sink_w = torch.where((iv.s_hi >= 0).unsqueeze(-1), iv.sink_a_hi, iv.sink_a_lo)
-    ws_ns = torch.where(iv.sel_ns, w_s, iv.zero)
-    sum_ws = ws_ns.sum(-1, keepdim=True) - torch.where(iv.sel_ns, ws_ns, iv.zero)  # S∖i non-sink
-    sink_pairs = torch.where(iv.sink_sel & ~iv.is_sink, 2 * scale_s.unsqueeze(-1) * sink_w * sum_ws, iv.zero)
-    return (self_term + ns_pairs + sink_pairs).clamp_min(0).sqrt()
+def _regime_distances(alpha: Tensor, params: RegimeParams, sink: Tensor, key_mask: Tensor,
+                      selected: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``UB(D_i)`` of the selected keys, ``LB(D_j)`` of every key (SPEC §6b, module docstring)
+    and the selected valid keys, from the intervals ``[a⁻, a⁺]`` of ``a_k = α_k‖v_k‖``."""
+    p = RegimeParams(*(as_compute(x).unsqueeze(-1) for x in params))
+    zero = torch.zeros((), dtype=COMPUTE_DTYPE, device=alpha.device)
+    # Norm intervals from the regime (the sink: κν; the rest: ν(1 ± δ)) times α.
+    is_sink = (torch.arange(alpha.shape[-1], device=alpha.device) == sink.unsqueeze(-1)) & key_mask
+    a_lo = alpha * torch.where(is_sink, p.kappa_lo * p.nu, p.nu * (1 - p.delta))
+    a_hi = alpha * torch.where(is_sink, p.kappa_hi * p.nu, p.nu * (1 + p.delta))
+    sel = selected & key_mask
+    sel_ns = sel & ~is_sink
+    sink_sel = (sel & is_sink).any(-1, keepdim=True)
+    # The sink's a interval as a per-row scalar, [..., 1].
+    sink_a_lo = torch.where(is_sink, a_lo, zero).sum(-1, keepdim=True)
+    sink_a_hi = torch.where(is_sink, a_hi, zero).sum(-1, keepdim=True)
 
+    # UB(D_i) for selected i: sqrt(Σ_{S∖i}(a⁺)² + max pair terms over S∖i).
+    sq_hi = torch.where(sel, a_hi * a_hi, zero)
+    # i non-sink: drop i; i sink: none.
+    ns_pairs = _pair_sum(_corner(p.c_hi, a_hi, a_lo), p.c_hi, sel_ns, sel_ns, zero)
+    ws_ns = torch.where(sel_ns, _corner(p.sigma_hi, a_hi, a_lo), zero)
+    sum_ws = ws_ns.sum(-1, keepdim=True) - torch.where(sel_ns, ws_ns, zero)  # S∖i non-sink
+    sink_w = _corner(p.sigma_hi, sink_a_hi, sink_a_lo)
+    sink_pairs = torch.where(sink_sel & ~is_sink, 2 * p.sigma_hi * sink_w * sum_ws, zero)
+    ub = (sq_hi.sum(-1, keepdim=True) - sq_hi + ns_pairs + sink_pairs).clamp_min(0).sqrt()
 
-def _sum_lower_squared(iv: _Intervals) -> Tensor:
-    """``LB‖s_N‖²``: ``Σ_S (a⁻)²`` plus the smallest pair terms over ``S``, ``[..., 1]``."""
-    scale_m, w_m = _corner_min(iv.a_hi, iv.a_lo, iv.c_lo)
-    scale_ms, w_ms = _corner_min(iv.a_hi, iv.a_lo, iv.s_lo)
-    sink_w_min = torch.where((iv.s_lo >= 0).unsqueeze(-1), iv.sink_a_lo, iv.sink_a_hi)
+    # LB‖s_N‖²: Σ_S (a⁻)² plus the smallest pair terms over S, [..., 1].
+    w_ms = torch.where(sel_ns, _corner(p.sigma_lo, a_lo, a_hi), zero)
+    sink_w_min = _corner(p.sigma_lo, sink_a_lo, sink_a_hi)
     # 2·σ·w_sink·Σ_{k∈S, non-sink} w_k, only when the sink is selected.
-    sink_term = 2 * scale_ms.unsqueeze(-1) * sink_w_min * torch.where(iv.sel_ns, w_ms, iv.zero).sum(-1, keepdim=True)
-    return (
-        torch.where(iv.sel, iv.a_lo * iv.a_lo, iv.zero).sum(-1, keepdim=True)
-        + _pair_sum(w_m, scale_m, iv.sel_ns, None, iv.zero)
-        + torch.where(iv.sink_sel, sink_term, iv.zero)
+    sink_term = 2 * p.sigma_lo * sink_w_min * w_ms.sum(-1, keepdim=True)
+    lb_s_sq = (
+        torch.where(sel, a_lo * a_lo, zero).sum(-1, keepdim=True)
+        + _pair_sum(_corner(p.c_lo, a_lo, a_hi), p.c_lo, sel_ns, None, zero)
+        + torch.where(sink_sel, sink_term, zero)
     ).clamp_min(0)
 
-
-def _unselected_lower(iv: _Intervals, lb_s_sq: Tensor) -> Tensor:
-    """``LB(D_j)`` for every key: ``max(LB‖s‖ − a_j⁺, sqrt(LB‖s‖² − 2 max⟨y_j, s⟩ + (a_j⁻)²))``."""
+    # LB(D_j) = max(LB‖s‖ − a_j⁺, sqrt(LB‖s‖² − 2 max⟨y_j, s⟩ + (a_j⁻)²)), where
     # max ⟨y_j, s⟩ ≤ Σ_{k∈S} max a_j a_k c_jk, for every unselected j.
     # j non-sink: non-sink partners with c⁺, the sink partner with σ⁺; j sink: all with σ⁺.
-    a_hi, a_lo, zero = iv.a_hi, iv.a_lo, iv.zero
-    cross_ns = torch.where(
-        (iv.c_hi >= 0).unsqueeze(-1),
-        a_hi * torch.where(iv.sel_ns, a_hi, zero).sum(-1, keepdim=True),
-        a_lo * torch.where(iv.sel_ns, a_lo, zero).sum(-1, keepdim=True),
-    ) * iv.c_hi.unsqueeze(-1)
-    cross_sink_partner = torch.where(
-        (iv.s_hi >= 0).unsqueeze(-1), a_hi * iv.sink_a_hi, a_lo * iv.sink_a_lo
-    ) * iv.s_hi.unsqueeze(-1)
-    cross_j = torch.where(iv.is_sink, torch.where(
-        (iv.s_hi >= 0).unsqueeze(-1),
-        a_hi * torch.where(iv.sel_ns, a_hi, zero).sum(-1, keepdim=True),
-        a_lo * torch.where(iv.sel_ns, a_lo, zero).sum(-1, keepdim=True),
-    ) * iv.s_hi.unsqueeze(-1), cross_ns + torch.where(iv.sink_sel, cross_sink_partner, zero))
-    return torch.maximum(
+    ns_hi = a_hi * torch.where(sel_ns, a_hi, zero).sum(-1, keepdim=True)
+    ns_lo = a_lo * torch.where(sel_ns, a_lo, zero).sum(-1, keepdim=True)
+    cross_sink_partner = _corner(p.sigma_hi, a_hi * sink_a_hi, a_lo * sink_a_lo) * p.sigma_hi
+    cross_j = torch.where(
+        is_sink,
+        _corner(p.sigma_hi, ns_hi, ns_lo) * p.sigma_hi,
+        _corner(p.c_hi, ns_hi, ns_lo) * p.c_hi + torch.where(sink_sel, cross_sink_partner, zero),
+    )
+    lb_d = torch.maximum(
         lb_s_sq.sqrt() - a_hi,
         (lb_s_sq - 2 * cross_j + a_lo * a_lo).clamp_min(0).sqrt(),
     ).clamp_min(0)
+    return ub, lb_d, sel

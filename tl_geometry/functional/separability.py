@@ -1,21 +1,10 @@
 """Geometric precision, recall, F-score, margin and inversion count of a key selection (SPEC §3).
 
-For one query with valid keys ``T_t``, contributions ``y_i = α_i v_i`` and a selection
-``S ⊂ T_t`` of size ``N``, with ``s = Σ_{i∈S} y_i`` and ``D_i = d(y_i, s)``::
-
-    ρ_max = max_{i∈S} D_i          ρ_min = min_{j∈T_t∖S} D_j
-    P = N / (N + |{j∉S : D_j ≤ ρ_max}|)      (closed outer ball: a tie is contamination)
-    R = |{i∈S : D_i < ρ_min}| / N            (strict inner ball: a tie is not recalled)
-    F = 2PR / (P + R)   (0 when R = 0)       γ = ρ_min − ρ_max
-    GInv = Σ_{i∈S} Σ_{j∉S} 1{D_j ≤ D_i}
-    P* = (P − N/|T_t|) / (1 − N/|T_t|)       F* = harmonic mean of P* and R (0 when either is 0)
-
-``P*`` and ``F*`` are the chance-corrected scores (SPEC §3, ours): precision never falls below
-its floor ``N/|T_t|`` (every unselected key inside the outer ball), so raw P and F rise at dense
-N whatever the geometry; ``P*`` rescales that floor to 0.
-
-The distances are computed from ``α``, ``‖v‖`` and ``⟨v_i, s⟩`` only (SPEC §1), so the
-``[..., key, d]`` contributions are never formed per query.
+For one query with valid keys ``T_t`` and a selection ``S`` of size ``N``: ``P`` (closed outer
+ball: a tie is contamination), ``R`` (strict inner ball: a tie is not recalled), ``F``, the margin
+``γ = ρ_min − ρ_max``, ``GInv`` and the chance-corrected ``P* = (P − N/|T_t|) / (1 − N/|T_t|)``
+and ``F*`` (ours), as SPEC §3 defines them. The distances are computed from ``α``, ``‖v‖`` and
+``⟨v_i, s⟩`` only (SPEC §1), so the ``[..., key, d]`` contributions are never formed per query.
 """
 
 from __future__ import annotations
@@ -106,34 +95,19 @@ def distances(
     raise ValueError(f"distance must be 'euclidean' or 'cosine', got {distance!r}.")
 
 
-def scores_from_distances(
-    dist: Float[Tensor, "*dbatch key"],
-    selected: Bool[Tensor, "*sbatch key"],
-    key_mask: Bool[Tensor, "*mbatch key"],
-    n: Tensor,
-) -> Separability:
-    """P, R, F, γ, GInv, P*, F* from the distances of one selection per row (SPEC §3).
-
-    ``n`` is the selection size of each row; rows with ``n`` outside ``1 ≤ n < |T_t|`` are NaN.
-    """
-    return scores_from_energies(dist, selected, key_mask, n)[0]
-
-
 def scores_from_energies(
     energy: Float[Tensor, "*dbatch key"],
     selected: Bool[Tensor, "*sbatch key"],
     key_mask: Bool[Tensor, "*mbatch key"],
     n: Tensor,
 ) -> tuple[Separability, Tensor, Tensor]:
-    """SPEC §3's figures of one selection per row from any per-key ``energy`` that orders the keys
-    as their distances ``D`` do: ``D`` itself, the cosine distance, or the engine's Euclidean
-    ``E = D² − ‖s‖²``.
+    """SPEC §3's figures of one selection per row (``n`` keys each) from any per-key ``energy``
+    that orders the keys as their distances ``D`` do: ``D`` itself, the cosine distance, or the
+    engine's Euclidean ``E = D² − ‖s‖²``.
 
-    Every figure but the margin reads only that order (P, R, F, GInv, P*, F*). Returns the
-    scores, the smallest energy outside the selection and the largest inside it; ``scores.margin``
-    is their difference, in the energy's units (γ where ``energy`` is a distance; the engine
-    forms the Euclidean γ from ``E`` itself).
-    Rows with ``n`` outside ``1 ≤ n < |T_t|`` are NaN.
+    Every figure but the margin reads only that order. Returns the scores, the smallest energy
+    outside the selection and the largest inside it; ``scores.margin`` is their difference, in
+    the energy's units. Rows with ``n`` outside ``1 ≤ n < |T_t|`` are NaN.
     """
     energy, selected, key_mask = torch.broadcast_tensors(energy, selected, key_mask)
     unselected = key_mask & ~selected
@@ -160,11 +134,16 @@ def scores_from_energies(
     return scores, low_out, high_in
 
 
+def check_int(value: object, name: str) -> None:
+    """``TypeError`` unless ``value`` is an int (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}.")
+
+
 def check_rows(alpha: Tensor, values: Tensor, n: int) -> None:
     """The argument checks every row-wise scorer shares (``separability``, ``shell_bounds``,
     ``truncation``)."""
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int, got {type(n).__name__}.")
+    check_int(n, "n")
     if alpha.ndim < 1 or values.ndim < 2 or values.shape[-2] != alpha.shape[-1]:
         raise ValueError(
             f"alpha must be [..., key] and values [..., key, d] with the same number of keys; "
@@ -175,10 +154,12 @@ def check_rows(alpha: Tensor, values: Tensor, n: int) -> None:
 
 
 def check_selection(
-    alpha: Tensor, n: int, key_mask: Tensor | None, selected: Tensor | None
+    alpha: Tensor, n: int, key_mask: Tensor | None, selected: Tensor | None,
+    inside_mask: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """``(key_mask, selected)``: all keys valid by default, the top-``n`` set by default; a given
-    selection must be bool, inside ``key_mask`` and of size ``n`` wherever ``n`` is in range."""
+    selection must be bool, hold ``n`` valid keys wherever ``n`` is in range and, with
+    ``inside_mask``, no invalid key."""
     if key_mask is None:
         key_mask = torch.ones(alpha.shape, dtype=torch.bool, device=alpha.device)
     elif key_mask.dtype != torch.bool:
@@ -187,11 +168,12 @@ def check_selection(
         return key_mask, top_n_mask(alpha, n, key_mask)
     if selected.dtype != torch.bool:
         raise TypeError(f"selected must be a bool tensor, got {selected.dtype}.")
-    if (selected & ~key_mask).any():
+    if inside_mask and (selected & ~key_mask).any():
         raise ValueError("selected contains keys that key_mask marks invalid.")
     in_range = (n >= 1) & (n < key_mask.sum(-1))
-    if (in_range & (selected.sum(-1) != n)).any():
-        raise ValueError(f"selected must hold exactly n={n} keys in every row where n is in range.")
+    if (in_range & ((selected & key_mask).sum(-1) != n)).any():
+        raise ValueError(f"selected must hold exactly n={n} valid keys in every row where n is in "
+                         "range.")
     return key_mask, selected
 
 
@@ -206,21 +188,10 @@ def separability(
 ) -> Separability:
     """Geometric separability of the top-``n`` keys (or of ``selected``) of each row (SPEC §3).
 
-    Args:
-        alpha: attention rows ``[..., key]``.
-        values: raw value vectors ``[..., key, d]`` (``y = α·v`` is formed inside). Leading
-            dimensions broadcast against ``alpha``'s, so one ``[key, d]`` block can serve many
-            queries without being copied.
-        n: selection size ``N``.
-        key_mask: True for keys that exist for the row (causal and not padding); default all.
-        selected: score this selection instead of the top-``n`` set; it must hold ``n`` valid
-            keys in every row where ``n`` is in range.
-        distance: ``"euclidean"`` (default) or ``"cosine"``.
-
-    Returns:
-        :class:`Separability` with ``precision, recall, f_score, margin, inversions,
-        precision_cc, f_score_cc``, each of
-        shape ``[...]`` in float64; NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
+    ``alpha`` is ``[..., key]``, ``values`` the raw ``[..., key, d]`` (``y = α·v`` is formed
+    inside; leading dimensions broadcast against ``alpha``'s, so one ``[key, d]`` block serves
+    many queries uncopied), ``key_mask`` True on keys that exist for the row (default all).
+    Each figure is float64 ``[...]``, NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
 
     Examples:
         >>> alpha = torch.tensor([0.1, 0.6, 0.3])
@@ -232,4 +203,4 @@ def separability(
     key_mask, selected = check_selection(alpha, n, key_mask, selected)
     dist = distances(alpha, values, selected, distance)
     n_rows = torch.full(dist.shape[:-1], float(n), dtype=COMPUTE_DTYPE, device=dist.device)
-    return scores_from_distances(dist, selected, key_mask, n_rows)
+    return scores_from_energies(dist, selected, key_mask, n_rows)[0]

@@ -1,17 +1,9 @@
 """The shell certificate: lower bounds on P_N, R_N, F_N from a few exact distances (SPEC §6d).
 
-For one query with valid keys ``T_t``, a selection ``S`` of size ``N``, contributions
-``y_j = α_j v_j`` with norms ``a_j = ‖y_j‖`` and aggregate ``s = Σ_{i∈S} y_i``::
-
-    L_j  = | ‖s‖ − a_j |                      reverse triangle inequality: D_j ≥ L_j
-    E    = S ∪ (the K unselected keys with the smallest L_j; ties → lower index)
-    D̲_j = D_j for j ∈ E,   D̲_j = L_j for j ∉ E
-    P̲ = N / (N + |{j∉S : D̲_j ≤ max_S D}|)      R̲ = |{i∈S : D_i < min_{j∉S} D̲_j}| / N
-    F̲ = harmonic mean of P̲, R̲
-
-``K = 0`` reads the exact geometry of the selection and one norm per other key; ``K = T − N``
-is exact (equal to :func:`~tl_geometry.functional.separability`). Only the ``N + K`` vectors of
-``E`` are gathered per row, so a row costs ``O((N + K)·d + T)``.
+With ``a_j = ‖α_j v_j‖``, ``L_j = | ‖s‖ − a_j | ≤ D_j`` and ``E`` the selection plus the ``K``
+unselected keys of smallest ``L_j`` (ties → lower index), the bounds read the exact ``D_j`` on
+``E`` and ``L_j`` elsewhere (SPEC §6d). Only the ``N + K`` vectors of ``E`` are gathered per
+row, so a row costs ``O((N + K)·d + T)``.
 
 Every comparison is made in the "E-form", free of the cancellation in ``D² = ‖y‖² − 2⟨y, s⟩ +
 ‖s‖²``: for exact keys ``E_j = α_j(α_j‖v_j‖² − 2⟨v_j, s⟩) = D_j² − ‖s‖²``, and for the others
@@ -33,19 +25,11 @@ from .bounds import Bounds, extreme_over, harmonic_mean
 from .dtypes import COMPUTE_DTYPE, as_compute
 from .heads import broadcast_shapes
 from .selection import top_n_ranks
-from .separability import check_rows, check_selection
+from .separability import check_int, check_rows, check_selection
 
 #: Relative amount by which the norm-only quantity ``Λ_j`` is lowered, times ``(a_j + ‖s‖)²``:
 #: far above float64 rounding of a d ≤ 10⁴ dot product, far below any real separation.
 SLACK = 1e-10
-
-
-def _check(alpha: Tensor, values: Tensor, n: int, k: int) -> None:
-    check_rows(alpha, values, n)
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be an int, got {type(k).__name__}.")
-    if k < 0:
-        raise ValueError(f"k (the number of unselected keys measured exactly) must be ≥ 0, got {k}.")
 
 
 def _first(mask: Bool[Tensor, "*batch key"], m: int) -> tuple[Tensor, Tensor]:
@@ -66,21 +50,10 @@ def shell_bounds(
 ) -> Bounds:
     """Shell certificate (SPEC §6d): sound lower bounds on Euclidean ``P_N, R_N, F_N`` per row.
 
-    Args:
-        alpha: attention rows ``[..., key]``.
-        values: raw value vectors ``[..., key, d]``; leading dimensions broadcast against
-            ``alpha``'s (one ``[key, d]`` block serves many queries without being copied).
-        n: selection size ``N``.
-        k: budget ``K ≥ 0`` of unselected keys whose distance is computed exactly (those with
-            the smallest ``L_j``); ``k ≥ T − N`` gives the exact P, R, F.
-        key_mask: True for keys that exist for the row (causal and not padding); default all.
-        selected: bound this selection instead of the top-``n`` set; it must hold ``n`` valid
-            keys in every row where ``n`` is in range.
-
-    Returns:
-        :class:`~tl_geometry.functional.Bounds` (``precision, recall, f_score``), each ``[...]``
-        in float64, never above :func:`~tl_geometry.functional.separability`'s values; NaN
-        where ``n`` is outside ``1 ≤ n < |valid keys|``.
+    Arguments as :func:`~tl_geometry.functional.separability`'s, plus ``k``: the budget ``K``
+    of unselected keys whose distance is computed exactly (``k ≥ T − N`` gives the exact P, R,
+    F). Each bound is float64 ``[...]``, never above separability's value; NaN where ``n`` is
+    outside ``1 ≤ n < |valid keys|``.
 
     Examples:
         >>> alpha = torch.tensor([0.1, 0.6, 0.3])
@@ -88,7 +61,11 @@ def shell_bounds(
         >>> shell_bounds(alpha, values, 2).precision.item()    # ‖s‖ = 0.9, a_0 = 0.1: L_0 = 0.8
         1.0
     """
-    _check(alpha, values, n, k)
+    check_rows(alpha, values, n)
+    check_int(k, "k")
+    if k < 0:
+        raise ValueError(f"k (the number of unselected keys measured exactly) must be ≥ 0, "
+                         f"got {k}.")
     key_mask, selected = check_selection(alpha, n, key_mask, selected)
     in_range = (n >= 1) & (n < key_mask.sum(-1))
 

@@ -10,15 +10,10 @@ For one query with valid keys ``T_t``, weights ``α`` and a selection ``H ⊂ T_
     o − o_N = τ_N (μ_T − μ_H)                       μ_H, μ_T: the kept / left-out weighted means
     truncation_error = ‖o − o_N‖ / ‖o‖
 
-``τ_N`` is also the total-variation distance between ``α`` and its renormalised truncation.
-
 The kept mass is summed in float64 over the selected keys themselves, never formed as ``1 − τ_N``
 (SPEC §10): a float32 row sums to 1 only within about 1e-7, so where little is kept, ``1 − τ_N``
-is that round-off and not the selection's weight. Edge cases: ``N`` outside ``1 ≤ N < |T_t|``
-gives NaN for both (as every metric, SPEC §2); ``o = 0`` gives a NaN error (no relative error of
-a zero output); a kept mass below :data:`~.dtypes.KEPT_MASS_MIN` (1e-6) gives a NaN error, its
-reason being that round-off of ``α`` would decide it. The engine computes the same figures for
-the top-N and sink-removed sets (``tl_geometry.engine``); this is the direct vector form.
+is that round-off and not the selection's weight. The engine computes the same figures; this is
+the direct vector form.
 """
 
 from __future__ import annotations
@@ -53,18 +48,9 @@ def truncation(
 ) -> Truncation:
     """Tail mass ``τ_N`` and relative output error of the renormalised top-``n`` set (SPEC §10).
 
-    Args:
-        alpha: attention rows ``[..., key]``.
-        values: value vectors ``[..., key, d]``; leading dimensions broadcast against ``alpha``'s
-            (one ``[key, d]`` block serves many rows without a copy).
-        n: selection size ``N``.
-        key_mask: True for the keys that exist for the row; default all.
-        selected: score this selection instead of the top-``n`` set (it must hold ``n`` valid
-            keys wherever ``n`` is in range).
-
-    Returns:
-        :class:`Truncation`, float64, NaN where ``n`` is outside ``1 ≤ n < |valid keys|``; a NaN
-        error where ``o = 0`` or the kept mass ``Σ_H α`` is below ``KEPT_MASS_MIN`` (1e-6).
+    Arguments as :func:`~tl_geometry.functional.separability`'s. Float64, NaN where ``n`` is
+    outside ``1 ≤ n < |valid keys|``; a NaN error where ``o = 0`` or the kept mass ``Σ_H α`` is
+    below ``KEPT_MASS_MIN`` (1e-6).
 
     >>> alpha = torch.tensor([0.5, 0.25, 0.25])
     >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
