@@ -19,7 +19,7 @@ from tl_geometry.functional import (
     attention_rows,
     visible_keys,
 )
-from tl_geometry.functional.attention import _check
+from tl_geometry.functional.attention import _validate
 
 
 def _reference_row(q, k, b, h, t, *, scale, window=None, softcap=None, sinks=None, key_mask=None):
@@ -184,7 +184,7 @@ def test_sinks_need_one_logit_per_query_head():
     # Under pytest the jaxtyping shapes refuse this first; users get the ValueError.
     q, k = _qk()
     with pytest.raises(ValueError, match="one logit per query head"):
-        _check(q, k, torch.zeros(2, 1, dtype=torch.long), None, None, torch.zeros(3))
+        _validate(q, k, scale=1.0, window=None, softcap=None, sinks=torch.zeros(3), key_mask=None)
 
 
 def test_heads_must_be_a_multiple_of_kv_heads():

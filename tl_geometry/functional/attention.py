@@ -10,12 +10,8 @@ SPEC §1) and key position ``i``::
 
 where ``exp(s_h)`` (the attention-sink logit of head ``h``, GPT-OSS style: a column in the
 softmax denominator that carries no value) is left out when ``sinks`` is ``None``. Everything is
-computed in float64, whatever the input dtype, so the rows agree with a model's own float32
-pattern to rounding (about 1e-6).
-
-Memory is that of the output, ``[batch, head, Q, key]`` in float64, plus the keys in float64:
-no ``[pos, pos]`` tensor exists unless ``Q`` is the whole sequence. To cover every query without
-holding all queries × all keys, iterate :func:`attention_row_blocks`.
+computed in float64, so the rows agree with a model's own float32 pattern to about 1e-6. Memory
+is that of the output, ``[batch, head, Q, key]``, plus the keys in float64.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from jaxtyping import Bool, Float, Int, Shaped
@@ -116,14 +113,22 @@ def _key_mask(key_mask: object, q: Tensor) -> Tensor | None:
     return mask != 0  # a new tensor: the caller's mask is left as it is
 
 
+class _Softmax(NamedTuple):
+    """The checked options of the rows' softmax (``window`` at most the positions)."""
+
+    scale: float
+    window: int | None
+    softcap: float | None
+    sinks: Tensor | None
+    key_mask: Tensor | None
+
+
 def _validate(
     q: Tensor, k: Tensor, *, scale: object, window: object, softcap: object, sinks: object,
     key_mask: object,
-) -> tuple[float, int | None, float | None, Tensor | None]:
-    """Raise ``TypeError`` / ``ValueError`` naming the problem and the fix on anything the
-    rows cannot be computed from; else ``scale``, ``window`` (at most the number of positions,
-    which means the same: no restriction), ``softcap`` and ``key_mask`` (bool) to compute with.
-    O(1), plus one pass over a key mask that is not already bool."""
+) -> _Softmax:
+    """The options to compute with (``key_mask`` bool); ``TypeError`` / ``ValueError`` naming the
+    problem and the fix on anything the rows cannot be computed from."""
     _check_qk(q, k)
     scale = _positive_real(scale, "scale", "the logit scale, e.g. d_head ** -0.5")
     if window is not None:
@@ -142,7 +147,7 @@ def _validate(
         if sinks.is_meta:
             raise ValueError("sinks is on the meta device: meta tensors hold no data; pass real "
                              "tensors.")
-    return scale, window, softcap, _key_mask(key_mask, q)
+    return _Softmax(scale, window, softcap, sinks, _key_mask(key_mask, q))
 
 
 def _check_queries(queries: object, q: Tensor) -> None:
@@ -160,16 +165,6 @@ def _check_queries(queries: object, q: Tensor) -> None:
     if queries.numel() and (int(queries.min()) < -1 or int(queries.max()) >= q.shape[1]):
         raise ValueError(f"queries must lie in [0, {q.shape[1]}) (or be -1 for no query); got "
                          f"values from {int(queries.min())} to {int(queries.max())}.")
-
-
-def _check(
-    q: Tensor, k: Tensor, queries: Tensor, window: int | None, softcap: float | None,
-    sinks: Tensor | None,
-) -> None:
-    """Raise ``ValueError`` / ``TypeError`` on inputs of :func:`attention_rows` (at ``scale=1``,
-    without a key mask) that the rows cannot be computed from, the message naming the fix."""
-    _validate(q, k, scale=1.0, window=window, softcap=softcap, sinks=sinks, key_mask=None)
-    _check_queries(queries, q)
 
 
 def visible_keys(
@@ -233,17 +228,9 @@ def attention_rows(
     all NaN (:data:`NO_QUERY`), so that it can never pass for a distribution. A query with no
     visible key (all of them masked out) also gets NaN, unless ``sinks`` takes its whole mass:
     then the row is zero. ``scale`` is the model's (``1/√d`` for most, Gemma-3's
-    ``query_pre_attn_scalar ** -0.5``); ``window`` the sliding window of the layer (key ``i``
-    visible to query ``t`` iff ``t − window < i ≤ t``); ``softcap`` caps the scaled logits as
-    ``softcap · tanh(x / softcap)``; ``sinks`` holds one extra logit per query head that takes
-    part in the softmax's denominator only; ``key_mask`` is False (or 0) on padding keys. Inputs
-    are never modified.
-
-    Raises ``TypeError`` / ``ValueError``, naming the fix, unless ``q`` and ``k`` are floating
-    tensors of the same batch, positions, ``d_head`` and device, ``queries`` integer positions
-    ``[batch, n_query]``, ``key_mask`` bool or 0/1 ``[batch, pos]``, ``scale`` finite and
-    positive, ``window`` ``None`` or a positive int (one beyond the positions restricts
-    nothing) and ``softcap`` ``None`` or finite and positive.
+    ``query_pre_attn_scalar ** -0.5``), ``window`` the layer's sliding window, ``key_mask``
+    False (or 0) on padding keys. Inputs are never modified; those the rows cannot be computed
+    from raise ``TypeError`` / ``ValueError`` naming the fix.
 
     >>> q = k = torch.tensor([[[[1.0]], [[1.0]], [[1.0]]]])   # batch 1, 3 positions, 1 head, d 1
     >>> attention_rows(q, k, torch.tensor([[2, 0]]), scale=1.0).tolist()
@@ -251,23 +238,15 @@ def attention_rows(
     >>> attention_rows(q, k, torch.tensor([[2]]), scale=1.0, window=2)[0, 0, 0].tolist()
     [0.0, 0.5, 0.5]
     """
-    scale, window, softcap, mask = _validate(q, k, scale=scale, window=window, softcap=softcap,
-                                             sinks=sinks, key_mask=key_mask)
+    softmax = _validate(q, k, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                        key_mask=key_mask)
     _check_queries(queries, q)
-    return _rows(q, k, queries, scale, window, softcap, sinks, mask)
+    return _rows(q, k, queries, softmax)
 
 
-def _rows(
-    q: Float[Tensor, "batch pos head d"],
-    k: Float[Tensor, "batch pos kv_head d"],
-    queries: Int[Tensor, "batch n_query"],
-    scale: float,
-    window: int | None,
-    softcap: float | None,
-    sinks: Float[Tensor, " head"] | None,
-    key_mask: Bool[Tensor, "batch pos"] | None,
-) -> Float[Tensor, "batch head n_query pos"]:
-    """:func:`attention_rows` of validated inputs (``window`` at most the positions)."""
+def _rows(q: Tensor, k: Tensor, queries: Tensor, softmax: _Softmax) -> Tensor:
+    """:func:`attention_rows` of validated inputs."""
+    scale, window, softcap, sinks, key_mask = softmax
     logits = _logits(q, k, queries, scale)
     if softcap is not None:
         logits.div_(softcap).tanh_().mul_(softcap)
@@ -301,38 +280,21 @@ def attention_row_blocks(
 ) -> Iterator[tuple[int, Float[Tensor, "batch head n_query pos"]]]:
     """``(start, rows)`` for the queries ``start … start + block − 1``, over every position.
 
-    ``rows`` is :func:`attention_rows` for those queries, ``[batch, head, n, pos]`` with
-    ``n = block`` except in the last block (``n = pos − start``). Each block is a new tensor,
-    so that peak memory is one block's rows, ``batch × head × block × pos`` float64 values.
-    The inputs are checked as :func:`attention_rows` checks them (and ``block`` must be a
-    positive int) when this is called, before the first block.
+    ``rows`` is :func:`attention_rows` for those queries (fewer in the last block), a new tensor
+    per block: peak memory is one block's rows. The inputs are checked when this is called,
+    before the first block.
 
     Examples:
         >>> q = k = torch.zeros(1, 5, 2, 4)
         >>> [(start, tuple(rows.shape)) for start, rows in attention_row_blocks(q, k, block=2, scale=0.5)]
         [(0, (1, 2, 2, 5)), (2, (1, 2, 2, 5)), (4, (1, 2, 1, 5))]
     """
-    scale, window, softcap, mask = _validate(q, k, scale=scale, window=window, softcap=softcap,
-                                             sinks=sinks, key_mask=key_mask)
+    softmax = _validate(q, k, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                        key_mask=key_mask)
     block = _positive_int(block, "block", "queries")
-    return _blocks(q, k, block, scale, window, softcap, sinks, mask)
-
-
-def _blocks(
-    q: Float[Tensor, "batch pos head d"],
-    k: Float[Tensor, "batch pos kv_head d"],
-    block: int,
-    scale: float,
-    window: int | None,
-    softcap: float | None,
-    sinks: Float[Tensor, " head"] | None,
-    key_mask: Bool[Tensor, "batch pos"] | None,
-) -> Iterator[tuple[int, Float[Tensor, "batch head n_query pos"]]]:
-    """:func:`attention_row_blocks` of validated inputs."""
-    k = k.to(COMPUTE_DTYPE)  # once, not per block (a no-op on float64 keys)
-    for start in range(0, q.shape[1], block):
-        stop = min(start + block, q.shape[1])
-        yield start, _block(q, k, start, stop, scale, window, softcap, sinks, key_mask)
+    n_pos, k = q.shape[1], k.to(COMPUTE_DTYPE)  # k cast once, not per block
+    return ((start, _block(q, k, start, min(start + block, n_pos), softmax))
+            for start in range(0, n_pos, block))
 
 
 def attention_row_block(
@@ -347,17 +309,15 @@ def attention_row_block(
     sinks: Float[Tensor, " head"] | None = None,
     key_mask: Shaped[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch head n_query pos"]:
-    """The rows of queries ``start … stop − 1`` over every position, as one block of
-    :func:`attention_row_blocks` (the same computation, so the same numbers bit for bit).
-    The inputs are checked as :func:`attention_rows` checks them; ``start`` and ``stop`` must
-    be ints with ``0 ≤ start < stop ≤ pos``.
+    """The rows of queries ``start … stop − 1`` (``0 ≤ start < stop ≤ pos``) over every
+    position, as one block of :func:`attention_row_blocks` (the same numbers bit for bit).
 
     >>> q = k = torch.zeros(1, 5, 2, 4)
     >>> tuple(attention_row_block(q, k, 2, 4, scale=0.5).shape)
     (1, 2, 2, 5)
     """
-    scale, window, softcap, mask = _validate(q, k, scale=scale, window=window, softcap=softcap,
-                                             sinks=sinks, key_mask=key_mask)
+    softmax = _validate(q, k, scale=scale, window=window, softcap=softcap, sinks=sinks,
+                        key_mask=key_mask)
     n_pos = q.shape[1]
     for name, value in (("start", start), ("stop", stop)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -366,29 +326,19 @@ def attention_row_block(
     if not 0 <= start < stop <= n_pos:
         raise ValueError(f"queries {start} … {stop - 1} must lie in [0, {n_pos}): pass "
                          f"0 ≤ start < stop ≤ {n_pos}.")
-    return _block(q, k, int(start), int(stop), scale, window, softcap, sinks, mask)
+    return _block(q, k, int(start), int(stop), softmax)
 
 
-def _block(
-    q: Float[Tensor, "batch pos head d"],
-    k: Float[Tensor, "batch pos kv_head d"],
-    start: int,
-    stop: int,
-    scale: float,
-    window: int | None,
-    softcap: float | None,
-    sinks: Float[Tensor, " head"] | None,
-    key_mask: Bool[Tensor, "batch pos"] | None,
-) -> Float[Tensor, "batch head n_query pos"]:
+def _block(q: Tensor, k: Tensor, start: int, stop: int, softmax: _Softmax) -> Tensor:
     """:func:`attention_row_block` of validated inputs."""
     batch, n_pos = q.shape[:2]
     # Only keys lo … stop − 1 can be visible to these queries (causal, and the window): the
     # logits of the others are never computed (half the work over a sequence), their
     # probabilities are exact zeros.
-    lo = 0 if window is None else max(0, start - window + 1)
+    lo = 0 if softmax.window is None else max(0, start - softmax.window + 1)
     queries = torch.arange(start - lo, stop - lo, device=q.device).expand(batch, -1)
-    visible = _rows(q[:, lo:stop], k[:, lo:stop], queries, scale, window, softcap, sinks,
-                    None if key_mask is None else key_mask[:, lo:stop])
+    key_mask = None if softmax.key_mask is None else softmax.key_mask[:, lo:stop]
+    visible = _rows(q[:, lo:stop], k[:, lo:stop], queries, softmax._replace(key_mask=key_mask))
     rows = visible.new_zeros(*visible.shape[:-1], n_pos)
     rows[..., lo:stop] = visible
     return rows
