@@ -1,20 +1,10 @@
 """Independent head scores from attention patterns alone (SPEC §9; ours).
 
-These are the scores other tools use to name heads (TransformerLens ``head_detector``'s
-previous-token, duplicate-token and induction patterns, the attention-sink rate of Gu et al.,
-ICLR 2025, and a retrieval score after Wu et al., 2024), each read from ``hook_pattern``
-``[batch, head, query, key]`` as a plain mean weight (or argmax share) on an expected key. They
-let the taxonomy (SPEC §5) be checked against labels others use.
-
-Sequence layouts: a *repeated* sequence is ``R`` tokens and the same ``R`` tokens again, after
-BOS where the model was trained with one (SPEC §1): the first copy starts at ``start`` (1 after
-BOS, else 0), so the copies sit at ``start … start+R−1`` and ``start+R … start+2R−1``; a
-*retrieval* sequence is a text window with a needle inserted and the needle's first tokens
-repeated at its end (:func:`retrieval_layout`).
-
-Sliding-window layers (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees the keys
-``t − w < i ≤ t``. Every score takes the layer's ``window`` (``None``: global) and reads only the
-(query, expected key) pairs where the query sees the key; a score with no such pair is NaN.
+The scores other tools use to name heads (SPEC §9), each read from ``hook_pattern`` as a plain
+mean weight (or argmax share) on an expected key, to check the taxonomy (SPEC §5) against them.
+A *repeated* sequence is ``R`` tokens twice, its first copy starting at ``start`` (1 after BOS,
+else 0). Every score takes the layer's sliding ``window`` (``None``: global) and reads only the
+(query, expected key) pairs where the query sees the key (:func:`visible`); NaN where none does.
 """
 
 from __future__ import annotations
@@ -61,8 +51,7 @@ def previous_token_pairs(n_pos: int, start: int = 1, device: torch.device | str 
 def second_copy_pairs(n_pos: int, repeat: int, offset: int, start: int = 1,
                       device: torch.device | str | None = None) -> Pairs:
     """The pairs ``(t, t−R+offset)`` over a repeated sequence's second copy ``t = start+R …
-    start+2R−1``: :func:`duplicate_token_score`'s (``offset = 0``) and :func:`induction_score`'s
-    (``offset = 1``). ``n_pos`` must be ``start + 2R``.
+    start+2R−1`` (``n_pos = start + 2R``): duplicate-token (``offset = 0``) and induction (1).
 
     >>> [x.tolist() for x in second_copy_pairs(5, 2, 1)]
     [[3, 4], [2, 3]]
@@ -106,8 +95,7 @@ def previous_token_score(
     pattern: Float[Tensor, "batch head pos pos"], start: int = 1, window: int | None = None
 ) -> Float[Tensor, " head"]:
     """Mean of ``α[t, t−1]`` over the queries after the repeated sequence's first token,
-    ``t = start+1 … T−1`` (SPEC §9): ``2 … 2R`` after BOS (``start = 1``), ``1 … 2R−1``
-    without it (``start = 0``)."""
+    ``t = start+1 … T−1`` (SPEC §9)."""
     return mean_weight(pattern, *previous_token_pairs(pattern.shape[-2], start, pattern.device), window)
 
 

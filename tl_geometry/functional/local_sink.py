@@ -16,12 +16,9 @@ is outside ``t``'s window ``t − w < j ≤ t`` or is padding)::
     token    = tokens[j*]                                  NaN where the tokens are not given
 
 Every figure is NaN where ``B`` is empty (a window as long as the sequence; a global layer has
-none). ``position`` counts from the sequence's first real token, as
-``metadata["sink"]["positions"]`` do. Sums are float64 whatever the rows' dtype.
-
-The column sums ``Σ_{t∈B} α[t, j]`` are the only part that reads attention rows; they add up
-over blocks of queries (:func:`beyond_columns`), so a caller that holds the rows a block at a
-time (recomputed from queries and keys) never holds more than a block.
+none). Sums are float64 whatever the rows' dtype. Only the column sums ``Σ_{t∈B} α[t, j]``
+read attention rows, and they add up over blocks of queries (:func:`beyond_columns`), so a
+caller never needs to hold more than a block of rows.
 """
 
 from __future__ import annotations
@@ -78,9 +75,8 @@ def beyond_window(
     sink: Int[Tensor, " batch"] | int,
     window: int,
 ) -> Bool[Tensor, "batch pos"]:
-    """The beyond-window queries ``B``: real queries ``t`` whose window starts after the sink,
-    ``t − window + 1 > sink`` (SPEC §1: they cannot see it). ``sink`` is each sequence's sink
-    position (absolute, as ``key_mask``'s axis counts).
+    """The beyond-window queries ``B``: real queries ``t`` whose window starts after the sink
+    (absolute position), ``t − window + 1 > sink`` (SPEC §1: they cannot see it).
 
     >>> beyond_window(torch.ones(1, 6, dtype=torch.bool), torch.tensor([0]), 4).int().tolist()
     [[0, 0, 0, 0, 1, 1]]
@@ -97,9 +93,7 @@ def beyond_columns(
     beyond: Bool[Tensor, "batch query"],
 ) -> Float[Tensor, "batch head key"]:
     """``Σ_{t∈B} α[t, j]`` over the given query rows, float64: rows outside ``B`` add nothing,
-    even where they are NaN (padding queries of a cached pattern). ``alpha`` may be any block of
-    queries (``beyond`` the same block's) and any contiguous range of keys: the sums of blocks of
-    queries add up to the sums over every query.
+    even NaN ones (padding queries). Sums over blocks of queries add up to the sum over all.
 
     >>> alpha = torch.tensor([[[[1.0, 0.0], [0.25, 0.75]]]])
     >>> beyond_columns(alpha, torch.tensor([[False, True]])).tolist()
@@ -123,9 +117,8 @@ def local_sink_from_columns(
 ) -> LocalSink:
     """The local sink (module docstring) from the column sums ``columns[b, h, j] = Σ_{t∈B} α[t, j]``
     (:func:`beyond_columns`) and the beyond queries ``beyond`` (:func:`beyond_window`). ``values``
-    are the layer's values ``[batch, key, kv_head, d]`` (``hook_v``): query head ``h`` reads KV
-    head ``h // (n_heads // n_kv)``, by index, never an expanded copy. ``key_mask`` is False on
-    padding (default: every key is real); ``tokens`` the token ids, for the ``token`` field.
+    are ``hook_v``, read per KV head by index (SPEC §1), ``key_mask`` False on padding (default:
+    every key is real), ``tokens`` the token ids of the ``token`` field.
 
     >>> columns = torch.tensor([[[0.0, 0.5, 1.5]]])          # two beyond queries (t = 1, 2)
     >>> beyond = torch.tensor([[False, True, True]])
@@ -181,17 +174,10 @@ def local_sink(
     key_mask: Shaped[Tensor, "batch key"] | None = None,
     tokens: Int[Tensor, "batch key"] | None = None,
 ) -> LocalSink:
-    """The local sink of every (sequence, head) of a sliding-window layer, from its attention
-    rows (ours; module docstring): over the queries ``B`` that cannot see the sink
-    (``t − window + 1 > sink``), the key ``j*`` with the largest mean attention
-    ``m_j = (1/|B|) Σ_{t∈B} α[t, j]`` (ties → lower index), with its position (from the first
-    real token), mass ``m_{j*}``, coverage (the share of ``B`` whose window holds it), κ
-    (``‖v_{j*}‖`` over the mean ``‖v_j‖`` of the other keys ``B`` sees, the head's KV group's
-    values, SPEC §4) and token id (NaN without ``tokens``). NaN where ``B`` is empty.
-
-    ``alpha`` is ``[batch, head, query, key]`` (``hook_pattern``: every query's row, zero outside
-    its window), ``values`` ``[batch, key, kv_head, d]`` (``hook_v``), ``sink`` each sequence's
-    sink position (default: its first real token), ``key_mask`` False on padding.
+    """The local sink of every (sequence, head) of a sliding-window layer from its attention
+    rows ``alpha`` (``hook_pattern``; the module docstring's figures, ours), ``sink`` each
+    sequence's sink position (default: its first real token); other arguments as
+    :func:`local_sink_from_columns`'.
 
     >>> alpha = torch.tensor([[[[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.25, 0.75]]]])
     >>> s = local_sink(alpha, torch.ones(1, 3, 1, 4), window=2, tokens=torch.tensor([[7, 8, 9]]))

@@ -1,20 +1,8 @@
 """Uncertainty of loss changes over windows, and a set of heads against random sets (SPEC §7, ours).
 
-Pure arithmetic: tensors (or floats) in, tensors (or floats) out.
-
-* :func:`paired_window_se` — the standard error of a loss change from its per-window changes
-  (paired: the same windows with and without the ablation);
-* :func:`window_mean` — a loss over some windows (a bootstrap resample of them) from the
-  per-window losses: their prediction-weighted mean;
-* :func:`t_quantile` / :func:`confidence_interval` — the Student-t interval of a mean over windows;
-* :func:`criticality` / :func:`critical_mask` — SPEC §7's critical-head rule on the 95 %
-  interval of each increase: critical where its lower end reaches ``max(0.1 nats, 5 % of the
-  dense loss)``, not critical where its upper end stays below, undecided otherwise;
-* :func:`null_z` / :func:`empirical_p` — an observed loss change against a null sample (random
-  head sets of the same size);
-* :func:`check_window_weight` / :func:`check_window_indices` / :func:`check_thresholds` — the
-  input checks the functions above share: a ``ValueError`` that names the argument, its value
-  and the fix, rather than a number from nonsense or an error from inside torch.
+Pure arithmetic: tensors (or floats) in, tensors (or floats) out. The input checks raise a
+``ValueError`` that names the argument, its value and the fix, rather than return a number from
+nonsense or let torch fail inside.
 """
 
 from __future__ import annotations
@@ -26,12 +14,11 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-#: SPEC §7: a critical head raises the loss by at least this many nats, or by
-#: :data:`CRITICAL_MIN_FRACTION` of the dense loss, whichever is larger ...
+#: SPEC §7: a critical head raises the loss by at least this many nats ...
 CRITICAL_MIN_NATS = 0.1
-#: ... or by this fraction of the dense (unablated) loss, whichever is larger (SPEC §7) ...
+#: ... or by this fraction of the dense (unablated) loss, whichever is larger ...
 CRITICAL_MIN_FRACTION = 0.05
-#: ... with the whole interval of the increase at this level above that threshold (SPEC §7).
+#: ... with the whole interval of the increase at this level above that threshold.
 CRITICAL_LEVEL = 0.95
 #: The outcomes of :func:`criticality`, in its codes' order (0, 1, 2).
 CRITICALITY = ("not critical", "undecided", "critical")
@@ -39,9 +26,7 @@ CRITICALITY = ("not critical", "undecided", "critical")
 
 def check_window_weight(weight: object, n_windows: int, name: str = "weight") -> None:
     """Refuse ``weight`` unless it is one finite, non-negative prediction count per window (a 1-D
-    tensor of ``n_windows`` entries) with a positive total: a negative or NaN weight would turn
-    the weighted mean into a number that is no loss over any set of predictions, and a zero
-    total leaves it undefined (0 / 0)."""
+    tensor of ``n_windows`` entries) with a positive total (else the weighted mean is no loss)."""
     if not isinstance(weight, torch.Tensor) or weight.ndim != 1:
         shape = list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise ValueError(f"{name} must be a 1-D tensor with one prediction count per window, got "
@@ -64,11 +49,9 @@ def check_window_weight(weight: object, n_windows: int, name: str = "weight") ->
 
 
 def check_window_indices(windows: object, n_windows: int, name: str = "windows") -> torch.Tensor:
-    """``windows`` as a 1-D integer tensor of indices into ``n_windows`` windows (one bootstrap
-    resample: repeats allowed), or a ``ValueError`` naming the problem and the fix. A sequence of
-    ints is taken as a tensor. Refused: a batch of resamples (2-D: each row would be divided by
-    every row's weight), float or bool indices (a mask is not a resample), an empty resample, and
-    indices outside ``0 … n_windows − 1`` (torch would read a negative one from the end)."""
+    """``windows`` (a tensor or a sequence of ints) as a 1-D integer tensor of indices into
+    ``n_windows`` windows: one bootstrap resample, repeats allowed, not empty. Refused: a batch
+    of resamples, float or bool indices, and indices outside ``0 … n_windows − 1``."""
     if not isinstance(windows, torch.Tensor):
         try:
             windows = torch.as_tensor(windows)
@@ -100,11 +83,8 @@ def window_mean(
     last axis, repeats counted again: one bootstrap resample, SPEC §8; default all windows), with
     ``w_b`` window ``b``'s number of valid predictions: on all windows, the loss over every
     prediction of the batch. A window without predictions (``w_b = 0``, its loss NaN) adds
-    nothing; NaN for a resample that draws only such windows.
-
-    ``weight`` must be finite and ≥ 0 with a positive total, and ``windows`` 1-D integer
-    indices in range (:func:`check_window_weight`, :func:`check_window_indices`): a
-    ``ValueError`` otherwise.
+    nothing; NaN for a resample that draws only such windows. Inputs are checked by
+    :func:`check_window_weight` and :func:`check_window_indices`.
 
     Examples:
         >>> window_mean(torch.tensor([2.0, 4.0]), torch.tensor([1.0, 3.0])).item()
@@ -139,7 +119,6 @@ def paired_window_se(
     With equal weights (windows of one length, no padding) this is ``sd(d) / sqrt(n)``
     (sample sd, ``n − 1``). Windows with ``w_b = 0`` (no valid prediction) are left out; NaN
     with a single such window (no spread to estimate), and where a used ``d_b`` is NaN.
-    ``weight`` must be finite and ≥ 0 with a positive total (:func:`check_window_weight`).
 
     >>> paired_window_se(torch.tensor([1.0, 2.0, 3.0]), torch.ones(3))   # sd 1, n 3
     tensor(0.5774, dtype=torch.float64)
@@ -229,12 +208,8 @@ def confidence_interval(
 
 
 def check_thresholds(min_nats: object, min_fraction: object) -> None:
-    """Refuse a threshold of SPEC §7's critical rule that is not a finite number ≥ 0, naming it,
-    its value and the fix: with a negative one nearly every head is critical, with NaN or
-    infinity none is. Every critical-head entry point checks its thresholds here
-    (:func:`critical_threshold`, :func:`criticality`, :func:`critical_mask`,
-    :func:`tl_geometry.ablation.critical_heads` and :class:`~tl_geometry.ablation.HeadSensitivity`'s
-    methods)."""
+    """Refuse a threshold of SPEC §7's critical rule that is not a finite number ≥ 0 (with a
+    negative one nearly every head is critical, with NaN or infinity none is)."""
     for name, value, default in (("min_nats", min_nats, CRITICAL_MIN_NATS),
                                  ("min_fraction", min_fraction, CRITICAL_MIN_FRACTION)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
@@ -246,8 +221,8 @@ def check_thresholds(min_nats: object, min_fraction: object) -> None:
 def critical_threshold(dense_loss: float, min_nats: float = CRITICAL_MIN_NATS,
                        min_fraction: float = CRITICAL_MIN_FRACTION) -> float:
     """``max(min_nats, min_fraction · dense_loss)``: the smallest loss increase that can make a
-    head critical (SPEC §7: 0.1 nats or 5 % of the dense loss, whichever is larger). Thresholds
-    that are not finite numbers ≥ 0 are refused (:func:`check_thresholds`)."""
+    head critical (SPEC §7: 0.1 nats or 5 % of the dense loss, whichever is larger), thresholds
+    checked by :func:`check_thresholds`."""
     check_thresholds(min_nats, min_fraction)
     return max(min_nats, min_fraction * dense_loss)
 
@@ -259,8 +234,7 @@ def criticality(
     """SPEC §7's outcome per head from the interval ``[low, high]`` of its loss increase, with
     ``c = max(min_nats, min_fraction · dense_loss)``: 2 (critical) where ``low ≥ c``, 0 (not
     critical) where ``high < c``, 1 (undecided) otherwise; NaN where the interval is (an unscored
-    head, or no standard error). Names: :data:`CRITICALITY`. A threshold that is not a finite
-    number ≥ 0 is refused (:func:`check_thresholds`).
+    head, or no standard error). Names: :data:`CRITICALITY`.
 
     Examples:
         >>> criticality(torch.tensor([0.3, 0.0, 0.05]), torch.tensor([0.5, 0.05, 0.4]), 4.0).tolist()
@@ -278,8 +252,7 @@ def critical_mask(
 ) -> Bool[Tensor, "*head"]:
     """SPEC §7's critical heads: the lower end ``low`` of the loss increase's interval is at
     least ``max(min_nats, min_fraction · dense_loss)`` (a large effect, beyond noise). NaN (an
-    unscored head, or no standard error) is never critical. A threshold that is not a finite
-    number ≥ 0 is refused (:func:`check_thresholds`)."""
+    unscored head, or no standard error) is never critical."""
     return low.double() >= critical_threshold(dense_loss, min_nats, min_fraction)
 
 
