@@ -45,29 +45,6 @@ def _check_tensor(x: object, name: str, layout: str, ndim: int) -> Tensor:
     return x
 
 
-def _check_qk(q: Tensor, k: Tensor) -> None:
-    """Raise on ``q`` and ``k`` that cannot be one layer's post-rotary queries and keys."""
-    for name, x in (("q", q), ("k", k)):
-        _check_tensor(x, name, _QK_LAYOUT[name], 4)
-        if not x.dtype.is_floating_point:
-            raise TypeError(f"{name} has dtype {x.dtype}: q and k must be floating point; cast "
-                            "with .float().")
-    if q.device != k.device:
-        raise ValueError(f"q is on {q.device} but k is on {k.device}: move them to one device, "
-                         "e.g. k.to(q.device).")
-    shapes = f"q {tuple(q.shape)} {_QK_LAYOUT['q']}, k {tuple(k.shape)} {_QK_LAYOUT['k']}"
-    for axis, what, fix in ((0, "batch", "pass the keys of the same sequences as the queries"),
-                            (1, "positions", "pass the whole q and k of one forward pass, one key "
-                                             "per position"),
-                            (3, "d_head", "pass the q and k of the same layer")):
-        if q.shape[axis] != k.shape[axis]:
-            raise ValueError(f"q and k differ in {what} ({shapes}): {fix}.")
-    n_heads, n_kv = q.shape[2], k.shape[2]
-    if n_kv <= 0 or n_heads % n_kv:
-        raise ValueError(f"q has {n_heads} heads, k has {n_kv} KV heads: the query heads must be a "
-                         "positive multiple of the KV heads (grouped-query attention).")
-
-
 def _positive_real(value: object, name: str, fix: str) -> float:
     """``value`` as a float, once it is a finite positive real number (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -129,7 +106,25 @@ def _validate(
 ) -> _Softmax:
     """The options to compute with (``key_mask`` bool); ``TypeError`` / ``ValueError`` naming the
     problem and the fix on anything the rows cannot be computed from."""
-    _check_qk(q, k)
+    for name, x in (("q", q), ("k", k)):
+        _check_tensor(x, name, _QK_LAYOUT[name], 4)
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} has dtype {x.dtype}: q and k must be floating point; cast "
+                            "with .float().")
+    if q.device != k.device:
+        raise ValueError(f"q is on {q.device} but k is on {k.device}: move them to one device, "
+                         "e.g. k.to(q.device).")
+    shapes = f"q {tuple(q.shape)} {_QK_LAYOUT['q']}, k {tuple(k.shape)} {_QK_LAYOUT['k']}"
+    for axis, what, fix in ((0, "batch", "pass the keys of the same sequences as the queries"),
+                            (1, "positions", "pass the whole q and k of one forward pass, one key "
+                                             "per position"),
+                            (3, "d_head", "pass the q and k of the same layer")):
+        if q.shape[axis] != k.shape[axis]:
+            raise ValueError(f"q and k differ in {what} ({shapes}): {fix}.")
+    n_heads, n_kv = q.shape[2], k.shape[2]
+    if n_kv <= 0 or n_heads % n_kv:
+        raise ValueError(f"q has {n_heads} heads, k has {n_kv} KV heads: the query heads must be a "
+                         "positive multiple of the KV heads (grouped-query attention).")
     scale = _positive_real(scale, "scale", "the logit scale, e.g. d_head ** -0.5")
     if window is not None:
         window = min(_positive_int(window, "window", "keys (or None for a global layer)"),
@@ -137,7 +132,6 @@ def _validate(
     if softcap is not None:
         softcap = _positive_real(softcap, "softcap", "the logit cap (or None for no cap)")
     if sinks is not None:
-        n_heads = q.shape[2]
         if not isinstance(sinks, Tensor):
             raise TypeError(f"sinks must be a tensor of one logit per query head, shape "
                             f"({n_heads},), or None; got {type(sinks).__name__}.")
@@ -174,9 +168,8 @@ def visible_keys(
     window: int | None = None,
     key_mask: Bool[Tensor, "batch key"] | None = None,
 ) -> Bool[Tensor, "batch n_query key"]:
-    """Keys each query sees: ``i ≤ t``, ``t − window < i`` when windowed, and ``key_mask[i]``.
-
-    A query given as ``-1`` sees no key.
+    """Keys each query sees: ``i ≤ t``, ``t − window < i`` when windowed, and ``key_mask[i]``;
+    a query given as ``-1`` sees none.
 
     >>> visible_keys(torch.tensor([[2, 3, -1]]), 4, window=2).int().tolist()
     [[[0, 1, 1, 0], [0, 0, 1, 1], [0, 0, 0, 0]]]
@@ -189,25 +182,6 @@ def visible_keys(
     if key_mask is not None:
         visible &= key_mask.unsqueeze(1)
     return visible
-
-
-def _logits(
-    q: Float[Tensor, "batch pos head d"],
-    k: Float[Tensor, "batch key kv_head d"],
-    queries: Int[Tensor, "batch n_query"],
-    scale: float,
-) -> Float[Tensor, "batch head n_query key"]:
-    """``scale · ⟨q_t^h, k_i^{h // g}⟩`` in float64, reading only the chosen query rows."""
-    batch, _, n_heads, d = q.shape
-    n_kv = k.shape[2]
-    group = n_heads // n_kv
-    rows = torch.arange(batch, device=q.device).unsqueeze(-1)
-    # Gather the chosen rows first, so only [batch, Q, head, d] is ever cast to float64.
-    q_rows = q[rows, queries.clamp(min=0)].to(COMPUTE_DTYPE)
-    q_rows = q_rows.reshape(batch, -1, n_kv, group, d)
-    # Heads h = n·group + j, so that query head h reads KV head h // group without repeating k.
-    logits = torch.einsum("bqnjd,bind->bnjqi", q_rows, k.to(COMPUTE_DTYPE))
-    return logits.reshape(batch, n_heads, queries.shape[1], k.shape[1]).mul_(scale)
 
 
 def attention_rows(
@@ -245,9 +219,18 @@ def attention_rows(
 
 
 def _rows(q: Tensor, k: Tensor, queries: Tensor, softmax: _Softmax) -> Tensor:
-    """:func:`attention_rows` of validated inputs."""
+    """:func:`attention_rows` of validated inputs: ``scale · ⟨q_t^h, k_i^{h // g}⟩``, then the
+    softmax (module docstring)."""
     scale, window, softcap, sinks, key_mask = softmax
-    logits = _logits(q, k, queries, scale)
+    batch, _, n_heads, d = q.shape
+    n_kv = k.shape[2]
+    rows = torch.arange(batch, device=q.device).unsqueeze(-1)
+    # Gather the chosen rows first, so only [batch, Q, head, d] is ever cast to float64.
+    q_rows = q[rows, queries.clamp(min=0)].to(COMPUTE_DTYPE)
+    q_rows = q_rows.reshape(batch, -1, n_kv, n_heads // n_kv, d)
+    # Heads h = n·group + j, so that query head h reads KV head h // group without repeating k.
+    logits = torch.einsum("bqnjd,bind->bnjqi", q_rows, k.to(COMPUTE_DTYPE))
+    logits = logits.reshape(batch, n_heads, queries.shape[1], k.shape[1]).mul_(scale)
     if softcap is not None:
         logits.div_(softcap).tanh_().mul_(softcap)
     visible = visible_keys(queries, k.shape[1], window=window, key_mask=key_mask).unsqueeze(1)
@@ -284,10 +267,9 @@ def attention_row_blocks(
     per block: peak memory is one block's rows. The inputs are checked when this is called,
     before the first block.
 
-    Examples:
-        >>> q = k = torch.zeros(1, 5, 2, 4)
-        >>> [(start, tuple(rows.shape)) for start, rows in attention_row_blocks(q, k, block=2, scale=0.5)]
-        [(0, (1, 2, 2, 5)), (2, (1, 2, 2, 5)), (4, (1, 2, 1, 5))]
+    >>> q = k = torch.zeros(1, 5, 2, 4)
+    >>> [(start, tuple(rows.shape)) for start, rows in attention_row_blocks(q, k, block=2, scale=0.5)]
+    [(0, (1, 2, 2, 5)), (2, (1, 2, 2, 5)), (4, (1, 2, 1, 5))]
     """
     softmax = _validate(q, k, scale=scale, window=window, softcap=softcap, sinks=sinks,
                         key_mask=key_mask)

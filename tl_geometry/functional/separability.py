@@ -32,9 +32,7 @@ class Separability(NamedTuple):
     margin: Float[Tensor, "*batch"]
     inversions: Float[Tensor, "*batch"]
     precision_cc: Float[Tensor, "*batch"]
-    """Chance-corrected precision ``P* = (P − N/|T_t|) / (1 − N/|T_t|)`` (ours), in [0, 1]."""
     f_score_cc: Float[Tensor, "*batch"]
-    """Harmonic mean of ``P*`` and ``R`` (0 when either is 0; ours)."""
 
 
 #: Metric names in storage order (the result's ``metric`` axis, :data:`.figures.FIGURES`):
@@ -43,21 +41,6 @@ METRIC_NAMES: tuple[str, ...] = labels("metric")
 #: The truncation figures of SPEC §10 (:mod:`.truncation`, ours): tail mass ``τ_N`` and the
 #: relative output error of the renormalised selection, at the end of the metric axis.
 TRUNCATION_NAMES: tuple[str, ...] = METRIC_NAMES[len(Separability._fields):]
-
-
-def chance_corrected(
-    precision: Tensor, recall: Tensor, n: Tensor, n_keys: Tensor
-) -> tuple[Tensor, Tensor]:
-    """``(P*, F*)`` from ``P``, ``R``, ``N`` and the number of candidate keys ``|T_t|`` (SPEC §3).
-
-    >>> p, f = chance_corrected(torch.tensor(0.5), torch.tensor(1.0), torch.tensor(2.0), torch.tensor(8.0))
-    >>> round(p.item(), 4), round(f.item(), 4)
-    (0.3333, 0.5)
-    """
-    floor = n / n_keys
-    p_cc = (precision - floor) / (1 - floor)
-    f_cc = torch.where((p_cc > 0) & (recall > 0), 2 * p_cc * recall / (p_cc + recall), 0.0)
-    return p_cc, torch.where(torch.isnan(p_cc), torch.nan, f_cc)
 
 
 def distances(
@@ -127,7 +110,11 @@ def scores_from_energies(
     inversions = (below * selected).sum(-1).to(COMPUTE_DTYPE)
     n_keys = key_mask.sum(-1)
     defined = (n >= 1) & (n < n_keys)
-    precision_cc, f_score_cc = chance_corrected(precision, recall, n, n_keys.to(COMPUTE_DTYPE))
+    floor = n / n_keys.to(COMPUTE_DTYPE)  # P* and F*, chance-corrected (ours)
+    precision_cc = (precision - floor) / (1 - floor)
+    f_cc = torch.where((precision_cc > 0) & (recall > 0),
+                       2 * precision_cc * recall / (precision_cc + recall), 0.0)
+    f_score_cc = torch.where(torch.isnan(precision_cc), torch.nan, f_cc)
     nan = torch.tensor(torch.nan, dtype=COMPUTE_DTYPE, device=energy.device)
     scores = Separability(*(torch.where(defined, x, nan) for x in (
         precision, recall, f_score, low_out - high_in, inversions, precision_cc, f_score_cc)))
@@ -193,11 +180,10 @@ def separability(
     many queries uncopied), ``key_mask`` True on keys that exist for the row (default all).
     Each figure is float64 ``[...]``, NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
 
-    Examples:
-        >>> alpha = torch.tensor([0.1, 0.6, 0.3])
-        >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
-        >>> separability(alpha, values, 2).precision.item()
-        1.0
+    >>> alpha = torch.tensor([0.1, 0.6, 0.3])
+    >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    >>> separability(alpha, values, 2).precision.item()
+    1.0
     """
     check_rows(alpha, values, n)
     key_mask, selected = check_selection(alpha, n, key_mask, selected)
