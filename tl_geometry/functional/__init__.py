@@ -17,13 +17,7 @@ from .attention import (
     attention_rows,
     visible_keys,
 )
-from .bounds import (
-    Bounds,
-    RegimeParams,
-    fit_regime,
-    inversion_bounds,
-    regime_bounds,
-)
+from .bounds import Bounds, RegimeParams, fit_regime, inversion_bounds, regime_bounds
 from .figures import FIGURES, Figure
 from .heads import (
     causal_key_mask,

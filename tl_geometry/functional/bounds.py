@@ -191,11 +191,10 @@ def fit_regime(
     :data:`MAX_PAIRS`): in ``"certificate"`` mode sampled extremes are then an estimate, not a
     guarantee, and a warning says so.
 
-    Examples:
-        >>> v = torch.tensor([[0.1, 0.0], [1.0, 0.0], [0.0, 1.0]])
-        >>> p = fit_regime(v, torch.tensor(0))
-        >>> [round(float(x), 3) for x in (p.nu, p.delta, p.kappa_lo, p.c_hi, p.sigma_hi)]
-        [1.0, 0.0, 0.1, 0.0, 1.0]
+    >>> v = torch.tensor([[0.1, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    >>> p = fit_regime(v, torch.tensor(0))
+    >>> [round(float(x), 3) for x in (p.nu, p.delta, p.kappa_lo, p.c_hi, p.sigma_hi)]
+    [1.0, 0.0, 0.1, 0.0, 1.0]
     """
     if mode not in ("certificate", "predict"):
         raise ValueError(f"mode must be 'certificate' or 'predict', got {mode!r}.")

@@ -1,12 +1,9 @@
 """Every per-head figure, defined once: its name, its axis, its SPEC section and its doc line.
 
-:data:`FIGURES` is the table the rest of the package reads. The result's axis labels
-(``METRIC_NAMES``, ``SINK_FIELDS``, ...), the shape checks and the file format
-(:mod:`tl_geometry.result.schema`), the documented shortcuts' docstrings
-(:mod:`tl_geometry.result.shortcuts`), the plots' [0, 1] axes, and the slots where the scoring
-kernels write the metrics and the sink's mass and share (:mod:`tl_geometry.engine.compiled.score`,
-:mod:`tl_geometry.engine.layout`: a figure's slot is its index on its axis) all derive from it.
-docs/where_things_go.md lists the files that adding a figure touches.
+:data:`FIGURES` is the table the rest of the package reads. The result's axis labels, the
+shape checks and file format, the shortcuts' docstrings, the plots' [0, 1] axes and the kernels'
+result slots (a figure's index on its axis) all derive from it; docs/where_things_go.md lists
+the files that adding a figure touches.
 
 >>> labels("sink_field")
 ('mass', 'norm_ratio', 'cosine', 'mean_cosine', 'share')
@@ -21,12 +18,9 @@ from typing import NamedTuple
 
 class Figure(NamedTuple):
     """One figure: its label on ``axis`` (the result's axis name), where SPEC defines it, one doc
-    line, the :class:`~tl_geometry.result.HeadAnalysis` shortcut that reads it (``None``: read
-    through its accessor only), whether it lies in [0, 1] (``unit``: plotted on that range), and
-    ``since``: the result file format from which every file holds it, so that a file of an
-    earlier format lacks it by construction and is read with it filled (NaN) without a warning
-    (the default, 1, promises nothing: a file that lacks it is read with a warning). A figure
-    added with the next format's number raises :data:`tl_geometry.result.io.FORMAT_VERSION` to it."""
+    line, the :class:`~tl_geometry.result.HeadAnalysis` shortcut that reads it (``None``: its
+    accessor only), whether it lies in [0, 1] (``unit``), and ``since``: the result file format
+    from which every file holds it (an earlier file is read with it NaN, without a warning)."""
 
     name: str
     axis: str

@@ -147,13 +147,10 @@ def sink_epsilon(rates: Float[Tensor, ...], epsilon: float = SINK_EPSILON) -> fl
 def retrieval_layout(
     window_length: int, needle: int = NEEDLE_LENGTH, repeated: int = NEEDLE_REPEATED
 ) -> tuple[int, Int[Tensor, " q"], Int[Tensor, " q"]]:
-    """Positions of a retrieval sequence (SPEC §9) built from a ``window_length``-token window
-    (BOS included, where the window has one): the needle starts at
-    ``start = 1 + (window_length − 1) // 2`` (the middle of the text), the repeated needle
-    tokens sit at the last ``repeated`` positions. Returns ``(start, queries, keys)``: query
-    ``window_length + needle + k`` (after the window, the needle and ``k`` repeats) holds
-    needle token ``k``; its expected key ``start + k + 1`` is the position right after that
-    token's earlier occurrence (the source of the token being predicted).
+    """``(start, queries, keys)`` of a retrieval sequence (SPEC §9) from a ``window_length``-token
+    window: the needle starts mid-text at ``start = 1 + (window_length − 1) // 2``; query
+    ``window_length + needle + k`` holds the repeated needle token ``k``, its expected key
+    ``start + k + 1`` is the position right after that token's earlier occurrence.
 
     >>> start, q, k = retrieval_layout(64)
     >>> start, q[:2].tolist(), k[:2].tolist()

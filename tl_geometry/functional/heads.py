@@ -1,10 +1,7 @@
 """Per-head tensors: KV-head mapping, contraction with value vectors, contribution norms, masks.
 
-SPEC §1. Query head ``h`` reads KV head ``h // (n_heads // n_kv)``. Nothing here builds a
-``[batch, head, query, key, d_head]`` tensor: weighted sums of value vectors are formed by a
-matrix product whose batch dimensions are exactly the value tensor's own, with every dimension
-that the values broadcast over (query heads of one group, queries, selections) folded into the
-rows of the product.
+SPEC §1. Nothing here builds a ``[batch, head, query, key, d_head]`` tensor (see
+:func:`value_dots`).
 """
 
 from __future__ import annotations
@@ -40,12 +37,10 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class ValueDots(NamedTuple):
-    """``s = Σ_k w_k v_k`` seen through inner products (see :func:`value_dots`)."""
+    """``‖s‖²`` and ``⟨v_i, s⟩`` for every key ``i`` of ``s = Σ_k w_k v_k`` (:func:`value_dots`)."""
 
     aggregate_sq_norm: Float[Tensor, "*batch"]
-    """``‖s‖²``."""
     dots: Float[Tensor, "*batch key"]
-    """``⟨v_i, s⟩`` for every key ``i``."""
 
 
 def value_dots(
@@ -53,10 +48,9 @@ def value_dots(
 ) -> ValueDots:
     """``‖s‖²`` and ``⟨v_i, s⟩`` for ``s = Σ_k w_k v_k``, without expanding ``values``.
 
-    ``weights`` and ``values`` broadcast in their leading dimensions; the result has the
-    broadcast shape. Dimensions where ``values`` has size 1 (queries, selections, query heads of
-    one KV group) are folded into the rows of two matrix products, so the cost and memory are
-    those of ``weights`` plus ``values``, never their product.
+    Leading dimensions broadcast; those where ``values`` has size 1 (queries, selections, query
+    heads of one KV group) are folded into the rows of two matrix products, so the cost and
+    memory are those of ``weights`` plus ``values``, never their product.
 
     >>> v = torch.eye(3, dtype=torch.float64)             # three orthonormal keys
     >>> w = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
@@ -139,10 +133,8 @@ def contribution_norms(
 def causal_key_mask(
     n_pos: int, attention_mask: Bool[Tensor, "batch pos"] | None = None
 ) -> Bool[Tensor, "*batch query key"]:
-    """Valid keys of every query: ``i ≤ t`` and, with a mask, not padding (SPEC §1).
-
-    Returns ``[query, key]`` without a mask and ``[batch, query, key]`` with one.
-    """
+    """Valid keys of every query, ``[query, key]`` (``[batch, query, key]`` with a mask): ``i ≤ t``
+    and, with a mask, not padding (SPEC §1)."""
     device = None if attention_mask is None else attention_mask.device
     causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=device).tril()
     if attention_mask is None:

@@ -18,18 +18,15 @@ from .figures import labels
 
 
 class RegimeDiagnostics(NamedTuple):
-    """How well a head's values fit the regime (SPEC §6c), each field ``[*batch]``."""
+    """How well a head's values fit the regime (SPEC §6c), each field ``[*batch]``; the fields
+    are :data:`REGIME_FIELDS` (``decay`` is λ)."""
 
     norm_cv: Float[Tensor, "*batch"]
-    """Coefficient of variation of the non-sink value norms."""
     kappa: Float[Tensor, "*batch"]
-    """‖v_sink‖ / mean non-sink norm."""
     a: Float[Tensor, "*batch"]
     decay: Float[Tensor, "*batch"]
-    """λ of ``cos(v_i, v_j) ≈ a·exp(−λ|i−j|) + b`` over non-sink pairs."""
     b: Float[Tensor, "*batch"]
     fit_mae: Float[Tensor, "*batch"]
-    """Mean absolute error of that fit over the pairs."""
 
 
 #: The regime figures in storage order (the result's ``regime_field`` axis, :data:`.figures.FIGURES`).
@@ -46,12 +43,9 @@ def regime_diagnostics(
     *,
     generator: torch.Generator | None = None,
 ) -> RegimeDiagnostics:
-    """Norm spread, κ and the fit ``cos(v_i, v_j) ≈ a·exp(−λ|i−j|) + b`` of SPEC §6c.
-
-    The fit is least squares over the non-sink pairs (negative cosines kept): for each λ of
-    :data:`DECAY_GRID`, ``a`` and ``b`` are the closed-form linear fit; the λ with the smallest
-    squared error wins. Pairs are sampled beyond ``MAX_PAIRS``, as in :func:`~.bounds.fit_regime`.
-    """
+    """Norm spread, κ and the fit ``cos(v_i, v_j) ≈ a·exp(−λ|i−j|) + b`` of SPEC §6c: per λ of
+    :data:`DECAY_GRID` the closed-form least-squares ``a, b`` over the non-sink pairs (sampled as
+    in :func:`~.bounds.fit_regime`); the λ with the smallest squared error wins."""
     return diagnostics_from_pairs(pair_stats(values, sink, key_mask, generator))
 
 

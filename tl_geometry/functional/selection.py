@@ -25,10 +25,8 @@ def inverse_permutation(order: Int[Tensor, "*batch key"]) -> Int[Tensor, "*batch
 def top_n_ranks(
     scores: Float[Tensor, "*sbatch key"], key_mask: Bool[Tensor, "*mbatch key"] | None = None
 ) -> Int[Tensor, "*batch key"]:
-    """Rank of every key by decreasing score; ties go to the lower index; invalid keys last.
-
-    ``scores`` is the attention row ``α`` (SPEC §2) or, for the variant ranking, the
-    contribution norms ``α_i‖v_i‖``. ``top_n_ranks(α) < N`` is the top-N set ``S_N``.
+    """Rank of every key by decreasing score (``α``, or ``α_i‖v_i‖`` for the variant ranking of
+    SPEC §2); ties go to the lower index; invalid keys last. ``top_n_ranks(α) < N`` is ``S_N``.
 
     >>> top_n_ranks(torch.tensor([0.2, 0.4, 0.2, 0.2])).tolist()
     [1, 0, 2, 3]
@@ -60,12 +58,9 @@ def top_n_mask(
 def random_ranks(
     key_mask: Bool[Tensor, "*batch key"], samples: int, generator: torch.Generator
 ) -> Int[Tensor, "*batch sample key"]:
-    """Ranks under ``samples`` independent uniformly random permutations of each row's valid keys.
-
-    ``random_ranks(...) < N`` is a uniformly random N-subset of the valid keys; within one
-    permutation the subsets for increasing ``N`` are nested prefixes (SPEC §3, random baseline).
-    The same generator state gives the same ranks.
-    """
+    """Ranks under ``samples`` independent uniformly random permutations of each row's valid keys
+    (SPEC §3's random baseline): ``random_ranks(...) < N`` is a uniformly random N-subset, nested
+    in ``N`` within one permutation; the same generator state gives the same ranks."""
     if samples < 1:
         raise ValueError(f"random_samples must be at least 1, got {samples}.")
     shape = (*key_mask.shape[:-1], samples, key_mask.shape[-1])

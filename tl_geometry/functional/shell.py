@@ -55,11 +55,10 @@ def shell_bounds(
     F). Each bound is float64 ``[...]``, never above separability's value; NaN where ``n`` is
     outside ``1 ≤ n < |valid keys|``.
 
-    Examples:
-        >>> alpha = torch.tensor([0.1, 0.6, 0.3])
-        >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
-        >>> shell_bounds(alpha, values, 2).precision.item()    # ‖s‖ = 0.9, a_0 = 0.1: L_0 = 0.8
-        1.0
+    >>> alpha = torch.tensor([0.1, 0.6, 0.3])
+    >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    >>> shell_bounds(alpha, values, 2).precision.item()    # ‖s‖ = 0.9, a_0 = 0.1: L_0 = 0.8
+    1.0
     """
     check_rows(alpha, values, n)
     check_int(k, "k")

@@ -44,9 +44,8 @@ def sink_diagnostics(
     key_mask: Bool[Tensor, "*mbatch key"],
     sink: Int[Tensor, "*ibatch"] | int,
 ) -> SinkDiagnostics:
-    """Sink mass, norm ratio κ, signed cosines and contribution share per row (SPEC §4).
-
-    ``sink`` holds each row's sink index and broadcasts against the rows' leading dimensions.
+    """Sink mass, norm ratio κ, signed cosines and contribution share per row (SPEC §4), with
+    ``sink`` each row's sink index (broadcast against the rows' leading dimensions).
 
     >>> v = torch.tensor([[-0.1, 0.0], [1.0, 0.0], [1.0, 0.0]])
     >>> d = sink_diagnostics(torch.tensor([0.5, 0.25, 0.25]), v, torch.ones(3, dtype=torch.bool),

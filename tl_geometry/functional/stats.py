@@ -49,9 +49,8 @@ def nearest_rank_percentile(x: Float[Tensor, "sample ..."], q: float) -> Float[T
     """The ``q``-quantile (``0 < q ≤ 1``) of the non-NaN values along the first axis, by
     nearest rank: the ``⌈q·c⌉``-th smallest of the ``c`` values; NaN where ``c = 0``.
 
-    It is one of the values (never an interpolation between two), and at least a fraction
-    ``q`` of the values are ``≤`` it: "90 % of the queries have τ_N ≤ p90" holds exactly
-    (NumPy's ``method="inverted_cdf"``; ours, SPEC §10).
+    It is one of the values, and at least a fraction ``q`` of the values are ``≤`` it (NumPy's
+    ``method="inverted_cdf"``; ours, SPEC §10).
 
     >>> nearest_rank_percentile(torch.tensor([[4.0], [1.0], [float("nan")], [3.0], [2.0]]), 0.9).tolist()
     [4.0]

@@ -56,9 +56,7 @@ def source_votes(
     [1, 0]
     """
     winner = source_winners(alpha, values, key_mask)
-    return torch.where(
-        winner == query, CURRENT, torch.where(winner == sink, SINK, OTHER)
-    )
+    return torch.where(winner == query, CURRENT, torch.where(winner == sink, SINK, OTHER))
 
 
 def vote_fractions(counts: Float[Tensor, "*batch 3"]) -> Float[Tensor, "*batch 3"]:
@@ -69,8 +67,7 @@ def vote_fractions(counts: Float[Tensor, "*batch 3"]) -> Float[Tensor, "*batch 3
 
 def labels_from_votes(counts: Float[Tensor, "*batch 3"]) -> Int[Tensor, "*batch"]:
     """Plurality class index into :data:`CLASSES`; ties → Retriever > Mixer > Reset (argmax
-    returns the first maximum). :data:`UNLABELLED` (−1) where a head has no vote at all (SPEC §5):
-    all-zero counts would otherwise "tie" and read as a Retriever.
+    returns the first maximum); :data:`UNLABELLED` (−1) where a head has no vote (SPEC §5).
 
     >>> labels_from_votes(torch.tensor([[2., 2., 1.], [0., 0., 0.], [0., 1., 3.]])).tolist()
     [0, -1, 2]
@@ -88,8 +85,7 @@ N_RESAMPLES = 200
 #: "unstable" (SPEC §5).
 UNSTABLE_BELOW = 0.8
 #: The fewest resampling units (sequences) that give a stability (SPEC §5): below it a bootstrap
-#: of so few units says nothing (one sequence always "keeps" its label), so the stability is NaN,
-#: shown as "too few units".
+#: says nothing (one sequence always "keeps" its label) and the stability is NaN.
 MIN_UNITS = 8
 #: How a stability withheld for lack of units is shown.
 TOO_FEW_UNITS = "too few units"
@@ -97,8 +93,6 @@ TOO_FEW_UNITS = "too few units"
 
 def vote_margin(counts: Float[Tensor, "*batch 3"]) -> Float[Tensor, " *batch"]:
     """Largest vote fraction minus the second largest (SPEC §5); NaN for a head with no votes.
-
-    A margin near 0 means two classes nearly tie and the label could flip with other text.
 
     >>> vote_margin(torch.tensor([[6., 3., 1.], [0., 0., 0.]])).tolist()
     [0.3, nan]
@@ -110,9 +104,8 @@ def vote_margin(counts: Float[Tensor, "*batch 3"]) -> Float[Tensor, " *batch"]:
 def bootstrap_resample_weights(
     n_sequences: int, n_resamples: int = N_RESAMPLES, seed: int = 0
 ) -> Float[Tensor, "resample sequence"]:
-    """How many times each sequence is drawn in each bootstrap resample (SPEC §5): every
-    resample draws ``n_sequences`` sequences with replacement, from a ``torch.Generator`` seeded
-    with ``seed``, so the same seed gives the same resamples on every machine.
+    """How many times each sequence is drawn in each bootstrap resample (SPEC §5): ``n_sequences``
+    draws with replacement from a generator seeded with ``seed`` (the same on every machine).
 
     >>> w = bootstrap_resample_weights(4, 3, seed=0)
     >>> w.shape, w.sum(-1).tolist()
@@ -130,18 +123,10 @@ def bootstrap_stability(
     seed: int = 0,
     labels: Int[Tensor, " *head"] | None = None,
 ) -> Float[Tensor, " *head"]:
-    """Share of bootstrap resamples of the sequences whose plurality label equals the label of
-    all sequences (SPEC §5): 1 = the label never moves, < :data:`UNSTABLE_BELOW` = "unstable".
-    NaN for a head with no votes (no label to keep), and for every head when there are fewer
-    than :data:`MIN_UNITS` (8) sequences: "too few units" (SPEC §5), since resampling one or a
-    few sequences cannot move a label and would read as a perfectly stable one.
-
-    ``labels`` is the label each resample must give (default: that of all the units); pass the
-    head's own label where the units do not hold every vote (blocks dropping partial ones).
-
-    Resample ``r`` sums the per-sequence vote counts with the weights of
-    :func:`bootstrap_resample_weights`; its label follows :func:`labels_from_votes` (ties and
-    "no vote" alike), so a resample that leaves a head without votes counts as a change.
+    """Share of bootstrap resamples of the sequences (:func:`bootstrap_resample_weights`) whose
+    plurality label (:func:`labels_from_votes`: a resample without votes counts as a change)
+    equals ``labels`` (default: the label of all sequences), SPEC §5. NaN for a head with no
+    votes, and for every head with fewer than :data:`MIN_UNITS` sequences ("too few units").
 
     >>> votes = torch.tensor([[[5, 0, 0]], [[4, 1, 0]], [[3, 2, 0]]] * 3)   # 9 sequences, 1 head
     >>> bootstrap_stability(votes).tolist()

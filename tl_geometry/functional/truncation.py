@@ -33,9 +33,7 @@ class Truncation(NamedTuple):
     fields are :data:`~.separability.TRUNCATION_NAMES`, the names on the result's metric axis."""
 
     tail_mass: Float[Tensor, "*batch"]
-    """``τ_N = Σ_{j∉H} α_j``: the attention left outside the selection."""
     truncation_error: Float[Tensor, "*batch"]
-    """``‖o − o_N‖ / ‖o‖`` of the renormalised selection ``o_N = Σ_H α_j v_j / Σ_H α_j``."""
 
 
 def truncation(
