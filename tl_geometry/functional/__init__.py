@@ -1,13 +1,8 @@
 """Pure tensor functions of tl_geometry: tensors in, tensors out, no TransformerLens.
 
-The pipeline's mathematics (``../SPEC``): KV-head mapping and contributions (§1), top-N and
-random selections (§2–3), separability (§3), sink diagnostics (§4) and the source-winner
-taxonomy (§5), bounds (§6: inversion certificates, regime bounds, the shell certificate), the
-truncation figures (§10: tail mass and relative output error of the renormalised top-N), the
-local sink of a sliding-window head (ours: where the queries beyond the sink's window put their
-mass), and attention rows recomputed from post-rotary queries and keys for chosen queries only.
-Every function is vectorised over heads, queries and selections; ``figures`` lists every figure
-once (name, axis, SPEC section, doc line, shortcut).
+The pipeline's mathematics (SPEC §1–6, §10), the local sink of a sliding-window head (ours) and
+attention rows recomputed for chosen queries, each vectorised over heads, queries and selections;
+``figures`` lists every figure once.
 """
 
 from .attention import (

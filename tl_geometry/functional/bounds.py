@@ -45,9 +45,8 @@ def harmonic_mean(p: Tensor, r: Tensor) -> Tensor:
 
 
 def inversion_bounds(n: Tensor | int, inversions: Float[Tensor, "*batch"]) -> Bounds:
-    """Inversion certificates ``P ≥ N/(N + GInv)``, ``R ≥ max(0, 1 − GInv/N)`` (SPEC §3).
-
-    NaN inversions (an undefined N) give NaN bounds.
+    """Inversion certificates ``P ≥ N/(N + GInv)``, ``R ≥ max(0, 1 − GInv/N)`` (SPEC §3); NaN
+    where the inversions are (an undefined N).
 
     >>> inversion_bounds(2, torch.tensor([0.0, 1.0, 4.0])).recall.tolist()
     [1.0, 0.5, 0.0]
@@ -106,13 +105,10 @@ def pair_stats(
     key_mask: Bool[Tensor, "*mbatch key"] | None = None,
     generator: torch.Generator | None = None,
 ) -> PairStats:
-    """Cosines of the non-sink key pairs and of the sink to every key, per head.
-
-    All ``i < j`` pairs when there are at most :data:`MAX_PAIRS`; otherwise MAX_PAIRS pairs drawn
-    uniformly (``i ≠ j``, with replacement) from ``generator`` (default: seed 0), so the sample is
-    reproducible. Cosines are exact (no η): a certificate's interval must contain the true ones.
-    Memory is bounded by :data:`PAIR_CHUNK` (Gram blocks of a group of heads at a time).
-    """
+    """Cosines of the non-sink key pairs and of the sink to every key, per head: all ``i < j``
+    pairs up to :data:`MAX_PAIRS`, else MAX_PAIRS pairs drawn uniformly (``i ≠ j``, with
+    replacement) from ``generator`` (default: seed 0). Cosines are exact (no η): a certificate's
+    interval must contain the true ones."""
     values = as_compute(values)
     if key_mask is None:
         key_mask = torch.ones(values.shape[:-1], dtype=torch.bool, device=values.device)
@@ -183,13 +179,10 @@ def fit_regime(
     quantile: float = 0.05,
     generator: torch.Generator | None = None,
 ) -> RegimeParams:
-    """Regime parameters of SPEC §6b from a head's value vectors ``[*batch, key, d]``.
-
-    ``"certificate"`` takes the observed extremes over the valid keys (so the regime bounds must
-    hold for any query on them); ``"predict"`` takes the ``quantile`` and ``1 − quantile``
-    quantiles (typical values, for predicted envelopes). Long sequences sample pairs (see
-    :data:`MAX_PAIRS`): in ``"certificate"`` mode sampled extremes are then an estimate, not a
-    guarantee, and a warning says so.
+    """Regime parameters of SPEC §6b from a head's value vectors ``[*batch, key, d]``: the
+    observed extremes over the valid keys (``"certificate"``) or their ``quantile`` and
+    ``1 − quantile`` quantiles (``"predict"``). Beyond :data:`MAX_PAIRS` pairs are sampled, and
+    a certificate from sampled extremes is an estimate (a warning says so).
 
     >>> v = torch.tensor([[0.1, 0.0], [1.0, 0.0], [0.0, 1.0]])
     >>> p = fit_regime(v, torch.tensor(0))

@@ -78,8 +78,8 @@ def mean_weight(
     keys: Int[Tensor, " q"],
     window: int | None = None,
 ) -> Float[Tensor, " head"]:
-    """Mean over sequences and the given (query, key) pairs of ``α[query, key]``, per head
-    (float64); only the pairs the query sees count (:func:`visible`), NaN where none does.
+    """Mean over sequences and the (query, key) pairs the query sees of ``α[query, key]``, per
+    head (float64).
 
     >>> p = torch.eye(3)[None, None]            # every query attends to itself
     >>> mean_weight(p, torch.tensor([1, 2]), torch.tensor([1, 1])).tolist()
@@ -127,9 +127,8 @@ def sink_queries(n_pos: int, window: int | None = None) -> int:
 
 
 def sink_rate(pattern: Float[Tensor, "batch head pos pos"], window: int | None = None) -> Float[Tensor, " head"]:
-    """Mean of key 0's weight ``α[t, 0]`` over the queries ``t ≥ 1`` that see key 0 (SPEC §9,
-    Gu et al.'s first-token definition): all of them on a global layer, ``t ≤ w − 1`` on a
-    layer with window ``w`` (:func:`sink_queries` of them); NaN where none does."""
+    """Mean of key 0's weight ``α[t, 0]`` over the :func:`sink_queries` ``t ≥ 1`` that see key 0
+    (SPEC §9, Gu et al.'s first-token definition)."""
     return mean_weight(pattern, *sink_pairs(pattern.shape[-2], pattern.device), window)
 
 
@@ -168,8 +167,7 @@ def argmax_share(
     keys: Int[Tensor, " q"],
     window: int | None = None,
 ) -> Float[Tensor, " head"]:
-    """Share of (sequence, query) whose argmax key (ties → lower index) is the expected key,
-    over the queries that see their expected key (:func:`visible`); NaN where none does."""
+    """:func:`share_of_argmax` over the queries that see their expected key (:func:`visible`)."""
     keep = visible(queries, keys, window)
     queries, keys = queries[keep], keys[keep]
     return share_of_argmax(pattern[:, :, queries], keys)

@@ -90,9 +90,8 @@ def first_duplicate(values: Float[Tensor, "*vbatch key d"]) -> Int[Tensor, "*vba
     """For every key, the lowest index whose value vector is bit-identical to its own.
 
     Matrix products may round identical rows differently (BLAS edge kernels), which would split
-    exact ties between identical contributions (SPEC §3: a tie is contamination, not recall).
-    Reading each key's inner products from its first duplicate keeps such ties exact. Found by a
-    lexicographic sort over the ``d`` coordinates, so it costs ``d`` sorts of ``[*vbatch, key]``.
+    exact ties (SPEC §3); reading each key's inner products from its first duplicate keeps them
+    exact. Costs ``d`` stable sorts of ``[*vbatch, key]`` (a lexicographic order).
 
     >>> first_duplicate(torch.tensor([[1.0, 2.0], [0.0, 1.0], [1.0, 2.0]])).tolist()
     [0, 1, 0]

@@ -1,9 +1,7 @@
 """Selections of keys: top-N by attention (ties → lower index) and nested random subsets.
 
 SPEC §2–3. A selection is encoded by *ranks*: ``rank[i] < N`` means key ``i`` is in the size-N
-set. One rank tensor therefore encodes the nested sets for every ``N`` at once, which is how
-both the top-N sets (prefixes of the attention order) and the random baseline (prefixes of a
-random permutation) are defined. Invalid keys always rank after every valid key.
+set, so one rank tensor encodes the nested sets for every ``N``. Invalid keys rank last.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Rank statistics shared by the capacity study, its views, the report and the engine.
-
-Spearman's ρ with average ranks for ties, over the finite pairs only: NumPy in, a float out.
-The nearest-rank percentile of SPEC §10 (ours): tensors in and out, NaN entries left out.
-"""
+"""Rank statistics: Spearman's ρ (a float) and the nearest-rank percentile of SPEC §10 (ours)."""
 
 from __future__ import annotations
 
