@@ -1,17 +1,13 @@
 """``HeadAnalysis``: the per-(layer, head, N) result of :func:`tl_geometry.analyze_heads`.
 
 Read it by name, not by position: ``result.sel(layer=5, head=3, n=2)`` (model layer index, head,
-N value), ``result.label(5, 3)``, ``result.metric("f_score", group="random")``,
-``result.bound("certified", "f_score")``. The attribute shortcuts (``f_score``,
-``sink_removed_f_score``, ``sink_norm_ratio``, ``certified_f_score``, ...) are ``[layer, head(,
-n)]`` tensors whose axis ``i`` is model layer ``layers[i]`` and N ``n_values[i]``. The names of
-groups, metrics, sink fields, ... live in one place (:mod:`tl_geometry.result.schema`).
+N value), ``result.label(5, 3)``, ``result.metric("f_score", group="random")``; every name lives
+in :mod:`tl_geometry.result.schema`.
 """
 
 from __future__ import annotations
 
 import operator
-import textwrap
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,11 +18,18 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..functional.local_sink import LOCAL_SINK_FIELDS
 from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
-from ..functional.taxonomy import CLASSES, UNLABELLED, VOTES, labels_from_votes, vote_fractions
+from ..functional.taxonomy import (
+    CLASSES,
+    UNLABELLED,
+    UNSTABLE_BELOW,
+    VOTES,
+    labels_from_votes,
+    vote_fractions,
+    vote_margin,
+)
 from . import headline, io, layer_kinds, select, tables, text, tracking, units
 from . import labels as confidence
 from .schema import (
@@ -56,8 +59,7 @@ def _per_layer(saved: Any, n_layers: int) -> Tensor:
 
 
 def _positive_int(value: Any, where: str, what: str) -> int:
-    """``value`` as an int ≥ 1 (NumPy and torch integers too); a ``ValueError`` naming ``where``
-    and the fix for a bool, float, string, ``None`` or a count below 1."""
+    """``value`` as an int ≥ 1 (NumPy and torch integers too), else a ``ValueError``."""
     if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_") or (
             isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise ValueError(f"{where}: {value!r} is a bool; give {what} as an int ≥ 1, e.g. 10.")
@@ -82,10 +84,9 @@ class HeadAnalysis(Shortcuts):
     """Geometric separability, sink diagnostics and taxonomy of every analysed head.
 
     ``scores[g, m, l, h, i]`` is the mean of metric ``METRIC_NAMES[m]`` for group ``GROUPS[g]``
-    at layer ``layers[l]``, head ``h``, ``N = n_values[i]`` (axis labels: ``tl_geometry.result.schema.AXES``).
-    The constructor checks every shape against those names and raises ``ValueError`` on a
-    mismatch. The attribute shortcuts (``f_score``, ``random_f_score``, ``sink_mass``,
-    ``certified_f_score``, ...) are each one accessor call (:mod:`tl_geometry.result.shortcuts`).
+    at layer ``layers[l]``, head ``h``, ``N = n_values[i]`` (axes: :data:`~.schema.AXES`; the
+    constructor raises ``ValueError`` on a shape mismatch). The attribute shortcuts (``f_score``,
+    ``random_f_score``, ``sink_mass``, ...) are each one accessor call (:mod:`.shortcuts`).
     """
 
     layers: tuple[int, ...]
@@ -104,33 +105,29 @@ class HeadAnalysis(Shortcuts):
     """Paired sink effect ``[PAIRED_FIELDS, layer, head, n]`` (SPEC §3; :meth:`paired_sink`)."""
     sequence_votes: Int[Tensor, "sequence layer head 3"] | None = None
     """Vote counts of each sequence (summing to ``vote_counts``), behind :attr:`label_stability`
-    (SPEC §5); ``None`` in files of format 3 and earlier."""
+    (SPEC §5); ``None`` in files of format ≤ 3."""
     truncation_p90: Float[Tensor, "tmetric layer head n"] | None = None
-    """90th percentile over instances of ``[TRUNCATION_NAMES, layer, head, n]`` (SPEC §10;
-    :meth:`truncation_percentile`); ``None`` in files of format 4 and earlier."""
+    """:meth:`truncation_percentile` (SPEC §10); ``None`` in files of format ≤ 4."""
     beyond_votes: Int[Tensor, "layer head 3"] | None = None
     """Votes of the sliding-window queries that cannot see the sink (SPEC §5), apart from
-    ``vote_counts`` (zero on a global layer); ``None`` in files of format 5 and earlier."""
+    ``vote_counts`` (zero on a global layer); ``None`` in files of format ≤ 5."""
     block_votes: Int[Tensor, "sequence block layer head 3"] | None = None
-    """The votes per block of 128 consecutive queries of each sequence (zero for a partial block):
-    the block bootstrap's units below 8 sequences (SPEC §5); ``None`` in files of format 5 and earlier."""
+    """Votes per block of 128 consecutive queries of each sequence (zero for a partial block): the
+    block bootstrap's units below 8 sequences (SPEC §5); ``None`` in files of format ≤ 5."""
     window_scores: Float[Tensor, "sequence wgroup metric layer head n"] | None = None
-    """With ``per_window=True``: each sequence's own means over its chosen queries, groups
-    ``WINDOW_GROUPS``, NaN where undefined: what a bootstrap over windows resamples (SPEC §8).
-    Files of format 8 and earlier load with the sink-in / sink-out groups NaN."""
+    """With ``per_window=True``: each sequence's own means, groups ``WINDOW_GROUPS``, NaN where
+    undefined (SPEC §8); files of format ≤ 8 load with the sink-in / sink-out groups NaN."""
     window_sink: Float[Tensor, "sequence field layer head"] | None = None
     """With ``per_window=True``: each sequence's sink diagnostics (SPEC §4); ``None`` otherwise."""
     window_bounds: Float[Tensor, "sequence kind bmetric layer head n"] | None = None
     """With ``per_window=True`` and ``bounds=True``: each sequence's mean lower bounds (SPEC §8);
-    ``None`` otherwise and in files of format 6 and earlier."""
+    ``None`` otherwise and in files of format ≤ 6."""
     baseline_se: Float[Tensor, "se_kind metric layer head n"] | None = None
-    """The random baseline's standard errors ``[SE_KINDS, metric, layer, head, n]`` (SPEC §3;
-    :meth:`baseline_error`); ``None`` in files of format 7 and earlier."""
+    """:meth:`baseline_error` (SPEC §3); ``None`` in files of format ≤ 7."""
     local_sink: Float[Tensor, "sequence local_field layer head"] | None = None
-    """The local sink of each sliding-window head (ours; :mod:`tl_geometry.functional.local_sink`,
-    read with :meth:`local_sinks`): per sequence, fields ``LOCAL_SINK_FIELDS`` of the key the
-    queries beyond the sink's window attend most; NaN on global layers. ``None`` when no analysed
-    layer has a window, and in files of format 8 and earlier."""
+    """Per sequence, fields ``LOCAL_SINK_FIELDS`` of the key that the queries beyond the sink's
+    window attend most (ours; :meth:`local_sinks`); NaN on global layers. ``None`` when no
+    analysed layer has a window, and in files of format ≤ 8."""
 
     def __post_init__(self) -> None:
         self.layers, self.n_values = check_fields(vars(self))
@@ -139,7 +136,6 @@ class HeadAnalysis(Shortcuts):
             # Global layers only (e.g. a layer_subset): no local sink, as an analysis of them alone.
             self.local_sink = None
 
-    # --- accessors: one per named axis ------------------------------------------------------------
     def metric(self, name: str, group: str = "top") -> Float[Tensor, "layer head n"]:
         """Mean of metric ``name`` (:data:`METRIC_NAMES`; SPEC §3, §10) over the instances of
         ``group`` (:data:`GROUPS`), ``[layer, head, n]``; NaN where none was defined."""
@@ -173,7 +169,7 @@ class HeadAnalysis(Shortcuts):
         subsets per query (NaN where ``R < 2``); ``"sequences"`` — the sample standard deviation
         of the per-sequence means over ``√S`` (NaN below 2 sequences).
 
-        >>> r.baseline_error("f_score")[:, :, 1]  # Monte Carlo SE of the random F_N at the second N  # doctest: +SKIP
+        >>> r.baseline_error("f_score")[:, :, 1]           # doctest: +SKIP
         """
         m, k = check_name("metric", metric, METRIC_NAMES), check_name("standard error kind", kind, SE_KINDS)
         return self._or_nan(self.baseline_se, k, m)
@@ -213,21 +209,19 @@ class HeadAnalysis(Shortcuts):
     def label_margin(self) -> Float[Tensor, "layer head"]:
         """Vote margin per head (SPEC §5): largest vote fraction minus the second; NaN for a
         head with no votes. Near 0, two classes nearly tie."""
-        return confidence.label_margin(self)
+        return vote_margin(self.vote_counts)
 
     @property
     def label_stability(self) -> Float[Tensor, "layer head"]:
         """Label stability per head (SPEC §5): the share of 200 bootstrap resamples (seed 0) whose
-        plurality label is the head's; below 0.8 the head is :attr:`unstable`. NaN (never unstable)
-        for an unlabelled head, with too few units, and in files of format 3 or earlier
-        (:func:`~tl_geometry.result.labels.label_stability`)."""
+        plurality label is the head's (:func:`~tl_geometry.result.labels.label_stability`)."""
         return confidence.label_stability(self)
 
     @property
     def unstable(self) -> torch.Tensor:
         """``[layer, head]`` bool: heads whose label stability is below 0.8 (SPEC §5); False
         where the stability is NaN (too few units, unknown, unlabelled)."""
-        return confidence.unstable(self)
+        return self.label_stability < UNSTABLE_BELOW
 
     @property
     def labels(self) -> list[list[str | None]]:
@@ -255,11 +249,9 @@ class HeadAnalysis(Shortcuts):
     def n_heads(self) -> int:
         return self.scores.shape[3]
 
-    # --- statistical unit of value-only figures (SPEC §4) -------------------------------------------
     @property
     def kv_group_size(self) -> int:
-        """Query heads per KV head (``n_heads // n_kv``; 1 in output space), inside which a
-        value-only figure is identical (:func:`~tl_geometry.result.units.kv_group_size`)."""
+        """:func:`~tl_geometry.result.units.kv_group_size` (SPEC §4)."""
         return units.kv_group_size(self)
 
     @property
@@ -275,7 +267,6 @@ class HeadAnalysis(Shortcuts):
         heads of one group disagree (the figure reads α and stays per query head).
 
         >>> kappa = result.kv_heads("sink_norm_ratio")       # [layer, kv]   # doctest: +SKIP
-        >>> float(kappa.nanmedian()), result.n_layers * result.n_kv_heads   # doctest: +SKIP
         """
         name = "values"
         if isinstance(values, str):
@@ -284,14 +275,12 @@ class HeadAnalysis(Shortcuts):
                 raise UnknownNameError(f"kv_heads({values!r}): unknown key; value-only keys: "
                                        f"{', '.join(k for k in units.value_only_names() if k in quantities)}.")
             name, values = values, quantities[values][0]
-        return units.kv_values(self, values, name)
+        return units.kv_reduce(values, self.kv_group_size, name)
 
     def kv_heads_table(self):
-        """One row per (layer, KV head) with every value-only figure, as a ``DataFrame``
-        (:func:`~tl_geometry.result.units.kv_heads_table`)."""
+        """:func:`~tl_geometry.result.units.kv_heads_table`."""
         return units.kv_heads_table(self)
 
-    # --- selection by coordinates ------------------------------------------------------------------
     def quantities(self) -> dict[str, tuple[Tensor, bool]]:
         """Every per-head quantity by name, as ``(values, has_n_axis)``: metrics of every group,
         ``f_gain``, the baseline's standard errors (``random_f_score_se_mc``, ...), instance counts,
@@ -317,17 +306,11 @@ class HeadAnalysis(Shortcuts):
         return out
 
     def layer_subset(self, layers: Sequence[int]) -> HeadAnalysis:
-        """This analysis restricted to the model layers ``layers``
-        (:func:`~tl_geometry.result.layer_kinds.layer_subset`)."""
+        """:func:`~tl_geometry.result.layer_kinds.layer_subset`."""
         return layer_kinds.layer_subset(self, layers)
 
     def by_layer_kind(self) -> dict[str, HeadAnalysis]:
-        """``{"global": …, "local": …}``: the full-attention and the sliding-window layers apart
-        (SPEC §8 (i)); ``{}`` when every layer is of one kind.
-
-        >>> for kind, part in result.by_layer_kind().items():      # doctest: +SKIP
-        ...     print(kind, part.class_counts())
-        """
+        """:func:`~tl_geometry.result.layer_kinds.by_layer_kind` (SPEC §8 (i))."""
         return layer_kinds.by_layer_kind(self)
 
     def sel(self, layer: Coord = None, head: Coord = None, n: Coord = None) -> HeadSelection:
@@ -337,8 +320,7 @@ class HeadAnalysis(Shortcuts):
         Unknown values raise a ``ValueError`` (also a ``KeyError``) listing the valid ones.
 
         >>> s = result.sel(layer=5, head=3, n=2)          # doctest: +SKIP
-        >>> float(s["f_score"]), float(s["random_f_score"]), s["label"]   # doctest: +SKIP
-        >>> result.sel(n=2)["f_score"]                     # [layer, head] F_2   # doctest: +SKIP
+        >>> float(s["f_score"]), s["label"]                # doctest: +SKIP
         """
         every = {"layer": list(self.layers), "head": list(range(self.n_heads)), "n": self.n_values.tolist()}
         asked = {"layer": layer, "head": head, "n": n}
@@ -356,12 +338,10 @@ class HeadAnalysis(Shortcuts):
         """Position of the N value ``n`` in ``n_values`` (an error lists the analysed ones)."""
         return select.positions("n", n, self.n_values.tolist())  # type: ignore[return-value]
 
-    # --- sliding windows (SPEC §1, ours) -----------------------------------------------------------
     @property
     def windows(self) -> tuple[int | None, ...]:
-        """The sliding window of each analysed layer (``metadata["window"]``; query ``t`` saw keys
-        ``t − w < i ≤ t``), ``None`` for a global layer, and for every layer of a result made
-        before windows were recorded ("no window")."""
+        """The sliding window of each analysed layer (SPEC §1, ours; query ``t`` saw keys
+        ``t − w < i ≤ t``), ``None`` for a global layer (:func:`~.headline.layer_windows`)."""
         return headline.layer_windows(self)
 
     @property
@@ -375,7 +355,6 @@ class HeadAnalysis(Shortcuts):
         """Per layer, the chosen (sequence, query) instances analysed (NaN where not recorded)."""
         return _per_layer(self.metadata.get("instances"), self.n_layers)
 
-    # --- bounds summaries ---------------------------------------------------------------------------
     @property
     def certified_fraction(self) -> Float[Tensor, " n"]:
         """Fraction of heads whose every analysed query is certified (P̲ = R̲ = 1) at each N."""
@@ -384,8 +363,7 @@ class HeadAnalysis(Shortcuts):
 
     @property
     def shuffle(self) -> str:
-        """Which null the ``shuffled`` group is (SPEC §3): ``"values"``, ``"norms"``,
-        ``"directions"`` or ``"unselected"``."""
+        """Which null the ``shuffled`` group is (:func:`~.headline.shuffle_kind`, SPEC §3)."""
         return headline.shuffle_kind(self)
 
     @property
@@ -405,7 +383,11 @@ class HeadAnalysis(Shortcuts):
         """Fraction of heads whose bound-predicted best N (``kind``: ``shell``, ``shell_n``,
         ``predicted``) equals the measured one, where both are defined (NaN if none); its
         chance level: :meth:`best_n_vs_chance`."""
-        return tables.best_n_agreement(self, kind)
+        measured, predicted = tables.measured_and_predicted_best_n(self, kind)
+        both = ~torch.isnan(measured) & ~torch.isnan(predicted)
+        if not both.any():
+            return float("nan")
+        return float((measured[both] == predicted[both]).double().mean())
 
     def best_n_vs_chance(self, kind: str = "shell_n", *, n_shuffles: int = tracking.N_SHUFFLES,
                          seed: int = 0) -> tracking.BestNAgreement:
@@ -423,10 +405,8 @@ class HeadAnalysis(Shortcuts):
         each headline N (SPEC §6d; never pooled over N), as a ``DataFrame`` ``n, rho, heads``."""
         return tracking.rho_by_n(self, kind, metric)
 
-    # --- tables -----------------------------------------------------------------------------------
     def paired_sink_summary(self):
-        """Per N, the pooled sink comparison next to the paired one (SPEC §3), as a ``DataFrame``
-        (:func:`~tl_geometry.result.tables.paired_sink_summary`)."""
+        """:func:`~tl_geometry.result.tables.paired_sink_summary` (SPEC §3)."""
         return tables.paired_sink_summary(self)
 
     def class_counts(self):
@@ -464,8 +444,7 @@ class HeadAnalysis(Shortcuts):
         return confidence.export_labels(self, path, scores)
 
     def beyond_table(self):
-        """``pandas.DataFrame``, one row per sliding-window head: its label beside the votes of
-        the queries beyond the sink's window (SPEC §1, §5; :func:`~tl_geometry.result.tables.beyond_table`).
+        """:func:`~tl_geometry.result.tables.beyond_table` (SPEC §1, §5).
 
         >>> result.beyond_table().query("beyond_label != label")   # doctest: +SKIP
         """
@@ -480,11 +459,10 @@ class HeadAnalysis(Shortcuts):
 
         >>> result.local_sinks(model.tokenizer).sort_values("mass", ascending=False)  # doctest: +SKIP
         """
-        return _local_sinks_table(self, tokenizer)
+        return tables.local_sinks(self, tokenizer)
 
     def to_pandas(self):
-        """Long-form ``DataFrame``, one row per (layer, head, N, group)
-        (:func:`~tl_geometry.result.tables.to_pandas`)."""
+        """:func:`~tl_geometry.result.tables.to_pandas`: one row per (layer, head, N, group)."""
         return tables.to_pandas(self)
 
     def top(self, k: SupportsIndex = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True,
@@ -530,24 +508,15 @@ class HeadAnalysis(Shortcuts):
             chosen.insert(3, by, values.flatten()[order].numpy())
         return chosen.reset_index(drop=True)
 
-    # --- text -----------------------------------------------------------------------------------
     def summary(self, n_values: Sequence[int] = (2, 4, 8), *, top: int | None = 20) -> str:
         """Readable summary: run, classes, mean F_N against random, then the ``top`` heads by
         F-gain at the first shown N (``top=None``: every head, in layer order), with a legend;
         with sliding-window layers, one line on their local sinks (:meth:`local_sinks`). See
         docs/reading.md for how to read it."""
-        out = text.summary(self, n_values, top)
-        line = _local_sink_line(self)
-        if not line:
-            return out
-        # Beside the windows' line, before the first blank line (the classes follow it).
-        lines = out.split("\n")
-        at = lines.index("") if "" in lines else len(lines)
-        return "\n".join([*lines[:at], *textwrap.wrap(line, 100), *lines[at:]])
+        return text.summary(self, n_values, top)
 
     def _repr_html_(self) -> str:
-        """Notebooks show the description, class counts and the top heads as a table, labels
-        in their class colour (:func:`~tl_geometry.result.text.html_summary`)."""
+        """Notebooks: :func:`~tl_geometry.result.text.html_summary`."""
         if "scores" not in vars(self):  # a constructor that failed: nothing to describe
             return f"<code>&lt;{type(self).__name__} (not constructed)&gt;</code>"
         with warnings.catch_warnings():  # a display, not a ranking the user asked for: no tie notes
@@ -559,7 +528,6 @@ class HeadAnalysis(Shortcuts):
             return f"<{type(self).__name__} (not constructed)>"
         return text.short_repr(self)
 
-    # --- persistence ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the analysis to ``path``, atomically, as a versioned, checksummed file of named
         tensors and JSON metadata (:mod:`tl_geometry.result.io`)."""
@@ -574,67 +542,3 @@ class HeadAnalysis(Shortcuts):
         ``FileNotFoundError`` if there is none. Files of format 1 load with a ``UserWarning``.
         """
         return cls(**io.load(path))
-
-
-
-def _mode(values: Any) -> tuple[float, float]:
-    """The most frequent of the finite ``values`` (ties → the lower) and its share; NaN, NaN
-    where none is finite."""
-    import numpy as np
-
-    finite = values[np.isfinite(values)]
-    if not len(finite):
-        return float("nan"), float("nan")
-    kinds, counts = np.unique(finite, return_counts=True)  # sorted: argmax takes the lower
-    best = int(np.argmax(counts))
-    return float(kinds[best]), float(counts[best] / len(finite))
-
-
-def _local_sinks_table(result: HeadAnalysis, tokenizer: Any):
-    """:meth:`HeadAnalysis.local_sinks`."""
-    import numpy as np
-    import pandas as pd
-
-    columns = ["layer", "head", "window", "sequences", "position", "position_share", "token", "token_share",
-               "mass", "coverage", "kappa"]
-    rows: list[list[Any]] = []
-    if result.local_sink is not None:
-        figures = result.local_sink.double().numpy()  # [sequence, field, layer, head]
-        field_of = {name: i for i, name in enumerate(LOCAL_SINK_FIELDS)}
-        for li, (layer, window) in enumerate(zip(result.layers, result.windows)):
-            if window is None:
-                continue
-            for h in range(result.n_heads):
-                per = figures[:, :, li, h]
-                defined = per[np.isfinite(per[:, field_of["mass"]])]
-                position, position_share = _mode(defined[:, field_of["position"]])
-                token_id, token_share = _mode(defined[:, field_of["token"]])
-                token: Any = None
-                if np.isfinite(token_id):
-                    token = tokenizer.decode([int(token_id)]) if tokenizer is not None else int(token_id)
-                medians = [float(np.median(defined[:, field_of[f]])) if len(defined) else float("nan")
-                           for f in ("mass", "coverage", "kappa")]
-                rows.append([layer, h, window, len(defined), position, position_share, token, token_share, *medians])
-    return pd.DataFrame(rows, columns=columns)
-
-
-def _local_sink_line(result: HeadAnalysis) -> str:
-    """One line for :meth:`HeadAnalysis.summary`: the most common local sink over every
-    (sequence, local head) that has one (its token id where known, else its position) and the
-    median mass; empty without local sinks."""
-    import numpy as np
-
-    if result.local_sink is None:
-        return ""
-    local = [li for li, w in enumerate(result.windows) if w is not None]
-    figures = result.local_sink[:, :, local].double().permute(0, 2, 3, 1).reshape(-1, len(LOCAL_SINK_FIELDS)).numpy()
-    figures = figures[np.isfinite(figures[:, LOCAL_SINK_FIELDS.index("mass")])]
-    if not len(figures):
-        return ""
-    tokens = figures[:, LOCAL_SINK_FIELDS.index("token")]
-    what, column = (("token id", tokens) if np.isfinite(tokens).any()
-                    else ("position", figures[:, LOCAL_SINK_FIELDS.index("position")]))
-    value, share = _mode(column)
-    mass = float(np.median(figures[:, LOCAL_SINK_FIELDS.index("mass")]))
-    return (f"Local sinks (local_sinks()): {what} {int(value)} in {100 * share:.0f} % of {len(figures)} "
-            f"(sequence, local head); median mass {mass:.2f}.")

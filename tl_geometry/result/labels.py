@@ -1,7 +1,5 @@
-"""Label confidence (:func:`label_margin`, :func:`label_stability`), label export
-(:func:`export_labels`, docs/labels.md) and agreement with other head scores
-(:func:`label_agreement`), SPEC §5, §9.
-"""
+"""Label stability (:func:`label_stability`), label export (:func:`export_labels`,
+docs/labels.md) and agreement with other head scores (:func:`label_agreement`), SPEC §5, §9."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from ..functional.head_scores import SCORE_NAMES
@@ -25,7 +23,6 @@ from ..functional.taxonomy import (
     VOTES,
     bootstrap_stability,
     labels_from_votes,
-    vote_margin,
 )
 from .io import writable_path
 from .protocol import AnalysisLike
@@ -40,19 +37,14 @@ HIGH_SCORE = 0.3
 _SHOWN_HEADS = 5
 
 
-def label_margin(result: AnalysisLike) -> Float[Tensor, "layer head"]:
-    """Largest vote fraction minus the second, per head (SPEC §5); NaN without votes."""
-    return vote_margin(result.vote_counts)
-
-
 def label_stability(result: AnalysisLike) -> Float[Tensor, "layer head"]:
     """Share of :data:`N_RESAMPLES` bootstrap resamples (seed 0) that give the head its label
     (SPEC §5). The units resampled (:func:`stability_units`): the sequences where there are at
     least :data:`MIN_UNITS` (8), else each layer's complete blocks of 128 consecutive voting
     queries, pooled over the sequences; the label kept is the head's own, from all its votes.
-    NaN — never counted :func:`unstable` — for every head of a layer with fewer than 8 units
-    ("too few units"), of a file without per-sequence votes (format ≤ 3), and for an
-    unlabelled head; :func:`stability_note` says why.
+    NaN — never counted unstable — for every head of a layer with fewer than 8 units ("too few
+    units"), of a file without per-sequence votes (format ≤ 3), and for an unlabelled head;
+    :func:`stability_note` says why.
     """
     votes = getattr(result, "sequence_votes", None)
     shape = tuple(result.vote_counts.shape[:2])
@@ -94,13 +86,6 @@ def stability_units(result: AnalysisLike) -> list[tuple[str, int] | None]:
             for b in _layer_blocks(result)]
 
 
-def n_units(result: AnalysisLike) -> int | None:
-    """The fewest resampling units of any layer behind the stability (:func:`stability_units`;
-    ``None`` where unknown)."""
-    units = [u for u in stability_units(result) if u is not None]
-    return min(n for _, n in units) if units else None
-
-
 def stability_note(result: AnalysisLike) -> str | None:
     """Why no head has a stability, as shown after "label stability ": ``"not given: too few
     units (3 sequences; ...)"`` or ``"unknown (...)"``; ``None`` when some layer has one (SPEC §5)."""
@@ -117,20 +102,14 @@ def stability_note(result: AnalysisLike) -> str | None:
             f"needs at least {MIN_UNITS} sequences or blocks: analyse more or longer sequences to get it)")
 
 
-def unstable(result: AnalysisLike) -> Bool[Tensor, "layer head"]:
-    """Heads whose stability is below 0.8 (SPEC §5); a NaN stability (too few units, unknown,
-    unlabelled) is not unstable."""
-    return label_stability(result) < UNSTABLE_BELOW
-
-
 def labels_frame(result: AnalysisLike, scores: Any = None):
     """The export table: :data:`EXPORT_COLUMNS` (label ``None`` for an unlabelled head) and,
     with ``scores``, the head-score columns matched on (layer, head)."""
     fractions = result.vote_fractions
     frame = head_frame(result, {
         **{f"vote_{v}": fractions[..., i] for i, v in enumerate(VOTES)},
-        "margin": label_margin(result),
-        "stability": label_stability(result),
+        "margin": result.label_margin,
+        "stability": result.label_stability,
     })
     return frame if scores is None else merge_scores(frame, scores)
 

@@ -8,9 +8,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..functional.taxonomy import CLASSES
+from ..functional.local_sink import LOCAL_SINK_FIELDS
+from ..functional.taxonomy import CLASSES, labels_from_votes
 from .headline import geometry_reading, headline_n, is_dense, layer_windows, shuffle_kind
-from .labels import head_frame, merge_scores, unstable
+from .labels import head_frame, merge_scores
 from .protocol import AnalysisLike
 from .schema import SHUFFLE_KINDS, check_name, names
 
@@ -42,16 +43,11 @@ def argmax_n(result: AnalysisLike, values: Tensor, *, bound: bool) -> Tensor:
 def best_n(result: AnalysisLike):
     """Per head, the measured and (with bounds) predicted best N over the headline range
     (SPEC §6d), as a ``DataFrame``; NaN where undefined."""
-    import pandas as pd
-
     columns = {"measured_best_n": argmax_n(result, result.f_score, bound=False)}
     if result.bounds is not None:
         for kind, name in BEST_N_KINDS.items():
             columns[name] = argmax_n(result, result.bound(kind, "f_score"), bound=True)
-    layer_ids = torch.tensor(result.layers)[:, None].expand(result.n_layers, result.n_heads)
-    heads = torch.arange(result.n_heads)[None, :].expand(result.n_layers, result.n_heads)
-    return pd.DataFrame({"layer": layer_ids.flatten().numpy(), "head": heads.flatten().numpy(),
-                         **{k: v.flatten().numpy() for k, v in columns.items()}})
+    return head_frame(result, columns).drop(columns="label")
 
 
 def measured_and_predicted_best_n(result: AnalysisLike, kind: str) -> tuple[Tensor, Tensor]:
@@ -61,25 +57,13 @@ def measured_and_predicted_best_n(result: AnalysisLike, kind: str) -> tuple[Tens
             argmax_n(result, result.bound(kind, "f_score"), bound=True))
 
 
-def best_n_agreement(result: AnalysisLike, kind: str = "shell_n") -> float:
-    """Fraction of heads whose ``kind``-predicted best N equals the measured one, among the
-    heads where both are defined; NaN if there are none."""
-    measured, predicted = measured_and_predicted_best_n(result, kind)
-    both = ~torch.isnan(measured) & ~torch.isnan(predicted)
-    if not both.any():
-        return float("nan")
-    return float((measured[both] == predicted[both]).double().mean())
-
-
 def heads_table(result: AnalysisLike, scores: Any = None):
-    """:meth:`HeadAnalysis.heads_table <tl_geometry.result.HeadAnalysis.heads_table>`: label
-    (``None`` for an unlabelled head), vote fractions, label confidence, sink diagnostics and,
-    with ``scores``, the head scores (SPEC §5, §9)."""
+    """:meth:`HeadAnalysis.heads_table <tl_geometry.result.HeadAnalysis.heads_table>`."""
     per_head = {k: v for k, (v, has_n) in result.quantities().items()
                 if not has_n and not k.startswith("regime_")}
     votes = [k for k in per_head if k.startswith("vote_")]  # votes first, as before
     frame = head_frame(result, {k: per_head[k] for k in votes + [k for k in per_head if k not in votes]})
-    frame.insert(frame.columns.get_loc("label_stability") + 1, "unstable", unstable(result).flatten().numpy())
+    frame.insert(frame.columns.get_loc("label_stability") + 1, "unstable", result.unstable.flatten().numpy())
     return frame if scores is None else merge_scores(frame, scores)
 
 
@@ -90,8 +74,6 @@ def beyond_table(result: AnalysisLike):
     of ``current`` and the label they alone would give (``beyond_label``, ties → Retriever;
     ``None`` without such votes). No rows without local layers or beyond votes."""
     import pandas as pd
-
-    from ..functional.taxonomy import labels_from_votes
 
     columns = ["layer", "head", "window", "label", "vote_current", "vote_sink", "vote_other",
                "beyond_current", "beyond_other", "beyond_current_share", "beyond_label"]
@@ -110,6 +92,47 @@ def beyond_table(result: AnalysisLike):
                 rows.append([layer, h, window, result.labels[li][h], *fractions[li, h].tolist(), current, other,
                              current / (current + other) if current + other else float("nan"),
                              CLASSES[label] if label >= 0 else None])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def mode(values: Any) -> tuple[float, float]:
+    """The most frequent of the finite ``values`` (ties → the lower) and its share; NaN, NaN
+    where none is finite."""
+    import numpy as np
+
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return float("nan"), float("nan")
+    kinds, counts = np.unique(finite, return_counts=True)  # sorted: argmax takes the lower
+    best = int(np.argmax(counts))
+    return float(kinds[best]), float(counts[best] / len(finite))
+
+
+def local_sinks(result: Any, tokenizer: Any):
+    """:meth:`HeadAnalysis.local_sinks <tl_geometry.result.HeadAnalysis.local_sinks>`."""
+    import numpy as np
+    import pandas as pd
+
+    columns = ["layer", "head", "window", "sequences", "position", "position_share", "token", "token_share",
+               "mass", "coverage", "kappa"]
+    rows: list[list[Any]] = []
+    if result.local_sink is not None:
+        figures = result.local_sink.double().numpy()  # [sequence, field, layer, head]
+        field_of = {name: i for i, name in enumerate(LOCAL_SINK_FIELDS)}
+        for li, (layer, window) in enumerate(zip(result.layers, result.windows)):
+            if window is None:
+                continue
+            for h in range(result.n_heads):
+                per = figures[:, :, li, h]
+                defined = per[np.isfinite(per[:, field_of["mass"]])]
+                position, position_share = mode(defined[:, field_of["position"]])
+                token_id, token_share = mode(defined[:, field_of["token"]])
+                token: Any = None
+                if np.isfinite(token_id):
+                    token = tokenizer.decode([int(token_id)]) if tokenizer is not None else int(token_id)
+                medians = [float(np.median(defined[:, field_of[f]])) if len(defined) else float("nan")
+                           for f in ("mass", "coverage", "kappa")]
+                rows.append([layer, h, window, len(defined), position, position_share, token, token_share, *medians])
     return pd.DataFrame(rows, columns=columns)
 
 

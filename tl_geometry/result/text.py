@@ -9,12 +9,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..functional.local_sink import LOCAL_SINK_FIELDS
 from ..functional.taxonomy import CLASSES, UNLABELLED_NAME
 from .headline import headline_text, layer_windows, n_label, shuffle_kind
 from .labels import stability_note, stability_units
 from .protocol import AnalysisLike
-from .tables import finite_mean
-from .units import kv_group_size, kv_values
+from .tables import finite_mean, mode
+from .units import kv_group_size, kv_reduce
 
 #: One colour per class, shared by the HTML views, the plots and the notebook table;
 #: ``"unlabelled"`` (a head with no votes, SPEC §5) is a neutral grey.
@@ -176,6 +177,7 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
     lines += textwrap.wrap(headline_text(result), 100)
     lines += textwrap.wrap(sink_check_text(result), 100)
     lines += textwrap.wrap(window_text(result), 100)
+    lines += textwrap.wrap(_local_sink_text(result), 100)
     lines += ["", *textwrap.wrap("Classes: " + class_shares_text(result), 100, subsequent_indent="  ")]
     lines += [textwrap.indent(x, "  ") for x in textwrap.wrap(kind_shares_text(result), 98)]
     lines += textwrap.wrap(value_geometry_text(result), 100, subsequent_indent="  ")
@@ -333,6 +335,30 @@ def window_text(result: AnalysisLike) -> str:
             "are kept apart). "
             + ("Instances that see the sink: " if known else "Windowed layers: ")
             + ", ".join(cells) + "; on global layers every query at or after the sink sees it.")
+
+
+def _local_sink_text(result: AnalysisLike) -> str:
+    """The most common local sink over every (sequence, local head) that has one (its token id
+    where known, else its position) and the median mass; empty without local sinks."""
+    import numpy as np
+
+    local_sink = getattr(result, "local_sink", None)
+    if local_sink is None:
+        return ""
+    local = [li for li, w in enumerate(layer_windows(result)) if w is not None]
+    figures = local_sink[:, :, local].double().permute(0, 2, 3, 1).reshape(-1, len(LOCAL_SINK_FIELDS)).numpy()
+    figures = figures[np.isfinite(figures[:, LOCAL_SINK_FIELDS.index("mass")])]
+    if not len(figures):
+        return ""
+    tokens = figures[:, LOCAL_SINK_FIELDS.index("token")]
+    what, column = (("token id", tokens) if np.isfinite(tokens).any()
+                    else ("position", figures[:, LOCAL_SINK_FIELDS.index("position")]))
+    value, share = mode(column)
+    mass = float(np.median(figures[:, LOCAL_SINK_FIELDS.index("mass")]))
+    return (f"Local sinks (local_sinks()): {what} {int(value)} in {100 * share:.0f} % of {len(figures)} "
+            f"(sequence, local head); median mass {mass:.2f}.")
+
+
 def _median_and_share(x: Tensor, below: float) -> tuple[float, float]:
     finite = x[x.isfinite()].double()
     if not finite.numel():
@@ -347,9 +373,9 @@ def value_geometry_text(result: AnalysisLike) -> str:
     n_units = result.n_layers * (result.n_heads // group)
     unit = (f"over the {n_units} KV heads, not the {result.n_layers * result.n_heads} query heads "
             "that share them" if group > 1 else f"over the {n_units} heads")
-    kappa, kappa_below = _median_and_share(kv_values(result, result.sink_norm_ratio, "sink_norm_ratio"), 1.0)
-    cos, cos_below = _median_and_share(kv_values(result, result.sink_cosine, "sink_cosine"), 0.0)
-    mean_cos, _ = _median_and_share(kv_values(result, result.sink_mean_cosine, "sink_mean_cosine"), 0.0)
+    kappa, kappa_below = _median_and_share(kv_reduce(result.sink_norm_ratio, group, "sink_norm_ratio"), 1.0)
+    cos, cos_below = _median_and_share(kv_reduce(result.sink_cosine, group, "sink_cosine"), 0.0)
+    mean_cos, _ = _median_and_share(kv_reduce(result.sink_mean_cosine, group, "sink_mean_cosine"), 0.0)
     return (f"Sink value geometry (value-only figures, {unit}): median κ {kappa:.3f} "
             f"(κ < 1 for {_percent(kappa_below)}), median c_sink {cos:+.3f} (negative for "
             f"{_percent(cos_below)}), median cos(v_sink, mean v) {mean_cos:+.3f}.")

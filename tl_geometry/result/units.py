@@ -97,12 +97,6 @@ def kv_reduce(values: Float[Tensor, "layer head *rest"], group: int, name: str =
     return values[:, ::group]
 
 
-def kv_values(result: AnalysisLike, values: Float[Tensor, "layer head *rest"], name: str = "values"
-              ) -> Float[Tensor, "layer kv *rest"]:
-    """:func:`kv_reduce` with the result's own group size (:func:`kv_group_size`)."""
-    return kv_reduce(values, kv_group_size(result), name)
-
-
 def unit_text(result: AnalysisLike) -> str:
     """``"90 KV heads"`` (value space under GQA/MQA) or ``"270 heads"`` (one unit per query
     head): how many measurements a value-only count, median or share is over."""
