@@ -7,6 +7,8 @@ in :mod:`tl_geometry.result.schema`.
 
 from __future__ import annotations
 
+import html
+import math
 import operator
 import warnings
 from collections.abc import Sequence
@@ -18,12 +20,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..functional.local_sink import LOCAL_SINK_FIELDS
 from ..functional.regime import REGIME_FIELDS
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from ..functional.sink import SINK_FIELDS
 from ..functional.taxonomy import (
     CLASSES,
     UNLABELLED,
+    UNLABELLED_NAME,
     UNSTABLE_BELOW,
     VOTES,
     labels_from_votes,
@@ -377,7 +381,11 @@ class HeadAnalysis(Shortcuts):
         ``layer, head, measured_best_n`` and, with bounds, ``shell_best_n``, ``shell_n_best_n``
         and ``predicted_best_n`` (the argmax of each bound's F̲_N); NaN where undefined, ties →
         the smaller N."""
-        return tables.best_n(self)
+        columns = {"measured_best_n": tables.argmax_n(self, self.f_score, bound=False)}
+        if self.bounds is not None:
+            for kind, name in tables.BEST_N_KINDS.items():
+                columns[name] = tables.argmax_n(self, self.bound(kind, "f_score"), bound=True)
+        return confidence.head_frame(self, columns).drop(columns="label")
 
     def best_n_agreement(self, kind: str = "shell_n") -> float:
         """Fraction of heads whose bound-predicted best N (``kind``: ``shell``, ``shell_n``,
@@ -398,7 +406,8 @@ class HeadAnalysis(Shortcuts):
         >>> result.best_n_vs_chance("shell_n").text()    # doctest: +SKIP
         '64.8 % of 270 heads (chance 58.2 %, excess +6.6 points, shuffle p = 0.012)'
         """
-        return tracking.best_n_vs_chance(self, kind, n_shuffles=n_shuffles, seed=seed)
+        measured, predicted = tables.measured_and_predicted_best_n(self, kind)
+        return tracking.agreement_vs_chance(measured, predicted, n_shuffles=n_shuffles, seed=seed)
 
     def rho_by_n(self, kind: str = "shell_n", metric: str = "f_score"):
         """Spearman's ρ across heads between bound ``kind`` and the measured ``metric`` within
@@ -406,8 +415,40 @@ class HeadAnalysis(Shortcuts):
         return tracking.rho_by_n(self, kind, metric)
 
     def paired_sink_summary(self):
-        """:func:`~tl_geometry.result.tables.paired_sink_summary` (SPEC §3)."""
-        return tables.paired_sink_summary(self)
+        """Per analysed N (``dense`` flagged), the three sink comparisons of SPEC §3, as a ``DataFrame``:
+        ``pooled_f_sink_in`` / ``_out`` (1: mean F_N of the top-N instances with / without the sink
+        in S_N, pooled over every instance of every head; ``instances_in`` / ``_out``),
+        ``f_sink_removed`` (2: mean over heads of F_N re-selected without the sink), and
+        ``paired_median_ratio`` / ``_halved`` (3, ours: the median over the ``paired_heads`` heads
+        with such instances of each head's median F_N(with) / F_N(removed) and fraction ≤ 1/2;
+        ``paired_instances`` in all; NaN where no head has one)."""
+        import numpy as np
+        import pandas as pd
+
+        def pooled(group: str) -> tuple[Tensor, Tensor]:
+            f, count = self.metric("f_score", group), self.count(group)
+            weight = torch.where(f.isnan(), 0.0, count.double())
+            total = weight.sum(dim=(0, 1))
+            return (torch.nan_to_num(f) * weight).sum(dim=(0, 1)) / total, total
+
+        f_in, n_in = pooled("sink_in")
+        f_out, n_out = pooled("sink_out")
+        ratio, halved, count = (self.paired_sink(f).numpy() for f in ("ratio", "halved", "count"))
+        rows = []
+        for i, n in enumerate(self.n_values.tolist()):
+            has = np.nan_to_num(count[..., i]) > 0
+            with np.errstate(all="ignore"):  # no head with a paired instance: NaN, not a warning
+                med_ratio = float(np.median(ratio[..., i][has])) if has.any() else float("nan")
+                med_halved = float(np.median(halved[..., i][has])) if has.any() else float("nan")
+            rows.append({
+                "n": n, "dense": headline.is_dense(self, n),
+                "pooled_f_sink_in": float(f_in[i]), "instances_in": int(n_in[i]),
+                "pooled_f_sink_out": float(f_out[i]), "instances_out": int(n_out[i]),
+                "f_sink_removed": tables.finite_mean(self.sink_removed_f_score[..., i]),
+                "paired_median_ratio": med_ratio, "paired_median_halved": med_halved,
+                "paired_heads": int(has.sum()), "paired_instances": int(np.nan_to_num(count[..., i]).sum()),
+            })
+        return pd.DataFrame(rows)
 
     def class_counts(self):
         """``pandas.DataFrame`` of the number of heads of each class per layer (columns
@@ -430,7 +471,12 @@ class HeadAnalysis(Shortcuts):
 
         >>> result.heads_table(scores=tl_geometry.head_scores(model))   # doctest: +SKIP
         """
-        return tables.heads_table(self, scores)
+        per_head = {k: v for k, (v, has_n) in self.quantities().items()
+                    if not has_n and not k.startswith("regime_")}
+        votes = [k for k in per_head if k.startswith("vote_")]  # votes first, as before
+        frame = confidence.head_frame(self, {k: per_head[k] for k in votes + [k for k in per_head if k not in votes]})
+        frame.insert(frame.columns.get_loc("label_stability") + 1, "unstable", self.unstable.flatten().numpy())
+        return frame if scores is None else confidence.merge_scores(frame, scores)
 
     def export_labels(self, path: str | Path, *, scores=None) -> Path:
         """Write one row per head — ``layer, head, label, vote_current, vote_sink, vote_other,
@@ -459,11 +505,60 @@ class HeadAnalysis(Shortcuts):
 
         >>> result.local_sinks(model.tokenizer).sort_values("mass", ascending=False)  # doctest: +SKIP
         """
-        return tables.local_sinks(self, tokenizer)
+        import numpy as np
+        import pandas as pd
+
+        columns = ["layer", "head", "window", "sequences", "position", "position_share", "token", "token_share",
+                   "mass", "coverage", "kappa"]
+        rows: list[list[Any]] = []
+        if self.local_sink is not None:
+            figures = self.local_sink.double().numpy()  # [sequence, field, layer, head]
+            field_of = {name: i for i, name in enumerate(LOCAL_SINK_FIELDS)}
+            for li, (layer, window) in enumerate(zip(self.layers, self.windows)):
+                if window is None:
+                    continue
+                for h in range(self.n_heads):
+                    per = figures[:, :, li, h]
+                    defined = per[np.isfinite(per[:, field_of["mass"]])]
+                    position, position_share = tables.mode(defined[:, field_of["position"]])
+                    token_id, token_share = tables.mode(defined[:, field_of["token"]])
+                    token: Any = None
+                    if np.isfinite(token_id):
+                        token = tokenizer.decode([int(token_id)]) if tokenizer is not None else int(token_id)
+                    medians = [float(np.median(defined[:, field_of[f]])) if len(defined) else float("nan")
+                               for f in ("mass", "coverage", "kappa")]
+                    rows.append([layer, h, window, len(defined), position, position_share, token, token_share,
+                                 *medians])
+        return pd.DataFrame(rows, columns=columns)
 
     def to_pandas(self):
-        """:func:`~tl_geometry.result.tables.to_pandas`: one row per (layer, head, N, group)."""
-        return tables.to_pandas(self)
+        """Long-form ``DataFrame``: one row per (layer, head, N, group) with the metrics, the
+        number of instances behind the mean (``count``), and the head's label, votes and sink
+        figures; rows ``group="random_se_monte_carlo"`` and ``"random_se_sequences"`` hold the
+        random baseline's standard errors of every metric (SPEC §3); with bounds, rows
+        ``group="bound_<kind>"`` hold the lower bounds on P, R, F and the ``separated`` fraction."""
+        import pandas as pd
+
+        li, h, ni = (x.flatten() for x in torch.meshgrid(
+            torch.arange(self.n_layers), torch.arange(self.n_heads), torch.arange(len(self.n_values)),
+            indexing="ij"))
+        coords = {"layer": torch.tensor(self.layers)[li].numpy(), "head": h.numpy(),
+                  "n": self.n_values[ni].numpy()}
+
+        def rows(group: str, values: dict[str, Tensor], **extra: Any):
+            return pd.DataFrame({**coords, "group": group, **{m: v.flatten().numpy() for m, v in values.items()},
+                                 **extra})
+
+        frames = [rows(g, {m: self.metric(m, g) for m in METRIC_NAMES}, count=self.count(g).flatten().numpy())
+                  for g in GROUPS]
+        if self.baseline_se is not None:  # SPEC §3: the random baseline's standard errors
+            frames += [rows(f"random_se_{k}", {m: self.baseline_error(m, k) for m in METRIC_NAMES})
+                       for k in SE_KINDS]
+        if self.bounds is not None:
+            frames += [rows(f"bound_{k}", {m: self.bound(k, m) for m in BOUND_METRICS})
+                       for k in BOUND_KINDS]
+        frame = pd.concat(frames, ignore_index=True)
+        return frame.merge(self.heads_table(), on=["layer", "head"], how="left")
 
     def top(self, k: SupportsIndex = 10, *, by: str = "f_gain", n: int = 2, largest: bool = True,
             label: str | None = None):
@@ -516,17 +611,48 @@ class HeadAnalysis(Shortcuts):
         return text.summary(self, n_values, top)
 
     def _repr_html_(self) -> str:
-        """Notebooks: :func:`~tl_geometry.result.text.html_summary`."""
+        """Notebooks: the :func:`repr`, the class counts and the 10 heads of largest F-gain at the
+        first analysed N ≥ 2, labels in their class colour."""
         if "scores" not in vars(self):  # a constructor that failed: nothing to describe
             return f"<code>&lt;{type(self).__name__} (not constructed)&gt;</code>"
+        sizes = self.n_values.tolist()
+        n = next((x for x in sizes if x >= 2), sizes[0])
         with warnings.catch_warnings():  # a display, not a ranking the user asked for: no tie notes
             warnings.simplefilter("ignore", UserWarning)
-            return text.html_summary(self)
+            table = self.top(min(10, self.n_layers * self.n_heads), by="f_gain", n=n)
+        columns = [c for c in ("layer", "head", "label", "f_gain", "vote_current", "vote_sink", "vote_other",
+                               "label_margin", "label_stability") if c in table.columns]
+
+        def cell(column: str, value: object) -> str:
+            if column == "label":
+                name = text.label_text(value if isinstance(value, str) else None)
+                return (f'<td style="background:{text.CLASS_COLORS[name]};color:white;font-weight:600">'
+                        f"{html.escape(name)}</td>")
+            if isinstance(value, float):
+                return f"<td>{'' if math.isnan(value) else f'{value:.3f}'}</td>"
+            return f"<td>{html.escape(str(value))}</td>"
+
+        counts = " · ".join(f'<span style="color:{text.CLASS_COLORS[c]};font-weight:600">{c}</span> {k}'
+                            for c, k in text.class_totals(self).items())
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        rows = "".join("<tr>" + "".join(cell(c, row[c]) for c in columns) + "</tr>" for _, row in table.iterrows())
+        return (f"<div><p><code>{html.escape(repr(self))}</code></p><p>{counts}</p>"
+                f"<p>Top {len(table)} heads by F-gain (F_N − random F_N) at N = {n}:</p>"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+                "<p><code>result.summary()</code> for the whole text summary.</p></div>")
 
     def __repr__(self) -> str:
+        """``HeadAnalysis(model=..., layers=30 (0..29), heads=9, n_values=[...], ...)``."""
         if "scores" not in vars(self):  # a constructor that failed: nothing to describe
             return f"<{type(self).__name__} (not constructed)>"
-        return text.short_repr(self)
+        classes = ", ".join(f"{c}={k}" for c, k in text.class_totals(self).items())
+        if unlabelled := self.n_unlabelled:
+            classes += f", {UNLABELLED_NAME}={unlabelled}"
+        name = self.metadata.get("model_name")
+        model = f"model={name!r}, " if name else ""
+        return (f"HeadAnalysis({model}layers={self.n_layers} ({text.layers_text(self.layers)}), "
+                f"heads={self.n_heads}, n_values={self.n_values.tolist()}, {classes}, "
+                f"bounds={self.bounds is not None})")
 
     def save(self, path: str | Path) -> Path:
         """Write the analysis to ``path``, atomically, as a versioned, checksummed file of named

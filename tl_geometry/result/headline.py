@@ -58,7 +58,6 @@ def n_label(result: AnalysisLike, n: int) -> str:
     return f"{n}†" if is_dense(result, n) else str(n)
 
 
-
 #: (ours) The size of ``F(top) − F(null)`` below which a verdict calls the two equal; the gap
 #: has two signs and both are read (SPEC §3, corrected reading).
 GEOMETRY_GAP = 0.05

@@ -1,21 +1,12 @@
 """Versioned, checked result files for :class:`~tl_geometry.result.HeadAnalysis`.
 
-A file is a ``torch.save`` dict of plain tensors and strings, read back with
-``torch.load(weights_only=True)`` (so a crafted pickle is refused, never executed):
-
-* ``format``: ``"tl_geometry.HeadAnalysis/9"``; the fields each version added are in
-  :data:`_FIELD_SINCE` and :data:`_ADDED_IN`: an older file loads with them ``None`` (or, for a
-  label on a named axis, NaN), without a warning;
-* ``axes``: the axis labels of every tensor (:data:`AXES`) and ``names``: the labels of every
-  named axis (groups, metrics, sink fields, ...), so a file is read by name, never by position;
-* the tensors, ``layers`` and the metadata as JSON (tuples and non-string keys tagged);
-* ``checksum``: the SHA-256 of all of the above (:func:`checksum`), so a flipped bit inside a
-  tensor or an edited entry is refused instead of read as true.
-
-On load everything is checked; any problem raises :class:`ResultFileError` naming the file.
-Every file of format 3 or later must carry its checksum; a file that calls itself older than
-the fields it holds is refused (a newer file relabelled to skip its checksum). Files of format 1
-(tl_geometry 0.1, no axis labels) load with a warning, read with that format's names.
+A file is a ``torch.save`` dict read back with ``torch.load(weights_only=True)`` (a crafted
+pickle is refused, never executed): ``format``, ``axes`` and ``names`` (every axis label, so a
+file is read by name, never by position), the tensors, ``layers``, the metadata as JSON and
+``checksum`` (:func:`checksum`). On load everything is checked; any problem raises
+:class:`ResultFileError` naming the file. An older file loads with the fields its version lacks
+(:data:`_FIELD_SINCE`, :data:`_ADDED_IN`) ``None`` or NaN; one that holds what a later format
+added is refused (relabelled to skip its checksum); format 1 (no axis labels) loads with a warning.
 """
 
 from __future__ import annotations
@@ -75,16 +66,10 @@ class ResultFileError(ValueError):
     and the problem."""
 
 
-# --- metadata ---------------------------------------------------------------------------------
 def encode_metadata(value: Any, where: str = "metadata") -> Any:
-    """``value`` as JSON-ready data that :func:`decode_metadata` turns back into it.
-
-    Kept exactly: ``None``, bools, ints, floats (NaN and ±inf too), strings, lists, tuples, dicts
-    with str / int / float / bool / None / tuple keys. Converted: paths, ``torch.dtype`` and
-    ``torch.device`` → ``str``; sets → sorted lists; enums → their value; tensors and NumPy
-    arrays of at most 10 000 elements → nested lists. Anything else raises ``ValueError`` naming
-    the key (``metadata['loading']['x']``).
-    """
+    """``value`` as JSON-ready data that :func:`decode_metadata` turns back into it: plain data
+    and tuple / non-string keys exactly; paths, dtypes, devices → ``str``; sets → sorted lists;
+    enums → their value; small tensors and arrays → nested lists; else ``ValueError``."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, list):
@@ -137,11 +122,9 @@ def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
-# --- checksum -----------------------------------------------------------------------------------
 def checksum(payload: dict[str, Any]) -> str:
     """SHA-256 (hex) of every entry of ``payload`` but ``"checksum"``, by sorted key: a tensor
-    as its dtype, shape and raw bytes, anything else as canonical JSON (``TypeError`` /
-    ``ValueError`` for an entry that is neither)."""
+    as its dtype, shape and raw bytes, anything else as canonical JSON."""
     digest = hashlib.sha256()
     for key in sorted(payload):
         if key == "checksum":
@@ -157,7 +140,6 @@ def checksum(payload: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
-# --- save ---------------------------------------------------------------------------------------
 def writable_path(path: Path, example: str = "analysis.pt") -> Path:
     """``path`` if a file can be written there; else a ``ValueError`` naming the path and the fix
     (``example``: the file name suggested inside a folder)."""
@@ -175,7 +157,7 @@ def writable_path(path: Path, example: str = "analysis.pt") -> Path:
 
 def save(fields: dict[str, Any], path: str | Path) -> Path:
     """Write ``fields`` (the HeadAnalysis dataclass fields) to ``path``, atomically (written
-    beside it and renamed); ``ValueError`` if ``path`` is a folder or lies under a file."""
+    beside it and renamed)."""
     path = writable_path(Path(path))
     metadata = json.dumps(encode_metadata(fields["metadata"]), allow_nan=True)
     payload: dict[str, Any] = {
@@ -202,7 +184,6 @@ def save(fields: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-# --- load ---------------------------------------------------------------------------------------
 def load(path: str | Path) -> dict[str, Any]:
     """Read and check a result file; returns the HeadAnalysis constructor's keyword arguments."""
     path = Path(path)
@@ -278,8 +259,7 @@ def _saved_names(payload: dict[str, Any], version: int, path: Path, fail: Any) -
 
 
 def _version(fmt: str, fail: Any) -> int:
-    """The format version of ``fmt`` (``"tl_geometry.HeadAnalysis/<n>"``): a positive integer
-    this tl_geometry reads, else :class:`ResultFileError` saying which problem it is."""
+    """The version of ``fmt`` (``"tl_geometry.HeadAnalysis/<n>"``) if this tl_geometry reads it."""
     text = fmt[len(_FORMAT_PREFIX):]
     version = int(text) if text.isascii() and text.isdigit() else 0
     if version < 1:
@@ -309,12 +289,10 @@ def _check_devices(payload: dict[str, Any], fail: Any) -> None:
 
 
 def _check_fields_of(payload: dict[str, Any], version: int, fail: Any) -> None:
-    """Refuse a file that holds entries added by a later format (:data:`_FIELD_SINCE`,
-    :data:`_ADDED_IN`): a newer file relabelled as older."""
-    axes, saved = payload.get("axes"), payload.get("names")
-    held = [k for k in payload if isinstance(k, str)]
-    held += [k for k in (axes if isinstance(axes, dict) else ()) if isinstance(k, str)]
-    held += [k for k in (saved if isinstance(saved, dict) else ()) if isinstance(k, str)]
+    """Refuse a file that holds entries added by a later format: a newer file relabelled."""
+    saved = payload.get("names")
+    held = [k for d in (payload, payload.get("axes"), saved) if isinstance(d, dict)
+            for k in d if isinstance(k, str)]
     later = {k: _FIELD_SINCE[k] for k in held if _FIELD_SINCE.get(k, 0) > version}
     for axis, added in _ADDED_IN.items():
         labels = saved.get(axis) if isinstance(saved, dict) else None
@@ -328,7 +306,7 @@ def _check_fields_of(payload: dict[str, Any], version: int, fail: Any) -> None:
 
 
 def _check_checksum(payload: dict[str, Any], fail: Any) -> None:
-    """Refuse a payload whose SHA-256 is not the one saved with it (a changed byte anywhere)."""
+    """Refuse a payload whose SHA-256 is not the one saved with it."""
     saved = payload.get("checksum")
     try:
         actual = checksum(payload)
@@ -349,8 +327,7 @@ def _detail(exc: Exception) -> str:
 def _align(key: str, value: Tensor, saved: dict[str, Any], fail: Any,
            version: int = FORMAT_VERSION) -> Tensor:
     """``value`` with its named axes re-ordered to this version's labels, by name: a missing label
-    is filled (NaN, or 0 for counts; with a warning unless a later format added it), an extra one
-    dropped."""
+    is filled (NaN, 0 for counts; a warning unless a later format added it), an extra dropped."""
     if value.ndim != len(AXES[key]):
         raise fail(f"{key} has shape {list(value.shape)}; expected axes {list(AXES[key])}.")
     for dim, axis in enumerate(AXES[key]):

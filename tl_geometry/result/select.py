@@ -25,7 +25,8 @@ def positions(axis: str, wanted: Any, coords: list[int]) -> Index:
     """
     if wanted is None:
         return None
-    many = not _is_scalar(wanted)
+    many = (wanted.ndim > 0 if isinstance(wanted, Tensor)
+            else isinstance(wanted, (list, tuple, range)) or hasattr(wanted, "__len__"))
     values = list(wanted) if many else [wanted]
     out = []
     for value in values:
@@ -38,12 +39,6 @@ def positions(axis: str, wanted: Any, coords: list[int]) -> Index:
             raise UnknownNameError(f"{label}={value} was not analysed; valid {axis} values: {coords}.")
         out.append(coords.index(value))
     return out if many else out[0]
-
-
-def _is_scalar(value: Any) -> bool:
-    if isinstance(value, Tensor):
-        return value.ndim == 0
-    return not isinstance(value, (list, tuple, range)) and not hasattr(value, "__len__")
 
 
 def take(values: Tensor, index: tuple[Index, ...]) -> Tensor:

@@ -1,4 +1,4 @@
-"""Text forms of a :class:`~tl_geometry.result.HeadAnalysis`: ``summary()`` and ``repr()``."""
+"""The text summary of a :class:`~tl_geometry.result.HeadAnalysis` and its parts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .headline import headline_text, layer_windows, n_label, shuffle_kind
 from .labels import stability_note, stability_units
 from .protocol import AnalysisLike
 from .tables import finite_mean, mode
-from .units import kv_group_size, kv_reduce
+from .units import kv_group_size, kv_reduce, unit_text
 
 #: One colour per class, shared by the HTML views, the plots and the notebook table;
 #: ``"unlabelled"`` (a head with no votes, SPEC §5) is a neutral grey.
@@ -56,7 +56,7 @@ def _model(meta: dict) -> str:
     return "model unknown (pass model= to analyze_heads to record it)"
 
 
-def _layers(layers: tuple[int, ...]) -> str:
+def layers_text(layers: tuple[int, ...]) -> str:
     if len(layers) > 4 and list(layers) == list(range(layers[0], layers[-1] + 1)):
         return f"{layers[0]}..{layers[-1]}"
     return ", ".join(map(str, layers))
@@ -169,7 +169,7 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
         parts.append(f"shuffled = the {kind} null")
     lines = [
         f"tl_geometry head analysis — {_model(meta)}",
-        f"layers {_layers(result.layers)} × {result.n_heads} heads "
+        f"layers {layers_text(result.layers)} × {result.n_heads} heads "
         f"({result.n_layers * result.n_heads} heads); " + (", ".join(parts) or "run settings not recorded"),
     ]
     if meta.get("distance", "euclidean") == "euclidean":
@@ -246,7 +246,8 @@ def _layer_kind_lines(result: AnalysisLike, shown: list[int]) -> list[str]:
     parts = result.by_layer_kind() if hasattr(result, "by_layer_kind") else {}
     lines = []
     for kind, part in parts.items():
-        lines += textwrap.wrap(f"{kind} layers {_layers(part.layers)}: sink mass {finite_mean(part.sink_mass):.3f}, "
+        lines += textwrap.wrap(f"{kind} layers {layers_text(part.layers)}: sink mass "
+                               f"{finite_mean(part.sink_mass):.3f}, "
                                f"κ {finite_mean(part.sink_norm_ratio):.2f}; classes " + class_shares_text(part),
                                100, initial_indent="  ", subsequent_indent="    ")
         for n in shown:
@@ -285,7 +286,8 @@ def sink_check_text(result: AnalysisLike) -> str:
                  " WEAK SINK: read the sink figures as describing an ordinary token, or re-run with sink='auto'.")
     chosen_from = record.get("chosen_from_layers")
     if record.get("rule") == "auto" and isinstance(chosen_from, list) and chosen_from:
-        text += f" Chosen from {len(chosen_from)} layer{'s' * (len(chosen_from) != 1)}: {_layers(tuple(chosen_from))}."
+        text += (f" Chosen from {len(chosen_from)} layer{'s' * (len(chosen_from) != 1)}: "
+                 f"{layers_text(tuple(chosen_from))}.")
     return text
 
 
@@ -370,9 +372,9 @@ def value_geometry_text(result: AnalysisLike) -> str:
     """Medians and shares of κ, c_sink and cos(v_sink, mean v) (SPEC §4) over their statistical
     unit: the KV heads under GQA/MQA."""
     group = kv_group_size(result)
-    n_units = result.n_layers * (result.n_heads // group)
-    unit = (f"over the {n_units} KV heads, not the {result.n_layers * result.n_heads} query heads "
-            "that share them" if group > 1 else f"over the {n_units} heads")
+    unit = f"over the {unit_text(result)}"
+    if group > 1:
+        unit += f", not the {result.n_layers * result.n_heads} query heads that share them"
     kappa, kappa_below = _median_and_share(kv_reduce(result.sink_norm_ratio, group, "sink_norm_ratio"), 1.0)
     cos, cos_below = _median_and_share(kv_reduce(result.sink_cosine, group, "sink_cosine"), 0.0)
     mean_cos, _ = _median_and_share(kv_reduce(result.sink_mean_cosine, group, "sink_mean_cosine"), 0.0)
@@ -394,45 +396,3 @@ def _header(result: AnalysisLike, shown: list[int]) -> str:
     head = (f"{'layer':>5} {'head':>4} {'class':<10} {'cur/sink/oth':>14} {'margin':>6} {'stab':>5} "
             f"{'α_sink':>6} {'κ':>6} {'cos':>6}")
     return head + "".join(f" {'F' + n_label(result, n) + ' top/rnd':>13}" for n in shown)
-
-
-def short_repr(result: AnalysisLike) -> str:
-    """``HeadAnalysis(model=..., layers=30 (0..29), heads=9, n_values=[...], classes, bounds)``."""
-    classes = ", ".join(f"{c}={k}" for c, k in class_totals(result).items())
-    if unlabelled := result.n_unlabelled:
-        classes += f", {UNLABELLED_NAME}={unlabelled}"
-    name = result.metadata.get("model_name")
-    model = f"model={name!r}, " if name else ""
-    return (f"HeadAnalysis({model}layers={result.n_layers} ({_layers(result.layers)}), "
-            f"heads={result.n_heads}, n_values={result.n_values.tolist()}, {classes}, "
-            f"bounds={result.bounds is not None})")
-
-
-def html_summary(result: AnalysisLike, top: int = 10, n: int | None = None) -> str:
-    """``HeadAnalysis._repr_html_``: the one-line description, the class counts and the ``top``
-    heads by F-gain at ``N = n`` (default: the first analysed N ≥ 2) in class colours."""
-    import html
-
-    sizes = result.n_values.tolist()
-    n = n if n is not None else next((x for x in sizes if x >= 2), sizes[0])
-    table = result.top(min(top, result.n_layers * result.n_heads), by="f_gain", n=n)
-    columns = [c for c in ("layer", "head", "label", "f_gain", "vote_current", "vote_sink", "vote_other",
-                           "label_margin", "label_stability") if c in table.columns]
-
-    def cell(column: str, value: object) -> str:
-        if column == "label":
-            name = label_text(value if isinstance(value, str) else None)
-            return (f'<td style="background:{CLASS_COLORS[name]};color:white;font-weight:600">'
-                    f"{html.escape(name)}</td>")
-        if isinstance(value, float):
-            return f"<td>{'' if math.isnan(value) else f'{value:.3f}'}</td>"
-        return f"<td>{html.escape(str(value))}</td>"
-
-    counts = " · ".join(f'<span style="color:{CLASS_COLORS[c]};font-weight:600">{c}</span> {k}'
-                        for c, k in class_totals(result).items())
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    rows = "".join("<tr>" + "".join(cell(c, row[c]) for c in columns) + "</tr>" for _, row in table.iterrows())
-    return (f"<div><p><code>{html.escape(short_repr(result))}</code></p><p>{counts}</p>"
-            f"<p>Top {len(table)} heads by F-gain (F_N − random F_N) at N = {n}:</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
-            "<p><code>result.summary()</code> for the whole text summary.</p></div>")

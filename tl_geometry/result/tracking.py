@@ -18,7 +18,6 @@ from torch import Tensor
 from ..functional.stats import spearman
 from .headline import headline_n
 from .protocol import AnalysisLike
-from .tables import measured_and_predicted_best_n
 
 #: Seeded shuffles behind the permutation p-value of a best-N agreement.
 N_SHUFFLES = 1000
@@ -103,10 +102,3 @@ def rho_by_n(result: AnalysisLike, kind: str = "shell_n", metric: str = "f_score
         rows.append({"n": n, "rho": spearman(x, y), "heads": int((x.isfinite() & y.isfinite()).sum())})
     return pd.DataFrame(rows, columns=["n", "rho", "heads"])
 
-
-def best_n_vs_chance(result: AnalysisLike, kind: str = "shell_n", *, n_shuffles: int = N_SHUFFLES,
-                     seed: int = 0) -> BestNAgreement:
-    """:func:`agreement_vs_chance` of the ``kind``-predicted best N with the measured best N
-    over the headline range (``HeadAnalysis.best_n``)."""
-    measured, predicted = measured_and_predicted_best_n(result, kind)
-    return agreement_vs_chance(measured, predicted, n_shuffles=n_shuffles, seed=seed)

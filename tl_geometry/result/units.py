@@ -32,13 +32,6 @@ def value_only_names() -> tuple[str, ...]:
             + tuple(f"regime_{f}" for f in VALUE_ONLY_REGIME_FIELDS))
 
 
-def _value_only_tensors(result: AnalysisLike) -> list[Tensor]:
-    out = [result.sink_diagnostic(f) for f in VALUE_ONLY_SINK_FIELDS]
-    if getattr(result, "regime", None) is not None:
-        out += [result.regime_diagnostic(f) for f in VALUE_ONLY_REGIME_FIELDS]
-    return out
-
-
 def _same_in_groups(values: Tensor, group: int) -> bool:
     """Whether ``values [layer, head, ...]`` agree inside every run of ``group`` consecutive heads
     (NaN agrees with NaN)."""
@@ -49,24 +42,11 @@ def _same_in_groups(values: Tensor, group: int) -> bool:
     return bool(close.all())
 
 
-def infer_group_size(result: AnalysisLike) -> int:
-    """Group size of a result without ``metadata["n_kv_heads"]``: the largest divisor ``g`` of
-    ``n_heads`` inside whose runs of query heads every value-only figure is identical; 1 when no
-    value-only figure is finite."""
-    n_heads = result.n_heads
-    tensors = _value_only_tensors(result)
-    if not any(bool(t.isfinite().any()) for t in tensors):
-        return 1
-    for g in sorted((d for d in range(2, n_heads + 1) if n_heads % d == 0), reverse=True):
-        if all(_same_in_groups(t, g) for t in tensors):
-            return g
-    return 1
-
-
 def kv_group_size(result: AnalysisLike) -> int:
     """Query heads per statistical unit of a value-only quantity: ``n_heads // n_kv_heads`` in
     value space, 1 in output space (values are per query head there). From
-    ``metadata["n_kv_heads"]`` when recorded, else :func:`infer_group_size`."""
+    ``metadata["n_kv_heads"]`` when recorded, else the largest divisor of ``n_heads`` inside
+    whose runs of query heads every value-only figure is identical (1 when none is finite)."""
     meta: dict[str, Any] = result.metadata
     if meta.get("space", "value") == "output":
         return 1
@@ -74,7 +54,15 @@ def kv_group_size(result: AnalysisLike) -> int:
     n_heads = result.n_heads
     if isinstance(n_kv, int) and not isinstance(n_kv, bool) and n_kv > 0 and n_heads % n_kv == 0:
         return n_heads // n_kv
-    return infer_group_size(result)
+    tensors = [result.sink_diagnostic(f) for f in VALUE_ONLY_SINK_FIELDS]
+    if getattr(result, "regime", None) is not None:
+        tensors += [result.regime_diagnostic(f) for f in VALUE_ONLY_REGIME_FIELDS]
+    if not any(bool(t.isfinite().any()) for t in tensors):
+        return 1
+    for g in sorted((d for d in range(2, n_heads + 1) if n_heads % d == 0), reverse=True):
+        if all(_same_in_groups(t, g) for t in tensors):
+            return g
+    return 1
 
 
 def kv_reduce(values: Float[Tensor, "layer head *rest"], group: int, name: str = "values"
