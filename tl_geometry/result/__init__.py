@@ -1,12 +1,4 @@
-"""The result of an analysis: :class:`HeadAnalysis` and its parts.
-
-``schema`` holds every name and axis (one source); ``select`` reads by name (``sel``);
-``headline`` the dense-N rules; ``tables`` and ``text`` the ``DataFrame`` and text forms; ``io``
-the versioned, checked files; ``shortcuts`` the attribute shortcuts, one per documented slice;
-``labels`` the label confidence, the label export and the agreement with other head scores;
-``null_decomposition`` the table of top − null gaps over the nulls of SPEC §3.
-``budgets`` the certified top-N budgets (SPEC §10).
-"""
+"""The result of an analysis: :class:`HeadAnalysis` and its parts (docs/api.md lists them)."""
 
 from ..functional.separability import METRIC_NAMES, TRUNCATION_NAMES
 from .budgets import NO_BUDGET, truncation_budgets

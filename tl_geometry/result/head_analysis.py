@@ -62,22 +62,6 @@ def _per_layer(saved: Any, n_layers: int) -> Tensor:
     return torch.tensor([float(x) for x in saved], dtype=torch.float64)
 
 
-def _positive_int(value: Any, where: str, what: str) -> int:
-    """``value`` as an int ≥ 1 (NumPy and torch integers too), else a ``ValueError``."""
-    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_") or (
-            isinstance(value, torch.Tensor) and value.dtype == torch.bool):
-        raise ValueError(f"{where}: {value!r} is a bool; give {what} as an int ≥ 1, e.g. 10.")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{where}: {value!r} ({type(value).__name__}) is not an int; give {what} "
-                         "as an int ≥ 1, e.g. 10.") from None
-    if number < 1:
-        raise ValueError(f"{where}: {number} is below 1; give {what} as an int ≥ 1, e.g. 10 "
-                         "(every head: the number of heads, or heads_table()).")
-    return number
-
-
 def _name(prefix: str, name: str) -> str:
     """Attribute / column name of a slice: ``f_score``, ``random_f_score``, ``sink_mass``, ..."""
     return name if prefix == "top" else f"{prefix}_{name}"
@@ -265,10 +249,8 @@ class HeadAnalysis(Shortcuts):
         return self.n_heads // self.kv_group_size
 
     def kv_heads(self, values: str | Tensor) -> Tensor:
-        """A value-only figure per KV head: ``[layer, head, ...]`` → ``[layer, kv, ...]``
-        (SPEC §4, statistical unit). ``values`` is a tensor or a key of :meth:`quantities`
-        (``"sink_norm_ratio"``, ``"regime_kappa"``, ...). Raises ``ValueError`` when the query
-        heads of one group disagree (the figure reads α and stays per query head).
+        """:func:`~tl_geometry.result.units.kv_reduce` of ``values``, a tensor or a key of
+        :meth:`quantities` (``"sink_norm_ratio"``, ...), by this result's group size (SPEC §4).
 
         >>> kappa = result.kv_heads("sink_norm_ratio")       # [layer, kv]   # doctest: +SKIP
         """
@@ -333,7 +315,13 @@ class HeadAnalysis(Shortcuts):
             key: select.take(values, index if has_n else index[:2])
             for key, (values, has_n) in self.quantities().items()
         }
-        data["label"] = select.take_labels(self.labels, index[0], index[1])
+
+        def pick(row: list[Any], i: select.Index) -> Any:  # the same selection on nested lists
+            return row if i is None else row[i] if isinstance(i, int) else [row[j] for j in i]
+
+        rows = pick(self.labels, index[0])
+        data["label"] = (pick(rows, index[1]) if isinstance(index[0], int)
+                         else [pick(r, index[1]) for r in rows])
         dims = tuple(a for a, i in zip(select.COORDS, index) if not isinstance(i, int))
         coords = {a: every[a] if v is None else v for a, v in asked.items()}
         return HeadSelection(data, coords, dims)
@@ -479,11 +467,8 @@ class HeadAnalysis(Shortcuts):
         return frame if scores is None else confidence.merge_scores(frame, scores)
 
     def export_labels(self, path: str | Path, *, scores=None) -> Path:
-        """Write one row per head — ``layer, head, label, vote_current, vote_sink, vote_other,
-        margin, stability`` and, with ``scores`` (a :func:`tl_geometry.head_scores` table), its
-        score columns — as CSV or JSON by the suffix of ``path`` (docs/labels.md); returns the
-        path. A ``scores`` table that lacks an analysed head or lists one twice, and a ``path``
-        that is a folder, raise ``ValueError``.
+        """:func:`~tl_geometry.result.labels.export_labels`: one row per head, as CSV or JSON by
+        the suffix of ``path`` (docs/labels.md); returns the path.
 
         >>> result.export_labels("labels.csv")    # doctest: +SKIP
         """
@@ -572,7 +557,19 @@ class HeadAnalysis(Shortcuts):
 
         >>> result.top(3, by="vote_current", label="Retriever")   # doctest: +SKIP
         """
-        k = _positive_int(k, "top(k=...)", "the number of heads to return")
+        if isinstance(k, bool) or type(k).__name__ in ("bool", "bool_") or (
+                isinstance(k, torch.Tensor) and k.dtype == torch.bool):
+            raise ValueError(f"top(k=...): {k!r} is a bool; give the number of heads to return "
+                             "as an int ≥ 1, e.g. 10.")
+        try:
+            k = operator.index(k)
+        except TypeError:
+            raise ValueError(f"top(k=...): {k!r} ({type(k).__name__}) is not an int; give the "
+                             "number of heads to return as an int ≥ 1, e.g. 10.") from None
+        if k < 1:
+            raise ValueError(f"top(k=...): {k} is below 1; give the number of heads to return as "
+                             "an int ≥ 1, e.g. 10 (every head: the number of heads, or "
+                             "heads_table()).")
         if not isinstance(largest, bool) and type(largest).__name__ not in ("bool", "bool_"):
             raise ValueError(f"top(largest={largest!r}): give True (the largest first) or False "
                              "(the smallest first).")

@@ -1,8 +1,6 @@
-"""The headline range of N (SPEC §3): ``2 ≤ N ≤ (t+1)/4``; a larger N is *dense*, where the
-precision floor ``N/(t+1)`` lifts P_N and F_N for reasons that are not geometry. Computed,
-plotted and shaded, never headlined. One source for tables, text, plots and the report; so is
-the reading of a top − null gap (:func:`geometry_reading`, both signs) and which null a
-result's ``shuffled`` group is (:func:`shuffle_kind`).
+"""The headline range of N (SPEC §3): ``2 ≤ N ≤ (t+1)/4``; a larger N is *dense* (computed,
+plotted and shaded, never headlined). Also the reading of a top − null gap
+(:func:`geometry_reading`) and which null a result's ``shuffled`` group is (:func:`shuffle_kind`).
 """
 
 from __future__ import annotations

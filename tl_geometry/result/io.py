@@ -212,9 +212,29 @@ def load(path: str | Path) -> dict[str, Any]:
     version = _version(payload["format"], fail)
     _check_devices(payload, fail)
     _check_fields_of(payload, version, fail)
-    if version >= _CHECKSUM_SINCE:
-        _check_checksum(payload, fail)
-    saved_names = _saved_names(payload, version, path, fail)
+    if version >= _CHECKSUM_SINCE:  # a changed byte anywhere is refused
+        saved = payload.get("checksum")
+        try:
+            actual = checksum(payload)
+        except Exception as exc:  # an entry torch or json cannot digest: anything may be raised
+            raise fail(f"holds an entry that is not a tensor or plain data ({_detail(exc)}); save "
+                       "the analysis again with HeadAnalysis.save.") from None
+        if saved != actual:
+            what = "has no checksum" if saved is None else "does not match its checksum"
+            raise fail(f"its contents {what}: the file was changed or damaged after it was saved. "
+                       "Restore a good copy or run the analysis again.")
+    if version == 1:  # format 1 did not save its axis labels: its fixed ones
+        warnings.warn(f"{path}: format 1 (tl_geometry 0.1, no axis labels); read with that "
+                      "format's names. Save it again to upgrade.", UserWarning, stacklevel=3)
+        saved_names: Any = dict(_FORMAT1_NAMES)
+    else:
+        axes = payload.get("axes")
+        # A file from an earlier 0.2 build may lack an optional field added since (e.g. paired).
+        if not isinstance(axes, dict) or any(
+            axes.get(k) != list(v) for k, v in AXES.items() if k in axes or k not in OPTIONAL
+        ) or set(axes) - set(AXES):
+            raise fail(f"its axis labels {axes!r} differ from this version's {AXES!r}.")
+        saved_names = payload.get("names")
     missing = [k for k in ("layers", "metadata", *AXES) if k not in payload and k not in OPTIONAL]
     if missing or not isinstance(saved_names, dict):
         raise fail(f"incomplete: missing {missing or ['names']}.")
@@ -241,21 +261,6 @@ def load(path: str | Path) -> dict[str, Any]:
         if fields[key] is not None and not (fields[key] >= 0).all():  # NaN fails too
             raise fail(f"{key} must hold counts ≥ 0.")
     return fields
-
-
-def _saved_names(payload: dict[str, Any], version: int, path: Path, fail: Any) -> Any:
-    """The axis labels the file was written with (format 1 did not save them: its fixed ones)."""
-    if version == 1:
-        warnings.warn(f"{path}: format 1 (tl_geometry 0.1, no axis labels); read with that format's "
-                      "names. Save it again to upgrade.", UserWarning, stacklevel=4)
-        return dict(_FORMAT1_NAMES)
-    axes = payload.get("axes")
-    # A file from an earlier 0.2 build may lack an optional field added since (e.g. paired).
-    if not isinstance(axes, dict) or any(
-        axes.get(k) != list(v) for k, v in AXES.items() if k in axes or k not in OPTIONAL
-    ) or set(axes) - set(AXES):
-        raise fail(f"its axis labels {axes!r} differ from this version's {AXES!r}.")
-    return payload.get("names")
 
 
 def _version(fmt: str, fail: Any) -> int:
@@ -303,20 +308,6 @@ def _check_fields_of(payload: dict[str, Any], version: int, fail: Any) -> None:
         raise fail(f"says format {version} but holds what later formats added: {what}. A file of "
                    f"format {version} cannot hold them: it was relabelled or damaged. Restore a good "
                    "copy or run the analysis again.")
-
-
-def _check_checksum(payload: dict[str, Any], fail: Any) -> None:
-    """Refuse a payload whose SHA-256 is not the one saved with it."""
-    saved = payload.get("checksum")
-    try:
-        actual = checksum(payload)
-    except Exception as exc:  # an entry torch or json cannot digest: anything may be raised
-        raise fail(f"holds an entry that is not a tensor or plain data ({_detail(exc)}); save the "
-                   "analysis again with HeadAnalysis.save.") from None
-    if saved != actual:
-        what = "has no checksum" if saved is None else "does not match its checksum"
-        raise fail(f"its contents {what}: the file was changed or damaged after it was saved. "
-                   "Restore a good copy or run the analysis again.")
 
 
 def _detail(exc: Exception) -> str:

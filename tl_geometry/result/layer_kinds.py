@@ -1,9 +1,7 @@
 """An analysis restricted to some of its layers, and a model's global and local layers apart.
 
 SPEC §8 (i): on a model with sliding-window layers every figure is read for the global and the
-local layers apart. A subset keeps every tensor field along its ``layer`` axis, the per-layer
-metadata (:data:`PER_LAYER_METADATA`) for those layers and the rest of the metadata whole;
-``metadata["layer_kind"]`` names the kind of a :func:`by_layer_kind` part.
+local layers apart.
 """
 
 from __future__ import annotations
@@ -30,7 +28,8 @@ LAYER_KINDS = ("global", "local")
 
 def layer_subset(result: Analysis, layers: Sequence[int]) -> Analysis:
     """``result`` restricted to the model layers ``layers``, in the order given: a new
-    :class:`~tl_geometry.result.HeadAnalysis` (nothing is recomputed; ``result`` is not changed).
+    :class:`~tl_geometry.result.HeadAnalysis` (nothing is recomputed) with every tensor field
+    along its ``layer`` axis and the :data:`PER_LAYER_METADATA` of those layers.
 
     >>> local = layer_subset(result, [0, 1, 2])   # doctest: +SKIP
     >>> local.f_score.shape[0]                     # doctest: +SKIP
@@ -61,7 +60,8 @@ def layer_subset(result: Analysis, layers: Sequence[int]) -> Analysis:
 
 def by_layer_kind(result: Analysis) -> dict[str, Analysis]:
     """The analysis of the global layers and that of the local (sliding-window) layers, by
-    ``metadata["window"]`` (SPEC §1, §8 (i)); ``{}`` when every layer is of one kind.
+    ``metadata["window"]``, each named in ``metadata["layer_kind"]`` (SPEC §1, §8 (i)); ``{}``
+    when every layer is of one kind.
 
     >>> parts = by_layer_kind(gemma_result)                          # doctest: +SKIP
     >>> parts["global"].layers, parts["local"].layers[:5]            # doctest: +SKIP

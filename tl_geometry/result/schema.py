@@ -1,8 +1,7 @@
 """The names and axes of :class:`~tl_geometry.result.HeadAnalysis`, in one place.
 
 Every tensor field has named axes (:data:`AXES`); every named axis has its labels in one tuple
-(:data:`names`). Adding a group or a figure (docs/where_things_go.md) extends one of them: the
-accessors, ``sel``, ``to_pandas``, the file format and the shape checks follow.
+(:data:`names`): the accessors, ``sel``, ``to_pandas``, the files and the checks follow them.
 """
 
 from __future__ import annotations
@@ -157,8 +156,15 @@ def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
             raise ValueError(f"{key} has shape {_describe(value)}; expected [{expected}].")
         if not (value.is_floating_point() or key in COUNT_FIELDS):
             raise ValueError(f"{key} must be a floating-point tensor, got {value.dtype}.")
-    if isinstance(sequence_votes, Tensor):
-        _check_sequence_votes(sequence_votes, fields["vote_counts"])
+    if isinstance(sequence_votes, Tensor):  # integer counts that add up to vote_counts (SPEC §5)
+        if sequence_votes.is_floating_point() or sequence_votes.dtype == torch.bool:
+            raise ValueError("sequence_votes must hold integer counts, got "
+                             f"{sequence_votes.dtype}.")
+        if sequence_votes.numel() and int(sequence_votes.min()) < 0:
+            raise ValueError("sequence_votes must hold counts ≥ 0.")
+        if not torch.equal(sequence_votes.sum(0).double(), fields["vote_counts"].double()):
+            raise ValueError("sequence_votes do not add up to vote_counts over the sequences; pass "
+                             "the per-sequence counts of the same run, or sequence_votes=None.")
     for key in ("beyond_votes", "block_votes"):
         value = fields.get(key)
         if isinstance(value, Tensor) and (value.is_floating_point() or value.dtype == torch.bool
@@ -169,17 +175,6 @@ def check_fields(fields: dict[str, Any]) -> tuple[tuple[int, ...], Tensor]:
     if (fields["bounds"] is None) != (fields["regime"] is None):
         raise ValueError("bounds and regime come together (analyze_heads(bounds=True)): got only one.")
     return layers, n_values
-
-
-def _check_sequence_votes(sequence_votes: Tensor, vote_counts: Tensor) -> None:
-    """Per-sequence votes must be integer counts that add up to ``vote_counts`` (SPEC §5)."""
-    if sequence_votes.is_floating_point() or sequence_votes.dtype == torch.bool:
-        raise ValueError(f"sequence_votes must hold integer counts, got {sequence_votes.dtype}.")
-    if sequence_votes.numel() and int(sequence_votes.min()) < 0:
-        raise ValueError("sequence_votes must hold counts ≥ 0.")
-    if not torch.equal(sequence_votes.sum(0).double(), vote_counts.double()):
-        raise ValueError("sequence_votes do not add up to vote_counts over the sequences; pass "
-                         "the per-sequence counts of the same run, or sequence_votes=None.")
 
 
 def _describe(value: Any) -> str:

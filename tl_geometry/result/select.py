@@ -53,16 +53,6 @@ def take(values: Tensor, index: tuple[Index, ...]) -> Tensor:
     return values
 
 
-def take_labels(labels: list[list[Any]], layer: Index, head: Index) -> Any:
-    """The same selection on ``labels[layer][head]`` (nested lists)."""
-
-    def pick(row: list[Any], i: Index) -> Any:
-        return row if i is None else row[i] if isinstance(i, int) else [row[j] for j in i]
-
-    rows = pick(labels, layer)
-    return pick(rows, head) if isinstance(layer, int) else [pick(r, head) for r in rows]
-
-
 class HeadSelection(Mapping[str, Any]):
     """What :meth:`HeadAnalysis.sel <tl_geometry.result.HeadAnalysis.sel>` returns: a read-only
     mapping from quantity names (``f_score``, ``sink_norm_ratio``, ``label``, ...) to the selected

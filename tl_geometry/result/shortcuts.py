@@ -1,9 +1,7 @@
 """The attribute shortcuts of :class:`~tl_geometry.result.HeadAnalysis`, one per documented slice.
 
-``result.random_f_score`` is ``result.metric("f_score", "random")``, ``result.sink_mass`` is
-``result.sink_diagnostic("mass")``; each is a ``[layer, head(, n)]`` tensor. They are declared
-one by one in the class body, so ``dir()``, editors, ``help()`` and type checkers see them.
-Every other slice is read through its accessor (``metric()``, ``bound()``, ``sel()``, ...).
+``result.random_f_score`` is ``result.metric("f_score", "random")``: declared one by one, so
+``dir()``, editors, ``help()`` and type checkers see them.
 """
 
 from __future__ import annotations
@@ -14,19 +12,14 @@ from torch import Tensor
 
 from ..functional.figures import figure
 
-#: Accessors whose slices have no N axis.
-_PER_HEAD = ("sink_diagnostic", "regime_diagnostic")
 #: The axis of :data:`~tl_geometry.functional.figures.FIGURES` that an accessor's one name reads,
 #: where the shortcut's docstring is that figure's doc line.
 _AXIS = {"metric": "metric", "sink_diagnostic": "sink_field", "paired_sink": "paired_field"}
 
 
 class _Slice:
-    """An attribute that reads one named slice through an accessor, e.g. ``sink_removed_f_score``
-    is ``_Slice("metric", "f_score", "sink_removed")``: ``result.metric("f_score", "sink_removed")``.
-
-    An accessor's own error (e.g. ``NoBoundsError`` of a bound without ``bounds=True``) reaches
-    the caller unchanged."""
+    """An attribute that reads one named slice through an accessor (whose errors reach the caller
+    unchanged): ``_Slice("metric", "f_score", "random")`` is ``metric("f_score", "random")``."""
 
     def __init__(self, accessor: str, *key: str, doc: str | None = None) -> None:
         self.accessor, self.key = accessor, key
@@ -34,7 +27,8 @@ class _Slice:
             row = figure(_AXIS[accessor], key[0])
             doc = f"{row.doc}; SPEC {row.spec}"
         call = f"``result.{accessor}({', '.join(map(repr, key))})``"
-        shape = "[layer, head]" if accessor in _PER_HEAD else "[layer, head, n]"
+        per_head = accessor in ("sink_diagnostic", "regime_diagnostic")  # no N axis
+        shape = "[layer, head]" if per_head else "[layer, head, n]"
         self.__doc__ = f"{doc + ': ' if doc else ''}{call}, ``{shape}``."
 
     @overload

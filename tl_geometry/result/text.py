@@ -47,15 +47,6 @@ LEGEND = (
 )
 
 
-def _model(meta: dict) -> str:
-    name, klass = meta.get("model_name"), meta.get("model_class")
-    if name:
-        return f"model {name}"
-    if klass:
-        return f"a {klass} with no model_name"
-    return "model unknown (pass model= to analyze_heads to record it)"
-
-
 def layers_text(layers: tuple[int, ...]) -> str:
     if len(layers) > 4 and list(layers) == list(range(layers[0], layers[-1] + 1)):
         return f"{layers[0]}..{layers[-1]}"
@@ -167,8 +158,11 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
     parts += [f"{k}={meta[k]}" for k in ("queries", "distance", "space") if meta.get(k) is not None]
     if (kind := shuffle_kind(result)) != "values":  # the shuffled group is another null (SPEC §3)
         parts.append(f"shuffled = the {kind} null")
+    name, klass = meta.get("model_name"), meta.get("model_class")
+    model = (f"model {name}" if name else f"a {klass} with no model_name" if klass
+             else "model unknown (pass model= to analyze_heads to record it)")
     lines = [
-        f"tl_geometry head analysis — {_model(meta)}",
+        f"tl_geometry head analysis — {model}",
         f"layers {layers_text(result.layers)} × {result.n_heads} heads "
         f"({result.n_layers * result.n_heads} heads); " + (", ".join(parts) or "run settings not recorded"),
     ]

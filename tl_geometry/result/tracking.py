@@ -1,9 +1,6 @@
-"""Does a bound track the measured F_N? (SPEC §6d, "Reading 'tracks'", ours.)
-
-Two readings: Spearman's ρ across heads **within each headline N** (:func:`rho_by_n`; pooling
-``(head, N)`` pairs would inflate ρ through the shared decline with N), and the best-N
-agreement against its chance level (:func:`agreement_vs_chance`): when most heads peak at
-N = 2, a bound that always says 2 agrees often, and predicts nothing.
+"""Does a bound track the measured F_N? (SPEC §6d, "Reading 'tracks'", ours): Spearman's ρ
+within each headline N (:func:`rho_by_n`) and the best-N agreement against chance
+(:func:`agreement_vs_chance`).
 """
 
 from __future__ import annotations

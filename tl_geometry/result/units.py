@@ -1,9 +1,6 @@
-"""The statistical unit of a per-head quantity: query head or KV head (SPEC §4, ours).
-
-Under GQA or MQA the query heads of one KV group read the same values, so every **value-only**
-quantity (κ, ``c_sink``, ``cos(v_sink, mean v)``, the regime diagnostics) is one measurement
-per KV group, counted over KV heads (:func:`kv_reduce`); quantities that read ``α`` stay per
-query head. In output space (``y_i = α_i v_i W_O[h]``) the unit is the query head.
+"""The statistical unit of a per-head quantity (SPEC §4, ours): under GQA or MQA a value-only
+quantity (κ, ``c_sink``, ``cos(v_sink, mean v)``, the regime diagnostics) is one measurement per
+KV group (:func:`kv_reduce`); one that reads ``α``, or any in output space, is per query head.
 """
 
 from __future__ import annotations
