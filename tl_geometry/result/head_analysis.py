@@ -403,9 +403,10 @@ class HeadAnalysis(Shortcuts):
         return tracking.rho_by_n(self, kind, metric)
 
     def paired_sink_summary(self):
-        """Per analysed N (``dense`` flagged), the three sink comparisons of SPEC §3, as a ``DataFrame``:
-        ``pooled_f_sink_in`` / ``_out`` (1: mean F_N of the top-N instances with / without the sink
-        in S_N, pooled over every instance of every head; ``instances_in`` / ``_out``),
+        """Per analysed N (``dense`` flagged), the three sink comparisons of SPEC §3, as a
+        ``DataFrame``: ``pooled_f_sink_in`` / ``_out`` (1: mean F_N of the top-N instances with /
+        without the sink in S_N, pooled over every instance of every head; ``instances_in`` /
+        ``_out``),
         ``f_sink_removed`` (2: mean over heads of F_N re-selected without the sink), and
         ``paired_median_ratio`` / ``_halved`` (3, ours: the median over the ``paired_heads`` heads
         with such instances of each head's median F_N(with) / F_N(removed) and fraction ≤ 1/2;

@@ -72,10 +72,9 @@ def encode_metadata(value: Any, where: str = "metadata") -> Any:
     enums → their value; small tensors and arrays → nested lists; else ``ValueError``."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, list):
-        return [encode_metadata(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, tuple):
-        return {_TUPLE: [encode_metadata(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, (list, tuple)):
+        items = [encode_metadata(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if isinstance(value, list) else {_TUPLE: items}
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value) and set(value) not in ({_TUPLE}, {_ITEMS}):
             return {k: encode_metadata(v, f"{where}[{k!r}]") for k, v in value.items()}
@@ -86,12 +85,10 @@ def encode_metadata(value: Any, where: str = "metadata") -> Any:
                                  "use str, int, float, bool or tuple keys.")
             items.append([encode_metadata(k, f"{where} key"), encode_metadata(v, f"{where}[{k!r}]")])
         return {_ITEMS: items}
-    if isinstance(value, PurePath):
+    if isinstance(value, (PurePath, torch.dtype, torch.device)):
         return str(value)
     if isinstance(value, (set, frozenset)):
         return [encode_metadata(v, where) for v in sorted(value, key=repr)]
-    if isinstance(value, (torch.dtype, torch.device)):
-        return str(value)
     if isinstance(value, Enum):
         return encode_metadata(value.value, where)
     if isinstance(value, Tensor) or type(value).__module__ == "numpy":

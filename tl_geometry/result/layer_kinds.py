@@ -72,12 +72,10 @@ def by_layer_kind(result: Analysis) -> dict[str, Analysis]:
              "local": [layer for layer, w in zip(result.layers, windows) if w is not None]}
     if not kinds["global"] or not kinds["local"]:
         return {}
-    out = {}
-    for kind, layers in kinds.items():
-        part = layer_subset(result, layers)
+    parts = {kind: layer_subset(result, layers) for kind, layers in kinds.items()}
+    for kind, part in parts.items():
         part.metadata["layer_kind"] = kind
-        out[kind] = part
-    return out
+    return parts
 
 
 __all__ = ["LAYER_KINDS", "PER_LAYER_METADATA", "by_layer_kind", "layer_subset"]

@@ -25,8 +25,7 @@ def positions(axis: str, wanted: Any, coords: list[int]) -> Index:
     """
     if wanted is None:
         return None
-    many = (wanted.ndim > 0 if isinstance(wanted, Tensor)
-            else isinstance(wanted, (list, tuple, range)) or hasattr(wanted, "__len__"))
+    many = wanted.ndim > 0 if isinstance(wanted, Tensor) else hasattr(wanted, "__len__")
     values = list(wanted) if many else [wanted]
     out = []
     for value in values:

@@ -115,9 +115,8 @@ def _group_line(result: AnalysisLike, label: str, i: int | list[int]) -> str:
         return finite_mean(result.metric(name, group)[..., i])
 
     line = f"  {label}: top-N {mean('f_score', 'top'):.3f} (F* {mean('f_score_cc', 'top'):.3f})"
-    for group, name in (("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed")):
-        line += f"  {name} {mean('f_score', group):.3f}"
-    return line
+    others = (("shuffled", "shuffled"), ("random", "random"), ("sink_removed", "sink removed"))
+    return line + "".join(f"  {name} {mean('f_score', group):.3f}" for group, name in others)
 
 
 def _baseline_error_line(result: AnalysisLike, shown: list[int]) -> list[str]:
@@ -215,7 +214,10 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
         order = torch.nan_to_num(gain, nan=-torch.inf).argsort(descending=True, stable=True)[:top].tolist()
         title = (f"Top {len(order)} of {n_heads} heads by F_{rank_n} gain (top-N minus random); "
                  "summary(top=None) lists every head:")
-    lines += ["", title, _header(result, shown)]
+    header = (f"{'layer':>5} {'head':>4} {'class':<10} {'cur/sink/oth':>14} {'margin':>6} "
+              f"{'stab':>5} {'α_sink':>6} {'κ':>6} {'cos':>6}")
+    header += "".join(f" {'F' + n_label(result, n) + ' top/rnd':>13}" for n in shown)
+    lines += ["", title, header]
     f = {n: result.f_score[..., result._n_index(n)] for n in shown}
     r = {n: result.random_f_score[..., result._n_index(n)] for n in shown}
     fractions, labels = result.vote_fractions, result.labels
@@ -384,9 +386,3 @@ def _ratio(bound: Tensor, measured: Tensor, i: int) -> str:
 
 def _percent(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
-
-
-def _header(result: AnalysisLike, shown: list[int]) -> str:
-    head = (f"{'layer':>5} {'head':>4} {'class':<10} {'cur/sink/oth':>14} {'margin':>6} {'stab':>5} "
-            f"{'α_sink':>6} {'κ':>6} {'cos':>6}")
-    return head + "".join(f" {'F' + n_label(result, n) + ' top/rnd':>13}" for n in shown)
