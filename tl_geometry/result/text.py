@@ -60,8 +60,9 @@ def class_totals(result: AnalysisLike) -> dict[str, int]:
 
 
 def class_shares_text(result: AnalysisLike) -> str:
-    """``Retriever 3 (25.0%), Mixer ..., Reset ...; 2 unlabelled (no votes; not in the shares)``:
-    shares are of the labelled heads only (SPEC §5)."""
+    """``Retriever 3 (25.0%), Mixer ..., Reset ...; 2 unlabelled (no votes; not in the shares)``
+    (shares of the labelled heads only), then ``; unstable (stability < 0.8): 4 — Retriever 2,
+    ...`` or why no head has a stability (:func:`~.labels.stability_note`), SPEC §5."""
     totals = class_totals(result)
     n_labelled = sum(totals.values())
     text = ", ".join(
@@ -69,22 +70,8 @@ def class_shares_text(result: AnalysisLike) -> str:
     )
     if unlabelled := result.n_unlabelled:
         text += f"; {unlabelled} {UNLABELLED_NAME} (no votes; not in the shares)"
-    return text + unstable_text(result)
-
-
-def unstable_counts(result: AnalysisLike) -> dict[str, int]:
-    """Unstable heads (label stability < 0.8, SPEC §5) of each class; a head whose stability is
-    NaN (too few units, unknown) is in none."""
-    flags = result.unstable.flatten().tolist()
-    labels = [x for row in result.labels for x in row]
-    return {c: sum(1 for label, bad in zip(labels, flags) if bad and label == c) for c in CLASSES}
-
-
-def unstable_text(result: AnalysisLike) -> str:
-    """``; unstable (stability < 0.8): 4 — Retriever 2, Mixer 0, Reset 2`` (SPEC §5), or why no
-    head has a stability (:func:`~.labels.stability_note`)."""
     if (note := stability_note(result)) is not None:
-        return f"; label stability {note}"
+        return text + f"; label stability {note}"
     counts = unstable_counts(result)
     total = sum(counts.values())
     units = [u for u in stability_units(result) if u is not None and u[0] == "block"]
@@ -94,8 +81,16 @@ def unstable_text(result: AnalysisLike) -> str:
         spread = f"{sizes[0]}" if sizes[0] == sizes[-1] else f"{sizes[0]}–{sizes[-1]}"
         blocks = (f" (block bootstrap: {spread} blocks of 128 voting queries per layer; no stability "
                   f"where a layer has fewer than 8)")
-    return (f"; unstable (stability < 0.8): {total}"
+    return (text + f"; unstable (stability < 0.8): {total}"
             + (" — " + ", ".join(f"{c} {k}" for c, k in counts.items()) if total else "") + blocks)
+
+
+def unstable_counts(result: AnalysisLike) -> dict[str, int]:
+    """Unstable heads (label stability < 0.8, SPEC §5) of each class; a head whose stability is
+    NaN (too few units, unknown) is in none."""
+    flags = result.unstable.flatten().tolist()
+    labels = [x for row in result.labels for x in row]
+    return {c: sum(1 for label, bad in zip(labels, flags) if bad and label == c) for c in CLASSES}
 
 
 def label_text(label: str | None) -> str:
@@ -138,16 +133,6 @@ def _baseline_error_line(result: AnalysisLike, shown: list[int]) -> list[str]:
                          100, subsequent_indent="    ")
 
 
-def _paired_lines(result: AnalysisLike, shown: list[int]) -> list[str]:
-    """The paired sink effect at the shown N (SPEC §3, comparison 3); none if it is undefined."""
-    table = result.paired_sink_summary().set_index("n")
-    cells = [f"    N={n_label(result, n)}: F_N(with) / F_N(removed) {table.paired_median_ratio[n]:.2f}, "
-             f"fraction ≤ 1/2 {table.paired_median_halved[n]:.2f} ({table.paired_heads[n]} heads)"
-             for n in shown if table.paired_heads[n] > 0]
-    title = "  paired sink effect (instances whose top-N set holds the sink; median over heads):"
-    return [title, *cells] if cells else []
-
-
 def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> str:
     """See :meth:`HeadAnalysis.summary`."""
     meta = result.metadata
@@ -181,7 +166,13 @@ def summary(result: AnalysisLike, n_values: Sequence[int], top: int | None) -> s
         lines.append(_group_line(result, f"headline N = {span}",
                                  [result._n_index(n) for n in headline]))
     lines += _baseline_error_line(result, shown)
-    lines += _paired_lines(result, shown)
+    table = result.paired_sink_summary().set_index("n")
+    cells = [f"    N={n_label(result, n)}: F_N(with) / F_N(removed) {table.paired_median_ratio[n]:.2f}, "
+             f"fraction ≤ 1/2 {table.paired_median_halved[n]:.2f} ({table.paired_heads[n]} heads)"
+             for n in shown if table.paired_heads[n] > 0]
+    if cells:  # the paired sink effect (SPEC §3, comparison 3), where it is defined
+        lines += ["  paired sink effect (instances whose top-N set holds the sink; median over "
+                  "heads):", *cells]
     lines += _layer_kind_lines(result, shown)
     if result.bounds is not None:
         frac = result.certified_fraction
