@@ -206,7 +206,14 @@ def load(path: str | Path) -> dict[str, Any]:
         what = (f"a {type(payload).__name__}" if not isinstance(payload, dict)
                 else f"a dict of format {fmt!r}" if fmt is not None else "a dict without 'format'")
         raise fail(f"holds {what}, not a saved tl_geometry HeadAnalysis.")
-    version = _version(payload["format"], fail)
+    text = fmt[len(_FORMAT_PREFIX):]
+    version = int(text) if text.isascii() and text.isdigit() else 0
+    if version < 1:
+        raise fail(f"format {fmt!r} is not a valid version (a positive integer); the file is "
+                   "damaged or was not written by tl_geometry.")
+    if version > FORMAT_VERSION:
+        raise fail(f"format {fmt!r} is newer than this tl_geometry reads ({FORMAT}); "
+                   "upgrade tl_geometry.")
     _check_devices(payload, fail)
     _check_fields_of(payload, version, fail)
     if version >= _CHECKSUM_SINCE:  # a changed byte anywhere is refused
@@ -258,19 +265,6 @@ def load(path: str | Path) -> dict[str, Any]:
         if fields[key] is not None and not (fields[key] >= 0).all():  # NaN fails too
             raise fail(f"{key} must hold counts ≥ 0.")
     return fields
-
-
-def _version(fmt: str, fail: Any) -> int:
-    """The version of ``fmt`` (``"tl_geometry.HeadAnalysis/<n>"``) if this tl_geometry reads it."""
-    text = fmt[len(_FORMAT_PREFIX):]
-    version = int(text) if text.isascii() and text.isdigit() else 0
-    if version < 1:
-        raise fail(f"format {fmt!r} is not a valid version (a positive integer); the file is "
-                   "damaged or was not written by tl_geometry.")
-    if version > FORMAT_VERSION:
-        raise fail(f"format {fmt!r} is newer than this tl_geometry reads ({FORMAT}); "
-                   "upgrade tl_geometry.")
-    return version
 
 
 def _check_devices(payload: dict[str, Any], fail: Any) -> None:
