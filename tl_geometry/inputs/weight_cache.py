@@ -1,30 +1,20 @@
 """The weight cache: a GGUF model's de-quantised weights, kept as safetensors for the next load.
 
-De-quantising a GGUF file and converting its tokenizer cost 30–110 s in every process; the first
-load writes the result (``save_pretrained``) into ``<cache>/weights/<entry>/``, which later
-processes read in a few seconds.
-
-- **Key.** An entry is named by the GGUF file's sha256 and size and the dtype loaded.
-- **Checked on every load.** A ``manifest.json``, written last, records each file's size and
-  sha256 and the GGUF file it came from. An entry that is incomplete or differs from it is
-  reported with a warning, removed and rebuilt. A file is re-hashed whenever its size, mtime,
-  ctime, inode or device changed since it was last hashed (any write moves the ctime).
-- **Atomic, never edited in place.** An entry is written into a temporary folder and renamed
-  into place; files are replaced by rename and removed by unlink, never truncated, since
-  truncating a memory-mapped file kills its readers with SIGBUS. Do the same by hand.
-- **Verify, clear.** :func:`verify`, :func:`usage` and :func:`clear` (``tl-geometry cache info |
-  clear | verify``) check, measure and empty what the cache owns: in ``weights/``, entries named
-  ``{sha256[:32]}-{size}-{dtype}`` holding the marker ``.tl_geometry_entry`` (or, from older
-  versions, a manifest with this cache's ``format`` and ``source``) and the folders
-  ``.{entry}.{random}.tmp`` and ``.{entry}.{8 hex}.stale``; in ``sha256/``, the files
-  ``{32 hex}.json`` and ``.{32 hex}.json.{random}.tmp``; in ``<model>/``, an assembled GGUF file
-  and its ``.{file}.{random}.tmp``. Everything else is left alone and listed, and no symbolic
-  link is followed.
-- **Off switch.** ``load_model(..., weight_cache=False)`` or ``TL_GEOMETRY_WEIGHT_CACHE=0``.
+The first load writes the de-quantised model (``save_pretrained``) into
+``<cache>/weights/<entry>/``, named by the GGUF file's sha256 and size and the dtype, which later
+processes read in seconds instead of 30–110 s. A ``manifest.json``, written last, records each
+file's size and sha256: an entry that differs from it is reported, removed and rebuilt. Entries
+are written into a temporary folder and renamed into place; files are removed by unlink, never
+truncated (truncating a memory-mapped file kills its readers with SIGBUS). What the cache owns,
+and so what :func:`clear` removes, is recognised by name and kind (docs/pitfalls.md, "The weight
+cache"); no symbolic link is followed. Off: ``load_model(..., weight_cache=False)`` or
+``TL_GEOMETRY_WEIGHT_CACHE=0``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -76,7 +66,8 @@ MANIFEST = "manifest.json"
 #: listed in the manifest (it says who wrote the folder, not what the weights are).
 MARKER = ".tl_geometry_entry"
 FORMAT = 1
-#: The names the cache gives what it writes under ``weights/`` (see the module's docstring).
+#: The names the cache gives what it writes under ``weights/``: entries, the folders a fill writes
+#: into, and entries renamed away to be deleted.
 _ENTRY_NAME = re.compile(r"[0-9a-f]{32}-[0-9]+-[A-Za-z0-9_]+")
 _TEMPORARY = re.compile(rf"\.(?:{_ENTRY_NAME.pattern})\.[A-Za-z0-9_]+\.tmp")
 _DISCARDED = re.compile(rf"\.(?:{_ENTRY_NAME.pattern})\.[0-9a-f]{{8}}\.stale")
@@ -167,17 +158,13 @@ def _is_kind(path: Path, test: Callable[[int], bool]) -> bool:
         return False
 
 
-def _is_folder(path: Path) -> bool:
-    return _is_kind(path, stat.S_ISDIR)
-
-
-def _is_file(path: Path) -> bool:
-    return _is_kind(path, stat.S_ISREG)
+_is_folder = functools.partial(_is_kind, test=stat.S_ISDIR)
+_is_file = functools.partial(_is_kind, test=stat.S_ISREG)
 
 
 def _written_here(folder: Path) -> bool:
-    """Whether ``folder`` is an entry this cache wrote (not a symbolic link; see the module's
-    docstring: its name, and the marker or an older entry's manifest)."""
+    """Whether ``folder`` is an entry this cache wrote (not a symbolic link): its name, and the
+    marker or an older entry's manifest."""
     if not _ENTRY_NAME.fullmatch(folder.name) or not _is_folder(folder):
         return False
     if _is_file(folder / MARKER):
@@ -213,17 +200,6 @@ def _is_temporary(path: Path) -> bool:
     """Whether ``path``, in ``weights/``, is a folder a fill writes into (``.{entry}.{random}.tmp``)
     or an entry renamed away to be deleted (``.{entry}.{8 hex}.stale``), not a link to one."""
     return bool(_TEMPORARY.fullmatch(path.name) or _DISCARDED.fullmatch(path.name)) and _is_folder(path)
-
-
-def _sweep(root: Path) -> None:
-    """Delete temporary and discarded folders that a killed process left behind (unlinked)."""
-    try:
-        paths = list(root.iterdir())
-    except OSError:  # removed meanwhile: nothing to sweep
-        return
-    for path in paths:
-        if _is_temporary(path) and _is_old(path):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def lookup(key: EntryKey) -> Path | None:
@@ -270,7 +246,10 @@ def store(key: EntryKey, write: Callable[[Path], None]) -> Path:
         raise NotADirectoryError(f"{blocked[0]} is {blocked[1]}, not a folder: the weight cache keeps "
                                  f"its entries in {root}; move it away")
     root.mkdir(parents=True, exist_ok=True)
-    _sweep(root)
+    with contextlib.suppress(OSError):  # removed meanwhile: nothing to sweep
+        for path in list(root.iterdir()):  # what a killed process left behind
+            if _is_temporary(path) and _is_old(path):
+                shutil.rmtree(path, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key.name}.", suffix=".tmp"))
     final = root / key.name
     try:
@@ -292,16 +271,11 @@ def store(key: EntryKey, write: Callable[[Path], None]) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _remember(final)
+    # The digests just computed, under the files' final paths (renaming the folder leaves its
+    # files' stamps as they were), so that the next load does not hash them again.
+    for name, want in json.loads((final / MANIFEST).read_text(encoding="utf-8"))["files"].items():
+        remember_sha256(final / name, want["sha256"])
     return final
-
-
-def _remember(folder: Path) -> None:
-    """Remember the digests just computed, under the files' final paths (renaming the folder
-    leaves its files' stamps as they were), so the next load does not hash them again."""
-    files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
-    for name, want in files.items():
-        remember_sha256(folder / name, want["sha256"])
 
 
 # --- verify, usage, clear ------------------------------------------------------------------------
@@ -319,26 +293,6 @@ class Problem:
         return f"{self.kind}: {self.path}: {self.detail}"
 
 
-class _Hashes:
-    """Full sha256 of files, each read once per :func:`verify` (several entries share a source)."""
-
-    def __init__(self) -> None:
-        self._done: dict[str, str] = {}
-
-    def of(self, path: Path) -> str:
-        stamp = file_stamp(path)
-        if stamp not in self._done:
-            self._done[stamp] = hash_file(path)
-        return self._done[stamp]
-
-
-def _entries(root: Path) -> list[Path]:
-    """The entry folders under ``root`` that the cache wrote (:func:`_written_here`)."""
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if _written_here(p))
-
-
 def verify() -> list[Problem]:
     """Re-hash, in full, everything the cache records a digest of; list what does not match.
 
@@ -349,13 +303,21 @@ def verify() -> list[Problem]:
     raises :class:`~tl_geometry.inputs.model_files.CacheFolderError`.
     """
     _check_subfolders()
-    hashes = _Hashes()
+    done: dict[str, str] = {}  # each file read once (several entries share a source)
+
+    def hash_of(path: Path) -> str:
+        stamp = file_stamp(path)
+        if stamp not in done:
+            done[stamp] = hash_file(path)
+        return done[stamp]
+
     problems: list[Problem] = []
-    for folder in _entries(weights_root()):
-        problems.extend(_problems(folder, hashes.of, everything=True))
+    root = weights_root()
+    for folder in sorted(p for p in root.iterdir() if _written_here(p)) if root.is_dir() else ():
+        problems.extend(_problems(folder, hash_of, everything=True))
     for record in recorded_digests():
         try:
-            if record.in_force() and hashes.of(record.path) != record.sha256:
+            if record.in_force() and hash_of(record.path) != record.sha256:
                 problems.append(Problem("corrupt", record.path, f"does not match the sha256 remembered "
                                         f"in {record.memo}, although its size, times and inode do"))
         except OSError:  # removed meanwhile: the record is no longer used
@@ -430,23 +392,17 @@ def _check_subfolders() -> None:
                                    "there. Move it away (or set TL_GEOMETRY_CACHE to another folder)")
 
 
-def _contents(folder: Path, foreign: list[Path]) -> list[Path]:
-    """What lies in ``folder``, sorted, when it is a folder itself; a symbolic link in its place
-    is added to ``foreign`` and not followed."""
-    if folder.is_symlink():
-        foreign.append(folder)
-        return []
-    return sorted(folder.iterdir()) if _is_folder(folder) else []
-
-
 @dataclass
 class _Owned:
     items: list[tuple[str, Path]]  # (a tally of Usage, a file or folder the cache wrote)
     foreign: list[Path]  # what lies in the cache's folders that it did not write
 
     def sort(self, folder: Path, **kinds: Callable[[Path], bool]) -> None:
-        """What lies in ``folder``: an item of the first kind whose test it passes, else foreign."""
-        for path in _contents(folder, self.foreign):
+        """What lies in ``folder``: an item of the first kind whose test it passes, else foreign;
+        a symbolic link in the folder's place is foreign, and not followed."""
+        if folder.is_symlink():
+            self.foreign.append(folder)
+        for path in sorted(folder.iterdir()) if _is_folder(folder) else ():
             kind = next((kind for kind, owns in kinds.items() if owns(path)), None)
             if kind is None:
                 self.foreign.append(path)
@@ -460,8 +416,8 @@ def _file_named(pattern: re.Pattern[str]) -> Callable[[Path], bool]:
 
 
 def _owned() -> _Owned:
-    """Every file and folder the cache wrote (the names the module's docstring lists), with its
-    kind (a field of :class:`Usage`), and what else lies in its folders; no link is followed."""
+    """Every file and folder the cache wrote, with its kind (a field of :class:`Usage`), and what
+    else lies in its folders; no link is followed."""
     _check_subfolders()
     found = _Owned([], [])
     found.sort(weights_root(), entries=_written_here, temporary=_is_temporary)
@@ -498,17 +454,6 @@ class Cleared:
     foreign: list[Path] = field(default_factory=list)
 
 
-def _unlink(kind: str, path: Path) -> None:
-    """Remove a file, or a folder and its files: unlinked, never truncated, and no symbolic link
-    followed. An entry is renamed away first, so that no load finds it half deleted."""
-    if kind == "entries":
-        _discard(path)
-    elif _is_folder(path):
-        shutil.rmtree(path)  # refuses a link; links inside are unlinked, their targets kept
-    else:
-        path.unlink(missing_ok=True)
-
-
 def clear() -> Cleared:
     """Empty the cache of what it wrote (:func:`_owned`), except temporaries less than a day old
     (of loads that may still run); everything else is left alone and listed in ``foreign``. Files
@@ -522,8 +467,13 @@ def clear() -> Cleared:
         if kind == "temporary" and path.name.endswith(".tmp") and not _is_old(path):
             into = done.kept
         else:
-            try:
-                _unlink(kind, path)
+            try:  # unlinked, never truncated; no symbolic link followed
+                if kind == "entries":
+                    _discard(path)  # renamed away first, so that no load finds it half deleted
+                elif _is_folder(path):
+                    shutil.rmtree(path)  # refuses a link; links inside are unlinked, their targets kept
+                else:
+                    path.unlink(missing_ok=True)
             except FileNotFoundError:  # another process removed it first
                 pass
             except OSError as err:
@@ -533,8 +483,6 @@ def clear() -> Cleared:
         into.add(kind, size)
     for folder in (*(cache_dir() / model for model in ASSEMBLED), weights_root(), cache_dir() / "sha256"):
         if _is_folder(folder):
-            try:
+            with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty
-            except OSError:
-                pass
     return done
