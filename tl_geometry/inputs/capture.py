@@ -3,16 +3,9 @@
 Instead of the ``[batch, head, query, key]`` pattern, each layer's post-rotary (and post-q/k-norm)
 queries and keys and its values are captured as the attention function receives them, with the
 layer's scale, sliding window, softcap and sinks; :func:`tl_geometry.functional.attention_rows`
-recomputes any rows from them in float64.
-
-A custom attention function (registered with transformers' ``AttentionInterface``) is set as
-the attention implementation for one forward of the *base* model (no LM head, no logits): it
-hands the layer to the callback and delegates to transformers' SDPA attention. A sliding-window
-layer without padding runs in blocks of ``window`` queries with a band mask
-(:func:`_by_query_blocks`), so no ``[query, key]`` mask is formed. A ``TransformerBridge``'s
-components are swapped back to the Hugging Face modules for the forward; everything is restored
-in a ``finally``. With ``logsumexp=True``, a plain causal float32 layer on CPU also hands over
-each query's log-sum-exp (:func:`_with_logsumexp`).
+recomputes any rows from them in float64. A custom attention function, registered with
+transformers' ``AttentionInterface`` for one forward of the *base* model (no LM head, no logits),
+hands the layer to the callback and delegates to transformers' SDPA attention.
 """
 
 from __future__ import annotations
@@ -82,8 +75,7 @@ def hf_model_of(model: Any) -> Any:
 
 @contextlib.contextmanager
 def _original_modules(module: torch.nn.Module) -> Iterator[None]:
-    """Swap every bridge component under ``module`` for the HF module it wraps
-    (``original_component``), then restore: no TransformerLens hook fires meanwhile."""
+    """Every bridge component under ``module`` swapped for the HF module it wraps, then restored."""
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
 
     def unwrap(parent: torch.nn.Module) -> None:
@@ -136,8 +128,8 @@ def attention_set_to(model: torch.nn.Module, name: str) -> Iterator[None]:
 @contextlib.contextmanager
 def _attention_implementation(model: torch.nn.Module, function: Callable[..., Any],
                               skipped: set[int]) -> Iterator[None]:
-    """Register ``function`` (with SDPA's masks, but for those :func:`_window_mask` skips) as every
-    config's attention, then undo."""
+    """``function`` (with SDPA's masks, bar those :func:`_window_mask` skips) as every config's
+    attention, then undone."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
@@ -192,9 +184,8 @@ _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 def _with_logsumexp(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
                     params: AttentionParams, kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
-    """The layer's attention output ``[batch, pos, head, d]`` and each query's log-sum-exp
-    ``[batch, head, pos]``, from the CPU flash kernel that SDPA runs a plain causal float32 layer
-    on (called directly: the same output); ``None`` for any other layer."""
+    """The layer's output ``[batch, pos, head, d]`` and each query's log-sum-exp, from the CPU
+    kernel SDPA runs a plain causal float32 layer on (the same output); else ``None``."""
     n_pos = query.shape[2]
     plain = (mask is None and query.device.type == "cpu"
              and query.dtype == key.dtype == value.dtype == torch.float32
@@ -229,23 +220,18 @@ def _delegate(module: torch.nn.Module, softcap: float | None, sinks: Tensor | No
 
     def eager_with_additive_mask(module: Any, query: Tensor, key: Tensor, value: Tensor,
                                  mask: Tensor | None, **kwargs: Any) -> Any:
-        return eager(module, query, key, value, _additive(mask, query, key), **kwargs)
+        # SDPA's mask (boolean, True = visible; or None = plain causal) as the additive float
+        # mask that eager attention adds to its logits.
+        if mask is None:
+            n_query, n_key = query.shape[2], key.shape[2]
+            mask = torch.ones(n_query, n_key, dtype=torch.bool, device=query.device)
+            mask = mask.tril(n_key - n_query)[None, None]
+        if mask.dtype == torch.bool:
+            zero = torch.zeros((), dtype=query.dtype, device=query.device)
+            mask = torch.where(mask, zero, torch.finfo(query.dtype).min)
+        return eager(module, query, key, value, mask, **kwargs)
 
     return eager_with_additive_mask
-
-
-def _additive(mask: Tensor | None, query: Tensor, key: Tensor) -> Tensor:
-    """SDPA's mask (boolean, True = visible; or ``None`` = plain causal) as the additive float
-    mask that eager attention adds to its logits."""
-    lowest = torch.finfo(query.dtype).min
-    if mask is None:
-        n_query, n_key = query.shape[2], key.shape[2]
-        causal = torch.ones(n_query, n_key, dtype=torch.bool, device=query.device).tril(n_key - n_query)
-        mask = causal[None, None]
-    if mask.dtype != torch.bool:
-        return mask
-    zero = torch.zeros((), dtype=query.dtype, device=query.device)
-    return torch.where(mask, zero, lowest)
 
 
 def model_windows(model: Any) -> list[int | None] | None:
@@ -279,7 +265,7 @@ def model_windows(model: Any) -> list[int | None] | None:
 
 
 def text_config(hf_model: Any) -> Any:
-    """The config of a Hugging Face model (its text config for a multimodal one), or ``None``."""
+    """The (text) config of a Hugging Face model, or ``None``."""
     config = getattr(hf_model, "config", None)
     if config is not None and callable(getattr(config, "get_text_config", None)):
         config = config.get_text_config()
@@ -287,7 +273,7 @@ def text_config(hf_model: Any) -> Any:
 
 
 def _params(module: Any, query: Tensor, key: Tensor, kwargs: dict[str, Any]) -> AttentionParams:
-    """The layer's parameters from what its attention function was given (and the module)."""
+    """The layer's parameters from what its attention function was given."""
     scaling = kwargs.get("scaling")
     window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
     softcap = kwargs.get("softcap", getattr(module, "attn_logit_softcapping", None))
@@ -314,12 +300,10 @@ def capture_attention(
 
     ``on_layer`` runs inside the forward as soon as the layer's q/k/v exist: peak memory holds
     one layer's q/k/v, never a ``[query, key]`` pattern or logits. ``model`` is a transformers
-    causal LM or a ``TransformerBridge`` around one (its hooks do not fire), left exactly as it
-    was; ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model (recompute
-    rows with ``key_mask=attention_mask.bool()``). ``logsumexp=True`` also hands over
-    :attr:`LayerCapture.logsumexp` where the layer's kernel gives it (``on_layer`` then runs
-    after the attention). Bad ``tokens``, ``attention_mask`` or ``logsumexp`` raise a
-    ``ValueError`` naming the fix before the forward.
+    causal LM or a ``TransformerBridge`` around one (its hooks do not fire), left as it was;
+    ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model.
+    ``logsumexp=True`` also hands over :attr:`LayerCapture.logsumexp` where the layer's kernel
+    gives it (``on_layer`` then runs after the attention).
 
     Example::
 
@@ -331,7 +315,15 @@ def capture_attention(
     """
     hf_model = hf_model_of(model)
     base = getattr(hf_model, "base_model", hf_model)  # the decoder stack, without the LM head
-    _check_inputs(base, tokens, attention_mask, logsumexp)
+    if not isinstance(logsumexp, (bool, np.bool_)):
+        raise ValueError(f"logsumexp must be True or False, got {logsumexp!r} ({type(logsumexp).__name__}); "
+                         "pass logsumexp=True to hand each query's log-sum-exp to the callback.")
+    check_token_tensor(tokens, "tokens", embedding_rows(base))
+    if attention_mask is not None and (not isinstance(attention_mask, Tensor)
+                                       or tuple(attention_mask.shape) != tuple(tokens.shape)):
+        got = list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must be a [batch, pos] tensor shaped like tokens "
+                         f"({list(tokens.shape)}), 1 on real tokens; got {got}.")
     skipped: set[int] = set()  # the windows whose masks were not formed (_window_mask)
 
     def attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
@@ -357,19 +349,6 @@ def capture_attention(
         device = base.get_input_embeddings().weight.device  # the first layer's, under a device map
         mask = attention_mask.to(device) if attention_mask is not None else None
         base(input_ids=tokens.to(device), attention_mask=mask, use_cache=False)
-
-
-def _check_inputs(base: Any, tokens: Any, attention_mask: Any, logsumexp: Any) -> None:
-    """What :func:`capture_attention` is given, checked before the forward."""
-    if not isinstance(logsumexp, (bool, np.bool_)):
-        raise ValueError(f"logsumexp must be True or False, got {logsumexp!r} ({type(logsumexp).__name__}); "
-                         "pass logsumexp=True to hand each query's log-sum-exp to the callback.")
-    check_token_tensor(tokens, "tokens", embedding_rows(base))
-    if attention_mask is not None and (not isinstance(attention_mask, Tensor)
-                                       or tuple(attention_mask.shape) != tuple(tokens.shape)):
-        got = list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-        raise ValueError(f"attention_mask must be a [batch, pos] tensor shaped like tokens "
-                         f"({list(tokens.shape)}), 1 on real tokens; got {got}.")
 
 
 def capture_all(model: Any, tokens: Tensor, *, attention_mask: Tensor | None = None) -> list[LayerCapture]:
