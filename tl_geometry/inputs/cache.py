@@ -44,10 +44,8 @@ class CacheError(ValueError):
 
 def _keys(cache: Any) -> list[str]:
     if not hasattr(cache, "keys") or not hasattr(cache, "__getitem__"):
-        raise CacheError(
-            f"Expected a TransformerLens ActivationCache or a dict of tensors, got "
-            f"{type(cache).__name__}. {_FIX}"
-        )
+        raise CacheError("Expected a TransformerLens ActivationCache or a dict of tensors, got "
+                         f"{type(cache).__name__}. {_FIX}")
     return [str(k) for k in cache.keys()]  # noqa: SIM118 (duck-typed: only keys() is required)
 
 
@@ -63,19 +61,13 @@ def resolve_layers(cache: Any, layers: Sequence[int] | None) -> list[int]:
     if layers is None:
         if not available:
             have = ", ".join(sorted(keys)[:6]) or "nothing"
-            raise CacheError(
-                "The cache holds no 'blocks.{l}.attn.hook_pattern' (it has: "
-                f"{have}{', ...' if len(keys) > 6 else ''}). {_FIX}"
-            )
+            raise CacheError("The cache holds no 'blocks.{l}.attn.hook_pattern' (it has: "
+                             f"{have}{', ...' if len(keys) > 6 else ''}). {_FIX}")
         layers = available
     else:
         layers = check_layer_indices(layers)
-    missing = [
-        hook.format(layer=layer)
-        for layer in layers
-        for hook in (PATTERN_HOOK, VALUE_HOOK)
-        if hook.format(layer=layer) not in keys
-    ]
+    missing = [name for layer in layers for hook in (PATTERN_HOOK, VALUE_HOOK)
+               if (name := hook.format(layer=layer)) not in keys]
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise CacheError(f"The cache is missing {shown}. {_FIX}")
@@ -104,18 +96,14 @@ def check_layer_indices(layers: Any, n_layers: int | None = None) -> list[int]:
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check_dtype(x: Tensor, name: str) -> None:
+def _checked(x: Tensor, name: str, upcast: bool) -> Tensor:
     if x.is_meta:
         raise CacheError(f"{name} is on the meta device and holds no values: cache a real forward pass.")
     if x.dtype not in _DTYPES:
         raise CacheError(f"{name} has dtype {x.dtype}; expected a floating-point tensor (float16, "
                          "bfloat16, float32 or float64; cast it with .float()).")
-
-
-def _upcast(x: Tensor, name: str) -> Tensor:
-    _check_dtype(x, name)
     # Half-precision caches are analysed in float32 or better (SPEC §1).
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return x.float() if upcast and x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def read_layer(cache: Any, layer: int, *, upcast: bool = True) -> tuple[Tensor, Tensor]:
@@ -129,28 +117,24 @@ def read_layer(cache: Any, layer: int, *, upcast: bool = True) -> tuple[Tensor, 
     if pattern.ndim == 3 and v.ndim == 3:
         pattern, v = pattern.unsqueeze(0), v.unsqueeze(0)
     if pattern.ndim != 4:
-        raise CacheError(
-            f"{pname} has shape {tuple(pattern.shape)}; expected [batch, head, query_pos, key_pos]."
-        )
+        raise CacheError(f"{pname} has shape {tuple(pattern.shape)}; expected [batch, head, "
+                         "query_pos, key_pos].")
     if v.ndim != 4:
         hint = " (heads merged?) Cache the per-head hook_v." if v.ndim == 3 else ""
-        raise CacheError(
-            f"{vname} has shape {tuple(v.shape)}; expected [batch, pos, kv_head, d_head].{hint}"
-        )
+        raise CacheError(f"{vname} has shape {tuple(v.shape)}; expected [batch, pos, kv_head, "
+                         f"d_head].{hint}")
     batch, n_heads, n_query, n_key = pattern.shape
     if batch == 0 or n_key == 0 or n_heads == 0:
         raise CacheError(f"{pname} is empty (shape {tuple(pattern.shape)}): nothing to analyse.")
     if n_query != n_key:
-        raise CacheError(
-            f"{pname} has {n_query} query and {n_key} key positions; tl_geometry analyses "
-            "full causal self-attention patterns (query_pos == key_pos). Was the model run with "
-            "a KV cache (past_key_values)? Re-run the whole sequence with run_with_cache."
-        )
+        raise CacheError(f"{pname} has {n_query} query and {n_key} key positions; tl_geometry "
+                         "analyses full causal self-attention patterns (query_pos == key_pos). Was "
+                         "the model run with a KV cache (past_key_values)? Re-run the whole "
+                         "sequence with run_with_cache.")
     if v.shape[0] != batch or v.shape[1] != n_key:
-        raise CacheError(
-            f"{vname} has shape {tuple(v.shape)} but {pname} has {tuple(pattern.shape)}: batch "
-            "and positions must agree. Were they cached from different runs?"
-        )
+        raise CacheError(f"{vname} has shape {tuple(v.shape)} but {pname} has "
+                         f"{tuple(pattern.shape)}: batch and positions must agree. Were they "
+                         "cached from different runs?")
     n_kv = v.shape[2]
     if n_kv == 0 or n_heads % n_kv:
         raise CacheError(
@@ -161,11 +145,7 @@ def read_layer(cache: Any, layer: int, *, upcast: bool = True) -> tuple[Tensor, 
         raise CacheError(f"{vname} has d_head = 0 (shape {tuple(v.shape)}): there is no value to analyse.")
     if pattern.device != v.device:
         raise CacheError(f"{pname} is on {pattern.device} and {vname} on {v.device}: move both to one device.")
-    if not upcast:
-        _check_dtype(pattern, pname)
-        _check_dtype(v, vname)
-        return pattern, v
-    return _upcast(pattern, pname), _upcast(v, vname)
+    return _checked(pattern, pname, upcast), _checked(v, vname, upcast)
 
 
 def check_attention_mask(mask: Any, batch: int, n_pos: int, device: Any = "cpu") -> Tensor:
@@ -176,14 +156,11 @@ def check_attention_mask(mask: Any, batch: int, n_pos: int, device: Any = "cpu")
         try:
             mask = torch.as_tensor(mask)
         except (TypeError, ValueError, RuntimeError):
-            raise CacheError(
-                f"attention_mask must be a [batch, pos] tensor of 0/1, got {type(mask).__name__}."
-            ) from None
+            raise CacheError("attention_mask must be a [batch, pos] tensor of 0/1, got "
+                             f"{type(mask).__name__}.") from None
     if mask.shape != (batch, n_pos):
-        raise CacheError(
-            f"attention_mask has shape {tuple(mask.shape)}; expected [batch, pos] = "
-            f"[{batch}, {n_pos}], the tokenizer's attention_mask for the cached batch."
-        )
+        raise CacheError(f"attention_mask has shape {tuple(mask.shape)}; expected [batch, pos] = "
+                         f"[{batch}, {n_pos}], the tokenizer's attention_mask for the cached batch.")
     if mask.dtype != torch.bool:
         if ((mask != 0) & (mask != 1)).any():
             raise CacheError("attention_mask must hold only 0 (padding) and 1 (real token).")
@@ -191,14 +168,8 @@ def check_attention_mask(mask: Any, batch: int, n_pos: int, device: Any = "cpu")
     empty = (~mask.any(-1)).nonzero().flatten().tolist()
     if empty:
         raise CacheError(f"attention_mask marks every position of sequence(s) {empty} as padding.")
-    check_contiguous_padding(mask)
-    return mask.to(device)
-
-
-def check_contiguous_padding(mask: Tensor) -> None:
-    """Refuse a ``[batch, pos]`` bool mask with a hole (a 0 between two 1s of one row), where the
-    forward passes disagree on the positions; padding at either end of a row is fine."""
-    n_pos = mask.shape[-1]
+    # A hole (a 0 between two 1s of one row) is refused: the forward passes disagree on the
+    # positions there. Padding at either end of a row is fine.
     first = mask.to(torch.int8).argmax(-1)
     last = n_pos - 1 - mask.flip(-1).to(torch.int8).argmax(-1)
     holes = (last - first + 1 != mask.sum(-1)) & mask.any(-1)
@@ -207,11 +178,11 @@ def check_contiguous_padding(mask: Tensor) -> None:
         b = rows[0]
         inside = (~mask[b]).nonzero().flatten()
         p = int(inside[(inside > first[b]) & (inside < last[b])][0])
-        raise CacheError(
-            f"attention_mask has padding inside sequence(s) {first_few(rows)} "
-            f"(a 0 between 1s, e.g. sequence {b} at position {p}): padding must be contiguous at the "
-            "start or end of each row; split the sequence or drop the hole."
-        )
+        raise CacheError(f"attention_mask has padding inside sequence(s) {first_few(rows)} (a 0 "
+                         f"between 1s, e.g. sequence {b} at position {p}): padding must be "
+                         "contiguous at the start or end of each row; split the sequence or drop "
+                         "the hole.")
+    return mask.to(device)
 
 
 def check_cache_tokens(tokens: Any, batch: int, n_pos: int) -> Tensor | None:

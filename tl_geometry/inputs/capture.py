@@ -97,8 +97,10 @@ def _original_modules(module: torch.nn.Module) -> Iterator[None]:
             parent._modules[name] = child
 
 
-def _configs(model: torch.nn.Module) -> list[Any]:
-    """Every distinct config object of the model's modules and their sub-configs."""
+@contextlib.contextmanager
+def attention_set_to(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Every config of ``model`` (its modules' and their sub-configs) set to the attention
+    implementation ``name``, then restored."""
     found: dict[int, Any] = {}
     pending = [getattr(m, "config", None) for m in model.modules()]
     while pending:
@@ -107,13 +109,7 @@ def _configs(model: torch.nn.Module) -> list[Any]:
             continue
         found[id(config)] = config
         pending.extend(getattr(config, key, None) for key in getattr(config, "sub_configs", {}))
-    return list(found.values())
-
-
-@contextlib.contextmanager
-def attention_set_to(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Every config of ``model`` set to the attention implementation ``name``, then restored."""
-    configs = _configs(model)
+    configs = list(found.values())
     saved = [config._attn_implementation_internal for config in configs]
     try:
         # The internal attribute: the public setter would also rewrite sub-configs' choices.

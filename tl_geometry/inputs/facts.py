@@ -14,14 +14,8 @@ from .models import BOS_ATTRIBUTE, model_label, model_names, stated_bos, warn_un
 @dataclass(frozen=True)
 class ModelFacts:
     """What a model or tokenizer says of itself besides its weights (:func:`model_facts`), read
-    from its attributes and config without a forward; ``None`` where it does not say.
-
-    Holds ``name`` (how messages name the model), ``bos`` (trained with BOS at the start of a
-    sequence, SPEC §1), ``bos_id`` (its tokenizer's BOS id), ``windows`` (each layer's sliding
-    window, ``None`` for a global layer), ``n_layers``, ``n_heads`` and ``d_vocab`` (from
-    ``model.cfg``), and ``can_recompute`` (a Hugging Face model to capture queries and keys from,
-    itself or a bridge's). Frozen: resolved once per model and memoised by :func:`model_facts`.
-    Its methods turn a fact that is missing into the warning or error that names the fix.
+    from its attributes and config without a forward; ``None`` where it does not say. Its methods
+    turn a fact that is missing into the warning or error that names the fix.
 
     Example:
         >>> facts = tl_geometry.inputs.model_facts(model)  # doctest: +SKIP
@@ -31,15 +25,14 @@ class ModelFacts:
     name: str  # how messages name the model
     bos: bool | None  # trained with BOS at the start of a sequence (SPEC §1; stated_bos)
     bos_id: int | None  # its tokenizer's BOS token id
-    windows: tuple[int | None, ...] | None  # each layer's sliding window (model_windows)
-    n_layers: int | None
+    windows: tuple[int | None, ...] | None  # each layer's sliding window (None: a global layer)
+    n_layers: int | None  # n_layers, n_heads and d_vocab: from model.cfg
     n_heads: int | None
     d_vocab: int | None
     can_recompute: bool  # a Hugging Face model to capture queries and keys from (itself or a bridge's)
 
     def trained_with_bos(self, warn: bool = True) -> bool:
-        """:func:`~tl_geometry.inputs.models.trained_with_bos`: ``False`` where nothing says, with
-        (``warn``) a ``UserWarning`` naming the fix."""
+        """:func:`~tl_geometry.inputs.models.trained_with_bos` of these facts."""
         if self.bos is None and warn:
             warn_unstated_bos(self.name)
         return bool(self.bos)
@@ -77,11 +70,9 @@ _FACTS: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], ModelFacts]] = wea
 
 
 def model_facts(model: Any) -> ModelFacts:
-    """The :class:`ModelFacts` of ``model`` (a model or a tokenizer), resolved once per model and
-    memoised: kept per object (held weakly) where BOS is stated, and read again once what says it
-    may have changed (``tl_geometry_bos`` on the model or its tokenizer, the tokenizer, its BOS
-    id, the names it goes by), so that setting one takes effect. An object that cannot be held
-    (a name, a plain namespace) is read on every call.
+    """The :class:`ModelFacts` of ``model`` (a model or a tokenizer), memoised per object (held
+    weakly) where BOS is stated, and read again once what says it may have changed (its or its
+    tokenizer's ``tl_geometry_bos``, the tokenizer, its BOS id, its names).
 
     Example:
         >>> facts = tl_geometry.inputs.model_facts(model)            # doctest: +SKIP

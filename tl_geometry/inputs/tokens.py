@@ -16,30 +16,12 @@ def embedding_rows(hf_model: Any) -> int | None:
     return rows if isinstance(rows, int) else None
 
 
-def check_token_ids(tokens: Tensor, d_vocab: int | None, name: str = "tokens",
-                    error: type[ValueError] = ValueError) -> None:
-    """``tokens`` (an integer tensor) must hold data and ids in ``[0, d_vocab)`` (``None``: the
-    sign only); ``error`` naming ``name``, the range found and the fix."""
-    if tokens.is_meta:
-        raise error(f"{name} is a meta tensor (shape {tuple(tokens.shape)}, no values); pass "
-                    "real token ids, e.g. from tl_geometry.text_windows(model).")
-    if tokens.numel() == 0:
-        return
-    low, high = int(tokens.min()), int(tokens.max())
-    if low < 0 or (d_vocab is not None and high >= d_vocab):
-        raise error(f"{name} hold token ids from {low} to {high}, outside the model's "
-                    f"vocabulary [0, {d_vocab if d_vocab is not None else '…'}): were they "
-                    "made by another tokenizer?")
-
-
 def check_token_tensor(tokens: Any, name: str = "tokens", d_vocab: int | None = None, *, min_pos: int = 1,
                        layout: str | None = None, error: type[ValueError] = ValueError) -> Tensor:
     """``tokens`` once it is a ``[batch, pos]`` tensor of integer token ids holding at least one
-    sequence of ``min_pos`` tokens, ids inside the vocabulary (:func:`check_token_ids`); else
-    ``error`` naming ``name``, what it is and the fix. ``layout`` names the sequences the caller
-    takes (e.g. ``"[batch, T] real-text token ids (T ≥ 4)"``): another type, number of axes or
-    length is then refused as "``name`` must be ``layout``", and no sequence as "``name`` holds
-    no sequences"."""
+    sequence of ``min_pos`` tokens, ids inside the vocabulary; else ``error`` naming ``name``, what
+    it is and the fix. ``layout`` names the sequences the caller takes (e.g. ``"[batch, T]
+    real-text token ids (T ≥ 4)"``) in the refusals of another type, shape or length."""
     if layout is not None and (not isinstance(tokens, Tensor) or tokens.ndim != 2):
         got = list(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
         raise error(f"{name} must be {layout}, got {got}.")
@@ -61,7 +43,16 @@ def check_token_tensor(tokens: Any, name: str = "tokens", d_vocab: int | None = 
     if tokens.shape[0] < 1 or tokens.shape[1] < min_pos:
         raise error(f"{name} must hold at least one sequence of {min_pos} or more tokens, got shape "
                     f"{list(tokens.shape)}.")
-    check_token_ids(tokens, d_vocab, name, error)
+    if tokens.is_meta:
+        raise error(f"{name} is a meta tensor (shape {tuple(tokens.shape)}, no values); pass "
+                    "real token ids, e.g. from tl_geometry.text_windows(model).")
+    if tokens.numel() == 0:
+        return tokens
+    low, high = int(tokens.min()), int(tokens.max())  # d_vocab None: the sign only
+    if low < 0 or (d_vocab is not None and high >= d_vocab):
+        raise error(f"{name} hold token ids from {low} to {high}, outside the model's "
+                    f"vocabulary [0, {d_vocab if d_vocab is not None else '…'}): were they "
+                    "made by another tokenizer?")
     return tokens
 
 

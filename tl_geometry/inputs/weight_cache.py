@@ -237,9 +237,8 @@ def _manifest(folder: Path, key: EntryKey) -> str:
 
 def store(key: EntryKey, write: Callable[[Path], None]) -> Path:
     """Fill the entry for ``key`` (``write(folder)`` saves the files, the manifest is added, the
-    folder renamed into place) and return it, or an equal one another process put there first.
-    ``OSError`` propagates with nothing left behind, as do ``NotADirectoryError`` and
-    ``FileExistsError`` naming what the cache did not write where the entry goes."""
+    folder renamed into place) and return it, or an equal one another process put there first;
+    errors propagate with nothing left behind."""
     root = weights_root()
     blocked = not_a_folder(root)
     if blocked is not None:
@@ -294,14 +293,9 @@ class Problem:
 
 
 def verify() -> list[Problem]:
-    """Re-hash, in full, everything the cache records a digest of; list what does not match.
-
-    An entry's files against its manifest (missing, other size or sha256, unlisted: ``corrupt``),
-    the GGUF file it was made from (gone or changed: ``stale``), and every remembered digest
-    still in force (``corrupt`` when the file no longer gives it). Nothing is changed; an empty
-    list means everything checks out. A file where ``weights`` or ``sha256`` should be a folder
-    raises :class:`~tl_geometry.inputs.model_files.CacheFolderError`.
-    """
+    """Re-hash, in full, everything the cache records a digest of; list what does not match: an
+    entry's files against its manifest (``corrupt``), the GGUF file it was made from (``stale``),
+    every remembered digest still in force (``corrupt``). Nothing is changed."""
     _check_subfolders()
     done: dict[str, str] = {}  # each file read once (several entries share a source)
 
@@ -456,10 +450,7 @@ class Cleared:
 
 def clear() -> Cleared:
     """Empty the cache of what it wrote (:func:`_owned`), except temporaries less than a day old
-    (of loads that may still run); everything else is left alone and listed in ``foreign``. Files
-    are unlinked, never truncated. A file where ``weights`` or ``sha256`` should be a folder
-    raises :class:`~tl_geometry.inputs.model_files.CacheFolderError` before anything is removed.
-    """
+    (of loads that may still run); everything else is left alone and listed in ``foreign``."""
     owned = _owned()
     done = Cleared(_new_usage(), _new_usage(), [], owned.foreign)
     for kind, path in owned.items:
