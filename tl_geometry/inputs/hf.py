@@ -35,13 +35,9 @@ def _per_layer(x: Any, name: str) -> list[Any]:
     return list(x)
 
 
-def from_hf(
-    attentions: Sequence[Tensor],
-    values: Sequence[Tensor],
-    *,
-    layers: Sequence[int] | None = None,
-    values_layout: ValuesLayout | None = None,
-) -> dict[str, Tensor]:
+def from_hf(attentions: Sequence[Tensor], values: Sequence[Tensor], *,
+            layers: Sequence[int] | None = None,
+            values_layout: ValuesLayout | None = None) -> dict[str, Tensor]:
     """The ``hook_pattern`` / ``hook_v`` dict of Hugging Face attentions and value states.
 
     ``attentions``: one ``[batch, head, query, key]`` tensor per layer, as a forward with

@@ -87,7 +87,22 @@ def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
         tokens = tokens["input_ids"]
     if isinstance(tokens, str) or (isinstance(tokens, (list, tuple)) and tokens
                                    and all(isinstance(t, str) for t in tokens)):
-        tokens = _tokenize(model, [tokens] if isinstance(tokens, str) else list(tokens))
+        # Each text without special tokens, after BOS where the model was trained with one.
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise CacheError("The nnsight model has no tokenizer to read text with: pass token ids, "
+                             "or wrap the model with LanguageModel(hf_model, tokenizer=tokenizer).")
+        bos = model_facts(tokenizer).bos_to_prepend()
+        rows = [([] if bos is None else [bos]) + list(tokenizer(text, add_special_tokens=False)
+                                                      ["input_ids"])
+                for text in ([tokens] if isinstance(tokens, str) else tokens)]
+        lengths = sorted({len(row) for row in rows})
+        if len(lengths) > 1:
+            raise CacheError(f"The texts have {lengths[0]} to {lengths[-1]} tokens; a batch of them "
+                             "would be padded: from_nnsight reads unpadded batches, so pass one text "
+                             "at a time or texts of one length in tokens (e.g. "
+                             "tl_geometry.text_windows(model.tokenizer, text)).")
+        tokens = torch.tensor(rows, dtype=torch.long)
     if not isinstance(tokens, Tensor):
         raise CacheError(f"tokens must be text, a list of texts or a [batch, pos] tensor of token ids, "
                          f"got {type(tokens).__name__}.")
@@ -105,29 +120,9 @@ def _token_ids(model: Any, hf: Any, tokens: Any, attention_mask: Any) -> Tensor:
     return tokens
 
 
-def _tokenize(model: Any, texts: list[str]) -> Tensor:
-    """Each text without special tokens, after BOS where the model was trained with one."""
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None:
-        raise CacheError("The nnsight model has no tokenizer to read text with: pass token ids, or "
-                         "wrap the model with LanguageModel(hf_model, tokenizer=tokenizer).")
-    bos = model_facts(tokenizer).bos_to_prepend()
-    rows = [([] if bos is None else [bos]) + list(tokenizer(text, add_special_tokens=False)["input_ids"])
-            for text in texts]
-    lengths = sorted({len(row) for row in rows})
-    if len(lengths) > 1:
-        raise CacheError(f"The texts have {lengths[0]} to {lengths[-1]} tokens; a batch of them would be "
-                         "padded: from_nnsight reads unpadded batches, so pass one text at a time or "
-                         "texts of one length in tokens (e.g. tl_geometry.text_windows(model.tokenizer, text)).")
-    return torch.tensor(rows, dtype=torch.long)
-
-
 def from_nnsight(
-    model: Any,
-    tokens: Int[Tensor, "batch pos"] | str | Sequence[str] | Mapping[str, Any],
-    *,
-    layers: Sequence[int] | None = None,
-    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    model: Any, tokens: Int[Tensor, "batch pos"] | str | Sequence[str] | Mapping[str, Any], *,
+    layers: Sequence[int] | None = None, attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> dict[str, Tensor]:
     """The ``hook_pattern`` / ``hook_v`` dict of an nnsight model, from one trace over ``tokens``.
 

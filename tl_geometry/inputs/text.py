@@ -52,11 +52,8 @@ def text_windows(
 
     The text (default: :func:`sample_text`) is tokenized once without special tokens and cut into
     non-overlapping windows: ``seq_len - 1`` tokens after BOS for a model trained with BOS
-    (SmolLM2, Gemma-3; :func:`tl_geometry.inputs.models.trained_with_bos`), ``seq_len`` text
-    tokens for one trained without (Qwen2.5-Coder). ``model_or_tokenizer`` is a model with a
-    ``tokenizer`` or the tokenizer.
+    (:func:`tl_geometry.inputs.models.trained_with_bos`), else ``seq_len`` text tokens.
     """
-
     tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
     if n_seqs < 1 or seq_len < 2:
         raise ValueError(f"Need n_seqs ≥ 1 and seq_len ≥ 2, got {n_seqs} and {seq_len}.")
