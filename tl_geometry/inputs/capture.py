@@ -41,12 +41,7 @@ class AttentionParams:
     n_kv_heads: int
 
     def row_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``attention_rows`` / ``attention_row_blocks`` for this layer.
-
-        >>> p = AttentionParams(0.125, 512, None, None, n_heads=4, n_kv_heads=1)
-        >>> p.row_kwargs()
-        {'scale': 0.125, 'window': 512, 'softcap': None, 'sinks': None}
-        """
+        """Keyword arguments of ``attention_rows`` / ``attention_row_blocks`` for this layer."""
         return {"scale": self.scale, "window": self.window, "softcap": self.softcap,
                 "sinks": self.sinks}
 
@@ -231,13 +226,10 @@ def _delegate(module: torch.nn.Module, softcap: float | None, sinks: Tensor | No
 
 
 def model_windows(model: Any) -> list[int | None] | None:
-    """The sliding window of every layer, read from the model's config without a forward;
-    ``None`` when it declares none.
-
-    The Hugging Face (text) config of the model or a bridge's ``original_model``: ``layer_types``
-    (``"sliding_attention"`` takes ``sliding_window``, any other kind is global), else
-    ``sliding_window`` for every layer (Mistral); else a TransformerLens config's ``attn_types``
-    (``"local"`` takes ``window_size``).
+    """The sliding window of every layer, read from the model's config without a forward; ``None``
+    when it declares none. From the HF (text) config: ``layer_types`` (``"sliding_attention"``
+    takes ``sliding_window``), else ``sliding_window`` for every layer (Mistral); else a
+    TransformerLens config's ``attn_types`` (``"local"`` takes ``window_size``).
 
     >>> from types import SimpleNamespace as NS
     >>> model_windows(NS(config=NS(layer_types=["sliding_attention", "full_attention"], sliding_window=4)))
@@ -284,14 +276,8 @@ def _params(module: Any, query: Tensor, key: Tensor, kwargs: dict[str, Any]) -> 
     )
 
 
-def capture_attention(
-    model: Any,
-    tokens: Tensor,
-    on_layer: Callable[[LayerCapture], object],
-    *,
-    attention_mask: Tensor | None = None,
-    logsumexp: bool = False,
-) -> None:
+def capture_attention(model: Any, tokens: Tensor, on_layer: Callable[[LayerCapture], object], *,
+                      attention_mask: Tensor | None = None, logsumexp: bool = False) -> None:
     """Run the base model on ``tokens`` ``[batch, pos]`` with SDPA; call ``on_layer`` per layer.
 
     ``on_layer`` runs inside the forward as soon as the layer's q/k/v exist: peak memory holds

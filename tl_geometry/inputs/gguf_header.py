@@ -1,9 +1,6 @@
-"""Read a GGUF file's header without loading it: is the file whole, and what does it say.
-
-The header (metadata and tensor table, never the tensor data) is walked once and the tensors'
-bytes checked to end inside the file, so a truncated download is refused up front, not with a
-bare ``struct.error`` from transformers. It also gives the context length and
-``tokenizer.ggml.add_bos_token``.
+"""Read a GGUF file's header without loading it: is the file whole (the tensors' bytes end inside
+the file, so a truncated download is refused up front, not with a bare ``struct.error`` from
+transformers), and what does it say.
 
 Format (version 2 and 3; little-endian): ``b"GGUF"``, u32 version, u64 tensor count, u64
 key/value count, the key/values, the tensor infos, padding to ``general.alignment`` (32), data.
@@ -66,10 +63,8 @@ class _Reader:
 
     def string(self) -> bytes:
         length = self.take("<Q")
-        self._need(length)
-        value = bytes(self.buffer[self.pos:self.pos + length])
-        self.pos += length
-        return value
+        self.skip(length)
+        return bytes(self.buffer[self.pos - length:self.pos])
 
     def _need(self, n_bytes: int) -> None:
         if self.pos + n_bytes > self.size:
@@ -136,10 +131,8 @@ def _parse(reader: _Reader, size: int) -> GGUFInfo:
 
 
 def read_gguf_info(path: str | Path) -> GGUFInfo:
-    """The header of the GGUF file at ``path``, checked to be whole; reads no tensor data.
-
-    Raises :class:`GGUFHeaderError` (a ``ValueError``) for a file that is not GGUF, breaks off
-    inside its header, or ends before its tensors do; ``OSError`` if it cannot be read.
+    """The header of the GGUF file at ``path``, checked to be whole (else
+    :class:`GGUFHeaderError`); reads no tensor data.
 
     Example:
         >>> read_gguf_info("model.gguf").context_length  # doctest: +SKIP

@@ -182,12 +182,9 @@ def file_sha256(path: str | Path) -> str:
     except (OSError, ValueError, AttributeError):
         pass  # no memo yet, or a damaged one: hash again
     digest = hash_file(path)
-    try:
-        unchanged = file_stamp(path) == stamp
-    except OSError:
-        unchanged = False
-    if unchanged:  # not written to while it was read: the digest is that of this stamp
-        _remember(stamp, digest)
+    with contextlib.suppress(OSError):
+        if file_stamp(path) == stamp:  # not written to while it was read: the digest is this stamp's
+            _remember(stamp, digest)
     return digest
 
 

@@ -158,8 +158,6 @@ class _Source:
 
 _WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "tf_model.h5")
 _TOKENIZER = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
-_GGUF_FIX = ("copy or download the whole file again, or export it again (e.g. with llama.cpp's "
-             "convert_hf_to_gguf.py)")
 _SAVE_FIX = "save the model again with model.save_pretrained(folder)"
 
 
@@ -233,7 +231,9 @@ def _file_source(path: Path) -> _Source:
     try:  # the header whole, the tensors ending inside the file
         read_gguf_info(path)
     except GGUFHeaderError as err:
-        raise ModelLoadError(f"Model file {path} is not a whole GGUF file: {err}; {_GGUF_FIX}.") from None
+        raise ModelLoadError(f"Model file {path} is not a whole GGUF file: {err}; copy or download the "
+                             "whole file again, or export it again (e.g. with llama.cpp's "
+                             "convert_hf_to_gguf.py).") from None
     return _Source(path.stem, path.parent, path.name, None)
 
 
@@ -747,13 +747,9 @@ def load_hf_model(
 
 
 def load_model(
-    name: str | os.PathLike[str] = DEFAULT_MODEL,
-    *,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
-    device_map: str | dict[str, Any] | None = None,
-    weight_cache: bool | None = None,
-    bos: bool | None = None,
+    name: str | os.PathLike[str] = DEFAULT_MODEL, *, device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32, device_map: str | dict[str, Any] | None = None,
+    weight_cache: bool | None = None, bos: bool | None = None,
 ):
     """A TransformerLens ``TransformerBridge`` around a pretrained model, loaded offline.
 
@@ -762,10 +758,11 @@ def load_model(
     (both Qwen installed with ``bash scripts/dev.sh setup --models qwen``); or your own model: a
     folder written by ``save_pretrained``, a ``.gguf`` file, or a hub id
     ``"owner/name[@revision]"`` already in your Hugging Face cache (never downloaded). Files that
-    cannot work raise :class:`ModelLoadError` naming the file and the fix. The bridge keeps the
-    raw HF weights (no folding), so ``hook_v`` is the model's own ``v``. Bridge and tokenizer
-    record whether the model was trained with BOS (:func:`trained_with_bos`); where neither the
-    files nor ``bos=`` say it, the load is refused.
+    cannot work raise :class:`ModelLoadError` naming the file and the fix. The first load of a
+    GGUF model de-quantises it into the weight cache. The bridge keeps the raw HF weights (no
+    folding), so ``hook_v`` is the model's own ``v``. Bridge and tokenizer record whether the
+    model was trained with BOS (:func:`trained_with_bos`); where neither the files nor ``bos=``
+    say it, the load is refused.
 
     Args:
         device: where the bridge (and so its cache) lives; default the CPU.

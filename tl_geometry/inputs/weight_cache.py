@@ -206,9 +206,7 @@ def lookup(key: EntryKey) -> Path | None:
     """The entry folder for ``key`` when it exists and checks out; a damaged one is removed, and
     one the cache did not write (:func:`_written_here`) is neither used nor removed."""
     folder = weights_root() / key.name
-    if not os.path.lexists(folder):
-        return None
-    if not _written_here(folder):  # the user's: neither used nor removed (store() says so)
+    if not _written_here(folder):  # missing, or the user's: neither used nor removed (store() says so)
         return None
     problem = next(_problems(folder, file_sha256), None)
     if problem is None:
@@ -386,41 +384,36 @@ def _check_subfolders() -> None:
                                    "there. Move it away (or set TL_GEOMETRY_CACHE to another folder)")
 
 
-@dataclass
-class _Owned:
-    items: list[tuple[str, Path]]  # (a tally of Usage, a file or folder the cache wrote)
-    foreign: list[Path]  # what lies in the cache's folders that it did not write
-
-    def sort(self, folder: Path, **kinds: Callable[[Path], bool]) -> None:
-        """What lies in ``folder``: an item of the first kind whose test it passes, else foreign;
-        a symbolic link in the folder's place is foreign, and not followed."""
-        if folder.is_symlink():
-            self.foreign.append(folder)
-        for path in sorted(folder.iterdir()) if _is_folder(folder) else ():
-            kind = next((kind for kind, owns in kinds.items() if owns(path)), None)
-            if kind is None:
-                self.foreign.append(path)
-            else:
-                self.items.append((kind, path))
-
-
 def _file_named(pattern: re.Pattern[str]) -> Callable[[Path], bool]:
     """Whether a path is a regular file (not a link) whose whole name matches ``pattern``."""
     return lambda path: _is_file(path) and pattern.fullmatch(path.name) is not None
 
 
-def _owned() -> _Owned:
-    """Every file and folder the cache wrote, with its kind (a field of :class:`Usage`), and what
-    else lies in its folders; no link is followed."""
+def _owned() -> tuple[list[tuple[str, Path]], list[Path]]:
+    """Every file and folder the cache wrote, with its kind (a field of :class:`Usage`): in each
+    folder, the first kind whose test it passes; and what else lies there (foreign, as is a
+    symbolic link in a folder's place). No link is followed."""
     _check_subfolders()
-    found = _Owned([], [])
-    found.sort(weights_root(), entries=_written_here, temporary=_is_temporary)
-    found.sort(cache_dir() / "sha256", digests=_file_named(MEMO_NAME),
-               temporary=_file_named(MEMO_TEMPORARY))
-    for model, name in sorted(ASSEMBLED.items()):
-        found.sort(cache_dir() / model, assembled=_file_named(re.compile(re.escape(name))),
-                   temporary=_file_named(re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp")))
-    return found
+    folders: list[tuple[Path, dict[str, Callable[[Path], bool]]]] = [
+        (weights_root(), {"entries": _written_here, "temporary": _is_temporary}),
+        (cache_dir() / "sha256", {"digests": _file_named(MEMO_NAME),
+                                  "temporary": _file_named(MEMO_TEMPORARY)}),
+        *((cache_dir() / model, {"assembled": _file_named(re.compile(re.escape(name))), "temporary":
+           _file_named(re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp"))})
+          for model, name in sorted(ASSEMBLED.items())),
+    ]
+    items: list[tuple[str, Path]] = []
+    foreign: list[Path] = []
+    for folder, kinds in folders:
+        if folder.is_symlink():
+            foreign.append(folder)
+        for path in sorted(folder.iterdir()) if _is_folder(folder) else ():
+            kind = next((kind for kind, owns in kinds.items() if owns(path)), None)
+            if kind is None:
+                foreign.append(path)
+            else:
+                items.append((kind, path))
+    return items, foreign
 
 
 def _new_usage() -> Usage:
@@ -429,11 +422,11 @@ def _new_usage() -> Usage:
 
 def usage() -> Usage:
     """Where the cache is, how that was chosen, and what it owns (counts and bytes)."""
+    items, foreign = _owned()
     found = _new_usage()
-    owned = _owned()
-    for kind, path in owned.items:
+    for kind, path in items:
         found.add(kind, _size(path))
-    found.foreign = owned.foreign
+    found.foreign = foreign
     return found
 
 
@@ -451,9 +444,9 @@ class Cleared:
 def clear() -> Cleared:
     """Empty the cache of what it wrote (:func:`_owned`), except temporaries less than a day old
     (of loads that may still run); everything else is left alone and listed in ``foreign``."""
-    owned = _owned()
-    done = Cleared(_new_usage(), _new_usage(), [], owned.foreign)
-    for kind, path in owned.items:
+    items, foreign = _owned()
+    done = Cleared(_new_usage(), _new_usage(), [], foreign)
+    for kind, path in items:
         size = _size(path)
         if kind == "temporary" and path.name.endswith(".tmp") and not _is_old(path):
             into = done.kept
