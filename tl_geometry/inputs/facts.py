@@ -15,12 +15,7 @@ from .models import BOS_ATTRIBUTE, model_label, model_names, stated_bos, warn_un
 class ModelFacts:
     """What a model or tokenizer says of itself besides its weights (:func:`model_facts`), read
     from its attributes and config without a forward; ``None`` where it does not say. Its methods
-    turn a fact that is missing into the warning or error that names the fix.
-
-    Example:
-        >>> facts = tl_geometry.inputs.model_facts(model)  # doctest: +SKIP
-        >>> facts.shape(), facts.bos_to_prepend()           # doctest: +SKIP
-    """
+    turn a fact that is missing into the warning or error that names the fix."""
 
     name: str  # how messages name the model
     bos: bool | None  # trained with BOS at the start of a sequence (SPEC §1; stated_bos)
