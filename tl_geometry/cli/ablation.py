@@ -11,18 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ablation.hooks import MODES
-from .args import (
-    UsageError,
-    add_model_options,
-    add_progress_option,
-    check_model_and_windows,
-    check_output_dir,
-    load_cli_model,
-    positive_int,
-    read_input_text,
-    seed,
-    show_progress,
-)
+from . import args as cli
 
 ABLATE = """\
 Print the loss of a model on real text with and without some heads. A head's output z (hook_z,
@@ -82,7 +71,7 @@ def _fractions(text: str) -> tuple[float, ...]:
 
 
 def _common(parser: argparse.ArgumentParser, n_seqs: int, seq_len: int) -> None:
-    add_model_options(parser, n_seqs=n_seqs, seq_len=seq_len)
+    cli.add_model_options(parser, n_seqs=n_seqs, seq_len=seq_len)
     parser.add_argument("--mode", choices=MODES, default="zero",
                         help="replace a head's z by zeros or by its mean over the windows")
 
@@ -98,45 +87,45 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
         ablate.add_argument("--each", action="store_true",
                             help="ablate the listed heads one at a time and print each one's loss "
                                  "change with its standard error (default: all together)")
-        ablate.add_argument("--n-random", type=positive_int, default=None, metavar="K",
+        ablate.add_argument("--n-random", type=cli.positive_int, default=None, metavar="K",
                             help="also ablate K random sets of as many heads and report z and an "
                                  "empirical p (default: none)")
         ablate.add_argument("--same-layers", action="store_true",
                             help="draw the random sets from the same layers, as many heads per layer")
-        ablate.add_argument("--seed", type=seed, default=0, help="seed of the random sets")
-        add_progress_option(ablate)
+        ablate.add_argument("--seed", type=cli.seed, default=0, help="seed of the random sets")
+        cli.add_progress_option(ablate)
         return ablate
     prune = sub.add_parser(name, help="head sensitivity, removal orders and sparsification curves",
                            description=PRUNE)
     _common(prune, n_seqs=2, seq_len=64)
     prune.add_argument("--retention", type=_fractions, default="1,0.9,0.75,0.5,0.25",
                        metavar="F,F,...", help="fractions of heads kept at which the loss is measured")
-    prune.add_argument("--seed", type=seed, default=0, help="first seed of the random orders")
-    prune.add_argument("--n-random", type=positive_int, default=3, metavar="K",
+    prune.add_argument("--seed", type=cli.seed, default=0, help="first seed of the random orders")
+    prune.add_argument("--n-random", type=cli.positive_int, default=3, metavar="K",
                        help="random orders (seeds seed, seed+1, ...)")
-    prune.add_argument("--batch-heads", type=positive_int, default=None, metavar="B",
+    prune.add_argument("--batch-heads", type=cli.positive_int, default=None, metavar="B",
                        help="heads scored per forward (default: by a 2 GiB memory budget)")
     prune.add_argument("--out", metavar="DIR", default="prune-results",
                        help="output folder for the CSV files and plots (created if needed)")
-    add_progress_option(prune)
+    cli.add_progress_option(prune)
     return prune
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ablate`` or ``prune``; returns the exit status (bad arguments raise ``UsageError``;
     head indices, checked after the load, a ``ValueError``)."""
-    check_model_and_windows(args, min_seq_len=3)
+    cli.check_model_and_windows(args, min_seq_len=3)
     if args.command == "ablate" and args.each and args.n_random:
-        raise UsageError("--n-random compares the listed heads as one set with random sets; it "
-                         "does not combine with --each. Drop one of them.")
+        raise cli.UsageError("--n-random compares the listed heads as one set with random sets; "
+                             "it does not combine with --each. Drop one of them.")
     if args.command == "prune":
-        check_output_dir(args.out, "--out")
+        cli.check_output_dir(args.out, "--out")
         # Twice the windows: the first half scores the heads, the second half is held out.
-        text = read_input_text(argparse.Namespace(**{**vars(args), "n_seqs": 2 * args.n_seqs}))
+        text = cli.read_input_text(argparse.Namespace(**{**vars(args), "n_seqs": 2 * args.n_seqs}))
     else:
-        text = read_input_text(args)
+        text = cli.read_input_text(args)
 
-    model = load_cli_model(args, log=sys.stderr)
+    model = cli.load_cli_model(args, log=sys.stderr)
     return _ablate(model, text, args) if args.command == "ablate" else _prune(model, text, args)
 
 
@@ -166,7 +155,7 @@ def _ablate(model: Any, text: str | None, args: argparse.Namespace) -> int:
     if args.n_random:
         cmp = ablation_vs_random(model, tokens, args.heads, n_random=args.n_random,
                                  same_layers=args.same_layers, seed=args.seed, mode=args.mode,
-                                 progress=show_progress(args))
+                                 progress=cli.show_progress(args))
         print(cmp.summary())
     return 0
 
@@ -176,7 +165,8 @@ def _ablate_each(model: Any, tokens: Any, args: argparse.Namespace) -> int:
     them (the same loss changes and standard errors over windows as ``head_sensitivity``)."""
     from ..ablation import head_sensitivity
 
-    sens = head_sensitivity(model, tokens, args.mode, heads=args.heads, progress=show_progress(args))
+    progress = cli.show_progress(args)
+    sens = head_sensitivity(model, tokens, args.mode, heads=args.heads, progress=progress)
     increase, se, verdicts = sens.loss_increase, sens.loss_increase_se, sens.criticality()
     _print_unablated(tokens, args, sens.base_loss)
     print(f"one head at a time, {args.mode}-ablated (Δ ± SE over {sens.n_windows} windows):")
@@ -206,7 +196,7 @@ def _prune(model: Any, text: str | None, args: argparse.Namespace) -> int:
     # Twice the windows: the first half scores the heads, the second half is held out.
     windows = text_windows(model, text, n_seqs=2 * args.n_seqs, seq_len=args.seq_len)
     scoring, held_out = windows[: args.n_seqs], windows[args.n_seqs:]
-    progress = show_progress(args)
+    progress = cli.show_progress(args)
     start = time.perf_counter()
     sens = head_sensitivity(model, scoring, args.mode, batch_heads=args.batch_heads, progress=progress)
     swept = time.perf_counter()

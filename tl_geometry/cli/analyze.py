@@ -15,23 +15,7 @@ from typing import Any, get_args
 
 from ..analyze.from_model import ATTENTION_SOURCES
 from ..engine.options import DEFAULT_N_VALUES, DEFAULT_SHUFFLE, Distance, ShuffleKind
-from .args import (
-    UsageError,
-    add_model_options,
-    add_progress_option,
-    add_sink_option,
-    check_distinct_paths,
-    check_labels_file,
-    check_model_and_windows,
-    check_output_file,
-    int_list,
-    load_cli_model,
-    positive_int,
-    query_option,
-    read_input_text,
-    seed,
-    show_progress,
-)
+from . import args as cli
 
 DESCRIPTION = """\
 Per-head geometric analysis of a model on real text: for each layer and head, the precision,
@@ -59,17 +43,18 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     """Add ``analyze`` to the ``tl-geometry`` subcommands."""
     parser = sub.add_parser(name, help="per-head geometric analysis of a model on a text",
                             description=DESCRIPTION)
-    add_model_options(parser, n_seqs=8, seq_len=128)
-    parser.add_argument("--queries", type=query_option, default="last", metavar="last|all|K",
+    cli.add_model_options(parser, n_seqs=8, seq_len=128)
+    parser.add_argument("--queries", type=cli.query_option, default="last", metavar="last|all|K",
                         help="analyse each window's last query, every query (slower, ~50×), or a seeded "
                              "sample of K positions per window (the votes read every query whatever it is)")
-    parser.add_argument("--n-values", type=int_list, default=",".join(map(str, DEFAULT_N_VALUES)), metavar="N,N,...",
+    parser.add_argument("--n-values", type=cli.int_list, default=",".join(map(str, DEFAULT_N_VALUES)),
+                        metavar="N,N,...",
                         help="selection sizes N, distinct and ≥ 1, separated by commas; an N ≥ "
                              "--seq-len is dropped")
-    parser.add_argument("--random-samples", type=positive_int, default=None, metavar="R",
+    parser.add_argument("--random-samples", type=cli.positive_int, default=None, metavar="R",
                         help="random subsets per query and head for the baseline (default: 16 at the "
                              "last query, 4 with more queries; more: slower, less noisy)")
-    parser.add_argument("--shuffle-samples", type=positive_int, default=None, metavar="R",
+    parser.add_argument("--shuffle-samples", type=cli.positive_int, default=None, metavar="R",
                         help="value permutations per query and head for the value-shuffle null "
                              "(same attention and top-N set, values shuffled; default as --random-samples)")
     parser.add_argument("--shuffle", choices=SHUFFLE_CHOICES, default=DEFAULT_SHUFFLE,
@@ -77,18 +62,19 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                              "permuted), norms or directions (only their norms or only their "
                              "directions permuted), unselected (only the values outside the top-N "
                              "set permuted); docs/math.md, section 3")
-    parser.add_argument("--seed", type=seed, default=0, help="seed of the random baseline and the shuffle")
-    add_sink_option(parser)
+    parser.add_argument("--seed", type=cli.seed, default=0,
+                        help="seed of the random baseline and the shuffle")
+    cli.add_sink_option(parser)
     parser.add_argument("--distance", choices=get_args(Distance), default="euclidean",
                         help="distance between contributions and their aggregate")
     parser.add_argument("--bounds", action="store_true",
                         help="add inversion certificates, regime bounds and envelopes "
                              "(docs/math.md, section 6)")
-    parser.add_argument("--show-n", type=int_list, default="2,4,8", metavar="N,N,...",
+    parser.add_argument("--show-n", type=cli.int_list, default="2,4,8", metavar="N,N,...",
                         help="which N the printed table shows (those also in --n-values)")
     parser.add_argument("--stream", action="store_true",
                         help="analyse inside the forward pass: no cache, memory of one layer")
-    parser.add_argument("--batch-size", type=positive_int, default=8, metavar="B",
+    parser.add_argument("--batch-size", type=cli.positive_int, default=8, metavar="B",
                         help="sequences per forward with --stream or torchrun")
     parser.add_argument("--attention", choices=ATTENTION_SOURCES, default="auto",
                         help="pattern: cache each layer's attention pattern; recompute: run SDPA "
@@ -103,7 +89,7 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument("--labels", metavar="FILE",
                         help="also write the head labels (class, vote fractions, margin, stability; "
                              "docs/labels.md) as CSV or JSON, by the suffix")
-    add_progress_option(parser)
+    cli.add_progress_option(parser)
     return parser
 
 
@@ -137,19 +123,16 @@ def _recompute(args: argparse.Namespace, model: Any, tokens: Any) -> bool:
 
 def check(args: argparse.Namespace) -> str | None:
     """Every check that needs no model; returns the ``--text`` contents (``None``: built-in)."""
-    check_model_and_windows(args, min_seq_len=2)
+    cli.check_model_and_windows(args, min_seq_len=2)
     if isinstance(args.sink, int) and args.sink >= args.seq_len:
-        raise UsageError(f"--sink {args.sink} is past the end of a window of --seq-len {args.seq_len} "
-                         f"tokens; use a position below {args.seq_len} or --sink auto.")
-    if not [n for n in args.n_values if n < args.seq_len]:
-        raise UsageError(f"--n-values {','.join(map(str, args.n_values))}: every N is ≥ --seq-len "
-                         f"{args.seq_len}, and a window's last query has only {args.seq_len} keys; "
-                         "give an N < --seq-len or longer windows.")
-    check_output_file(args.save, "--save")
-    check_output_file(args.csv, "--csv")
-    check_labels_file(args.labels)
-    check_distinct_paths(args, ("--save", "--csv", "--labels"))
-    return read_input_text(args)
+        raise cli.UsageError(f"--sink {args.sink} is past the end of a window of --seq-len "
+                             f"{args.seq_len} tokens; use a position below {args.seq_len} or --sink auto.")
+    cli.check_n_below(args, f"and a window's last query has only {args.seq_len} keys")
+    cli.check_output_file(args.save, "--save")
+    cli.check_output_file(args.csv, "--csv")
+    cli.check_labels_file(args.labels)
+    cli.check_distinct_paths(args, ("--save", "--csv", "--labels"))
+    return cli.read_input_text(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,13 +147,13 @@ def run(args: argparse.Namespace) -> int:
 
     rank, world = _distributed()
     log = sys.stderr if rank == 0 else open(os.devnull, "w")  # noqa: SIM115
-    progress = show_progress(args) and rank == 0
+    progress = cli.show_progress(args) and rank == 0
     n_values = tuple(n for n in args.n_values if n < args.seq_len)  # larger N cannot be evaluated
     if len(n_values) < len(args.n_values):
         dropped = ",".join(str(n) for n in args.n_values if n >= args.seq_len)
         print(f"note: N = {dropped} dropped (not below --seq-len {args.seq_len})", file=log)
     start = time.perf_counter()
-    model = load_cli_model(args, log=log)
+    model = cli.load_cli_model(args, log=log)
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     options = dict(n_values=n_values, queries=args.queries, random_samples=args.random_samples,
                    shuffle_samples=args.shuffle_samples, shuffle=args.shuffle, seed=args.seed,

@@ -16,29 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-__all__ = [
-    "Parser",
-    "UsageError",
-    "add_bos_option",
-    "add_model_options",
-    "add_progress_option",
-    "add_sink_option",
-    "check_distinct_paths",
-    "check_labels_file",
-    "check_model",
-    "check_model_and_windows",
-    "check_output_dir",
-    "check_output_file",
-    "int_list",
-    "load_cli_model",
-    "positive_int",
-    "query_option",
-    "read_input_text",
-    "seed",
-    "show_progress",
-    "sink_option",
-    "whole_number",
-]
+__all__ = ["Parser", "UsageError", "add_bos_option", "add_model_options", "add_progress_option",
+           "add_sink_option", "check_distinct_paths", "check_labels_file", "check_model",
+           "check_model_and_windows", "check_n_below", "check_output_dir", "check_output_file", "int_list",
+           "load_cli_model", "positive_int", "query_option", "read_input_text", "seed",
+           "show_progress", "sink_option", "whole_number"]
 
 
 class UsageError(ValueError):
@@ -96,33 +78,33 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _bounded(text: str, expected: str, high: int, refusal: str, low: int = 0) -> int:
+    """:func:`whole_number` in ``[low, high]``; outside, ``refusal`` with the value."""
+    value = whole_number(text, expected)
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{refusal}, got {value}")
+    return value
+
+
 def seed(text: str) -> int:
     """A seed: a whole number in ``[0, 2**63)`` (a 64-bit generator's range)."""
-    value = whole_number(text, "a whole number ≥ 0")
-    if not 0 <= value <= MAX_INT:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1] (a 64-bit generator seed), "
-                                         f"got {value}")
-    return value
+    return _bounded(text, "a whole number ≥ 0", MAX_INT,
+                    "must be in [0, 2**63 - 1] (a 64-bit generator seed)")
 
 
 def sink_option(text: str) -> str | int:
     """``--sink``: ``auto`` or a position ≥ 0 counted from the window's first token (SPEC §1)."""
     if text == "auto":
         return text
-    value = whole_number(text, "'auto' or a position ≥ 0")
-    if not 0 <= value <= MAX_INT:
-        raise argparse.ArgumentTypeError(f"a position must be ≥ 0, got {value}")
-    return value
+    return _bounded(text, "'auto' or a position ≥ 0", MAX_INT, "a position must be ≥ 0")
 
 
 def query_option(text: str) -> str | int:
     """``--queries``: ``last``, ``all`` or a sample size ``K ≥ 1``."""
     if text in ("last", "all"):
         return text
-    value = whole_number(text, "last, all or a number of positions ≥ 1")
-    if not 1 <= value <= 1 << 20:
-        raise argparse.ArgumentTypeError(f"a number of positions must be in [1, 2**20], got {value}")
-    return value
+    return _bounded(text, "last, all or a number of positions ≥ 1", 1 << 20,
+                    "a number of positions must be in [1, 2**20]", low=1)
 
 
 def add_sink_option(parser: argparse.ArgumentParser) -> None:
@@ -235,6 +217,13 @@ def check_model_and_windows(args: argparse.Namespace, min_seq_len: int) -> None:
     if args.seq_len < min_seq_len:
         raise UsageError(f"--seq-len {args.seq_len} is too short: a window needs BOS and at least "
                          f"{min_seq_len - 1} text token(s); use --seq-len {min_seq_len} or more.")
+
+
+def check_n_below(args: argparse.Namespace, consequence: str) -> None:
+    """Some ``--n-values`` N below ``--seq-len``, else a :class:`UsageError` with ``consequence``."""
+    if not [n for n in args.n_values if n < args.seq_len]:
+        raise UsageError(f"--n-values {','.join(map(str, args.n_values))}: every N is ≥ --seq-len "
+                         f"{args.seq_len}, {consequence}; give an N < --seq-len or longer windows.")
 
 
 def _bos_option(args: argparse.Namespace) -> bool | None:

@@ -21,19 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..capacity.topn import SPARSIFY_MODES
-from .args import (
-    UsageError,
-    add_model_options,
-    add_progress_option,
-    check_model_and_windows,
-    check_output_dir,
-    int_list,
-    load_cli_model,
-    positive_int,
-    read_input_text,
-    show_progress,
-    whole_number,
-)
+from . import args as cli
 
 if TYPE_CHECKING:
     from ..capacity.topn import SparsifyMode
@@ -66,7 +54,7 @@ def _fraction(text: str) -> float:
 
 
 def _non_negative(text: str) -> int:
-    value = whole_number(text, "a whole number ≥ 0")
+    value = cli.whole_number(text, "a whole number ≥ 0")
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}")
     return value
@@ -78,8 +66,8 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
 
     p = sub.add_parser(name, help="loss under top-N attention: N* and geometry-vs-loss per head",
                        description=DESCRIPTION)
-    add_model_options(p, n_seqs=4, seq_len=128)
-    p.add_argument("--n-values", type=int_list, default=",".join(map(str, DEFAULT_N_VALUES)),
+    cli.add_model_options(p, n_seqs=4, seq_len=128)
+    p.add_argument("--n-values", type=cli.int_list, default=",".join(map(str, DEFAULT_N_VALUES)),
                    metavar="N,N,...", help="N values of the loss curves")
     p.add_argument("--mode", choices=MODE_CHOICES, default="both",
                    help="renormalize the kept weights, delete the rest, or both")
@@ -87,33 +75,30 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
                    help="relative loss increase that still counts as dense")
     p.add_argument("--head-n", type=_non_negative, default=4,
                    help="N of the per-head sweep and correlation (0: skip them)")
-    p.add_argument("--batch-size", type=positive_int, default=None,
+    p.add_argument("--batch-size", type=cli.positive_int, default=None,
                    help="replicas per forward (default: by a 2 GiB memory budget)")
     p.add_argument("--out", metavar="DIR", default="capacity-results", help="output folder")
-    add_progress_option(p)
+    cli.add_progress_option(p)
     return p
 
 
 def _check_n_fits(args: argparse.Namespace) -> None:
     """Some N must be shorter than the windows: an N ≥ --seq-len keeps every key and only
     repeats the dense loss, so a run where no N is shorter would measure nothing."""
-    if not [n for n in args.n_values if n < args.seq_len]:
-        raise UsageError(f"--n-values {','.join(map(str, args.n_values))}: every N is ≥ --seq-len "
-                         f"{args.seq_len}, so every curve point is the dense loss; give an N < "
-                         "--seq-len or longer windows.")
+    cli.check_n_below(args, "so every curve point is the dense loss")
     if args.head_n >= args.seq_len:
-        raise UsageError(f"--head-n {args.head_n} is ≥ --seq-len {args.seq_len}: the per-head "
-                         "sweep would keep every key; give a smaller --head-n (0 skips it) or "
-                         "longer windows.")
+        raise cli.UsageError(f"--head-n {args.head_n} is ≥ --seq-len {args.seq_len}: the per-head "
+                             "sweep would keep every key; give a smaller --head-n (0 skips it) or "
+                             "longer windows.")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``tl-geometry capacity``; returns the exit status (bad arguments raise ``UsageError``)."""
-    check_model_and_windows(args, min_seq_len=3)
+    cli.check_model_and_windows(args, min_seq_len=3)
     _check_n_fits(args)
-    check_output_dir(args.out, "--out")
-    text = read_input_text(args)
-    model = load_cli_model(args, log=sys.stderr)
+    cli.check_output_dir(args.out, "--out")
+    text = cli.read_input_text(args)
+    model = cli.load_cli_model(args, log=sys.stderr)
     return _capacity(model, text, args)
 
 
@@ -135,14 +120,13 @@ def _capacity(model: Any, text: str | None, args: argparse.Namespace) -> int:
     modes: tuple[SparsifyMode, ...] = ("renormalize", "delete") if args.mode == "both" else (args.mode,)
     start = time.perf_counter()
     curves, heads = [], []
+    sizes = dict(batch_size=args.batch_size, progress=cli.show_progress(args))
     for mode in modes:
-        cap = retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance,
-                                             batch_size=args.batch_size, progress=show_progress(args))
+        cap = retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance, **sizes)
         curves.append(cap.to_pandas())
         line = f"{mode:>11}: dense loss {cap.dense_loss:.4f}, N* = {cap.n_star} (within {args.tolerance:.0%})"
         if args.head_n:
-            corr = capacity_correlation(model, tokens, args.head_n, mode=mode,
-                                                    batch_size=args.batch_size, progress=show_progress(args))
+            corr = capacity_correlation(model, tokens, args.head_n, mode=mode, **sizes)
             heads.append(corr.to_pandas())
             line += f"; Spearman ρ vs Δ loss at N={args.head_n}: " + ", ".join(
                 f"{name} {rho:+.3f}" for name, rho in corr.rho.items())

@@ -11,15 +11,7 @@ import time
 from typing import Any
 
 from ..progress import progress_counter
-from .args import (
-    add_model_options,
-    add_progress_option,
-    check_model_and_windows,
-    check_output_dir,
-    load_cli_model,
-    read_input_text,
-    show_progress,
-)
+from . import args as cli
 
 __all__ = ["DEFAULT_OUT", "add_parser", "run"]
 
@@ -44,7 +36,7 @@ def add_parser(sub: Any, name: str = "report") -> argparse.ArgumentParser:
     """Add ``report`` to the ``tl-geometry`` subcommands."""
     report = sub.add_parser(name, help="write the offline HTML report (tables, figures, views)",
                             description=DESCRIPTION)
-    add_model_options(report, n_seqs=8, seq_len=128)
+    cli.add_model_options(report, n_seqs=8, seq_len=128)
     report.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                         help="output folder (created if needed; must not be a file)")
     report.add_argument("--no-bounds", action="store_true",
@@ -52,16 +44,16 @@ def add_parser(sub: Any, name: str = "report") -> argparse.ArgumentParser:
     report.add_argument("--scores", action="store_true",
                         help="also compute the head scores others use (induction, previous token, "
                              "sink rate, ...; docs/labels.md) and compare them with the labels")
-    add_progress_option(report)
+    cli.add_progress_option(report)
     return report
 
 
 def run(args: argparse.Namespace) -> int:
     """``tl-geometry report``: load, cache, analyse, write the report, with a progress bar;
     every argument is checked first (``UsageError``)."""
-    check_model_and_windows(args, min_seq_len=3)
-    check_output_dir(args.out, "--out")
-    text = read_input_text(args)
+    cli.check_model_and_windows(args, min_seq_len=3)
+    cli.check_output_dir(args.out, "--out")
+    text = cli.read_input_text(args)
     import torch
     from tqdm.auto import tqdm
 
@@ -76,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
     # standard error is a file) names the stage that starts.
     bar = (progress_counter(len(stages), "tl-geometry report", "stage", postfix=stages[0],
                             bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {postfix} [{elapsed}]")
-           if show_progress(args) else tqdm(total=len(stages), disable=True))
+           if cli.show_progress(args) else tqdm(total=len(stages), disable=True))
 
     def advance(stage: str) -> None:
         bar.set_postfix_str(stage)
         bar.update()
 
-    model = load_cli_model(args)
+    model = cli.load_cli_model(args)
     advance(stages[1])
     tokens = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     advance(stages[2])
@@ -91,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     advance(stages[3])
     n_values = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n < args.seq_len)
     result = analyze_heads(cache, model=model, n_values=n_values, bounds=not args.no_bounds,
-                           progress=show_progress(args))
+                           progress=cli.show_progress(args))
     result.metadata["text"] = args.text or "built-in sample"
     advance(stages[4])
     scores = None

@@ -10,19 +10,7 @@ from typing import Any
 
 from ..analyze.head_scores import DEFAULT_SEQ_LEN, MIN_REPEAT, MIN_SEQ_LEN, RETRIEVAL_EXTRA
 from ..functional.head_scores import REPEAT_LENGTH, SINK_EPSILON_LENGTH
-from .args import (
-    UsageError,
-    add_bos_option,
-    add_progress_option,
-    add_sink_option,
-    check_distinct_paths,
-    check_model_and_windows,
-    check_output_file,
-    load_cli_model,
-    positive_int,
-    read_input_text,
-    seed,
-)
+from . import args as cli
 
 DESCRIPTION = """\
 Head scores from attention patterns alone (docs/labels.md): previous_token, duplicate_token and
@@ -47,7 +35,7 @@ SORTABLE = ("previous_token", "duplicate_token", "induction", "sink_rate", "retr
 
 def repeat_length(text: str) -> int:
     """``--repeat``: a whole number ≥ 2 (with R = 1 the induction key is the query itself)."""
-    value = positive_int(text)
+    value = cli.positive_int(text)
     if value < MIN_REPEAT:
         raise argparse.ArgumentTypeError(f"must be ≥ {MIN_REPEAT} (with R = 1 the induction key is the "
                                          f"query itself), got {value}")
@@ -63,42 +51,43 @@ def add_parser(sub: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, metavar="NAME|PATH",
         help=f"a built-in model ({', '.join(sorted(MODELS))}), a local Hugging Face folder or a .gguf file")
-    add_bos_option(parser)
+    cli.add_bos_option(parser)
     parser.add_argument("--text", metavar="FILE",
                         help="UTF-8 plain-text file to cut into windows (default: the built-in sample)")
-    parser.add_argument("--n-seqs", type=positive_int, default=8, metavar="K",
+    parser.add_argument("--n-seqs", type=cli.positive_int, default=8, metavar="K",
                         help="text windows (the repeated random sequences are 8)")
-    parser.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN, metavar="T",
+    parser.add_argument("--seq-len", type=cli.positive_int, default=DEFAULT_SEQ_LEN, metavar="T",
                         help="tokens per text window, BOS included, for sink_rate and retrieval "
                              "(Sink^ε reads 64-token windows whatever T)")
     parser.add_argument("--repeat", type=repeat_length, default=REPEAT_LENGTH, metavar="R",
                         help="random tokens repeated twice for previous_token, duplicate_token and "
                              "induction, ≥ 2; at most w - 1 on sliding-window layers (Gemma-3: 511)")
-    parser.add_argument("--seed", type=seed, default=0,
+    parser.add_argument("--seed", type=cli.seed, default=0,
                         help="seed of the random tokens, a whole number in [0, 2**63 - 1]")
-    add_sink_option(parser)
+    cli.add_sink_option(parser)
     parser.add_argument("--sort", choices=SORTABLE, default=None,
                         help="print the heads by this score, largest first (default: layer order)")
-    parser.add_argument("--top", type=positive_int, default=None, metavar="K",
+    parser.add_argument("--top", type=cli.positive_int, default=None, metavar="K",
                         help="print only the first K heads")
     parser.add_argument("--csv", metavar="PATH", help="also write the table as CSV")
-    add_progress_option(parser)
+    cli.add_progress_option(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """``tl-geometry scores``; returns the exit status (bad arguments raise ``UsageError``)."""
-    check_model_and_windows(args, min_seq_len=MIN_SEQ_LEN)
+    cli.check_model_and_windows(args, min_seq_len=MIN_SEQ_LEN)
     _check_context(args)
-    check_output_file(args.csv, "--csv")
-    check_distinct_paths(args, ("--csv",))
+    cli.check_output_file(args.csv, "--csv")
+    cli.check_distinct_paths(args, ("--csv",))
     if args.top is not None and args.sort is None:
-        raise UsageError("--top needs --sort (which score ranks the heads), e.g. --sort induction --top 10.")
-    text = read_input_text(args)
+        raise cli.UsageError("--top needs --sort (which score ranks the heads), e.g. --sort induction "
+                             "--top 10.")
+    text = cli.read_input_text(args)
     from ..analyze.head_scores import head_scores
     from ..inputs.text import text_windows
 
-    model = load_cli_model(args, log=sys.stderr)
+    model = cli.load_cli_model(args, log=sys.stderr)
     windows = text_windows(model, text, n_seqs=args.n_seqs, seq_len=args.seq_len)
     # Sink^ε reads --n-seqs windows of 64 tokens of the same text, the same ones whatever --seq-len.
     sink_windows = None
@@ -137,13 +126,14 @@ def _check_context(args: argparse.Namespace) -> None:
     if n_ctx is None:
         return
     if 1 + 2 * args.repeat > n_ctx:
-        raise UsageError(f"--repeat {args.repeat} makes sequences of up to {1 + 2 * args.repeat} tokens "
-                         f"(BOS + 2R), beyond {args.model}'s context length of {n_ctx}; use --repeat "
-                         f"{(n_ctx - 1) // 2} or less.")
+        raise cli.UsageError(f"--repeat {args.repeat} makes sequences of up to {1 + 2 * args.repeat} "
+                             f"tokens (BOS + 2R), beyond {args.model}'s context length of {n_ctx}; use "
+                             f"--repeat {(n_ctx - 1) // 2} or less.")
     if args.seq_len + RETRIEVAL_EXTRA > n_ctx:
-        raise UsageError(f"--seq-len {args.seq_len} makes retrieval sequences of {args.seq_len} + "
-                         f"{RETRIEVAL_EXTRA} tokens (the needle and its repeat), beyond {args.model}'s "
-                         f"context length of {n_ctx}; use --seq-len {n_ctx - RETRIEVAL_EXTRA} or less.")
+        raise cli.UsageError(f"--seq-len {args.seq_len} makes retrieval sequences of {args.seq_len} "
+                             f"+ {RETRIEVAL_EXTRA} tokens (the needle and its repeat), beyond "
+                             f"{args.model}'s context length of {n_ctx}; use --seq-len "
+                             f"{n_ctx - RETRIEVAL_EXTRA} or less.")
 
 
 def _check_window(args: argparse.Namespace, model: Any) -> None:
@@ -154,6 +144,6 @@ def _check_window(args: argparse.Namespace, model: Any) -> None:
     local = [w for w in model_facts(model).windows or () if w]
     if local and args.repeat > min(local) - 1:
         w = min(local)
-        raise UsageError(f"--repeat {args.repeat}: {args.model}'s sliding-window layers see the last {w} "
-                         f"keys, and a query of the second copy sees its token's earlier occurrence "
-                         f"only for R ≤ w − 1 = {w - 1}; use --repeat {w - 1} or less.")
+        raise cli.UsageError(f"--repeat {args.repeat}: {args.model}'s sliding-window layers see the "
+                             f"last {w} keys, and a query of the second copy sees its token's earlier "
+                             f"occurrence only for R ≤ w − 1 = {w - 1}; use --repeat {w - 1} or less.")
