@@ -138,11 +138,8 @@ def f_curves_plot(result: HeadAnalysis, *, by: str = "class", metric: str = "f_s
         panels.append((f"all {_heads(labels.size)}", np.ones(labels.shape, dtype=bool)))
         cols, size = 4, (15.0, 3.8)
     else:
-        panels = []
-        for li, layer in enumerate(result.layers):
-            mask = np.zeros(labels.shape, dtype=bool)
-            mask[li] = True
-            panels.append((f"layer {layer}", mask))
+        rows_of = np.arange(labels.shape[0])[:, None].repeat(labels.shape[1], axis=1)
+        panels = [(f"layer {layer}", rows_of == li) for li, layer in enumerate(result.layers)]
         cols = min(6, len(panels))
         size = (2.3 * cols, 1.9 * -(-len(panels) // cols) + 0.8)
     rows = -(-len(panels) // cols)

@@ -84,8 +84,10 @@ def example_heads(result: HeadAnalysis, n: int = 2) -> list[tuple[str, int, int]
     return chosen
 
 
-def _figure(path: Path, caption: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
+def _figure(fig: Any, stem: Path, caption: str, dpi: int = 90) -> str:
+    """Save ``fig`` as ``stem``.png and .svg, and inline the PNG with ``caption``."""
+    # 90 dpi keeps the inlined PNGs small (the page stays a few MB); the SVGs are the print copies.
+    data = base64.b64encode(save_figure(fig, stem, dpi=dpi)[0].read_bytes()).decode("ascii")
     return (f'<figure class="tlg-figure"><img alt="{html.escape(caption)}" '
             f'src="data:image/png;base64,{data}"><figcaption class="tlg-caption">'
             f"{html.escape(caption)}</figcaption></figure>")
@@ -93,6 +95,12 @@ def _figure(path: Path, caption: str) -> str:
 
 def _table(frame: Any, digits: int = 3) -> str:
     return frame.to_html(index=False, classes="tlg-table", border=0, float_format=lambda x: f"{x:.{digits}f}")
+
+
+def _n_table(result: HeadAnalysis, table: Any, columns: dict[str, str]) -> str:
+    """``_table`` of a per-N table: N labelled (dense N marked †), ``columns`` renamed."""
+    return _table(table.assign(n=[n_label(result, n) for n in table.n]).drop(columns="dense")
+                  .rename(columns={"n": "N", **columns}))
 
 
 #: Columns of the per-N table: (heading, metric, group); the two differences follow SPEC §3.
@@ -160,10 +168,8 @@ def null_decomposition_section(result: HeadAnalysis, nulls: Mapping[str, HeadAna
     (kind → analysis; :func:`~tl_geometry.result.null_decomposition`, SPEC §3)."""
     table = null_decomposition({result.shuffle: result, **nulls}, "f_score_cc")
     gaps = {f"top − {kind}": f"F*(top) − F*({kind})" for kind in SHUFFLE_KINDS}
-    shown = table.assign(n=[n_label(result, n) for n in table.n]).drop(columns="dense").rename(
-        columns={"n": "N", "top": "F* top-N", **gaps})
     return [
-        "<h2>Decomposing the top − shuffled gap</h2>", _table(shown),
+        "<h2>Decomposing the top − shuffled gap</h2>", _n_table(result, table, {"top": "F* top-N", **gaps}),
         '<p class="tlg-caption">Per N, the mean over heads of F*(top) − F*(null) for each null (same '
         "attention, same top-N set, same seed; SPEC §3). values: every non-sink value permuted — the "
         "net effect of the geometry, of either sign. norms: each key keeps its direction and takes a "
@@ -181,8 +187,8 @@ def sink_effect_section(result: HeadAnalysis) -> list[str]:
     """The sink effect on F_N per N, pooled and paired (SPEC §3;
     :meth:`~tl_geometry.result.HeadAnalysis.paired_sink_summary`)."""
     table = result.paired_sink_summary()
-    shown = table.assign(n=[n_label(result, n) for n in table.n]).drop(columns="dense").rename(columns={
-        "n": "N", "pooled_f_sink_in": "pooled F, sink in S_N", "instances_in": "instances in",
+    shown = _n_table(result, table, {
+        "pooled_f_sink_in": "pooled F, sink in S_N", "instances_in": "instances in",
         "pooled_f_sink_out": "pooled F, sink outside", "instances_out": "instances out",
         "f_sink_removed": "F, sink removed", "paired_median_ratio": "paired: median ratio",
         "paired_median_halved": "paired: median fraction ≤ 1/2", "paired_heads": "paired: heads",
@@ -191,7 +197,7 @@ def sink_effect_section(result: HeadAnalysis) -> list[str]:
         " No head has a paired instance here (no top-N set holds the sink, or the analysis was "
         "saved without paired figures): the paired columns are NaN.")
     return [
-        "<h2>Sink effect on F_N: pooled and paired</h2>", _table(shown),
+        "<h2>Sink effect on F_N: pooled and paired</h2>", shown,
         '<p class="tlg-caption">Pooled (comparison 1): mean F_N of the top-N instances with / without '
         "the sink in the selection, every instance of every head pooled; it mixes heads and can show "
         "an effect no head has. Paired (comparison 3, ours, the headline form): per head, over the "
@@ -335,9 +341,8 @@ def _ablation(out: Path, figures: Path) -> list[str]:
                      + f'<p class="tlg-caption">{html.escape(critical_text(sens))}</p>')
     if sparse_path.is_file():
         sparse = pd.read_csv(sparse_path)
-        paths = save_figure(ablation_plot(sparse), figures / "ablation")
-        parts.append(_figure(paths[0], "Loss against the fraction of heads kept, per ordering "
-                                       "(random: mean and min–max over seeds)."))
+        parts.append(_figure(ablation_plot(sparse), figures / "ablation", "Loss against the fraction of "
+                             "heads kept, per ordering (random: mean and min–max over seeds).", dpi=110))
     return (["<h2>Ablation</h2>", *parts]) if parts else []
 
 
@@ -356,9 +361,8 @@ def capacity_section(out: Path, figures: Path) -> list[str]:
         ok = curve[curve["within_tolerance"].astype(bool)].groupby("mode")["n"].min()
         stars = [f"{mode}: N* = {int(ok[mode]) if mode in ok else 'none'}" for mode in sorted(set(curve["mode"]))]
         tol = float(curve["tolerance"].iloc[0]) if "tolerance" in curve else float("nan")
-        paths = save_figure(capacity_plot(curve), figures / "capacity", dpi=90)
-        parts += [_figure(paths[0], "Next-token loss when every head keeps only each query's top-N keys "
-                                    "(renormalised, or the rest deleted); ★ N*."),
+        parts += [_figure(capacity_plot(curve), figures / "capacity", "Next-token loss when every head "
+                          "keeps only each query's top-N keys (renormalised, or the rest deleted); ★ N*."),
                   f'<p class="tlg-caption">{html.escape("; ".join(stars))} (smallest N within '
                   f"{tol:.0%} of the dense loss).</p>", _table(curve, 4)]
     if heads_path.is_file():
@@ -372,9 +376,9 @@ def capacity_section(out: Path, figures: Path) -> list[str]:
         parts += ["<h3>Per head: geometry against the loss of sparsifying that head alone</h3>",
                   _table(pd.DataFrame(rows), 3)]
         for mode, part in heads.groupby("mode", sort=True):
-            paths = save_figure(correlation_plot(part), figures / f"capacity_heads_{mode}", dpi=90)
-            parts.append(_figure(paths[0], f"{mode}: F_N, shell certificates, tail mass and relative "
-                                           "truncation error against Δ loss, per head."))
+            parts.append(_figure(correlation_plot(part), figures / f"capacity_heads_{mode}", f"{mode}: F_N, "
+                                 "shell certificates, tail mass and relative truncation error against Δ "
+                                 "loss, per head."))
     return (["<h2>Retrieval capacity</h2>", *parts]) if parts else []
 
 
@@ -417,12 +421,21 @@ def write_report(
     out = Path(out_dir)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    _write_tables(result, out, scores)
+    result.save(out / "analysis.pt")  # the tables of TABLE_FILES, with the head scores when given
+    result.heads_table(scores).to_csv(out / "heads.csv", index=False)
+    result.export_labels(out / "labels.csv", scores=scores)
+    result.to_pandas().to_csv(out / "metrics.csv", index=False)
+    result.class_counts().to_csv(out / "class_counts.csv")
+    result.paired_sink_summary().to_csv(out / "sink_effect.csv", index=False)
     if nulls:
         null_decomposition({result.shuffle: result, **nulls}).to_csv(out / "null_decomposition.csv", index=False)
     parts: list[_page.View | str] = [*_summary_parts(result, scores), *decomposition, "<h2>Figures</h2>",
                                      *_figure_parts(result, figures)]
-    parts += _top_heads_parts(result)
+    # The heads where top-N beats random the most, at the first N of the headline range.
+    analysed = result.n_values.tolist()
+    top_n = next(iter(result.headline_n), 2 if 2 in analysed else analysed[0])
+    parts += [f"<h2>Heads where top-N beats random the most (N = {n_label(result, top_n)})</h2>",
+              _table(result.top(12, by="f_gain", n=top_n))]
     if cache is not None:
         parts += _example_head_parts(result, cache, dict(tokens=tokens, model=model, max_tokens=max_tokens), n)
     parts += _ablation(out, figures)
@@ -439,16 +452,6 @@ def write_report(
 #: The tables every report writes beside its page, and the ones it reads when they are there.
 TABLE_FILES = ("analysis.pt", "heads.csv", "labels.csv", "metrics.csv", "class_counts.csv", "sink_effect.csv")
 OPTIONAL_FILES = ("sensitivity.csv", "sparsification.csv", "capacity.csv", "capacity_heads.csv")
-
-
-def _write_tables(result: HeadAnalysis, out: Path, scores: Any) -> None:
-    """The saved analysis and its CSV tables (:data:`TABLE_FILES`), with the head scores when given."""
-    result.save(out / "analysis.pt")
-    result.heads_table(scores).to_csv(out / "heads.csv", index=False)
-    result.export_labels(out / "labels.csv", scores=scores)
-    result.to_pandas().to_csv(out / "metrics.csv", index=False)
-    result.class_counts().to_csv(out / "class_counts.csv")
-    result.paired_sink_summary().to_csv(out / "sink_effect.csv", index=False)
 
 
 def _summary_parts(result: HeadAnalysis, scores: Any) -> list[_page.View | str]:
@@ -484,16 +487,7 @@ def _figure_parts(result: HeadAnalysis, figures: Path) -> list[str]:
         ("sink", sink_plot(result), "Sink value-norm ratio κ, signed cosine and attention mass per layer."),
         ("class_counts", class_counts_plot(result), "Heads of each class per layer."),
     ]
-    # 90 dpi keeps the inlined PNGs small (the page stays a few MB); the SVGs are the print copies.
-    return [_figure(save_figure(fig, figures / name, dpi=90)[0], caption) for name, fig, caption in plots]
-
-
-def _top_heads_parts(result: HeadAnalysis) -> list[_page.View | str]:
-    """The heads where top-N beats random the most, at the first N of the headline range."""
-    analysed = result.n_values.tolist()
-    top_n = next(iter(result.headline_n), 2 if 2 in analysed else analysed[0])
-    top = result.top(12, by="f_gain", n=top_n)
-    return [f"<h2>Heads where top-N beats random the most (N = {n_label(result, top_n)})</h2>", _table(top)]
+    return [_figure(fig, figures / name, caption) for name, fig, caption in plots]
 
 
 def _example_head_parts(result: HeadAnalysis, cache: Any, text: dict[str, Any], n: int) -> list[_page.View | str]:
