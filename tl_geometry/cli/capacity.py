@@ -1,14 +1,6 @@
 """``tl-geometry capacity``: retrieval capacity of a model under top-N attention (per mode, the
 loss curve over ``--n-values`` and N*; the per-head sweep at ``--head-n`` and its Spearman ρ with
-each head's geometry). Writes into ``--out DIR``::
-
-    capacity.csv          n, mode, scope, tolerance, loss, dense_loss, relative_increase, ...
-    capacity_heads.csv    layer, head, n, mode, f_score, shell_k0, shell_kn, tail_mass,
-                          truncation_error, loss_increase
-    capacity.png|svg      loss against N per mode, N* marked
-    capacity_heads.png    per head: geometry against loss increase, ρ in the titles
-    capacity.html         the "Retrieval capacity" section (also added by ``tl-geometry report
-                          --out DIR`` to the full report)
+each head's geometry). Writes into ``--out DIR`` the tables, plots and page of docs/capacity.md.
 """
 
 from __future__ import annotations

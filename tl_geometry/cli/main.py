@@ -1,9 +1,7 @@
 """The ``tl-geometry`` command: one subcommand per module, registered in :data:`COMMANDS`.
 
 Each subcommand module defines ``add_parser(subparsers, name) -> ArgumentParser`` and
-``run(args) -> int``. ``run`` checks every argument and output path before it loads a model and
-raises :class:`~tl_geometry.cli.args.UsageError` for one that cannot work; :func:`main` prints
-that as one line and exits with status 2.
+``run(args) -> int``, which checks every argument before it loads a model (:mod:`.args`).
 """
 
 from __future__ import annotations

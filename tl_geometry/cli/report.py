@@ -15,8 +15,7 @@ from . import args as cli
 
 __all__ = ["DEFAULT_OUT", "add_parser", "run"]
 
-#: The report folder; the same as :func:`tl_geometry.report.write_report`'s default (a test checks
-#: it), repeated here so that building the parser does not import the report's plotting stack.
+#: write_report's default too (a test checks it), repeated so that the parser needs no matplotlib.
 DEFAULT_OUT = "tl_geometry_report"
 
 DESCRIPTION = """\
