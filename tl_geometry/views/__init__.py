@@ -32,23 +32,7 @@ from .sink import sink_view
 from .taxonomy import CLASS_COLORS, class_color, taxonomy_view
 from .tokens import token_view
 
-__all__ = [
-    "CLASS_COLORS",
-    "PlotFigure",
-    "View",
-    "Widget",
-    "ablation_plot",
-    "attention_view",
-    "circuitsvis_bundle",
-    "class_color",
-    "class_counts_plot",
-    "contribution_view",
-    "f_curves_plot",
-    "page_html",
-    "reset_notebook_bundle",
-    "save_figure",
-    "sink_plot",
-    "sink_view",
-    "taxonomy_view",
-    "token_view",
-]
+__all__ = ["CLASS_COLORS", "PlotFigure", "View", "Widget", "ablation_plot", "attention_view",
+           "circuitsvis_bundle", "class_color", "class_counts_plot", "contribution_view",
+           "f_curves_plot", "page_html", "reset_notebook_bundle", "save_figure", "sink_plot",
+           "sink_view", "taxonomy_view", "token_view"]

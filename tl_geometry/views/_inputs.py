@@ -46,13 +46,6 @@ def head_rows(cache: Any, layer: int, heads: int | Sequence[int] | None, batch: 
     return HeadRows(layer, chosen, pattern[batch, index].float(), norms)
 
 
-def check_query(query: int, n_pos: int) -> int:
-    """``query`` as a non-negative position (negative counts from the end)."""
-    if isinstance(query, bool) or not isinstance(query, int) or not -n_pos <= query < n_pos:
-        raise ValueError(f"query must be a position in 0..{n_pos - 1} (or negative from the end), got {query!r}.")
-    return query % n_pos
-
-
 def str_tokens(tokens: Any, model: Any, batch: int, n_pos: int) -> list[str]:
     """Display strings of one sequence's tokens: ``tokens`` as given (strings), or ids
     (``[pos]`` or ``[batch, pos]``) decoded with ``model``'s tokenizer (or ``model`` itself);
@@ -91,7 +84,9 @@ def prepare(cache: Any, layer: int, heads: int | Sequence[int] | None, tokens: A
     positions shown, how many are cropped, and the token strings."""
     rows = head_rows(cache, layer, heads, batch)
     n_pos = rows.pattern.shape[-1]
-    q = check_query(query, n_pos)
+    if isinstance(query, bool) or not isinstance(query, int) or not -n_pos <= query < n_pos:
+        raise ValueError(f"query must be a position in 0..{n_pos - 1} (or negative from the end), got {query!r}.")
+    q = query % n_pos  # negative counts from the end
     kept, cropped = window(q, max_tokens)
     return rows, n_pos, q, kept, cropped, str_tokens(tokens, model, batch, n_pos)
 

@@ -47,11 +47,6 @@ class _Tracker:
         self.owner: tuple[str, str] | None = None
         self.shells: set[int] = set()
 
-    def watch(self, shell: Any) -> None:
-        if id(shell) not in self.shells:
-            shell.events.register("pre_run_cell", self._pre_run_cell)
-            self.shells.add(id(shell))
-
     def _pre_run_cell(self, info: Any) -> None:
         # The owner cell runs again: its outputs, the script included, are about to be replaced.
         if self.owner is not None and _key(getattr(info, "cell_id", None),
@@ -59,7 +54,9 @@ class _Tracker:
             self.owner = None
 
     def carry(self, shell: Any) -> bool:
-        self.watch(shell)
+        if id(shell) not in self.shells:
+            shell.events.register("pre_run_cell", self._pre_run_cell)
+            self.shells.add(id(shell))
         if self.owner is not None:
             return False
         self.owner = _current_key(shell)

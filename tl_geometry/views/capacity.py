@@ -46,9 +46,8 @@ def capacity_plot(table: Any, ax: Any = None) -> Figure | Axes:
         tol = float(table["tolerance"].iloc[0])
         ax.axhspan(dense, dense * (1 + tol), color="gray", alpha=0.15, label=f"within {tol:.0%}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("N (keys kept per query)")
-    ax.set_ylabel("next-token loss")
-    ax.set_title("Retrieval capacity: top-N attention")
+    ax.set(xlabel="N (keys kept per query)", ylabel="next-token loss",
+           title="Retrieval capacity: top-N attention")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig if given is None else ax

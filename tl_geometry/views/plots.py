@@ -206,9 +206,7 @@ def class_counts_plot(result: HeadAnalysis) -> PlotFigure:
     for c in CLASSES:
         ax.bar(counts.index, counts[c], bottom=bottom, color=CLASS_COLORS[c], label=c, width=0.8)
         bottom += counts[c].to_numpy()
-    ax.set_xlabel("layer")
-    ax.set_ylabel("number of heads")
-    ax.set_title("Head classes per layer")
+    ax.set(xlabel="layer", ylabel="number of heads", title="Head classes per layer")
     ax.legend(fontsize=8, ncol=3)
     return fig
 
@@ -228,9 +226,7 @@ def ablation_plot(sparsification: Any) -> PlotFigure:
         if (stats["count"] > 1).any():
             ax.fill_between(x, stats["min"], stats["max"], color=line.get_color(), alpha=0.2)
     ax.invert_xaxis()
-    ax.set_xlabel("fraction of heads kept")
-    ax.set_ylabel("next-token loss")
-    ax.set_title("Structured sparsification")
+    ax.set(xlabel="fraction of heads kept", ylabel="next-token loss", title="Structured sparsification")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
