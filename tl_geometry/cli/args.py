@@ -241,6 +241,7 @@ def read_input_text(args: argparse.Namespace) -> str | None:
     the load.
     """
     from ..inputs.models import stated_bos
+    from ..inputs.text import read_text, sample_text
 
     # Whether --model's windows start with BOS: --bos, else its table entry or files; True (the
     # smaller need) where they do not say, since the load then refuses it, naming the fix.
@@ -250,8 +251,6 @@ def read_input_text(args: argparse.Namespace) -> str | None:
     layout = f"BOS + {body}" if with_bos else f"{body} text tokens, no BOS"
     need = args.n_seqs * body
     if args.text is None:
-        from ..inputs.text import sample_text
-
         size = len(sample_text().encode("utf-8"))
         if size + 1 < need:
             raise UsageError(
@@ -262,8 +261,6 @@ def read_input_text(args: argparse.Namespace) -> str | None:
     if not str(args.text).strip():
         raise UsageError("--text is empty; give the path of a UTF-8 plain-text file, or leave "
                          "--text out for the built-in sample.")
-    from ..inputs.text import read_text
-
     try:
         text = read_text(args.text)
     except ValueError as err:
