@@ -394,8 +394,8 @@ def test_the_one_time_dequantisation_says_so_on_stderr(fake_gguf, capsys):
     assert len(err) == 2
     models._load_hf(source, torch.float32)
     assert calls == ["fake.gguf"] and "de-quantis" not in capsys.readouterr().err
-    assert models._dequantise_guess(models.MODELS["smollm2-135m"].size) < models._dequantise_guess(
-        models.MODELS["gemma3-270m"].size) < models._dequantise_guess(10**9)
+    assert models._dequantise_guess(models.MODELS["smollm2-135m"].files.size) < models._dequantise_guess(
+        models.MODELS["gemma3-270m"].files.size) < models._dequantise_guess(10**9)
 
 
 def test_a_failed_dequantisation_ends_its_line(fake_gguf, monkeypatch, capsys):

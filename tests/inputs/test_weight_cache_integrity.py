@@ -215,7 +215,7 @@ def fill_everything(cache: Path, tmp_path: Path) -> dict[str, Path]:
 
     gguf = source_file(tmp_path / "m.gguf")
     entry = fill(weight_cache.entry_key(gguf, "float32"), b"w" * 300_000)
-    name = next(n for n, spec in MODELS.items() if spec.split is not None or spec.size is not None)
+    name = next(n for n, spec in MODELS.items() if spec.split is not None or spec.files.size is not None)
     assembled = cache / name / MODELS[name].gguf_name
     assembled.parent.mkdir()
     assembled.write_bytes(b"g" * 2048)

