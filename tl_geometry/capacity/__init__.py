@@ -1,12 +1,9 @@
 """Retrieval capacity: how few keys per query a model needs (SPEC §10, ``docs/capacity.md``).
 
-``top_n_attention`` gives TransformerLens hooks on ``blocks.{l}.attn.hook_pattern`` that keep
-only each query's top-``N`` attention weights, renormalised or not (``topn.py``; the pure
-operation is ``sparsify_pattern``); ``N`` is one number for every head or a per-head
-``TopNPolicy`` (``policy.py``). ``retrieval_capacity`` and ``capacity_sweep`` measure what that
-costs in next-token loss, for the whole model or one layer / head at a time (``sweep.py``);
-``head_geometry`` and ``capacity_correlation`` ask which per-head quantity predicts that cost
-(``geometry.py``).
+``top_n_attention`` gives hooks on ``blocks.{l}.attn.hook_pattern`` that keep only each query's
+top-``N`` attention weights (one ``N`` or a per-head ``TopNPolicy``); ``retrieval_capacity`` and
+``capacity_sweep`` measure the loss that costs; ``capacity_correlation`` asks which per-head
+quantity predicts it.
 
     with tl_geometry.capacity.top_n_attention(model, 8):
         loss = model(tokens, return_type="loss")

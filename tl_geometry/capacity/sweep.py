@@ -1,11 +1,5 @@
-"""Retrieval capacity: how few keys per query a model needs (method in docs/capacity.md).
-
-:func:`retrieval_capacity` measures the next-token loss when every head in scope keeps only
-each query's top-``N`` attention weights (:func:`~tl_geometry.capacity.topn.top_n_attention`),
-for several ``N``, and reads off ``N*``, the smallest ``N`` whose relative loss increase is
-within a tolerance. :func:`capacity_sweep` does the same one layer or one head at a time, in
-batched forwards like :func:`~tl_geometry.ablation.head_sensitivity`.
-"""
+"""Retrieval capacity: the loss of top-``N`` attention on a scope, or on one layer / head at a
+time, in batched forwards (method in docs/capacity.md)."""
 
 from __future__ import annotations
 
@@ -52,32 +46,44 @@ def _check_tolerance(tolerance: Any) -> float:
     return float(tolerance)
 
 
-def _bar(progress: bool, total: int, desc: str) -> Any:
-    return progress_counter(total, desc, "replica") if progress else None
+def _scope(model: Any, tokens: Any, layers: Any, heads: Any) -> tuple[Tensor, int, int, Tensor]:
+    """Checked ``tokens``, the model's shape and the ``[layer, head]`` scope mask."""
+    tokens = _hooks.check_tokens(tokens, model=model)
+    n_layers, n_heads = model_facts(model).shape()
+    mask = _topn.scope_mask(n_layers, n_heads, layers, heads)
+    _topn.check_pattern_hooks(model, mask)
+    return tokens, n_layers, n_heads, mask
 
 
 def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: SparsifyMode,
-            attention_mask: Tensor | None, dense: float, dense_windows: WindowLosses,
-            batch_size: int | None, progress: bool, desc: str) -> tuple[Tensor, Tensor, int]:
-    """Loss per replica and per window (``[replica]``, ``[replica, window]``); replicas with
-    ``N ≥ pos`` change nothing and get the dense losses without a forward (so ``N ≥ T`` is
-    exactly dense). Returns both losses and the forwards run."""
+            attention_mask: Tensor | None, batch_size: int | None, progress: bool, desc: str,
+            metadata: dict[str, Any]) -> tuple[float, WindowLosses, Tensor, Tensor, dict[str, Any]]:
+    """The dense loss and per-window losses, then each replica's loss and per-window losses
+    (``[replica]``, ``[replica, window]``) and the metadata (``metadata``'s keys after
+    ``tokens``). Replicas with ``N ≥ pos`` change nothing and get the dense losses without a
+    forward (so ``N ≥ T`` is exactly dense)."""
+    start = time.perf_counter()
+    dense = model_loss(model, tokens, attention_mask)
+    dense_windows = window_losses(model, tokens, attention_mask)
     losses = torch.full((len(n),), dense, dtype=torch.float64)
     window = dense_windows.loss.expand(len(n), -1).clone()
     run = n < tokens.shape[1]
-    if not run.any():
-        return losses, window, 0
-    per_forward = batch_size or replicas_per_forward(model, *tokens.shape)
-    bar = _bar(progress, int(run.sum()), desc)
-    try:
-        sparse = _topn.sparsified_losses(model, tokens, n[run], masks[run], mode,
-                                         attention_mask=attention_mask, per_forward=per_forward,
-                                         progress=bar)
-    finally:
-        if bar is not None:
-            bar.close()
-    losses[run], window[run] = sparse.total, sparse.loss
-    return losses, window, -(-int(run.sum()) // per_forward)
+    forwards = 0
+    if run.any():
+        per_forward = batch_size or replicas_per_forward(model, *tokens.shape)
+        bar = progress_counter(int(run.sum()), desc, "replica") if progress else None
+        try:
+            sparse = _topn.sparsified_losses(model, tokens, n[run], masks[run], mode,
+                                             attention_mask=attention_mask, per_forward=per_forward,
+                                             progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        losses[run], window[run] = sparse.total, sparse.loss
+        forwards = -(-int(run.sum()) // per_forward)
+    metadata = {"tokens": list(tokens.shape), **metadata, "forwards": forwards,
+                "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
+    return dense, dense_windows, losses, window, metadata
 
 
 def _check_batch_size(batch_size: Any) -> None:
@@ -86,16 +92,14 @@ def _check_batch_size(batch_size: Any) -> None:
         raise ValueError(f"batch_size must be a positive int (replicas per forward), got {batch_size!r}.")
 
 
-# --- the whole-scope curve ------------------------------------------------------------------------
 @dataclass
 class RetrievalCapacity:
     """Loss against ``N`` when the heads in scope keep only each query's top-``N`` keys.
 
-    ``loss[i]`` is the mean next-token loss at ``n_values[i]`` (same order); ``dense_loss`` the
-    model's own loss; ``n_star`` the smallest ``N`` with ``(loss − dense) / dense ≤ tolerance``.
-    ``window_loss[i, b]``, ``dense_window_loss[b]`` and ``window_weight[b]`` are the same losses
-    on each window (sequence) ``b`` alone and its number of valid predictions, for an interval
-    over windows (SPEC §8; ``None`` for an object built without them).
+    ``loss[i]`` is the mean next-token loss at ``n_values[i]``; ``dense_loss`` the model's own.
+    ``window_loss[i, b]``, ``dense_window_loss[b]`` and ``window_weight[b]``: the same on window
+    ``b`` alone and its valid predictions, for an interval over windows (SPEC §8; ``None`` for
+    an object built without them).
     """
 
     n_values: tuple[int, ...]
@@ -121,8 +125,8 @@ class RetrievalCapacity:
         return min(ok) if ok else None
 
     def to_pandas(self):
-        """``n, mode, scope, tolerance, loss, dense_loss, relative_increase, within_tolerance``,
-        one row per N."""
+        """One row per N: ``n, mode, scope, tolerance, loss, dense_loss, relative_increase,
+        within_tolerance``."""
         import pandas as pd
 
         rel = self.relative_increase
@@ -134,9 +138,7 @@ class RetrievalCapacity:
 
     def plot(self, ax: Any = None):
         """Loss against ``N`` (log axis), the dense loss and its tolerance band, ``N*`` marked
-        (:func:`tl_geometry.views.capacity.capacity_plot`): a figure built without pyplot, which
-        a notebook shows once, as an image; with ``ax``, drawn there and ``ax`` returned (the
-        figure is the caller's to show)."""
+        (:func:`tl_geometry.views.capacity.capacity_plot`)."""
         from ..views.capacity import capacity_plot
 
         return capacity_plot(self.to_pandas(), ax=ax)
@@ -161,11 +163,10 @@ def retrieval_capacity(
 ) -> RetrievalCapacity:
     """Loss with every head in scope sparsified to its top-``N`` keys, for each ``N``.
 
-    ``loss_N = CE(model with top_n_attention(N, mode) on the scope)``, the mean next-token
-    cross-entropy over the valid positions of ``tokens``; ``N* = min{N : (loss_N − loss_dense) /
-    loss_dense ≤ tolerance}``. The ``N`` values go through the model as stacked copies of the
-    batch (``batch_size`` copies per forward, by default as many as fit the memory budget).
-    ``N ≥`` the sequence length changes no row and gives exactly the dense loss.
+    ``loss_N = CE(model with top_n_attention(N, mode) on the scope)`` over the valid positions
+    of ``tokens``; ``N* = min{N : (loss_N − loss_dense) / loss_dense ≤ tolerance}``. The ``N``
+    values run as stacked copies of the batch (``batch_size`` per forward, by default as many as
+    fit the memory budget); ``N ≥`` the sequence length gives exactly the dense loss.
 
     Examples:
         >>> cap = tl_geometry.capacity.retrieval_capacity(model, tokens, (1, 2, 4, 8, 16, 32))  # doctest: +SKIP
@@ -176,36 +177,24 @@ def retrieval_capacity(
     tolerance = _check_tolerance(tolerance)
     _check_batch_size(batch_size)
     progress = check_progress(progress)
-    tokens = _hooks.check_tokens(tokens, model=model)
-    n_layers, n_heads = model_facts(model).shape()
-    mask = _topn.scope_mask(n_layers, n_heads, layers, heads)
-    _topn.check_pattern_hooks(model, mask.any(1).nonzero().flatten().tolist())
+    tokens, _, _, mask = _scope(model, tokens, layers, heads)
     scope = ("all heads" if bool(mask.all()) else
              f"layers {mask.all(1).nonzero().flatten().tolist()}" if layers is not None else
              f"{int(mask.sum())} heads")
-
-    start = time.perf_counter()
-    dense = model_loss(model, tokens, attention_mask)
-    dense_windows = window_losses(model, tokens, attention_mask)
-    n = torch.tensor(values)
-    losses, per_window, forwards = _losses(model, tokens, n, mask.expand(len(values), -1, -1), mode,
-                                           attention_mask, dense, dense_windows, batch_size, progress,
-                                           "retrieval capacity")
-    metadata = {"tokens": list(tokens.shape), "forwards": forwards,
-                "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
+    dense, dense_windows, losses, per_window, metadata = _losses(
+        model, tokens, torch.tensor(values), mask.expand(len(values), -1, -1), mode, attention_mask,
+        batch_size, progress, "retrieval capacity", {})
     return RetrievalCapacity(values, losses, dense, mode, tolerance, scope, metadata, per_window,
                              dense_windows.loss[0], dense_windows.weight)
 
 
-# --- per-layer and per-head sweeps ------------------------------------------------------------------
 @dataclass
 class CapacitySweep:
     """Loss with one layer (``by="layer"``) or one head (``by="head"``) alone sparsified.
 
     ``loss[i, l]`` (layer sweep) or ``loss[i, l, h]`` (head sweep) at ``N = n_values[i]``; NaN
-    for what was not swept. ``window_loss[..., b]`` (same leading axes), ``dense_window_loss[b]``
-    and ``window_weight[b]``: the same losses on each window ``b`` alone and its number of valid
-    predictions (``None`` for an object built without them).
+    for what was not swept. ``window_loss[..., b]``, ``dense_window_loss[b]`` and
+    ``window_weight[b]`` as in :class:`RetrievalCapacity`.
     """
 
     n_values: tuple[int, ...]
@@ -258,10 +247,9 @@ def capacity_sweep(
 ) -> CapacitySweep:
     """Loss when each head (or each layer) alone keeps only its top-``N`` keys, for each ``N``.
 
-    One replica per (``N``, head) or (``N``, layer): the batch is stacked ``batch_size`` times
-    (default: the memory budget of :func:`~tl_geometry.ablation.head_sensitivity`) and copy ``r`` has its
-    own head sparsified to its own ``N``, so the sweep takes ``⌈|N|·L·H / batch_size⌉`` forwards.
-    ``layers`` / ``heads`` limit the sweep (the rest is NaN).
+    One replica per (``N``, head) or (``N``, layer), ``batch_size`` per forward (default: by
+    memory budget), so the sweep takes ``⌈|N|·L·H / batch_size⌉`` forwards. ``layers`` /
+    ``heads`` limit the sweep (the rest is NaN).
 
     Examples:
         >>> sweep = tl_geometry.capacity.capacity_sweep(model, tokens, (2, 8), by="head")    # doctest: +SKIP
@@ -275,33 +263,20 @@ def capacity_sweep(
         raise ValueError(f"by must be 'head' or 'layer', got {by!r}.")
     if by == "layer" and heads is not None:
         raise ValueError('heads limits a by="head" sweep; a layer sweep takes layers.')
-    tokens = _hooks.check_tokens(tokens, model=model)
-    n_layers, n_heads = model_facts(model).shape()
-    scope = _topn.scope_mask(n_layers, n_heads, layers, heads)
-    _topn.check_pattern_hooks(model, scope.any(1).nonzero().flatten().tolist())
+    tokens, n_layers, n_heads, scope = _scope(model, tokens, layers, heads)
+    # A unit is a (layer, head) pair, or a (layer,) of a layer sweep.
     units = scope.nonzero() if by == "head" else scope.any(1).nonzero()
     one = torch.zeros(len(units), n_layers, n_heads, dtype=torch.bool)
-    if by == "head":
-        one[torch.arange(len(units)), units[:, 0], units[:, 1]] = True
-    else:
-        one[torch.arange(len(units)), units[:, 0]] = True
-    masks = one.repeat(len(values), 1, 1)
+    alone = (torch.arange(len(units)), *units.T)  # replica r sparsifies unit r alone
+    one[alone] = True
     n = torch.tensor(values).repeat_interleave(len(units))
-
-    start = time.perf_counter()
-    dense = model_loss(model, tokens, attention_mask)
-    dense_windows = window_losses(model, tokens, attention_mask)
-    losses, per_window, forwards = _losses(model, tokens, n, masks, mode, attention_mask, dense,
-                                           dense_windows, batch_size, progress, f"capacity per {by}")
-    shape = (len(values), n_layers, n_heads) if by == "head" else (len(values), n_layers)
+    dense, dense_windows, losses, per_window, metadata = _losses(
+        model, tokens, n, one.repeat(len(values), 1, 1), mode, attention_mask, batch_size, progress,
+        f"capacity per {by}", {"tokens_digest": token_digest(tokens, attention_mask), "replicas": len(n)})
+    shape = (len(values), *scope.shape[:units.shape[1]])
     loss = torch.full(shape, math.nan, dtype=torch.float64)
     window_loss = torch.full((*shape, tokens.shape[0]), math.nan, dtype=torch.float64)
-    i = torch.arange(len(values)).repeat_interleave(len(units))
-    at = (i, units[:, 0].repeat(len(values))) + (
-        (units[:, 1].repeat(len(values)),) if by == "head" else ())
+    at = (torch.arange(len(values)).repeat_interleave(len(units)), *units.repeat(len(values), 1).T)
     loss[at], window_loss[at] = losses, per_window
-    metadata = {"tokens": list(tokens.shape), "tokens_digest": token_digest(tokens, attention_mask),
-                "replicas": len(n), "forwards": forwards,
-                "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
     return CapacitySweep(values, loss, dense, by, mode, metadata, window_loss, dense_windows.loss[0],
                          dense_windows.weight)

@@ -1,17 +1,10 @@
-"""Top-N attention sparsification as TransformerLens hooks on ``hook_pattern``.
+"""Top-N attention sparsification as TransformerLens hooks on ``hook_pattern`` (SPEC §10).
 
-For every query row of ``blocks.{l}.attn.hook_pattern`` (``[batch, head, query, key]``) keep the
-``N`` largest weights (ties → lower index, SPEC §2) and either **renormalise** them to sum to one
-or **delete** the rest (no renormalisation). The model then computes ``z = pattern · v`` from the
-sparsified pattern, so the intervention acts on exactly what the head reads (one query head at a
-time, also under GQA / MQA, where several query heads share ``hook_v``).
-
-Every hook returns a new tensor: writing into the hook's activation in place would also rewrite
-any copy the caller caches from the same hook point.
-
-``N`` is one number for every head in scope, or a per-head policy (:mod:`.policy`: a
-``[layer, head]`` tensor, a ``{(layer, head): N}`` dict or a :class:`~.policy.TopNPolicy`) that
-the same hook applies head by head.
+Each query row of ``blocks.{l}.attn.hook_pattern`` keeps its ``N`` largest weights (ties → lower
+index, SPEC §2), renormalised or not; ``z = pattern · v`` then reads only those, one query head
+at a time, also under GQA / MQA. ``N`` is one number or a per-head policy (:mod:`.policy`).
+Every hook returns a new tensor: writing into the activation in place would also rewrite any
+copy the caller caches from the same hook point.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from ..forward import hooks as _hooks
 from ..forward.losses import WindowLosses, stacked_window_losses
 from ..functional.selection import top_n_ranks
 from ..inputs.facts import model_facts
-from .policy import TopNPolicy, as_policy
+from .policy import MAX_N, TopNPolicy, as_policy
 
 PATTERN_HOOK = "blocks.{layer}.attn.hook_pattern"
 SparsifyMode = Literal["renormalize", "delete"]
@@ -36,20 +29,14 @@ SparsifyMode = Literal["renormalize", "delete"]
 SPARSIFY_MODES: tuple[str, ...] = get_args(SparsifyMode)
 
 
-# --- validation -------------------------------------------------------------------------------
 def check_sparsify_mode(mode: str) -> None:
     if mode not in SPARSIFY_MODES:
         raise ValueError(f"mode must be one of {SPARSIFY_MODES}, got {mode!r}.")
 
 
-#: The largest ``N`` (int64, the dtype of the ranks it is compared with); any ``N`` at least the
-#: number of keys already keeps every key.
-MAX_N = 2**63 - 1
-
-
 def check_n(n: Any, name: str = "n") -> int:
-    """``N`` must be an int in ``1 … MAX_N`` (``N`` keys kept per query): no bool, float, str,
-    ``None`` or tensor (a float ``1.5`` or ``True`` would otherwise be coerced silently)."""
+    """``N`` as an int in ``1 … MAX_N``: a bool, float, str, ``None`` or tensor is refused, not
+    coerced silently."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise ValueError(f"{name} must be an int ≥ 1 (keys kept per query), got {n!r} "
                          f"({type(n).__name__}).")
@@ -63,8 +50,7 @@ def check_n(n: Any, name: str = "n") -> int:
 
 
 def check_n_limit(n: Any, rows: torch.Size) -> Tensor:
-    """``n`` of :func:`sparsify_pattern` as a tensor: an int (:func:`check_n`) or an integer
-    tensor of values ``≥ 1`` that broadcasts against the rows' leading dimensions ``rows``."""
+    """``n`` as a tensor: an int (:func:`check_n`) or integers ``≥ 1`` broadcasting to ``rows``."""
     if not isinstance(n, Tensor):
         return torch.tensor(check_n(n))
     if n.dtype == torch.bool or n.is_floating_point() or n.is_complex():
@@ -84,8 +70,8 @@ def check_n_limit(n: Any, rows: torch.Size) -> Tensor:
 
 
 def check_weights(pattern: Any, name: str = "pattern") -> None:
-    """Attention weights must be a real, finite, non-negative float tensor of rank ≥ 2: a NaN,
-    negative or infinite weight would be ranked and renormalised into a silent wrong answer."""
+    """Refuse weights a NaN, ±inf or negative entry of which would be ranked and renormalised
+    into a silent wrong answer (and non-float or rank < 2 tensors)."""
     if not isinstance(pattern, Tensor) or not pattern.is_floating_point() or pattern.ndim < 2:
         what = (f"a {pattern.dtype} tensor of shape {tuple(pattern.shape)}"
                 if isinstance(pattern, Tensor) else type(pattern).__name__)
@@ -101,8 +87,9 @@ def check_weights(pattern: Any, name: str = "pattern") -> None:
                          "not the scores.")
 
 
-def check_pattern_hooks(model: Any, layers: Iterable[int]) -> None:
-    """The model must offer ``hooks(fwd_hooks=...)`` and ``blocks.{l}.attn.hook_pattern``."""
+def check_pattern_hooks(model: Any, mask: Tensor) -> None:
+    """The model must offer ``hooks(fwd_hooks=...)`` and the ``hook_pattern`` of every layer
+    with a head in ``mask``."""
     if not callable(getattr(model, "hooks", None)):
         raise ValueError(
             f"{type(model).__name__} has no hooks(fwd_hooks=...) context manager; top-N attention "
@@ -111,7 +98,7 @@ def check_pattern_hooks(model: Any, layers: Iterable[int]) -> None:
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
         return
-    names = [PATTERN_HOOK.format(layer=layer) for layer in layers]
+    names = [PATTERN_HOOK.format(layer=layer) for layer in _layers(mask)]
     missing = [name for name in names if name not in hook_dict]
     if missing:
         raise ValueError(
@@ -119,6 +106,11 @@ def check_pattern_hooks(model: Any, layers: Iterable[int]) -> None:
             "attention rewrites each head's pattern [batch, head, query, key]. Use a "
             "TransformerLens 4.x TransformerBridge or a HookedTransformer."
         )
+
+
+def _layers(mask: Tensor) -> list[int]:
+    """The layers with a head in the ``[layer, head]`` (or ``[replica, layer, head]``) mask."""
+    return mask.reshape(-1, *mask.shape[-2:]).any(dim=(0, 2)).nonzero().flatten().tolist()
 
 
 def scope_mask(
@@ -130,15 +122,14 @@ def scope_mask(
     if layers is not None and heads is not None:
         raise ValueError("Pass layers or heads, not both: layers sparsifies every head of those "
                          "layers, heads only the listed (layer, head) pairs.")
-    if layers is not None and not isinstance(layers, (str, bytes)) and isinstance(layers, Iterable):
-        layers = list(layers)
-        if len(set(layers)) != len(layers):  # as analyze_heads: a repeat is a typo, not a scope
-            raise ValueError(f"layers has duplicates: {layers}; give each layer once.")
     if heads is not None:
         mask = _hooks.head_mask(heads, n_layers, n_heads)
     elif layers is not None:
         if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
             raise ValueError(f"layers must be layer indices, e.g. [0, 5], got {layers!r}.")
+        layers = list(layers)
+        if len(set(layers)) != len(layers):  # as analyze_heads: a repeat is a typo, not a scope
+            raise ValueError(f"layers has duplicates: {layers}; give each layer once.")
         mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
         for i, layer in enumerate(layers):
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
@@ -152,7 +143,6 @@ def scope_mask(
     return mask
 
 
-# --- the pure operation -------------------------------------------------------------------------
 def sparsify_pattern(
     pattern: Float[Tensor, "*batch query key"],
     n: int | Int[Tensor, "*nbatch"],
@@ -160,16 +150,13 @@ def sparsify_pattern(
 ) -> Float[Tensor, "*batch query key"]:
     """Keep each query row's top-``n`` weights (ties → lower index), renormalised or not.
 
-    Only causal keys (``key ≤ query``, aligned at the end when there are fewer queries than
-    keys) compete; masked keys (future, padding) carry weight 0 and are never kept over a valid
-    key with positive weight. ``renormalize`` divides the kept weights by their sum; ``delete``
-    leaves them as they are. A row that loses no positive weight, in particular a row with
-    ``≤ n`` valid keys, is returned bit for bit unchanged. ``n`` may be an integer tensor that
-    broadcasts against the rows (one ``N`` per replica). A new tensor is returned.
-
-    Raises ``ValueError`` for an ``n`` that is not an int ``≥ 1`` (no bool, float, str, ``None``;
-    at most ``2**63 - 1``) or an integer tensor of such values, and for weights that are NaN,
-    infinite, negative or on the meta device.
+    Only causal keys (``key ≤ query``, aligned at the end) compete; masked keys carry weight 0
+    and are never kept over a valid key with positive weight. ``renormalize`` divides the kept
+    weights by their sum; ``delete`` leaves them. A row that loses no positive weight (e.g. one
+    with ``≤ n`` valid keys) is returned bit for bit unchanged. ``n`` may be an integer tensor
+    broadcasting against the rows (one ``N`` per replica). ``ValueError`` for an ``n`` that is
+    not an int in ``1 … 2**63 - 1`` (or a tensor of such), and for NaN, infinite, negative or
+    meta weights.
 
     >>> sparsify_pattern(torch.tensor([[1.0, 0.0], [0.25, 0.75]]), 1).tolist()
     [[1.0, 0.0], [0.0, 1.0]]
@@ -183,8 +170,8 @@ def sparsify_pattern(
 
 
 def _sparsify(pattern: Tensor, n: Tensor, mode: SparsifyMode) -> Tensor:
-    """:func:`sparsify_pattern` without the checks: the hooks' path, on the model's own softmax
-    output, where a check per forward would cost a device sync."""
+    """:func:`sparsify_pattern` unchecked: the hooks' path, where a check per forward would
+    cost a device sync."""
     n_query, n_key = pattern.shape[-2:]
     causal = torch.ones(n_query, n_key, dtype=torch.bool, device=pattern.device).tril(n_key - n_query)
     ranks = top_n_ranks(pattern, causal)
@@ -197,25 +184,20 @@ def _sparsify(pattern: Tensor, n: Tensor, mode: SparsifyMode) -> Tensor:
     return torch.where(dropped, kept, pattern)
 
 
-def _check_pattern(pattern: Tensor, n_heads: int, name: str) -> None:
-    if pattern.ndim != 4 or pattern.shape[1] != n_heads:
-        raise ValueError(f"{name} has shape {tuple(pattern.shape)}; expected [batch, head={n_heads}, "
-                         "query, key]. The model's hook_pattern must hold every query head's weights.")
-
-
 def replica_pattern_hook(
     layer: int, n: Int[Tensor, "replica ..."], where: Bool[Tensor, "replica head"], mode: SparsifyMode,
     n_heads: int,
 ) -> Callable[..., Tensor]:
-    """Hook for a batch of ``R`` stacked copies of the input: in copy ``r`` the heads
-    ``where[r]`` keep their top-``n[r]`` keys (``n [R]``), or head ``h`` its top-``n[r, h]``
-    (``n [R, head]``: a per-head policy). Only the copies with a head in this layer are sorted;
-    one ``torch.where``, no head loop."""
+    """Hook for ``R`` stacked copies of the input: in copy ``r`` the heads ``where[r]`` keep their
+    top-``n[r]`` keys (``n [R]``), or head ``h`` its top-``n[r, h]`` (``n [R, head]``, a policy).
+    Only the copies with a head in this layer are sorted; no head loop."""
     name = PATTERN_HOOK.format(layer=layer)
     touched = where.any(1).nonzero().flatten()
 
     def hook(pattern: Tensor, hook: Any = None) -> Tensor:
-        _check_pattern(pattern, n_heads, name)
+        if pattern.ndim != 4 or pattern.shape[1] != n_heads:
+            raise ValueError(f"{name} has shape {tuple(pattern.shape)}; expected [batch, head={n_heads}, "
+                             "query, key]. The model's hook_pattern must hold every query head's weights.")
         n_rep = where.shape[0]
         stacked = pattern.reshape(n_rep, pattern.shape[0] // n_rep, *pattern.shape[1:])
         index = touched.to(pattern.device)
@@ -231,6 +213,15 @@ def replica_pattern_hook(
     return hook
 
 
+def _pattern_hooks(n: Tensor, masks: Bool[Tensor, "replica layer head"], mode: SparsifyMode,
+                   n_heads: int) -> _hooks.HookList:
+    """One :func:`replica_pattern_hook` per layer with a head in ``masks``; ``n`` is ``[R]``
+    or, per head, ``[R, layer, head]``."""
+    return [(PATTERN_HOOK.format(layer=layer),
+             replica_pattern_hook(layer, n[:, layer] if n.ndim == 3 else n, masks[:, layer], mode, n_heads))
+            for layer in _layers(masks)]
+
+
 class TopNAttention(_hooks.HookContext):
     """``(hook_name, fn)`` pairs that sparsify attention to the top ``n`` keys, usable as::
 
@@ -244,17 +235,9 @@ class TopNAttention(_hooks.HookContext):
     _made_by = "top_n_attention(model, n)"
 
     def __init__(self, model: Any, n: int | TopNPolicy, mode: SparsifyMode, mask: Tensor) -> None:
-        _, n_heads = model_facts(model).shape()
-        self.layers = mask.any(1).nonzero().flatten().tolist()
-
-        def limit(layer: int) -> Tensor:  # [1] (one N) or [1, head] (a policy's row)
-            return n.n[layer][None] if isinstance(n, TopNPolicy) else torch.tensor([n])
-
-        super().__init__(
-            (PATTERN_HOOK.format(layer=layer),
-             replica_pattern_hook(layer, limit(layer), mask[layer][None], mode, n_heads))
-            for layer in self.layers
-        )
+        limit = n.n[None] if isinstance(n, TopNPolicy) else torch.tensor([n])
+        super().__init__(_pattern_hooks(limit, mask[None], mode, model_facts(model).shape()[1]))
+        self.layers = _layers(mask)
         self.model, self.n, self.mode, self.mask = model, n, mode, mask
         self._contexts: list[Any] = []
 
@@ -275,16 +258,12 @@ def top_n_attention(
     """Hooks that keep only each query's top-``n`` attention weights (:func:`sparsify_pattern`).
 
     ``n`` is one ``N`` for every head in scope, or a per-head policy (SPEC §10): a
-    :class:`~tl_geometry.capacity.TopNPolicy`, an integer ``[n_layers, n_heads]`` tensor, or a
-    ``{(layer, head): N}`` dict, in which heads not listed keep every key; ``N = 0`` in a tensor
-    or policy also keeps every key. A policy is applied by the same hook as a uniform ``N``, head
-    by head, and is its own scope (no ``layers`` / ``heads`` with it).
-
-    Scope of a uniform ``N``: every head of the model (default), every head of ``layers``, or the
-    ``(layer, head)`` pairs (or ``[n_layers, n_heads]`` bool mask) ``heads``. One hook per layer in
-    scope, on ``blocks.{l}.attn.hook_pattern``; heads outside the scope are left bit for bit
-    unchanged. ``N`` at least the sequence length changes nothing. The hooks return new tensors
-    and are removed when the ``with`` block or ``run_with_hooks`` call ends, also on an exception.
+    :class:`~tl_geometry.capacity.TopNPolicy`, an integer ``[n_layers, n_heads]`` tensor or a
+    ``{(layer, head): N}`` dict (heads not listed, or with ``N = 0``, keep every key), which is
+    its own scope. A uniform ``N`` acts on every head (default), every head of ``layers``, or the
+    ``(layer, head)`` pairs / bool mask ``heads``; heads outside the scope are left bit for bit
+    unchanged, and ``N`` ≥ the sequence length changes nothing. The hooks are removed when the
+    ``with`` block or ``run_with_hooks`` call ends, also on an exception.
 
     Examples:
         >>> with tl_geometry.capacity.top_n_attention(model, 8, "renormalize", layers=[0, 1]):  # doctest: +SKIP
@@ -308,11 +287,10 @@ def top_n_attention(
     else:
         limit = check_n(n)  # an int ≥ 1: a bool, float, str or None is refused
         mask = scope_mask(n_layers, n_heads, layers, heads)
-    check_pattern_hooks(model, mask.any(1).nonzero().flatten().tolist())
+    check_pattern_hooks(model, mask)
     return TopNAttention(model, limit, mode, mask)
 
 
-# --- batched losses -----------------------------------------------------------------------------
 @torch.no_grad()
 def sparsified_losses(
     model: Any,
@@ -325,26 +303,14 @@ def sparsified_losses(
     per_forward: int | None = None,
     progress: Any = None,
 ) -> WindowLosses:
-    """Next-token loss with the heads ``masks[r]`` sparsified to ``n[r]`` keys, per ``r``
-    (``n [R]``), or head ``(l, h)`` to ``n[r, l, h]`` keys (``n [R, layer, head]``: policies),
-    on every window of ``tokens`` (:class:`~tl_geometry.forward.losses.WindowLosses`; ``.total``
-    is each replica's mean over all valid predictions).
-
-    ``per_forward`` copies of the batch go through one forward, each with its own ``N`` and
-    heads; losses are summed in float64, as in
-    :func:`~tl_geometry.forward.losses.stacked_window_losses`.
-    """
+    """Per-window next-token losses with the heads ``masks[r]`` sparsified to ``n[r]`` keys
+    (``n [R]``), or head ``(l, h)`` to ``n[r, l, h]`` (``n [R, layer, head]``: policies), in
+    stacked forwards of ``per_forward`` replicas
+    (:func:`~tl_geometry.forward.losses.stacked_window_losses`)."""
     _, n_heads = model_facts(model).shape()
 
     def hooks_for(start: int, stop: int) -> _hooks.HookList:
-        chunk, limits = masks[start:stop], n[start:stop]
-        layers = chunk.any(dim=(0, 2)).nonzero().flatten().tolist()
-
-        def at(layer: int) -> Tensor:  # [R] or, for per-head limits, [R, head]
-            return limits[:, layer] if limits.ndim == 3 else limits
-
-        return [(PATTERN_HOOK.format(layer=layer),
-                 replica_pattern_hook(layer, at(layer), chunk[:, layer], mode, n_heads)) for layer in layers]
+        return _pattern_hooks(n[start:stop], masks[start:stop], mode, n_heads)
 
     return stacked_window_losses(model, tokens, len(n), hooks_for, attention_mask=attention_mask,
                                  per_forward=per_forward, progress=progress)
