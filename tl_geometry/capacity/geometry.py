@@ -1,15 +1,11 @@
 """Does a head's geometry predict what top-N sparsification costs?
 
-Per head: the measured ``F_N`` (SPEC §3), the shell certificate ``F̲_N`` (SPEC §6d, budgets
-``K = 0`` and ``K = N``), the tail mass ``τ_N`` and the relative output error
-``‖o − o_N‖/‖o‖`` of the renormalised top-``N`` set (SPEC §10) at the last query of each
-sequence, averaged over sequences; next to them the loss increase when that head alone keeps
-only its top-``N`` keys (:func:`~tl_geometry.capacity.capacity_sweep`). Spearman's ρ between each
-predictor and the loss increase, over all heads, is the number reported per model (SPEC §10:
-which per-head quantity predicts the loss best). A head whose top-``N`` keys are geometrically
-separable should lose little when the rest is cut: the expected sign is ρ < 0 for ``F_N`` and
-its certificates; a head that leaves more attention (``τ_N``) or more of its output (the
-relative error) outside the top-``N`` should lose more: ρ > 0 for those two.
+Per head: ``F_N`` (SPEC §3), the shell certificate ``F̲_N`` (SPEC §6d, ``K = 0`` and ``K = N``),
+the tail mass ``τ_N`` and the relative output error ``‖o − o_N‖/‖o‖`` of the renormalised
+top-``N`` set (SPEC §10), against the loss increase when that head alone keeps only its top-``N``
+keys; Spearman's ρ over heads is the number reported per model (SPEC §10). A head whose top-``N``
+keys are separable should lose little when the rest is cut (expected ρ < 0 for ``F_N`` and its
+certificates); one that leaves more attention or output outside them should lose more (ρ > 0).
 """
 
 from __future__ import annotations
@@ -42,14 +38,11 @@ EXPECTED_SIGN = {"f_score": -1, "shell_k0": -1, "shell_kn": -1, "tail_mass": 1, 
 def head_geometry(
     model: Any, tokens: Int[Tensor, "batch pos"], n: int, *, attention_mask: Tensor | None = None,
 ) -> dict[str, Float[Tensor, "layer head"]]:
-    """Per head, the mean over sequences (at each one's last valid query) of the measured
-    ``F_N`` (``"f_score"``), of the shell certificate with ``K = 0`` (``"shell_k0"``) and
-    ``K = N`` (``"shell_kn"``), of the tail mass ``τ_N`` (``"tail_mass"``) and of the relative
-    output error of the renormalised top-``N`` (``"truncation_error"``, SPEC §10); NaN where
-    ``N`` is out of range. One cached forward (``hook_pattern`` and ``hook_v`` only). On a
-    sliding-window layer (the model's config: Gemma-3's local layers see 512 keys) only the keys
-    the last query sees are candidates, as in :func:`tl_geometry.analyze_heads` (SPEC §1).
-    Each sequence's own values: :func:`window_geometry`."""
+    """Per head, the mean over sequences (at each one's last valid query) of every score in
+    :data:`SCORES`: ``F_N``, the shell certificate at ``K = 0`` and ``K = N``, ``τ_N`` and the
+    relative truncation error (SPEC §10); NaN where ``N`` is out of range. One cached forward
+    (``hook_pattern`` and ``hook_v`` only). On a sliding-window layer only the keys the last
+    query sees are candidates, as in :func:`tl_geometry.analyze_heads` (SPEC §1)."""
     return {name: score.nanmean(0) for name, score in
             window_geometry(model, tokens, n, attention_mask=attention_mask).items()}
 
@@ -58,8 +51,8 @@ def head_geometry(
 def window_geometry(
     model: Any, tokens: Int[Tensor, "batch pos"], n: int, *, attention_mask: Tensor | None = None,
 ) -> dict[str, Float[Tensor, "batch layer head"]]:
-    """:func:`head_geometry` per sequence: each score at each sequence's last valid query,
-    ``[batch, layer, head]`` (the rows an interval over windows resamples, SPEC §8)."""
+    """:func:`head_geometry` per sequence, ``[batch, layer, head]`` (the rows an interval over
+    windows resamples, SPEC §8)."""
     check_n(n)
     tokens = _hooks.check_tokens(tokens, model=model)
     n_layers, n_heads = model_facts(model).shape()
@@ -101,13 +94,8 @@ def window_rho(
     window_weight: Float[Tensor, " window"],
     windows: Int[Tensor, " k"],
 ) -> dict[str, float]:
-    """Spearman's ρ over heads (fixed) per score, on the windows ``windows`` (indices, repeats
-    allowed): each head's score is its mean over those windows, its loss increase their
-    prediction-weighted mean (:func:`~tl_geometry.functional.uncertainty.window_mean`).
-    :meth:`CapacityCorrelation.rho_over` on arrays, e.g. ones saved apart from the object.
-
-    ``windows`` must be one resample: a 1-D integer tensor of indices ``0 ≤ i < n_windows``
-    (a ``ValueError`` otherwise, as for shapes that do not share one window axis)."""
+    """:meth:`CapacityCorrelation.rho_over` on arrays, e.g. ones saved apart from the object
+    (a ``ValueError`` for shapes that do not share one window axis)."""
     n_windows = _window_count(window_scores, window_loss_increase, window_weight)
     windows = check_window_indices(windows, n_windows)
     increase = window_mean(window_loss_increase, window_weight, windows)
@@ -115,11 +103,8 @@ def window_rho(
 
 
 def _window_count(window_scores: dict[str, Tensor], window_loss_increase: Tensor, window_weight: Tensor) -> int:
-    """The number of windows the per-window arrays share (the weight's length, the increases'
-    last axis, every score's first axis), after checking that they do share one and that the
-    weight is a prediction count (:func:`~tl_geometry.functional.uncertainty.check_window_weight`):
-    arrays from different runs or windows would otherwise pair the wrong windows, or fail inside
-    torch."""
+    """The number of windows the per-window arrays share, checked: arrays from different runs
+    would otherwise pair the wrong windows, or fail inside torch."""
     if not isinstance(window_weight, Tensor) or window_weight.ndim != 1:
         raise ValueError("window_weight must be a 1-D tensor of per-window prediction counts "
                          "([window]), as CapacityCorrelation.window_weight.")
@@ -153,13 +138,10 @@ def _why_nan(score: Tensor, increase: Tensor) -> str:
 class CapacityCorrelation:
     """Per-head predictors against the loss of sparsifying that head alone to ``N`` keys.
 
-    ``scores[name]`` is ``[layer, head]`` for ``name`` in :data:`SCORES` (``F_N``, its shell
-    certificates, the tail mass ``τ_N`` and the relative truncation error); ``loss_increase`` is
-    ``[layer, head]``; ``rho[name]`` Spearman's ρ of that predictor against the loss increase.
+    ``scores[name]`` and ``loss_increase`` are ``[layer, head]`` for ``name`` in :data:`SCORES`.
     ``window_scores[name]`` (``[window, layer, head]``), ``window_loss_increase`` (``[layer, head,
-    window]``) and ``window_weight`` (``[window]``, valid predictions) are the same per window, so
-    that :meth:`rho_over` can recompute ρ on a resample of the windows (SPEC §8; ``None`` for an
-    object built without them).
+    window]``) and ``window_weight`` (valid predictions) are the same per window, for
+    :meth:`rho_over` (SPEC §8; ``None`` for an object built without them).
     """
 
     n: int
@@ -173,12 +155,9 @@ class CapacityCorrelation:
     window_weight: Float[Tensor, " window"] | None = None
 
     def rho_over(self, windows: Int[Tensor, " k"]) -> dict[str, float]:
-        """Spearman's ρ per score recomputed on the windows ``windows`` (indices, repeats
-        allowed: one bootstrap resample, SPEC §8), the heads fixed: each head's score is its
-        mean over those windows' last queries and its loss increase the prediction-weighted
-        mean of their per-window increases (``Σ w_b ΔL_b / Σ w_b``). ``windows`` must be a 1-D
-        integer tensor of indices into the windows (a ``ValueError`` otherwise: resample batches
-        one row at a time)."""
+        """Spearman's ρ per score on the windows ``windows`` (a 1-D integer tensor of indices,
+        repeats allowed: one bootstrap resample, SPEC §8), the heads fixed: each head's score is
+        its mean over those windows and its loss increase ``Σ w_b ΔL_b / Σ w_b``."""
         if self.window_scores is None or self.window_loss_increase is None or self.window_weight is None:
             raise ValueError("This CapacityCorrelation holds no per-window values (built without "
                              "them); run capacity_correlation again to resample windows.")
@@ -197,9 +176,8 @@ class CapacityCorrelation:
                 if math.isnan(spearman(score, self.loss_increase))}
 
     def summary(self) -> str:
-        """The predictors ranked by how well they order the heads' loss increases: per
-        predictor, Spearman's ρ, the sign a useful predictor has, and ``|ρ|`` when the sign is
-        right (0 when it is wrong, or NaN), as text."""
+        """The predictors as text, ranked by ``|ρ|`` when the sign is the expected one (0 when
+        it is wrong, or NaN)."""
         lines = [f"Per-head predictors of the loss of top-{self.n} ({self.mode}) on one head alone "
                  f"(Spearman ρ over {int(torch.isfinite(self.loss_increase).sum())} heads):"]
         rows = []
@@ -214,8 +192,8 @@ class CapacityCorrelation:
         return "\n".join(lines)
 
     def to_pandas(self):
-        """One row per head: ``layer, head, n, mode``, every predictor of :data:`SCORES`
-        (``f_score, shell_k0, shell_kn, tail_mass, truncation_error``), ``loss_increase``."""
+        """One row per head: ``layer, head, n, mode``, every score of :data:`SCORES`,
+        ``loss_increase``."""
         import pandas as pd
 
         n_layers, n_heads = self.loss_increase.shape
@@ -243,12 +221,9 @@ def capacity_correlation(
     batch_size: int | None = None,
     progress: bool = False,
 ) -> CapacityCorrelation:
-    """Spearman ρ, over heads, between each predictor — ``F_N``, its shell certificates, the tail
-    mass ``τ_N`` and the relative truncation error (SPEC §10) — and the loss increase when that
-    head alone keeps its top-``N`` keys. :meth:`CapacityCorrelation.summary` ranks them.
-
-    ``sweep`` reuses a head :func:`~tl_geometry.capacity.capacity_sweep` that contains ``N`` (and was run
-    on the same ``tokens`` and ``mode``); otherwise one is run.
+    """Spearman ρ, over heads, between each score of :data:`SCORES` (SPEC §10) and the loss
+    increase when that head alone keeps its top-``N`` keys; ``sweep`` reuses a head
+    :func:`~tl_geometry.capacity.capacity_sweep` on the same ``tokens`` and ``mode`` with ``N``.
 
     Examples:
         >>> corr = tl_geometry.capacity.capacity_correlation(model, tokens, 4)     # doctest: +SKIP

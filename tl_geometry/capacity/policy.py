@@ -1,19 +1,17 @@
 """Per-head top-N policies: how many keys each query head keeps (SPEC §10, ours).
 
 A :class:`TopNPolicy` maps every (layer, query head) of a model to an ``N``: under
-:func:`~tl_geometry.capacity.top_n_attention` that head keeps each query's top-``N`` attention weights
-(ties → lower index, SPEC §2), by the same hook as a uniform ``N``; ``N = 0``
-(:data:`KEEP_ALL`) leaves the head dense. A policy is made from a ``[layer, head]`` integer
-tensor, from a ``{(layer, head): N}`` dict (heads not in the dict keep every key) or from an
-analysis' certified budgets (:func:`~tl_geometry.truncation_budgets`), and saved as JSON::
+:func:`~tl_geometry.capacity.top_n_attention` that head keeps each query's top-``N`` weights;
+``N = 0`` (:data:`KEEP_ALL`) leaves it dense. It is made from a ``[layer, head]`` integer tensor,
+a ``{(layer, head): N}`` dict or an analysis' certified budgets
+(:func:`~tl_geometry.truncation_budgets`), and saved as JSON::
 
     {"format": "tl_geometry.TopNPolicy/1", "n_layers": 30, "n_heads": 9,
      "heads": [[0, 3, 8], [0, 4, 16], ...],      # [layer, head, N] of every sparsified head
      "metadata": {"eps": 0.05, ...}}             # free-form, JSON values
 
-Heads missing from ``heads`` keep every key. Loading checks the format, the shape and every
-entry, and raises ``ValueError`` naming the problem. A policy has 1 to :data:`MAX_LAYERS` (4096)
-layers and 1 to :data:`MAX_HEADS` (4096) heads per layer, far above any model's, so a damaged or
+Heads missing from ``heads`` keep every key. Loading checks every entry (``ValueError`` naming
+the problem) and the counts, at most :data:`MAX_LAYERS` × :data:`MAX_HEADS`, so a damaged or
 hostile file cannot make it allocate gigabytes.
 """
 
@@ -55,8 +53,8 @@ def _index(value: Any, what: str) -> int:
 
 
 def _check_shape(n_layers: Any, n_heads: Any) -> tuple[int, int]:
-    """``(n_layers, n_heads)`` as ints in ``1 … MAX_LAYERS`` and ``1 … MAX_HEADS``; else a
-    ``ValueError`` naming the count, the limit and the fix (before anything is allocated)."""
+    """``(n_layers, n_heads)`` as ints in ``1 … MAX_LAYERS`` / ``1 … MAX_HEADS``, checked before
+    anything is allocated."""
     out = []
     for value, what, limit in (n_layers, "n_layers", MAX_LAYERS), (n_heads, "n_heads", MAX_HEADS):
         count = _index(value, what)
@@ -69,7 +67,9 @@ def _check_shape(n_layers: Any, n_heads: Any) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def _check_n(n: int, what: str) -> int:
+def _check_n(value: Any, what: str) -> int:
+    """``value`` as an ``N`` in ``0 … MAX_N`` (0: every key)."""
+    n = _index(value, what)
     if not 0 <= n <= MAX_N:
         raise ValueError(f"{what} = {n} is not a number of keys: N ≥ 1 keeps the top-N keys, "
                          f"N = {KEEP_ALL} keeps every key (the head is left dense).")
@@ -78,11 +78,8 @@ def _check_n(n: int, what: str) -> int:
 
 @dataclass(frozen=True, eq=False)
 class TopNPolicy:
-    """Keys kept per query by every query head: ``n[layer, head]`` (``0``: every key).
-
-    ``n`` is an integer ``[n_layers, n_heads]`` tensor (stored as int64 on the CPU, a copy of the
-    caller's); ``metadata`` is free-form JSON data (where the policy came from, ε, ...).
-    """
+    """Keys kept per query by every query head: ``n[layer, head]`` (``0``: every key), stored
+    as an int64 CPU copy; ``metadata`` is free-form JSON data (where it came from, ε, ...)."""
 
     n: Int[Tensor, "layer head"]
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -105,12 +102,11 @@ class TopNPolicy:
         object.__setattr__(self, "n", n.detach().to("cpu", torch.int64).clone())
         object.__setattr__(self, "metadata", dict(self.metadata))
 
-    # --- constructors ------------------------------------------------------------------------------
     @classmethod
     def uniform(cls, n: int, n_layers: int, n_heads: int) -> TopNPolicy:
         """Every head of an ``n_layers × n_heads`` model keeps its top-``n`` keys (note the
         order: ``n`` first). Counts that are not ints in ``1 … 4096`` raise ``ValueError``."""
-        n = _check_n(_index(n, "n"), "n")
+        n = _check_n(n, "n")
         n_layers, n_heads = _check_shape(n_layers, n_heads)
         return cls(torch.full((n_layers, n_heads), n, dtype=torch.int64), {"uniform": n})
 
@@ -129,7 +125,7 @@ class TopNPolicy:
             if not (0 <= layer < n_layers and 0 <= head < n_heads):
                 raise ValueError(f"policy key {key!r} is not a head of a model with {n_layers} layers × "
                                  f"{n_heads} heads.")
-            n[layer, head] = _check_n(_index(value, f"N of {key!r}"), f"N of {key!r}")
+            n[layer, head] = _check_n(value, f"N of {key!r}")
         return cls(n, metadata or {})
 
     @classmethod
@@ -160,7 +156,6 @@ class TopNPolicy:
         n_layers = max(layers) + 1 if n_layers is None else n_layers
         return cls.from_budgets(budgets, layers, n_layers, {"eps": float(eps), "source": "truncation_budgets"})
 
-    # --- views ------------------------------------------------------------------------------------
     @property
     def n_layers(self) -> int:
         return self.n.shape[0]
@@ -179,10 +174,9 @@ class TopNPolicy:
         return {(int(layer), int(head)): int(self.n[layer, head]) for layer, head in self.mask.nonzero().tolist()}
 
     def kept_keys(self, n_pos: int) -> float:
-        """Mean number of keys a query keeps, over every head and the causal queries
-        ``t = 0 … n_pos − 1`` of an unpadded window: ``min(N, t + 1)`` per (head, query),
-        ``t + 1`` for a head that keeps every key. The budget to match when comparing with a
-        uniform ``N`` (:meth:`uniform`)."""
+        """Mean keys a query keeps, over every head and the causal queries ``t = 0 … n_pos − 1``
+        of an unpadded window: ``min(N, t + 1)`` per (head, query), ``t + 1`` for a dense head.
+        The budget to match when comparing with a uniform ``N``."""
         n_pos = _index(n_pos, "n_pos")
         if n_pos < 1:
             raise ValueError(f"n_pos must be ≥ 1, got {n_pos}.")
@@ -190,7 +184,6 @@ class TopNPolicy:
         limit = torch.where(self.mask, self.n, MAX_N).to(torch.float64)[..., None]
         return float(torch.minimum(limit, keys).mean())
 
-    # --- JSON -------------------------------------------------------------------------------------
     def to_json(self) -> str:
         """The policy as JSON (module docstring): only the sparsified heads are listed."""
         heads = [[layer, head, n] for (layer, head), n in self.to_dict().items()]
@@ -203,8 +196,7 @@ class TopNPolicy:
 
     @classmethod
     def from_json(cls, text: str) -> TopNPolicy:
-        """The policy :meth:`to_json` wrote; ``ValueError`` naming the problem otherwise (invalid
-        or too deeply nested JSON, another format, counts outside ``1 … 4096``, bad entries)."""
+        """The policy :meth:`to_json` wrote; ``ValueError`` naming the problem otherwise."""
         try:
             data = json.loads(text)
         except RecursionError:
