@@ -1,13 +1,10 @@
 """Head ablation, single-head sensitivity and structured sparsification (SPEC §7).
 
-``ablate_heads`` gives TransformerLens hooks on ``blocks.{l}.attn.hook_z`` that remove exactly
-the listed query heads (GQA-safe); ``head_sensitivity`` scores every head alone in batched
-forwards, each loss increase with its standard error over windows; ``critical_heads`` applies
-SPEC §7's rule (large and above noise); ``ablation_vs_random`` compares a set of heads with
-random sets of the same size; ``head_orderings`` and ``sparsification_curve`` compare removal
-orders on held-out text. The method is in ``docs/ablation.md``. Top-N attention and retrieval
-capacity live beside this package, in :mod:`tl_geometry.capacity`; the hook context and the
-batched loss engine that both build on, in :mod:`tl_geometry.forward`.
+``ablate_heads`` gives hooks on ``blocks.{l}.attn.hook_z`` that remove exactly the listed query
+heads (GQA-safe); ``head_sensitivity`` and ``critical_heads`` score every head alone;
+``ablation_vs_random`` compares a set of heads with random sets of the same size;
+``head_orderings`` and ``sparsification_curve`` compare removal orders on held-out text. The
+method is in ``docs/ablation.md``.
 
     with tl_geometry.ablation.ablate_heads(model, [(3, 4)]):
         loss = model(tokens, return_type="loss")
@@ -27,8 +24,16 @@ from .orderings import (
     weight_norm_order,
     weight_norms,
 )
-from .random_sets import AblationVsRandom, ablation_vs_random, random_head_sets
-from .sensitivity import CRITICAL_K, HeadSensitivity, critical_heads, head_sensitivity, mad_outliers
+from .sensitivity import (
+    CRITICAL_K,
+    AblationVsRandom,
+    HeadSensitivity,
+    ablation_vs_random,
+    critical_heads,
+    head_sensitivity,
+    mad_outliers,
+    random_head_sets,
+)
 from .sparsification import DEFAULT_RETENTION, SparsificationCurve, heads_kept, sparsification_curve
 
 __all__ = [

@@ -1,14 +1,11 @@
-"""Head ablation as TransformerLens hooks on ``hook_z`` (SPEC §7), and the ablated replicas' losses.
+"""Head ablation as TransformerLens hooks on ``hook_z`` (SPEC §7), and what every ablation sweep
+does first (:func:`prepare_ablation`) and last (:func:`ablated_losses`).
 
-A query head's output before ``W_O`` is ``z[..., head, :]`` at ``blocks.{l}.attn.hook_z``
-(``[batch, pos, head, d_head]``). Replacing that slice removes exactly one query head, also under
-grouped-query attention, where ``hook_v`` holds one KV head shared by several query heads
-(ablating ``hook_v`` would remove the whole group).
-
-Every hook returns a new tensor (``torch.where`` / a clone): writing into the hook's activation
-in place would also rewrite any copy the caller caches from the same hook point. The hook
-context, the model checks and the batched loss engine these build on live in
-:mod:`tl_geometry.forward`.
+A query head's output before ``W_O`` is ``z[..., head, :]`` at ``blocks.{l}.attn.hook_z``;
+replacing that slice removes exactly one query head, also under grouped-query attention, where
+``hook_v`` is shared by several query heads (ablating it would remove the whole group). Every
+hook returns a new tensor: writing in place would also rewrite any copy the caller caches from
+the same hook point.
 """
 
 from __future__ import annotations
@@ -22,9 +19,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..forward.hooks import HookContext, HookList, check_tokens, head_mask, model_device
-from ..forward.losses import WindowLosses, stacked_window_losses
+from ..forward.losses import WindowLosses, model_loss, stacked_window_losses, window_losses
 from ..inputs.cache import check_attention_mask
 from ..inputs.facts import model_facts
+from ..progress import check_progress, progress_counter
 
 Z_HOOK = "blocks.{layer}.attn.hook_z"
 Mode = Literal["zero", "mean"]
@@ -33,7 +31,6 @@ Mode = Literal["zero", "mean"]
 MODES: tuple[str, ...] = get_args(Mode)
 
 
-# --- validation -------------------------------------------------------------------------------
 def check_hooks(model: Any, layers: Iterable[int]) -> None:
     """The model must offer ``hooks(fwd_hooks=...)`` and ``blocks.{l}.attn.hook_z`` per layer."""
     if not callable(getattr(model, "hooks", None)):
@@ -58,13 +55,33 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
 
 
-def check_reference(mode: str, reference_tokens: Any, reference_attention_mask: Any) -> None:
-    """``reference_*`` only make sense with ``mode="mean"``, and the mask only with its tokens."""
+def prepare_ablation(
+    model: Any, tokens: Any, mode: str, reference_tokens: Any, reference_attention_mask: Any,
+    progress: Any, check_z: bool = True,
+) -> tuple[Tensor, int, int, bool]:
+    """A sweep's common inputs checked in one order (``mode``, ``progress``, ``tokens``, the
+    reference batch, the model's shape and, with ``check_z``, its ``hook_z`` on every layer):
+    ``(tokens, n_layers, n_heads, progress)``."""
+    check_mode(mode)
+    progress = check_progress(progress)
+    tokens = check_tokens(tokens, model=model)
     if mode != "mean" and (reference_tokens is not None or reference_attention_mask is not None):
         raise ValueError('reference_tokens / reference_attention_mask are only used with mode="mean".')
     if reference_tokens is None and reference_attention_mask is not None:
         raise ValueError("reference_attention_mask was given without reference_tokens; pass both "
                          "(without them the means come from tokens and attention_mask).")
+    n_layers, n_heads = model_facts(model).shape()
+    if check_z:
+        check_hooks(model, range(n_layers))
+    return tokens, n_layers, n_heads, progress
+
+
+def positive_int(name: str, value: Any, allow_none: bool = False) -> None:
+    """``value`` must be an int ≥ 1 (not a bool), or ``None`` when ``allow_none``."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
 
 
 def _check_z(z: Tensor, n_heads: int, name: str) -> None:
@@ -75,16 +92,13 @@ def _check_z(z: Tensor, n_heads: int, name: str) -> None:
         )
 
 
-# --- mean of z over a reference batch ---------------------------------------------------------
 @torch.no_grad()
 def mean_z(
     model: Any, tokens: Int[Tensor, "batch pos"], layers: Sequence[int],
     attention_mask: Tensor | None = None,
 ) -> dict[int, Float[Tensor, "head d_head"]]:
-    """Per layer, the mean of ``z`` over the valid positions of a reference batch (float32).
-
-    Only sums and counts are kept inside the hook, so no cache is built.
-    """
+    """Per layer, the mean of ``z`` over the valid positions of a reference batch (float32),
+    summed inside the hooks: no cache is built."""
     tokens = check_tokens(tokens, "reference_tokens", model)
     valid = check_attention_mask(attention_mask, *tokens.shape)
     _, n_heads = model_facts(model).shape()
@@ -107,13 +121,12 @@ def mean_z(
     return {layer: sums[layer] / valid.sum() for layer in layers}
 
 
-# --- hooks --------------------------------------------------------------------------------------
 def replica_hook(
     layer: int, remove: Bool[Tensor, "replica head"], fill: Float[Tensor, "head d_head"] | None,
     n_heads: int,
 ) -> Callable[..., Tensor]:
-    """Hook for a batch made of ``R`` stacked copies of the input: copy ``r`` has the heads
-    ``remove[r]`` replaced by ``fill`` (zeros when ``None``). One ``torch.where``, no head loop."""
+    """Hook for ``R`` stacked copies of the input: copy ``r`` has the heads ``remove[r]``
+    replaced by ``fill`` (zeros when ``None``); no head loop."""
     name = Z_HOOK.format(layer=layer)
     n_rep = remove.shape[0]
 
@@ -127,27 +140,24 @@ def replica_hook(
     return hook
 
 
+def z_hooks(remove: Bool[Tensor, "replica layer head"], fill: dict[int, Tensor] | None,
+            n_heads: int) -> HookList:
+    """One :func:`replica_hook` per layer with a head in ``remove``."""
+    layers = remove.any(dim=(0, 2)).nonzero().flatten().tolist()
+    return [(Z_HOOK.format(layer=layer),
+             replica_hook(layer, remove[:, layer], None if fill is None else fill[layer], n_heads))
+            for layer in layers]
+
+
 class HeadAblation(HookContext):
-    """``(hook_name, fn)`` pairs that ablate some heads, usable three ways::
-
-        model.run_with_hooks(tokens, fwd_hooks=ablation, return_type="loss")
-        with ablation: loss = model(tokens, return_type="loss")    # hooks removed on exit
-        with model.hooks(fwd_hooks=ablation): ...
-
-    Attributes: ``model``, ``heads`` (sorted ``(layer, head)`` pairs), ``mode``, ``mask``
-    (``[layer, head]`` bool) and ``fill`` (``{layer: [head, d_head]}`` means, empty for zero).
-    """
+    """``(hook_name, fn)`` pairs that ablate some heads, for ``run_with_hooks(fwd_hooks=...)``
+    or ``with ablation: ...`` (hooks removed on exit). Attributes: ``model``, ``heads`` (sorted
+    pairs), ``mode``, ``mask`` (``[layer, head]``) and ``fill`` (``{layer: [head, d_head]}``)."""
 
     _made_by = "ablate_heads(model, heads)"
 
     def __init__(self, model: Any, mask: Tensor, mode: str, fill: dict[int, Tensor]) -> None:
-        _, n_heads = model_facts(model).shape()
-        layers = mask.any(1).nonzero().flatten().tolist()
-        super().__init__(
-            (Z_HOOK.format(layer=layer),
-             replica_hook(layer, mask[layer][None], fill.get(layer), n_heads))
-            for layer in layers
-        )
+        super().__init__(z_hooks(mask[None], fill or None, model_facts(model).shape()[1]))
         self.model, self.mask, self.mode, self.fill = model, mask, mode, fill
         self.heads = [tuple(x) for x in mask.nonzero().tolist()]
         self._contexts: list[Any] = []
@@ -166,17 +176,12 @@ def ablate_heads(
 ) -> HeadAblation:
     """Hooks that replace the output ``z[..., h, :]`` of exactly the listed heads (SPEC §7).
 
-    ``mode="zero"`` sets ``z_h = 0``; ``mode="mean"`` sets ``z_h = mean of z_h`` over the valid
-    positions of ``reference_tokens`` (one forward, no cache; ``reference_attention_mask`` marks
-    padding). One hook per layer that has a listed head; every other query head, including the
-    ones sharing its KV head under GQA, is left bit for bit unchanged. The caller's tensors and
-    the model are not modified: the hooks return new tensors and are removed when the ``with``
-    block or ``run_with_hooks`` call ends.
-
-    Args:
-        heads: ``(layer, head)`` pairs (query-head indices) or a ``[n_layers, n_heads]`` bool mask.
-            No heads at all (``[]``, an all-False mask) gives a ``UserWarning`` and hooks that
-            change nothing.
+    ``mode="zero"`` sets ``z_h = 0``; ``mode="mean"`` sets ``z_h`` to its mean over the valid
+    positions of ``reference_tokens`` (``reference_attention_mask`` marks padding). ``heads``:
+    ``(layer, head)`` pairs or a ``[n_layers, n_heads]`` bool mask; none at all gives a
+    ``UserWarning`` and hooks that change nothing. Every other query head, including the ones
+    sharing its KV head under GQA, is left bit for bit unchanged; the hooks are removed when the
+    ``with`` block or ``run_with_hooks`` call ends.
 
     Examples:
         >>> with tl_geometry.ablation.ablate_heads(model, [(3, 4), (5, 0)]):      # doctest: +SKIP
@@ -207,7 +212,6 @@ def ablate_heads(
     return HeadAblation(model, mask, mode, fill)
 
 
-# --- batched losses -----------------------------------------------------------------------------
 @torch.no_grad()
 def replica_window_losses(
     model: Any,
@@ -219,24 +223,51 @@ def replica_window_losses(
     per_forward: int | None = None,
     progress: Any = None,
 ) -> WindowLosses:
-    """The mean next-token loss of the model with heads ``remove[r]`` ablated, for every ``r``,
-    on every window of ``tokens`` (:class:`WindowLosses`).
-
-    ``per_forward`` copies of the batch go through one forward (stacked along the batch axis),
-    each with its own heads replaced inside one hook per layer; the loss of copy ``r`` on a
-    window is the mean over that window's valid predictions of the per-token loss, summed in
-    float64. ``progress`` (a
-    tqdm bar or ``None``) is advanced by the number of replicas done.
-    """
+    """Per-window next-token losses with heads ``remove[r]`` ablated in replica ``r``, in
+    stacked forwards of ``per_forward`` replicas
+    (:func:`~tl_geometry.forward.losses.stacked_window_losses`; ``progress``: a bar or None)."""
     _, n_heads = model_facts(model).shape()
 
     def hooks_for(start: int, stop: int) -> HookList:
-        chunk = remove[start:stop]
-        layers = chunk.any(dim=(0, 2)).nonzero().flatten().tolist()
-        return [(Z_HOOK.format(layer=layer),
-                 replica_hook(layer, chunk[:, layer], None if fill is None else fill[layer], n_heads))
-                for layer in layers]
+        return z_hooks(remove[start:stop], fill, n_heads)
 
     return stacked_window_losses(model, tokens, remove.shape[0], hooks_for,
                                  attention_mask=attention_mask, per_forward=per_forward,
                                  progress=progress)
+
+
+def ablated_losses(
+    model: Any,
+    tokens: Tensor,
+    remove: Bool[Tensor, "replica layer head"],
+    mode: str,
+    *,
+    attention_mask: Tensor | None,
+    reference_tokens: Tensor | None,
+    reference_attention_mask: Tensor | None,
+    per_forward: int | None,
+    progress: bool,
+    label: str,
+    unit: str,
+) -> tuple[float, WindowLosses, WindowLosses | None]:
+    """The dense loss (the model's own ``return_type="loss"``), its per-window losses and those
+    of every replica ``r`` with heads ``remove[r]`` ablated (None where nothing is), by zeros or
+    each head's mean ``z`` over ``reference_tokens`` (default: ``tokens``); a ``label`` bar
+    counts the replicas in ``unit``."""
+    fill = None
+    if mode == "mean" and len(remove):  # first: mean_z checks the reference batch itself
+        if reference_tokens is None:
+            reference_tokens, reference_attention_mask = tokens, attention_mask
+        fill = mean_z(model, reference_tokens, range(remove.shape[1]), reference_attention_mask)
+    base = model_loss(model, tokens, attention_mask)
+    dense = window_losses(model, tokens, attention_mask)
+    if len(remove) == 0:
+        return base, dense, None
+    bar = progress_counter(len(remove), label, unit) if progress else None
+    try:
+        ablated = replica_window_losses(model, tokens, remove, fill=fill, attention_mask=attention_mask,
+                                        per_forward=per_forward, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return base, dense, ablated

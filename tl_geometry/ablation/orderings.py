@@ -40,21 +40,23 @@ def _pairs(flat: Int[Tensor, " k"], n_heads: int) -> tuple[tuple[int, int], ...]
     return tuple((i // n_heads, i % n_heads) for i in flat.tolist())
 
 
+def _argsort(score: Float[Tensor, "layer head"]) -> Int[Tensor, " k"]:
+    """Flat head indices by increasing score; NaN last; ties by (layer, head)."""
+    return torch.nan_to_num(score.double().flatten(), nan=float("inf")).argsort(stable=True)
+
+
 def _ascending(score: Float[Tensor, "layer head"]) -> tuple[tuple[int, int], ...]:
-    """Heads by increasing score; NaN last; ties by (layer, head)."""
-    flat = torch.nan_to_num(score.double().flatten(), nan=float("inf"))
-    return _pairs(flat.argsort(stable=True), score.shape[1])
+    return _pairs(_argsort(score), score.shape[1])
 
 
 def taxonomy_order(analysis: Any, *, n: int = 2) -> Ordering:
     """Remove by class (Mixer, then Reset, then Retriever), inside a class by F-gain at ``N=n``.
 
-    (ours) ``analysis`` is a :class:`~tl_geometry.HeadAnalysis` of every layer. A head's class is
-    its plurality source-winner label (SPEC §5); inside a class, heads whose top-``n`` set is
-    least separable beyond random (smallest ``F_n − F_n^random``) go first; a head with NaN
-    F-gain (no evaluable query) goes last in its class. Unlabelled heads (no votes, SPEC §5) go
-    after every class: with no evidence of what they do, they are removed last, never as the
-    Retrievers an all-zero vote would tie to. Why this order is in ``docs/ablation.md``.
+    (ours, why in ``docs/ablation.md``) ``analysis`` is a :class:`~tl_geometry.HeadAnalysis` of
+    every layer. A head's class is its plurality source-winner label (SPEC §5); inside a class,
+    the smallest ``F_n − F_n^random`` goes first and NaN last. Unlabelled heads (no votes) go
+    after every class: with no evidence of what they do, never as the Retrievers an all-zero
+    vote would tie to.
 
     Examples:
         >>> tl_geometry.taxonomy_order(result).heads[:3]      # doctest: +SKIP
@@ -70,7 +72,7 @@ def taxonomy_order(analysis: Any, *, n: int = 2) -> Ordering:
     rank_of_class = torch.tensor([TAXONOMY_REMOVAL.index(c) for c in CLASSES] + [len(TAXONOMY_REMOVAL)])
     klass = rank_of_class[labels_from_votes(analysis.vote_counts)]
     # Two stable sorts: by F-gain, then by class; the class sort keeps the F-gain order inside.
-    by_gain = torch.nan_to_num(gain.double().flatten(), nan=float("inf")).argsort(stable=True)
+    by_gain = _argsort(gain)
     order = by_gain[klass.flatten()[by_gain].argsort(stable=True)]
     return Ordering("taxonomy", _pairs(order, gain.shape[1]))
 
@@ -107,11 +109,9 @@ def weight_norm_order(model: Any) -> Ordering:
 def attention_entropy(
     model: Any, tokens: Int[Tensor, "batch pos"], attention_mask: Tensor | None = None
 ) -> Float[Tensor, "layer head"]:
-    """Mean attention entropy ``−Σ_i α_i log α_i`` (nats) per head over valid queries ``t ≥ 1``.
-
-    Query 0 (and a left-padded sequence's first real token) attends only to itself, entropy 0
-    for every head, so it is left out. Reduced inside the hooks: no cache is built.
-    """
+    """Mean attention entropy ``−Σ_i α_i log α_i`` (nats) per head over valid queries ``t ≥ 1``
+    (a sequence's first real token attends only to itself, entropy 0 for every head), reduced
+    inside the hooks: no cache is built."""
     tokens = _forward.check_tokens(tokens, model=model)
     n_layers, n_heads = model_facts(model).shape()
     valid = check_attention_mask(attention_mask, *tokens.shape)
@@ -175,12 +175,9 @@ def head_orderings(
     progress: bool = True,
 ) -> list[Ordering]:
     """The removal orders named in ``which``, computed on ``tokens`` (keep them apart from the
-    held-out tokens of :func:`sparsification_curve`).
-
-    ``"taxonomy"`` uses ``analysis`` (computed here with :func:`tl_geometry.analyze_model` at
-    ``n_values=(n,)`` when not given), ``"oracle"`` uses ``sensitivity`` (a full
-    :func:`head_sensitivity` sweep in ``mode`` when not given), ``"random"`` gives one order per
-    seed.
+    held-out tokens of :func:`sparsification_curve`): ``"taxonomy"`` uses ``analysis`` (else
+    :func:`tl_geometry.analyze_model` at ``n_values=(n,)``), ``"oracle"`` ``sensitivity`` (else
+    a full :func:`head_sensitivity` in ``mode``), ``"random"`` one order per seed.
 
     Examples:
         >>> orders = tl_geometry.ablation.head_orderings(model, tokens)          # doctest: +SKIP

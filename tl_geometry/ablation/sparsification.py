@@ -15,8 +15,8 @@ from torch import Tensor
 from ..forward import hooks as _forward
 from ..functional.uncertainty import paired_window_se
 from . import hooks as _hooks
+from .hooks import ablated_losses, positive_int, prepare_ablation
 from .orderings import Ordering
-from .run import ablated_losses, positive_int, prepare_ablation
 
 #: Fractions of heads kept at which ``sparsification_curve`` measures the loss by default.
 DEFAULT_RETENTION = (1.0, 0.9, 0.75, 0.5, 0.25)
@@ -47,13 +47,10 @@ def heads_kept(retention: float, n_total: int) -> int:
 class SparsificationCurve:
     """Loss and perplexity after removing the first heads of each order, per retention.
 
-    ``rows`` holds one dict per (ordering, seed, retention) with the keys of :data:`COLUMNS`;
-    ``base_loss`` is the unablated loss of the same tokens. ``loss_increase = loss − base_loss``
-    and ``loss_increase_se``, its standard error over windows (SPEC §7, ours: the per-window
-    changes are paired, :func:`~tl_geometry.functional.uncertainty.paired_window_se`; NaN with
-    fewer than 2 windows; 0 for a row that removes nothing). ``window_loss[i, b]`` is row ``i``'s
-    loss on window ``b``, ``base_window_loss[b]`` and ``window_weight[b]`` the dense loss and
-    the number of valid predictions of window ``b`` (``None`` for an object built without them).
+    ``rows``: one dict per (ordering, seed, retention) with the keys of :data:`COLUMNS`, where
+    ``loss_increase_se`` is the paired SE over windows (SPEC §7, ours; NaN with < 2 windows, 0
+    for a row that removes nothing). ``window_loss[i, b]``: row ``i``'s loss on window ``b``;
+    ``base_window_loss[b]``, ``window_weight[b]``: the dense loss and valid predictions there.
     """
 
     rows: list[dict[str, Any]]
@@ -65,8 +62,7 @@ class SparsificationCurve:
     window_weight: Tensor | None = None
 
     def to_pandas(self):
-        """``ordering, seed, retention, n_removed, loss, perplexity, loss_increase,
-        loss_increase_se``; seed is empty (<NA>) for deterministic orders."""
+        """The :data:`COLUMNS`; seed is <NA> for deterministic orders."""
         import pandas as pd
 
         table = pd.DataFrame(self.rows, columns=list(COLUMNS))
@@ -87,10 +83,8 @@ class SparsificationCurve:
         ]
 
     def plot(self, ax: Any = None):
-        """Loss against retention, one line per ordering; random as mean with a ±std band
-        (:func:`tl_geometry.views.plots.sparsification_plot`): a figure built without pyplot,
-        which a notebook shows once, as an image; with ``ax``, drawn there and ``ax`` returned (the
-        figure is the caller's to show)."""
+        """Loss against retention, one line per ordering; random as mean ± std
+        (:func:`tl_geometry.views.plots.sparsification_plot`)."""
         from ..views.plots import sparsification_plot
 
         return sparsification_plot(self, ax)
@@ -135,19 +129,12 @@ def sparsification_curve(
 ) -> SparsificationCurve:
     """Loss and perplexity on ``tokens`` when only ``round(r·L·H)`` heads are kept (SPEC §7).
 
-    For each order and retention ``r``, the first ``n_removed = L·H − ⌊r·L·H + ½⌋`` heads of the
-    order are ablated together and the mean next-token cross-entropy ``loss`` and
-    ``perplexity = exp(loss)`` are measured. ``r = 1`` removes nothing and is the model's own
-    unablated loss, exactly. The ablated settings are stacked ``batch_size`` at a time along the
-    batch axis (default: by memory budget), so all curves take few forwards. ``tokens`` should be
-    held out from the text the orders were computed on. Every loss is also kept per window,
-    with one more (unablated) forward, so each ``loss_increase`` has its standard error over
-    windows (``loss_increase_se``, SPEC §7).
-
-    Args:
-        order: an :class:`Ordering` or list of them (:func:`head_orderings`), a dict
-            ``{name: [(layer, head), ...]}``, or one full list of pairs.
-        mode: ``"zero"`` or ``"mean"`` (means over ``reference_tokens``, default ``tokens``).
+    For each order (an :class:`Ordering` or list of them, a dict ``{name: [(layer, head), ...]}``
+    or one full list of pairs) and retention ``r``, the first ``L·H − ⌊r·L·H + ½⌋`` heads of the
+    order are ablated together (zeroed, or with ``mode="mean"`` at their mean over
+    ``reference_tokens``, default ``tokens``) and ``loss`` and ``perplexity = exp(loss)`` are
+    measured on ``tokens``, held out from the orders' text; ``r = 1`` gives exactly the model's
+    own loss. Settings are stacked ``batch_size`` per forward (default: by memory budget).
 
     Examples:
         >>> curve = tl_geometry.ablation.sparsification_curve(model, held_out, orders)  # doctest: +SKIP
@@ -186,10 +173,7 @@ def sparsification_curve(
     for row in rows:
         # Retention 1 removes nothing: the model's own loss, exactly, and no change to err on.
         loss, per_window, se_row = next(ablated) if row["n_removed"] else (base, dense.loss[0], 0.0)
-        row["loss"] = loss
-        row["perplexity"] = math.exp(loss)
-        row["loss_increase"] = loss - base
-        row["loss_increase_se"] = se_row
+        row.update(loss=loss, perplexity=math.exp(loss), loss_increase=loss - base, loss_increase_se=se_row)
         window_loss.append(per_window)
     metadata = {"tokens": list(tokens.shape), "n_heads_total": n_total, "forwards_of_settings": len(masks),
                 "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
