@@ -14,7 +14,13 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..forward import hooks as _hooks
-from ..forward.losses import WindowLosses, model_loss, replicas_per_forward, window_losses
+from ..forward.losses import (
+    WindowLosses,
+    model_loss,
+    replicas_per_forward,
+    stacked_window_losses,
+    window_losses,
+)
 from ..inputs.facts import model_facts
 from ..inputs.tokens import token_digest
 from ..progress import check_progress, progress_counter
@@ -59,7 +65,8 @@ def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: Sparsify
             attention_mask: Tensor | None, batch_size: int | None, progress: bool, desc: str,
             metadata: dict[str, Any]) -> tuple[float, WindowLosses, Tensor, Tensor, dict[str, Any]]:
     """The dense loss and per-window losses, then each replica's loss and per-window losses
-    (``[replica]``, ``[replica, window]``) and the metadata (``metadata``'s keys after
+    (``[replica]``, ``[replica, window]``) with the heads ``masks[r]`` sparsified to ``n[r]`` keys
+    (``n [R]``, or per head ``[R, layer, head]``), and the metadata (``metadata``'s keys after
     ``tokens``). Replicas with ``N ≥ pos`` change nothing and get the dense losses without a
     forward (so ``N ≥ T`` is exactly dense)."""
     start = time.perf_counter()
@@ -71,11 +78,16 @@ def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: Sparsify
     forwards = 0
     if run.any():
         per_forward = batch_size or replicas_per_forward(model, *tokens.shape)
-        bar = progress_counter(int(run.sum()), desc, "replica") if progress else None
+        n_run, masks_run, n_heads = n[run], masks[run], model_facts(model).shape()[1]
+        bar = progress_counter(len(n_run), desc, "replica") if progress else None
+
+        def hooks_for(start: int, stop: int) -> _hooks.HookList:
+            return _topn.pattern_hooks(n_run[start:stop], masks_run[start:stop], mode, n_heads)
+
         try:
-            sparse = _topn.sparsified_losses(model, tokens, n[run], masks[run], mode,
-                                             attention_mask=attention_mask, per_forward=per_forward,
-                                             progress=bar)
+            sparse = stacked_window_losses(model, tokens, len(n_run), hooks_for,
+                                           attention_mask=attention_mask, per_forward=per_forward,
+                                           progress=bar)
         finally:
             if bar is not None:
                 bar.close()

@@ -17,7 +17,6 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..forward import hooks as _hooks
-from ..forward.losses import WindowLosses, stacked_window_losses
 from ..functional.selection import top_n_ranks
 from ..inputs.facts import model_facts
 from .policy import MAX_N, TopNPolicy, as_policy
@@ -213,7 +212,7 @@ def replica_pattern_hook(
     return hook
 
 
-def _pattern_hooks(n: Tensor, masks: Bool[Tensor, "replica layer head"], mode: SparsifyMode,
+def pattern_hooks(n: Tensor, masks: Bool[Tensor, "replica layer head"], mode: SparsifyMode,
                    n_heads: int) -> _hooks.HookList:
     """One :func:`replica_pattern_hook` per layer with a head in ``masks``; ``n`` is ``[R]``
     or, per head, ``[R, layer, head]``."""
@@ -236,7 +235,7 @@ class TopNAttention(_hooks.HookContext):
 
     def __init__(self, model: Any, n: int | TopNPolicy, mode: SparsifyMode, mask: Tensor) -> None:
         limit = n.n[None] if isinstance(n, TopNPolicy) else torch.tensor([n])
-        super().__init__(_pattern_hooks(limit, mask[None], mode, model_facts(model).shape()[1]))
+        super().__init__(pattern_hooks(limit, mask[None], mode, model_facts(model).shape()[1]))
         self.layers = _layers(mask)
         self.model, self.n, self.mode, self.mask = model, n, mode, mask
         self._contexts: list[Any] = []
@@ -290,27 +289,3 @@ def top_n_attention(
     check_pattern_hooks(model, mask)
     return TopNAttention(model, limit, mode, mask)
 
-
-@torch.no_grad()
-def sparsified_losses(
-    model: Any,
-    tokens: Int[Tensor, "batch pos"],
-    n: Int[Tensor, "replica ..."],
-    masks: Bool[Tensor, "replica layer head"],
-    mode: SparsifyMode,
-    *,
-    attention_mask: Tensor | None = None,
-    per_forward: int | None = None,
-    progress: Any = None,
-) -> WindowLosses:
-    """Per-window next-token losses with the heads ``masks[r]`` sparsified to ``n[r]`` keys
-    (``n [R]``), or head ``(l, h)`` to ``n[r, l, h]`` (``n [R, layer, head]``: policies), in
-    stacked forwards of ``per_forward`` replicas
-    (:func:`~tl_geometry.forward.losses.stacked_window_losses`)."""
-    _, n_heads = model_facts(model).shape()
-
-    def hooks_for(start: int, stop: int) -> _hooks.HookList:
-        return _pattern_hooks(n[start:stop], masks[start:stop], mode, n_heads)
-
-    return stacked_window_losses(model, tokens, len(n), hooks_for, attention_mask=attention_mask,
-                                 per_forward=per_forward, progress=progress)
