@@ -276,8 +276,8 @@ def test_every_front_door_goes_through_the_one_sink_check(monkeypatch):
     from tl_geometry.analyze import sink as _sink
 
     calls = []
-    given = _sink._given
-    monkeypatch.setattr(_sink, "_given", lambda sink: (calls.append(sink), given(sink))[1])
+    given = _sink.check
+    monkeypatch.setattr(_sink, "check", lambda sink: (calls.append(sink), given(sink))[1])
     monkeypatch.setattr(_head_scores, "_forward", _refuse)
     model = TinyLM().eval()
     monkeypatch.setattr(model, "forward", _refuse)

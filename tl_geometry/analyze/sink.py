@@ -40,15 +40,10 @@ _HOW = ("sink must be None (the default rule), 'auto' (the most attended of the 
 MAX_POSITION = 2**62
 
 
-def check(sink: object) -> None:
-    """Validate ``sink=``'s type, sign and size before any tensor is read (the positions against
-    the windows: :func:`positions`); ``ValueError`` naming the problem and the fix."""
-    _given(sink)
-
-
-def _given(sink: object) -> str | list[int] | None:
-    """``sink=`` as ``None``, ``"auto"`` or its positions (``ValueError`` where it is none of
-    what :data:`Sink` names)."""
+def check(sink: object) -> str | list[int] | None:
+    """``sink=`` as ``None``, ``"auto"`` or its positions, its type, sign and size checked before
+    any tensor is read (the positions against the windows: :func:`positions`); ``ValueError``
+    naming the problem and the fix."""
     if sink is None:
         return None
     if isinstance(sink, str) and sink == AUTO:
@@ -91,7 +86,7 @@ def rule(sink: Sink, model: Any, *, bos_prepended: bool | None = None) -> str | 
     """``"auto"``, or the positions given (one int for every window, or one per window), with
     ``None`` resolved as the module docstring says. ``bos_prepended``: whether the front door put
     BOS first itself (texts), else ``None`` (the caller's tokens)."""
-    given = _given(sink)
+    given = check(sink)
     if given is None:
         trained = bos_prepended if bos_prepended is not None else model_facts(model).bos
         return AUTO if trained is False else [0]
@@ -144,18 +139,10 @@ def choice_layers(window: object, model: Any, analysed: Sequence[int], available
 
 
 class SinkRun:
-    """The sink of one analysis, in the three steps both front doors take (SPEC §1):
-
-    * **probe** (:meth:`probe`): one layer of one batch, its first keys' attention
-      (:func:`~tl_geometry.engine.sink_choice.first_keys_mass`): kept per analysed layer for the
-      sink check, and with ``sink="auto"`` for the choice, from every layer read;
-    * **choose**: each window's sink, the given positions (:meth:`given`) or ``"auto"``'s choice
-      from the layers probed for the batch (:meth:`choose`);
-    * **record**: ``metadata["sink"]`` (:meth:`record`).
-
-    ``rule`` is :func:`rule`'s; ``n_analysed`` the analysed layers; ``n_windows`` the windows
-    of the whole input (batches come in order).
-    """
+    """The sink of one analysis, in the steps both front doors take (SPEC §1): :meth:`probe`
+    each layer of each batch, :meth:`given` or :meth:`choose` its windows' sinks, :meth:`record`
+    ``metadata["sink"]``. ``rule`` is :func:`rule`'s; ``n_analysed`` the analysed layers;
+    ``n_windows`` the windows of the whole input (batches come in order)."""
 
     def __init__(self, rule: str | list[int], n_analysed: int, n_windows: int) -> None:
         self.rule, self.auto, self.n_windows = rule, rule == AUTO, n_windows
@@ -201,41 +188,38 @@ class SinkRun:
 
     def record(self, model: Any, n_layers: int | None, masses: Sequence[Tensor] | None = None,
                relative: Sequence[int] | None = None) -> dict[str, Any]:
-        """:func:`record` of the run (``masses`` and ``relative``: every rank's, where sharded)."""
-        return record(self.rule, self.relative if relative is None else relative,
-                      self.check_masses() if masses is None else masses, model,
-                      chosen_from=sorted(self.chosen_from), n_layers=n_layers)
-
-
-def record(chosen: str | list[int], relative: Sequence[int], masses: Sequence[Tensor],
-           model: Any, *, chosen_from: Sequence[int] | None = None, n_layers: int | None = None,
-           ) -> dict[str, Any]:
-    """``metadata["sink"]``: the rule, the positions (from each window's first real token), the
-    layers ``"auto"`` chose them from, what the model's files say of BOS, and the sink check
-    (:func:`~tl_geometry.engine.sink_choice.sink_check`). Warns "weak sink" where the check
-    finds one, and where ``"auto"`` read fewer than the model's ``n_layers`` layers."""
-    check_result = sink_check(masses, torch.as_tensor(list(relative), dtype=torch.long)) if masses else {}
-    auto = chosen == AUTO
-    read = sorted(int(x) for x in chosen_from) if auto and chosen_from is not None else None
-    entry = {"rule": AUTO if auto else "given", "positions": [int(x) for x in relative],
-             "chosen_from_layers": read,
-             "trained_with_bos": model_facts(model).bos,
-             "candidates": CANDIDATES,
-             "check_queries": "32 ≤ t < min(T, w)" if auto else f"32 ≤ t < min(T, w, {32 + CHECK_QUERIES})",
-             **check_result}
-    if read is not None and n_layers is not None and len(read) < n_layers:
-        warn_caller(f"sink='auto' chose each window's sink from layers {first_few(read)} only, {len(read)} of "
-                    f"the model's {n_layers} (the others are not in the cache): an analysis of a cache "
-                    "with every layer may choose another key. metadata['sink']['chosen_from_layers'] "
-                    "records them; cache every layer's hook_pattern, or pass the positions as sink=.")
-    if check_result.get("weak"):
-        fix = ("pass sink='auto' (the most attended of the first 32 tokens)" if not auto
-               else "the model may have no sink: read its sink figures with care")
-        warn_caller(f"weak sink: the sink (position {_describe(relative)}) is not the most attended of the "
-                    f"first {CANDIDATES} tokens in most layers (mean mass per layer "
-                    f"{_fmt(check_result['sink_mass'])} against {_fmt(check_result['other_mass'])} for the "
-                    f"most attended other key); {fix}. metadata['sink'] holds the check.")
-    return entry
+        """``metadata["sink"]``: the rule, the positions (from each window's first real token),
+        the layers ``"auto"`` chose them from, what the model's files say of BOS, and the sink
+        check (:func:`~tl_geometry.engine.sink_choice.sink_check`) of ``masses`` and ``relative``
+        (every rank's, where sharded; else the run's). Warns "weak sink" where the check finds
+        one, and where ``"auto"`` read fewer than the model's ``n_layers`` layers."""
+        relative = self.relative if relative is None else relative
+        masses = self.check_masses() if masses is None else masses
+        sinks = torch.as_tensor(list(relative), dtype=torch.long)
+        check_result = sink_check(masses, sinks) if masses else {}
+        read = sorted(int(x) for x in self.chosen_from) if self.auto else None
+        entry = {"rule": AUTO if self.auto else "given", "positions": [int(x) for x in relative],
+                 "chosen_from_layers": read,
+                 "trained_with_bos": model_facts(model).bos,
+                 "candidates": CANDIDATES,
+                 "check_queries": ("32 ≤ t < min(T, w)" if self.auto
+                                   else f"32 ≤ t < min(T, w, {32 + CHECK_QUERIES})"),
+                 **check_result}
+        if read is not None and n_layers is not None and len(read) < n_layers:
+            warn_caller(f"sink='auto' chose each window's sink from layers {first_few(read)} "
+                        f"only, {len(read)} of the model's {n_layers} (the others are not in the "
+                        "cache): an analysis of a cache with every layer may choose another key. "
+                        "metadata['sink']['chosen_from_layers'] records them; cache every layer's "
+                        "hook_pattern, or pass the positions as sink=.")
+        if check_result.get("weak"):
+            fix = ("pass sink='auto' (the most attended of the first 32 tokens)" if not self.auto
+                   else "the model may have no sink: read its sink figures with care")
+            sink_mass, other_mass = (_fmt(check_result[k]) for k in ("sink_mass", "other_mass"))
+            warn_caller(f"weak sink: the sink (position {_describe(relative)}) is not the most "
+                        f"attended of the first {CANDIDATES} tokens in most layers (mean mass per "
+                        f"layer {sink_mass} against {other_mass} for the most attended other key); "
+                        f"{fix}. metadata['sink'] holds the check.")
+        return entry
 
 
 def _describe(relative: Sequence[int]) -> str:
