@@ -214,7 +214,7 @@ def test_from_capture_equals_from_pattern_with_softcap_and_sink_logits():
     sink = F.sink_positions(mask)
     tokens = torch.arange(batch * n_pos).view(batch, n_pos)
     capture = LayerCapture(0, q, k, v, params)
-    from_rows = _local.from_pattern(pattern, v, mask, sink, window, tokens).stack()
+    from_rows = _local.layer_local_sink(pattern, v, mask, sink, window, tokens).stack()
     from_qk = _local.layer_local_sink(RecomputedRows(capture, mask), v, mask, sink, window, tokens).stack()
     torch.testing.assert_close(from_qk, from_rows, rtol=1e-12, atol=1e-12, equal_nan=True)
     assert from_rows[:, 1].isfinite().all()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -48,10 +47,6 @@ def analyze_heads(
 ) -> HeadAnalysis:
     """Geometric separability, sink diagnostics and taxonomy of every head in a cache.
 
-    Reads ``blocks.{l}.attn.hook_pattern`` ``[batch, head, query, key]`` and
-    ``blocks.{l}.attn.hook_v`` ``[batch, pos, kv_head, d_head]`` by exact name from a
-    TransformerLens ``ActivationCache`` (2.x, 3.x or 4.x) or a plain dict, layer by layer.
-
     Per (layer, head, N) it averages precision, recall, F, margin, inversions and the
     chance-corrected P* and F* (SPEC §3) of the top-N set, of ``random_samples`` nested random
     subsets, of the value-shuffle null, of the top-N re-selected without the sink, and of the
@@ -63,8 +58,10 @@ def analyze_heads(
     torch elsewhere).
 
     Args:
-        cache: ``ActivationCache`` or ``dict`` with the two hooks of every analysed layer; make
-            it with ``names_filter=tl_geometry.CACHE_NAMES_FILTER``.
+        cache: a TransformerLens ``ActivationCache`` (2.x, 3.x or 4.x) or a ``dict`` holding
+            ``blocks.{l}.attn.hook_pattern`` ``[batch, head, query, key]`` and
+            ``blocks.{l}.attn.hook_v`` ``[batch, pos, kv_head, d_head]`` of every analysed layer,
+            read by exact name; make it with ``names_filter=tl_geometry.CACHE_NAMES_FILTER``.
         attention_mask: ``[batch, pos]``, 1 for real tokens: required for padded batches (left
             or right), and the forward pass must have been run with the same mask.
         layers: layer indices to analyse (default: every layer in the cache).
@@ -74,9 +71,8 @@ def analyze_heads(
         tokens: the ``[batch, pos]`` token ids the cache was made from; with ``model`` and no
             ``attention_mask``, pad tokens at the ends of sequences raise a warning. They also
             name each local sink's token (without them it is NaN).
-        progress: progress over layers: a bar on a terminal or in a notebook; ``True`` also
-            writes plain lines to standard error where no bar is visible (a log file, a
-            pipe); default ``None``: the bar where it is visible, else nothing.
+        progress: progress over layers (:func:`tl_geometry.progress.progress_bar`): ``None``
+            (default) a bar where one is visible; ``True`` also plain lines elsewhere.
         window: sliding windows (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees
             keys ``t − w < i ≤ t``, and only those are candidates; a query whose window starts
             after the sink has no sink. ``None`` (no window), an int (every layer), a sequence
@@ -128,11 +124,7 @@ def analyze_heads(
             default False.
 
     These options are :class:`~tl_geometry.engine.options.AnalysisArgs`, the same keywords for
-    :func:`analyze_model` and :func:`analyze_model_nulls`; their defaults and checks are
-    :func:`~tl_geometry.engine.options.check_options`'.
-
-    Returns:
-        :class:`HeadAnalysis`.
+    :func:`analyze_model` and :func:`analyze_model_nulls`.
 
     Examples:
         >>> _, cache = model.run_with_cache(tokens, names_filter=tl_geometry.CACHE_NAMES_FILTER)
@@ -143,89 +135,60 @@ def analyze_heads(
     opts = check_options(**options)
     _windows.check(window)
     chosen = _sink.rule(sink, model)
-    layer_ids = _cache.resolve_layers(cache, layers)
+    layer_ids = _cache.resolve_layers(cache, layers)  # never empty
     layer_windows = _windows.resolve(window, model, layer_ids, need_model=False)
     W = output_weights(model, W_O, layer_ids) if opts.space == "output" else None
-    run: _CacheRun | None = None
-    sinks: Tensor | None = None
+    # The first layer fixes every later one's shape, the mask and the accumulator.
+    first, _ = _cache.read_layer(cache, layer_ids[0], upcast=False)
+    batch, n_heads, n_pos, _ = shape = first.shape
+    mask = _cache.check_attention_mask(attention_mask, batch, n_pos, device=first.device)
+    if attention_mask is None:
+        _cache.warn_pad_tokens(tokens, model, (batch, n_heads, n_pos))
+    acc = Accumulator.zeros(len(layer_ids), n_heads, len(opts.n_values), device=first.device,
+                            n_sequences=batch, per_window=opts.per_window)
+    sink_run = _sink.SinkRun(chosen, len(layer_ids), batch)
+    check_query_positions(opts.queries, mask.sum(-1).tolist())
+    sinks = None if sink_run.auto else sink_run.given(mask)
     for li, layer in enumerate(layer_ids):
         pattern, _ = _cache.read_layer(cache, layer, upcast=False)
-        if run is None:
-            run = _CacheRun.start(pattern, attention_mask, tokens, model, len(layer_ids), len(opts.n_values),
-                                  chosen, opts.per_window)
-            check_query_positions(opts.queries, run.mask.sum(-1).tolist())
-            if not run.sink.auto:
-                sinks = run.sink.given(run.mask)
-        run.check_shape(pattern, layer)
-        if run.sink.auto:  # the sinks are chosen from every layer before any is analysed
-            run.sink.probe(layer, li, PatternRows(pattern), run.mask, layer_windows[li])
-    assert run is not None  # resolve_layers refuses an empty cache
+        if pattern.shape[:3] != shape[:3]:
+            raise _cache.CacheError(
+                f"Layer {layer}'s pattern is {tuple(pattern.shape)} but an earlier layer's was "
+                f"[{batch}, {n_heads}, {n_pos}, {n_pos}]: the layers of one cache must agree."
+            )
+        if sink_run.auto:  # the sinks are chosen from every layer before any is analysed
+            sink_run.probe(layer, li, PatternRows(pattern), mask, layer_windows[li])
     if sinks is None:
-        _probe_others(cache, run, window, model, layer_ids)
-        sinks = run.sink.choose(run.mask)
-    tokens = _cache.check_cache_tokens(tokens, run.shape[0], run.shape[2])
-    local = _local.LocalSinks(layer_windows, run.shape[0])
+        # "auto" also reads every other layer the cache holds (SPEC §1), except one that cannot
+        # be read alike (a missing hook, another shape).
+        cached = _cache.cached_layers(cache)
+        for layer, layer_window in _sink.choice_layers(window, model, layer_ids, cached,
+                                                       need_model=False).items():
+            try:
+                pattern, _ = _cache.read_layer(cache, layer, upcast=False)
+            except (_cache.CacheError, KeyError):
+                continue
+            if pattern.shape[0] == batch and pattern.shape[2] == n_pos:
+                sink_run.probe(layer, None, PatternRows(pattern), mask, layer_window)
+        sinks = sink_run.choose(mask)
+    tokens = _cache.check_cache_tokens(tokens, batch, n_pos)
+    local = _local.LocalSinks(layer_windows, batch)
     stats = []  # added at once: one operation per statistic for every layer
     for li, layer in enumerate(progress_bar(layer_ids, progress, "analyze_heads", "layer")):
         pattern, v = _cache.read_layer(cache, layer, upcast=False)
         W_layer = None if W is None else W[layer].to(pattern.device)
-        stats.append(analyze_layer(pattern, v, run.mask, sinks, opts, layer=layer, W_O=W_layer,
-                                   mask_given=attention_mask is not None, window=layer_windows[li]))
-        if not run.sink.auto:  # given sinks: checked on the rows the analysis has just read
-            run.sink.probe(layer, li, PatternRows(pattern), run.mask, layer_windows[li], sinks, stats[-1].first_keys)
         layer_window = layer_windows[li]
+        stats.append(analyze_layer(pattern, v, mask, sinks, opts, layer=layer, W_O=W_layer,
+                                   mask_given=attention_mask is not None, window=layer_window))
+        if not sink_run.auto:  # given sinks: checked on the rows the analysis has just read
+            sink_run.probe(layer, li, PatternRows(pattern), mask, layer_window, sinks,
+                           stats[-1].first_keys)
         if layer_window is not None:  # after the engine has checked the pattern against the window
-            local.add(li, 0, _local.from_pattern(pattern, v, run.mask, sinks, layer_window, tokens))
-    run.acc.add_layers(range(len(layer_ids)), stats)
+            local.add(li, 0, _local.layer_local_sink(pattern, v, mask, sinks, layer_window, tokens))
+    acc.add_layers(range(len(layer_ids)), stats)
     facts = model_facts(model)
-    metadata = run_metadata(model, cache, run.shape, opts, attention_mask is not None,
+    metadata = run_metadata(model, cache, (batch, n_heads, n_pos), opts, attention_mask is not None,
                             facts=None if model is None else facts)
     metadata["n_kv_heads"] = int(v.shape[2])  # the unit of value-only figures (SPEC §4)
-    metadata["sink"] = run.sink.record(model, n_layers=facts.n_layers)
-    return local.attach(run.acc.finish(layer_ids, opts, run.shape[2], metadata, layer_windows))
-
-
-def _probe_others(cache: Any, run: _CacheRun, window: Window, model: Any, analysed: Sequence[int]) -> None:
-    """``sink="auto"`` reads every layer the cache holds besides the ``analysed`` ones (SPEC §1),
-    except one that cannot be read alike (a missing hook, another shape)."""
-    others = _sink.choice_layers(window, model, analysed, _cache.cached_layers(cache), need_model=False)
-    for layer, layer_window in others.items():
-        try:
-            pattern, _ = _cache.read_layer(cache, layer, upcast=False)
-        except (_cache.CacheError, KeyError):
-            continue
-        if pattern.shape[0] != run.shape[0] or pattern.shape[2] != run.shape[2]:
-            continue
-        run.sink.probe(layer, None, PatternRows(pattern), run.mask, layer_window)
-
-
-@dataclass
-class _CacheRun:
-    """What the first layer of a cache fixes for every later one: its shape, the checked
-    attention mask, the accumulator and the sink's run."""
-
-    shape: tuple[int, int, int]
-    mask: Tensor
-    acc: Accumulator
-    sink: _sink.SinkRun
-
-    @classmethod
-    def start(cls, pattern: Tensor, attention_mask: Tensor | None, tokens: Tensor | None, model: Any,
-              n_layers: int, n_sizes: int, rule: str | list[int], per_window: bool = False) -> _CacheRun:
-        batch, n_heads, n_pos, _ = pattern.shape
-        shape = (batch, n_heads, n_pos)
-        mask = _cache.check_attention_mask(attention_mask, batch, n_pos, device=pattern.device)
-        if attention_mask is None:
-            _cache.warn_pad_tokens(tokens, model, shape)
-        acc = Accumulator.zeros(n_layers, n_heads, n_sizes, device=pattern.device, n_sequences=batch,
-                                per_window=per_window)
-        return cls(shape, mask, acc, _sink.SinkRun(rule, n_layers, batch))
-
-    def check_shape(self, pattern: Tensor, layer: int) -> None:
-        """Every layer of one cache has the first layer's ``[batch, head, pos, pos]``."""
-        if tuple(pattern.shape[:3]) != self.shape:
-            b, h, t = self.shape
-            raise _cache.CacheError(
-                f"Layer {layer}'s pattern is {tuple(pattern.shape)} but an earlier layer's was "
-                f"[{b}, {h}, {t}, {t}]: the layers of one cache must agree."
-            )
+    metadata["sink"] = sink_run.record(model, n_layers=facts.n_layers)
+    return local.attach(acc.finish(layer_ids, opts, n_pos, metadata, layer_windows))

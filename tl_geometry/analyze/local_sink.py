@@ -29,7 +29,6 @@ from ..functional.local_sink import (
     beyond_window,
     local_sink_from_columns,
 )
-from ..inputs.capture import LayerCapture
 from ..result import HeadAnalysis
 from .recompute import RecomputedRows
 
@@ -37,13 +36,6 @@ from .recompute import RecomputedRows
 #: small enough to stay in cache, as the recompute path's vote blocks
 #: (:data:`~tl_geometry.analyze.recompute.VOTE_BLOCK_BYTES`).
 BLOCK_BYTES = 1 << 22
-
-
-def _block_queries(batch: int, n_heads: int, window: int) -> int:
-    """Queries per block: ``batch·head·q·(q + window − 1)`` float64 rows within :data:`BLOCK_BYTES`."""
-    budget = BLOCK_BYTES // (8 * batch * n_heads)
-    # The largest q with q² + (window − 1)·q ≤ budget.
-    return max(1, (math.isqrt((window - 1) ** 2 + 4 * budget) - (window - 1)) // 2)
 
 
 def _beyond_columns(row_block: Any, beyond: Bool[Tensor, "batch pos"], n_heads: int, window: int,
@@ -56,7 +48,10 @@ def _beyond_columns(row_block: Any, beyond: Bool[Tensor, "batch pos"], n_heads: 
     if not len(any_query):
         return columns
     first, stop = int(any_query[0]), int(any_query[-1]) + 1
-    step = _block_queries(batch, n_heads, window)
+    # Queries per block: the largest q whose batch·head·q·(q + window − 1) float64 rows fit
+    # BLOCK_BYTES, i.e. q² + (window − 1)·q ≤ budget.
+    budget = BLOCK_BYTES // (8 * batch * n_heads)
+    step = max(1, (math.isqrt((window - 1) ** 2 + 4 * budget) - (window - 1)) // 2)
     for t0 in range(first, stop, step):
         t1 = min(stop, t0 + step)
         lo = max(0, t0 - window + 1)  # the keys these queries can see
@@ -64,55 +59,34 @@ def _beyond_columns(row_block: Any, beyond: Bool[Tensor, "batch pos"], n_heads: 
     return columns
 
 
-def from_pattern(
-    pattern: Float[Tensor, "batch head query key"],
+def layer_local_sink(
+    rows: Any,
     v: Float[Tensor, "batch pos kv d"],
     is_token: Bool[Tensor, "batch pos"],
     sink: Int[Tensor, " batch"],
     window: int,
     tokens: Int[Tensor, "batch pos"] | None,
 ) -> LocalSink:
-    """The local sinks of one layer from its pattern (zero outside each query's window: the
-    engine has checked it), read one block of beyond queries at a time."""
+    """The local sinks of one layer, one block of beyond queries at a time, from whichever rows
+    its path holds: a pattern (a tensor or :class:`~tl_geometry.engine.block.PatternRows`; zero
+    outside each query's window, as the engine has checked) or :class:`.recompute.RecomputedRows`,
+    whose blocks are recomputed in float64 with the layer's parameters (``v``: the capture's)."""
     beyond = beyond_window(is_token, sink.to(is_token.device), window)
-    columns = _beyond_columns(lambda t0, t1, lo: pattern[:, :, t0:t1, lo:t1], beyond, pattern.shape[1], window,
-                              pattern.device)
-    return local_sink_from_columns(columns, beyond, v, window=window, key_mask=is_token, tokens=tokens)
-
-
-def from_capture(
-    capture: LayerCapture,
-    key_mask: Bool[Tensor, "batch pos"] | None,
-    is_token: Bool[Tensor, "batch pos"],
-    sink: Int[Tensor, " batch"],
-    window: int,
-    tokens: Int[Tensor, "batch pos"] | None,
-) -> LocalSink:
-    """The local sinks of one layer from its captured queries and keys: each block of beyond
-    queries' rows over the keys they see, recomputed in float64 with the layer's parameters."""
-    q, k = capture.q, capture.k
-    kwargs = capture.params.row_kwargs()
-    batch = q.shape[0]
-    beyond = beyond_window(is_token, sink.to(is_token.device), window)
-
-    def rows(t0: int, t1: int, lo: int) -> Tensor:
-        queries = torch.arange(t0 - lo, t1 - lo, device=q.device).expand(batch, -1)
-        return attention_rows(q[:, lo:t1], k[:, lo:t1], queries,
-                              key_mask=None if key_mask is None else key_mask[:, lo:t1], **kwargs)
-
-    columns = _beyond_columns(rows, beyond, q.shape[2], window, q.device)
-    return local_sink_from_columns(columns, beyond, capture.v, window=window, key_mask=is_token, tokens=tokens)
-
-
-def layer_local_sink(rows: Any, v: Tensor, is_token: Tensor, sink: Tensor, window: int,
-                     tokens: Tensor | None) -> LocalSink:
-    """One layer's local sinks from whichever rows its path holds: a pattern tensor, a
-    :class:`~tl_geometry.engine.block.PatternRows` or :class:`.recompute.RecomputedRows`."""
-    if isinstance(rows, PatternRows):
-        rows = rows.pattern
     if isinstance(rows, RecomputedRows):
-        return from_capture(rows.capture, rows.key_mask, is_token, sink, window, tokens)
-    return from_pattern(rows, v, is_token, sink, window, tokens)
+        q, k, key_mask = rows.capture.q, rows.capture.k, rows.key_mask
+
+        def row_block(t0: int, t1: int, lo: int) -> Tensor:
+            queries = torch.arange(t0 - lo, t1 - lo, device=q.device).expand(q.shape[0], -1)
+            return attention_rows(q[:, lo:t1], k[:, lo:t1], queries, **rows.kwargs,
+                                  key_mask=None if key_mask is None else key_mask[:, lo:t1])
+
+        columns = _beyond_columns(row_block, beyond, q.shape[2], window, q.device)
+    else:
+        pattern = rows.pattern if isinstance(rows, PatternRows) else rows
+        columns = _beyond_columns(lambda t0, t1, lo: pattern[:, :, t0:t1, lo:t1], beyond,
+                                  pattern.shape[1], window, pattern.device)
+    return local_sink_from_columns(columns, beyond, v, window=window, key_mask=is_token,
+                                   tokens=tokens)
 
 
 class LocalSinks:
