@@ -89,46 +89,34 @@ class _LayerHooks:
     once per analysis in ``runs`` (accumulator, options): one forward serves them all."""
 
     def __init__(self, runs: Sequence[tuple[Accumulator, AnalysisOptions]], layer_ids: list[int],
-                 W: Tensor | None, mask_given: bool, windows: Sequence[int | None] | None = None,
-                 from_config: bool = False, sink: str | list[int] = _sink.AUTO, n_windows: int = 0,
-                 choice: dict[int, int | None] | None = None) -> None:
+                 W: Tensor | None, mask_given: bool, windows: Sequence[int | None],
+                 from_config: bool, sink: str | list[int], n_windows: int,
+                 choice: dict[int, int | None]) -> None:
         self.runs, self.W, self.mask_given = list(runs), W, mask_given
         self.row = {layer: i for i, layer in enumerate(layer_ids)}
-        self.windows = list(windows) if windows is not None else [None] * len(layer_ids)
+        self.windows = list(windows)
         self.from_config = from_config  # the windows came from the config: the capture must agree
         self.pending: dict[int, dict[str, Tensor]] = {}
-        self.mask: Tensor | None = None
+        # The batch's mask, offset, tokens and sinks (None while sink='auto' probes), set per batch.
+        self.mask = torch.zeros(0, 0, dtype=torch.bool)
         self.sink: Tensor | None = None
         self.offset = 0
+        self.tokens: Tensor | None = None
         self.n_kv: int | None = None  # KV heads seen in v: the unit of value-only figures (SPEC §4)
         self.sinks = _sink.SinkRun(sink, len(layer_ids), n_windows)
         self.probing = False  # a first pass that only reads the first 32 keys (sink='auto')
         # sink='auto' reads every layer of the model (SPEC §1): the other layers and their windows,
         # read only while probing.
-        self.choice = dict(choice or {})
-        # The local sinks of the sliding-window layers (ours) and the batch's tokens that name them.
-        self.local = _local.LocalSinks(self.windows, n_windows)
-        self.tokens: Tensor | None = None
+        self.choice = choice
+        self.local = _local.LocalSinks(self.windows, n_windows)  # of sliding-window layers (ours)
         self.progress: Any = None  # advanced by one per layer of a batch analysed (a bar, or lines)
 
-    def batch(self, mask: Tensor, offset: int, tokens: Tensor | None = None) -> None:
-        """The next batch's mask and tokens; its sinks too, unless ``sink='auto'`` (:meth:`choose`)."""
-        self.mask, self.offset, self.tokens = mask, offset, tokens
-        self.sink = None if self.sinks.auto else self.sinks.given(mask, offset)
-
-    def choose(self) -> None:
-        """After the probing pass of a batch: its sinks (``sink='auto'``)."""
-        assert self.mask is not None
-        self.sink = self.sinks.choose(self.mask)
-
     def hooks(self) -> list[tuple[str, Any]]:
-        out = []
-        for layer in self.row:
-            out.append((_cache.VALUE_HOOK.format(layer=layer), self._store("v", layer)))
-            out.append((_cache.PATTERN_HOOK.format(layer=layer), self._store("pattern", layer)))
-        for layer in self.choice:
-            out.append((_cache.PATTERN_HOOK.format(layer=layer), self._choice_pattern(layer)))
-        return out
+        names = [(layer, hook.format(layer=layer)) for layer in self.row
+                 for hook in (_cache.VALUE_HOOK, _cache.PATTERN_HOOK)]
+        choosing = [(_cache.PATTERN_HOOK.format(layer=layer), self._choice_pattern(layer))
+                    for layer in self.choice]
+        return [(name, self._store(name, layer)) for layer, name in names] + choosing
 
     def _choice_pattern(self, layer: int) -> Any:
         """A hook on a layer that is not analysed: its first keys' attention while probing."""
@@ -141,17 +129,19 @@ class _LayerHooks:
 
     def _choice_mass(self, layer: int, rows: Any) -> None:
         """The first keys' attention of a layer read for ``sink='auto'`` alone."""
-        assert self.mask is not None
         self.sinks.probe(layer, None, rows, self.mask.to(rows.device), self.choice[layer])
 
-    def _store(self, kind: str, layer: int) -> Any:
+    def _store(self, name: str, layer: int) -> Any:
         def hook(tensor: Tensor, hook: Any = None) -> None:
             seen = self.pending.setdefault(layer, {})
             # Only read, never written: the engine makes new tensors, so no copy is needed.
-            seen[kind] = tensor.detach()
+            seen[name] = tensor.detach()
             if len(seen) == 2:  # both hooks of this layer have fired, in whichever order
-                del self.pending[layer]
-                self._layer(layer, seen["pattern"], seen["v"])
+                pattern, v = _cache.read_layer(self.pending.pop(layer), layer, upcast=False)
+                if (pattern.shape[0], pattern.shape[-1]) != tuple(self.mask.shape):
+                    shape = tuple(pattern.shape)
+                    raise ValueError(f"Layer {layer}: pattern {shape} does not match the batch.")
+                self._analyze(layer, pattern, v)
                 self._stop_after(layer)
 
         return hook
@@ -162,86 +152,76 @@ class _LayerHooks:
         if layer == max([*self.row, *(self.choice if self.probing else ())]):
             raise StopForward
 
-    def capture(self, model: Any, tokens: Tensor, mask: Tensor | None, stash: CaptureStash | None = None) -> None:
-        """One batch by the recompute path: every analysed layer's captured q/k/v to the engine,
-        and a copy of each into ``stash`` where given (:meth:`capture_choosing`)."""
+    def capture(self, model: Any, tokens: Tensor, mask: Tensor | None) -> None:
+        """One batch by the recompute path: every analysed layer's captured q/k/v to the engine.
+        While probing (``sink='auto'``), in one forward too: every layer's first 32 keys are read
+        as it runs and its capture is kept (:class:`.stash.CaptureStash`); once all are read the
+        sinks are chosen and the kept layers analysed."""
         seen: set[int] = set()
+        key_mask = None if mask is None else self.mask
+        stash = CaptureStash() if self.probing else None
 
         def on_layer(c: LayerCapture) -> None:
             if c.layer not in self.row:
                 if self.probing and c.layer in self.choice:
-                    self._choice_mass(c.layer, RecomputedRows(c, self.mask if mask is not None else None))
+                    self._choice_mass(c.layer, RecomputedRows(c, key_mask))
                 return
             seen.add(c.layer)
-            self._captured(c, masked=mask is not None)
+            self._captured(c, key_mask)
             if stash is not None:
                 stash.keep(c)
 
-        # The probing pass of sink='auto' reads the first keys' weights: from each query's
-        # log-sum-exp where the layer's kernel gives it (no second attention pass).
-        capture_attention(model, tokens, on_layer, attention_mask=mask, logsumexp=stash is not None)
-        missing = sorted(set(self.row) - seen)
-        if missing:
-            raise _cache.CacheError(f"Layers {missing} ran no attention the capture could see: the "
-                                    "model's attention must go through transformers' attention functions.")
-
-    def capture_choosing(self, model: Any, tokens: Tensor, mask: Tensor | None) -> None:
-        """One batch by the recompute path with ``sink='auto'``, in one forward: every layer's
-        first 32 keys are read as it runs and its capture is kept (:class:`.stash.CaptureStash`);
-        once all are read the sinks are chosen and the kept layers analysed."""
-        stash = CaptureStash()
         try:
-            self.probing = True
-            self.capture(model, tokens, mask, stash)
-            self.choose()
-            self.probing = False
-            for c in stash.drain():
-                self._captured(c, masked=mask is not None)
+            # The probing pass reads the first keys' weights: from each query's log-sum-exp where
+            # the layer's kernel gives it (no second attention pass).
+            capture_attention(model, tokens, on_layer, attention_mask=mask,
+                              logsumexp=stash is not None)
+            missing = sorted(set(self.row) - seen)
+            if missing:
+                raise _cache.CacheError(f"Layers {missing} ran no attention the capture could see: "
+                                        "the model's attention must go through transformers' "
+                                        "attention functions.")
+            if stash is not None:
+                self.sink = self.sinks.choose(self.mask)
+                self.probing = False
+                for c in stash.drain():
+                    self._captured(c, key_mask)
         finally:
             self.probing = False
-            stash.close()
+            if stash is not None:
+                stash.close()
 
-    def _captured(self, c: LayerCapture, masked: bool) -> None:
+    def _captured(self, c: LayerCapture, key_mask: Tensor | None) -> None:
         """One captured layer of the batch to the engine."""
         window = self.windows[self.row[c.layer]]
         if self.from_config and window != c.params.window:
             raise ValueError(f"Layer {c.layer}: the model config gives sliding window {window} but its "
                              f"attention ran with {c.params.window}; pass window= explicitly.")
-        self._analyze(c.layer, RecomputedRows(c, self.mask if masked else None), c.v)
-
-    def _layer(self, layer: int, pattern: Tensor, v: Tensor) -> None:
-        names = (_cache.PATTERN_HOOK.format(layer=layer), _cache.VALUE_HOOK.format(layer=layer))
-        pattern, v = _cache.read_layer(dict(zip(names, (pattern, v))), layer, upcast=False)
-        assert self.mask is not None
-        if pattern.shape[0] != self.mask.shape[0] or pattern.shape[-1] != self.mask.shape[1]:
-            raise ValueError(f"Layer {layer}: pattern {tuple(pattern.shape)} does not match the batch.")
-        self._analyze(layer, pattern, v)
+        self._analyze(c.layer, RecomputedRows(c, key_mask), c.v)
 
     def _analyze(self, layer: int, rows: Any, v: Tensor) -> None:
         """One layer of one batch, read (rows: a pattern or recomputed rows, on ``v``'s device) by
         every analysis; its first 32 keys' attention is read once (in the probing pass, if any)."""
-        assert self.mask is not None
         self.n_kv = int(v.shape[2])
-        mask = self.mask.to(v.device)
-        sink = None if self.sink is None else self.sink.to(v.device)  # None while 'auto' probes
-        window = self.windows[self.row[layer]]
+        mask, row, window = self.mask.to(v.device), self.row[layer], self.windows[self.row[layer]]
         source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
         if self.probing:
-            self.sinks.probe(layer, self.row[layer], source, mask, window)
+            self.sinks.probe(layer, row, source, mask, window)
             return
-        assert sink is not None
+        assert self.sink is not None  # None only while 'auto' probes
+        sink = self.sink.to(v.device)
         W = None if self.W is None else self.W[layer].to(v.device)
         read = None  # the sink check's reading, as the first analysis read it (the same rows for all)
         for acc, opts in self.runs:
             stats = analyze_layer(rows, v, mask, sink, opts, layer=layer, W_O=W, sequence_offset=self.offset,
                                   mask_given=self.mask_given, window=window)
-            acc.add(self.row[layer], stats, self.offset)
+            acc.add(row, stats, self.offset)
             read = stats.first_keys if read is None else read
         if not self.sinks.auto:  # given sinks: checked on the rows the analysis has just read
-            self.sinks.probe(layer, self.row[layer], source, mask, window, sink, read)
+            self.sinks.probe(layer, row, source, mask, window, sink, read)
         if window is not None:  # after the engine has checked the rows against the window
-            self.local.add(self.row[layer], self.offset,
-                           _local.layer_local_sink(rows, v, mask, sink, window, self.tokens))
+            local = _local.layer_local_sink(rows, v, mask, sink, window, self.tokens)
+            self.local.add(row, self.offset, local)
         if self.progress is not None:
             self.progress.update()
 
@@ -300,17 +280,13 @@ def analyze_model(
             (:mod:`tl_geometry.analyze.recompute`), equal to the pattern path's to float32
             round-off (about 1e-6 in α). ``"auto"``: recompute when one layer's pattern for one
             batch would exceed :data:`AUTO_RECOMPUTE_BYTES` and the model can, else the pattern.
-        window: the sliding window of each layer (SPEC §1, ours; see
-            :func:`tl_geometry.analyze_heads`). ``"auto"`` (default) reads the model's config
-            (Gemma-3's local layers see 512 keys); ``None`` treats every layer as global.
-        sink: which key of each window is the sink (SPEC §1; see :func:`tl_geometry.analyze_heads`).
-            ``None`` (default): the first token where the window starts with BOS, ``"auto"``
-            where the model is known to have been trained without (Qwen2/2.5). ``"auto"`` reads
-            every layer of the model, whatever ``layers=`` analyses, before analysing any
-            (``metadata["sink"]["chosen_from_layers"]``): the recompute path keeps each layer's
-            capture until then (in memory up to :data:`~tl_geometry.analyze.stash.STASH_BYTES`,
-            the rest in a temporary folder), the pattern path runs each batch twice. Pass the
-            recorded ``metadata["sink"]["positions"]`` as ``sink=`` to skip that.
+        window: as for :func:`tl_geometry.analyze_heads`; ``"auto"`` (default) reads the model's
+            config (Gemma-3's local layers see 512 keys).
+        sink: as for :func:`tl_geometry.analyze_heads`. ``"auto"`` reads every layer of the model
+            before analysing any: the recompute path keeps each layer's capture until then (in
+            memory up to :data:`~tl_geometry.analyze.stash.STASH_BYTES`, the rest in a temporary
+            folder), the pattern path runs each batch twice. Pass the recorded
+            ``metadata["sink"]["positions"]`` as ``sink=`` to skip that.
 
     The other arguments, and the analysis options (``n_values``, ``queries``, ``seed``, ...:
     :class:`~tl_geometry.engine.options.AnalysisArgs`), are those of
@@ -419,12 +395,12 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     hooks = _LayerHooks(list(zip(accs, runs)), layer_ids, W, mask_given=mask is not None,
                         windows=layer_windows, from_config=window == _windows.AUTO, sink=chosen,
                         n_windows=n_seqs, choice=choice)
-    recompute = _use_recompute(attention, model, min(batch_size, n_seqs), n_heads, n_pos)
+    recompute = recompute_possible(attention, model) and (
+        attention == "recompute"
+        or pattern_bytes(min(batch_size, n_seqs), n_heads, n_pos) > AUTO_RECOMPUTE_BYTES)
 
-    lo, hi = 0, n_seqs
-    if shard is not None:
-        rank, world = shard
-        lo, hi = rank * n_seqs // world, (rank + 1) * n_seqs // world
+    rank, world = shard or (0, 1)
+    lo, hi = rank * n_seqs // world, (rank + 1) * n_seqs // world
     batches = range(lo, hi, batch_size)
     with torch.no_grad(), contextlib.ExitStack() as stack:
         # Progress per layer of each batch: one batch of a long window can take minutes.
@@ -435,33 +411,32 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
             stack.enter_context(model.hooks(fwd_hooks=hooks.hooks()))
         for start in batches:
             stop = min(start + batch_size, hi)
-            hooks.batch(full_mask[start:stop], start, tokens[start:stop])
+            hooks.mask, hooks.offset = full_mask[start:stop], start
+            hooks.tokens = tokens[start:stop]
+            hooks.sink = None if hooks.sinks.auto else hooks.sinks.given(hooks.mask, start)
             batch_tokens = tokens[start:stop].to(device)
             batch_mask = None if mask is None else full_mask[start:stop].long().to(device)
-            if recompute and chosen == _sink.AUTO:
-                hooks.capture_choosing(model, batch_tokens, batch_mask)
+            if recompute:  # one forward, which also chooses the sinks while probing
+                hooks.probing = chosen == _sink.AUTO
+                hooks.capture(model, batch_tokens, batch_mask)
                 continue
+            kwargs = {} if batch_mask is None else {"attention_mask": batch_mask}
             for probing in (True, False) if chosen == _sink.AUTO else (False,):
                 hooks.probing = probing
-                if recompute:
-                    hooks.capture(model, batch_tokens, batch_mask)
-                else:
-                    forward_until_stopped(model, batch_tokens,
-                                          **({} if batch_mask is None else {"attention_mask": batch_mask}))
+                forward_until_stopped(model, batch_tokens, **kwargs)
                 if probing:
-                    hooks.choose()
+                    hooks.sink = hooks.sinks.choose(hooks.mask)
             if hooks.pending:
-                missing = sorted(hooks.pending)
                 raise _cache.CacheError(
-                    f"Layers {missing} fired only one of hook_pattern / hook_v: the model must "
-                    "expose both per-head hooks (attention patterns need eager attention)."
+                    f"Layers {sorted(hooks.pending)} fired only one of hook_pattern / hook_v: the "
+                    "model must expose both per-head hooks (attention patterns need eager "
+                    "attention)."
                 )
-    if shard is not None:
+    masses, relative = hooks.sinks.check_masses(), hooks.sinks.relative
+    if shard is not None:  # every rank records every window's sink and the whole check
         for acc in accs:
             acc.all_reduce()
         hooks.local.all_reduce(lo, hi, n_heads, device)
-    masses, relative = hooks.sinks.check_masses(), hooks.sinks.relative
-    if shard is not None:  # every rank records every window's sink and the whole check
         masses, relative = _gather_windows(masses, relative, lo, n_seqs, device)
     sink_record = hooks.sinks.record(model, n_layers, masses, relative)
     results = []
@@ -508,11 +483,4 @@ def recompute_possible(attention: Any, model: Any) -> bool:
                          "from (a transformers model or a TransformerBridge around one); use "
                          "attention='pattern' for this model.")
     return possible
-
-
-def _use_recompute(attention: Any, model: Any, batch: int, n_heads: int, n_pos: int) -> bool:
-    """Whether this run recomputes attention rows (see ``analyze_model``'s ``attention``)."""
-    possible = recompute_possible(attention, model)
-    return possible and (attention == "recompute" or pattern_bytes(batch, n_heads, n_pos) > AUTO_RECOMPUTE_BYTES)
-
 
