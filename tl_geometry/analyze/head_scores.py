@@ -2,14 +2,13 @@
 
 One forward pass per kind of sequence: repeated random tokens (previous-token, duplicate-token,
 induction), real-text windows (sink rate, Sink^ε) and the same windows with a random needle
-(retrieval). Each layer is scored inside the forward, which never computes logits: from its
-captured queries and keys where the model is a Hugging Face one (or a bridge around one), only
-the weights the scores read (:mod:`.score_weights`); else from a hook on its ``hook_pattern``,
-the forward ending at the last layer's. The math is in :mod:`tl_geometry.functional.head_scores`.
+(retrieval), each layer scored inside the forward (:mod:`.score_weights`), which never computes
+logits. The math is in :mod:`tl_geometry.functional.head_scores`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 import warnings
@@ -42,9 +41,8 @@ MIN_SEQ_LEN, MIN_REPEAT = 4, 2
 #: Tokens a retrieval sequence adds to its text window: the needle and its repeated tokens.
 RETRIEVAL_EXTRA = _scores.NEEDLE_LENGTH + _scores.NEEDLE_REPEATED
 #: One layer's float32 pattern of one forward stays below this size (more sequences run in
-#: batches); eager attention holds a few tensors of that size while its layer runs. 32 MiB, not
-#: more: eager attention over larger batches is slower per sequence on CPU (8 windows of 512
-#: tokens: 12.9 s against 15.3 s at 256 MiB on SmolLM2, 13.5 s against 14.0 s on Gemma-3).
+#: batches). 32 MiB, not more: eager attention over larger batches is slower per sequence on CPU
+#: (8 windows of 512 tokens on SmolLM2: 12.9 s against 15.3 s at 256 MiB).
 PATTERN_BUDGET = 1 << 25
 #: Tokens per forward of the capture path (its memory grows as tokens × width, not as ``T²``).
 CAPTURE_TOKENS = 1 << 14
@@ -87,7 +85,6 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
     ``R`` above ``w − 1`` on a sliding-window layer (the second copy must see the first).
 
     Args:
-        model: a TransformerLens model (``HookedTransformer`` or ``TransformerBridge``).
         seq_len: tokens per text window, BOS included (``≥ 4``); default 128, the analysis's own
             default, or the length of ``windows`` where they are passed.
         repeat: ``R``, the random tokens repeated twice for previous_token, duplicate_token and
@@ -103,14 +100,10 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
         seed: seeds the random tokens; a whole number in ``[0, 2**63)``.
         sink: the text windows' sink (SPEC §1), as :func:`tl_geometry.analyze_heads` takes it,
             checked against the windows before any forward.
-        attention: where the weights come from (as :func:`tl_geometry.analyze_model` takes it).
-            ``"recompute"``: the Hugging Face forward with SDPA and no LM head; only the weights
-            the scores read are recomputed in float64 from each layer's queries and keys
-            (:mod:`tl_geometry.analyze.score_weights`), equal to the pattern's to float32
-            round-off (about 1e-6). ``"pattern"``: ``hook_pattern`` of the eager forward.
-            ``"auto"`` (default, ours): recompute wherever the model can (a transformers model or
-            a ``TransformerBridge`` around one), since a mean of weights does not move at that
-            round-off and the eager forward holds ``[batch, head, T, T]``; else the pattern.
+        attention: as :func:`tl_geometry.analyze_model` takes it (only the weights the scores
+            read are recomputed: :mod:`tl_geometry.analyze.score_weights`), but ``"auto"``
+            (default, ours) recomputes wherever the model can, since a mean of weights does not
+            move at float32 round-off and the eager forward holds ``[batch, head, T, T]``.
 
     Example:
         >>> scores = tl_geometry.head_scores(model, seq_len=128)           # doctest: +SKIP
@@ -219,8 +212,6 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
                       "or windows of at least that length.", UserWarning, stacklevel=2)
     selected, positions = (None, [0] * int(windows.shape[0])) if chosen == [0] else _selected_sink_rates(
         model, windows, chosen, layer_window, recompute)
-    if selected is not None:
-        columns["sink_rate_selected"] = selected
     sink_counts = torch.tensor([_scores.sink_queries(length, w) for w in layer_window])
     frame = pd.DataFrame({
         "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
@@ -273,7 +264,7 @@ def _selected_sink_rates(model: Any, windows: Tensor, chosen: str | list[int],
 
 
 def _after(p: int, n_pos: int, window: int | None, device: Any) -> Tensor:
-    """The queries ``t > p`` that see key ``p`` (:func:`~tl_geometry.functional.head_scores.visible`)."""
+    """The queries ``t > p`` that see key ``p``."""
     t = torch.arange(p + 1, n_pos, device=device)
     return t[_scores.visible(t, torch.full_like(t, p), window)]
 
@@ -296,8 +287,7 @@ def _draw(vocabulary: Tensor, shape: tuple[int, int], generator: torch.Generator
 
 
 def _check_model(model: Any) -> ModelFacts:
-    """The :class:`~tl_geometry.inputs.facts.ModelFacts` of a TransformerLens model (hooks and
-    positive sizes); a clear error for anything else (``None``)."""
+    """The facts of a TransformerLens model (hooks and sizes); a clear error for anything else."""
     facts = model_facts(model)
     if not callable(getattr(model, "hooks", None)) or None in (facts.n_layers, facts.n_heads, facts.d_vocab):
         got = "None" if model is None else type(model).__name__
@@ -428,9 +418,8 @@ def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
 
 
 def _batch_size(model: Any, n_seqs: int, n_pos: int, recompute: bool) -> int:
-    """Sequences per forward: as many as keep one layer's float32 pattern within
-    :data:`PATTERN_BUDGET`, or the capture path's tokens within :data:`CAPTURE_TOKENS` (at
-    least one)."""
+    """Sequences per forward (at least one) within :data:`PATTERN_BUDGET` (pattern) or
+    :data:`CAPTURE_TOKENS` (capture)."""
     fit = CAPTURE_TOKENS // n_pos if recompute else PATTERN_BUDGET // (model.cfg.n_heads * n_pos * n_pos * 4)
     return max(1, min(n_seqs, fit))
 
@@ -473,16 +462,12 @@ def _each_layer(model: Any, tokens: Tensor, read: Callable[[Weights, int], T], r
 
 
 def _forward(model: Any, tokens: Tensor, recompute: bool, on_layer: Callable[[Weights, int], None]) -> None:
-    """One forward of ``tokens`` without logits, calling ``on_layer(weights, layer)`` inside it as
-    each layer's attention runs, up to the :class:`~tl_geometry.analyze.stop.StopForward` it
-    raises: from the layer's capture (:class:`.score_weights.CaptureWeights`, each query's
-    log-sum-exp where the kernel gives it) or from its ``hook_pattern``
-    (:class:`.score_weights.PatternWeights`)."""
+    """One forward of ``tokens`` without logits, calling ``on_layer(weights, layer)`` as each
+    layer's attention runs (from its capture or its ``hook_pattern``), up to the
+    :class:`~tl_geometry.analyze.stop.StopForward` it raises."""
     if recompute:
-        try:
+        with contextlib.suppress(StopForward):
             capture_attention(model, tokens, lambda c: on_layer(CaptureWeights(c), c.layer), logsumexp=True)
-        except StopForward:
-            pass
         return
     hooks = [(PATTERN_HOOK.format(layer=layer),
               functools.partial(lambda layer, pattern, hook=None: on_layer(PatternWeights(pattern), layer), layer))
