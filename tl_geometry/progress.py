@@ -26,16 +26,6 @@ LINE_INTERVAL_S = 30.0
 _clock = time.monotonic
 
 
-def _in_jupyter_kernel() -> bool:
-    # Only look at an IPython that is already imported: importing it here would cost a second and
-    # could not make a plain script a notebook.
-    ipython = sys.modules.get("IPython")
-    get_ipython = getattr(ipython, "get_ipython", None)
-    shell = get_ipython() if callable(get_ipython) else None
-    # A kernel's shell (ZMQInteractiveShell) has a ``kernel``; the terminal IPython shell has none.
-    return getattr(shell, "kernel", None) is not None
-
-
 def auto_progress() -> bool:
     """Whether a bar would be visible: standard error is a terminal, or this runs inside a
     Jupyter kernel (notebooks, VS Code, JupyterLab). It is what ``progress=None`` means; False for
@@ -50,7 +40,12 @@ def auto_progress() -> bool:
             return True
     except (AttributeError, ValueError):  # a replaced or closed stream
         pass
-    return _in_jupyter_kernel()
+    # Only an IPython already imported: importing it here would cost a second and could not make
+    # a plain script a notebook. A kernel's shell (ZMQInteractiveShell) has a ``kernel``; the
+    # terminal IPython shell has none.
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    shell = get_ipython() if callable(get_ipython) else None
+    return getattr(shell, "kernel", None) is not None
 
 
 def check_progress(progress: Any) -> bool:
@@ -120,20 +115,6 @@ class ProgressLines:
               file=sys.stderr, flush=True)
 
 
-class _Lines(ProgressLines):
-    """:class:`ProgressLines` over the items of an iterable, one step each."""
-
-    def __init__(self, items: Iterable[Any], desc: str, unit: str) -> None:
-        self.items = items
-        total = len(items) if isinstance(items, Sized) else None
-        super().__init__(total, desc, unit)
-
-    def __iter__(self) -> Iterator[Any]:
-        for item in self.items:
-            yield item
-            self.update()
-
-
 def _tqdm(**kwargs: Any) -> Any:
     from tqdm.auto import tqdm
 
@@ -160,4 +141,12 @@ def progress_bar(items: Iterable[T], progress: bool | None, desc: str, unit: str
     if auto_progress():
         bar: Any = _tqdm(iterable=items, desc=desc, unit=unit)
         return bar
-    return _Lines(items, desc, unit)
+    lines = ProgressLines(len(items) if isinstance(items, Sized) else None, desc, unit)
+    return _stepped(items, lines)
+
+
+def _stepped(items: Iterable[T], lines: ProgressLines) -> Iterator[T]:
+    """``items``, with ``lines`` advanced by one after each."""
+    for item in items:
+        yield item
+        lines.update()

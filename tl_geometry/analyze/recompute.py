@@ -72,10 +72,7 @@ class RecomputedRows:
         From the forward's log-sum-exp where the capture holds it
         (:meth:`_columns_from_logsumexp`), else from the layer's SDPA kernel run on one-hot
         values, one causal pass per window (the forward's rounding, as ``hook_pattern``). ``None``
-        with a softcap, sink logits, or padding between ``start`` and ``stop``.
-
-            >>> rows.leading_columns(torch.tensor([0]), torch.tensor([512]), 32)  # doctest: +SKIP
-        """
+        with a softcap, sink logits, or padding between ``start`` and ``stop``."""
         c = self.capture
         # The log-sum-exp runs over every key up to the query: the columns' rows, where every
         # window starts at position 0 (no padding: the model was given no mask, or an all-ones one).

@@ -1,13 +1,8 @@
-"""The attention weights ``head_scores`` reads, from a layer's pattern or from its capture.
-
-A head score (SPEC §9) reads a few weights of each layer: one key per query (previous token,
-the second copy's earlier occurrence, key 0), a few whole rows (the retrieval argmax) and, for
-a chosen sink, the first keys' columns. :class:`PatternWeights` reads them from ``hook_pattern``
-(the eager forward); :class:`CaptureWeights` computes only them from the layer's captured
-queries and keys (:func:`tl_geometry.inputs.capture.capture_attention`), in float64, in
-``O(T·d)`` per query where the forward handed over each query's log-sum-exp and over the keys a
-query sees otherwise, never a ``[query, key]`` tensor of the whole sequence. Both give the same
-weights to float32 round-off (about 1e-6).
+"""The attention weights ``head_scores`` reads (SPEC §9: one key per query, a few whole rows, a
+chosen sink's columns), from a layer's ``hook_pattern`` (:class:`PatternWeights`) or computed,
+only they, from its captured queries and keys (:class:`CaptureWeights`): in float64, in ``O(T·d)``
+per query where the forward handed over each query's log-sum-exp and over the keys a query sees
+otherwise, never a ``[query, key]`` tensor of the whole sequence; equal to float32 round-off.
 """
 
 from __future__ import annotations
@@ -63,8 +58,7 @@ class CaptureWeights:
         self.kwargs = capture.params.row_kwargs()
 
     def mean_weight(self, queries: Tensor, keys: Tensor, window: int | None) -> Float[Tensor, " head"]:
-        """Per head, the mean over sequences and the pairs the query sees of ``α[query, key]``
-        (as :func:`tl_geometry.functional.head_scores.mean_weight`)."""
+        """As :func:`tl_geometry.functional.head_scores.mean_weight`, from recomputed weights."""
         keep = _scores.visible(queries, keys, window)
         return self.at(queries[keep], keys[keep]).mean(dim=(0, 2))
 
@@ -102,7 +96,7 @@ class CaptureWeights:
         return out
 
     def key_columns(self, keys: Sequence[int]) -> Float[Tensor, "batch head query n_keys"]:
-        """``α[b, h, t, keys[j]]`` for every query ``t`` (0 where ``t`` does not see the key)."""
+        """As :meth:`PatternWeights.key_columns`."""
         columns = torch.zeros(self.batch, self.n_heads, self.n_pos, len(keys), dtype=torch.float64,
                               device=self.device)
         if not len(keys):
@@ -129,7 +123,6 @@ class CaptureWeights:
         return columns
 
     def rows(self) -> AttentionRows:
-        """The layer as the engine's row source (the sink choice reads it)."""
         return RecomputedRows(self.capture, None)
 
     def _query_blocks(self, t0: int, t1: int) -> list[tuple[int, int]]:

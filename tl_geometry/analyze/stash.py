@@ -1,9 +1,6 @@
-"""Captured layers held until the sink is chosen (``sink="auto"`` on the recompute path).
-
-``sink="auto"`` (SPEC §1) chooses each window's sink from every layer before any layer can be
-analysed: the recompute path keeps each layer's captured queries, keys and values from its one
-forward (:class:`CaptureStash`; in memory up to :data:`STASH_BYTES`, the rest in a temporary
-folder) and reads them back one layer at a time once the sink is known.
+"""Captured layers held until the sink is chosen (``sink="auto"`` on the recompute path): SPEC §1
+chooses each window's sink from every layer before any layer can be analysed, so the one forward's
+captures are kept and read back one layer at a time once the sink is known.
 """
 
 from __future__ import annotations

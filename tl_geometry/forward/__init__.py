@@ -1,10 +1,6 @@
-"""Running a model forward with hooks and measuring its loss, shared by ablation/ and capacity/.
-
-``hooks`` holds :class:`HookContext` (``(hook_name, fn)`` pairs that are also a context manager
-on their model) and the checks every hooked forward makes: the model's device, token ids,
-``(layer, head)`` pairs as a mask. ``losses`` is the batched loss engine: many replicas of one
-batch, each with its own hooks, stacked along the batch axis in as few forwards as memory
-allows, with every loss kept per window for its standard error (SPEC §7).
+"""Running a model forward with hooks and measuring its loss, shared by ablation/ and capacity/:
+``hooks`` (the hook context and the checks every hooked forward makes) and ``losses`` (the
+batched loss engine, every loss kept per window for its standard error, SPEC §7).
 """
 
 from .hooks import HookContext, HookList, check_tokens, head_mask, model_device

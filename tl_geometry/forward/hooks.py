@@ -1,9 +1,5 @@
-"""Hook lists on a TransformerLens model, and the checks every forward with hooks makes.
-
-:class:`HookContext` is a list of ``(hook_name, fn)`` pairs that is also a context manager on
-its model (``ablation.HeadAblation`` and ``capacity.TopNAttention`` are two). The checks give
-the model's device, refuse token ids that are not ``[batch, pos]`` integers inside
-the vocabulary, and turn ``(layer, head)`` pairs into a ``[layer, head]`` mask.
+"""Hook lists on a TransformerLens model (:class:`HookContext`; ``ablation.HeadAblation`` and
+``capacity.TopNAttention`` are two), and the checks every forward with hooks makes.
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ from ..inputs.tokens import check_token_tensor
 HookList = list[tuple[str, Callable[..., Tensor]]]
 
 
-# --- validation -------------------------------------------------------------------------------
 def model_device(model: Any) -> torch.device:
     """The device of a TransformerLens model (``model.cfg.device``); CPU where it names none."""
     return torch.device(getattr(getattr(model, "cfg", None), "device", None) or "cpu")
@@ -67,7 +62,6 @@ def head_mask(heads: Any, n_layers: int, n_heads: int) -> Bool[Tensor, "layer he
     return mask
 
 
-# --- hooks as a context manager -----------------------------------------------------------------
 class HookContext(list):
     """``(hook_name, fn)`` pairs that also work as a context manager on their model.
 

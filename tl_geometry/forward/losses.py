@@ -90,14 +90,10 @@ def stacked_losses(
     per_forward: int | None = None,
     progress: Any = None,
 ) -> Float[Tensor, " replica"]:
-    """Mean next-token loss of ``n_rep`` replicas of the batch, ``per_forward`` per forward pass.
-
-    Replicas are stacked along the batch axis; ``hooks_for(start, stop)`` gives the hooks that
-    treat replicas ``start:stop`` (each hook tells its replicas apart by batch row). The loss of
-    a replica is the mean over its valid predictions of the per-token loss, summed in float64.
-    ``progress`` (a tqdm bar or ``None``) is advanced by the number of replicas done. Per
-    window: :func:`stacked_window_losses`.
-    """
+    """Mean next-token loss of ``n_rep`` replicas of the batch, ``per_forward`` per forward pass
+    (see the module): ``hooks_for(start, stop)`` gives the hooks that treat replicas
+    ``start:stop``; ``progress`` (a tqdm bar or ``None``) is advanced by the replicas done. Per
+    window: :func:`stacked_window_losses`."""
     return stacked_window_losses(model, tokens, n_rep, hooks_for, attention_mask=attention_mask,
                                  per_forward=per_forward, progress=progress).total
 
