@@ -81,8 +81,7 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
 
     Every sequence starts as the model was trained (:func:`tl_geometry.inputs.models.trained_with_bos`):
     with BOS for SmolLM2 and Gemma-3, with a text token for Qwen2.5-Coder. Sequences passed in
-    that start otherwise, or that hold pad tokens, are refused with a ``ValueError``; so is an
-    ``R`` above ``w − 1`` on a sliding-window layer (the second copy must see the first).
+    that start otherwise, or that hold pad tokens, are refused with a ``ValueError``.
 
     Args:
         seq_len: tokens per text window, BOS included (``≥ 4``); default 128, the analysis's own
@@ -167,8 +166,7 @@ def head_scores(model: Any, *, seq_len: int | None = None, repeat: int | None = 
         sink_windows = text_windows(model, n_seqs=N_WINDOWS, seq_len=_scores.SINK_EPSILON_LENGTH)
     for name, tokens in (("repeated", repeated), ("windows", windows), ("sink_windows", sink_windows)):
         if tokens is not None:
-            _check_first_token(model, tokens, name, with_bos)
-            _check_no_padding(model, tokens, name)
+            _check_sequences(model, tokens, name, with_bos)
     if chosen != _sink.AUTO:  # the given sinks against the text windows, before the first forward
         _sink.positions(chosen, torch.ones(windows.shape, dtype=torch.bool), 0, int(windows.shape[0]))
     needles = _draw(vocabulary, (windows.shape[0], _scores.NEEDLE_LENGTH), generator)
@@ -339,11 +337,9 @@ def _check_repeat_fits(model_name: str, repeat: int, start: int, layer_window: l
 
 def _check_repeated(repeated: Any, d_vocab: int | None, start: int) -> int:
     """``R`` of a repeated sequence (``[batch, start + 2R]``); a clear error when it is not one."""
-    if start:
-        layout = "[batch, 1 + 2R] token ids (BOS + R tokens repeated twice, R ≥ 2)"
-    else:
-        layout = ("[batch, 2R] token ids (R tokens repeated twice, R ≥ 2, no BOS: the model was "
-                  "trained without one)")
+    layout = ("[batch, 1 + 2R] token ids (BOS + R tokens repeated twice, R ≥ 2)" if start
+              else "[batch, 2R] token ids (R tokens repeated twice, R ≥ 2, no BOS: the model was "
+                   "trained without one)")
     check_token_tensor(repeated, "repeated", d_vocab, min_pos=start + 2 * MIN_REPEAT, layout=layout)
     length = repeated.shape[1] - start
     if length % 2:
@@ -368,35 +364,25 @@ def _rows(mask: Tensor) -> str:
     return first_few(mask.nonzero().flatten().tolist())
 
 
-def _check_first_token(model: Any, tokens: Tensor, name: str, with_bos: bool) -> None:
+def _check_sequences(model: Any, tokens: Tensor, name: str, with_bos: bool) -> None:
     """Sequences start with BOS where the model was trained with one, and never where it was not
-    (SPEC §1): the first key is the sink either way."""
+    (SPEC §1: the first key is the sink either way), and hold no pad token (every position is
+    read as text): a dedicated pad id anywhere, or a run of a pad id that doubles as BOS or EOS
+    (a document separator where it stands alone)."""
     facts = model_facts(model)
     bos = facts.bos_id
-    if bos is None:
-        return
     first = tokens[:, 0].cpu()
     fix = ("build them with tl_geometry.text_windows(model, text, n_seqs=..., seq_len=...), which "
            "starts each window as the model was trained")
-    if with_bos and (first != bos).any():
+    if bos is not None and with_bos and (first != bos).any():
         raise ValueError(f"{name}: sequence(s) {_rows(first != bos)} do not start with BOS (id {bos}), "
                          f"but {facts.name} was trained with BOS at the start of a sequence; put "
                          f"BOS first, or {fix}.")
-    if not with_bos and (first == bos).any():
+    if bos is not None and not with_bos and (first == bos).any():
         raise ValueError(f"{name}: sequence(s) {_rows(first == bos)} start with the tokenizer's BOS "
                          f"(id {bos}), but {facts.name} was trained without BOS at the start of a "
                          f"sequence (its first text token is the sink); drop that token "
                          f"(tokens[:, 1:]), or {fix}.")
-
-
-def _special_ids(tokenizer: Any, *names: str) -> set[int]:
-    ids = (getattr(tokenizer, name, None) for name in names)
-    return {int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)}
-
-
-def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
-    """No pad tokens (every position is read as text): a dedicated pad id anywhere, or a run of a
-    pad id that doubles as BOS or EOS (a document separator where it stands alone)."""
     tokenizer = getattr(model, "tokenizer", None)
     pad = _special_ids(tokenizer, "pad_token_id")
     if not pad:
@@ -415,6 +401,11 @@ def _check_no_padding(model: Any, tokens: Tensor, name: str) -> None:
                          "the sink rate and Sink^ε; pass sequences of equal length without padding, "
                          "e.g. windows cut from one text by tl_geometry.text_windows(model, text, "
                          "n_seqs=..., seq_len=...).")
+
+
+def _special_ids(tokenizer: Any, *names: str) -> set[int]:
+    ids = (getattr(tokenizer, name, None) for name in names)
+    return {int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)}
 
 
 def _batch_size(model: Any, n_seqs: int, n_pos: int, recompute: bool) -> int:
