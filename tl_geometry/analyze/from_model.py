@@ -443,10 +443,8 @@ def _analyze_model(model: Any, inputs: Any, runs: Sequence[AnalysisOptions], *, 
     for acc, run in zip(accs, runs):
         metadata = run_metadata(model, model, (n_seqs, n_heads, n_pos), run, mask is not None, facts=facts)
         metadata.update(n_kv_heads=hooks.n_kv or getattr(cfg, "n_key_value_heads", None) or n_heads,
-                        cache_type="streaming", batch_size=batch_size,
-                        world_size=1 if shard is None else shard[1],
-                        attention="recompute" if recompute else "pattern",
-                        sink=sink_record)
+                        cache_type="streaming", batch_size=batch_size, world_size=world,
+                        attention="recompute" if recompute else "pattern", sink=sink_record)
         results.append(hooks.local.attach(acc.finish(layer_ids, run, n_pos, metadata, layer_windows)))
     return results
 

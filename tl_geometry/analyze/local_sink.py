@@ -67,10 +67,9 @@ def layer_local_sink(
     window: int,
     tokens: Int[Tensor, "batch pos"] | None,
 ) -> LocalSink:
-    """The local sinks of one layer, one block of beyond queries at a time, from whichever rows
-    its path holds: a pattern (a tensor or :class:`~tl_geometry.engine.block.PatternRows`; zero
-    outside each query's window, as the engine has checked) or :class:`.recompute.RecomputedRows`,
-    whose blocks are recomputed in float64 with the layer's parameters (``v``: the capture's)."""
+    """The local sinks of one layer from a pattern (a tensor or
+    :class:`~tl_geometry.engine.block.PatternRows`; zero outside each query's window, as the engine
+    has checked) or from :class:`.recompute.RecomputedRows` (``v``: the capture's)."""
     beyond = beyond_window(is_token, sink.to(is_token.device), window)
     if isinstance(rows, RecomputedRows):
         q, k, key_mask = rows.capture.q, rows.capture.k, rows.key_mask

@@ -32,19 +32,9 @@ class RecomputedRows:
         self.capture = capture
         self.key_mask = None if key_mask is None else key_mask.to(capture.q.device, torch.bool)
         self.kwargs = capture.params.row_kwargs()
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        batch, n_pos, n_heads, _ = self.capture.q.shape
-        return batch, n_heads, n_pos
-
-    @property
-    def device(self) -> torch.device:
-        return self.capture.q.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float64
+        batch, n_pos, n_heads, _ = capture.q.shape
+        self.shape = (batch, n_heads, n_pos)
+        self.device, self.dtype = capture.q.device, torch.float64
 
     def _mask(self, b0: int, b1: int) -> Tensor | None:
         return None if self.key_mask is None else self.key_mask[b0:b1]

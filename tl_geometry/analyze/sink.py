@@ -215,16 +215,14 @@ class SinkRun:
             fix = ("pass sink='auto' (the most attended of the first 32 tokens)" if not self.auto
                    else "the model may have no sink: read its sink figures with care")
             sink_mass, other_mass = (_fmt(check_result[k]) for k in ("sink_mass", "other_mass"))
-            warn_caller(f"weak sink: the sink (position {_describe(relative)}) is not the most "
+            values = sorted({int(x) for x in relative})
+            more = "…" if len(values) > 4 else ""
+            where = str(values[0]) if len(values) == 1 else f"{values[:4]}{more}"
+            warn_caller(f"weak sink: the sink (position {where}) is not the most "
                         f"attended of the first {CANDIDATES} tokens in most layers (mean mass per "
                         f"layer {sink_mass} against {other_mass} for the most attended other key); "
                         f"{fix}. metadata['sink'] holds the check.")
         return entry
-
-
-def _describe(relative: Sequence[int]) -> str:
-    values = sorted({int(x) for x in relative})
-    return str(values[0]) if len(values) == 1 else f"{values[:4]}{'…' if len(values) > 4 else ''}"
 
 
 def _fmt(values: Sequence[float | None]) -> str:
