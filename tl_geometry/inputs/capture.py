@@ -41,7 +41,12 @@ class AttentionParams:
     n_kv_heads: int
 
     def row_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``attention_rows`` / ``attention_row_blocks`` for this layer."""
+        """Keyword arguments of ``attention_rows`` / ``attention_row_blocks`` for this layer.
+
+        >>> p = AttentionParams(0.125, 512, None, None, n_heads=4, n_kv_heads=1)
+        >>> p.row_kwargs()
+        {'scale': 0.125, 'window': 512, 'softcap': None, 'sinks': None}
+        """
         return {"scale": self.scale, "window": self.window, "softcap": self.softcap,
                 "sinks": self.sinks}
 
@@ -283,9 +288,11 @@ def capture_attention(model: Any, tokens: Tensor, on_layer: Callable[[LayerCaptu
     ``on_layer`` runs inside the forward as soon as the layer's q/k/v exist: peak memory holds
     one layer's q/k/v, never a ``[query, key]`` pattern or logits. ``model`` is a transformers
     causal LM or a ``TransformerBridge`` around one (its hooks do not fire), left as it was;
-    ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model.
-    ``logsumexp=True`` also hands over :attr:`LayerCapture.logsumexp` where the layer's kernel
-    gives it (``on_layer`` then runs after the attention).
+    ``attention_mask`` ``[batch, pos]`` (1 on real tokens) is passed to the model (recompute rows
+    with ``key_mask=attention_mask.bool()``). ``logsumexp=True`` also hands over
+    :attr:`LayerCapture.logsumexp` where the layer's kernel gives it (``on_layer`` then runs after
+    the attention). Bad ``tokens``, ``attention_mask`` or ``logsumexp`` raise a ``ValueError``
+    naming the fix before the forward.
 
     Example::
 

@@ -131,8 +131,9 @@ def _parse(reader: _Reader, size: int) -> GGUFInfo:
 
 
 def read_gguf_info(path: str | Path) -> GGUFInfo:
-    """The header of the GGUF file at ``path``, checked to be whole (else
-    :class:`GGUFHeaderError`); reads no tensor data.
+    """The header of the GGUF file at ``path``; reads no tensor data. Raises
+    :class:`GGUFHeaderError` (a ``ValueError``) for a file that is not GGUF, breaks off inside its
+    header, or ends before its tensors do; ``OSError`` if it cannot be read.
 
     Example:
         >>> read_gguf_info("model.gguf").context_length  # doctest: +SKIP

@@ -2,9 +2,10 @@
 packages whose files are checked against a recorded sha256 (shipped whole, or assembled from parts).
 
 Everything written into the cache goes to a temporary name in the same folder and is renamed into
-place. A file's sha256 is remembered (``<cache>/sha256/``) with its stamp (resolved path, size,
-mtime, ctime, inode, device): any write moves the ctime, so a file whose stamp still matches
-holds what was hashed, and any other is hashed again in full.
+place, so no process sees a partial file; nothing is truncated or overwritten in place. A file's
+sha256 is remembered (``<cache>/sha256/``) with its stamp (resolved path, size, mtime, ctime,
+inode, device): any write moves the ctime, so a file whose stamp still matches holds what was
+hashed, and any other is hashed again in full.
 """
 
 from __future__ import annotations

@@ -460,7 +460,8 @@ def trained_with_bos(model: Any = DEFAULT_MODEL, *, warn: bool = True) -> bool:
     ``tl_geometry_bos``, else the table by its name, else the files its ``name_or_path`` names (a
     GGUF file's ``tokenizer.ggml.add_bos_token``, a folder's ``tokenizer_config.json``), never a
     converted GGUF tokenizer's attribute. Where nothing says: ``False`` and, with ``warn``, a
-    ``UserWarning`` naming the fix.
+    ``UserWarning`` naming the fix. A name neither built in nor an existing path raises
+    :class:`ModelLoadError`.
 
     Example:
         >>> trained_with_bos("smollm2-135m"), trained_with_bos("qwen2.5-coder-0.5b")
@@ -756,7 +757,8 @@ def load_model(
     ``"owner/name[@revision]"`` already in your Hugging Face cache (never downloaded). Files that
     cannot work raise :class:`ModelLoadError` naming the file and the fix. The first load of a
     GGUF model de-quantises it into the weight cache. The bridge keeps the raw HF weights (no
-    folding), so ``hook_v`` is the model's own ``v``. Bridge and tokenizer record whether the
+    folding), so ``hook_v`` is the model's own ``v``; a hub id's load records its repo id and commit
+    hash, and de-quantising prints one line to stderr. Bridge and tokenizer record whether the
     model was trained with BOS (:func:`trained_with_bos`); where neither the files nor ``bos=``
     say it, the load is refused.
 

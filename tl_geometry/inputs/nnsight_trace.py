@@ -132,7 +132,8 @@ def from_nnsight(
     attention, saves for each of ``layers`` (default: all) the attention weights and ``v_proj``'s
     output, and stops after the last of them. ``tokens``: ``[batch, pos]`` token ids, a mapping
     with ``input_ids``, or text(s) (tokenized as :func:`~tl_geometry.text_windows` does); the
-    batch must be unpadded. Errors (``ImportError``, ``TypeError``,
+    batch must be unpadded. The model's attention implementation is restored after the trace; a
+    model in training mode is refused. Errors (``ImportError``, ``TypeError``,
     :class:`~tl_geometry.CacheError`) name the fix.
 
     >>> from nnsight import LanguageModel                                    # doctest: +SKIP

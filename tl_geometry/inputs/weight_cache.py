@@ -293,7 +293,8 @@ class Problem:
 def verify() -> list[Problem]:
     """Re-hash, in full, everything the cache records a digest of; list what does not match: an
     entry's files against its manifest (``corrupt``), the GGUF file it was made from (``stale``),
-    every remembered digest still in force (``corrupt``). Nothing is changed."""
+    every remembered digest still in force (``corrupt``). Nothing is changed; empty lists mean
+    everything checks out."""
     _check_subfolders()
     done: dict[str, str] = {}  # each file read once (several entries share a source)
 
@@ -443,7 +444,9 @@ class Cleared:
 
 def clear() -> Cleared:
     """Empty the cache of what it wrote (:func:`_owned`), except temporaries less than a day old
-    (of loads that may still run); everything else is left alone and listed in ``foreign``."""
+    (of loads that may still run); everything else is left alone and listed in ``foreign``. Files
+    are unlinked, never truncated; a cache path that is not a folder raises
+    :class:`~tl_geometry.inputs.model_files.CacheFolderError` before anything is removed."""
     items, foreign = _owned()
     done = Cleared(_new_usage(), _new_usage(), [], foreign)
     for kind, path in items:

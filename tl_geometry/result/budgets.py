@@ -1,5 +1,6 @@
 """Certified top-N budgets of every head from an analysis (SPEC §10, ours): on at least 90 % of
-the analysed queries, keeping a head's top ``k_ε`` keys moves its attention by at most ``ε`` (TV).
+the analysed queries, keeping a head's top ``k_ε`` keys and renormalising moves its attention by at
+most ``ε`` in total variation (and so does any larger ``N``).
 """
 
 from __future__ import annotations

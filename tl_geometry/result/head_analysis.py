@@ -307,6 +307,7 @@ class HeadAnalysis(Shortcuts):
 
         >>> s = result.sel(layer=5, head=3, n=2)          # doctest: +SKIP
         >>> float(s["f_score"]), s["label"]                # doctest: +SKIP
+        >>> result.sel(n=2)["f_score"]                     # [layer, head] F_2   # doctest: +SKIP
         """
         every = {"layer": list(self.layers), "head": list(range(self.n_heads)), "n": self.n_values.tolist()}
         asked = {"layer": layer, "head": head, "n": n}
@@ -468,8 +469,11 @@ class HeadAnalysis(Shortcuts):
         return frame if scores is None else confidence.merge_scores(frame, scores)
 
     def export_labels(self, path: str | Path, *, scores=None) -> Path:
-        """:func:`~tl_geometry.result.labels.export_labels`: one row per head, as CSV or JSON by
-        the suffix of ``path`` (docs/labels.md); returns the path.
+        """Write one row per head — ``layer, head, label, vote_current, vote_sink, vote_other,
+        margin, stability`` and, with ``scores`` (a :func:`tl_geometry.head_scores` table), its
+        score columns — as CSV or JSON by the suffix of ``path`` (docs/labels.md); returns the
+        path. A ``scores`` table that lacks an analysed head or lists one twice, and a ``path``
+        that is a folder, raise ``ValueError``.
 
         >>> result.export_labels("labels.csv")    # doctest: +SKIP
         """

@@ -1,6 +1,8 @@
 """Does a bound track the measured F_N? (SPEC §6d, "Reading 'tracks'", ours): Spearman's ρ
-within each headline N (:func:`rho_by_n`) and the best-N agreement against chance
-(:func:`agreement_vs_chance`).
+within each headline N (:func:`rho_by_n`; pooling ``(head, N)`` pairs would inflate ρ through the
+shared decline with N) and the best-N agreement against its chance level
+(:func:`agreement_vs_chance`: a bound that always says N = 2 agrees often where most heads peak
+there, and predicts nothing).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The statistical unit of a per-head quantity (SPEC §4, ours): under GQA or MQA a value-only
 quantity (κ, ``c_sink``, ``cos(v_sink, mean v)``, the regime diagnostics) is one measurement per
-KV group (:func:`kv_reduce`); one that reads ``α``, or any in output space, is per query head.
+KV group (:func:`kv_reduce`); one that reads ``α``, or any in output space
+(``y_i = α_i v_i W_O[h]``), is per query head.
 """
 
 from __future__ import annotations

@@ -1,9 +1,20 @@
 """The offline HTML report of an analysis, and the ``tl-geometry report`` command.
 
 :func:`write_report` turns a :class:`~tl_geometry.HeadAnalysis` (plus, optionally, the cache it
-came from) into a folder: ``index.html`` (self-contained: circuitsvis's JavaScript once, figures
-inlined), the tables of :data:`TABLE_FILES` (README, "report"; ``null_decomposition.csv`` with
-``nulls=``) and ``figures/*.png|svg``.
+came from) into a folder::
+
+    tl_geometry_report/
+      index.html          self-contained: circuitsvis's JavaScript once, figures inlined
+      analysis.pt         the HeadAnalysis (HeadAnalysis.load)
+      heads.csv           one row per head: class, vote fractions, margin, stability, sink figures
+                          (and the head scores when given)
+      labels.csv          one row per head: the label file of HeadAnalysis.export_labels
+      metrics.csv         long form: layer, head, N, group, P/R/F, margin, inversions, ...
+      class_counts.csv    heads of each class per layer
+      sink_effect.csv     per N: the pooled and the paired sink effect on F_N
+      null_decomposition.csv  per N: F*(top) − F*(null) for each null (when write_report gets nulls=)
+      figures/*.png|svg   F_N (and F*_N) against N by class, F_N by layer, sink per layer, class counts
+
 ``tl-geometry prune`` / ``capacity --out DIR`` tables already in the folder add an Ablation /
 Retrieval capacity section. The command itself lives in :mod:`tl_geometry.cli.report`.
 """
