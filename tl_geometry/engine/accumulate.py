@@ -46,11 +46,7 @@ if (*SEQUENCE_GROUPS, "sink_in", "sink_out") != WINDOW_GROUPS:  # pragma: no cov
 
 @dataclass
 class Accumulator:
-    """Sums and counts ``[layer, head, ...]`` of one analysis, :class:`LayerStats`' fields summed;
-    ``merge`` adds two. The ``sequence`` axis is a row per sequence (its index in the inputs);
-    the ``window_*`` fields hold each sequence's means with ``per_window`` (SPEC §8's per-window
-    arrays), and no layer without; ``random_sq`` sums each sequence's squared random-baseline
-    mean, for its standard error (SPEC §3)."""
+    """Sums and counts ``[layer, head, ...]`` of one analysis; ``merge`` adds two."""
 
     seq_sum: Float[Tensor, "layer head group n metric"]
     seq_count: Float[Tensor, "layer head group n metric"]
@@ -66,16 +62,34 @@ class Accumulator:
     regime_sum: Float[Tensor, "layer head rfield"]
     regime_count: Float[Tensor, "layer head rfield"]
     sequence_votes: Int[Tensor, "sequence layer head vote"]
+    """Vote counts of every sequence, row = the sequence's index in the inputs."""
     sink_visible: Float[Tensor, "layer 3"]
+    """Chosen (sequence, query) instances whose sliding window holds the sink, all of them, and
+    those whose sink figures were read at the last query that sees the sink instead (SPEC §1):
+    the first two are equal on a layer without a window."""
     truncation_rows: Float[Tensor, "sequence q layer head n tmetric"]
+    """The top-N set's τ_N and relative truncation error at each chosen query of every sequence
+    (row = the sequence's index; NaN where undefined), for the exact percentiles (SPEC §10)."""
     beyond_votes: Int[Tensor, "layer head vote"]
+    """Votes of sliding-window queries that cannot see the sink, apart (SPEC §5)."""
     block_votes: Int[Tensor, "sequence block layer head vote"]
+    """Deciding votes per block of 128 queries of every sequence (:mod:`.votes`)."""
     window_scores: Float[Tensor, "sequence layer head group n metric"]
+    """With ``per_window``: each sequence's means over its chosen queries, groups
+    ``WINDOW_GROUPS`` (SPEC §8's per-window arrays; NaN where undefined); without, a tensor with
+    no layer (nothing is kept)."""
     window_sink: Float[Tensor, "sequence layer head field"]
+    """With ``per_window``: each sequence's sink diagnostics (SPEC §4), as ``window_scores``."""
     window_bounds: Float[Tensor, "sequence layer head kind n bmetric"]
+    """With ``per_window`` and bounds: each sequence's mean bounds, as ``window_scores``."""
     votes_rechecked: Int[Tensor, " layer"]
+    """Rows whose vote was read from their float64 row (the logits could not settle it)."""
     random_sq: Float[Tensor, "layer head n metric"]
+    """Σ over sequences of the square of each sequence's random-baseline mean (for its
+    standard error over sequences, SPEC §3)."""
     random_mc: Float[Tensor, "layer head n metric"]
+    """Σ over sequences of the Monte Carlo variance of each sequence's random-baseline mean
+    (:attr:`.layer.LayerStats.random_mc`)."""
 
     @classmethod
     def zeros(cls, n_layers: int, n_heads: int, n_sizes: int, device: Any = "cpu",

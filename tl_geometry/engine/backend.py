@@ -158,6 +158,11 @@ def _numpy(x: Any) -> Any:
     return out if out.flags.c_contiguous else np.ascontiguousarray(out)
 
 
+def _written(x: Tensor) -> Any:
+    """NumPy view of an output the kernel writes in place: the tensor's own memory, never a copy."""
+    return x.numpy()
+
+
 def _check_and_vote(rows: Tensor, q_start: int, is_token: Tensor, sink: Tensor, norms: Tensor, group_size: int,
                     window: int, stats: Tensor, vote_of: Tensor, first: Tensor, stop: Tensor, start: Tensor,
                     first_keys: Tensor) -> None:
@@ -197,7 +202,7 @@ def _score_rows(chunk: ScoreChunk, settings: ScoreSettings, outputs: ScoreOutput
     # a contiguous copy of it instead, copied back, so that one specialisation serves every layout.
     staged = ScoreOutputs(*(x if x.numpy().flags.c_contiguous else x.contiguous() for x in outputs))
     _kernels().score.score_rows(ScoreChunk(*map(_numpy, chunk)), ScoreSettings(*map(_numpy, settings)),
-                                ScoreOutputs(*map(_numpy, staged)))
+                                ScoreOutputs(*map(_written, staged)))
     for out, written in zip(outputs, staged):
         if written is not out:
             out.copy_(written)

@@ -90,10 +90,14 @@ class PatternRows:
 
 
 class LayerBlock(NamedTuple):
-    """What every chunk of one layer shares (read, never written): ``start[b]`` is each sequence's
-    first real position, ``sink[b]`` its sink (SPEC §1), ``queries[b, i]`` its chosen queries (−1:
-    none); query head ``h`` reads value group ``h // group_size`` (a KV head in value space, a
-    query head in output space); ``window`` is the sliding window (SPEC §1, ours), ``None``: global.
+    """What every chunk of one layer shares (read, never written).
+
+    ``is_token[b, k]`` is False at padding; ``start[b]`` is the sequence's first real position
+    and ``sink[b]`` its sink (SPEC §1: ``start`` by default, any real position with ``sink=``; keys
+    before it are ordinary keys); ``queries[b, i]`` are the chosen query positions (−1: none); a
+    value group is a KV head in value space and a query head in output space, and query
+    head ``h`` reads group ``h // group_size``. ``window`` is the layer's sliding window (query
+    ``t`` sees keys ``t − window < i ≤ t``; SPEC §1, ours), ``None`` for a global layer.
     """
 
     source: AttentionRows

@@ -1,6 +1,9 @@
-"""Validation of one layer's pattern and values, fused with the taxonomy votes (SPEC §5): one
-read of every real query row gives the NaN-proof statistics of :data:`.layout.N_STATS`, and each
-failure raises a :class:`~tl_geometry.cache.CacheError` that names the problem and the fix.
+"""Validation of one layer's pattern and values, fused with the taxonomy votes (SPEC §5).
+
+One read of every real query row gives the statistics of :data:`.layout.N_STATS`; every
+statistic is NaN-proof (a NaN anywhere a key does not exist counts as a leak, never as "not
+greater than the tolerance"), and each failure raises a :class:`~tl_geometry.cache.CacheError`
+that names the problem and the fix.
 """
 
 from __future__ import annotations

@@ -101,9 +101,11 @@ def _ieee_matmul() -> bool:
 def _vote_by_blocks(q: Tensor, keys: Tensor, scale: float, fixed: tuple[np.ndarray, ...], window: int,
                     group_size: int, unit: float, vote_of: np.ndarray, uncertain: np.ndarray,
                     vote_from_logits: Callable[..., None]) -> None:
-    """The votes of :func:`.compiled.vote.vote_from_keys`, each block of queries' logits from one
-    matrix product per sequence with the keys it can see (any summation order is within the
-    margin test's ``γ_{d+4}`` bound)."""
+    """The votes of :func:`.compiled.vote.vote_from_keys`, with each block of queries' logits
+    from one batched matrix product per sequence (every head at once; a query head reads its KV
+    head's keys through the grouping, never an expanded copy): the keys ``max(0, t0 − window + 1)
+    … t1 − 1`` that the block's queries ``t0 … t1 − 1`` can see. Whatever order the product sums
+    in, its error is within the margin test's ``γ_{d+4}`` bound."""
     is_token, sink, log_norms, log_norm_max, key_norm_max = fixed
     batch, n_pos, n_heads, d = q.shape
     n_kv = keys.shape[2]

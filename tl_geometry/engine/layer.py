@@ -52,7 +52,8 @@ class LayerStats(NamedTuple):
     """One layer of one batch, reduced over queries; every field adds across batches."""
 
     seq_mean: Float[Tensor, "batch head group n metric"]
-    """Per-sequence means over the chosen queries (NaN: none defined), :data:`SEQUENCE_GROUPS`."""
+    """Per-sequence means over the chosen queries (NaN where none was defined), groups
+    :data:`.layout.SEQUENCE_GROUPS`."""
     inst_sum: Float[Tensor, "head inout n metric"]
     """Σ of top-N metrics over instances with the sink inside / outside the set."""
     inst_count: Float[Tensor, "head inout n"]
@@ -62,27 +63,37 @@ class LayerStats(NamedTuple):
     sink_mean: Float[Tensor, "batch head field"]
     votes: Float[Tensor, "head 3"]
     sequence_votes: Int[Tensor, "batch head 3"]
-    """Per-sequence counts of the deciding votes (SPEC §5), for the label-stability bootstrap."""
+    """Per-sequence counts of the votes that decide the label (SPEC §5; :mod:`.votes`): the
+    bootstrap of label stability resamples them."""
     beyond_votes: Int[Tensor, "head 3"]
-    """Votes of sliding-window queries that cannot see the sink, apart."""
+    """Votes of the queries of a sliding-window layer that cannot see the sink, apart."""
     block_votes: Int[Tensor, "batch block head 3"]
-    """Deciding votes per block of 128 queries (:mod:`.votes`), the block bootstrap's units."""
+    """The deciding votes per block of 128 consecutive queries (:mod:`.votes`), zero for a
+    partial block: the block bootstrap's units."""
     bound_mean: Float[Tensor, "batch head kind n bmetric"] | None
     regime: Float[Tensor, "batch head rfield"] | None
     truncation_rows: Float[Tensor, "batch q head n tmetric"]
-    """Each chosen query's truncation figures (SPEC §10; NaN: undefined), for exact percentiles."""
+    """The top-N set's truncation figures (SPEC §10) at every chosen query, NaN where
+    undefined: kept per instance, so that their percentiles over all batches are exact."""
     sink_visible: Float[Tensor, " seen_all_earlier"] | None = None
-    """Instances that see the sink, all of them, and those read at ``t_sink`` (SPEC §1)."""
+    """Chosen (sequence, query) instances whose window holds the sink, all of them, and those
+    whose sink figures were read at an earlier query, ``t_sink`` (SPEC §1)."""
     votes_rechecked: Int[Tensor, ""] | None = None
-    """Rows whose vote was read from their float64 row (:mod:`.key_votes`)."""
+    """(query, head) rows whose vote was read from their float64 row because the logits could
+    not settle it (:mod:`.key_votes`; 0 where the votes are read from the rows)."""
     random_mc: Float[Tensor, "batch head n metric"] | None = None
-    """Monte Carlo variance of each sequence's random-baseline mean (SPEC §3),
-    ``Σ_q s_q²/R / Q²``; NaN where undefined or ``R < 2``."""
+    """The Monte Carlo variance of each sequence's random-baseline mean (SPEC §3):
+    ``Σ_q s_q²/R / Q²`` over its ``Q`` chosen queries where the baseline is defined, ``s_q²``
+    the sample variance of query ``q``'s ``R`` subsets; NaN where undefined or ``R < 2``."""
     window_inout: Float[Tensor, "batch head inout n metric"] | None = None
-    """With ``per_window``: each sequence's mean top-N metrics over its sink-in / -out instances."""
+    """With ``per_window``: each sequence's plain mean of the top-N metrics over its instances
+    with the sink inside / outside the set (the pooled ``inst_sum`` split by sequence; NaN where
+    it has none); ``None`` without."""
     first_keys: Float[Tensor, "batch head key33"] | None = None
-    """The sink check's reading of the given sink (SPEC §1, ours;
-    :func:`.sink_choice.first_keys_mass`) taken as the validation read the rows, else ``None``."""
+    """The sink check's reading of the given sink (SPEC §1, ours): the mean weight of each of the
+    first 32 real keys and of the sink over the queries :func:`.sink_choice.check_reading` names,
+    as :func:`.sink_choice.first_keys_mass` gives it, added as the validation read the rows;
+    ``None`` where it did not read them (votes from queries and keys)."""
 
 
 def chosen_queries(opts: AnalysisOptions, is_token: Bool[Tensor, "batch pos"],

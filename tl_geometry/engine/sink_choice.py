@@ -135,9 +135,12 @@ def _pattern_mass(pattern: Float[Tensor, "batch head query key"], is_token: Tens
 
 
 def choose_sink(masses: Sequence[Float[Tensor, "batch head 32"]]) -> Int[Tensor, " batch"]:
-    """``sink="auto"``: each window's candidate (from its first real token) with the largest mean
-    mass over every layer and head (ties → lower index; unread: its first position); every layer
-    is passed in order (:func:`tl_geometry.analyze.sink.choice_layers`), whatever ``layers=``.
+    """``sink="auto"``: each window's candidate with the largest mean mass over every layer and
+    head (ties → lower index; a window without a reading query takes its first position).
+    Returns positions counted from each window's first real token. The front doors pass every
+    layer of the model (or of the cache), in layer order, whatever ``layers=`` analyses
+    (:func:`tl_geometry.analyze.sink.choice_layers`): one order of summation, so a subset
+    analysis picks the key a full one picks, ties included.
 
         >>> m = torch.zeros(1, 2, 32); m[0, :, 3] = 0.5; m[0, 0, 0] = 0.4
         >>> choose_sink([m]).tolist()

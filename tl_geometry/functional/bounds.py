@@ -4,13 +4,22 @@ Two families:
 
 * **Inversion certificates** (SPEC §3, §6a), exact for any selection:
   ``P_N ≥ N / (N + GInv_N)`` and ``R_N ≥ max(0, 1 − GInv_N / N)``.
-* **Sink-aware constant-norm regime bounds** (SPEC §6b, ours; Euclidean): from an attention
-  row and the :class:`RegimeParams` alone, ``UB(D_i)`` of every selected key and ``LB(D_j)`` of
-  every unselected one, with ``a_k = α_k‖v_k‖ ∈ [a_k⁻, a_k⁺]`` and
-  ``LB‖s‖² = Σ_{k∈S} (a_k⁻)² + Σ_{k≠l∈S} min a_k a_l c_kl``. Since ``a ≥ 0``, the extremes
-  of ``a_k a_l c`` over the boxes are at corners: ``max = a⁺a⁺c⁺`` if ``c⁺ ≥ 0`` else
-  ``a⁻a⁻c⁺``, and ``min = a⁻a⁻c⁻`` if ``c⁻ ≥ 0`` else ``a⁺a⁺c⁻``; the pair sums then factor
-  through ``(Σ x)² − Σ x²``, so every bound costs O(key) per row.
+* **Sink-aware constant-norm regime bounds** (SPEC §6b, ours following the paper's
+  assumptions; Euclidean distance). From an attention row and the regime parameters alone —
+  non-sink norm ``ν`` with relative spread ``δ``, sink norm ``[κ⁻ν, κ⁺ν]``, non-sink coherence
+  ``cos(v_k, v_l) ∈ [c⁻, c⁺]`` and sink coherence ``cos(v_sink, v_k) ∈ [σ⁻, σ⁺]`` — they bound
+  every selected distance from above and every unselected one from below::
+
+      UB(D_i)² = Σ_{k∈S∖i} (a_k⁺)² + Σ_{k≠l∈S∖i} max a_k a_l c_kl
+      LB‖s‖²   = Σ_{k∈S} (a_k⁻)² + Σ_{k≠l∈S} min a_k a_l c_kl
+      LB(D_j)  = max(LB‖s‖ − a_j⁺, sqrt(max(0, LB‖s‖² − 2 Σ_{k∈S} max a_j a_k c_jk + (a_j⁻)²)))
+      R̲ = |{i∈S : UB(D_i) < min_{j∉S} LB(D_j)}| / N
+      P̲ = N / (N + |{j∉S : LB(D_j) ≤ max_{i∈S} UB(D_i)}|)
+
+  with ``a_k = α_k‖v_k‖ ∈ [a_k⁻, a_k⁺]``. Since ``a ≥ 0``, the extremes of ``a_k a_l c`` over
+  the boxes are at corners: ``max = a⁺a⁺c⁺`` if ``c⁺ ≥ 0`` else ``a⁻a⁻c⁺``, and
+  ``min = a⁻a⁻c⁻`` if ``c⁻ ≥ 0`` else ``a⁺a⁺c⁻``; the pair sums then factor through
+  ``(Σ x)² − Σ x²``, so every bound costs O(key) per row.
 
 With parameters that are the observed extremes of the data (``fit_regime(mode="certificate")``)
 the bounds are certificates: the measured values can never fall below them. With robust

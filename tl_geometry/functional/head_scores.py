@@ -1,10 +1,20 @@
 """Independent head scores from attention patterns alone (SPEC §9; ours).
 
-The scores other tools use to name heads (SPEC §9), each read from ``hook_pattern`` as a plain
-mean weight (or argmax share) on an expected key, to check the taxonomy (SPEC §5) against them.
-A *repeated* sequence is ``R`` tokens twice, its first copy starting at ``start`` (1 after BOS,
-else 0). Every score takes the layer's sliding ``window`` (``None``: global) and reads only the
-(query, expected key) pairs where the query sees the key (:func:`visible`); NaN where none does.
+These are the scores other tools use to name heads (TransformerLens ``head_detector``'s
+previous-token, duplicate-token and induction patterns, the attention-sink rate of Gu et al.,
+ICLR 2025, and a retrieval score after Wu et al., 2024), each read from ``hook_pattern``
+``[batch, head, query, key]`` as a plain mean weight (or argmax share) on an expected key. They
+let the taxonomy (SPEC §5) be checked against labels others use.
+
+Sequence layouts: a *repeated* sequence is ``R`` tokens and the same ``R`` tokens again, after
+BOS where the model was trained with one (SPEC §1): the first copy starts at ``start`` (1 after
+BOS, else 0), so the copies sit at ``start … start+R−1`` and ``start+R … start+2R−1``; a
+*retrieval* sequence is a text window with a needle inserted and the needle's first tokens
+repeated at its end (:func:`retrieval_layout`).
+
+Sliding-window layers (SPEC §1, ours): query ``t`` of a layer with window ``w`` sees the keys
+``t − w < i ≤ t``. Every score takes the layer's ``window`` (``None``: global) and reads only the
+(query, expected key) pairs where the query sees the key; a score with no such pair is NaN.
 """
 
 from __future__ import annotations

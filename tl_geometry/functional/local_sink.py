@@ -174,10 +174,17 @@ def local_sink(
     key_mask: Shaped[Tensor, "batch key"] | None = None,
     tokens: Int[Tensor, "batch key"] | None = None,
 ) -> LocalSink:
-    """The local sink of every (sequence, head) of a sliding-window layer from its attention
-    rows ``alpha`` (``hook_pattern``; the module docstring's figures, ours), ``sink`` each
-    sequence's sink position (default: its first real token); other arguments as
-    :func:`local_sink_from_columns`'.
+    """The local sink of every (sequence, head) of a sliding-window layer, from its attention
+    rows (ours; module docstring): over the queries ``B`` that cannot see the sink
+    (``t − window + 1 > sink``), the key ``j*`` with the largest mean attention
+    ``m_j = (1/|B|) Σ_{t∈B} α[t, j]`` (ties → lower index), with its position (from the first
+    real token), mass ``m_{j*}``, coverage (the share of ``B`` whose window holds it), κ
+    (``‖v_{j*}‖`` over the mean ``‖v_j‖`` of the other keys ``B`` sees, the head's KV group's
+    values, SPEC §4) and token id (NaN without ``tokens``). NaN where ``B`` is empty.
+
+    ``alpha`` is ``[batch, head, query, key]`` (``hook_pattern``: every query's row, zero outside
+    its window), ``values`` ``[batch, key, kv_head, d]`` (``hook_v``), ``sink`` each sequence's
+    sink position (default: its first real token), ``key_mask`` False on padding.
 
     >>> alpha = torch.tensor([[[[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.25, 0.75]]]])
     >>> s = local_sink(alpha, torch.ones(1, 3, 1, 4), window=2, tokens=torch.tensor([[7, 8, 9]]))

@@ -22,11 +22,15 @@ class RegimeDiagnostics(NamedTuple):
     are :data:`REGIME_FIELDS` (``decay`` is λ)."""
 
     norm_cv: Float[Tensor, "*batch"]
+    """Coefficient of variation of the non-sink value norms."""
     kappa: Float[Tensor, "*batch"]
+    """‖v_sink‖ / mean non-sink norm."""
     a: Float[Tensor, "*batch"]
     decay: Float[Tensor, "*batch"]
+    """λ of ``cos(v_i, v_j) ≈ a·exp(−λ|i−j|) + b`` over non-sink pairs."""
     b: Float[Tensor, "*batch"]
     fit_mae: Float[Tensor, "*batch"]
+    """Mean absolute error of that fit over the pairs."""
 
 
 #: The regime figures in storage order (the result's ``regime_field`` axis, :data:`.figures.FIGURES`).

@@ -1,10 +1,21 @@
 """Geometric precision, recall, F-score, margin and inversion count of a key selection (SPEC §3).
 
-For one query with valid keys ``T_t`` and a selection ``S`` of size ``N``: ``P`` (closed outer
-ball: a tie is contamination), ``R`` (strict inner ball: a tie is not recalled), ``F``, the margin
-``γ = ρ_min − ρ_max``, ``GInv`` and the chance-corrected ``P* = (P − N/|T_t|) / (1 − N/|T_t|)``
-and ``F*`` (ours), as SPEC §3 defines them. The distances are computed from ``α``, ``‖v‖`` and
-``⟨v_i, s⟩`` only (SPEC §1), so the ``[..., key, d]`` contributions are never formed per query.
+For one query with valid keys ``T_t``, contributions ``y_i = α_i v_i`` and a selection
+``S ⊂ T_t`` of size ``N``, with ``s = Σ_{i∈S} y_i`` and ``D_i = d(y_i, s)``::
+
+    ρ_max = max_{i∈S} D_i          ρ_min = min_{j∈T_t∖S} D_j
+    P = N / (N + |{j∉S : D_j ≤ ρ_max}|)      (closed outer ball: a tie is contamination)
+    R = |{i∈S : D_i < ρ_min}| / N            (strict inner ball: a tie is not recalled)
+    F = 2PR / (P + R)   (0 when R = 0)       γ = ρ_min − ρ_max
+    GInv = Σ_{i∈S} Σ_{j∉S} 1{D_j ≤ D_i}
+    P* = (P − N/|T_t|) / (1 − N/|T_t|)       F* = harmonic mean of P* and R (0 when either is 0)
+
+``P*`` and ``F*`` are the chance-corrected scores (SPEC §3, ours): precision never falls below
+its floor ``N/|T_t|`` (every unselected key inside the outer ball), so raw P and F rise at dense
+N whatever the geometry; ``P*`` rescales that floor to 0.
+
+The distances are computed from ``α``, ``‖v‖`` and ``⟨v_i, s⟩`` only (SPEC §1), so the
+``[..., key, d]`` contributions are never formed per query.
 """
 
 from __future__ import annotations
@@ -32,7 +43,9 @@ class Separability(NamedTuple):
     margin: Float[Tensor, "*batch"]
     inversions: Float[Tensor, "*batch"]
     precision_cc: Float[Tensor, "*batch"]
+    """Chance-corrected precision ``P* = (P − N/|T_t|) / (1 − N/|T_t|)`` (ours), in [0, 1]."""
     f_score_cc: Float[Tensor, "*batch"]
+    """Harmonic mean of ``P*`` and ``R`` (0 when either is 0; ours)."""
 
 
 #: Metric names in storage order (the result's ``metric`` axis, :data:`.figures.FIGURES`):
@@ -159,8 +172,8 @@ def check_selection(
         raise ValueError("selected contains keys that key_mask marks invalid.")
     in_range = (n >= 1) & (n < key_mask.sum(-1))
     if (in_range & ((selected & key_mask).sum(-1) != n)).any():
-        raise ValueError(f"selected must hold exactly n={n} valid keys in every row where n is in "
-                         "range.")
+        keys = "keys" if inside_mask else "valid keys"
+        raise ValueError(f"selected must hold exactly n={n} {keys} in every row where n is in range.")
     return key_mask, selected
 
 
@@ -175,15 +188,27 @@ def separability(
 ) -> Separability:
     """Geometric separability of the top-``n`` keys (or of ``selected``) of each row (SPEC §3).
 
-    ``alpha`` is ``[..., key]``, ``values`` the raw ``[..., key, d]`` (``y = α·v`` is formed
-    inside; leading dimensions broadcast against ``alpha``'s, so one ``[key, d]`` block serves
-    many queries uncopied), ``key_mask`` True on keys that exist for the row (default all).
-    Each figure is float64 ``[...]``, NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
+    Args:
+        alpha: attention rows ``[..., key]``.
+        values: raw value vectors ``[..., key, d]`` (``y = α·v`` is formed inside). Leading
+            dimensions broadcast against ``alpha``'s, so one ``[key, d]`` block can serve many
+            queries without being copied.
+        n: selection size ``N``.
+        key_mask: True for keys that exist for the row (causal and not padding); default all.
+        selected: score this selection instead of the top-``n`` set; it must hold ``n`` valid
+            keys in every row where ``n`` is in range.
+        distance: ``"euclidean"`` (default) or ``"cosine"``.
 
-    >>> alpha = torch.tensor([0.1, 0.6, 0.3])
-    >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
-    >>> separability(alpha, values, 2).precision.item()
-    1.0
+    Returns:
+        :class:`Separability` with ``precision, recall, f_score, margin, inversions,
+        precision_cc, f_score_cc``, each of
+        shape ``[...]`` in float64; NaN where ``n`` is outside ``1 ≤ n < |valid keys|``.
+
+    Examples:
+        >>> alpha = torch.tensor([0.1, 0.6, 0.3])
+        >>> values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+        >>> separability(alpha, values, 2).precision.item()
+        1.0
     """
     check_rows(alpha, values, n)
     key_mask, selected = check_selection(alpha, n, key_mask, selected)

@@ -1,9 +1,17 @@
 """The shell certificate: lower bounds on P_N, R_N, F_N from a few exact distances (SPEC §6d).
 
-With ``a_j = ‖α_j v_j‖``, ``L_j = | ‖s‖ − a_j | ≤ D_j`` and ``E`` the selection plus the ``K``
-unselected keys of smallest ``L_j`` (ties → lower index), the bounds read the exact ``D_j`` on
-``E`` and ``L_j`` elsewhere (SPEC §6d). Only the ``N + K`` vectors of ``E`` are gathered per
-row, so a row costs ``O((N + K)·d + T)``.
+For one query with valid keys ``T_t``, a selection ``S`` of size ``N``, contributions
+``y_j = α_j v_j`` with norms ``a_j = ‖y_j‖`` and aggregate ``s = Σ_{i∈S} y_i``::
+
+    L_j  = | ‖s‖ − a_j |                      reverse triangle inequality: D_j ≥ L_j
+    E    = S ∪ (the K unselected keys with the smallest L_j; ties → lower index)
+    D̲_j = D_j for j ∈ E,   D̲_j = L_j for j ∉ E
+    P̲ = N / (N + |{j∉S : D̲_j ≤ max_S D}|)      R̲ = |{i∈S : D_i < min_{j∉S} D̲_j}| / N
+    F̲ = harmonic mean of P̲, R̲
+
+``K = 0`` reads the exact geometry of the selection and one norm per other key; ``K = T − N``
+is exact (equal to :func:`~tl_geometry.functional.separability`). Only the ``N + K`` vectors of
+``E`` are gathered per row, so a row costs ``O((N + K)·d + T)``.
 
 Every comparison is made in the "E-form", free of the cancellation in ``D² = ‖y‖² − 2⟨y, s⟩ +
 ‖s‖²``: for exact keys ``E_j = α_j(α_j‖v_j‖² − 2⟨v_j, s⟩) = D_j² − ‖s‖²``, and for the others

@@ -10,10 +10,15 @@ For one query with valid keys ``T_t``, weights ``α`` and a selection ``H ⊂ T_
     o − o_N = τ_N (μ_T − μ_H)                       μ_H, μ_T: the kept / left-out weighted means
     truncation_error = ‖o − o_N‖ / ‖o‖
 
+``τ_N`` is also the total-variation distance between ``α`` and its renormalised truncation.
+
 The kept mass is summed in float64 over the selected keys themselves, never formed as ``1 − τ_N``
 (SPEC §10): a float32 row sums to 1 only within about 1e-7, so where little is kept, ``1 − τ_N``
-is that round-off and not the selection's weight. The engine computes the same figures; this is
-the direct vector form.
+is that round-off and not the selection's weight. Edge cases: ``N`` outside ``1 ≤ N < |T_t|``
+gives NaN for both (as every metric, SPEC §2); ``o = 0`` gives a NaN error (no relative error of
+a zero output); a kept mass below :data:`~.dtypes.KEPT_MASS_MIN` (1e-6) gives a NaN error, its
+reason being that round-off of ``α`` would decide it. The engine computes the same figures for
+the top-N and sink-removed sets (``tl_geometry.engine``); this is the direct vector form.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ class Truncation(NamedTuple):
     fields are :data:`~.separability.TRUNCATION_NAMES`, the names on the result's metric axis."""
 
     tail_mass: Float[Tensor, "*batch"]
+    """``τ_N = Σ_{j∉H} α_j``: the attention left outside the selection."""
     truncation_error: Float[Tensor, "*batch"]
+    """``‖o − o_N‖ / ‖o‖`` of the renormalised selection ``o_N = Σ_H α_j v_j / Σ_H α_j``."""
 
 
 def truncation(

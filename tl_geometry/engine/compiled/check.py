@@ -81,13 +81,22 @@ def check_and_vote(pattern, q_start, is_token, sink, norms, group_size, window, 
     """Validation statistics ``stats[b, h, :]`` and each query's vote ``vote_of[b, h, t]`` of a layer,
     and the sink check's sums of the first keys' weights, ``first_keys[b, h, :]``.
 
-    ``pattern [b, h, q, k]`` holds the rows of queries ``q_start …``, ``norms [b, g, k]`` is ‖v‖;
-    query ``t`` sees keys ``t − window < k ≤ t``: weight before them is a leak, and a query that
-    cannot see the sink never votes "sink" (SPEC §1). ``stats`` add up over calls, so blocks of
-    queries in ascending order give the statistics of one call. Rows of unpadded sequences take a
-    fast pass; a row whose sum is not finite or that leaks is read again by :func:`_check_row`.
-    The rows of queries ``first[b] ≤ t < stop[b]`` add their weights on keys ``start[b] + c`` and
-    on the sink (the last column) to ``first_keys`` (:func:`..sink_choice.check_reading`).
+    ``pattern [b, h, q, k]`` (float32/64) holds the rows of queries ``q_start …`` (all of them,
+    or one block), ``is_token [b, pos]``, ``sink [b]``, ``norms [b, g, k]`` (‖v‖ of value group
+    ``g = h // group_size``), ``window`` the layer's sliding window (query ``t`` sees keys
+    ``t − window < k ≤ t``; :data:`..options.NO_WINDOW` for none): weight before it is a leak, and
+    the winner is one of the keys the query sees, so a query that cannot see the sink never
+    votes "sink" (SPEC §1). Only rows of real queries are read. ``stats`` add up over calls
+    (:func:`..checks.new_stats` starts them, and ``vote_of`` at −1), so blocks of queries taken
+    in ascending order give the statistics of one call over every query.
+
+    Rows of unpadded sequences take a fast pass (sums, minimum and winner in locals, a count of
+    future entries above the tolerance); a row whose sum is not finite or that leaks is read
+    again key by key (:func:`_check_row`), so the statistics are those of that slow pass.
+
+    The rows of queries ``first[b] ≤ t < stop[b]`` also add their weights on keys
+    ``start[b] + c`` (columns ``c`` of ``first_keys`` but its last) and on the sink (its last
+    column), in query order (:func:`..sink_choice.check_reading`).
     """
     n_b, n_h, n_q, n_k = pattern.shape
     for bh in prange(n_b * n_h):

@@ -26,9 +26,12 @@ def compiled_slots():  # pragma: no cover - compiled
 @njit(cache=True)
 def _first_duplicates(values):  # pragma: no cover - compiled
     """For every key with a duplicate, the lowest key whose value vector equals its own (as
-    :func:`~tl_geometry.functional.heads.first_duplicate`); −1 for a key without one. Equal rows
-    have equal hashes (the same weighted sum in the same order), so each key, in ascending order,
-    looks its hash up in an open-addressing table of the classes' first keys (``O(k·d)``)."""
+    :func:`~tl_geometry.functional.heads.first_duplicate`); −1 for a key without one.
+
+    Equal rows have equal hashes (the same weighted sum in the same order), so only keys of
+    equal hash are compared coordinate by coordinate: each key, in ascending order, looks its
+    hash up in an open-addressing table of the classes' first keys (``O(k·d)`` in all, no sort).
+    """
     n_key, d = values.shape
     hashes = np.zeros(n_key)
     # Component by component: each key's sum still runs over c = 0, 1, … in order, and the pass

@@ -419,10 +419,13 @@ def _ratio(num, den):
 
 @njit(cache=True)
 def _null_weights(shuffle_kind, keys, moved, alpha, norms, weights):  # pragma: no cover - compiled
-    """Weights on the unmoved values for the norms and directions nulls (SPEC §3, ours), key
-    ``k`` drawing ``π(k) = moved[k]``: norms null ``α_k ‖v_π(k)‖/‖v_k‖`` at ``k`` (selection
-    ``S_N``); directions null ``α_k ‖v_k‖/‖v_π(k)‖`` at ``π(k)`` (selection ``π(S_N)``). A key
-    whose own or drawn value is zero gets weight 0."""
+    """Weights on the unmoved values for the norms and directions nulls (SPEC §3, ours).
+
+    Key ``k`` draws key ``π(k) = moved[k]``. Norms null: ``v'_k = ‖v_π(k)‖ v_k/‖v_k‖`` is the
+    unmoved ``v_k`` with weight ``α_k ‖v_π(k)‖/‖v_k‖`` (selection ``S_N``); directions null:
+    ``v'_k = ‖v_k‖ v_π(k)/‖v_π(k)‖`` is ``v_π(k)`` with weight ``α_k ‖v_k‖/‖v_π(k)‖`` at
+    ``π(k)`` (selection ``π(S_N)``). A key whose own or drawn value is zero gets weight 0.
+    """
     for j in range(keys.shape[0]):
         k = keys[j]
         src = moved[k]
