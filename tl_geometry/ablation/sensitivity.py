@@ -115,7 +115,8 @@ class HeadSensitivity:
         n_layers, n_heads = self.loss.shape
         low, high = self.interval()
         outlier = torch.zeros(n_layers, n_heads, dtype=torch.bool)
-        outlier[tuple(torch.tensor(self.outliers(k), dtype=torch.long).reshape(-1, 2).T)] = True
+        for layer, head in self.outliers(k):
+            outlier[layer, head] = True
         return pd.DataFrame({
             "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
             "head": torch.arange(n_heads).repeat(n_layers).numpy(),
@@ -193,7 +194,8 @@ def head_sensitivity(
     assert windows is not None  # pairs is not empty
     loss = torch.full((n_layers, n_heads), float("nan"), dtype=torch.float64)
     window_loss = torch.full((n_layers, n_heads, tokens.shape[0]), float("nan"), dtype=torch.float64)
-    loss[pairs[:, 0], pairs[:, 1]], window_loss[pairs[:, 0], pairs[:, 1]] = windows.total, windows.loss
+    loss[pairs[:, 0], pairs[:, 1]] = windows.total
+    window_loss[pairs[:, 0], pairs[:, 1]] = windows.loss
     metadata = {"tokens": list(tokens.shape), "heads_per_forward": per_forward,
                 "forwards": -(-len(pairs) // per_forward), "seconds": time.perf_counter() - start,
                 "masked": attention_mask is not None}
@@ -355,6 +357,8 @@ def random_head_sets(
     ``chosen``'s count per layer; seeded by ``torch.Generator().manual_seed(seed)``."""
     n_layers, n_heads = chosen.shape
     gen = torch.Generator().manual_seed(seed)
+    # One draw of shape [n_random, 1, L·H] consumes the generator as [n_random, L·H] does: the
+    # uniform sets are the same whichever branch shaped them.
     pool = (n_layers, n_heads) if same_layers else (1, n_layers * n_heads)
     rank = torch.rand(n_random, *pool, generator=gen).argsort(-1).argsort(-1)  # uniform permutations
     count = chosen.sum(-1)[None, :, None] if same_layers else int(chosen.sum())
@@ -409,7 +413,8 @@ def ablation_vs_random(
         reference_tokens=reference_tokens, reference_attention_mask=reference_attention_mask,
         per_forward=batch_size, progress=progress, label="ablation vs random", unit="set")
     assert windows is not None  # the chosen set is not empty
-    se, total = paired_window_se(windows.loss - dense.loss, dense.weight), windows.total
+    se = paired_window_se(windows.loss - dense.loss, dense.weight)
+    total = windows.total
     metadata = {"tokens": list(tokens.shape), "n_windows": int((dense.weight > 0).sum()),
                 "seconds": time.perf_counter() - start, "masked": attention_mask is not None}
     return AblationVsRandom(

@@ -140,7 +140,7 @@ def analyze_heads(
     W = output_weights(model, W_O, layer_ids) if opts.space == "output" else None
     # The first layer fixes every later one's shape, the mask and the accumulator.
     first, _ = _cache.read_layer(cache, layer_ids[0], upcast=False)
-    batch, n_heads, n_pos, _ = shape = first.shape
+    batch, n_heads, n_pos = shape = tuple(first.shape[:3])
     mask = _cache.check_attention_mask(attention_mask, batch, n_pos, device=first.device)
     if attention_mask is None:
         _cache.warn_pad_tokens(tokens, model, (batch, n_heads, n_pos))
@@ -150,8 +150,8 @@ def analyze_heads(
     check_query_positions(opts.queries, mask.sum(-1).tolist())
     sinks = None if sink_run.auto else sink_run.given(mask)
     for li, layer in enumerate(layer_ids):
-        pattern, _ = _cache.read_layer(cache, layer, upcast=False)
-        if pattern.shape[:3] != shape[:3]:
+        pattern = first if li == 0 else _cache.read_layer(cache, layer, upcast=False)[0]
+        if tuple(pattern.shape[:3]) != shape:
             raise _cache.CacheError(
                 f"Layer {layer}'s pattern is {tuple(pattern.shape)} but an earlier layer's was "
                 f"[{batch}, {n_heads}, {n_pos}, {n_pos}]: the layers of one cache must agree."

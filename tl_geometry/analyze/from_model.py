@@ -203,7 +203,9 @@ class _LayerHooks:
         """One layer of one batch, read (rows: a pattern or recomputed rows, on ``v``'s device) by
         every analysis; its first 32 keys' attention is read once (in the probing pass, if any)."""
         self.n_kv = int(v.shape[2])
-        mask, row, window = self.mask.to(v.device), self.row[layer], self.windows[self.row[layer]]
+        mask = self.mask.to(v.device)
+        row = self.row[layer]
+        window = self.windows[row]
         source = rows if not isinstance(rows, Tensor) else PatternRows(rows)
         if self.probing:
             self.sinks.probe(layer, row, source, mask, window)

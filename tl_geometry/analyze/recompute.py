@@ -34,7 +34,8 @@ class RecomputedRows:
         self.kwargs = capture.params.row_kwargs()
         batch, n_pos, n_heads, _ = capture.q.shape
         self.shape = (batch, n_heads, n_pos)
-        self.device, self.dtype = capture.q.device, torch.float64
+        self.device = capture.q.device
+        self.dtype = torch.float64
 
     def _mask(self, b0: int, b1: int) -> Tensor | None:
         return None if self.key_mask is None else self.key_mask[b0:b1]

@@ -81,8 +81,8 @@ def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: Sparsify
         n_run, masks_run, n_heads = n[run], masks[run], model_facts(model).shape()[1]
         bar = progress_counter(len(n_run), desc, "replica") if progress else None
 
-        def hooks_for(start: int, stop: int) -> _hooks.HookList:
-            return _topn.pattern_hooks(n_run[start:stop], masks_run[start:stop], mode, n_heads)
+        def hooks_for(lo: int, hi: int) -> _hooks.HookList:
+            return _topn.pattern_hooks(n_run[lo:hi], masks_run[lo:hi], mode, n_heads)
 
         try:
             sparse = stacked_window_losses(model, tokens, len(n_run), hooks_for,
@@ -91,7 +91,8 @@ def _losses(model: Any, tokens: Tensor, n: Tensor, masks: Tensor, mode: Sparsify
         finally:
             if bar is not None:
                 bar.close()
-        losses[run], window[run] = sparse.total, sparse.loss
+        losses[run] = sparse.total
+        window[run] = sparse.loss
         forwards = -(-int(run.sum()) // per_forward)
     metadata = {"tokens": list(tokens.shape), **metadata, "forwards": forwards,
                 "seconds": time.perf_counter() - start, "masked": attention_mask is not None}

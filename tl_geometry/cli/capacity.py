@@ -112,13 +112,15 @@ def _capacity(model: Any, text: str | None, args: argparse.Namespace) -> int:
     modes: tuple[SparsifyMode, ...] = ("renormalize", "delete") if args.mode == "both" else (args.mode,)
     start = time.perf_counter()
     curves, heads = [], []
-    sizes = dict(batch_size=args.batch_size, progress=cli.show_progress(args))
+    progress = cli.show_progress(args)
     for mode in modes:
-        cap = retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance, **sizes)
+        cap = retrieval_capacity(model, tokens, args.n_values, mode=mode, tolerance=args.tolerance,
+                                 batch_size=args.batch_size, progress=progress)
         curves.append(cap.to_pandas())
         line = f"{mode:>11}: dense loss {cap.dense_loss:.4f}, N* = {cap.n_star} (within {args.tolerance:.0%})"
         if args.head_n:
-            corr = capacity_correlation(model, tokens, args.head_n, mode=mode, **sizes)
+            corr = capacity_correlation(model, tokens, args.head_n, mode=mode, batch_size=args.batch_size,
+                                        progress=progress)
             heads.append(corr.to_pandas())
             line += f"; Spearman ρ vs Δ loss at N={args.head_n}: " + ", ".join(
                 f"{name} {rho:+.3f}" for name, rho in corr.rho.items())

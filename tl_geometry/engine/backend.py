@@ -227,18 +227,23 @@ def _tally(vote_of: Tensor, is_token: Tensor, start: Tensor, sink: Tensor, windo
     return votes.Tally(*map(torch.from_numpy, out))
 
 
-def _lazy(module: str, name: str) -> Callable[..., None]:
-    """The kernel ``name`` of ``module``, imported at its first call."""
-    return lambda *args: getattr(getattr(_kernels(), module), name)(*args)
+def _vote_from_keys(*args: Any) -> None:
+    _kernels().vote.vote_from_keys(*args)
+
+
+def _check_and_vote_rows(*args: Any) -> None:
+    _kernels().check.check_and_vote_rows(*args)
+
+
+def _vote_from_logits(*args: Any) -> None:
+    _kernels().vote.vote_from_logits(*args)
 
 
 #: The compiled kernels (CPU tensors).
 NUMBA = Backend(
     name="numba", upcast_rows=True, check_and_vote=_check_and_vote, sink_geometry=_sink_geometry,
     gram=_gram, score_vectors=_score_vectors, score_rows=_score_rows, reduce_rows=_reduce_rows,
-    tally=_tally, from_keys=FromKeys(_lazy("vote", "vote_from_keys"),
-                                     _lazy("check", "check_and_vote_rows"),
-                                     _lazy("vote", "vote_from_logits")),
+    tally=_tally, from_keys=FromKeys(_vote_from_keys, _check_and_vote_rows, _vote_from_logits),
 )
 #: The torch twins (any device).
 TORCH = Backend(

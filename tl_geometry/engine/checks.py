@@ -110,6 +110,21 @@ def check_and_vote(
     return stats, vote_of, first_keys
 
 
+def _leak_text(stat: int, window: int | None) -> str:
+    """Where a leak of statistic ``stat`` went, and the fix (built only for an error)."""
+    if stat == ST_FUTURE:
+        return ("future keys (key > query): its axes must be [batch, head, query_pos, key_pos] of a "
+                "causal model.")
+    if stat == ST_PADDING:
+        return ("padding (keys that attention_mask calls padding): the forward pass did not mask "
+                "them. Pass the same attention_mask to the model (run_with_cache(tokens, "
+                "attention_mask=mask)), or fix the mask given here.")
+    return (f"keys outside the declared sliding window of {window} (keys i ≤ t − {window} of query "
+            "t): this layer is not windowed, or its window is wider. Declare the layer's real "
+            "window (window={layer: w}, None for a global layer; analyze_model reads it from the "
+            "model config with window='auto').")
+
+
 def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, window: int | None = None) -> None:
     """Raise the first problem the statistics show (warn for rows without mass, no mask);
     ``window`` is the layer's declared sliding window (``None``: a global layer)."""
@@ -128,21 +143,11 @@ def raise_for_stats(stats: Tensor, layer: int, b0: int, *, mask_given: bool, win
                "(run it in float32 instead of float16).")
         raise CacheError(f"{name} has {count} NaN/inf entries at real positions (first at batch "
                          f"{b0 + b}, head {h}, query {q}, key {k}). {fix}")
-    for stat, where in (
-        (ST_FUTURE, "future keys (key > query): its axes must be [batch, head, query_pos, key_pos] "
-         "of a causal model."),
-        (ST_PADDING, "padding (keys that attention_mask calls padding): the forward pass did not "
-         "mask them. Pass the same attention_mask to the model (run_with_cache(tokens, "
-         "attention_mask=mask)), or fix the mask given here."),
-        (ST_WINDOW, f"keys outside the declared sliding window of {window} (keys i ≤ t − {window} "
-         "of query t): this layer is not windowed, or its window is wider. Declare the layer's "
-         "real window (window={layer: w}, None for a global layer; analyze_model reads it from "
-         "the model config with window='auto')."),
-    ):
+    for stat in (ST_FUTURE, ST_PADDING, ST_WINDOW):
         leak = float(high[stat])
         if leak > LEAK_TOL:
             amount = "mass NaN/inf" if not np.isfinite(leak) else f"mass {leak:.3g}"
-            raise CacheError(f"{name} puts attention {amount} on {where}")
+            raise CacheError(f"{name} puts attention {amount} on {_leak_text(stat, window)}")
     lowest = float(low[ST_MIN])
     if lowest < -NEGATIVE_TOL:
         raise CacheError(f"{name} has negative entries (down to {lowest:.3g}): it must hold attention "

@@ -43,7 +43,9 @@ def check_and_vote(
     if kernels is None or qk is None or qk.window != window:
         return None
     mask = qk.key_mask  # the rows' key mask must be the layer's (no mask: no padding)
-    if not (bool(is_token.all()) if mask is None else torch.equal(mask.to(torch.bool), is_token)):
+    if mask is None and not bool(is_token.all()):
+        return None
+    if mask is not None and not torch.equal(mask.to(torch.bool), is_token):
         return None
     q, k = qk.q.detach(), qk.k.detach()
     padding = ~is_token[:, :, None]
@@ -124,7 +126,6 @@ def _vote_by_blocks(q: Tensor, keys: Tensor, scale: float, fixed: tuple[np.ndarr
             vote_from_logits(x.reshape(n_heads, t1 - t0, t1 - k0).numpy(), t0, k0, q_np[b], scale, is_token[b],
                              int(sink[b]), log_norms[b], log_norm_max[b], key_norm_max[b], window, kv_size,
                              group_size, gamma, vote_of[b], uncertain[b])
-
 
 
 def _recheck(qk: QueryKeys, uncertain: Tensor, is_token: Tensor, sink: Tensor, norms: Tensor,

@@ -127,9 +127,10 @@ def _pattern_mass(pattern: Float[Tensor, "batch head query key"], is_token: Tens
         stop = min(stop, first + max_queries)
     if stop <= first:  # no query to read
         return torch.full((batch, n_heads, CANDIDATES + 1), torch.nan, dtype=COMPUTE_DTYPE, device=pattern.device)
-    rows, p = pattern[:, :, first:stop], min(p, n_pos - 1)
+    rows = pattern[:, :, first:stop]
+    column = min(p, n_pos - 1)
     # The sink's column as one contiguous column, as a gather would lay it out.
-    sink_column = (rows[..., p:p + 1].contiguous().sum(2, dtype=COMPUTE_DTYPE) if sink is not None
+    sink_column = (rows[..., column:column + 1].contiguous().sum(2, dtype=COMPUTE_DTYPE) if sink is not None
                    else rows.new_full((batch, n_heads, 1), torch.nan, dtype=COMPUTE_DTYPE))
     return torch.cat([rows[..., :CANDIDATES].sum(2, dtype=COMPUTE_DTYPE), sink_column], dim=-1) / (stop - first)
 

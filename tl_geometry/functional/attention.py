@@ -274,7 +274,8 @@ def attention_row_blocks(
     softmax = _validate(q, k, scale=scale, window=window, softcap=softcap, sinks=sinks,
                         key_mask=key_mask)
     block = _positive_int(block, "block", "queries")
-    n_pos, k = q.shape[1], k.to(COMPUTE_DTYPE)  # k cast once, not per block
+    n_pos = q.shape[1]
+    k = k.to(COMPUTE_DTYPE)  # cast once, not per block
     return ((start, _block(q, k, start, min(start + block, n_pos), softmax))
             for start in range(0, n_pos, block))
 

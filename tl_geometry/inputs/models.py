@@ -325,7 +325,10 @@ def model_source(name: str | os.PathLike[str] = DEFAULT_MODEL) -> _Source:
     if key in MODELS:
         # Fails fast, with the pip line, if not installed (the files are hashed by gguf_path).
         files = MODELS[key].files
-        files.part_paths() if isinstance(files, SplitGGUF) else files.file_path()
+        if isinstance(files, SplitGGUF):
+            files.part_paths()
+        else:
+            files.file_path()
         return _Source(key, Path(), MODELS[key].gguf_name, key)
     path, hub = _user_path(key)  # a user's folder or GGUF file, checked without reading the weights
     if not path.exists():

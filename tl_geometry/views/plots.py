@@ -290,9 +290,12 @@ def sparsification_plot(curve: Any, ax: Any = None) -> Figure | Axes:
     ax.legend(fontsize=8)
     return fig if given is None else ax
 
+#: The resolution :func:`save_figure` writes PNGs at.
+SAVE_DPI = 110
+
 
 def save_figure(
-    fig: Figure, stem: str | Path, formats: Sequence[str] = ("png", "svg"), *, dpi: int = 110
+    fig: Figure, stem: str | Path, formats: Sequence[str] = ("png", "svg"), *, dpi: int = SAVE_DPI
 ) -> list[Path]:
     """Write ``fig`` as ``stem.png`` and ``stem.svg`` (or ``formats``); return the paths."""
     stem = Path(stem)

@@ -53,7 +53,7 @@ from ..result.text import (
 )
 from . import _page
 from .attention import attention_view, contribution_view
-from .plots import ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
+from .plots import SAVE_DPI, ablation_plot, class_counts_plot, f_curves_plot, save_figure, sink_plot
 from .sink import sink_view
 from .taxonomy import CLASS_COLORS, taxonomy_view
 from .tokens import token_view
@@ -342,7 +342,7 @@ def _ablation(out: Path, figures: Path) -> list[str]:
     if sparse_path.is_file():
         sparse = pd.read_csv(sparse_path)
         parts.append(_figure(ablation_plot(sparse), figures / "ablation", "Loss against the fraction of "
-                             "heads kept, per ordering (random: mean and min–max over seeds).", dpi=110))
+                             "heads kept, per ordering (random: mean and min–max over seeds).", dpi=SAVE_DPI))
     return (["<h2>Ablation</h2>", *parts]) if parts else []
 
 

@@ -606,8 +606,12 @@ def _score_row(chunk, settings, b, h, qi, arrays, scratch):  # pragma: no cover 
     samples, shuffles, shuffle_kind, cosine = (settings.samples, settings.shuffles, settings.shuffle_kind,
                                                settings.cosine)
     queries, is_token, sink = chunk.queries, chunk.is_token, chunk.sink
-    out, sink_in_top, sink_fields, random_var, values_bg, columns, gram_bg, sq_norms = arrays
-    keys_buf, top_buf, single, packed, floats, ints, vecs, one_sample = scratch
+    # By name, not position: the records' fields are arrays of one dtype, so a swap would compile.
+    out, sink_in_top, sink_fields, random_var = (arrays.metrics, arrays.sink_in_top, arrays.sink_fields,
+                                                 arrays.random_var)
+    values_bg, columns, gram_bg, sq_norms = arrays.values, arrays.columns, arrays.gram, arrays.sq_norms
+    keys_buf, top_buf, single, packed = scratch.keys, scratch.top, scratch.single, scratch.packed
+    floats, ints, vecs, one_sample = scratch.floats, scratch.ints, scratch.vecs, scratch.one_sample
     n_sizes = n_values.shape[0]
     n_metrics = out.shape[-1]
     t = queries[b, qi]

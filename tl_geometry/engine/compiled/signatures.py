@@ -60,13 +60,13 @@ def _signatures() -> list[tuple[str, tuple[Any, ...]]]:
                             queries=_a(_I, 2), is_token=_a(_B, 2), start=_a(_I, 1), sink=_a(_I, 1), window=_I,
                             real_index=_a(_I, 2), sequence_keys=_a(_I, 1), gram=_a(_F, 4), values=_a(vectors, 4))
             found.append(("score.score_rows", (chunk, settings, outputs)))
-    for qk in PRECISIONS:  # rows, or queries and keys
+    for dtype in PRECISIONS:  # of the rows, or of the queries and keys
         found += [
-            ("check.check_and_vote", (_a(qk, 4), _I, _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I, stats,
+            ("check.check_and_vote", (_a(dtype, 4), _I, _a(_B, 2), _a(_I, 1), _a(_F, 3), _I, _I, stats,
                                       vote_of, _a(_I, 1), _a(_I, 1), _a(_I, 1), _a(_F, 3))),
-            ("vote.vote_from_keys", (_a(qk, 4), _a(qk, 4), _F, _a(_B, 2), _a(_I, 1), _a(_F, 3), _a(_F, 2),
+            ("vote.vote_from_keys", (_a(dtype, 4), _a(dtype, 4), _F, _a(_B, 2), _a(_I, 1), _a(_F, 3), _a(_F, 2),
                                      _a(_F, 2), _I, _I, _I, _F, vote_of, _a(_B, 3))),
-            ("vote.vote_from_logits", (_a(qk, 3), _I, _I, _a(qk, 3), _F, _a(_B, 1), _I, _a(_F, 2), _a(_F, 1),
+            ("vote.vote_from_logits", (_a(dtype, 3), _I, _I, _a(dtype, 3), _F, _a(_B, 1), _I, _a(_F, 2), _a(_F, 1),
                                        _a(_F, 1), _I, _I, _I, _F, _a(types.int8, 2), _a(_B, 2))),
         ]
     return found
@@ -80,7 +80,7 @@ _MODULES = {"check": check, "geometry": geometry, "reduce": reduce, "score": sco
 
 #: The dispatchers by name, taken when this module is imported (a test that replaces a kernel
 #: in its module does not replace it here).
-KERNELS: dict[str, Any] = {name: getattr(_MODULES[name.split(".")[0]], name.split(".")[1])
+KERNELS: dict[str, Any] = {name: getattr(_MODULES[name.partition(".")[0]], name.partition(".")[2])
                            for name, _ in SIGNATURES}
 
 
